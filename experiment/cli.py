@@ -1,0 +1,54 @@
+"""The harness every recipe uses: parse ``--config`` and overrides, open a W&B run, report errors.
+
+A recipe is a few lines: it names its stage and hands one package function to ``recipe_main``.
+Problems the user can fix end in one line on stderr and exit code 2; the traceback is kept for
+real bugs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from experiment.config import load_config
+from experiment.errors import RecipeError
+from experiment.runfolder import RunFolder
+
+StageFn = Callable[[Any, RunFolder, Any], Any]
+
+
+def make_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help="experiment YAML, e.g. recipes/configs/demo.yaml")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=200 model.d_model=128")
+    return parser
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("absl", "jax._src", "orbax", "urllib3", "datasets", "filelock", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | None = None) -> None:
+    """Run one stage: ``fn(cfg, run_folder, wandb_run)``; exits 2 with one line on a RecipeError."""
+    args = make_parser(description).parse_args(argv)
+    setup_logging()
+    try:
+        cfg = load_config(args.config, args.overrides)
+        run_folder = RunFolder.for_config(cfg)
+        run_folder.root.mkdir(parents=True, exist_ok=True)
+        run_folder.save_resolved_config(cfg, stage)
+        from tracking.wandb_run import open_run
+
+        with open_run(cfg, run_folder, job_type=stage) as wandb_run:
+            fn(cfg, run_folder, wandb_run)
+    except RecipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"error: {stage} interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,192 @@
+"""Typed experiment config: one YAML file per experiment plus dotted ``key=value`` overrides.
+
+The schema is a tree of dataclasses (``experiment.schema.ExperimentConfig``). Loading walks the
+YAML against it, so an unknown key or a value of the wrong type fails at once with the dotted key
+and, for a typo, the nearest valid key. Strings may use ``${VAR}`` or ``${VAR:-default}`` so that
+paths such as the shared benchmark folder can come from the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+import yaml
+
+from experiment.errors import ConfigError
+
+_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(text: str, key: str) -> str:
+    """Replace ``${VAR}`` / ``${VAR:-default}``; an unset variable without a default is an error."""
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        value = os.environ.get(name)
+        if value is not None and value != "":
+            return value
+        if default is not None:
+            return default
+        raise ConfigError(f"config key '{key}': environment variable {name} is not set and has no default")
+
+    return _ENV_PATTERN.sub(substitute, text)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and convert where the conversion is lossless."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        members = get_args(tp)
+        if value is None and type(None) in members:
+            return None
+        errors = []
+        for member in members:
+            if member is type(None):
+                continue
+            try:
+                return _coerce(value, member, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"config key '{key}': {value!r} fits none of {_type_name(tp)}")
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed:
+            near = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise ConfigError(f"config key '{key}': {value!r} is not one of {list(allowed)}{hint}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}': expected a mapping, got {type(value).__name__}")
+        return build_dataclass(tp, value, key)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}': expected a list, got {type(value).__name__} {value!r}")
+        (item_tp, *_rest) = get_args(tp) or (Any,)
+        items = [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}': expected a mapping, got {type(value).__name__}")
+        key_tp, val_tp = get_args(tp) or (Any, Any)
+        return {_coerce(k, key_tp, key): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return expand_env(value, key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+    raise ConfigError(f"config key '{key}': unsupported annotation {tp!r} in the schema")
+
+
+def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build ``cls`` from a mapping; every key must be a field, every required field present."""
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for name, value in data.items():
+        dotted = f"{prefix}.{name}" if prefix else str(name)
+        if name not in fields:
+            valid = sorted(fields)
+            near = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{(prefix + '.') if prefix else ''}{near[0]}'?" if near else ""
+            raise ConfigError(f"unknown config key '{dotted}'{hint} (valid keys here: {', '.join(valid)})")
+        kwargs[name] = _coerce(value, hints[name], dotted)
+    missing = [
+        n for n, f in fields.items()
+        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        where = f" in '{prefix}'" if prefix else ""
+        raise ConfigError(f"missing required config key{where}: {', '.join(missing)}")
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate(prefix)
+    return obj
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form key.sub=value")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override '{text}' has an empty key part")
+    value = yaml.safe_load(raw) if raw != "" else ""
+    return key.split("."), value
+
+
+def apply_override(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{'.'.join(path)}': '{part}' is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """Load an experiment YAML, apply ``key.sub=value`` overrides and type-check the result."""
+    from experiment.schema import ExperimentConfig
+
+    tree = load_yaml(path)
+    for text in overrides:
+        key_path, value = parse_override(text)
+        apply_override(tree, key_path, value)
+    return build_dataclass(ExperimentConfig, tree)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), allow_unicode=True, sort_keys=False)

@@ -1,0 +1,60 @@
+"""The experiment's run folder: where every stage finds its inputs and leaves its outputs."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiment.config import dump_yaml
+from experiment.files import atomic_write_text
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    root: Path
+
+    @classmethod
+    def for_config(cls, cfg: Any) -> RunFolder:
+        return cls(Path(cfg.experiment.run_root) / cfg.experiment.name)
+
+    @property
+    def corpus(self) -> Path:
+        return self.root / "corpus"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def shards(self) -> Path:
+        return self.root / "shards"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / "wandb"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    def save_resolved_config(self, cfg: Any, stage: str) -> Path:
+        """Keep what actually ran: the latest resolved config plus one per stage invocation."""
+        text = dump_yaml(cfg)
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        atomic_write_text(self.root / "configs" / f"{stamp}-{stage}.yaml", text)
+        atomic_write_text(self.root / "config.resolved.yaml", text)
+        return self.root / "config.resolved.yaml"

@@ -1,0 +1,33 @@
+"""The experiment config's schema: one section per stage plus cross-cutting ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from experiment.sections.corpus import CorpusConfig, SourceConfig
+from experiment.sections.cost import CostConfig
+from experiment.sections.eval import EvalConfig
+from experiment.sections.experiment import ExperimentSection
+from experiment.sections.model import ModelConfig
+from experiment.sections.shards import ShardsConfig
+from experiment.sections.tokenizer import TokenizerConfig
+from experiment.sections.tracking import WandbConfig
+from experiment.sections.train import MeshConfig, TrainConfig
+
+__all__ = [
+    "CorpusConfig", "CostConfig", "EvalConfig", "ExperimentConfig", "ExperimentSection", "MeshConfig",
+    "ModelConfig", "ShardsConfig", "SourceConfig", "TokenizerConfig", "TrainConfig", "WandbConfig",
+]
+
+
+@dataclass
+class ExperimentConfig:
+    experiment: ExperimentSection
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    shards: ShardsConfig = field(default_factory=ShardsConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)

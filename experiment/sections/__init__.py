@@ -1,0 +1,1 @@
+"""One module per config section; each stage's owner keeps its section's fields here."""
