@@ -7,13 +7,16 @@ shard's size against it, so a half-written corpus is never read.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from experiment.errors import DataError
-from experiment.manifest import read_manifest
+from experiment.files import atomic_open
+from experiment.manifest import invalidate, read_manifest
 
 CORPUS_STAGE = "corpus"
 CORPUS_RECIPE = "recipes/01_build_corpus.py"
@@ -46,3 +49,60 @@ def iter_documents(corpus_dir: Path, manifest: dict[str, Any] | None = None) -> 
                 if not isinstance(doc, dict) or not isinstance(doc.get("text"), str) or "id" not in doc:
                     raise DataError(f"{path} line {line_no}: a document needs 'id' and a string 'text'")
                 yield doc
+
+
+class CorpusShardWriter:
+    """Writes documents into ``docs-NNNNN.jsonl`` shards, each renamed into place only when complete.
+
+    A crash leaves at most a hidden temporary file and no manifest, so no later stage trusts it.
+    Use as a context manager; ``shards`` lists ``{"file", "documents", "bytes", "sha256"}``.
+    """
+
+    def __init__(self, corpus_dir: Path, docs_per_shard: int) -> None:
+        self.corpus_dir = Path(corpus_dir)
+        self.docs_per_shard = docs_per_shard
+        self.shards: list[dict[str, Any]] = []
+        self._stack = contextlib.ExitStack()
+        self._handle: Any = None
+        self._digest: Any = None
+        self._documents = 0
+        self._bytes = 0
+
+    def __enter__(self) -> CorpusShardWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self._close_shard()
+        self._stack.__exit__(exc_type, exc, tb)
+
+    def write(self, doc_id: str, source: str, text: str) -> None:
+        if self._handle is None:
+            self._handle = self._stack.enter_context(
+                atomic_open(self.corpus_dir / shard_name(len(self.shards)), "wb", encoding=None)
+            )
+            self._digest, self._documents, self._bytes = hashlib.sha256(), 0, 0
+        line = (json.dumps({"id": doc_id, "source": source, "text": text}, ensure_ascii=False) + "\n").encode("utf-8")
+        self._handle.write(line)
+        self._digest.update(line)
+        self._documents += 1
+        self._bytes += len(line)
+        if self._documents >= self.docs_per_shard:
+            self._close_shard()
+
+    def _close_shard(self) -> None:
+        if self._handle is None:
+            return
+        self._stack.close()  # renames the finished shard into place
+        self.shards.append({"file": shard_name(len(self.shards)), "documents": self._documents,
+                            "bytes": self._bytes, "sha256": self._digest.hexdigest()})
+        self._handle = None
+
+
+def clear_corpus_folder(corpus_dir: Path) -> None:
+    """Remove a previous run's manifest first, then its shards, report and temporary files."""
+    corpus_dir = Path(corpus_dir)
+    invalidate(corpus_dir)
+    for pattern in ("docs-*.jsonl", ".docs-*.tmp", "report.md", ".report.md.*.tmp"):
+        for path in corpus_dir.glob(pattern):
+            path.unlink(missing_ok=True)

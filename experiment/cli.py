@@ -28,13 +28,18 @@ def make_parser(description: str) -> argparse.ArgumentParser:
 
 
 def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    # force: importing orbax (via grain) already called basicConfig() through absl, at WARNING level
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", force=True)
     for noisy in ("absl", "jax._src", "orbax", "urllib3", "datasets", "filelock", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | None = None) -> None:
-    """Run one stage: ``fn(cfg, run_folder, wandb_run)``; exits 2 with one line on a RecipeError."""
+def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | None = None,
+                wandb_run_id: Callable[[Any, RunFolder], str | None] | None = None) -> None:
+    """Run one stage: ``fn(cfg, run_folder, wandb_run)``; exits 2 with one line on a RecipeError.
+
+    ``wandb_run_id(cfg, run_folder)``, when given, names a W&B run to continue (a resumed training).
+    """
     args = make_parser(description).parse_args(argv)
     setup_logging()
     try:
@@ -44,7 +49,8 @@ def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | Non
         run_folder.save_resolved_config(cfg, stage)
         from tracking.wandb_run import open_run
 
-        with open_run(cfg, run_folder, job_type=stage) as wandb_run:
+        run_id = wandb_run_id(cfg, run_folder) if wandb_run_id else None
+        with open_run(cfg, run_folder, job_type=stage, run_id=run_id) as wandb_run:
             fn(cfg, run_folder, wandb_run)
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)

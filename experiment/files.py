@@ -11,6 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory
@@ -27,6 +30,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.chmod(tmp_name, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give them the usual permissions
     binary = "b" in mode
     try:
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:

@@ -30,8 +30,10 @@ def has_api_key() -> bool:
 
 
 def resolve_mode(requested: str) -> str:
-    if os.environ.get("WANDB_MODE") in ("offline", "online", "disabled"):
-        return os.environ["WANDB_MODE"]
+    env_mode = os.environ.get("WANDB_MODE", "").strip()
+    if env_mode in ("offline", "online", "disabled"):
+        return env_mode
+    os.environ.pop("WANDB_MODE", None)  # an empty or unknown value makes wandb.init fail
     if requested == "auto":
         return "online" if has_api_key() else "offline"
     return requested

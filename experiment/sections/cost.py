@@ -1,17 +1,112 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Literal
+
+from experiment.errors import ConfigError
+
+
+@dataclass
+class InfraItem:
+    """An infrastructure row of the catalog billed beside the accelerators (CPU host, disk, egress)."""
+
+    name: str  # a catalog row of kind 'infra', e.g. gcs-standard-storage
+    quantity: float = 1.0  # hosts for 'hour' rows, GB for 'gb-month' and 'gb' rows
+    cloud: str = ""
+    region: str = ""
+
+    def validate(self, key: str) -> None:
+        if self.quantity < 0:
+            raise ConfigError(f"config key '{key}.quantity': must be >= 0, got {self.quantity}")
+
+
+@dataclass
+class PlanOption:
+    """One accelerator / slice / pricing choice the planner prices."""
+
+    accelerator: str
+    chips: int = 8
+    pricing: str = "on-demand"
+    cloud: str = ""
+    region: str = ""
+    mfu: float | None = None  # None: cost.plan_mfu
+
+    def validate(self, key: str) -> None:
+        if self.chips < 1:
+            raise ConfigError(f"config key '{key}.chips': must be >= 1, got {self.chips}")
+        if self.mfu is not None and not 0 < self.mfu <= 1:
+            raise ConfigError(f"config key '{key}.mfu': must be in (0, 1], got {self.mfu}")
+
+
+def _seed_plan_options() -> list[PlanOption]:
+    # The comparison set the project was started for: three TPU generations, two NVIDIA GPUs, Trainium2.
+    return [
+        PlanOption("tpu-v5e", 8, "on-demand"),
+        PlanOption("tpu-v5p", 8, "on-demand"),
+        PlanOption("tpu-v6e", 8, "on-demand"),
+        PlanOption("nvidia-h100", 8, "on-demand", cloud="aws"),
+        PlanOption("nvidia-b200", 8, "on-demand", cloud="aws"),
+        PlanOption("aws-trainium2", 16, "spot"),
+    ]
 
 
 @dataclass
 class CostConfig:
     accelerator: str = "cpu-e2-standard-2"  # a row of cost/catalog.csv (or of catalog_path)
-    cloud: str = ""
+    cloud: str = ""  # empty: the only cloud that sells this accelerator at this pricing
     region: str = ""
-    pricing: str = "on-demand"
+    pricing: str = "on-demand"  # on-demand, spot, 1y, 3y
     chips: int = 1
-    catalog_path: str = ""  # a user catalog that extends or overrides the bundled one
-    usd_rub_rate: float | None = None
+    catalog_path: str = ""  # a user price catalog (CSV, same columns) that extends or overrides the bundled one
+    hardware_path: str = ""  # a user hardware catalog (CSV) that extends or overrides cost/hardware.csv
+    infrastructure: list[InfraItem] = field(default_factory=list)
+    usd_rub_rate: float | None = None  # None: fetch the Bank of Russia rate (cache / offline fallback)
     usd_rub_date: str = ""  # YYYY-MM-DD of the rate
     max_rate_age_days: int = 30
+    stale_rate: Literal["warn", "error"] = "warn"
+    fetch_rate: bool = True  # allow a short request to cbr.ru when no rate is configured
+    fetch_timeout_s: float = 3.0
+    rate_cache_dir: str = "${XDG_CACHE_HOME:-~/.cache}/ru-pretrain/cbr"
     token_budget: int | None = None  # tokens planned for the run, for the projection
+    flush_seconds: float = 5.0  # the ledger is fsynced at least this often
+    # planner (recipe 07)
+    plan_model: str = ""  # a model preset or an anchor shape (llama3.1-8b); empty: the experiment's model
+    plan_tokens: int = 0  # 0: cost.token_budget, else train.steps x batch x seq_len
+    plan_seq_len: int = 0  # 0: the preset's max_seq_len, or shards.seq_len for the experiment's model
+    plan_mfu: float = 0.4
+    plan_mfu_from_anchors: bool = True  # a published MFU on the same accelerator beats plan_mfu
+    plan_options: list[PlanOption] = field(default_factory=_seed_plan_options)
+    # compare (recipe 06)
+    compare_experiments: list[str] = field(default_factory=list)  # more experiments under the same run_root
+    loss_metric: str = "train/loss"
+    eval_metric: str = ""  # summary key of the eval score; empty: eval/<first eval task>/acc, else any eval/*/acc
+
+    def validate(self, key: str) -> None:
+        prefix = f"{key}." if key else ""
+        if self.chips < 1:
+            raise ConfigError(f"config key '{prefix}chips': must be >= 1, got {self.chips}")
+        if self.usd_rub_rate is not None:
+            if self.usd_rub_rate <= 0:
+                raise ConfigError(f"config key '{prefix}usd_rub_rate': must be > 0, got {self.usd_rub_rate}")
+            if not self.usd_rub_date:
+                raise ConfigError(f"config key '{prefix}usd_rub_date': a configured usd_rub_rate needs its date "
+                                  "(YYYY-MM-DD) so its age can be checked")
+        if self.usd_rub_date:
+            try:
+                dt.date.fromisoformat(self.usd_rub_date)
+            except ValueError as exc:
+                raise ConfigError(f"config key '{prefix}usd_rub_date': {self.usd_rub_date!r} is not a "
+                                  "YYYY-MM-DD date") from exc
+        if self.max_rate_age_days < 0:
+            raise ConfigError(f"config key '{prefix}max_rate_age_days': must be >= 0")
+        if self.fetch_timeout_s <= 0 or self.fetch_timeout_s > 60:
+            raise ConfigError(f"config key '{prefix}fetch_timeout_s': must be in (0, 60] seconds")
+        if self.flush_seconds <= 0:
+            raise ConfigError(f"config key '{prefix}flush_seconds': must be > 0")
+        if self.token_budget is not None and self.token_budget <= 0:
+            raise ConfigError(f"config key '{prefix}token_budget': must be > 0")
+        if not 0 < self.plan_mfu <= 1:
+            raise ConfigError(f"config key '{prefix}plan_mfu': must be in (0, 1], got {self.plan_mfu}")
+        if self.plan_tokens < 0 or self.plan_seq_len < 0:
+            raise ConfigError(f"config key '{prefix}plan_tokens/plan_seq_len': must be >= 0")

@@ -2,12 +2,51 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from experiment.errors import ConfigError
+
+SHARED_BENCH = "${RU_SHARED_DATA:-../shared/data}/bench"
+
 
 @dataclass
 class EvalConfig:
     checkpoint_step: int | None = None  # None: the latest checkpoint
-    batch_size: int = 16
-    max_validation_batches: int | None = None
-    tasks: list[str] = field(default_factory=lambda: ["rublimp"])
-    rublimp_dir: str = "${RU_SHARED_DATA:-../shared/data}/bench/rublimp"
-    max_items_per_task: int | None = None
+    batch_size: int = 16  # sequences per scoring batch
+    max_validation_batches: int | None = None  # None: the whole validation split
+    # names in eval.tasks.TASKS; the default: every task with local files in the shared bench folder
+    tasks: list[str] = field(default_factory=lambda: ["rublimp", "parus", "terra", "rcb", "rucola", "ruworldtree"])
+    bench_dir: str = SHARED_BENCH  # local benchmark files ({bench} in eval.tasks sources)
+    rublimp_dir: str = f"{SHARED_BENCH}/rublimp"
+    task_files: dict[str, str] = field(default_factory=dict)  # task -> local file in the hub record schema
+    max_items_per_task: int | None = None  # per phenomenon for RuBLiMP; None: all items
+    balance_labels: bool = False  # draw capped items evenly over gold answers (chance = 1/choices exactly)
+    num_fewshot: int = 0  # solved examples put before each item (tasks with a prompt only)
+    seed: int = 0  # item sampling and few-shot example choice
+    heldout_text_files: list[str] = field(default_factory=list)  # raw UTF-8 texts: bits per byte on each
+    # eval during training (train.eval_every > 0): a quick subset, logged against step and rubles
+    train_tasks: list[str] = field(default_factory=lambda: ["rublimp"])
+    train_max_items_per_task: int = 10
+    train_validation_batches: int = 5
+    export_hf: bool = False  # also write a Hugging Face (Llama) export of the checkpoint to eval/hf/
+
+    def validate(self, key: str) -> None:
+        prefix = f"{key}." if key else ""
+        if self.batch_size <= 0:
+            raise ConfigError(f"config key '{prefix}batch_size': must be positive, got {self.batch_size}")
+        for name in ("max_validation_batches", "max_items_per_task", "train_max_items_per_task",
+                     "train_validation_batches", "checkpoint_step"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if name == "checkpoint_step" else 1):
+                raise ConfigError(f"config key '{prefix}{name}': must be positive, got {value}")
+        if self.num_fewshot < 0:
+            raise ConfigError(f"config key '{prefix}num_fewshot': must be 0 or more, got {self.num_fewshot}")
+        from eval.tasks import TASKS  # the registry is data in the eval package
+
+        for name in ("tasks", "train_tasks"):
+            for task in getattr(self, name):
+                if task not in TASKS:
+                    raise ConfigError(f"config key '{prefix}{name}': unknown task '{task}' "
+                                      f"(known: {', '.join(sorted(TASKS))})")
+        for task in self.task_files:
+            if task not in TASKS:
+                raise ConfigError(f"config key '{prefix}task_files.{task}': unknown task "
+                                  f"(known: {', '.join(sorted(TASKS))})")

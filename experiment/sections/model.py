@@ -1,18 +1,53 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from experiment.errors import ConfigError
 
 
 @dataclass
 class ModelConfig:
-    preset: str = ""  # a named size from model.presets; explicit fields below override it
+    preset: str = ""  # a named size from model.presets; explicit fields in the YAML override it
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int = 2
+    head_dim: int = 0  # 0: d_model // n_heads
     d_ff: int = 688
     max_seq_len: int = 1024
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
-    z_loss: float = 0.0
+    z_loss: float = 0.0  # weight of log(Z)^2 in the loss (PaLM), keeps logits from drifting
+    init_std: float = 0.02
+    # einsum: hand-written attention (fastest on CPU); dot_product: jax.nn.dot_product_attention
+    # (XLA, or cuDNN flash attention on GPUs with bf16)
+    attention: Literal["einsum", "dot_product", "cudnn"] = "einsum"
+    # activation checkpointing per decoder block: none, full (recompute everything), or
+    # save_dots (keep matmul outputs, recompute the cheap elementwise work)
+    remat: Literal["none", "full", "save_dots"] = "none"
+
+    def validate(self, key: str) -> None:
+        prefix = f"{key}." if key else ""
+        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"config key '{prefix}n_kv_heads': {self.n_kv_heads} does not divide n_heads={self.n_heads} "
+                "(grouped-query attention shares each KV head among n_heads / n_kv_heads query heads)"
+            )
+        if self.head_dim < 0 or (self.head_dim == 0 and self.d_model % self.n_heads):
+            raise ConfigError(
+                f"config key '{prefix}head_dim': d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                "set head_dim explicitly"
+            )
+        if self.resolved_head_dim % 2:
+            raise ConfigError(f"config key '{prefix}head_dim': RoPE needs an even head dimension, got {self.resolved_head_dim}")
+        if self.z_loss < 0:
+            raise ConfigError(f"config key '{prefix}z_loss': must be >= 0, got {self.z_loss}")
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from experiment.errors import ConfigError
 
 
 @dataclass
@@ -10,3 +12,25 @@ class ShardsConfig:
     packing: Literal["concat", "document"] = "concat"
     validation_percent: float = 1.0  # documents go to validation by a hash of their id
     records_per_shard: int = 8192
+    encode_batch_documents: int = 512  # documents handed to SentencePiece per batched encode call
+    num_threads: int = 0  # SentencePiece encoding threads; 0 = every core of this machine
+    on_corrupt: Literal["error", "skip"] = "error"  # a corrupt record stops the loader, or is skipped and counted
+    runner: Literal["local", "beam"] = "local"  # "beam" needs the optional `beam` extra; same bytes as local
+    beam_options: list[str] = field(default_factory=list)  # Beam flags, e.g. ["--runner=DirectRunner"]
+
+    def validate(self, key: str) -> None:
+        prefix = f"{key}." if key else ""
+        if self.seq_len < 1:
+            raise ConfigError(f"config key '{prefix}seq_len': must be at least 1, got {self.seq_len}")
+        if not 0.0 <= self.validation_percent < 100.0:
+            raise ConfigError(
+                f"config key '{prefix}validation_percent': must be in [0, 100), got {self.validation_percent}"
+            )
+        if self.records_per_shard < 1:
+            raise ConfigError(f"config key '{prefix}records_per_shard': must be at least 1, got {self.records_per_shard}")
+        if self.encode_batch_documents < 1:
+            raise ConfigError(
+                f"config key '{prefix}encode_batch_documents': must be at least 1, got {self.encode_batch_documents}"
+            )
+        if self.num_threads < 0:
+            raise ConfigError(f"config key '{prefix}num_threads': must be 0 (all cores) or more, got {self.num_threads}")

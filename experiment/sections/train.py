@@ -1,6 +1,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from experiment.errors import ConfigError
+
+# Logical axis -> mesh axes. Every parameter and key activation names its dims with these logical
+# names (model/decoder.py); this table decides how they are laid out on the device mesh.
+DEFAULT_AXIS_RULES: dict[str, list[str]] = {
+    "batch": ["data", "fsdp"],  # activations: the batch is split over every data-parallel axis
+    "length": [],
+    "act_embed": [],
+    "act_heads": ["tensor"],
+    "act_mlp": ["tensor"],
+    "vocab": ["tensor"],
+    "embed": ["fsdp"],  # FSDP/ZeRO-3: parameters sharded along d_model, gathered per layer
+    "heads": ["tensor"],
+    "kv_heads": ["tensor"],
+    "head_dim": [],
+    "mlp": ["tensor"],
+    "norm": [],
+}
 
 
 @dataclass
@@ -8,23 +28,77 @@ class MeshConfig:
     data: int = -1  # -1: all devices left over
     fsdp: int = 1
     tensor: int = 1
+    dcn_data: int = 1  # multi-slice: data parallelism across slices over the data-centre network
+    # logical axis name -> list of mesh axes (data, fsdp, tensor); [] keeps that dim unsharded
+    rules: dict[str, list[str]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_AXIS_RULES.items()})
+
+    def __post_init__(self) -> None:
+        # a YAML that overrides a few rules keeps the defaults for the rest
+        self.rules = {**{k: list(v) for k, v in DEFAULT_AXIS_RULES.items()}, **self.rules}
+
+    def validate(self, key: str) -> None:
+        prefix = f"{key}." if key else ""
+        for name in ("fsdp", "tensor", "dcn_data"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"config key '{prefix}{name}': must be >= 1, got {getattr(self, name)}")
+        if self.data == 0 or self.data < -1:
+            raise ConfigError(f"config key '{prefix}data': must be >= 1 or -1 (all devices left over), got {self.data}")
+        unknown = sorted(set(self.rules) - set(DEFAULT_AXIS_RULES))
+        if unknown:
+            raise ConfigError(f"config key '{prefix}rules': unknown logical axes {unknown} (known: {sorted(DEFAULT_AXIS_RULES)})")
+        for logical, axes in self.rules.items():
+            bad = [a for a in axes if a not in ("data", "fsdp", "tensor")]
+            if bad:
+                raise ConfigError(f"config key '{prefix}rules.{logical}': unknown mesh axes {bad} (use data, fsdp, tensor)")
+            if len(set(axes)) != len(axes):
+                raise ConfigError(f"config key '{prefix}rules.{logical}': a mesh axis is listed twice: {axes}")
 
 
 @dataclass
 class TrainConfig:
     steps: int = 1000
     batch_size: int = 32  # global batch, in sequences
+    grad_accum_steps: int = 1  # micro-batches per optimizer step; batch_size must divide by it
     learning_rate: float = 3e-4
     warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio at the last step
     weight_decay: float = 0.1
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # global-norm clipping; 0 turns it off
     beta1: float = 0.9
     beta2: float = 0.95
-    compute_dtype: str = "float32"
-    param_dtype: str = "float32"
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    param_dtype: Literal["float32", "bfloat16"] = "float32"  # master weights and optimizer state
     checkpoint_every: int = 100
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # the latest N are kept ...
+    keep_checkpoints_every: int = 0  # ... plus every K-th step forever (0: none)
+    async_checkpointing: bool = True
     log_every: int = 10
     eval_every: int = 0  # 0: no eval during training
+    nan_policy: Literal["stop", "skip"] = "stop"  # a non-finite loss stops the run, or skips that update
+    preemption_grace_s: float = 30.0  # after SIGTERM: save and exit within this many seconds
+    compilation_cache: bool = True  # keep compiled steps in <run>/xla_cache: a restart skips the compile
+    distributed: bool = False  # jax.distributed.initialize() first: multi-host TPU slices, multi-node GPUs
+    peak_flops_per_chip: float | None = None  # for MFU; None: the cost catalog's bf16 peak for cost.accelerator
+    fit_topologies: list[str] = field(default_factory=lambda: ["v5e-16", "v6e-8"])  # for recipes/04b_tpu_fit_check.py
     mesh: MeshConfig = field(default_factory=MeshConfig)
+
+    def validate(self, key: str) -> None:
+        prefix = f"{key}." if key else ""
+        for name in ("steps", "batch_size", "grad_accum_steps", "checkpoint_every", "keep_checkpoints", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"config key '{prefix}{name}': must be >= 1, got {getattr(self, name)}")
+        if self.batch_size % self.grad_accum_steps:
+            raise ConfigError(
+                f"config key '{prefix}grad_accum_steps': {self.grad_accum_steps} does not divide batch_size={self.batch_size}"
+            )
+        if self.learning_rate <= 0:
+            raise ConfigError(f"config key '{prefix}learning_rate': must be positive, got {self.learning_rate}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"config key '{prefix}min_lr_ratio': must be in [0, 1], got {self.min_lr_ratio}")
+        if self.warmup_steps < 0 or self.warmup_steps >= self.steps:
+            raise ConfigError(f"config key '{prefix}warmup_steps': must be in [0, steps={self.steps}), got {self.warmup_steps}")
+        for name in ("weight_decay", "grad_clip", "eval_every", "keep_checkpoints_every", "preemption_grace_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"config key '{prefix}{name}': must be >= 0, got {getattr(self, name)}")
+        if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
+            raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, got {self.peak_flops_per_chip}")

@@ -1,0 +1,138 @@
+"""Benchmarks of recipe 01 (corpus building); each prints one JSON object.
+
+``throughput``: the per-document work plus dedup on a slice of ruslit, timed for a plain
+single-process loop (the peer), the local pool at 1 and 2 workers, and Beam's DirectRunner when the
+beam extra is importable. Ratios are against the plain loop measured in the same run.
+
+``planted``: the whole recipe on all of ruslit plus the Debian demo text plus 500 planted
+near-duplicates; reports the caught share, the clean documents lost, and the accounting.
+
+    python bench/bench_corpus.py throughput --mb 6
+    python bench/bench_corpus.py planted --planted 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from data_prep.corpus import build_corpus, clean_serial, clean_with_pool, dedup_in_order  # noqa: E402
+from data_prep.corpus_io import read_corpus_manifest  # noqa: E402
+from data_prep.dedup_eval import planted_rates, write_planted_source  # noqa: E402
+from data_prep.sources import RawDocument, iter_raw_documents  # noqa: E402
+from experiment.config import build_dataclass  # noqa: E402
+from experiment.runfolder import RunFolder  # noqa: E402
+from experiment.schema import ExperimentConfig, SourceConfig  # noqa: E402
+from experiment.sections.corpus import CorpusConfig  # noqa: E402
+
+RUSLIT = Path(os.environ.get("RU_SHARED_DATA", ROOT.parent / "shared" / "data")) / "text" / "ruslit"
+
+
+def ruslit_source(**overrides: Any) -> SourceConfig:
+    return SourceConfig(kind="files", name="ruslit", paths=[str(RUSLIT)], split_rule="chunk", chunk_chars=3000,
+                        **overrides)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its reaped children (pool workers are reaped when the pool closes)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed(label: str, run: Any, docs: list[RawDocument], cores: int) -> dict[str, Any]:
+    """Wall time (what a user waits) and CPU time (what the work costs, whatever else the machine runs)."""
+    started, cpu_started = time.perf_counter(), cpu_seconds()
+    first_result = None
+    outcomes = 0
+    for _ in run():
+        outcomes += 1
+        first_result = first_result or time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu_started
+    assert outcomes == len(docs)
+    mb = sum(d.raw_bytes for d in docs) / 1e6
+    return {"runner": label, "cores": cores, "seconds": round(seconds, 2),
+            "seconds_to_first_result": round(first_result or 0.0, 2), "docs_per_s": round(len(docs) / seconds, 1),
+            "mb_per_s": round(mb / seconds, 3), "mb_per_s_per_core": round(mb / seconds / cores, 3),
+            "cpu_seconds": round(cpu, 1), "mb_per_cpu_s": round(mb / cpu, 3)}
+
+
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
+    cfg = CorpusConfig(sources=[ruslit_source(max_bytes=int(args.mb * 1e6))])
+    docs = list(iter_raw_documents(cfg.sources, Path(tempfile.gettempdir())))
+    results = [timed("plain loop", lambda: dedup_in_order(clean_serial(docs, cfg), cfg), docs, 1)]
+    for workers in (1, 2):
+        results.append(timed(f"pool x{workers}", lambda w=workers: dedup_in_order(clean_with_pool(docs, cfg, w), cfg),
+                             docs, workers))
+    try:
+        import apache_beam  # noqa: F401
+
+        from data_prep.beam_corpus import run_beam
+
+        beam_cfg = CorpusConfig(sources=cfg.sources, runner="beam",
+                                beam_options=["--runner=DirectRunner", "--direct_num_workers=1"])
+        results.append(timed("beam DirectRunner", lambda: run_beam(docs, beam_cfg), docs, 1))
+    except ImportError:
+        results.append({"runner": "beam DirectRunner", "skipped": "apache_beam not importable in this venv"})
+    base, base_cpu = results[0]["seconds"], results[0]["cpu_seconds"]
+    for row in results:
+        if "seconds" in row:
+            row["speed_vs_plain_loop"] = round(base / row["seconds"], 2)
+            row["cpu_efficiency_vs_plain_loop"] = round(base_cpu / row["cpu_seconds"], 2)
+    return {"bench": "corpus throughput", "documents": len(docs),
+            "mb": round(sum(d.raw_bytes for d in docs) / 1e6, 2), "cpu_count": os.cpu_count(),
+            "load_average_1m": round(os.getloadavg()[0], 2), "results": results}
+
+
+def planted(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="bench-corpus-"))
+    sources = [ruslit_source()]
+    if not args.no_debian:
+        sources.append(SourceConfig(kind="debian", name="debian-ru", cache_dir=args.debian_cache))
+    raw = list(iter_raw_documents(sources, work / ".cache"))
+    write_planted_source(raw, args.planted, work / "planted.jsonl", seed=args.seed)
+    sources.append(SourceConfig(kind="files", name="planted", paths=[str(work / "planted.jsonl")]))
+    cfg = build_dataclass(ExperimentConfig, {"experiment": {"name": "planted", "run_root": str(work / "runs")}})
+    cfg.corpus.sources = sources
+    cfg.corpus.workers = args.workers
+    folder = RunFolder.for_config(cfg)
+    started = time.perf_counter()
+    build_corpus(cfg, folder, None)
+    seconds = time.perf_counter() - started
+    manifest = read_corpus_manifest(folder.corpus)
+    counts = manifest["counts"]
+    accounted = counts["kept"] + sum(counts["rejected"].values()) + sum(counts["duplicates"].values())
+    return {"bench": "planted near-duplicates", "seconds": round(seconds, 1), "counts": counts,
+            "every_document_accounted": accounted == counts["in"] == len(raw) + args.planted,
+            "sources": manifest["sources"], **planted_rates(manifest, "planted"), "work_dir": str(work)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    tp = sub.add_parser("throughput")
+    tp.add_argument("--mb", type=float, default=6.0, help="MB of ruslit text to process")
+    pl = sub.add_parser("planted")
+    pl.add_argument("--planted", type=int, default=500)
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--workers", type=int, default=0)
+    pl.add_argument("--no-debian", action="store_true", help="ruslit only (no apt-get)")
+    pl.add_argument("--debian-cache", default="", help="reuse a Debian .deb cache folder")
+    args = parser.parse_args()
+    if not RUSLIT.is_dir():
+        sys.exit(f"error: ruslit not found at {RUSLIT} (set RU_SHARED_DATA)")
+    result = throughput(args) if args.command == "throughput" else planted(args)
+    print(json.dumps(result, ensure_ascii=False, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""The price and hardware catalogs: real published figures, each with its source and date.
+
+``cost/catalog.csv`` holds prices: accelerators in USD per chip-hour by cloud, region and pricing
+mode (on-demand, spot, 1y, 3y), and infrastructure rows (CPU hosts per hour, storage per GB-month,
+egress per GB). ``cost/hardware.csv`` holds peak dense bf16 TFLOP/s and HBM per chip. A cell we
+have no published figure for stays empty: asking for it is an error, never a silent zero. A user
+catalog with the same columns extends the bundled one; a row with the same key replaces it.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiment.errors import ConfigError, DataError
+
+BUNDLED_PRICES = Path(__file__).with_name("catalog.csv")
+BUNDLED_HARDWARE = Path(__file__).with_name("hardware.csv")
+
+PRICE_COLUMNS = ("kind", "name", "cloud", "region", "pricing", "usd", "unit", "source", "date", "note")
+HARDWARE_COLUMNS = ("name", "vendor", "peak_bf16_tflops", "hbm_gib", "source", "date", "note")
+UNITS_BY_KIND = {"accelerator": ("chip-hour",), "infra": ("hour", "gb-month", "gb")}
+PRICING_MODES = ("on-demand", "spot", "1y", "3y")
+# A figure's date: when it was published, or when we recorded it (the note says which); year or month
+# precision is allowed for figures recalled from a price list rather than read from a dated page.
+_DATE = re.compile(r"^\d{4}(-\d{2}(-\d{2})?)?$")
+
+
+class CatalogError(ConfigError):
+    """An accelerator, price or infrastructure row the config asks for is not in the catalog."""
+
+
+@dataclass(frozen=True)
+class PriceRow:
+    kind: str
+    name: str
+    cloud: str
+    region: str
+    pricing: str
+    usd: float | None  # None: no published figure
+    unit: str
+    source: str
+    date: str
+    note: str = ""
+    origin: str = ""  # the file the row came from
+
+    @property
+    def key(self) -> tuple[str, str, str, str, str]:
+        return (self.kind, self.name, self.cloud, self.region, self.pricing)
+
+    def describe(self) -> str:
+        where = "/".join(p for p in (self.cloud, self.region) if p) or "any cloud"
+        return f"{self.name} {self.pricing} ({where})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class HardwareRow:
+    name: str
+    vendor: str
+    peak_bf16_tflops: float | None
+    hbm_gib: float | None
+    source: str
+    date: str
+    note: str = ""
+
+
+def _number(text: str, path: Path, line: int, column: str) -> float | None:
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise DataError(f"{path} line {line}: column '{column}' is not a number: {text!r}") from exc
+    if value < 0:
+        raise DataError(f"{path} line {line}: column '{column}' is negative: {text!r}")
+    return value
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    if not path.is_file():
+        raise DataError(f"catalog file {path} does not exist")
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in columns if c not in (reader.fieldnames or [])]
+        if missing:
+            raise DataError(f"{path}: missing column(s) {', '.join(missing)} (expected {', '.join(columns)})")
+        # line 1 is the header; DictReader yields data rows from line 2
+        return [(i + 2, {k: (v or "").strip() for k, v in row.items() if k}) for i, row in enumerate(reader)]
+
+
+def _check_sourced(path: Path, line: int, has_number: bool, source: str, date: str) -> None:
+    if has_number and not source:
+        raise DataError(f"{path} line {line}: a figure without a source (fill the 'source' column)")
+    if has_number and not date:
+        raise DataError(f"{path} line {line}: a figure without a date (fill the 'date' column)")
+    if date and not _DATE.match(date):
+        raise DataError(f"{path} line {line}: date {date!r} is not YYYY, YYYY-MM or YYYY-MM-DD")
+
+
+def read_prices(path: Path) -> list[PriceRow]:
+    """Read and validate a price CSV: known kinds, units and modes; every price sourced and dated."""
+    rows = []
+    for line, raw in _read_csv(path, PRICE_COLUMNS):
+        kind = raw["kind"]
+        if kind not in UNITS_BY_KIND:
+            raise DataError(f"{path} line {line}: kind {kind!r} is not one of {list(UNITS_BY_KIND)}")
+        if raw["unit"] not in UNITS_BY_KIND[kind]:
+            raise DataError(f"{path} line {line}: unit {raw['unit']!r} is not one of {list(UNITS_BY_KIND[kind])} "
+                            f"for kind {kind}")
+        if raw["pricing"] not in PRICING_MODES:
+            raise DataError(f"{path} line {line}: pricing {raw['pricing']!r} is not one of {list(PRICING_MODES)}")
+        if not raw["name"]:
+            raise DataError(f"{path} line {line}: empty 'name'")
+        usd = _number(raw["usd"], path, line, "usd")
+        _check_sourced(path, line, usd is not None, raw["source"], raw["date"])
+        rows.append(PriceRow(kind=kind, name=raw["name"], cloud=raw["cloud"], region=raw["region"],
+                             pricing=raw["pricing"], usd=usd, unit=raw["unit"], source=raw["source"],
+                             date=raw["date"], note=raw.get("note", ""), origin=str(path)))
+    return rows
+
+
+def read_hardware(path: Path) -> list[HardwareRow]:
+    rows = []
+    for line, raw in _read_csv(path, HARDWARE_COLUMNS):
+        peak = _number(raw["peak_bf16_tflops"], path, line, "peak_bf16_tflops")
+        hbm = _number(raw["hbm_gib"], path, line, "hbm_gib")
+        _check_sourced(path, line, peak is not None or hbm is not None, raw["source"], raw["date"])
+        rows.append(HardwareRow(name=raw["name"], vendor=raw["vendor"], peak_bf16_tflops=peak, hbm_gib=hbm,
+                                source=raw["source"], date=raw["date"], note=raw.get("note", "")))
+    return rows
+
+
+@dataclass
+class Catalog:
+    prices: list[PriceRow]
+    hardware: dict[str, HardwareRow]
+
+    @classmethod
+    def load(cls, catalog_path: str = "", hardware_path: str = "") -> Catalog:
+        """The bundled catalogs, extended or overridden by user CSVs (same columns) when given."""
+        merged: dict[tuple[str, ...], PriceRow] = {row.key: row for row in read_prices(BUNDLED_PRICES)}
+        if catalog_path:
+            merged.update({row.key: row for row in read_prices(Path(catalog_path).expanduser())})
+        hardware = {row.name: row for row in read_hardware(BUNDLED_HARDWARE)}
+        if hardware_path:
+            hardware.update({row.name: row for row in read_hardware(Path(hardware_path).expanduser())})
+        return cls(prices=list(merged.values()), hardware=hardware)
+
+    @classmethod
+    def from_config(cls, cost_cfg: Any) -> Catalog:
+        return cls.load(cost_cfg.catalog_path, cost_cfg.hardware_path)
+
+    def names(self, kind: str) -> list[str]:
+        return sorted({row.name for row in self.prices if row.kind == kind})
+
+    def lookup(self, name: str, pricing: str, cloud: str = "", region: str = "", kind: str = "accelerator",
+               key: str = "cost.accelerator") -> PriceRow:
+        """The one priced row for this choice; an unknown name, a missing price or an ambiguity is an error."""
+        candidates = [row for row in self.prices if row.kind == kind and row.name == name]
+        if not candidates:
+            known = self.names(kind)
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise CatalogError(f"config key '{key}': unknown {kind} '{name}'{hint}; known: {', '.join(known)}")
+        if cloud:
+            candidates = [row for row in candidates if row.cloud == cloud]
+        if region:
+            candidates = [row for row in candidates if row.region == region]
+        if not candidates:
+            raise CatalogError(f"config key '{key}': no {name} row for cloud={cloud or '*'} region={region or '*'} "
+                               "in the catalog")
+        moded = [row for row in candidates if row.pricing == pricing]
+        if not moded:
+            modes = sorted({row.pricing for row in candidates})
+            raise CatalogError(f"config key '{key}': {name} has no '{pricing}' price in the catalog "
+                               f"(available: {', '.join(modes)})")
+        priced = [row for row in moded if row.usd is not None]
+        if not priced:
+            row = moded[0]
+            why = f": {row.note}" if row.note else ""
+            raise CatalogError(f"config key '{key}': the catalog has no published {pricing} price for "
+                               f"{row.describe()}{why}; give one in a user catalog (cost.catalog_path)")
+        if len(priced) > 1:
+            options = "; ".join(f"cloud={r.cloud} region={r.region} ({r.usd} USD/{r.unit})" for r in priced)
+            raise CatalogError(f"config key '{key}': {name} {pricing} is sold by several clouds/regions, choose "
+                               f"one with cost.cloud / cost.region: {options}")
+        return priced[0]
+
+    def chip(self, name: str, key: str = "cost.accelerator") -> HardwareRow:
+        row = self.hardware.get(name)
+        if row is None:
+            near = difflib.get_close_matches(name, sorted(self.hardware), n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise CatalogError(f"config key '{key}': no hardware figures for '{name}'{hint} in cost/hardware.csv")
+        return row

@@ -1,0 +1,227 @@
+"""Recipe 06: what did each experiment cost, and what did the money buy?
+
+For this experiment (and ``cost.compare_experiments`` under the same run root) it reads the W&B
+runs of the group back (the API when online; the local offline runs via ``wandb leet inspect``),
+takes the cost from the pretrain run's ``cost/*`` summary (the ledger in ``ledger/`` when W&B has
+none), the final loss, and the eval score from the eval run. It prints one row per experiment,
+writes ``reports/costs.md`` / ``.csv`` and two PNG plots (loss against rubles from the pretrain
+history, eval score against rubles), and logs them to the compare run in W&B.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cost.ledger import LEDGER_FILE, summarize_ledger
+from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
+from experiment.errors import MissingStageError
+from experiment.runfolder import RunFolder
+from tracking.metrics import RUB_SPENT
+from tracking.readback import RunRecord, read_offline_runs, read_online_runs
+from tracking.wandb_run import resolve_mode
+
+log = logging.getLogger("cost.compare")
+
+ACCURACY_NAMES = ("acc", "accuracy", "acc_norm")
+COLUMNS = (
+    Column("experiment", "experiment"),
+    Column("run", "run"),
+    Column("accelerator", "accelerator"),
+    Column("chips", "chips", "{:d}"),
+    Column("tokens", "tokens", "{:,.0f}"),
+    Column("hours", "hours", SIG),
+    Column("rub_total", "rubles", SIG),
+    Column("rub_per_1b_tokens", "RUB / 1B tokens", SIG),
+    Column("final_loss", "final loss", "{:.4f}"),
+    Column("eval_score", "eval score", "{:.4f}"),
+    Column("rub_per_eval_point", "RUB / eval point", SIG),
+    Column("rub_lost_to_restarts", "RUB lost to restarts", SIG),
+    Column("cost_source", "cost from"),
+)
+
+
+def run_order(run: RunRecord) -> tuple[str, str]:
+    """Oldest first; a resumed run keeps its id and start time, its later folder name breaks the tie."""
+    return (run.start_time, run.source)
+
+
+@dataclass
+class ExperimentRuns:
+    name: str
+    folder: RunFolder
+    runs: list[RunRecord] = field(default_factory=list)
+
+    @property
+    def cost_runs(self) -> list[RunRecord]:
+        """Runs that logged money (the pretrain runs, one per resume), oldest first."""
+        found = [r for r in self.runs if "cost/rub_total" in r.summary or RUB_SPENT in r.summary]
+        return sorted(found, key=run_order)
+
+    @property
+    def eval_runs(self) -> list[RunRecord]:
+        return sorted((r for r in self.runs if r.job_type == "eval"), key=run_order)
+
+
+def read_runs(cfg: Any, folder: RunFolder, group: str, exclude_id: str | None) -> list[RunRecord]:
+    """The group's runs: the W&B API when online (falling back on failure), else the offline run folders."""
+    runs: list[RunRecord] | None = None
+    if resolve_mode(cfg.wandb.mode) == "online":
+        try:
+            runs = read_online_runs(cfg.wandb.project, cfg.wandb.entity, group, [cfg.cost.loss_metric, RUB_SPENT])
+        except Exception as exc:  # network, auth: any API failure falls back to the local runs
+            log.warning("W&B API unavailable (%s): reading the local offline runs instead", str(exc).splitlines()[0])
+    if runs is None:
+        runs = read_offline_runs(folder.wandb, group=group, exclude_ids=(exclude_id,) if exclude_id else ())
+    return [r for r in runs if r.run_id != exclude_id]
+
+
+def pick_eval_metric(cfg: Any, summaries: list[dict[str, Any]]) -> str | None:
+    """The configured metric, else eval/<task>/acc (or accuracy) of the first eval task that has one,
+    else the first eval/*/acc key seen."""
+    if cfg.cost.eval_metric:
+        return cfg.cost.eval_metric
+    keys = {k for s in summaries for k, v in s.items() if isinstance(v, (int, float))}
+    preferred = [f"eval/{task}/{name}" for task in cfg.eval.tasks for name in ACCURACY_NAMES]
+    for key in preferred:
+        if key in keys:
+            return key
+    accuracy = sorted(k for k in keys if k.startswith("eval/") and k.rsplit("/", 1)[-1] in ACCURACY_NAMES)
+    return accuracy[0] if accuracy else None
+
+
+def eval_score(exp: ExperimentRuns, metric: str | None) -> float | None:
+    if metric is None:
+        return None
+    for run in reversed([*exp.cost_runs, *exp.eval_runs]):  # the latest eval run wins
+        value = run.summary.get(metric)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return None
+
+
+def rub_per_eval_point(rub: float | None, score: float | None) -> float | None:
+    """Rubles per percentage point of an accuracy in [0, 1] (per unit for any other score)."""
+    if rub is None or score is None or score <= 0:
+        return None
+    return rub / (score * 100 if score <= 1 else score)
+
+
+def cost_row(cfg: Any, exp: ExperimentRuns, metric: str | None) -> dict[str, Any]:
+    """One table row: cost from the latest pretrain run's summary, else from the ledger."""
+    ledger_dir = exp.folder.ledger
+    row: dict[str, Any] = {"experiment": exp.name}
+    cost_runs = exp.cost_runs
+    latest = cost_runs[-1] if cost_runs else None
+    if latest is not None and "cost/rub_total" in latest.summary:
+        s = latest.summary
+        price = latest.config.get("cost_price_row") or {}
+        row.update(run=latest.name or latest.run_id, cost_source=f"W&B run {latest.run_id}",
+                   accelerator=price.get("name") or latest.config.get("cost", {}).get("accelerator"),
+                   chips=latest.config.get("cost_chips") or latest.config.get("cost", {}).get("chips"),
+                   tokens=s.get("cost/tokens"), hours=s.get("cost/hours"), rub_total=s.get("cost/rub_total"),
+                   rub_per_1b_tokens=s.get("cost/rub_per_1b_tokens"),
+                   rub_lost_to_restarts=s.get("cost/rub_lost_to_restarts"))
+    elif (ledger_dir / LEDGER_FILE).is_file():
+        s = summarize_ledger(ledger_dir)
+        row.update(run=(latest.name if latest else None) or s.get("run_id"), cost_source=f"ledger {ledger_dir}",
+                   accelerator=s["accelerator"], chips=s["chips"], tokens=s["tokens"], hours=s["hours"],
+                   rub_total=s["rub_total"], rub_per_1b_tokens=s["rub_per_1b_tokens"],
+                   rub_lost_to_restarts=s["rub_lost_to_restarts"])
+    else:
+        raise MissingStageError(f"experiment '{exp.name}': no cost found (no W&B pretrain run with cost/* and no "
+                                f"{ledger_dir / LEDGER_FILE}): run recipes/04_pretrain.py first")
+    loss = latest.summary.get(cfg.cost.loss_metric) if latest else None
+    if loss is None:
+        losses = [h[cfg.cost.loss_metric] for r in cost_runs for h in r.history if cfg.cost.loss_metric in h]
+        loss = losses[-1] if losses else None
+    row["final_loss"] = loss
+    row["eval_score"] = eval_score(exp, metric)
+    row["rub_per_eval_point"] = rub_per_eval_point(row.get("rub_total"), row["eval_score"])
+    return row
+
+
+def loss_curve(exp: ExperimentRuns, loss_key: str) -> list[tuple[float, float]]:
+    """(rubles, loss) points from every pretrain run's history (resumed runs continue the ledger's rubles)."""
+    points = [(float(h[RUB_SPENT]), float(h[loss_key])) for r in exp.cost_runs for h in r.history
+              if isinstance(h.get(RUB_SPENT), (int, float)) and isinstance(h.get(loss_key), (int, float))]
+    return sorted(p for p in points if math.isfinite(p[1]))
+
+
+def plot_loss_vs_rubles(experiments: list[ExperimentRuns], loss_key: str, path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {exp.name: loss_curve(exp, loss_key) for exp in experiments}
+    curves = {name: pts for name, pts in curves.items() if pts}
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in curves.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=name)
+    ax.set_xlabel("rubles spent")
+    ax.set_ylabel(loss_key)
+    ax.set_title("Loss against rubles")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return save_figure(fig, path)
+
+
+def plot_eval_vs_rubles(rows: list[dict[str, Any]], metric: str | None, path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(r["rub_total"], r["eval_score"], r["experiment"]) for r in rows
+              if r.get("rub_total") is not None and r.get("eval_score") is not None]
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for rub, score, name in points:
+        ax.scatter([rub], [score], s=40)
+        ax.annotate(name, (rub, score), textcoords="offset points", xytext=(5, 5))
+    ax.set_xlabel("rubles spent (pretraining)")
+    ax.set_ylabel(metric or "eval score")
+    ax.set_title("Eval score against rubles")
+    ax.grid(alpha=0.3)
+    return save_figure(fig, path)
+
+
+def compare_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
+    """Recipe 06: the cost table and plots of this experiment and ``cost.compare_experiments``."""
+    names = [cfg.experiment.name, *[n for n in cfg.cost.compare_experiments if n != cfg.experiment.name]]
+    exclude = getattr(wandb_run, "id", None)
+    experiments = []
+    for name in names:
+        folder = RunFolder(run_folder.root.parent / name)
+        if not folder.root.is_dir():
+            raise MissingStageError(f"config key 'cost.compare_experiments': no run folder {folder.root} for "
+                                    f"experiment '{name}'")
+        experiments.append(ExperimentRuns(name, folder, read_runs(cfg, folder, name, exclude)))
+    metric = pick_eval_metric(cfg, [r.summary for e in experiments for r in [*e.cost_runs, *e.eval_runs]])
+    rows = [cost_row(cfg, exp, metric) for exp in experiments]
+
+    reports = run_folder.reports
+    reports.mkdir(parents=True, exist_ok=True)
+    images = {}
+    notes = [f"eval score: {metric or 'none found (run recipes/05_evaluate.py)'}; RUB / eval point = rubles / "
+             "(score x 100) for an accuracy in [0, 1]"]
+    loss_png = plot_loss_vs_rubles(experiments, cfg.cost.loss_metric, reports / "loss_vs_rubles.png")
+    if loss_png:
+        images["loss_vs_rubles"] = loss_png
+    else:
+        notes.append(f"no loss-against-rubles plot: no pretrain history has both '{cfg.cost.loss_metric}' and "
+                     f"'{RUB_SPENT}'")
+    eval_png = plot_eval_vs_rubles(rows, metric, reports / "eval_vs_rubles.png")
+    if eval_png:
+        images["eval_vs_rubles"] = eval_png
+    log.info("compared %d experiment(s): %s", len(rows), ", ".join(f"{r['experiment']} ({r['cost_source']})" for r in rows))
+    files = write_table(rows, COLUMNS, reports / "costs", "Experiment costs in rubles", notes=notes)
+    log_to_wandb(wandb_run, "costs", rows, COLUMNS, images, files, artifact_type="cost-report")
+    return rows

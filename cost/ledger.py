@@ -1,0 +1,541 @@
+"""A crash-proof money ledger for one training run: wall-clock time by phase, priced in rubles.
+
+The ledger is an append-only JSONL file (``ledger/ledger.jsonl``). Each process that opens it is a
+*session*; it appends an ``open`` record (price row, chips, dated USD->RUB rate), then ``time``
+records that cover every second until ``close``. Phase changes and tokens are only counted in
+memory (a training step costs no I/O); every ``cost.flush_seconds`` a background thread appends
+one ``time`` record (the interval and its seconds by phase) and one ``tokens`` record (the steps
+and tokens since the last one, with when they finished), flushes and fsyncs; so does a checkpoint
+mark. After a SIGKILL the file holds all but the last few seconds of the session, and a
+half-written last line is dropped on reopen.
+
+Pricing: rubles = wall-clock hours x chips x USD per chip-hour (+ infrastructure rows) x the
+session's USD->RUB rate. Every second is paid once. When a session ended without a clean close,
+its train/eval/idle time after it finished the step of its last durable checkpoint (or the step
+the next session says it resumed from, ``mark_resume``) bought nothing that survived: that time
+moves to the phase ``lost`` (``rub_lost_to_restarts``), and its tokens are not counted, since the
+next session trains those steps again and pays for them a second time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cost.catalog import Catalog, PriceRow
+from cost.rates import UsdRubRate, resolve_usd_rub
+from experiment.errors import DataError
+
+log = logging.getLogger("cost.ledger")
+
+LEDGER_FILE = "ledger.jsonl"
+PHASES = ("startup", "compile", "train", "eval", "checkpoint", "idle")
+LOST = "lost"
+# Phases whose time after the last surviving step is redone after a crash. Start-up and compilation
+# are paid again by every session anyway and stay visible under their own names; checkpoint time
+# after that step is mostly the save of that very step (which the next session resumed from).
+REDONE_PHASES = frozenset({"train", "eval", "idle"})
+STEADY_PHASES = ("train", "eval", "checkpoint", "idle")  # phases that scale with tokens, for projections
+HOURS_PER_MONTH = 730.0  # the cloud billing convention for GB-month prices
+
+
+@dataclass
+class _Tally:
+    """Seconds by phase and tokens of one session (after moving lost work out of its phases)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    tokens: int = 0
+    last_step: int | None = None
+
+    def add(self, phase: str, seconds: float) -> None:
+        if seconds > 0:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+
+@dataclass
+class _Interval:
+    t0: float
+    t1: float
+    seconds: dict[str, float]  # by phase; they add up to t1 - t0
+
+
+@dataclass
+class _TokenBatch:
+    first_step: int
+    step: int  # the last step the tokens belong to
+    tokens: int
+    t_start: float  # when the step before ``first_step`` had finished (or the session began)
+    t: float  # when ``step`` finished
+
+    def tokens_up_to(self, step: int) -> int:
+        """The tokens of steps <= ``step`` (spread evenly over the batch's steps)."""
+        return round(self.tokens * self.share_up_to(step))
+
+    def share_up_to(self, step: int) -> float:
+        if step >= self.step:
+            return 1.0
+        if step < self.first_step:
+            return 0.0
+        return (step - self.first_step + 1) / (self.step - self.first_step + 1)
+
+    def finished_at(self, step: int) -> float:
+        """When ``step`` (within or after this batch) finished, interpolating between the batch's ends."""
+        return self.t_start + (self.t - self.t_start) * self.share_up_to(step)
+
+
+@dataclass
+class _Session:
+    meta: dict[str, Any]
+    intervals: list[_Interval] = field(default_factory=list)
+    tokens: list[_TokenBatch] = field(default_factory=list)
+    checkpoints: list[tuple[int, float]] = field(default_factory=list)  # (step, time)
+    resume_step: int | None = None
+    clean: bool = False  # a close record written by a normal exit
+
+    def last_time(self) -> float:
+        times = [self.meta["t"], *(i.t1 for i in self.intervals), *(b.t for b in self.tokens),
+                 *(t for _, t in self.checkpoints)]
+        return max(times)
+
+    def moment_of(self, step: int) -> float:
+        """When this session finished training ``step`` (-inf when all of its steps came after it).
+
+        Taken from the token records, not the checkpoint marks: with asynchronous saves a checkpoint
+        is only confirmed (and marked) after later steps have run.
+        """
+        times = [b.finished_at(step) for b in self.tokens if b.first_step <= step]
+        return max(times, default=-math.inf)
+
+    def tally(self, survived_step: int | None) -> _Tally:
+        """Phases and tokens of a finished session; work past ``survived_step`` becomes ``lost``."""
+        tally = _Tally()
+        cutoff = math.inf if survived_step is None else self.moment_of(survived_step)
+        for interval in self.intervals:
+            length = interval.t1 - interval.t0
+            kept = 1.0 if interval.t1 <= cutoff else 0.0 if interval.t0 >= cutoff else (cutoff - interval.t0) / length
+            for phase, seconds in interval.seconds.items():
+                if phase in REDONE_PHASES:
+                    tally.add(phase, seconds * kept)
+                    tally.add(LOST, seconds * (1.0 - kept))
+                else:
+                    tally.add(phase, seconds)
+        limit = math.inf if survived_step is None else survived_step
+        tally.tokens = sum(b.tokens if survived_step is None else b.tokens_up_to(survived_step) for b in self.tokens)
+        tally.last_step = max((min(b.step, limit) for b in self.tokens if b.first_step <= limit), default=None)
+        return tally
+
+
+def _tally_finished(sessions: list[_Session], resume_after: int | None) -> list[tuple[dict[str, Any], _Tally]]:
+    """Tallies of finished sessions. A later session that resumed from step S (the smallest such S
+    after a session) means that session's work past S was redone; without one, a session that did
+    not close cleanly kept only the work up to its last marked checkpoint."""
+    tallies = []
+    later_resume = resume_after
+    for session in reversed(sessions):
+        if later_resume is not None:
+            survived: int | None = later_resume
+        elif session.clean:
+            survived = None
+        else:
+            survived = max((s for s, _ in session.checkpoints), default=-1)
+        tallies.append((session.meta, session.tally(survived)))
+        if session.resume_step is not None:
+            later_resume = session.resume_step if later_resume is None else min(later_resume, session.resume_step)
+    return tallies[::-1]
+
+
+def _hourly_usd(meta: dict[str, Any]) -> float:
+    """USD per wall-clock hour of a session: chips x chip-hour price + hourly infrastructure."""
+    usd = meta["chips"] * meta["price"]["usd"]
+    for item in meta.get("infra", []):
+        if item["unit"] == "hour":
+            usd += item["quantity"] * item["usd"]
+        elif item["unit"] == "gb-month":
+            usd += item["quantity"] * item["usd"] / HOURS_PER_MONTH
+    return usd
+
+
+def _one_off_usd(meta: dict[str, Any]) -> float:
+    return sum(item["quantity"] * item["usd"] for item in meta.get("infra", []) if item["unit"] == "gb")
+
+
+def _read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """All complete records and the byte length they span (a torn last line after a crash is dropped)."""
+    data = path.read_bytes()
+    good_end = data.rfind(b"\n") + 1
+    if good_end < len(data):
+        log.warning("%s: dropping a half-written last line left by a crash (%d bytes)", path, len(data) - good_end)
+    records = []
+    for number, line in enumerate(data[:good_end].splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path} line {number}: not a JSON ledger record ({exc.msg})") from exc
+        if not isinstance(record, dict) or "e" not in record:
+            raise DataError(f"{path} line {number}: not a ledger record (no 'e' field)")
+        records.append(record)
+    return records, good_end
+
+
+def _sessions(records: list[dict[str, Any]], path: Path) -> list[_Session]:
+    sessions: list[_Session] = []
+    for number, record in enumerate(records, start=1):
+        try:
+            _apply(record, sessions)
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise DataError(f"{path} record {number}: malformed '{record.get('e')}' record ({exc})") from exc
+    return sessions
+
+
+def _apply(record: dict[str, Any], sessions: list[_Session]) -> None:
+    """Add one ledger record to the sessions read so far (ValueError for anything malformed)."""
+    kind = record["e"]
+    if kind == "open":
+        sessions.append(_Session(meta=record))
+        return
+    if not sessions:
+        raise ValueError(f"'{kind}' before any 'open' record")
+    session = sessions[-1]
+    if kind == "time":
+        session.intervals.append(_Interval(float(record["t0"]), float(record["t1"]),
+                                           {k: float(v) for k, v in record["seconds"].items()}))
+    elif kind == "tokens":
+        session.tokens.append(_TokenBatch(int(record["first_step"]), int(record["step"]), int(record["tokens"]),
+                                          float(record["t_start"]), float(record["t"])))
+    elif kind == "ckpt":
+        session.checkpoints.append((int(record["step"]), float(record["t"])))
+    elif kind == "resume":
+        session.resume_step = int(record["step"])
+    elif kind == "close":
+        session.clean = bool(record.get("clean", True))
+    else:
+        raise ValueError(f"unknown record kind {kind!r}")
+
+
+def _summarize(sessions: list[tuple[dict[str, Any], _Tally]], token_budget: int | None) -> dict[str, Any]:
+    """Price each session's tally with its own price row and rate, and add them up."""
+    if not sessions:
+        raise DataError("an empty ledger has nothing to summarize")
+    seconds: dict[str, float] = {}
+    rub_by_phase: dict[str, float] = {}
+    usd_total = rub_total = chip_hours = 0.0
+    tokens = 0
+    last_step = None
+    for index, (meta, tally) in enumerate(sessions):
+        hourly = _hourly_usd(meta)
+        rate = meta["usd_rub_rate"]
+        for phase, secs in tally.seconds.items():
+            seconds[phase] = seconds.get(phase, 0.0) + secs
+            rub_by_phase[phase] = rub_by_phase.get(phase, 0.0) + secs / 3600 * hourly * rate
+            usd_total += secs / 3600 * hourly
+            rub_total += secs / 3600 * hourly * rate
+            chip_hours += secs / 3600 * meta["chips"]
+        if index == 0 and _one_off_usd(meta):
+            one_off = _one_off_usd(meta)
+            rub_by_phase["one_off"] = one_off * rate
+            usd_total += one_off
+            rub_total += one_off * rate
+        tokens += tally.tokens
+        if tally.last_step is not None:
+            last_step = tally.last_step if last_step is None else max(last_step, tally.last_step)
+    meta = sessions[-1][0]
+    hours = sum(seconds.values()) / 3600
+    steady_rub = sum(rub_by_phase.get(p, 0.0) for p in STEADY_PHASES)
+    projected_rest = None
+    if token_budget and tokens:
+        projected_rest = max(token_budget - tokens, 0) * steady_rub / tokens
+    return {
+        "run_id": meta.get("run_id"),
+        "sessions": len(sessions),
+        "accelerator": meta["price"]["name"],
+        "cloud": meta["price"]["cloud"],
+        "region": meta["price"]["region"],
+        "pricing": meta["price"]["pricing"],
+        "chips": meta["chips"],
+        "usd_per_chip_hour": meta["price"]["usd"],
+        "price": meta["price"],
+        "infra": meta.get("infra", []),
+        "usd_rub_rate": meta["usd_rub_rate"],
+        "rate_date": meta["rate_date"],
+        "rate_source": meta.get("rate_source", ""),
+        "rate_notes": meta.get("rate_notes", []),
+        "hours": hours,
+        "chip_hours": chip_hours,
+        "seconds_by_phase": seconds,
+        "rub_by_phase": rub_by_phase,
+        "usd_total": usd_total,
+        "rub_total": rub_total,
+        "tokens": tokens,
+        "last_step": last_step,
+        "rub_per_1b_tokens": rub_total / tokens * 1e9 if tokens else None,
+        "rub_lost_to_restarts": rub_by_phase.get(LOST, 0.0),
+        "hours_lost": seconds.get(LOST, 0.0) / 3600,
+        "token_budget": token_budget,
+        "projected_rub_to_budget": projected_rest,
+        "projected_rub_total": None if projected_rest is None else rub_total + projected_rest,
+    }
+
+
+def summarize_ledger(ledger_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The summary of a ledger on disk (e.g. a finished or crashed run), without opening a session."""
+    path = Path(ledger_dir) / LEDGER_FILE
+    if not path.is_file():
+        raise DataError(f"no ledger at {path}: run recipes/04_pretrain.py first")
+    records, _ = _read_records(path)
+    sessions = _sessions(records, path)
+    if not sessions:
+        raise DataError(f"{path} holds no ledger records")
+    # the last session is taken as it is: a crash in it is only known once a later session resumes
+    tallies = [*_tally_finished(sessions[:-1], sessions[-1].resume_step), (sessions[-1].meta, sessions[-1].tally(None))]
+    return _summarize(tallies, sessions[-1].meta.get("token_budget"))
+
+
+def _process_start_time() -> float | None:
+    try:
+        import psutil  # installed with orbax-checkpoint
+    except ImportError:
+        return None
+    return psutil.Process().create_time()
+
+
+class Ledger:
+    """The live ledger of this process's session; see the module docstring for the accounting."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], past: list[_Session], clock: Callable[[], float],
+                 flush_seconds: float, background: bool) -> None:
+        self.path = path
+        self.meta = meta
+        self._past = past
+        self._clock = clock
+        self._flush_seconds = flush_seconds
+        self._lock = threading.RLock()
+        self._handle = path.open("a", encoding="utf-8")
+        self._current = _Tally()  # everything this session counted so far, written or not
+        self._resume_step: int | None = None
+        self._past_tallies = self._tally_past()
+        self._stack: list[str] = []
+        self._outer = "startup"  # the phase between explicit phases: start-up until the first one, then idle
+        self._phase_start = meta["t"]  # when the phase in progress began (or was last counted)
+        self._pending = _Interval(meta["t"], meta["t"], {})  # counted since the last time record
+        self._pending_tokens: _TokenBatch | None = None
+        self._last_step_done = meta["opened"]  # when the latest step finished (or this session opened)
+        self._last_sync = clock()
+        self._closed = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._heartbeat, name="cost-ledger", daemon=True)
+            self._thread.start()
+
+    # ----------------------------------------------------------------------------------- opening
+    @classmethod
+    def open(cls, ledger_dir: str | os.PathLike[str], cost_cfg: Any, run_id: str, *,
+             catalog: Catalog | None = None, rate: UsdRubRate | None = None,
+             clock: Callable[[], float] = time.time, started_at: float | None = None,
+             background: bool = True) -> Ledger:
+        """Open (or continue) ``ledger_dir/ledger.jsonl`` and start a session priced by ``cost_cfg``.
+
+        ``started_at`` (default: this process's start time) prices the start-up before this call;
+        ``clock`` and ``background=False`` exist for tests with a fake clock.
+        """
+        ledger_dir = Path(ledger_dir)
+        ledger_dir.mkdir(parents=True, exist_ok=True)
+        path = ledger_dir / LEDGER_FILE
+        catalog = catalog or Catalog.from_config(cost_cfg)
+        price = catalog.lookup(cost_cfg.accelerator, cost_cfg.pricing, cost_cfg.cloud, cost_cfg.region)
+        infra = [cls._infra_row(catalog, item, i) for i, item in enumerate(cost_cfg.infrastructure)]
+        rate = rate or resolve_usd_rub(cost_cfg)
+        past: list[_Session] = []
+        if path.is_file():
+            records, good_end = _read_records(path)
+            if good_end < path.stat().st_size:
+                with path.open("r+b") as handle:  # cut the torn line so new records start on a fresh line
+                    handle.truncate(good_end)
+            past = _sessions(records, path)
+        now = clock()
+        started = _process_start_time() if started_at is None else started_at
+        if started is not None and past:  # never price a second twice (process start times are coarse)
+            started = max(started, past[-1].last_time())
+        begin = min(started, now) if started is not None else now
+        meta = {
+            "e": "open", "session": len(past), "run_id": run_id, "t": begin, "opened": now, "pid": os.getpid(),
+            "chips": cost_cfg.chips, "price": _price_dict(price), "infra": infra,
+            **rate.as_dict(), "token_budget": cost_cfg.token_budget,
+        }
+        ledger = cls(path, meta, past, clock, cost_cfg.flush_seconds, background)
+        with ledger._lock:
+            ledger._write(meta)
+            ledger._flush()  # the start-up before this call, as the first time record
+        action = f"continuing a ledger with {len(past)} earlier session(s)" if past else "new ledger"
+        log.info("cost ledger %s (%s): %d x %s at %.4g USD/chip-hour, USD->RUB %.4f of %s",
+                 path, action, cost_cfg.chips, price.describe(), price.usd, rate.rate, rate.date)
+        return ledger
+
+    @staticmethod
+    def _infra_row(catalog: Catalog, item: Any, index: int) -> dict[str, Any]:
+        key = f"cost.infrastructure[{index}].name"
+        row = catalog.lookup(item.name, "on-demand", item.cloud, item.region, kind="infra", key=key)
+        return {**_price_dict(row), "quantity": item.quantity}
+
+    def _tally_past(self) -> list[tuple[dict[str, Any], _Tally]]:
+        return _tally_finished(self._past, self._resume_step)
+
+    # ----------------------------------------------------------------------------------- counting
+    def _phase_now(self) -> str:
+        return self._stack[-1] if self._stack else self._outer
+
+    def _count_time(self) -> float:
+        """Count the phase in progress up to now (in memory) and return now."""
+        now = max(self._clock(), self._phase_start)  # a wall clock stepping back never makes negative time
+        seconds = now - self._phase_start
+        if seconds > 0:
+            phase = self._phase_now()
+            self._pending.seconds[phase] = self._pending.seconds.get(phase, 0.0) + seconds
+            self._current.add(phase, seconds)
+        self._phase_start = now
+        return now
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def _flush(self) -> float:
+        """Write what was counted since the last flush (one time record, one tokens record) and fsync."""
+        now = self._count_time()
+        if now > self._pending.t0:
+            self._write({"e": "time", "t0": self._pending.t0, "t1": now, "seconds": self._pending.seconds})
+        self._pending = _Interval(now, now, {})
+        if self._pending_tokens is not None:
+            batch = self._pending_tokens
+            self._write({"e": "tokens", "first_step": batch.first_step, "step": batch.step, "tokens": batch.tokens,
+                         "t_start": batch.t_start, "t": batch.t})
+            self._pending_tokens = None
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._last_sync = now
+        return now
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self._flush_seconds):
+            with self._lock:
+                if self._closed:
+                    return
+                self._flush()
+
+    def _maybe_flush(self) -> None:
+        """Without the background thread (tests, fake clocks), flush when a call finds the time is due."""
+        if self._thread is None and self._clock() - self._last_sync >= self._flush_seconds:
+            self._flush()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"ledger {self.path} is closed")
+
+    # ----------------------------------------------------------------------------------- recording
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time spent inside is booked to ``name``; phases nest (eval inside train books eval)."""
+        if name not in PHASES:
+            raise ValueError(f"unknown ledger phase {name!r}; use one of {PHASES}")
+        with self._lock:
+            self._check_open()
+            self._count_time()
+            self._stack.append(name)
+        try:
+            yield
+        finally:
+            with self._lock:
+                if not self._closed:
+                    self._count_time()
+                self._stack.pop()
+                self._outer = "idle"
+                if not self._closed:
+                    self._maybe_flush()
+
+    def add_tokens(self, step: int, tokens: int) -> None:
+        """Tokens trained by the steps after the previous call up to ``step`` (call per step or per log)."""
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        with self._lock:
+            self._check_open()
+            now = self._clock()
+            batch = self._pending_tokens
+            if batch is None:
+                first = (self._current.last_step + 1) if self._current.last_step is not None else int(step)
+                self._pending_tokens = _TokenBatch(min(first, int(step)), int(step), int(tokens),
+                                                   self._last_step_done, now)
+            else:
+                batch.step, batch.tokens, batch.t = int(step), batch.tokens + int(tokens), now
+            self._current.tokens += int(tokens)
+            self._current.last_step = int(step)
+            self._last_step_done = now
+            self._maybe_flush()
+
+    def mark_checkpoint(self, step: int) -> None:
+        """Call once the checkpoint of ``step`` is durable: work up to here survives a crash."""
+        with self._lock:
+            self._check_open()
+            now = self._flush()
+            self._write({"e": "ckpt", "step": int(step), "t": now})
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+
+    def mark_resume(self, step: int) -> None:
+        """Say which checkpoint step this session restored: the earlier session's later work was lost."""
+        with self._lock:
+            self._check_open()
+            self._write({"e": "resume", "step": int(step), "t": self._clock()})
+            self._resume_step = int(step)
+            self._current.last_step = int(step)  # the next add_tokens starts at step + 1
+            self._last_step_done = self._clock()
+            self._past_tallies = self._tally_past()
+            self._flush()
+
+    # ----------------------------------------------------------------------------------- reading
+    def summary(self) -> dict[str, Any]:
+        """Totals so far, including the phase in progress (see ``_summarize`` for the keys)."""
+        with self._lock:
+            current = _Tally(dict(self._current.seconds), self._current.tokens, self._current.last_step)
+            if not self._closed:
+                current.add(self._phase_now(), self._clock() - self._phase_start)
+            return _summarize([*self._past_tallies, (self.meta, current)], self.meta.get("token_budget"))
+
+    @property
+    def price_row(self) -> dict[str, Any]:
+        return dict(self.meta["price"])
+
+    # ----------------------------------------------------------------------------------- closing
+    def close(self, clean: bool = True) -> None:
+        """End the session; ``clean=False`` (an exception) makes its unsaved work count as lost on resume."""
+        with self._lock:
+            if self._closed:
+                return
+            now = self._flush()
+            self._write({"e": "close", "clean": clean, "t": now})
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+            self._closed = True
+            self._handle.close()
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(clean=exc_type is None)
+
+
+def _price_dict(row: PriceRow) -> dict[str, Any]:
+    return {k: v for k, v in row.as_dict().items() if k != "origin"}

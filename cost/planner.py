@@ -1,0 +1,288 @@
+"""Recipe 07: how long and how many rubles would this run take on each accelerator option?
+
+For a model (a preset, a published reference shape such as ``llama3.1-8b``, or the experiment's
+own model section), a token budget and a list of accelerator / slice / pricing options:
+
+    train FLOPs per token  = model.flops.train_flops_per_token (hand-counted, 3x forward)
+    tokens/s per chip      = MFU x peak bf16 FLOP/s / FLOPs per token
+    hours                  = tokens / (tokens/s per chip x chips) / 3600
+    rubles                 = hours x chips x USD per chip-hour x USD->RUB
+
+MFU per option comes from the option (``cost.plan_options[i].mfu``), else from a measured run of
+ours on the same accelerator (the ledger), else from a published anchor on that accelerator
+(``cost/anchors.csv``; off with ``cost.plan_mfu_from_anchors: false``), else ``cost.plan_mfu``. Every plan also re-derives the
+published anchors in ``cost/anchors.csv`` (MaxText's Llama-3.1-8B on v6e) from the same arithmetic,
+so a drift in the FLOP count shows up next to the numbers it would distort.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cost.catalog import Catalog, CatalogError
+from cost.ledger import LEDGER_FILE, summarize_ledger
+from cost.rates import UsdRubRate, resolve_usd_rub
+from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
+from experiment.errors import ConfigError, DataError
+from experiment.runfolder import RunFolder
+from experiment.sections.model import ModelConfig
+from model.flops import param_count, train_flops_per_token
+
+log = logging.getLogger("cost.planner")
+
+ANCHORS = Path(__file__).with_name("anchors.csv")
+# fp32 parameters, fp32 gradients and Adam's two fp32 moments, fully sharded (FSDP) over the slice
+STATE_BYTES_PER_PARAM = 16
+
+COLUMNS = (
+    Column("accelerator", "accelerator"),
+    Column("cloud", "cloud", terminal=False),
+    Column("pricing", "pricing"),
+    Column("chips", "chips", "{:d}"),
+    Column("usd_per_chip_hour", "USD/chip-h", "{:.3f}"),
+    Column("peak_tflops", "peak TFLOP/s", "{:,.0f}", terminal=False),
+    Column("mfu", "MFU", "{:.1%}"),
+    Column("mfu_source", "MFU from"),
+    Column("tokens_per_s_per_chip", "tokens/s/chip", "{:,.0f}"),
+    Column("hours", "hours", SIG),
+    Column("chip_hours", "chip-hours", SIG, terminal=False),
+    Column("usd", "USD", SIG),
+    Column("rub", "rubles", SIG),
+    Column("rub_per_1b_tokens", "RUB / 1B tokens", SIG),
+    Column("state_gib_per_chip", "state GiB/chip", "{:,.1f}", terminal=False),
+    Column("fits", "state fits HBM"),
+    Column("price_date", "price date"),
+)
+
+
+@dataclass(frozen=True)
+class PlanModel:
+    label: str
+    cfg: ModelConfig
+    vocab_size: int
+    seq_len: int
+
+    @property
+    def flops_per_token(self) -> float:
+        return train_flops_per_token(self.cfg, self.vocab_size, self.seq_len)
+
+    @property
+    def params(self) -> int:
+        return param_count(self.cfg, self.vocab_size)
+
+
+@dataclass(frozen=True)
+class Anchor:
+    model: PlanModel
+    accelerator: str
+    tokens_per_s_per_chip: float
+    mfu: float
+    source: str
+    date: str
+    note: str
+
+
+def read_anchors(path: Path = ANCHORS) -> list[Anchor]:
+    anchors = []
+    with path.open(encoding="utf-8", newline="") as handle:
+        for line, row in enumerate(csv.DictReader(handle), start=2):
+            try:
+                shape = ModelConfig(d_model=int(row["d_model"]), n_layers=int(row["n_layers"]),
+                                    n_heads=int(row["n_heads"]), n_kv_heads=int(row["n_kv_heads"]),
+                                    head_dim=int(row["head_dim"]), d_ff=int(row["d_ff"]),
+                                    max_seq_len=int(row["seq_len"]),
+                                    tie_embeddings=row["tie_embeddings"].strip().lower() == "true")
+                model = PlanModel(row["name"], shape, int(row["vocab_size"]), int(row["seq_len"]))
+                anchors.append(Anchor(model, row["accelerator"], float(row["tokens_per_s_per_chip"]),
+                                      float(row["mfu"]), row["source"], row["date"], row.get("note", "")))
+            except (KeyError, ValueError) as exc:
+                raise DataError(f"{path} line {line}: bad anchor row ({exc})") from exc
+    return anchors
+
+
+def tokens_per_s_per_chip(mfu: float, peak_tflops: float, flops_per_token: float) -> float:
+    return mfu * peak_tflops * 1e12 / flops_per_token
+
+
+def anchor_check(anchor: Anchor, catalog: Catalog) -> dict[str, Any]:
+    """Our FLOP count and the catalog's peak, at the anchor's published MFU, against its published throughput."""
+    peak = catalog.chip(anchor.accelerator, key="cost/anchors.csv").peak_bf16_tflops
+    if peak is None:
+        raise DataError(f"cost/hardware.csv: no peak TFLOP/s for anchor accelerator {anchor.accelerator}")
+    predicted = tokens_per_s_per_chip(anchor.mfu, peak, anchor.model.flops_per_token)
+    return {"model": anchor.model.label, "accelerator": anchor.accelerator, "mfu": anchor.mfu,
+            "published_tokens_per_s_per_chip": anchor.tokens_per_s_per_chip,
+            "predicted_tokens_per_s_per_chip": predicted,
+            "relative_error": predicted / anchor.tokens_per_s_per_chip - 1, "source": anchor.source}
+
+
+def resolve_plan_model(cfg: Any, run_folder: RunFolder | None) -> PlanModel:
+    """``cost.plan_model``: a preset (at its own context length, with our tokenizer's vocabulary), a
+    published anchor's reference shape, or (empty) the experiment's model at the shards' length."""
+    from model.presets import PRESETS, resolve
+
+    name = cfg.cost.plan_model
+    if not name:
+        model = experiment_model(cfg, run_folder)
+        return dataclasses.replace(model, seq_len=cfg.cost.plan_seq_len or model.seq_len)
+    if name in PRESETS:
+        model_cfg = resolve(dataclasses.replace(ModelConfig(), preset=name))
+        return PlanModel(name, model_cfg, vocab_size_of(cfg, run_folder), cfg.cost.plan_seq_len or model_cfg.max_seq_len)
+    anchors = {anchor.model.label: anchor.model for anchor in read_anchors()}
+    if name in anchors:
+        return dataclasses.replace(anchors[name], seq_len=cfg.cost.plan_seq_len or anchors[name].seq_len)
+    raise ConfigError(f"config key 'cost.plan_model': unknown model '{name}' (known: {', '.join([*PRESETS, *anchors])})")
+
+
+def vocab_size_of(cfg: Any, run_folder: RunFolder | None) -> int:
+    """The trained tokenizer's vocabulary when recipe 02 ran, else the configured size."""
+    if run_folder is not None:
+        manifest = run_folder.tokenizer / "manifest.json"
+        if manifest.is_file():
+            import json
+
+            return int(json.loads(manifest.read_text(encoding="utf-8")).get("vocab_size", cfg.tokenizer.vocab_size))
+    return cfg.tokenizer.vocab_size
+
+
+def planned_tokens(cfg: Any) -> int:
+    if cfg.cost.plan_tokens:
+        return cfg.cost.plan_tokens
+    if cfg.cost.token_budget:
+        return cfg.cost.token_budget
+    return cfg.train.steps * cfg.train.batch_size * cfg.shards.seq_len
+
+
+def experiment_model(cfg: Any, run_folder: RunFolder | None) -> PlanModel:
+    """The model this experiment trains (the one its ledger measured)."""
+    from model.presets import resolve
+
+    return PlanModel(cfg.model.preset or f"{cfg.experiment.name} model", resolve(cfg.model),
+                     vocab_size_of(cfg, run_folder), cfg.shards.seq_len)
+
+
+def measured_mfu(run_folder: RunFolder | None, model: PlanModel, catalog: Catalog) -> tuple[str, float] | None:
+    """MFU of our own training run of ``model`` (its ledger): train-phase tokens/s per chip x FLOPs per
+    token / peak. The planner carries it over to the planned model on the same accelerator."""
+    if run_folder is None or not (run_folder.ledger / LEDGER_FILE).is_file():
+        return None
+    summary = summarize_ledger(run_folder.ledger)
+    train_seconds = summary["seconds_by_phase"].get("train", 0.0)
+    hardware = catalog.hardware.get(summary["accelerator"])
+    if not summary["tokens"] or train_seconds <= 0 or hardware is None or not hardware.peak_bf16_tflops:
+        return None
+    rate = summary["tokens"] / train_seconds / summary["chips"]
+    return summary["accelerator"], rate * model.flops_per_token / (hardware.peak_bf16_tflops * 1e12)
+
+
+@dataclass(frozen=True)
+class MfuChoices:
+    """Where an option's MFU comes from, first match wins: the option, our own run on that accelerator,
+    a published anchor on it (``cost.plan_mfu_from_anchors``), ``cost.plan_mfu``."""
+
+    default: float
+    measured: tuple[str, float] | None = None  # (accelerator, MFU) of our run
+    anchors: tuple[Anchor, ...] = ()
+
+    def pick(self, option: Any) -> tuple[float, str]:
+        if option.mfu is not None:
+            return option.mfu, "option"
+        if self.measured is not None and self.measured[0] == option.accelerator:
+            return self.measured[1], "our run"
+        for anchor in self.anchors:
+            if anchor.accelerator == option.accelerator:
+                return anchor.mfu, f"anchor {anchor.model.label}"
+        return self.default, "cost.plan_mfu"
+
+
+def estimate(option: Any, index: int, model: PlanModel, tokens: int, catalog: Catalog, rate: UsdRubRate,
+             mfu_choices: MfuChoices) -> dict[str, Any]:
+    """One table row: time and money of ``tokens`` on this option."""
+    key = f"cost.plan_options[{index}]"
+    price = catalog.lookup(option.accelerator, option.pricing, option.cloud, option.region, key=f"{key}.accelerator")
+    chip = catalog.chip(option.accelerator, key=f"{key}.accelerator")
+    if not chip.peak_bf16_tflops:
+        raise CatalogError(f"config key '{key}.accelerator': no peak bf16 TFLOP/s for {option.accelerator} in "
+                           "cost/hardware.csv, so its time cannot be estimated")
+    mfu, mfu_source = mfu_choices.pick(option)
+    per_chip = tokens_per_s_per_chip(mfu, chip.peak_bf16_tflops, model.flops_per_token)
+    hours = tokens / (per_chip * option.chips) / 3600
+    usd = hours * option.chips * price.usd
+    state_gib = model.params * STATE_BYTES_PER_PARAM / option.chips / 2**30
+    fits = None if chip.hbm_gib is None else ("yes" if state_gib <= chip.hbm_gib else "no")
+    return {
+        "accelerator": option.accelerator, "cloud": price.cloud, "region": price.region, "pricing": price.pricing,
+        "chips": option.chips, "usd_per_chip_hour": price.usd, "peak_tflops": chip.peak_bf16_tflops,
+        "mfu": mfu, "mfu_source": mfu_source, "tokens_per_s_per_chip": per_chip, "hours": hours,
+        "chip_hours": hours * option.chips, "usd": usd, "rub": usd * rate.rate,
+        "rub_per_1b_tokens": usd * rate.rate / tokens * 1e9, "state_gib_per_chip": state_gib, "fits": fits,
+        "hbm_gib": chip.hbm_gib, "price_date": price.date, "price_source": price.source,
+    }
+
+
+def plot_plan(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['accelerator']} x{r['chips']} {r['pricing']}" for r in rows]
+    fig, (ax_rub, ax_hours) = plt.subplots(1, 2, figsize=(11, 0.5 * len(rows) + 2), sharey=True)
+    ax_rub.barh(labels, [r["rub"] for r in rows], color="tab:red")
+    ax_rub.set_xlabel("rubles")
+    ax_hours.barh(labels, [r["hours"] for r in rows], color="tab:blue")
+    ax_hours.set_xlabel("hours (wall clock)")
+    ax_rub.invert_yaxis()
+    for ax in (ax_rub, ax_hours):
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def plan(cfg: Any, run_folder: RunFolder | None, catalog: Catalog | None = None,
+         rate: UsdRubRate | None = None) -> tuple[PlanModel, int, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The model, token count, one row per option, and the anchor checks (no files written)."""
+    catalog = catalog or Catalog.from_config(cfg.cost)
+    rate = rate or resolve_usd_rub(cfg.cost)
+    model = resolve_plan_model(cfg, run_folder)
+    tokens = planned_tokens(cfg)
+    anchors = tuple(read_anchors())
+    mfu_choices = MfuChoices(cfg.cost.plan_mfu, measured_mfu(run_folder, experiment_model(cfg, run_folder), catalog),
+                             anchors if cfg.cost.plan_mfu_from_anchors else ())
+    rows = [estimate(option, i, model, tokens, catalog, rate, mfu_choices)
+            for i, option in enumerate(cfg.cost.plan_options)]
+    if not rows:
+        raise ConfigError("config key 'cost.plan_options': give at least one accelerator option")
+    checks = [anchor_check(anchor, catalog) for anchor in anchors]
+    return model, tokens, rows, checks
+
+
+def plan_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
+    """Recipe 07: print and write the plan table (reports/plan.md, .csv) and chart (reports/plan.png)."""
+    rate = resolve_usd_rub(cfg.cost)
+    model, tokens, rows, checks = plan(cfg, run_folder, rate=rate)
+    title = f"Plan: {model.label}, {tokens / 1e9:,.4g}B tokens" if tokens >= 1e9 else f"Plan: {model.label}, {tokens:,} tokens"
+    preamble = (f"Model {model.label}: {model.params / 1e6:,.1f}M parameters, vocabulary {model.vocab_size}, "
+                f"sequence {model.seq_len}, {model.flops_per_token / 1e9:,.3f} GFLOP per trained token "
+                f"(model.flops, 3x forward). USD->RUB {rate.rate:.4f} of {rate.date} ({rate.source}).")
+    notes = [f"anchor: {c['model']} on {c['accelerator']} at {c['mfu']:.1%} MFU: our arithmetic gives "
+             f"{c['predicted_tokens_per_s_per_chip']:,.0f} tokens/s/chip, published "
+             f"{c['published_tokens_per_s_per_chip']:,.0f} ({c['relative_error']:+.1%}; {c['source']})" for c in checks]
+    notes.append(f"state = {STATE_BYTES_PER_PARAM} bytes/parameter (fp32 weights, gradients, Adam moments) "
+                 "sharded over the slice; activations are not included, so 'yes' is necessary, not sufficient")
+    notes.extend(rate.notes)
+    reports = run_folder.reports
+    reports.mkdir(parents=True, exist_ok=True)
+    files = write_table(rows, COLUMNS, reports / "plan", title, preamble=preamble, notes=notes)
+    chart = plot_plan(rows, title, reports / "plan.png")
+    log_to_wandb(wandb_run, "plan", rows, COLUMNS, {"chart": chart}, files, artifact_type="cost-plan")
+    if wandb_run is not None and not getattr(wandb_run, "disabled", False):
+        wandb_run.config.update({f"cost_{k}": v for k, v in rate.as_dict().items()}, allow_val_change=True)
+        wandb_run.summary.update({f"plan/anchor/{c['model']}/{c['accelerator']}/relative_error": c["relative_error"]
+                                  for c in checks})
+    return rows

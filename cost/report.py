@@ -1,0 +1,157 @@
+"""Tables of money for people and tools: terminal (rich), Markdown, CSV, and W&B; written atomically."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiment.files import atomic_write_bytes, atomic_write_text
+from tracking.artifacts import log_files
+
+log = logging.getLogger("cost.report")
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    title: str
+    fmt: str = "{}"  # applied to numbers; None/NaN print as an em dash
+    terminal: bool = True  # shown in the printed table (Markdown and CSV always have every column)
+
+
+SIG = "sig"  # a format for amounts from kopecks to millions: 3 significant digits below 100
+
+
+def significant(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 1:
+        return f"{value:,.2f}"
+    return f"{value:.3g}"
+
+
+def cell(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return significant(value) if fmt == SIG else fmt.format(value)
+    return str(value)
+
+
+def to_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    lines = ["| " + " | ".join(c.title for c in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(cell(row.get(c.key), c.fmt).replace("|", "\\|") for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    """Raw values (full precision) for tools; the header uses the keys."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([c.key for c in columns])
+    for row in rows:
+        writer.writerow(["" if row.get(c.key) is None else row.get(c.key) for c in columns])
+    return buffer.getvalue()
+
+
+def to_terminal(rows: Sequence[dict[str, Any]], columns: Sequence[Column], title: str) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    columns = [c for c in columns if c.terminal]
+    table = Table(title=title or None)
+    for column in columns:
+        table.add_column(column.title, justify="left" if column.fmt == "{}" else "right")
+    for row in rows:
+        table.add_row(*(cell(row.get(c.key), c.fmt) for c in columns))
+    console = Console(width=240, record=True, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
+
+
+def write_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], out_base: Path, title: str,
+                preamble: str = "", notes: Sequence[str] = ()) -> tuple[Path, Path]:
+    """``<out_base>.md`` (title, preamble, table, notes) and ``<out_base>.csv``; prints the table."""
+    md = f"# {title}\n\n" + (preamble.strip() + "\n\n" if preamble.strip() else "") + to_markdown(rows, columns)
+    if notes:
+        md += "\n" + "\n".join(f"- {note}" for note in notes) + "\n"
+    md_path, csv_path = out_base.with_suffix(".md"), out_base.with_suffix(".csv")
+    atomic_write_text(md_path, md)
+    atomic_write_text(csv_path, to_csv(rows, columns))
+    print(to_terminal(rows, columns, title), flush=True)
+    for note in notes:
+        print(f"  note: {note}", flush=True)
+    log.info("wrote %s and %s", md_path, csv_path)
+    return md_path, csv_path
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Save a matplotlib figure atomically as PNG and close it."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+    log.info("wrote %s", path)
+    return path
+
+
+def log_to_wandb(wandb_run: Any, name: str, rows: Sequence[dict[str, Any]], columns: Sequence[Column],
+                 images: dict[str, Path], files: Sequence[Path], artifact_type: str) -> None:
+    """The table and plots into the run, and every file as one artifact (lineage for the report)."""
+    if wandb_run is None or getattr(wandb_run, "disabled", False):
+        return
+    import wandb
+
+    table = wandb.Table(columns=[c.key for c in columns],
+                        data=[[row.get(c.key) for c in columns] for row in rows])
+    payload: dict[str, Any] = {f"{name}/table": table}
+    payload.update({f"{name}/{key}": wandb.Image(str(path)) for key, path in images.items()})
+    wandb_run.log(payload)
+    log_files(wandb_run, name, artifact_type, [*files, *images.values()])
+
+
+PHASE_COLUMNS = (Column("phase", "phase"), Column("hours", "hours", SIG), Column("rub", "rubles", SIG),
+                 Column("share", "share", "{:.1%}"))
+
+
+def phase_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of a ledger summary by phase, plus the total (for the end-of-training table)."""
+    total = summary["rub_total"] or 0.0
+    rows = [{"phase": phase, "hours": summary["seconds_by_phase"].get(phase, 0.0) / 3600, "rub": rub,
+             "share": rub / total if total else None}
+            for phase, rub in sorted(summary["rub_by_phase"].items(), key=lambda item: -item[1])]
+    rows.append({"phase": "total", "hours": summary["hours"], "rub": total, "share": 1.0 if total else None})
+    return rows
+
+
+def print_cost_summary(summary: dict[str, Any], wandb_run: Any = None) -> str:
+    """Print (and log to W&B as ``cost/by_phase``) where the rubles of a run went; returns the text."""
+    tokens = summary.get("tokens") or 0
+    per_1b = summary.get("rub_per_1b_tokens")
+    title = (f"{summary['chips']} x {summary['accelerator']} {summary['pricing']} at {summary['usd_per_chip_hour']} "
+             f"USD/chip-hour, USD->RUB {summary['usd_rub_rate']:.4f} of {summary['rate_date']}")
+    text = f"Cost of this run: {title}\n" + to_terminal(phase_rows(summary), PHASE_COLUMNS, "")
+    text += f"{tokens:,} tokens" + (f", {significant(per_1b)} RUB per 1B tokens" if per_1b is not None else "")
+    if summary.get("rub_lost_to_restarts"):
+        text += f", {significant(summary['rub_lost_to_restarts'])} RUB lost to restarts"
+    if summary.get("projected_rub_total") is not None:
+        text += (f"; projected {significant(summary['projected_rub_total'])} RUB for "
+                 f"{summary['token_budget']:,} tokens")
+    print(text, flush=True)
+    if wandb_run is not None and not getattr(wandb_run, "disabled", False):
+        import wandb
+
+        rows = phase_rows(summary)
+        wandb_run.log({"cost/by_phase": wandb.Table(columns=[c.key for c in PHASE_COLUMNS],
+                                                    data=[[r[c.key] for c in PHASE_COLUMNS] for r in rows])})
+    return text

@@ -1,0 +1,184 @@
+"""Recipe 3 as an Apache Beam pipeline (optional ``beam`` extra): the same shards, byte for byte.
+
+The local path packs one stream per split in corpus order. To write the same rows from many
+workers without funnelling every token through one of them, the pipeline computes where each
+document's tokens land in that stream:
+
+1. Read the corpus files (one element per file) and tokenize each document (+ EOS) on the workers;
+   its order key is (corpus file number, line number), which is the local path's order.
+2. Per split, gather only (order key, token count) pairs and turn them into each document's start
+   offset in the split's stream (a prefix sum) and its ordinal: a small side input.
+3. Each document cuts its tokens into pieces at shard boundaries (``records_per_shard`` rows of
+   ``seq_len + 1`` tokens) and sends each piece to its (split, shard number).
+4. Each shard's worker orders its pieces, rebuilds the rows with ``rows_from_stream`` (the local
+   packer's code), handles the split's tail as the local path does (dropped in concat mode, padded
+   in document mode), and writes ``<split>-NNNNN.tfrecord`` and its index with our writer.
+
+Shards are written straight into the shards folder, so workers need a shared filesystem with the
+driver (DirectRunner, or a cluster with one mounted). ``shards.beam_options`` are ordinary Beam
+flags, e.g. ``["--runner=DirectRunner", "--direct_num_workers=2",
+"--direct_running_mode=multi_processing"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data_prep.corpus_io import iter_documents
+from data_prep.packing import rows_from_stream
+from data_prep.sharding import SPLITS, row_tokens, shard_file_name, shard_summary, split_of
+from data_prep.tfrecord import TFRecordWriter, encode_int64_rows
+from experiment.errors import ConfigError
+
+OrderKey = tuple[int, int]  # (corpus file number, line number)
+
+
+def import_beam() -> Any:
+    try:
+        import apache_beam as beam
+    except ImportError as exc:
+        raise ConfigError("config key 'shards.runner': 'beam' needs the beam extra "
+                          "(pip install 'ru-pretrain[beam]'; it pins protobuf below 7, so use its own venv)") from exc
+    return beam
+
+
+# ---------------------------------------------------------------- per-element functions (pure, testable)
+
+def read_corpus_file(element: tuple[int, str], corpus_dir: str, manifest: dict[str, Any]) -> Iterator[tuple[OrderKey, Any, str]]:
+    """``(order key, id, text)`` for every document of one corpus file, checked like the local reader."""
+    file_number, _name = element
+    one_file = {**manifest, "shards": [manifest["shards"][file_number]]}
+    for line_number, doc in enumerate(iter_documents(Path(corpus_dir), one_file)):
+        yield (file_number, line_number), doc["id"], doc["text"]
+
+
+def document_starts(element: tuple[str, Iterable[tuple[OrderKey, int]]]) -> tuple[str, dict[str, Any]]:
+    """Per split: each document's (start offset, ordinal) in the split's stream, and the total."""
+    split, lengths = element
+    starts, position = {}, 0
+    for ordinal, (order, length) in enumerate(sorted(lengths)):
+        starts[order] = (position, ordinal)
+        position += length
+    return split, {"starts": starts, "total": position, "documents": len(starts)}
+
+
+def shard_pieces(element: tuple[str, OrderKey, np.ndarray], layout: dict[str, dict[str, Any]],
+                 shard_tokens: int) -> Iterator[tuple[tuple[str, int], tuple[int, int, np.ndarray]]]:
+    """Cut one document at shard boundaries: ``((split, shard), (start in shard, ordinal, tokens))``."""
+    split, order, ids = element
+    position, ordinal = layout[split]["starts"][order]
+    done = 0
+    while done < ids.size:
+        shard = position // shard_tokens
+        take = min(ids.size - done, (shard + 1) * shard_tokens - position)
+        yield (split, shard), (position - shard * shard_tokens, ordinal, ids[done:done + take])
+        position += take
+        done += take
+
+
+def write_shard(element: tuple[tuple[str, int], Iterable[tuple[int, int, np.ndarray]]], out_dir: str,
+                row_len: int, records_per_shard: int, packing: str, pad_id: int) -> Iterator[str]:
+    """Rebuild one shard's rows from its pieces and write it; yields its manifest entry as JSON."""
+    (split, shard), pieces = element
+    ordered = sorted(pieces, key=lambda piece: piece[0])
+    tokens = np.concatenate([piece[2] for piece in ordered])
+    doc_index = np.concatenate([np.full(piece[2].size, piece[1], dtype=np.int64) for piece in ordered])
+    if ordered[0][0] != 0 or tokens.size > records_per_shard * row_len:
+        raise RuntimeError(f"{split} shard {shard}: pieces do not tile the shard (a bug in the layout)")
+    tail = tokens.size % row_len  # only the split's last shard can end in a partial row
+    if tail and packing == "concat":
+        tokens, doc_index = tokens[:-tail], doc_index[:-tail]
+    elif tail:
+        tokens = np.concatenate([tokens, np.full(row_len - tail, pad_id, dtype=np.int64)])
+        doc_index = np.concatenate([doc_index, np.full(row_len - tail, -1, dtype=np.int64)])
+    if tokens.size == 0:
+        return
+    rows = rows_from_stream(tokens, doc_index if packing == "document" else None, row_len)
+    with TFRecordWriter(Path(out_dir) / shard_file_name(split, shard)) as writer:
+        for payload in encode_int64_rows(rows):
+            writer.write(payload)
+    pad_mask_key = "segment_ids" if packing == "document" else None
+    yield json.dumps({"split": split, "number": shard, **shard_summary(writer, sum(row_tokens(rows, pad_mask_key)))})
+
+
+class Tokenize:
+    """Beam DoFn body: SentencePiece is loaded once per worker from the model's bytes."""
+
+    def __init__(self, model_proto: bytes, eos_id: int, validation_percent: float) -> None:
+        self.model_proto, self.eos_id, self.validation_percent = model_proto, eos_id, validation_percent
+        self._sp: Any = None
+
+    def __call__(self, element: tuple[OrderKey, Any, str]) -> tuple[str, OrderKey, np.ndarray]:
+        if self._sp is None:
+            import sentencepiece as spm
+
+            self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
+        order, doc_id, text = element
+        ids = np.asarray([*self._sp.encode(text, out_type=int), self.eos_id], dtype=np.int64)
+        return split_of(doc_id, self.validation_percent), order, ids
+
+
+# ---------------------------------------------------------------- the pipeline
+
+def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], model_proto: bytes, out_dir: Path,
+                   shards_cfg: Any, eos_id: int, pad_id: int, staging: Path) -> None:
+    beam = import_beam()
+    row_len = shards_cfg.seq_len + 1
+    files = [(number, shard["file"]) for number, shard in enumerate(manifest["shards"])]
+    tokenized = (pipeline
+                 | "CorpusFiles" >> beam.Create(files, reshuffle=True)
+                 | "ReadDocuments" >> beam.FlatMap(read_corpus_file, str(corpus_dir), manifest)
+                 | "Tokenize" >> beam.Map(Tokenize(model_proto, eos_id, shards_cfg.validation_percent)))
+    layout = (tokenized
+              | "Lengths" >> beam.Map(lambda t: (t[0], (t[1], int(t[2].size))))
+              | "GroupLengths" >> beam.GroupByKey()
+              | "Starts" >> beam.Map(document_starts))
+    layout_side = beam.pvalue.AsDict(layout)
+    (tokenized
+     | "Pieces" >> beam.FlatMap(shard_pieces, layout_side, shards_cfg.records_per_shard * row_len)
+     | "GroupShards" >> beam.GroupByKey()
+     | "WriteShards" >> beam.FlatMap(write_shard, str(out_dir), row_len, shards_cfg.records_per_shard,
+                                     shards_cfg.packing, pad_id)
+     | "Stage" >> beam.io.WriteToText(str(staging / "shards"), file_name_suffix=".jsonl"))
+    (layout
+     | "LayoutSummary" >> beam.Map(lambda kv: json.dumps({"split": kv[0], "total": kv[1]["total"],
+                                                           "documents": kv[1]["documents"]}))
+     | "StageLayout" >> beam.io.WriteToText(str(staging / "layout"), file_name_suffix=".jsonl"))
+
+
+def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], model_proto: bytes, out_dir: Path, shards_cfg: Any,
+                    *, eos_id: int, pad_id: int) -> dict[str, dict[str, Any]]:
+    """Run the pipeline; returns the manifest's ``splits`` section, equal to the local path's."""
+    beam = import_beam()
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    staging = Path(tempfile.mkdtemp(prefix="beam-shards-"))
+    try:
+        with beam.Pipeline(options=PipelineOptions(shards_cfg.beam_options or ["--runner=DirectRunner"])) as pipeline:
+            build_pipeline(pipeline, corpus_dir, manifest, model_proto, out_dir, shards_cfg, eos_id, pad_id, staging)
+        shard_rows = [json.loads(line) for path in sorted(staging.glob("shards*")) for line in path.read_text().splitlines()]
+        layout = {row["split"]: row for path in sorted(staging.glob("layout*"))
+                  for row in map(json.loads, path.read_text().splitlines())}
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    row_len = shards_cfg.seq_len + 1
+    result = {}
+    for split in SPLITS:
+        shards = sorted((row for row in shard_rows if row["split"] == split), key=lambda row: row["number"])
+        total = layout.get(split, {}).get("total", 0)
+        tail = total % row_len
+        result[split] = {
+            "shards": [{k: v for k, v in row.items() if k not in ("split", "number")} for row in shards],
+            "records": sum(row["records"] for row in shards), "tokens": sum(row["tokens"] for row in shards),
+            "documents": layout.get(split, {}).get("documents", 0),
+            "padding_tokens": (row_len - tail) if tail and shards_cfg.packing == "document" else 0,
+            "dropped_tokens": tail if shards_cfg.packing == "concat" else 0,
+        }
+    return result

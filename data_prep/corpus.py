@@ -1,0 +1,158 @@
+"""Recipe 01: build the cleaned Russian corpus (``build_corpus``) with a local worker pool.
+
+Flow: sources -> raw documents in a global order -> ``clean_document`` in worker processes (normalize,
+filter, anonymise, fingerprint) -> back in order, dedup across the whole corpus in this process ->
+shards written atomically -> report -> manifest last. The Beam runner (``data_prep.beam_corpus``)
+replaces the middle part and returns the same outcomes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from data_prep.cleaning import CleanDocument, clean_document
+from data_prep.corpus_io import CORPUS_STAGE, CorpusShardWriter, clear_corpus_folder
+from data_prep.corpus_report import CorpusCounts, log_to_wandb, render_report
+from data_prep.dedup import Deduplicator
+from data_prep.sources import RawDocument, iter_raw_documents
+from experiment.errors import DataError
+from experiment.files import atomic_write_text
+from experiment.manifest import write_manifest
+from experiment.runfolder import RunFolder
+from experiment.sections.corpus import CorpusConfig
+
+log = logging.getLogger("data_prep.corpus")
+
+# (document, duplicate kind or None, id of the earlier document it duplicates or None)
+Outcome = tuple[CleanDocument, str | None, str | None]
+
+_worker_cfg: CorpusConfig | None = None
+
+
+def _init_worker(cfg: CorpusConfig) -> None:
+    global _worker_cfg
+    _worker_cfg = cfg
+
+
+def _clean_in_worker(raw: RawDocument) -> CleanDocument:
+    assert _worker_cfg is not None, "worker used before _init_worker"
+    return clean_document(raw, _worker_cfg)
+
+
+def resolve_workers(requested: int) -> int:
+    return requested if requested > 0 else (os.cpu_count() or 1)
+
+
+def clean_serial(raw_docs: Iterable[RawDocument], cfg: CorpusConfig) -> Iterator[CleanDocument]:
+    """The plain single-process loop (also the benchmark's baseline)."""
+    for raw in raw_docs:
+        yield clean_document(raw, cfg)
+
+
+def clean_with_pool(raw_docs: Iterable[RawDocument], cfg: CorpusConfig, workers: int,
+                    chunksize: int = 8) -> Iterator[CleanDocument]:
+    """``clean_document`` in ``workers`` processes, results in input order.
+
+    Workers are spawned, not forked: the recipe already runs W&B threads, which fork does not copy safely.
+    """
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, initializer=_init_worker, initargs=(cfg,)) as pool:
+        yield from pool.imap(_clean_in_worker, raw_docs, chunksize=chunksize)
+
+
+def clean_documents(raw_docs: Iterable[RawDocument], cfg: CorpusConfig, workers: int) -> Iterator[CleanDocument]:
+    return clean_serial(raw_docs, cfg) if workers <= 1 else clean_with_pool(raw_docs, cfg, workers)
+
+
+def dedup_in_order(docs: Iterable[CleanDocument], cfg: CorpusConfig) -> Iterator[Outcome]:
+    """Mark exact and near duplicates across the whole corpus; ``docs`` must come in input order."""
+    dedup = Deduplicator(cfg.dedup)
+    for doc in docs:
+        if doc.reject is not None:
+            yield doc, None, None
+            continue
+        kind, earlier = dedup.check(doc.id, doc.exact_key or "", doc.signature)
+        yield doc, kind, earlier
+
+
+def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Path, wandb_run: Any,
+                 started: float, extra_manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write kept documents to shards, count every outcome, then the report and the manifest (last)."""
+    counts = CorpusCounts(max_examples=cfg.report_examples)
+    with CorpusShardWriter(corpus_dir, cfg.docs_per_shard) as writer:
+        for doc, duplicate_kind, duplicate_of in outcomes:
+            if doc.reject is not None:
+                counts.add_rejected(doc)
+            elif duplicate_kind is not None:
+                counts.add_duplicate(doc, duplicate_kind, duplicate_of or "")
+            else:
+                counts.add_kept(doc)
+                writer.write(doc.id, doc.source, doc.text or "")
+    counts.check()
+    if counts.kept == 0:
+        top = ", ".join(f"{reason} {n}" for reason, n in counts.rejected.most_common(3)) or "no input documents"
+        raise DataError(f"the corpus is empty after filtering ({counts.documents_in} documents in; "
+                        f"top reasons: {top}): check corpus.sources and the filter thresholds")
+    seconds = time.perf_counter() - started
+    atomic_write_text(corpus_dir / "report.md", render_report(counts, writer.shards, seconds))
+    if wandb_run is not None:
+        log_to_wandb(wandb_run, counts)
+    payload = {
+        "shards": writer.shards,
+        "documents": counts.kept,
+        "bytes": sum(shard["bytes"] for shard in writer.shards),
+        "sources": [
+            {"name": s.label, "kind": s.kind, **dataclasses.asdict(counts.per_source[s.label])} for s in cfg.sources
+        ],
+        "counts": counts.manifest_counts(),
+        "input_bytes": counts.manifest_bytes(),
+        "seconds": round(seconds, 2),
+        **(extra_manifest or {}),
+        "config": dataclasses.asdict(cfg),
+    }
+    write_manifest(corpus_dir, CORPUS_STAGE, payload)
+    log.info("corpus: %d of %d documents kept (%.1f MB) in %d shard(s), %.0f s; report: %s",
+             counts.kept, counts.documents_in, counts.bytes_kept / 1e6, len(writer.shards), seconds,
+             corpus_dir / "report.md")
+    return payload
+
+
+def cache_root_for(run_folder: RunFolder) -> Path:
+    """Downloads shared by every experiment under the same run root (runs/.cache)."""
+    return run_folder.root.parent / ".cache"
+
+
+def build_corpus(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
+    """Recipe 01 entry point: ``fn(cfg, run_folder, wandb_run)``; returns the manifest payload."""
+    corpus_cfg: CorpusConfig = cfg.corpus
+    corpus_dir = run_folder.corpus
+    started = time.perf_counter()
+    clear_corpus_folder(corpus_dir)
+    raw_docs = iter_raw_documents(corpus_cfg.sources, cache_root_for(run_folder))
+    # read the first document here, so a bad source fails before any worker starts
+    first = next(raw_docs, None)
+    if first is None:
+        raise DataError("corpus.sources gave no documents at all: check the paths and datasets")
+    raw_docs = itertools.chain([first], raw_docs)
+    if corpus_cfg.runner == "beam":
+        from data_prep.beam_corpus import run_beam
+
+        outcomes: Iterable[Outcome] = run_beam(raw_docs, corpus_cfg)
+        extra = {"runner": "beam"}
+    else:
+        workers = resolve_workers(corpus_cfg.workers)
+        log.info("cleaning documents with %s", f"{workers} worker processes" if workers > 1 else "one process")
+        cleaned = tqdm(clean_documents(raw_docs, corpus_cfg, workers), desc="documents", unit="doc", mininterval=2)
+        outcomes = dedup_in_order(cleaned, corpus_cfg)
+        extra = {"runner": "local", "workers": workers}
+    return write_corpus(outcomes, corpus_cfg, corpus_dir, wandb_run, started, extra)

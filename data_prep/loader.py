@@ -1,0 +1,267 @@
+"""Grain loaders over the TFRecord shards: an endless, exactly resumable training iterator and
+one-pass evaluation batches.
+
+Training order, and what each process reads
+------------------------------------------
+All training records form one endless stream: epoch ``e`` is a seeded permutation of every
+record (Grain's index shuffle, seed ``seed + e``, so each epoch is ordered differently). Global
+batch ``k`` is stream positions ``[k*G, (k+1)*G)`` for the global batch size ``G``. With ``P``
+processes, process ``p`` reads only positions ``k*G + p + P*j`` for ``j < G/P`` (a strided slice),
+so each process decodes only its own rows and the ``P`` parts together are exactly global batch ``k``.
+
+Resume rule
+-----------
+The iterator state is the number of global batches consumed (plus the seed, the global batch
+size and the shard fingerprint it was made for), the same on every process. Restoring it gives
+the very batches an uninterrupted run would have produced next, bit for bit. On a different
+number of processes (same seed and global batch size) the run continues with exactly the same
+global batches, sample for sample; only the assignment of rows to processes (and so the row
+order inside the assembled global batch) changes, which leaves the mean loss and its gradient
+unchanged up to float summation order. A different global batch size resumes at the same
+record position when that position is a whole number of new batches, and is refused otherwise;
+a different seed or rebuilt shards are refused, because either would replay or skip data.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grain
+import numpy as np
+
+from data_prep.tfrecord import OnCorrupt, TFRecordFile, decode_record, read_index
+from experiment.errors import ConfigError, DataError
+from experiment.manifest import read_manifest
+
+log = logging.getLogger("data_prep.loader")
+
+SHARDS_STAGE = "shards"
+SHARDS_RECIPE = "recipes/03_shard.py"
+STATE_VERSION = 1
+# How many records after a corrupt one the loader tries before giving up (on_corrupt="skip").
+MAX_CONSECUTIVE_CORRUPT = 64
+
+
+def read_shards_manifest(shards_dir: Path | str, *, tokenizer_sha256: str | None = None,
+                         seq_len: int | None = None) -> dict[str, Any]:
+    """The finished shards' manifest, checked against the tokenizer and sequence length in use.
+
+    Shards made with another tokenizer than the current one, or with a different ``seq_len``,
+    end in one clear error instead of a model silently trained on the wrong ids."""
+    shards_dir = Path(shards_dir)
+    manifest = read_manifest(shards_dir, SHARDS_STAGE, SHARDS_RECIPE)
+    if tokenizer_sha256 is not None and manifest.get("tokenizer_sha256") != tokenizer_sha256:
+        raise DataError(
+            f"shards in {shards_dir} were made with tokenizer {str(manifest.get('tokenizer_sha256'))[:12]}..., "
+            f"the current tokenizer is {tokenizer_sha256[:12]}...: run {SHARDS_RECIPE} again"
+        )
+    if seq_len is not None and manifest.get("seq_len") != seq_len:
+        raise DataError(
+            f"shards in {shards_dir} have seq_len {manifest.get('seq_len')}, the config asks for shards.seq_len="
+            f"{seq_len}: run {SHARDS_RECIPE} again (or set shards.seq_len={manifest.get('seq_len')})"
+        )
+    return manifest
+
+
+def _to_model_batch(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Rows of ``seq_len + 1`` tokens -> ``inputs``/``targets`` (and ``segment_ids``/``positions``) int32."""
+    ids = rows["input_ids"]
+    batch = {"inputs": np.ascontiguousarray(ids[:, :-1]), "targets": np.ascontiguousarray(ids[:, 1:])}
+    for name in ("segment_ids", "positions"):
+        if name in rows:
+            batch[name] = np.ascontiguousarray(rows[name][:, :-1])
+    return batch
+
+
+class ShardSource:
+    """Grain ``RandomAccessDataSource`` over one split's shards: record ``i`` -> dict of int32 rows.
+
+    Records are numbered across the split's shards in manifest order; each read goes through the
+    shard's index and checks both CRCs. A corrupt record raises an error naming the shard and byte
+    offset, or, with ``on_corrupt="skip"``, is replaced by the next good record and counted in
+    ``skipped`` (so batch shapes and the resume position stay the same)."""
+
+    def __init__(self, shards_dir: Path | str, split: str, manifest: dict[str, Any] | None = None,
+                 on_corrupt: OnCorrupt | None = None) -> None:
+        self.shards_dir = Path(shards_dir)
+        self.manifest = manifest if manifest is not None else read_shards_manifest(self.shards_dir)
+        if split not in self.manifest["splits"]:
+            raise DataError(f"{self.shards_dir}: no split '{split}' in the shards manifest "
+                            f"(have {', '.join(self.manifest['splits'])})")
+        self.split = split
+        self.on_corrupt: OnCorrupt = on_corrupt or self.manifest.get("config", {}).get("on_corrupt", "error")
+        self.features = sorted(self.manifest["feature_schema"]["features"])
+        self.row_len = int(self.manifest["seq_len"]) + 1
+        self.files: list[TFRecordFile] = []
+        for shard in self.manifest["splits"][split]["shards"]:
+            path = self.shards_dir / shard["file"]
+            if not path.is_file():
+                raise DataError(f"shard {path} listed in the manifest is missing: run {SHARDS_RECIPE} again")
+            if "bytes" in shard and path.stat().st_size != shard["bytes"]:
+                raise DataError(f"shard {path} has {path.stat().st_size} bytes, the manifest says {shard['bytes']}: "
+                                f"it was truncated or replaced; run {SHARDS_RECIPE} again")
+            offsets = read_index(path)
+            if offsets.size != shard["records"]:
+                raise DataError(f"index of {path} lists {offsets.size} records, the manifest says {shard['records']}")
+            self.files.append(TFRecordFile(path, offsets, on_corrupt=self.on_corrupt))
+        self._starts = np.concatenate(([0], np.cumsum([len(f) for f in self.files]))).astype(np.int64).tolist()
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __repr__(self) -> str:
+        return f"ShardSource({self.shards_dir}, split={self.split!r}, records={len(self)})"
+
+    @property
+    def skipped(self) -> int:
+        return sum(f.skipped for f in self.files)
+
+    def _locate(self, index: int) -> tuple[TFRecordFile, int]:
+        shard = bisect.bisect_right(self._starts, index) - 1
+        return self.files[shard], index - self._starts[shard]
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        index = int(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"record {index} out of range for {len(self)} records")
+        for attempt in range(MAX_CONSECUTIVE_CORRUPT):
+            shard, record = self._locate((index + attempt) % len(self))
+            payload = shard.read(record)
+            if payload is not None:
+                return self._decode(shard, record, payload)
+        raise DataError(f"{self.shards_dir}: {MAX_CONSECUTIVE_CORRUPT} corrupt records in a row from "
+                        f"{self.split} record {index}: the shards are damaged; run {SHARDS_RECIPE} again")
+
+    def _decode(self, shard: TFRecordFile, record: int, payload: bytes) -> dict[str, np.ndarray]:
+        offset = int(shard.offsets[record])
+        example = decode_record(payload, shard.path, offset, record)
+        row = {}
+        for name in self.features:
+            values = example.get(name)
+            if not isinstance(values, np.ndarray) or values.shape != (self.row_len,):
+                got = "missing" if values is None else f"shape {getattr(values, 'shape', '?')}"
+                raise DataError(f"{shard.path}: record {record} at byte offset {offset}: feature '{name}' is {got}, "
+                                f"expected {self.row_len} int64 values")
+            row[name] = values.astype(np.int32)
+        return row
+
+
+class TrainIterator:
+    """Endless iterator of this process's training batches with ``get_state``/``set_state``."""
+
+    def __init__(self, source: ShardSource, global_batch_size: int, seed: int, process_index: int,
+                 process_count: int, read_threads: int) -> None:
+        if process_count < 1 or not 0 <= process_index < process_count:
+            raise ConfigError(f"process_index {process_index} is not in [0, process_count={process_count})")
+        if global_batch_size < 1 or global_batch_size % process_count:
+            raise ConfigError(f"global batch size {global_batch_size} is not a positive multiple of the "
+                              f"{process_count} processes")
+        if len(source) == 0:
+            raise DataError(f"{source.shards_dir}: the train split has no records: run {SHARDS_RECIPE} with more text")
+        self.source = source
+        self.global_batch_size = global_batch_size
+        self.seed = int(seed)
+        self.process_index = process_index
+        self.process_count = process_count
+        self.batch_size = global_batch_size // process_count
+        self._read_options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=max(2 * read_threads, 2))
+        records = (grain.MapDataset.source(source)
+                   .shuffle(seed=self.seed % 2**32)  # index shuffle: a new permutation per epoch
+                   .repeat(None))
+        self._batches = (records[process_index::process_count]
+                         .batch(self.batch_size, drop_remainder=True)
+                         .map(_to_model_batch))
+        self._next_batch = 0
+        self._iterator: grain.DatasetIterator | None = None
+
+    def __iter__(self) -> TrainIterator:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._iterator is None:
+            self._iterator = iter(self._batches[self._next_batch:].to_iter_dataset(self._read_options))
+        batch = next(self._iterator)
+        self._next_batch += 1
+        return batch
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the shard set the order was made for (rebuilt shards get new hashes)."""
+        shards = self.source.manifest["splits"][self.source.split]["shards"]
+        return hashlib.sha256("".join(s["sha256"] for s in shards).encode()).hexdigest()[:16]
+
+    def get_state(self) -> dict[str, Any]:
+        """JSON-serialisable position; identical on every process for the same step."""
+        return {"version": STATE_VERSION, "next_global_batch": self._next_batch, "seed": self.seed,
+                "global_batch_size": self.global_batch_size, "records": len(self.source),
+                "shards_fingerprint": self.fingerprint, "process_count": self.process_count}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue exactly where ``state`` was taken (see the module's resume rule)."""
+        if state.get("version") != STATE_VERSION:
+            raise DataError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
+        if state["seed"] != self.seed:
+            raise DataError(f"loader state was saved with seed {state['seed']}, this run uses {self.seed}: "
+                            "resuming would replay or skip data")
+        if state["records"] != len(self.source) or state["shards_fingerprint"] != self.fingerprint:
+            raise DataError(f"loader state was saved for other shards ({state['records']} train records, "
+                            f"fingerprint {state['shards_fingerprint']}), these have {len(self.source)} "
+                            f"({self.fingerprint}): the shards were rebuilt since the checkpoint")
+        consumed = int(state["next_global_batch"]) * int(state["global_batch_size"])
+        if consumed % self.global_batch_size:
+            raise DataError(f"loader state is at record {consumed} of the stream, not a whole number of "
+                            f"global batches of {self.global_batch_size}: resume with global batch size "
+                            f"{state['global_batch_size']}")
+        if state["global_batch_size"] != self.global_batch_size:
+            log.warning("resuming with global batch size %d (was %d) at stream record %d",
+                        self.global_batch_size, state["global_batch_size"], consumed)
+        if state.get("process_count") not in (None, self.process_count):
+            log.info("resuming on %d processes (was %s): same global batches, rows assigned anew",
+                     self.process_count, state.get("process_count"))
+        self._next_batch = consumed // self.global_batch_size
+        self.close()
+
+    def close(self) -> None:
+        """Stop the reader threads (a later ``next`` starts them again at the current position)."""
+        if self._iterator is not None:
+            self._iterator.close()
+            self._iterator = None
+
+    @property
+    def skipped_records(self) -> int:
+        return self.source.skipped
+
+
+def make_train_iterator(shards_dir: Path | str, global_batch_size: int, seed: int, process_index: int = 0,
+                        process_count: int = 1, *, tokenizer_sha256: str | None = None, seq_len: int | None = None,
+                        on_corrupt: OnCorrupt | None = None, read_threads: int = 4) -> TrainIterator:
+    """The training batches of process ``process_index`` (see the module docstring for the order).
+
+    ``tokenizer_sha256`` and ``seq_len``, when given, are checked against the shards' manifest."""
+    manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
+    source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt)
+    log.info("train loader: %d records, global batch %d = %d processes x %d, seed %d",
+             len(source), global_batch_size, process_count, global_batch_size // max(process_count, 1), seed)
+    return TrainIterator(source, global_batch_size, seed, process_index, process_count, read_threads)
+
+
+def iter_eval_batches(shards_dir: Path | str, split: str, batch_size: int, max_batches: int | None = None, *,
+                      tokenizer_sha256: str | None = None, seq_len: int | None = None,
+                      on_corrupt: OnCorrupt | None = None, read_threads: int = 4) -> Iterator[dict[str, np.ndarray]]:
+    """Every record of ``split`` once, in file order, as batches (the last one possibly smaller)."""
+    if batch_size < 1:
+        raise ConfigError(f"eval batch size must be at least 1, got {batch_size}")
+    manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
+    source = ShardSource(shards_dir, split, manifest, on_corrupt=on_corrupt)
+    if len(source) == 0:
+        return
+    batches = grain.MapDataset.source(source).batch(batch_size, drop_remainder=False).map(_to_model_batch)
+    if max_batches is not None:
+        batches = batches[:max_batches]
+    read_options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=max(2 * read_threads, 2))
+    yield from batches.to_iter_dataset(read_options)

@@ -1,0 +1,124 @@
+"""Packing tokenized documents into fixed rows of ``seq_len + 1`` tokens.
+
+Two modes (``shards.packing``):
+
+- ``concat``: documents (each ending in EOS) are concatenated into one stream that is cut into
+  rows of ``seq_len + 1``; a row may hold the end of one document and the start of the next. The
+  stream's last partial row is dropped (counted as ``dropped_tokens``), as in most pretraining
+  pipelines.
+- ``document``: the same dense stream, but every row also carries ``segment_ids`` (1, 2, ... for
+  the document pieces inside the row) and ``positions`` (restarting at 0 where a piece starts),
+  so the model can keep attention inside one document. A document that crosses a row boundary
+  continues in the next row as a new segment at position 0. The last partial row is padded with
+  the pad id and segment 0 (counted as ``padding_tokens``), so no token is lost.
+
+A row of ``seq_len + 1`` tokens gives inputs ``row[:-1]`` and targets ``row[1:]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+PackingMode = Literal["concat", "document"]
+
+
+@dataclass
+class PackingStats:
+    documents: int = 0
+    tokens: int = 0  # document tokens placed in rows
+    rows: int = 0
+    padding_tokens: int = 0
+    dropped_tokens: int = 0
+
+
+def segments_and_positions(doc_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row-local segment ids (1-based) and positions from the per-token document number of a row."""
+    changes = np.concatenate(([False], doc_index[1:] != doc_index[:-1]))
+    run = np.cumsum(changes)
+    starts = np.flatnonzero(np.concatenate(([True], changes[1:])))
+    positions = np.arange(doc_index.size) - starts[run]
+    return (run + 1).astype(np.int64), positions.astype(np.int64)
+
+
+@dataclass
+class Packer:
+    """Streams documents in, full rows out; ``finish()`` emits what is left."""
+
+    seq_len: int
+    mode: PackingMode = "concat"
+    pad_id: int = 0
+    stats: PackingStats = field(default_factory=PackingStats)
+    _tokens: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
+    _doc_index: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
+    _pending: int = field(default=0, init=False, repr=False)
+
+    @property
+    def row_len(self) -> int:
+        return self.seq_len + 1
+
+    def add(self, documents: Sequence[Sequence[int] | np.ndarray]) -> dict[str, np.ndarray]:
+        """Add tokenized documents (EOS already appended); returns the rows completed so far as
+        ``{"input_ids": [n, seq_len + 1]}`` (plus ``segment_ids`` and ``positions`` in document mode)."""
+        for tokens in documents:
+            array = np.asarray(tokens, dtype=np.int64)
+            self._tokens.append(array)
+            if self.mode == "document":
+                self._doc_index.append(np.full(array.size, self.stats.documents, dtype=np.int64))
+            self._pending += array.size
+            self.stats.documents += 1
+            self.stats.tokens += array.size
+        full_rows = self._pending // self.row_len
+        return self._take(full_rows * self.row_len)
+
+    def finish(self) -> dict[str, np.ndarray]:
+        """The last partial row: padded in document mode, dropped in concat mode."""
+        if self._pending == 0:
+            return self._take(0)
+        if self.mode == "concat":
+            self.stats.dropped_tokens += self._pending
+            self.stats.tokens -= self._pending
+            self._tokens, self._pending = [], 0
+            return self._take(0)
+        padding = self.row_len - self._pending
+        self._tokens.append(np.full(padding, self.pad_id, dtype=np.int64))
+        self._doc_index.append(np.full(padding, -1, dtype=np.int64))  # -1 marks padding
+        self._pending += padding
+        self.stats.padding_tokens += padding
+        return self._take(self.row_len)
+
+    def _take(self, count: int) -> dict[str, np.ndarray]:
+        """Cut ``count`` tokens (a multiple of the row length) off the front of the pending stream."""
+        stream = np.concatenate(self._tokens) if self._tokens else np.zeros(0, dtype=np.int64)
+        self._tokens = [stream[count:]] if stream.size > count else []
+        doc_index = None
+        if self.mode == "document":
+            doc_index = np.concatenate(self._doc_index) if self._doc_index else np.zeros(0, dtype=np.int64)
+            self._doc_index = [doc_index[count:]] if doc_index.size > count else []
+            doc_index = doc_index[:count]
+        out = rows_from_stream(stream[:count], doc_index, self.row_len)
+        self._pending -= count
+        self.stats.rows += out["input_ids"].shape[0]
+        return out
+
+
+def rows_from_stream(tokens: np.ndarray, doc_index: np.ndarray | None, row_len: int) -> dict[str, np.ndarray]:
+    """Rows of ``row_len`` from a token stream whose length is a multiple of ``row_len``.
+
+    ``doc_index`` (document mode) numbers the document each token belongs to (-1 for padding);
+    only where it changes matters, so any increasing numbering gives the same rows."""
+    rows = tokens.size // row_len
+    out = {"input_ids": tokens.reshape(rows, row_len)}
+    if doc_index is not None:
+        segments = np.zeros((rows, row_len), dtype=np.int64)
+        positions = np.zeros((rows, row_len), dtype=np.int64)
+        for r, row_docs in enumerate(doc_index.reshape(rows, row_len)):
+            segments[r], positions[r] = segments_and_positions(row_docs)
+            padded = row_docs < 0
+            segments[r][padded] = 0
+            positions[r][padded] = 0
+        out["segment_ids"], out["positions"] = segments, positions
+    return out

@@ -1,0 +1,269 @@
+"""Recipe 3: tokenize the cleaned corpus and write TFRecord shards with index sidecars and a manifest.
+
+Documents are read in corpus order, encoded in batches by SentencePiece's own thread pool (the
+local worker pool; the output does not depend on the thread count), given an EOS, routed to
+train or validation by a hash of their id, packed into rows of ``seq_len + 1`` and written as
+``tf.train.Example`` records. The manifest is written last; a crash leaves a folder without one,
+which the loader refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from data_prep.corpus_io import iter_documents, read_corpus_manifest
+from data_prep.loader import SHARDS_STAGE
+from data_prep.packing import Packer, PackingStats
+from data_prep.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
+from experiment.errors import DataError
+from experiment.manifest import MANIFEST_NAME, invalidate, write_manifest
+from experiment.split import is_validation
+
+log = logging.getLogger("data_prep.sharding")
+
+SPLITS = ("train", "validation")
+FEATURE_FORMAT = "tfrecord/tf.train.Example"
+
+
+def shard_file_name(split: str, index: int) -> str:
+    return f"{split}-{index:05d}.tfrecord"
+
+
+def feature_schema(seq_len: int, packing: str) -> dict[str, Any]:
+    """The documented feature schema of every record (also stored in the manifest)."""
+    names = ["input_ids"] + (["segment_ids", "positions"] if packing == "document" else [])
+    return {
+        "format": FEATURE_FORMAT,
+        "features": {name: {"dtype": "int64", "shape": [seq_len + 1]} for name in names},
+    }
+
+
+def shard_summary(writer: TFRecordWriter, tokens: int) -> dict[str, Any]:
+    """A closed shard's manifest entry."""
+    return {"file": writer.path.name, "records": writer.records, "tokens": tokens, "bytes": writer.bytes_written,
+            "sha256": writer.sha256}
+
+
+def row_tokens(rows: dict[str, np.ndarray], pad_mask_key: str | None) -> list[int]:
+    """Document tokens in each row (padding, marked by segment 0, does not count)."""
+    if pad_mask_key:
+        return np.count_nonzero(rows[pad_mask_key], axis=1).tolist()
+    return [rows["input_ids"].shape[1]] * rows["input_ids"].shape[0]
+
+
+@dataclasses.dataclass
+class SplitWriter:
+    """Writes one split's rows into ``<split>-NNNNN.tfrecord`` files of at most ``records_per_shard`` rows."""
+
+    out_dir: Path
+    split: str
+    records_per_shard: int
+    shards: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    _writer: TFRecordWriter | None = dataclasses.field(default=None, init=False, repr=False)
+    _tokens_in_shard: int = dataclasses.field(default=0, init=False, repr=False)
+
+    def write_rows(self, rows: dict[str, np.ndarray], pad_mask_key: str | None) -> None:
+        payloads = encode_int64_rows(rows)
+        for payload, tokens in zip(payloads, row_tokens(rows, pad_mask_key), strict=True):
+            if self._writer is None:
+                self._writer = TFRecordWriter(self.out_dir / shard_file_name(self.split, len(self.shards)))
+                self._tokens_in_shard = 0
+            self._writer.write(payload)
+            self._tokens_in_shard += tokens
+            if self._writer.records >= self.records_per_shard:
+                self._close_shard()
+
+    def _close_shard(self) -> None:
+        assert self._writer is not None
+        self._writer.close()
+        self.shards.append(shard_summary(self._writer, self._tokens_in_shard))
+        self._writer = None
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._close_shard()
+
+    def abort(self, exc: BaseException) -> None:
+        if self._writer is not None:
+            self._writer.abort(exc)
+            self._writer = None
+
+    def summary(self, stats: PackingStats) -> dict[str, Any]:
+        return {"shards": self.shards, "records": sum(s["records"] for s in self.shards),
+                "tokens": sum(s["tokens"] for s in self.shards), "documents": stats.documents,
+                "padding_tokens": stats.padding_tokens, "dropped_tokens": stats.dropped_tokens}
+
+
+def remove_old_shards(out_dir: Path) -> None:
+    """Delete the shard and index files of an earlier run (the manifest is already gone), and the
+    temporary files a killed run left behind."""
+    for path in out_dir.iterdir():
+        name = path.name
+        finished = name.endswith(".tfrecord") or name.endswith(".tfrecord" + INDEX_SUFFIX)
+        leftover = name.startswith(".") and ".tfrecord" in name and name.endswith(".tmp")
+        if path.is_file() and (finished or leftover):
+            path.unlink()
+
+
+def describe_previous(out_dir: Path, tokenizer_sha256: str, seq_len: int) -> None:
+    """Say plainly when this run replaces shards built with another tokenizer or sequence length."""
+    path = out_dir / MANIFEST_NAME
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if old.get("tokenizer_sha256") != tokenizer_sha256:
+        log.warning("replacing shards built with tokenizer %s... by tokenizer %s...",
+                    str(old.get("tokenizer_sha256"))[:12], tokenizer_sha256[:12])
+    if old.get("seq_len") != seq_len:
+        log.warning("replacing shards with seq_len %s by seq_len %s", old.get("seq_len"), seq_len)
+
+
+def encode_threads(requested: int) -> int:
+    return requested if requested > 0 else (os.cpu_count() or 1)
+
+
+def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
+    """Tokenize ``run_folder.corpus`` with ``run_folder.tokenizer`` into ``run_folder.shards``."""
+    from tokenizer.spm import load_tokenizer
+
+    shards_cfg = cfg.shards
+    sp, tok_manifest = load_tokenizer(run_folder.tokenizer)
+    corpus_manifest = read_corpus_manifest(run_folder.corpus)
+    special = tok_manifest.get("special_ids", {})
+    eos_id = special.get("eos", sp.eos_id())
+    if eos_id is None or eos_id < 0:
+        raise DataError(f"{run_folder.tokenizer / MANIFEST_NAME}: the tokenizer has no EOS id; retrain it with one")
+    pad_id = special.get("pad", sp.pad_id())
+    pad_id = pad_id if pad_id is not None and pad_id >= 0 else eos_id  # padding is marked by segment 0 anyway
+
+    out_dir = Path(run_folder.shards)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    describe_previous(out_dir, tok_manifest["sha256"], shards_cfg.seq_len)
+    invalidate(out_dir)
+    remove_old_shards(out_dir)
+
+    threads = encode_threads(shards_cfg.num_threads)
+    log.info("tokenizing %d documents with %d thread(s), packing '%s' into rows of %d tokens",
+             corpus_manifest["documents"], threads, shards_cfg.packing, shards_cfg.seq_len + 1)
+    started = time.perf_counter()
+    if shards_cfg.runner == "beam":
+        from data_prep.beam_shards import run_beam_shards
+
+        model_path = Path(run_folder.tokenizer) / tok_manifest.get("model_file", "spm.model")
+        result = run_beam_shards(Path(run_folder.corpus), corpus_manifest, model_path.read_bytes(), out_dir,
+                                 shards_cfg, eos_id=eos_id, pad_id=pad_id)
+    else:
+        result = write_splits(iter_documents(run_folder.corpus, corpus_manifest), sp, out_dir, shards_cfg,
+                              eos_id=eos_id, pad_id=pad_id, threads=threads, total=corpus_manifest["documents"])
+    seconds = time.perf_counter() - started
+
+    payload = {
+        "tokenizer_sha256": tok_manifest["sha256"],
+        "vocab_size": tok_manifest["vocab_size"],
+        "special_ids": {"eos": eos_id, "pad": pad_id},
+        "seq_len": shards_cfg.seq_len,
+        "packing": shards_cfg.packing,
+        "feature_schema": feature_schema(shards_cfg.seq_len, shards_cfg.packing),
+        "validation_percent": shards_cfg.validation_percent,
+        "split_rule": "experiment.split.is_validation(doc_id, validation_percent): sha256 of the document id",
+        "splits": result,
+        "corpus": {"documents": corpus_manifest["documents"], "bytes": corpus_manifest.get("bytes"),
+                   "shards_sha256": [s.get("sha256") for s in corpus_manifest["shards"]]},
+        "config": dataclasses.asdict(shards_cfg),
+    }
+    tokens = sum(split["tokens"] for split in result.values())
+    log.info("wrote %d train and %d validation records (%d tokens) in %.1f s: %.0f tokens/s",
+             result["train"]["records"], result["validation"]["records"], tokens, seconds, tokens / max(seconds, 1e-9))
+    if result["train"]["records"] == 0:
+        raise DataError(f"the corpus in {run_folder.corpus} gives no full training row of {shards_cfg.seq_len + 1} "
+                        "tokens: lower shards.seq_len or add text")
+    if result["validation"]["records"] == 0 and shards_cfg.validation_percent > 0:
+        log.warning("the validation split is empty: raise shards.validation_percent or add text")
+    write_manifest(out_dir, SHARDS_STAGE, payload)
+    if wandb_run is not None:  # None: library use without tracking (benchmarks)
+        log_to_wandb(wandb_run, cfg, run_folder, payload, seconds)
+    return payload
+
+
+def write_splits(documents: Any, sp: Any, out_dir: Path, shards_cfg: Any, *, eos_id: int, pad_id: int,
+                 threads: int, total: int | None = None) -> dict[str, dict[str, Any]]:
+    """Encode, split, pack and write every document; returns the manifest's ``splits`` section."""
+    packers = {split: Packer(shards_cfg.seq_len, shards_cfg.packing, pad_id) for split in SPLITS}
+    writers = {split: SplitWriter(out_dir, split, shards_cfg.records_per_shard) for split in SPLITS}
+    pad_mask_key = "segment_ids" if shards_cfg.packing == "document" else None
+    try:
+        batch: list[dict[str, Any]] = []
+        with tqdm(total=total, unit="doc", desc="shards", mininterval=2.0) as progress:
+            for doc in documents:
+                batch.append(doc)
+                if len(batch) >= shards_cfg.encode_batch_documents:
+                    _encode_batch(batch, sp, packers, writers, shards_cfg, eos_id, threads, pad_mask_key)
+                    progress.update(len(batch))
+                    batch = []
+            if batch:
+                _encode_batch(batch, sp, packers, writers, shards_cfg, eos_id, threads, pad_mask_key)
+                progress.update(len(batch))
+        for split in SPLITS:
+            writers[split].write_rows(packers[split].finish(), pad_mask_key)
+            writers[split].close()
+    except BaseException as exc:
+        for writer in writers.values():
+            writer.abort(exc)
+        raise
+    return {split: writers[split].summary(packers[split].stats) for split in SPLITS}
+
+
+def split_of(doc_id: Any, validation_percent: float) -> str:
+    return "validation" if is_validation(str(doc_id), validation_percent) else "train"
+
+
+def _encode_batch(batch: list[dict[str, Any]], sp: Any, packers: dict[str, Packer], writers: dict[str, SplitWriter],
+                  shards_cfg: Any, eos_id: int, threads: int, pad_mask_key: str | None) -> None:
+    encoded = sp.encode([doc["text"] for doc in batch], out_type=int, num_threads=threads)
+    by_split: dict[str, list[list[int]]] = {split: [] for split in SPLITS}
+    for doc, ids in zip(batch, encoded, strict=True):
+        ids.append(eos_id)
+        by_split[split_of(doc["id"], shards_cfg.validation_percent)].append(ids)
+    for split, docs in by_split.items():
+        if docs:
+            writers[split].write_rows(packers[split].add(docs), pad_mask_key)
+
+
+def log_to_wandb(wandb_run: Any, cfg: Any, run_folder: Any, payload: dict[str, Any], seconds: float) -> None:
+    """Summary numbers, and the shards folder as an artifact that names its tokenizer."""
+    import wandb
+
+    splits = payload["splits"]
+    tokens = sum(split["tokens"] for split in splits.values())
+    for split, info in splits.items():
+        wandb_run.summary[f"shards/{split}_records"] = info["records"]
+        wandb_run.summary[f"shards/{split}_tokens"] = info["tokens"]
+    wandb_run.summary["shards/tokens_per_second"] = tokens / max(seconds, 1e-9)
+    tokenizer_artifact = f"{cfg.experiment.name}-tokenizer"
+    metadata = {"tokenizer_sha256": payload["tokenizer_sha256"], "tokenizer_artifact": tokenizer_artifact,
+                "seq_len": payload["seq_len"], "packing": payload["packing"],
+                **{f"{split}_tokens": info["tokens"] for split, info in splits.items()}}
+    if Path(run_folder.tokenizer, MANIFEST_NAME).is_file():
+        # The same folder content gives the same digest as the artifact recipe 2 logged, so W&B links
+        # this run to that version. Offline runs cannot declare inputs; the metadata keeps the link.
+        used = wandb.Artifact(tokenizer_artifact, type="tokenizer")
+        used.add_dir(str(run_folder.tokenizer))
+        try:
+            wandb_run.use_artifact(used)
+        except TypeError as exc:
+            log.info("W&B lineage to %s kept in metadata only (%s)", tokenizer_artifact, exc)
+    artifact = wandb.Artifact(f"{cfg.experiment.name}-shards", type="shards", metadata=metadata)
+    artifact.add_dir(str(run_folder.shards))
+    wandb_run.log_artifact(artifact)

@@ -1,0 +1,300 @@
+"""Corpus sources: local files, Hugging Face datasets and the Debian demo, as raw documents.
+
+Every source yields ``RawDocument``s in a stable order. A document's id is
+``<source>:<position>:<content hash>``, so it is the same on every run over the same input, and
+the train/validation split (a hash of the id) never moves a document. Input that cannot become
+text (an unreadable, binary, empty or wrongly encoded file, a malformed JSON line) is not an error:
+it is a raw document with a rejection reason, counted in the manifest like any filter.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import io
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data_prep.normalize import decode_bytes
+from experiment.errors import DataError
+from experiment.sections.corpus import SourceConfig
+
+log = logging.getLogger("data_prep.sources")
+
+TEXT_SUFFIXES = (".txt",)
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+
+
+@dataclass
+class RawDocument:
+    """One input document before cleaning; ``text`` is None when ``reject`` says why there is none."""
+
+    order: int  # position in the whole input (all sources in config order): the dedup order
+    id: str
+    source: str
+    origin: str  # the file (and line) or dataset row it came from, for error lines and the report
+    text: str | None
+    reject: str | None = None
+    raw_bytes: int = 0
+
+
+def document_id(source: str, position: int, content: str) -> str:
+    digest = hashlib.sha256(content.encode("utf-8", errors="surrogatepass")).hexdigest()[:12]
+    return f"{source}:{position:09d}:{digest}"
+
+
+def keep_for_weight(doc_id: str, weight: float) -> bool:
+    """A stable, hash-chosen ``weight`` share of a source's documents (the same on every run)."""
+    if weight >= 1.0:
+        return True
+    bucket = int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "big")
+    return bucket / 2**64 < weight
+
+
+def split_text(text: str, rule: str, chunk_chars: int) -> list[str]:
+    """Cut one work into documents: whole, by blank-line paragraphs, or into chunks of paragraphs.
+
+    ``chunk`` packs blank-line blocks (a block longer than ``chunk_chars`` is cut at line ends) into
+    documents of at most about ``chunk_chars`` characters, so a novel becomes many documents of a
+    pretraining-friendly size while verse stanzas and prose paragraphs stay whole.
+    """
+    if rule == "file":
+        return [text]
+    blocks = [b.strip("\n") for b in text.replace("\r\n", "\n").split("\n\n") if b.strip()]
+    if rule == "paragraph":
+        return blocks
+    pieces: list[str] = []
+    for block in blocks:
+        if len(block) <= chunk_chars:
+            pieces.append(block)
+            continue
+        current: list[str] = []
+        size = 0
+        for line in block.split("\n"):
+            if current and size + len(line) > chunk_chars:
+                pieces.append("\n".join(current))
+                current, size = [], 0
+            current.append(line)
+            size += len(line) + 1
+        if current:
+            pieces.append("\n".join(current))
+    return pack_pieces(pieces, chunk_chars, "\n\n")
+
+
+def pack_pieces(pieces: Iterable[str], target_chars: int, separator: str) -> list[str]:
+    """Join consecutive pieces into documents of at most about ``target_chars`` characters."""
+    documents: list[str] = []
+    current: list[str] = []
+    size = 0
+    for piece in pieces:
+        if current and size + len(piece) > target_chars:
+            documents.append(separator.join(current))
+            current, size = [], 0
+        current.append(piece)
+        size += len(piece) + len(separator)
+    if current:
+        documents.append(separator.join(current))
+    return documents
+
+
+class DocumentNumberer:
+    """Turns a source's texts into RawDocuments: ids, the mixture weight and the caps."""
+
+    def __init__(self, cfg: SourceConfig, start_order: int) -> None:
+        self.cfg = cfg
+        self.source = cfg.label
+        self.order = start_order
+        self.position = 0
+        self.bytes = 0
+
+    @property
+    def capped(self) -> bool:
+        cfg = self.cfg
+        return (cfg.max_documents is not None and self.position >= cfg.max_documents) or (
+            cfg.max_bytes is not None and self.bytes >= cfg.max_bytes
+        )
+
+    def make(self, text: str | None, origin: str, reject: str | None = None, raw_bytes: int | None = None) -> RawDocument:
+        size = raw_bytes if raw_bytes is not None else len(text.encode("utf-8", errors="replace")) if text else 0
+        doc_id = document_id(self.source, self.position, text if text is not None else origin)
+        if reject is None and not keep_for_weight(doc_id, self.cfg.weight):
+            reject = "mixture_weight"
+        doc = RawDocument(self.order, doc_id, self.source, origin, text if reject is None else None, reject, size)
+        self.order += 1
+        self.position += 1
+        self.bytes += size
+        return doc
+
+
+# ---------------------------------------------------------------- local files
+
+def expand_paths(patterns: list[str], key: str) -> list[Path]:
+    """Globs and folders to a sorted list of files; a pattern that matches nothing is an error."""
+    files: list[Path] = []
+    for pattern in patterns:
+        expanded = os.path.expanduser(pattern)
+        if os.path.isdir(expanded):
+            matches = sorted(p for p in Path(expanded).rglob("*.txt") if p.is_file())
+            if not matches:
+                raise DataError(f"{key}: folder {expanded} holds no .txt files")
+        else:
+            matches = sorted(Path(p) for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
+            if not matches:
+                what = "does not exist" if not any(ch in expanded for ch in "*?[") else "matches no files"
+                raise DataError(f"{key}: {expanded} {what} (give existing files, folders or globs)")
+        files.extend(matches)
+    return files
+
+
+def _open_compressed(path: Path) -> io.BufferedIOBase:
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if name.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError as exc:
+            raise DataError(f"{path}: reading .zst needs the zstd extra (pip install 'ru-pretrain[zstd]')") from exc
+        return zstandard.ZstdDecompressor().stream_reader(path.open("rb"))
+    return path.open("rb")
+
+
+def _read_txt(path: Path, numberer: DocumentNumberer) -> Iterator[RawDocument]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        yield numberer.make(None, str(path), "unreadable")
+        log.warning("cannot read %s: %s", path, exc.strerror or exc)
+        return
+    if not data.strip():
+        yield numberer.make(None, str(path), "empty_input", raw_bytes=len(data))
+        return
+    text, reason = decode_bytes(data)
+    if text is None:
+        yield numberer.make(None, str(path), reason, raw_bytes=len(data))
+        return
+    for i, piece in enumerate(split_text(text, numberer.cfg.split_rule, numberer.cfg.chunk_chars)):
+        yield numberer.make(piece, f"{path}#{i}")
+
+
+def _read_jsonl(path: Path, numberer: DocumentNumberer) -> Iterator[RawDocument]:
+    field = numberer.cfg.text_field
+    try:
+        with _open_compressed(path) as raw:
+            for line_no, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", errors="strict"), 1):
+                if not line.strip():
+                    continue
+                origin = f"{path}:{line_no}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    yield numberer.make(None, origin, "bad_record", raw_bytes=len(line))
+                    continue
+                text = record.get(field) if isinstance(record, dict) else None
+                if not isinstance(text, str):
+                    yield numberer.make(None, origin, "bad_record", raw_bytes=len(line))
+                    continue
+                yield numberer.make(text, origin)
+    except UnicodeDecodeError:
+        yield numberer.make(None, str(path), "invalid_utf8")
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        log.warning("cannot read %s: %s", path, exc)
+        yield numberer.make(None, str(path), "unreadable")
+
+
+def _read_parquet(path: Path, numberer: DocumentNumberer) -> Iterator[RawDocument]:
+    import pyarrow.parquet as pq
+
+    field = numberer.cfg.text_field
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises its own error types for a corrupt file
+        log.warning("cannot read %s: %s", path, exc)
+        yield numberer.make(None, str(path), "unreadable")
+        return
+    if field not in parquet.schema_arrow.names:
+        raise DataError(f"{path}: no column '{field}' (columns: {', '.join(parquet.schema_arrow.names)}); "
+                        "set the source's text_field")
+    row = 0
+    for batch in parquet.iter_batches(columns=[field], batch_size=1024):
+        for text in batch.column(0).to_pylist():
+            origin = f"{path}#row{row}"
+            row += 1
+            if not isinstance(text, str):
+                yield numberer.make(None, origin, "bad_record")
+                continue
+            yield numberer.make(text, origin)
+
+
+def iter_file_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str) -> Iterator[RawDocument]:
+    for path in expand_paths(cfg.paths, f"{key}.paths"):
+        name = path.name.lower()
+        if name.endswith(JSONL_SUFFIXES):
+            reader = _read_jsonl
+        elif name.endswith(PARQUET_SUFFIXES):
+            reader = _read_parquet
+        else:  # .txt and anything else: read as text, and binary files are rejected with a reason
+            reader = _read_txt
+        yield from reader(path, numberer)
+
+
+# ---------------------------------------------------------------- Hugging Face datasets
+
+def iter_hub_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str) -> Iterator[RawDocument]:
+    """Stream a hub dataset (or a local builder such as ``json`` with ``paths`` as data files)."""
+    import datasets
+
+    kwargs: dict[str, Any] = {"split": cfg.split, "streaming": cfg.streaming}
+    if cfg.paths:
+        kwargs["data_files"] = [str(p) for p in expand_paths(cfg.paths, f"{key}.paths")]
+    try:
+        dataset = datasets.load_dataset(cfg.dataset, cfg.config_name or None, **kwargs)
+    except Exception as exc:  # datasets raises many types (ConnectionError, FileNotFoundError, ValueError...)
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        offline = " (HF_DATASETS_OFFLINE=1 is set)" if os.environ.get("HF_DATASETS_OFFLINE") == "1" else ""
+        raise DataError(
+            f"{key}.dataset: cannot load '{cfg.dataset}'{offline}: {first_line}; on a machine without the hub, "
+            "use kind: files with local copies"
+        ) from exc
+    for row_no, row in enumerate(dataset):
+        text = row.get(cfg.text_field)
+        if row_no == 0 and cfg.text_field not in row:
+            raise DataError(f"{key}.text_field: dataset '{cfg.dataset}' has no field '{cfg.text_field}' "
+                            f"(fields: {', '.join(row)})")
+        origin = f"{cfg.dataset}#{row_no}"
+        yield numberer.make(text, origin) if isinstance(text, str) else numberer.make(None, origin, "bad_record")
+
+
+# ---------------------------------------------------------------- all sources
+
+def iter_raw_documents(sources: list[SourceConfig], cache_root: Path) -> Iterator[RawDocument]:
+    """All sources in config order, numbered with one global order (the dedup order)."""
+    from data_prep.debian import iter_debian_source
+
+    for index, cfg in enumerate(sources):  # a missing path fails now, not after the sources before it
+        if cfg.paths:
+            expand_paths(cfg.paths, f"corpus.sources[{index}].paths")
+    order = 0
+    for index, cfg in enumerate(sources):
+        key = f"corpus.sources[{index}]"
+        numberer = DocumentNumberer(cfg, order)
+        if cfg.kind == "files":
+            docs = iter_file_source(cfg, numberer, key)
+        elif cfg.kind == "hub":
+            docs = iter_hub_source(cfg, numberer, key)
+        else:
+            docs = iter_debian_source(cfg, numberer, key, cache_root)
+        log.info("reading source %s (%s)", cfg.label, cfg.kind)
+        for doc in docs:
+            yield doc
+            if numberer.capped:
+                log.info("source %s reached its cap after %d documents", cfg.label, numberer.position)
+                break
+        order = numberer.order

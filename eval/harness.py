@@ -1,0 +1,216 @@
+"""The task harness: load a task's items, add few-shot examples, score every choice, compute metrics.
+
+Metrics per task:
+- ``acc``: the gold choice has the highest total log-likelihood (ties share the credit);
+- ``acc_norm_chars`` / ``acc_norm_bytes``: the same after dividing by the continuation's length in
+  characters / UTF-8 bytes (lm-evaluation-harness's acc_norm is the character one);
+- ``mcc``: Matthews correlation of the argmax prediction with the gold label (binary tasks).
+Each comes with its chance level and a 95% interval (Wilson for accuracies, bootstrap for MCC).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eval import stats
+from eval.loaders import Record, read_file, read_hub
+from eval.scoring import LogitsFn, ScoreRequest, score_requests
+from eval.tasks import Item, Source, TaskSpec, build_item
+from experiment.errors import DataError
+
+log = logging.getLogger("eval.harness")
+
+Encode = Callable[[str], Sequence[int]]
+FEWSHOT_SEPARATOR = "\n\n"
+
+
+@dataclass(frozen=True)
+class TaskData:
+    spec: TaskSpec
+    source: Source
+    where: str  # the file, folder or hub id the items came from
+    items: list[Item]  # the items to score (after any cap)
+    pool: list[Item]  # every item, for few-shot examples
+
+
+def _expand(path: str, bench_dir: str, rublimp_dir: str) -> str:
+    return path.replace("{bench}", bench_dir).replace("{rublimp_dir}", rublimp_dir)
+
+
+def _directory_records(folder: Path) -> list[tuple[str, list[Record]]]:
+    files = sorted(folder.glob("*.csv"))
+    if not files:
+        raise DataError(f"task folder {folder} has no .csv files")
+    return [(f.stem, read_file(f)) for f in files]
+
+
+def cap_items(items: list[Item], max_items: int | None, seed: int, balance: bool = False) -> list[Item]:
+    """At most ``max_items`` per group (or in all), drawn with a seed, kept in file order.
+
+    ``balance`` draws the same number of items for every gold answer, so that a model with a fixed
+    preference for one answer (a random one) scores exactly the chance level.
+    """
+    if max_items is None and not balance:
+        return items
+    groups: dict[Any, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault((item.group, item.gold) if balance else item.group, []).append(i)
+    quota = max_items
+    if balance:
+        classes = len({item.gold for item in items})
+        smallest = min(len(m) for m in groups.values())
+        quota = smallest if max_items is None else min(smallest, max(1, max_items // classes))
+    keep: list[int] = []
+    for members in groups.values():
+        keep += members if len(members) <= quota else random.Random(seed).sample(members, quota)
+    return [items[i] for i in sorted(keep)]
+
+
+def load_task(spec: TaskSpec, *, bench_dir: str, rublimp_dir: str = "", task_files: dict[str, str] | None = None,
+              max_items: int | None = None, seed: int = 0, balance: bool = False) -> TaskData:
+    """Items of a task from, in order: ``task_files[name]``, the first local source that exists, the hub."""
+    override = (task_files or {}).get(spec.name)
+    if override:
+        source = next((s for s in spec.sources if s.hub), spec.sources[0])
+        candidates = [(source, override, False)]
+    else:
+        candidates = [(s, _expand(s.path, bench_dir, rublimp_dir), s.hub) for s in spec.sources]
+    chosen = next(((s, p, hub) for s, p, hub in candidates if hub or Path(p).exists()), None)
+    if chosen is None:
+        paths = ", ".join(p for _, p, _ in candidates)
+        raise DataError(f"task '{spec.name}': no source found ({paths}); set eval.task_files.{spec.name}")
+    source, path, hub = chosen
+    if spec.directory:
+        grouped = _directory_records(Path(path))
+        items = [build_item(spec, source, r, group=stem) for stem, records in grouped for r in records]
+    else:
+        records = read_hub(source.path, source.config, source.split) if hub else read_file(path)
+        items = [build_item(spec, source, r, group=str(r.fields.get(spec.group_field)) if spec.group_field else None)
+                 for r in records]
+    where = f"hub:{source.path}/{source.config}[{source.split}]" if hub else path
+    return TaskData(spec=spec, source=source, where=where, items=cap_items(items, max_items, seed, balance), pool=items)
+
+
+def fewshot_prefix(item: Item, pool: Sequence[Item], k: int, seed: int) -> str:
+    """``k`` solved examples from the pool (never the item itself), drawn by a seed and the item's id,
+    so the prompt of an item does not depend on which other items are evaluated."""
+    if k <= 0:
+        return ""
+    if len(pool) - 1 < k:
+        raise DataError(f"task '{item.task}': {k}-shot needs {k} other items, the split has {len(pool) - 1}")
+    # k + 1 draws leave k after dropping the item itself: O(k), not a copy of the pool per item
+    drawn = random.Random(f"{seed}:{item.id}").sample(range(len(pool)), k + 1)
+    shots = [pool[i] for i in drawn if pool[i].id != item.id][:k]
+    return "".join(s.contexts[s.gold] + s.continuations[s.gold] + FEWSHOT_SEPARATOR for s in shots)
+
+
+class PairEncoder:
+    """Token ids of (context, continuation) pairs; the context starts a document (EOS first).
+
+    Trailing spaces of the context move to the continuation, so 'Ответ: Да' splits as 'Ответ:' +
+    ' Да' whatever the template did. Contexts repeat across choices: they are encoded once.
+    """
+
+    def __init__(self, encode: Encode, start_id: int) -> None:
+        self.encode = encode
+        self.start_id = start_id
+        self._cache: dict[str, list[int]] = {}
+
+    def _ids(self, text: str) -> list[int]:
+        if text not in self._cache:
+            self._cache[text] = list(self.encode(text)) if text else []
+        return self._cache[text]
+
+    def __call__(self, context: str, continuation: str) -> ScoreRequest:
+        stripped = context.rstrip(" ")
+        continuation = context[len(stripped):] + continuation
+        return ScoreRequest(context=[self.start_id, *self._ids(stripped)], continuation=list(self.encode(continuation)))
+
+
+def metric_summary(values: Sequence[float], chance: float, majority: float | None = None) -> dict[str, Any]:
+    """Mean of per-item credits with its Wilson interval, the chance level and the majority baseline
+    (the score of always giving the most common gold answer; above chance when labels are skewed)."""
+    n = len(values)
+    total = float(np.sum(values))
+    summary = {"value": total / n if n else float("nan"), "ci95": list(stats.wilson_interval(total, n)),
+               "chance": chance, "n": n}
+    if majority is not None:
+        summary["majority"] = majority
+    return summary
+
+
+def majority_share(items: Sequence[Item]) -> float:
+    """Share of the most common gold position (RuBLiMP: 1.0, the grammatical sentence is always first)."""
+    counts = Counter(it.gold for it in items)
+    return max(counts.values()) / len(items) if items else float("nan")
+
+
+def task_metrics(spec: TaskSpec, items: Sequence[Item], loglik: Sequence[Sequence[float]],
+                 seed: int = 0) -> dict[str, Any]:
+    """Metrics of a scored task: per metric value, 95% interval, chance level; per group accuracy."""
+    chance_acc = stats.chance_accuracy([len(it.continuations) for it in items])
+    per_item: dict[str, list[float]] = {"acc": [], "acc_norm_chars": [], "acc_norm_bytes": []}
+    for item, ll in zip(items, loglik, strict=True):
+        per_item["acc"].append(stats.tie_aware_correct(list(ll), item.gold))
+        chars = [max(1, len(c)) for c in item.continuations]
+        n_bytes = [max(1, len(c.encode("utf-8"))) for c in item.continuations]
+        per_item["acc_norm_chars"].append(stats.tie_aware_correct([s / n for s, n in zip(ll, chars, strict=True)], item.gold))
+        per_item["acc_norm_bytes"].append(stats.tie_aware_correct([s / n for s, n in zip(ll, n_bytes, strict=True)], item.gold))
+    metrics: dict[str, Any] = {}
+    for name in spec.metrics:
+        if name == "mcc":
+            gold = [it.gold for it in items]
+            pred = [int(np.argmax(ll)) for ll in loglik]
+            metrics["mcc"] = {"value": stats.matthews_corrcoef(gold, pred),
+                              "ci95": list(stats.bootstrap_mcc_interval(gold, pred, seed=seed)),
+                              "chance": 0.0, "n": len(items)}
+        else:
+            metrics[name] = metric_summary(per_item[name], chance_acc, majority_share(items))
+    result: dict[str, Any] = {"metrics": metrics}
+    if any(it.group is not None for it in items):
+        groups: dict[str, list[int]] = {}
+        for i, it in enumerate(items):
+            groups.setdefault(str(it.group), []).append(i)
+        result["groups"] = {
+            g: metric_summary([per_item["acc"][i] for i in idx],
+                              stats.chance_accuracy([len(items[i].continuations) for i in idx]))
+            for g, idx in sorted(groups.items())
+        }
+    return result
+
+
+def score_items(logits_fn: LogitsFn, items: Sequence[Item], pool: Sequence[Item], encoder: PairEncoder, *,
+                batch_size: int, max_len: int, num_fewshot: int = 0, seed: int = 0, pad_id: int = 0,
+                desc: str | None = None) -> list[list[float]]:
+    """Total log-likelihood of every choice of every item (nats), in item order."""
+    requests: list[ScoreRequest] = []
+    for item in items:
+        prefix = fewshot_prefix(item, pool, num_fewshot, seed)
+        requests += [encoder(prefix + ctx, cont) for ctx, cont in zip(item.contexts, item.continuations, strict=True)]
+    scores = score_requests(logits_fn, requests, batch_size=batch_size, max_len=max_len, pad_id=pad_id, desc=desc)
+    out, pos = [], 0
+    for item in items:
+        out.append([s.logprob for s in scores[pos:pos + len(item.continuations)]])
+        pos += len(item.continuations)
+    return out
+
+
+def evaluate_task(data: TaskData, logits_fn: LogitsFn, encoder: PairEncoder, *, batch_size: int, max_len: int,
+                  num_fewshot: int = 0, seed: int = 0, pad_id: int = 0) -> dict[str, Any]:
+    """Score one loaded task; returns its JSON-ready result."""
+    spec = data.spec
+    k = num_fewshot if spec.fewshot_ok else 0
+    log.info("task %s: %d items from %s (%s labels, %d-shot)", spec.name, len(data.items), data.where,
+             data.source.labels, k)
+    loglik = score_items(logits_fn, data.items, data.pool, encoder, batch_size=batch_size, max_len=max_len,
+                         num_fewshot=k, seed=seed, pad_id=pad_id, desc=spec.name)
+    return {"task": spec.name, "description": spec.description, "source": data.where, "labels": data.source.labels,
+            "items": len(data.items), "num_fewshot": k, **task_metrics(spec, data.items, loglik, seed=seed)}

@@ -1,0 +1,252 @@
+"""Recipe 05: evaluate a checkpoint; also the quick evaluation the trainer runs every N steps.
+
+``evaluate(cfg, run_folder, wandb_run)`` loads a checkpoint (the latest by default) and its
+tokenizer, measures bits per byte and perplexity on the validation shards and any held-out text
+files, scores the configured tasks, and writes ``eval/step_NNNNNNN.json`` + ``.md`` and the
+manifest (last). W&B gets the summary, a results table and the eval files as an artifact.
+
+``evaluate_model(model, cfg, run_folder, step)`` is the trainer's entry: the configured subset,
+a flat dict of metrics back, nothing written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eval import bpb, harness
+from eval.harness import PairEncoder, TaskData
+from eval.report import render_markdown, results_rows
+from eval.scoring import LogitsFn, model_logits_fn
+from eval.tasks import get_task
+from experiment.config import expand_env
+from experiment.errors import DataError
+from experiment.files import atomic_write_json, atomic_write_text
+from experiment.manifest import invalidate, manifest_path, read_manifest, write_manifest
+from experiment.runfolder import RunFolder
+
+log = logging.getLogger("eval")
+
+STAGE = "eval"
+SHARDS_STAGE, SHARDS_RECIPE = "shards", "recipes/03_shard.py"
+
+
+@dataclass(frozen=True)
+class TokenizerBits:
+    """What scoring needs from the tokenizer."""
+
+    encode: harness.Encode
+    piece_bytes: np.ndarray
+    eos_id: int
+    pad_id: int
+    sha256: str
+
+
+def load_tokenizer_bits(run_folder: RunFolder) -> TokenizerBits:
+    from tokenizer.spm import load_tokenizer, piece_byte_lengths
+
+    sp, manifest = load_tokenizer(run_folder.tokenizer)
+    special = manifest.get("special_ids", {})
+    eos = special.get("eos", sp.eos_id())
+    if eos is None or eos < 0:
+        raise DataError(f"{manifest_path(run_folder.tokenizer)}: the tokenizer has no EOS id (special_ids.eos)")
+    pad = special.get("pad", 0)
+    return TokenizerBits(encode=lambda text: sp.encode(text, out_type=int), piece_bytes=piece_byte_lengths(sp),
+                         eos_id=int(eos), pad_id=int(pad) if pad is not None and pad >= 0 else 0,
+                         sha256=str(manifest.get("sha256", "")))
+
+
+_TASK_CACHE: dict[tuple[Any, ...], TaskData] = {}
+
+
+def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None) -> list[TaskData]:
+    """Load (and, for repeated eval during training, remember) the items of each task."""
+    # schema defaults are not passed through the config loader, so ${RU_SHARED_DATA} is expanded here
+    bench_dir = expand_env(eval_cfg.bench_dir, "eval.bench_dir")
+    rublimp_dir = expand_env(eval_cfg.rublimp_dir, "eval.rublimp_dir")
+    task_files = {k: expand_env(v, f"eval.task_files.{k}") for k, v in eval_cfg.task_files.items()}
+    loaded = []
+    for name in names:
+        key = (name, bench_dir, rublimp_dir, tuple(sorted(task_files.items())), max_items, eval_cfg.seed,
+               eval_cfg.balance_labels)
+        if key not in _TASK_CACHE:
+            _TASK_CACHE[key] = harness.load_task(get_task(name), bench_dir=bench_dir, rublimp_dir=rublimp_dir,
+                                                 task_files=task_files, max_items=max_items, seed=eval_cfg.seed,
+                                                 balance=eval_cfg.balance_labels)
+        loaded.append(_TASK_CACHE[key])
+    return loaded
+
+
+def run_suite(logits_fn: LogitsFn, tok: TokenizerBits, eval_cfg: Any, run_folder: RunFolder, *, max_len: int,
+              tasks: Sequence[str], max_items: int | None, validation_batches: int | None,
+              heldout_files: Sequence[str] = ()) -> dict[str, Any]:
+    """Bits per byte (validation shards, held-out files) and task scores: the results body."""
+    results: dict[str, Any] = {}
+    shards_manifest = manifest_path(run_folder.shards)
+    if not shards_manifest.is_file():
+        log.warning("no finished shards in %s: skipping validation bits per byte (run %s)", run_folder.shards,
+                    SHARDS_RECIPE)
+    elif not read_manifest(run_folder.shards, SHARDS_STAGE, SHARDS_RECIPE)["splits"]["validation"]["records"]:
+        log.warning("the validation split in %s is empty: skipping validation bits per byte "
+                    "(raise shards.validation_percent or add documents)", run_folder.shards)
+        results["validation_skipped"] = "empty validation split"
+    else:
+        log.info("bits per byte on the validation shards (%s batches)", validation_batches or "all")
+        started = time.perf_counter()
+        acc = bpb.validation_bpb(logits_fn, run_folder.shards, tok.piece_bytes, eval_cfg.batch_size,
+                                 max_batches=validation_batches)
+        results["validation"] = {**acc.to_dict(), "seconds": round(time.perf_counter() - started, 2)}
+        log.info("validation: %s", bpb.describe(acc))
+    if heldout_files:
+        results["heldout"] = {}
+        paths = [expand_env(p, "eval.heldout_text_files") for p in heldout_files]
+        for name, text in bpb.read_text_files(paths):
+            acc = bpb.text_bpb(logits_fn, tok.encode, [(name, text)], tok.eos_id, max_len, eval_cfg.batch_size,
+                               pad_id=tok.pad_id)
+            results["heldout"][name] = acc.to_dict()
+            log.info("held-out %s: %s", name, bpb.describe(acc))
+    encoder = PairEncoder(tok.encode, tok.eos_id)
+    results["tasks"] = {}
+    for data in load_tasks(tasks, eval_cfg, max_items):
+        started = time.perf_counter()
+        result = harness.evaluate_task(data, logits_fn, encoder, batch_size=eval_cfg.batch_size, max_len=max_len,
+                                       num_fewshot=eval_cfg.num_fewshot, seed=eval_cfg.seed, pad_id=tok.pad_id)
+        result["seconds"] = round(time.perf_counter() - started, 2)
+        results["tasks"][data.spec.name] = result
+        acc_metric = result["metrics"]["acc"]
+        log.info("%s: acc %.3f [%.3f, %.3f] (chance %.3f, %d items, %s labels)", data.spec.name, acc_metric["value"],
+                 *acc_metric["ci95"], acc_metric["chance"], result["items"], result["labels"])
+    return results
+
+
+def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, float]:
+    """The scalar metrics for W&B summaries and trainer logs: eval/val_bpb, eval/<task>/<metric>, ..."""
+    flat: dict[str, float] = {}
+    if "validation" in results:
+        flat[f"{prefix}/val_bpb"] = results["validation"]["bits_per_byte"]
+        flat[f"{prefix}/val_ppl"] = results["validation"]["perplexity"]
+    for name, acc in results.get("heldout", {}).items():
+        flat[f"{prefix}/heldout/{Path(name).stem}/bpb"] = acc["bits_per_byte"]
+    for task, result in results.get("tasks", {}).items():
+        for metric, summary in result["metrics"].items():
+            flat[f"{prefix}/{task}/{metric}"] = summary["value"]
+    return flat
+
+
+def max_len_of(cfg: Any, meta: dict[str, Any] | None = None) -> int:
+    from model.presets import resolve
+
+    model_meta = (meta or {}).get("model") or {}
+    return int(model_meta.get("max_seq_len") or resolve(cfg.model).max_seq_len)
+
+
+def evaluate_model(model: Any, cfg: Any, run_folder: RunFolder, step: int | None = None,
+                   subset: bool = True) -> dict[str, float]:
+    """Eval during training: the quick subset (``eval.train_*``) or the full suite, as flat metrics.
+
+    The trainer logs the dict against its step and the rubles spent; nothing is written to disk.
+    """
+    eval_cfg = cfg.eval
+    tok = load_tokenizer_bits(run_folder)
+    started = time.perf_counter()
+    results = run_suite(
+        model_logits_fn(model), tok, eval_cfg, run_folder, max_len=max_len_of(cfg),
+        tasks=eval_cfg.train_tasks if subset else eval_cfg.tasks,
+        max_items=eval_cfg.train_max_items_per_task if subset else eval_cfg.max_items_per_task,
+        validation_batches=eval_cfg.train_validation_batches if subset else eval_cfg.max_validation_batches,
+    )
+    flat = flat_metrics(results)
+    flat["eval/seconds"] = time.perf_counter() - started
+    log.info("eval at step %s: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in flat.items()))
+    return flat
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def write_results(eval_dir: Path, results: dict[str, Any]) -> tuple[Path, Path]:
+    """step_NNNNNNN.json and .md, then the manifest naming the latest and listing every evaluated step."""
+    invalidate(eval_dir)
+    name = step_name(results["step"])
+    json_path, md_path = eval_dir / f"{name}.json", eval_dir / f"{name}.md"
+    atomic_write_json(json_path, results)
+    atomic_write_text(md_path, render_markdown(results))
+    steps = sorted(int(p.stem.split("_")[1]) for p in eval_dir.glob("step_*.json"))
+    write_manifest(eval_dir, STAGE, {"latest": json_path.name, "latest_step": results["step"],
+                                     "steps": steps, "files": [json_path.name, md_path.name]})
+    return json_path, md_path
+
+
+def link_inputs(wandb_run: Any, names: Sequence[str]) -> None:
+    """Mark the artifacts this evaluation used (checkpoint, tokenizer) as its inputs: W&B lineage."""
+    for name in names:
+        try:
+            wandb_run.use_artifact(name)
+        except Exception as exc:  # offline runs cannot resolve artifacts by name; lineage is optional
+            log.info("W&B lineage to %s kept in metadata only (%s)", name, str(exc).splitlines()[0])
+
+
+def log_to_wandb(wandb_run: Any, cfg: Any, results: dict[str, Any], files: Sequence[Path],
+                 inputs: Sequence[str]) -> None:
+    """Summary metrics, the results table (logged at the checkpoint's step) and an ``eval`` artifact."""
+    import wandb
+
+    flat = flat_metrics(results)
+    wandb_run.summary.update({**flat, "eval/step": results["step"]})
+    rows = results_rows(results)
+    record: dict[str, Any] = dict(flat)
+    if rows:
+        record["eval/results"] = wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])
+    wandb_run.log(record, step=results["step"])
+    link_inputs(wandb_run, inputs)
+    artifact = wandb.Artifact(f"{cfg.experiment.name}-eval", type="eval",
+                              metadata={"step": results["step"], "train_wandb_run_id": results.get("train_wandb_run_id"),
+                                        "tokenizer_sha256": results.get("tokenizer_sha256"), "inputs": list(inputs),
+                                        **flat})
+    for path in files:
+        artifact.add_file(str(path), name=path.name)
+    wandb_run.log_artifact(artifact, aliases=["latest", step_name(results["step"])])
+
+
+def evaluate(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
+    """Recipe 05: evaluate one checkpoint, write the results and log them."""
+    from trainer.checkpoint import load_trained_model
+
+    eval_cfg = cfg.eval
+    tok = load_tokenizer_bits(run_folder)
+    model, step, meta = load_trained_model(run_folder, step=eval_cfg.checkpoint_step)
+    if meta.get("tokenizer_sha256") and tok.sha256 and meta["tokenizer_sha256"] != tok.sha256:
+        raise DataError(f"checkpoint step {step} was trained with tokenizer {meta['tokenizer_sha256'][:12]}..., "
+                        f"{run_folder.tokenizer} holds {tok.sha256[:12]}...: evaluate with the tokenizer it was "
+                        "trained with")
+    log.info("evaluating checkpoint step %d of %s", step, run_folder.root)
+    started = time.perf_counter()
+    max_len = max_len_of(cfg, meta)
+    results: dict[str, Any] = {"experiment": cfg.experiment.name, "step": int(step),
+                               "checkpoint": str(run_folder.checkpoints), "tokenizer_sha256": tok.sha256,
+                               "train_wandb_run_id": meta.get("wandb_run_id"),
+                               "max_len": max_len, "num_fewshot": eval_cfg.num_fewshot, "seed": eval_cfg.seed,
+                               "config": dataclasses.asdict(eval_cfg)}
+    results.update(run_suite(model_logits_fn(model), tok, eval_cfg, run_folder, max_len=max_len,
+                             tasks=eval_cfg.tasks, max_items=eval_cfg.max_items_per_task,
+                             validation_batches=eval_cfg.max_validation_batches,
+                             heldout_files=eval_cfg.heldout_text_files))
+    results["seconds"] = round(time.perf_counter() - started, 2)
+    if eval_cfg.export_hf:
+        from eval.hf_export import export_checkpoint
+
+        results["hf_export"] = str(export_checkpoint(model, int(step), meta, run_folder, cfg))
+    json_path, md_path = write_results(run_folder.eval, results)
+    log.info("wrote %s and %s", json_path, md_path)
+    if wandb_run is not None:  # None: library use without tracking
+        inputs = [name for name in (meta.get("wandb_artifact"), f"{cfg.experiment.name}-tokenizer:latest") if name]
+        log_to_wandb(wandb_run, cfg, results, [json_path, md_path], inputs)
+    return results

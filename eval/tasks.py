@@ -1,0 +1,267 @@
+"""The task registry: every benchmark described as data (source, prompt, choices, gold, metrics).
+
+An item is scored as a choice between continuations: each choice ``i`` is a (context_i,
+continuation_i) pair and the model's log-likelihood of continuation_i given context_i decides.
+Multiple-choice tasks share one context; RuBLiMP has an empty context and the two sentences as
+continuations (the grammatical one must score higher); Winograd-style tasks vary the context and
+score the shared rest of the sentence. Every item starts a new document (EOS before it).
+
+Templates are ``str.format`` strings over a record's fields. Answers are scored as text (the
+FineTasks way, where small base models rise above chance), never as letters.
+
+A source is a local file or a hub split. Local file schemas = the fields each template names plus
+``gold_field``; hub tasks read any local file with the hub record's fields via
+``eval.task_files.<task>``. Labels are ``gold`` or ``silver`` (crowd majority); silver is reported.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from eval.loaders import Record
+from experiment.errors import DataError
+
+BENCH = "{bench}"  # replaced by eval.bench_dir
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the items come from and which field holds the answer there."""
+
+    path: str  # local file (may start with {bench}) or a hub dataset id
+    gold_field: str
+    gold_values: tuple[str, ...]  # the gold field's value for choice 0, 1, ...
+    hub: bool = False
+    config: str | None = None
+    split: str = "test"
+    labels: str = "gold"  # "gold" or "silver" (crowd majority vote)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    description: str
+    sources: tuple[Source, ...]  # tried in order: the first local file that exists, else the hub
+    choices: tuple[str, ...] = ()  # continuation template per choice
+    context: str = ""  # shared context template
+    contexts: tuple[str, ...] = ()  # per-choice context templates (Winograd style) instead of ``context``
+    choices_field: str | None = None  # a list field holding the continuations instead of ``choices``
+    choice_prefix: str = " "  # put before each continuation from ``choices_field``
+    prepare: str | None = None  # name in PREPARERS: derives fields a template needs
+    metrics: tuple[str, ...] = ("acc", "acc_norm_chars", "acc_norm_bytes")
+    group_field: str | None = None  # report accuracy per value of this field too
+    fewshot_ok: bool = True  # minimal pairs have no prompt to put examples in front of
+    directory: bool = False  # the source path is a folder of CSV files (RuBLiMP: one per phenomenon)
+
+
+@dataclass(frozen=True)
+class Item:
+    task: str
+    id: str  # "<file>:<row>", stable across runs
+    contexts: tuple[str, ...]
+    continuations: tuple[str, ...]
+    gold: int
+    group: str | None = None
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def _prepare_parus(fields: dict[str, Any]) -> dict[str, Any]:
+    """COPA style: 'premise потому что choice' for causes, 'premise поэтому choice' for effects."""
+    question = str(fields["question"])
+    if question not in ("cause", "effect"):
+        question = "cause" if "причин" in question.lower() else "effect"
+    connector = "потому что" if question == "cause" else "поэтому"
+    premise = str(fields["premise"]).rstrip().rstrip(".!?…")
+    return {**fields, "stem": f"{premise} {connector}",
+            "choice1_text": _lower_first(str(fields["sent1" if "sent1" in fields else "choice1"])),
+            "choice2_text": _lower_first(str(fields["sent2" if "sent2" in fields else "choice2"]))}
+
+
+def _prepare_winograd(fields: dict[str, Any]) -> dict[str, Any]:
+    """Split the sentence at '_': each option fills the blank, the rest of the sentence is scored."""
+    sentence = str(fields["sentence"])
+    if "_" not in sentence:
+        raise KeyError("sentence (no '_' blank in it)")
+    head, tail = sentence.split("_", 1)
+    return {**fields, "head": head, "tail": tail.strip()}
+
+
+def _prepare_story(fields: dict[str, Any]) -> dict[str, Any]:
+    story = " ".join(str(fields[f"input_sentence_{i}"]) for i in range(1, 5))
+    return {**fields, "story": story}
+
+
+def _prepare_hellaswag(fields: dict[str, Any]) -> dict[str, Any]:
+    def clean(text: str) -> str:  # WikiHow artefacts, as lm-evaluation-harness removes them
+        return " ".join(text.replace(" [title]", ". ").replace("[header]", "").replace("[step]", "").split())
+
+    ctx = fields["ctx"] if "ctx" in fields else f"{fields['ctx_a']} {str(fields['ctx_b']).capitalize()}"
+    endings = fields["endings"]
+    if isinstance(endings, str):  # a CSV copy stores the list as JSON text
+        import json
+
+        endings = json.loads(endings)
+    return {**fields, "query": clean(f"{fields.get('activity_label', '')}: {ctx}".lstrip(": ")),
+            "endings": [clean(str(e)) for e in endings]}
+
+
+PREPARERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "parus": _prepare_parus, "winograd": _prepare_winograd, "story": _prepare_story, "hellaswag": _prepare_hellaswag,
+}
+
+_MC4_CHOICES = (" {option_a}", " {option_b}", " {option_c}", " {option_d}")
+_LETTERS = ("A", "B", "C", "D")
+
+
+def _mera(name: str, config: str, description: str, question: str) -> TaskSpec:
+    return TaskSpec(
+        name=name, description=description, context=f"Вопрос: {question}\nОтвет:", choices=_MC4_CHOICES,
+        sources=(Source("MERA-evaluation/MERA", "outputs", _LETTERS, hub=True, config=config, split="train"),),
+    )
+
+
+TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
+    TaskSpec(
+        name="rublimp", description="RuBLiMP minimal pairs: the grammatical sentence must score higher",
+        sources=(Source("{rublimp_dir}", "", ("",)),), directory=True,
+        choices=("{source_sentence}", "{target_sentence}"), metrics=("acc",), group_field="PID", fewshot_ok=False,
+    ),
+    TaskSpec(
+        name="parus", description="PARus (Russian COPA): the more plausible cause or effect",
+        context="{stem}", choices=(" {choice1_text}", " {choice2_text}"), prepare="parus",
+        sources=(Source(f"{BENCH}/rsg_humanbench/parus_test_items_human_mv.jsonl", "human_majority", ("0", "1"),
+                        labels="silver"),
+                 Source("RussianNLP/russian_super_glue", "label", ("0", "1"), hub=True, config="parus",
+                        split="validation")),
+    ),
+    TaskSpec(
+        name="terra", description="TERRa textual entailment",
+        context="{premise}\nВопрос: {hypothesis} Верно или неверно?\nОтвет:", choices=(" Верно", " Неверно"),
+        metrics=("acc", "acc_norm_chars", "acc_norm_bytes", "mcc"),
+        sources=(Source(f"{BENCH}/terra/train.jsonl", "label", ("entailment", "not_entailment"), split="train"),
+                 Source("RussianNLP/russian_super_glue", "label", ("0", "1"), hub=True, config="terra",
+                        split="validation")),
+    ),
+    TaskSpec(
+        name="rcb", description="RCB (Russian CommitmentBank): entailment, contradiction or neutral",
+        context="{premise}\nВопрос: {hypothesis} Верно, неверно или неизвестно?\nОтвет:",
+        choices=(" Верно", " Неверно", " Неизвестно"),
+        # MERA's RCB answers: 1 entailment, 2 contradiction, 3 neutral.
+        sources=(Source(f"{BENCH}/mera_humanbench/rcb_items_human_mv.jsonl", "human_majority", ("1", "2", "3"),
+                        labels="silver"),
+                 Source("RussianNLP/russian_super_glue", "label", ("0", "1", "2"), hub=True, config="rcb",
+                        split="validation")),
+    ),
+    TaskSpec(
+        name="rucola", description="RuCoLA linguistic acceptability (MCC)",
+        context="{sentence}\nВопрос: Это предложение грамматически правильное?\nОтвет:", choices=(" Нет", " Да"),
+        metrics=("acc", "mcc"),
+        sources=(Source(f"{BENCH}/rucola/in_domain_dev.csv", "acceptable", ("0", "1"), split="dev"),
+                 Source("RussianNLP/rucola", "label", ("0", "1"), hub=True, split="validation")),
+    ),
+    TaskSpec(
+        name="xwinograd_ru", description="XWinograd (ru): the option that makes the rest of the sentence likely",
+        contexts=("{head}{option1}", "{head}{option2}"), choices=(" {tail}", " {tail}"), prepare="winograd",
+        metrics=("acc",),
+        sources=(Source("Muennighoff/xwinograd", "answer", ("1", "2"), hub=True, config="ru", split="test"),),
+    ),
+    TaskSpec(
+        name="xstorycloze_ru", description="XStoryCloze (ru): the right ending of a four-sentence story",
+        context="{story}", choices=(" {sentence_quiz1}", " {sentence_quiz2}"), prepare="story",
+        sources=(Source("juletxara/xstory_cloze", "answer_right_ending", ("1", "2"), hub=True, config="ru",
+                        split="eval"),),
+    ),
+    TaskSpec(
+        name="hellaswag_ru", description="HellaSwag (ru, Okapi translation): the most plausible continuation",
+        context="{query}", choices_field="endings", prepare="hellaswag",
+        sources=(Source("alexandrainst/m_hellaswag", "label", ("0", "1", "2", "3"), hub=True, config="ru",
+                        split="val"),),
+    ),
+    TaskSpec(
+        name="belebele_rus_Cyrl", description="Belebele (rus_Cyrl): reading comprehension, four answers",
+        context="{flores_passage}\nВопрос: {question}\nОтвет:",
+        choices=(" {mc_answer1}", " {mc_answer2}", " {mc_answer3}", " {mc_answer4}"),
+        sources=(Source("facebook/belebele", "correct_answer_num", ("1", "2", "3", "4"), hub=True,
+                        config="rus_Cyrl", split="test"),),
+    ),
+    TaskSpec(
+        name="xnli_ru", description="XNLI (ru): entailment, neutral or contradiction as 'Да/Также/Нет'",
+        contexts=("", "", ""),
+        choices=("{premise}, верно? Да, {hypothesis}", "{premise}, верно? Также, {hypothesis}",
+                 "{premise}, верно? Нет, {hypothesis}"),
+        sources=(Source("facebook/xnli", "label", ("0", "1", "2"), hub=True, config="ru", split="validation"),),
+    ),
+    TaskSpec(
+        name="ruworldtree", description="ruWorldTree (MERA): elementary science questions, four answers",
+        context="Вопрос: {question}\nОтвет:", choices=_MC4_CHOICES,
+        sources=(Source(f"{BENCH}/mera_humanbench/ruworldtree_items_human_mv.jsonl", "human_majority", _LETTERS,
+                        labels="silver"),
+                 Source("MERA-evaluation/MERA", "outputs", _LETTERS, hub=True, config="ruworldtree", split="train")),
+    ),
+    _mera("ruopenbookqa", "ruopenbookqa", "ruOpenBookQA (MERA): science questions, four answers", "{question}"),
+    _mera("rummlu", "rummlu", "ruMMLU (MERA): 57 subjects, four answers", "{text}"),
+)}
+
+
+def get_task(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise DataError(f"unknown eval task '{name}' (known: {', '.join(sorted(TASKS))})")
+    return TASKS[name]
+
+
+def template_fields(spec: TaskSpec) -> list[str]:
+    """The record fields the prompt templates name (before ``prepare`` derives its own)."""
+    names: list[str] = []
+    for template in (spec.context, *spec.contexts, *spec.choices):
+        names += [name for _, name, _, _ in string.Formatter().parse(template) if name and name not in names]
+    return names
+
+
+def _render(template: str, fields: dict[str, Any], record: Record) -> str:
+    try:
+        return template.format_map(fields)
+    except KeyError as exc:
+        raise DataError(f"{record.at()}: missing field '{exc.args[0]}'") from exc
+
+
+def build_item(spec: TaskSpec, source: Source, record: Record, group: str | None = None) -> Item:
+    """Turn one record into an item; a missing field or a gold value outside the choices is named."""
+    fields = {k: ("" if v is None else v) for k, v in record.fields.items()}
+    if spec.prepare:
+        try:
+            fields = PREPARERS[spec.prepare](fields)
+        except KeyError as exc:
+            raise DataError(f"{record.at()}: missing field '{exc.args[0]}'") from exc
+    if spec.choices_field:
+        options = fields.get(spec.choices_field)
+        if not isinstance(options, list) or not options:
+            raise DataError(f"{record.at()}: field '{spec.choices_field}' must be a non-empty list")
+        continuations = tuple(spec.choice_prefix + str(o) for o in options)
+    else:
+        continuations = tuple(_render(t, fields, record) for t in spec.choices)
+    contexts = (tuple(_render(t, fields, record) for t in spec.contexts) if spec.contexts
+                else (_render(spec.context, fields, record),) * len(continuations))
+    if not source.gold_field:  # minimal pairs: the first choice is the right one by construction
+        gold = 0
+    else:
+        if source.gold_field not in record.fields or record.fields[source.gold_field] in (None, ""):
+            raise DataError(f"{record.at()}: missing field '{source.gold_field}' (the gold answer)")
+        value = str(record.fields[source.gold_field])
+        if value not in source.gold_values[:len(continuations)]:
+            raise DataError(f"{record.at()}: field '{source.gold_field}' has {value!r}, not one of "
+                            f"{list(source.gold_values[:len(continuations)])}")
+        gold = source.gold_values.index(value)
+    for i, text in enumerate(continuations):
+        if not text.strip():
+            raise DataError(f"{record.at()}: choice {i} is empty")
+    return Item(task=spec.name, id=f"{record.where}:{record.row}", contexts=contexts, continuations=continuations,
+                gold=gold, group=group)
+
+
+__all__ = ["TASKS", "Item", "Source", "TaskSpec", "build_item", "get_task", "template_fields"]

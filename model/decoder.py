@@ -1,0 +1,203 @@
+"""A Llama-style decoder in Flax NNX, readable in one sitting.
+
+    tokens -> embedding -> n_layers x [RMSNorm -> GQA attention with RoPE -> +residual,
+                                       RMSNorm -> SwiGLU MLP -> +residual]
+           -> RMSNorm -> tied (or separate) output projection -> logits
+
+Every parameter carries logical axis names (``out_sharding`` metadata) that ``model.sharding``
+maps onto the device mesh; key activations are pinned with ``constrain``. The model computes in
+the dtype of the parameters it is given: the trainer casts fp32 master weights to bf16 before the
+forward pass when ``train.compute_dtype`` is bfloat16. Norms, softmax and the logits stay fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from experiment.sections.model import ModelConfig
+from model.sharding import constrain
+
+REMAT_POLICIES = {
+    "full": None,  # save nothing, recompute the whole block in the backward pass
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], std: float) -> nnx.Param:
+    """A truncated-normal fp32 parameter tagged with its logical axis names."""
+    init = jax.nn.initializers.truncated_normal(stddev=std)
+    return nnx.Param(init(rngs.params(), shape, jnp.float32), out_sharding=axes)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float):
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=("norm",))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotate pairs (first half, second half) of each head by position-dependent angles: [B, T, H, D]."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions[..., None].astype(jnp.float32) * freqs  # [B, T, half]
+    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def attention_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
+    """[B or 1, 1, T, T] boolean: causal, and within one packed document when segment ids are given."""
+    causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
+    if segment_ids is None:
+        return causal
+    same_doc = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    return causal & same_doc
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = h, kv, hd
+        self.rope_theta, self.impl = cfg.rope_theta, cfg.attention
+        self.wq = param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), cfg.init_std)
+        self.wk = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std)
+        self.wv = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std)
+        # scaled init of the projections that write into the residual stream (GPT-2)
+        self.wo = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        dtype = x.dtype
+        q = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dtype))
+        k = jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dtype))
+        v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dtype))
+        q = constrain(rotary(q, positions, self.rope_theta), ("batch", "length", "act_heads", "head_dim"))
+        k = rotary(k, positions, self.rope_theta)
+        if self.impl == "einsum":
+            out = self.einsum_attention(q, k, v, mask)
+        else:  # XLA's fused attention, or cuDNN flash attention on GPUs; both take GQA directly
+            out = jax.nn.dot_product_attention(
+                q, k, v, mask=mask, implementation="cudnn" if self.impl == "cudnn" else None
+            )
+        out = constrain(out, ("batch", "length", "act_heads", "head_dim"))
+        return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dtype))
+
+    def einsum_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        b, t, _, hd = q.shape
+        groups = self.n_heads // self.n_kv_heads
+        q = q.reshape(b, t, self.n_kv_heads, groups, hd)  # query heads grouped by the KV head they share
+        scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k).astype(jnp.float32) * hd**-0.5
+        scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
+        return out.reshape(b, t, self.n_heads, hd)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, f = cfg.d_model, cfg.d_ff
+        self.w_gate = param(rngs, (d, f), ("embed", "mlp"), cfg.init_std)
+        self.w_up = param(rngs, (d, f), ("embed", "mlp"), cfg.init_std)
+        self.w_down = param(rngs, (f, d), ("mlp", "embed"), cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dtype = x.dtype
+        gate = jnp.einsum("btd,df->btf", x, self.w_gate[...].astype(dtype))
+        up = jnp.einsum("btd,df->btf", x, self.w_up[...].astype(dtype))
+        hidden = constrain(jax.nn.silu(gate) * up, ("batch", "length", "act_mlp"))
+        return jnp.einsum("btf,fd->btd", hidden, self.w_down[...].astype(dtype))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        x = x + self.attn(self.attn_norm(x), positions, mask)
+        x = x + self.mlp(self.mlp_norm(x))
+        return constrain(x, ("batch", "length", "act_embed"))
+
+
+class Decoder(nnx.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, rngs: nnx.Rngs):
+        self.vocab_size, self.remat = vocab_size, cfg.remat
+        self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
+        self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std)
+
+    def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+                 positions: jax.Array | None = None) -> jax.Array:
+        """tokens [B, T] int32 -> logits [B, T, V] float32."""
+        b, t = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        mask = attention_mask(segment_ids, t)
+        table = self.embed[...]
+        x = constrain(jnp.take(table, tokens, axis=0), ("batch", "length", "act_embed"))
+        for block in self.blocks:
+            x = self.run_block(block, x, positions, mask)
+        x = self.final_norm(x)
+        if self.lm_head is None:
+            logits = jnp.einsum("btd,vd->btv", x, table.astype(x.dtype))
+        else:
+            logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(x.dtype))
+        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+
+    def run_block(self, block: Block, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        if self.remat == "none":
+            return block(x, positions, mask)
+        policy = REMAT_POLICIES[self.remat]
+        return nnx.remat(lambda blk, h, p, m: blk(h, p, m), policy=policy)(block, x, positions, mask)
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array, z_loss: float = 0.0,
+                  weights: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Mean next-token cross-entropy and mean log(Z)^2 (the z-loss term, before its weight)."""
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    nll = log_z - target_logit
+    z_term = jnp.square(log_z)
+    if weights is None:
+        return nll.mean(), z_term.mean()
+    total = jnp.maximum(weights.sum(), 1.0)
+    return (nll * weights).sum() / total, (z_term * weights).sum() / total
+
+
+def count_params(model_or_state: Any) -> int:
+    state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) else model_or_state
+    return sum(int(x.size) for x in jax.tree.leaves(state))
+
+
+def run_once_compile_options(platform: str) -> dict[str, Any]:
+    """XLA options for a program that runs once (initialisation): on CPU, LLVM's optimisation of the
+    unrolled threefry random-number code costs ~3x more compile time than the single run saves."""
+    return {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
+
+
+def init_decoder(cfg: ModelConfig, vocab_size: int, seed: int = 0) -> Decoder:
+    """A freshly initialised decoder on the default device (no mesh), e.g. for tests and benchmarks.
+
+    Built under ``jax.jit``: eager initialisation compiles every random op on its own.
+    """
+    with nnx.use_eager_sharding(False):
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(cfg, vocab_size, nnx.Rngs(0))))
+
+        def make() -> nnx.State:
+            return nnx.state(Decoder(cfg, vocab_size, nnx.Rngs(seed)))
+
+        options = run_once_compile_options(jax.devices()[0].platform)
+        return nnx.merge(graphdef, jax.jit(make).lower().compile(compiler_options=options)())

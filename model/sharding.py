@@ -1,0 +1,152 @@
+"""The device mesh and the logical-axis rules that lay parameters and activations out on it.
+
+Every parameter of the decoder names its dimensions with logical axes ("embed", "heads", "mlp",
+...). A rules table (``train.mesh.rules`` in the config) maps each logical axis to zero or more
+mesh axes ("data", "fsdp", "tensor"). We translate names to ``PartitionSpec``s here rather than
+through Flax's global rules context, so that one function decides every layout and can check it:
+under ``jax.jit`` a dimension that does not divide its mesh axes is silently left unsharded,
+which on a TPU slice means a model that no longer fits, so indivisible layouts are errors here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from experiment.errors import ConfigError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+Rules = Mapping[str, Sequence[str]]
+
+
+def mesh_shape(mesh_cfg: Any, n_devices: int) -> dict[str, int]:
+    """Sizes of the data/fsdp/tensor axes for ``n_devices``; ``data: -1`` takes what is left."""
+    fixed = mesh_cfg.fsdp * mesh_cfg.tensor * mesh_cfg.dcn_data
+    data = mesh_cfg.data
+    if data == -1:
+        if n_devices % fixed:
+            raise ConfigError(
+                f"config key 'train.mesh': fsdp={mesh_cfg.fsdp} x tensor={mesh_cfg.tensor} x dcn_data={mesh_cfg.dcn_data} "
+                f"= {fixed} does not divide the {n_devices} devices"
+            )
+        data = n_devices // fixed
+    else:
+        data *= mesh_cfg.dcn_data
+    shape = {"data": data, "fsdp": mesh_cfg.fsdp, "tensor": mesh_cfg.tensor}
+    if math.prod(shape.values()) != n_devices:
+        raise ConfigError(
+            f"config key 'train.mesh': data x fsdp x tensor = {' x '.join(map(str, shape.values()))} "
+            f"= {math.prod(shape.values())} devices, but {n_devices} are available"
+        )
+    return shape
+
+
+def build_mesh(mesh_cfg: Any, devices: Sequence[Any] | None = None) -> Mesh:
+    """A mesh with Auto axis types (GSPMD propagation) over ``devices`` (default: all devices).
+
+    With several slices (``dcn_data > 1``) the data axis spans slices, so only data-parallel
+    gradient reductions cross the slow data-centre network.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(mesh_cfg, len(devices))
+    axis_types = (AxisType.Auto,) * len(MESH_AXES)
+    if mesh_cfg.dcn_data > 1:
+        from jax.experimental import mesh_utils
+
+        ici = (shape["data"] // mesh_cfg.dcn_data, shape["fsdp"], shape["tensor"])
+        grid = mesh_utils.create_hybrid_device_mesh(ici, (mesh_cfg.dcn_data, 1, 1), devices=devices)
+        return Mesh(grid, MESH_AXES, axis_types=axis_types)
+    if devices and devices[0].platform == "tpu":
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh(tuple(shape.values()), devices=devices)
+    else:
+        grid = np.asarray(devices).reshape(tuple(shape.values()))
+    return Mesh(grid, MESH_AXES, axis_types=axis_types)
+
+
+def logical_to_spec(logical: Sequence[str | None], rules: Rules) -> PartitionSpec:
+    """Translate logical dim names to a PartitionSpec (a mesh axis is used at most once)."""
+    used: set[str] = set()
+    spec: list[Any] = []
+    for name in logical:
+        axes = [] if name is None else [a for a in rules[name] if a not in used]
+        used.update(axes)
+        spec.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
+    return PartitionSpec(*spec)
+
+
+def check_divisible(what: str, shape: Sequence[int], spec: PartitionSpec, mesh: Mesh) -> None:
+    for dim, axes in zip(shape, spec, strict=False):
+        if axes is None:
+            continue
+        axes = (axes,) if isinstance(axes, str) else axes
+        parts = math.prod(mesh.shape[a] for a in axes)
+        if dim % parts:
+            raise ConfigError(
+                f"{what}: dimension of size {dim} cannot be split over mesh axes {'x'.join(axes)} ({parts} devices); "
+                "change train.mesh (or train.mesh.rules) or the model size"
+            )
+
+
+def tree_shardings(abstract_tree: Any, mesh: Mesh, rules: Rules) -> Any:
+    """The same tree with every leaf replaced by its NamedSharding.
+
+    Parameters (and optimizer moments, which optax builds with the same ``nnx.Param`` nodes) are
+    laid out by their logical axis names; other leaves (step counters, RNG) are replicated. Every
+    sharded dim must divide its mesh axes, else a ConfigError names the parameter and the axes.
+    """
+
+    def sharding(path: tuple[Any, ...], leaf: Any) -> Any:
+        if not isinstance(leaf, nnx.Variable):
+            return NamedSharding(mesh, PartitionSpec())
+        where = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+        names = leaf.get_metadata().get("out_sharding")
+        if names is None:
+            raise ValueError(f"parameter {where} has no logical axis names (out_sharding metadata)")
+        spec = logical_to_spec(names, rules)
+        check_divisible(f"parameter {where} {tuple(names)}", leaf.shape, spec, mesh)
+        return leaf.replace(NamedSharding(mesh, spec))
+
+    return jax.tree_util.tree_map_with_path(sharding, abstract_tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
+    return NamedSharding(mesh, logical_to_spec(("batch", "length"), rules))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+# Activation layout: the model calls ``constrain(x, ("batch", "length", "act_embed"))`` at key
+# points; while a trainer has set a mesh and rules (during tracing), that pins the layout, and
+# outside it (eval on one device, tests) it does nothing.
+_ACTIVATION_LAYOUT: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar(
+    "activation_layout", default=None
+)
+
+
+@contextlib.contextmanager
+def activation_layout(mesh: Mesh, rules: Rules) -> Iterator[None]:
+    token = _ACTIVATION_LAYOUT.set((mesh, rules))
+    try:
+        yield
+    finally:
+        _ACTIVATION_LAYOUT.reset(token)
+
+
+def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
+    layout = _ACTIVATION_LAYOUT.get()
+    if layout is None:
+        return x
+    mesh, rules = layout
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(logical, rules)))

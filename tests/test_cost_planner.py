@@ -1,0 +1,108 @@
+"""The planner: FLOPs arithmetic against a published anchor, a worked example, bad options, recipe 07."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from cost.catalog import Catalog, CatalogError
+from cost.planner import anchor_check, experiment_model, plan, read_anchors, tokens_per_s_per_chip
+from cost.rates import UsdRubRate
+from experiment.config import load_config
+from tests.recipe_runner import error_line, run_recipe, tiny_config
+
+REPO = Path(__file__).resolve().parents[1]
+RATE = UsdRubRate(100.0, dt.date.today(), "test")
+
+
+def test_maxtext_llama31_8b_on_v6e_anchor_within_5_percent() -> None:
+    """MaxText: Llama-3.1-8B on v6e, 7,207 tokens/s per chip at 45.5% MFU; our FLOP count must agree."""
+    anchor = next(a for a in read_anchors() if a.model.label == "llama3.1-8b" and a.accelerator == "tpu-v6e")
+    assert (anchor.tokens_per_s_per_chip, anchor.mfu) == (7207, 0.455)
+    assert anchor.model.params == pytest.approx(8.03e9, rel=0.01)  # Llama-3.1-8B has 8.03B parameters
+    check = anchor_check(anchor, Catalog.load())
+    assert abs(check["relative_error"]) < 0.05, check
+
+
+def demo_cfg(*overrides: str):
+    return load_config(REPO / "recipes" / "configs" / "demo.yaml", list(overrides))
+
+
+def test_worked_example_one_option() -> None:
+    """7b preset, 100B tokens, 8 v6e chips at 40% MFU: hours and rubles follow the formula by hand."""
+    cfg = demo_cfg("cost.plan_model=7b", "cost.plan_tokens=100000000000", "cost.plan_seq_len=4096",
+                   "cost.plan_options=[{accelerator: tpu-v6e, chips: 8, mfu: 0.4}]")
+    model, tokens, rows, _ = plan(cfg, None, rate=RATE)
+    (row,) = rows
+    per_chip = 0.4 * 918e12 / model.flops_per_token
+    hours = 100e9 / (per_chip * 8) / 3600
+    assert row["tokens_per_s_per_chip"] == pytest.approx(per_chip)
+    assert row["hours"] == pytest.approx(hours)
+    assert row["rub"] == pytest.approx(hours * 8 * 2.70 * 100.0)
+    assert row["mfu_source"] == "option"
+    assert row["fits"] == "yes"  # 16 B x ~6.6B params / 8 chips = ~12.5 GiB < 32 GiB
+    assert tokens == 100_000_000_000
+    assert tokens_per_s_per_chip(0.5, 100, 1e9) == pytest.approx(50_000)
+
+
+def test_seed_comparison_set_is_planned_by_default() -> None:
+    _, _, rows, _ = plan(demo_cfg("cost.plan_model=1b"), None, rate=RATE)
+    assert [r["accelerator"] for r in rows] == ["tpu-v5e", "tpu-v5p", "tpu-v6e", "nvidia-h100", "nvidia-b200",
+                                                "aws-trainium2"]
+    assert all(r["rub"] > 0 and r["hours"] > 0 for r in rows)
+    by_source = {r["accelerator"]: (r["mfu"], r["mfu_source"]) for r in rows}
+    assert by_source["tpu-v6e"] == (0.455, "anchor llama3.1-8b")  # MaxText's published MFU on v6e
+    assert by_source["tpu-v5e"] == (0.4, "cost.plan_mfu")
+    _, _, rows, _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_mfu_from_anchors=false"), None, rate=RATE)
+    assert {r["mfu_source"] for r in rows} == {"cost.plan_mfu"}
+
+
+def test_bad_options_name_the_key() -> None:
+    with pytest.raises(CatalogError, match=r"cost.plan_options\[0\].accelerator.*unknown accelerator 'h100'"):
+        plan(demo_cfg("cost.plan_options=[{accelerator: h100}]"), None, rate=RATE)
+    with pytest.raises(CatalogError, match=r"cost.plan_options\[1\].accelerator.*no published on-demand price"):
+        plan(demo_cfg("cost.plan_options=[{accelerator: tpu-v5e}, {accelerator: aws-trainium2}]"), None, rate=RATE)
+    with pytest.raises(CatalogError, match=r"no peak bf16 TFLOP/s for cpu-e2-standard-2"):
+        plan(demo_cfg("cost.plan_options=[{accelerator: cpu-e2-standard-2, chips: 1}]"), None, rate=RATE)
+
+
+def test_recipe_07_writes_table_and_chart(tmp_path: Path) -> None:
+    config = tiny_config(tmp_path, cost={"plan_model": "1b", "plan_tokens": 20_000_000_000})
+    proc = run_recipe("07_plan_costs.py", config, timeout=120)
+    reports = tmp_path / "runs" / "tiny" / "reports"
+    assert "tpu-v6e" in proc.stdout and "rubles" in proc.stdout
+    md = (reports / "plan.md").read_text(encoding="utf-8")
+    assert "| accelerator |" in md and "anchor: llama3.1-8b on tpu-v6e" in md
+    assert (reports / "plan.csv").read_text(encoding="utf-8").startswith("accelerator,cloud,pricing,chips")
+    assert (reports / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_recipe_07_unknown_accelerator_is_one_line(tmp_path: Path) -> None:
+    config = tiny_config(tmp_path, cost={"plan_options": [{"accelerator": "tpu-v7x"}]})
+    proc = run_recipe("07_plan_costs.py", config, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert error_line(proc).startswith("error: config key 'cost.plan_options[0].accelerator': unknown accelerator")
+
+
+def test_mfu_calibrated_from_our_own_ledger(tmp_path: Path) -> None:
+    """A run of ours on v5e trained 1.2e9 tokens in 1 h of train phase on 8 chips: the plan uses its MFU."""
+    from cost.ledger import Ledger
+    from experiment.runfolder import RunFolder
+
+    cfg = demo_cfg("cost.plan_model=1b", f"experiment.run_root={tmp_path}", "cost.accelerator=tpu-v5e", "cost.chips=8",
+                   "cost.plan_options=[{accelerator: tpu-v5e, chips: 16}, {accelerator: tpu-v6e, chips: 8}]")
+    folder = RunFolder.for_config(cfg)
+    clock = [1000.0]
+    ledger = Ledger.open(folder.ledger, cfg.cost, "r", rate=RATE, clock=lambda: clock[0], started_at=1000.0,
+                         background=False)
+    with ledger.phase("train"):
+        clock[0] += 3600.0
+        ledger.add_tokens(100, 1_200_000_000)
+    ledger.close()
+    _, _, rows, _ = plan(cfg, folder, rate=RATE)
+    trained = experiment_model(cfg, folder)  # the demo model measured by the ledger, not the planned 1b
+    expected = 1.2e9 / 3600 / 8 * trained.flops_per_token / 197e12
+    assert rows[0]["mfu_source"] == "our run" and rows[0]["mfu"] == pytest.approx(expected)
+    assert rows[1]["mfu_source"] == "anchor llama3.1-8b"  # not measured on v6e: the published MFU there

@@ -1,0 +1,91 @@
+"""USD->RUB: the Bank of Russia's XML (windows-1251, decimal comma, Nominal), cache, offline fallback, age."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from cost import rates
+from cost.rates import parse_cbr_xml, resolve_usd_rub
+from experiment.errors import ConfigError, DataError
+from experiment.sections.cost import CostConfig
+
+SAMPLE = Path(__file__).parent / "fixtures" / "cbr" / "XML_daily-2025-01-01.xml"
+TODAY = dt.date(2025, 1, 1)
+
+
+def test_parse_sample_decimal_comma_and_nominal() -> None:
+    data = SAMPLE.read_bytes()
+    assert "Доллар".encode("windows-1251") in data  # the sample really is windows-1251
+    daily = parse_cbr_xml(data)
+    assert daily.date == dt.date(2024, 12, 28)  # ValCurs Date: the day the rates are set for
+    assert daily.per_unit["USD"] == pytest.approx(101.6797)
+    assert daily.per_unit["JPY"] == pytest.approx(64.5240 / 100)  # Nominal 100
+    assert daily.per_unit["AMD"] == pytest.approx(25.6214 / 100)
+    assert rates.usd_from_daily(daily, "sample") == pytest.approx(101.6797)
+
+
+def test_parse_rejects_broken_files() -> None:
+    with pytest.raises(DataError, match="not valid XML"):
+        parse_cbr_xml(b"<ValCurs Date='01.01.2025'><Valute>", "x.xml")
+    bad_value = SAMPLE.read_bytes().replace(b"101,6797", b"abc")
+    with pytest.raises(DataError, match=r"R01235.*USD.*<Value>.*'abc'"):
+        parse_cbr_xml(bad_value, "x.xml")
+
+
+def cfg_for(cache: Path, **changes: object) -> CostConfig:
+    values: dict[str, object] = {"rate_cache_dir": str(cache), "fetch_timeout_s": 0.5, "max_rate_age_days": 30}
+    values.update(changes)
+    return CostConfig(**values)
+
+
+def test_configured_rate_needs_no_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rates, "fetch_cbr_xml", lambda *a: pytest.fail("must not fetch"))
+    rate = resolve_usd_rub(cfg_for(tmp_path, usd_rub_rate=101.6797, usd_rub_date="2024-12-28"), today=TODAY)
+    assert (rate.rate, rate.date, rate.source, rate.notes) == (101.6797, dt.date(2024, 12, 28), "config", [])
+
+
+def test_stale_rate_warns_or_fails_when_configured(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    old = {"usd_rub_rate": 90.0, "usd_rub_date": "2024-10-01"}
+    with caplog.at_level(logging.WARNING, logger="cost.rates"):
+        rate = resolve_usd_rub(cfg_for(tmp_path, **old), today=TODAY)
+    assert rate.rate == 90.0 and "92 days old" in rate.notes[0] and "92 days old" in caplog.text
+    with pytest.raises(ConfigError, match=r"cost.usd_rub_date.*92 days old"):
+        resolve_usd_rub(cfg_for(tmp_path, stale_rate="error", **old), today=TODAY)
+
+
+def test_fetch_caches_and_offline_falls_back_to_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rates, "fetch_cbr_xml", lambda date, timeout: SAMPLE.read_bytes())
+    first = resolve_usd_rub(cfg_for(tmp_path), today=TODAY)
+    assert first.rate == pytest.approx(101.6797) and first.source == "cbr.ru"
+    assert (tmp_path / "XML_daily-2025-01-01.xml").read_bytes() == SAMPLE.read_bytes()
+
+    def offline(date: dt.date, timeout: float) -> bytes:
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(rates, "fetch_cbr_xml", offline)
+    later = resolve_usd_rub(cfg_for(tmp_path), today=TODAY + dt.timedelta(days=3))
+    assert later.rate == pytest.approx(101.6797)
+    assert "unreachable" in later.notes[0] and "2024-12-28" in later.notes[0]
+
+
+def test_no_rate_anywhere_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rates, "fetch_cbr_xml", lambda *a: (_ for _ in ()).throw(OSError("timed out")))
+    with pytest.raises(ConfigError, match=r"no USD->RUB rate: cbr.ru unreachable.*set cost.usd_rub_rate"):
+        resolve_usd_rub(cfg_for(tmp_path / "empty"), today=TODAY)
+
+
+def test_real_fetch_never_hangs(tmp_path: Path) -> None:
+    """Whatever the network does here, the answer (a rate or a clear error) comes within the timeout."""
+    shutil.rmtree(tmp_path, ignore_errors=True)
+    started = time.monotonic()
+    try:
+        resolve_usd_rub(cfg_for(tmp_path, fetch_timeout_s=1.0), today=dt.date.today())
+    except ConfigError as exc:
+        assert "cost.usd_rub_rate" in str(exc)
+    assert time.monotonic() - started < 10  # DNS + connect + read, each bounded

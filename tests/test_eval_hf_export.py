@@ -1,0 +1,72 @@
+"""Hugging Face export: the files, and logits parity with Transformers' Llama in fp32 (the `hf` extra).
+
+The parity test needs torch and transformers (`pip install -e .[hf]`; torch==2.13.0 is a CPU wheel);
+where they are missing it is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np
+import pytest
+
+from experiment.sections.model import ModelConfig
+
+VOCAB = 97
+
+
+def tiny_model(tie: bool, seed: int = 0):
+    from flax import nnx
+
+    from model.decoder import Decoder
+
+    # a large init so that logits are far from uniform: a wrong transpose cannot hide in the noise
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64, init_std=0.3,
+                      tie_embeddings=tie, rope_theta=500.0)
+    with nnx.use_eager_sharding(False):
+        model = nnx.jit(lambda: Decoder(cfg, VOCAB, nnx.Rngs(seed)))()
+    return model, cfg
+
+
+def test_export_writes_llama_files(tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    from eval.hf_export import write_export
+
+    model, cfg = tiny_model(tie=True)
+    out = write_export(model, cfg, VOCAB, tmp_path / "hf", special_ids={"pad": 0, "unk": 1, "bos": 2, "eos": 3})
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
+    assert config["tie_word_embeddings"] is True and config["eos_token_id"] == 3
+    tensors = load_file(str(out / "model.safetensors"))
+    assert "lm_head.weight" not in tensors  # tied to the embedding
+    assert tensors["model.layers.0.self_attn.q_proj.weight"].shape == (4 * 8, 32)
+    assert tensors["model.layers.0.self_attn.k_proj.weight"].shape == (2 * 8, 32)
+    assert tensors["model.layers.1.mlp.down_proj.weight"].shape == (32, 48)
+    np.testing.assert_array_equal(tensors["model.embed_tokens.weight"], np.asarray(model.embed[...]))
+    assert not list(tmp_path.glob(".hf.*")), "staging folder left behind"
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_transformers_logits_match_ours(tmp_path: Path, tie: bool) -> None:
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e .[hf])")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[hf])")
+    import jax.numpy as jnp
+
+    from eval.hf_export import write_export
+
+    model, cfg = tiny_model(tie=tie, seed=1)
+    out = write_export(model, cfg, VOCAB, tmp_path / "hf")
+    hf_model = transformers.LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
+    tokens = np.random.default_rng(0).integers(0, VOCAB, size=(3, 40)).astype(np.int32)
+    ours = np.asarray(model(jnp.asarray(tokens)), np.float32)
+    with torch.no_grad():
+        theirs = hf_model(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
+    assert ours.std() > 0.5  # logits that actually vary
+    np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)

@@ -1,0 +1,205 @@
+"""Recipe 05 end to end on a small run folder built here through the other stages' contracts:
+a SentencePiece tokenizer, validation shards, and a randomly initialised checkpoint.
+
+A random model must sit at chance on every task (its interval must hold the chance level), and
+its bits per byte must be what a near-uniform model gives: log2(V) bits per token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from statistics import NormalDist
+from types import SimpleNamespace
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest
+
+from experiment.config import load_config
+from experiment.errors import DataError
+from experiment.runfolder import RunFolder
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("RU_SHARED_DATA", REPO.parent / "shared" / "data"))
+PUSHKIN = SHARED / "text" / "ruslit" / "prose" / "Pushkin" / "Капитанская дочка.txt"
+pytestmark = [pytest.mark.integration, pytest.mark.shared_data,
+              pytest.mark.skipif(not PUSHKIN.is_file(), reason=f"shared data not found at {SHARED} (set RU_SHARED_DATA)")]
+
+VOCAB = 400
+LOCAL_TASKS = ["rublimp", "parus", "terra", "rcb", "rucola", "ruworldtree"]
+
+
+def write_config(tmp_path: Path, **eval_keys: object) -> Path:
+    # balanced labels: a random model prefers one answer string, so on skewed labels (RCB: 58% "1")
+    # it would score the majority share, not chance; balanced, both are 1/choices
+    eval_section = {"tasks": LOCAL_TASKS, "max_items_per_task": 30, "balance_labels": True, "batch_size": 32,
+                    **eval_keys}
+    cfg = {
+        "experiment": {"name": "evaltest", "run_root": str(tmp_path / "runs")},
+        "tokenizer": {"vocab_size": VOCAB, "model_type": "unigram"},
+        "shards": {"seq_len": 64, "validation_percent": 50.0, "packing": "concat"},
+        "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "d_ff": 64, "max_seq_len": 64},
+        "eval": eval_section,
+        "wandb": {"project": "eval-tests", "mode": "offline"},
+    }
+    path = tmp_path / "evaltest.yaml"
+    path.write_text(json.dumps(cfg, ensure_ascii=False), encoding="utf-8")  # JSON is YAML
+    return path
+
+
+def build_run_folder(cfg: Any, run_folder: RunFolder) -> None:
+    """Tokenizer (B's trainer), shards (C's writer) and a random checkpoint (D's saver), per CONTRACTS.md."""
+    import jax
+    import sentencepiece as spm
+    from flax import nnx
+
+    from data_prep.sharding import feature_schema, write_splits
+    from experiment.files import atomic_write_bytes, sha256_file
+    from experiment.manifest import write_manifest
+    from model.decoder import Decoder
+    from model.presets import resolve
+    from tokenizer.train import special_ids, train_sentencepiece, trainer_options
+    from trainer import checkpoint
+
+    text = PUSHKIN.read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if line.strip()][:800]
+    docs = [{"id": f"doc-{i}", "source": "pushkin", "text": "\n".join(lines[i:i + 20])}
+            for i in range(0, len(lines), 20)]
+
+    model_bytes = train_sentencepiece(iter(lines), trainer_options(cfg.tokenizer, 0))
+    atomic_write_bytes(run_folder.tokenizer / "spm.model", model_bytes)
+    sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    ids = special_ids(cfg.tokenizer)
+    write_manifest(run_folder.tokenizer, "tokenizer", {
+        "model_file": "spm.model", "sha256": sha256_file(run_folder.tokenizer / "spm.model"),
+        "vocab_size": sp.get_piece_size(), "special_ids": ids})
+
+    shards_cfg = SimpleNamespace(**vars(cfg.shards))
+    splits = write_splits(iter(docs), sp, run_folder.shards, shards_cfg, eos_id=ids["eos"], pad_id=ids["pad"],
+                          threads=1)
+    write_manifest(run_folder.shards, "shards", {
+        "tokenizer_sha256": sha256_file(run_folder.tokenizer / "spm.model"), "seq_len": cfg.shards.seq_len,
+        "packing": "concat", "feature_schema": feature_schema(cfg.shards.seq_len, "concat"),
+        "validation_percent": cfg.shards.validation_percent, "splits": splits})
+
+    model_cfg = resolve(cfg.model)
+    with nnx.use_eager_sharding(False):
+        model = nnx.jit(lambda: Decoder(model_cfg, VOCAB, nnx.Rngs(0)))()
+    params = nnx.state(model, nnx.Param)
+    state = {"params": params, "opt_state": {}, "step": jax.numpy.int32(7), "rng": jax.random.key_data(jax.random.key(0))}
+    meta = {"model": vars(model_cfg), "vocab_size": VOCAB, "seq_len": cfg.shards.seq_len,
+            "tokenizer_sha256": sha256_file(run_folder.tokenizer / "spm.model")}
+    manager = checkpoint.open_manager(run_folder.checkpoints, cfg.train)
+    checkpoint.save(manager, 7, state, {}, {}, meta, force=True)
+    manager.wait_until_finished()
+    manager.close()
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory: pytest.TempPathFactory):
+    """Run recipe 05's function once on the random checkpoint; tests read its outputs."""
+    from eval.run import evaluate
+    from tracking.wandb_run import open_run
+
+    tmp_path = tmp_path_factory.mktemp("evalrun")
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_text(PUSHKIN.read_text(encoding="utf-8")[-3000:], encoding="utf-8")
+    cfg = load_config(write_config(tmp_path, heldout_text_files=[str(heldout)]))
+    run_folder = RunFolder.for_config(cfg)
+    build_run_folder(cfg, run_folder)
+    with open_run(cfg, run_folder, job_type="eval") as wandb_run:
+        results = evaluate(cfg, run_folder, wandb_run)
+    return SimpleNamespace(cfg=cfg, run_folder=run_folder, results=results, tmp_path=tmp_path)
+
+
+def test_results_files_and_manifest(evaluated) -> None:
+    eval_dir = evaluated.run_folder.eval
+    manifest = json.loads((eval_dir / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["stage"] == "eval" and manifest["latest"] == "step_0000007.json" and manifest["steps"] == [7]
+    on_disk = json.loads((eval_dir / "step_0000007.json").read_text(encoding="utf-8"))
+    assert on_disk["step"] == 7 and set(on_disk["tasks"]) == set(LOCAL_TASKS)
+    markdown = (eval_dir / "step_0000007.md").read_text(encoding="utf-8")
+    assert "| rublimp | acc |" in markdown and "## rublimp by group" in markdown and "silver" in markdown
+
+
+def test_random_model_bits_per_byte_is_log2_vocab_per_token(evaluated) -> None:
+    for acc in [evaluated.results["validation"], *evaluated.results["heldout"].values()]:
+        assert acc["tokens"] > 100 and acc["bytes"] > acc["tokens"]
+        # a random init with std 0.02 is all but uniform: ln(V) nats per token
+        assert acc["nats_per_token"] == pytest.approx(math.log(VOCAB), rel=0.01)
+        expected = acc["nats_per_token"] * acc["tokens"] / math.log(2) / acc["bytes"]
+        assert acc["bits_per_byte"] == pytest.approx(expected, rel=1e-9)
+        assert acc["perplexity"] == pytest.approx(VOCAB, rel=0.05)
+
+
+def bonferroni_z(results: dict[str, Any]) -> float:
+    """z of a 95% family-wise interval over every accuracy checked (about 20 of them): at 95% each,
+    one of 20 intervals misses the chance level by luck more often than not."""
+    count = sum(1 for r in results["tasks"].values() for m in r["metrics"] if m != "mcc")
+    return NormalDist().inv_cdf(1 - 0.05 / 2 / count)
+
+
+@pytest.mark.parametrize("task", LOCAL_TASKS)
+def test_random_model_scores_at_chance(evaluated, task: str) -> None:
+    from eval.stats import wilson_interval
+
+    z = bonferroni_z(evaluated.results)
+    for name, metric in evaluated.results["tasks"][task]["metrics"].items():
+        if name == "mcc":
+            lo, hi = metric["ci95"]
+        else:
+            lo, hi = wilson_interval(metric["value"] * metric["n"], metric["n"], z=z)
+        assert lo <= metric["chance"] <= hi, f"{task} {name}: {metric['value']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def test_rublimp_reports_every_phenomenon_with_an_interval(evaluated) -> None:
+    groups = evaluated.results["tasks"]["rublimp"]["groups"]
+    assert len(groups) == len(list((SHARED / "bench" / "rublimp").glob("*.csv")))
+    for summary in groups.values():
+        assert summary["n"] == 30 and summary["chance"] == 0.5
+        assert 0.0 <= summary["ci95"][0] <= summary["value"] <= summary["ci95"][1] <= 1.0
+
+
+def test_evaluate_model_gives_flat_metrics_for_the_trainer(evaluated) -> None:
+    from eval.run import evaluate_model
+    from trainer.checkpoint import load_trained_model
+
+    model, _, _ = load_trained_model(evaluated.run_folder)
+    metrics = evaluate_model(model, evaluated.cfg, evaluated.run_folder, step=7)
+    assert {"eval/val_bpb", "eval/val_ppl", "eval/rublimp/acc", "eval/seconds"} <= set(metrics)
+    assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+
+
+def test_a_checkpoint_trained_with_another_tokenizer_is_refused(evaluated, monkeypatch) -> None:
+    from eval.run import evaluate
+    from trainer import checkpoint
+
+    real = checkpoint.load_trained_model
+
+    def other_tokenizer(run_folder, step=None):
+        model, step, meta = real(run_folder, step)
+        return model, step, {**meta, "tokenizer_sha256": "0" * 64}
+
+    monkeypatch.setattr(checkpoint, "load_trained_model", other_tokenizer)
+    with pytest.raises(DataError, match="trained with tokenizer 000000000000"):
+        evaluate(evaluated.cfg, evaluated.run_folder, None)
+
+
+def test_wandb_summary_and_table_are_logged(evaluated) -> None:
+    import subprocess
+    import sys
+
+    runs = sorted((evaluated.run_folder.wandb / "wandb").glob("offline-run-*"))
+    assert runs, "no offline W&B run folder"
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    proc = subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(runs[-1])],
+                          capture_output=True, text=True, timeout=120)
+    summary = json.loads(proc.stdout)["summary"]
+    assert summary["eval/step"] == 7
+    assert summary["eval/rublimp/acc"] == pytest.approx(evaluated.results["tasks"]["rublimp"]["metrics"]["acc"]["value"])
+    assert summary["eval/val_bpb"] == pytest.approx(evaluated.results["validation"]["bits_per_byte"])
+    assert summary["eval/results"]["_type"] == "table-file"

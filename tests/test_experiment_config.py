@@ -1,0 +1,137 @@
+"""The experiment config, manifests and atomic writes every stage relies on."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from experiment.config import build_dataclass, load_config
+from experiment.errors import ConfigError, DataError, MissingStageError
+from experiment.files import atomic_open, atomic_write_json
+from experiment.manifest import invalidate, read_manifest, write_manifest
+from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
+from experiment.split import is_validation
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "recipes" / "configs" / "demo.yaml"
+
+
+def write_yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_demo_config_loads_with_overrides():
+    cfg = load_config(DEMO, ["train.steps=7", "train.learning_rate=1e-4", "model.d_model=64"])
+    assert cfg.train.steps == 7
+    assert cfg.train.learning_rate == pytest.approx(1e-4)
+    assert cfg.model.d_model == 64
+    assert cfg.experiment.name == "demo"
+
+
+def test_misspelled_key_names_the_nearest_valid_key():
+    with pytest.raises(ConfigError, match=r"unknown config key 'train\.stpes'; did you mean 'train\.steps'"):
+        load_config(DEMO, ["train.stpes=5"])
+
+
+def test_misspelled_section_is_rejected(tmp_path):
+    path = write_yaml(tmp_path, "experiment: {name: x}\ntrian: {steps: 3}\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'trian'; did you mean 'train'"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.steps=abc", r"'train\.steps': expected an integer"),
+        ("train.steps=1.5", r"'train\.steps': expected an integer"),
+        ("train.learning_rate=fast", r"'train\.learning_rate': expected a number"),
+        ("tokenizer.model_type=wordpiece", r"'tokenizer\.model_type': 'wordpiece' is not one of"),
+        ("wandb.mode=offlien", r"did you mean 'offline'"),
+        ("corpus.sources=3", r"'corpus\.sources': expected a list"),
+    ],
+)
+def test_wrong_types_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(DEMO, [override])
+
+
+def test_missing_required_name(tmp_path):
+    with pytest.raises(ConfigError, match="missing required config key in 'experiment': name"):
+        load_config(write_yaml(tmp_path, "experiment: {seed: 1}\n"))
+
+
+def test_env_expansion_with_default(monkeypatch, tmp_path):
+    monkeypatch.delenv("NO_SUCH_VAR_X", raising=False)
+    path = write_yaml(tmp_path, "experiment: {name: x, run_root: '${NO_SUCH_VAR_X:-/tmp/r}'}\n")
+    assert load_config(path).experiment.run_root == "/tmp/r"
+    monkeypatch.setenv("NO_SUCH_VAR_X", "/data/runs")
+    assert load_config(path).experiment.run_root == "/data/runs"
+    bad = write_yaml(tmp_path, "experiment: {name: x, run_root: '${NO_SUCH_VAR_Y}'}\n")
+    with pytest.raises(ConfigError, match="NO_SUCH_VAR_Y is not set"):
+        load_config(bad)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="not of the form key.sub=value"):
+        load_config(DEMO, ["train.steps"])
+
+
+def test_build_dataclass_round_trip_of_defaults():
+    cfg = build_dataclass(ExperimentConfig, {"experiment": {"name": "x"}})
+    assert cfg.train.mesh.data == -1
+
+
+def test_manifest_lifecycle(tmp_path):
+    stage = tmp_path / "corpus"
+    with pytest.raises(MissingStageError, match="run recipes/01_build_corpus.py first"):
+        read_manifest(stage, "corpus", "recipes/01_build_corpus.py")
+    write_manifest(stage, "corpus", {"documents": 3})
+    assert read_manifest(stage, "corpus", "r")["documents"] == 3
+    with pytest.raises(DataError, match="belongs to stage 'corpus'"):
+        read_manifest(stage, "shards", "r")
+    invalidate(stage)
+    with pytest.raises(MissingStageError):
+        read_manifest(stage, "corpus", "r")
+
+
+def test_corrupt_manifest_is_an_error(tmp_path):
+    (tmp_path / "manifest.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(DataError, match="not a readable manifest"):
+        read_manifest(tmp_path, "corpus", "r")
+
+
+def test_atomic_write_leaves_old_file_on_crash(tmp_path):
+    target = tmp_path / "out.json"
+    atomic_write_json(target, {"v": 1})
+    with pytest.raises(RuntimeError), atomic_open(target) as handle:
+        handle.write('{"v": 2, "half')
+        raise RuntimeError("crash mid-write")
+    assert json.loads(target.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_split_is_stable_and_near_the_share():
+    ids = [f"doc-{i}" for i in range(20_000)]
+    share = sum(is_validation(i, 5.0) for i in ids) / len(ids)
+    assert 0.04 < share < 0.06
+    assert [is_validation(i, 5.0) for i in ids[:100]] == [is_validation(i, 5.0) for i in ids[:100]]
+    assert not any(is_validation(i, 0.0) for i in ids)
+
+
+def test_run_folder_saves_resolved_config(tmp_path):
+    cfg = load_config(DEMO, [f"experiment.run_root={tmp_path}"])
+    folder = RunFolder.for_config(cfg)
+    path = folder.save_resolved_config(cfg, "corpus")
+    assert path.is_file() and "name: demo" in path.read_text(encoding="utf-8")
+    assert len(os.listdir(folder.root / "configs")) == 1

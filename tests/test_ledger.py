@@ -1,0 +1,328 @@
+"""The cost ledger: arithmetic against worked examples, crash and resume, SIGKILL survival."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cost.ledger import LEDGER_FILE, Ledger, summarize_ledger
+from cost.rates import UsdRubRate
+from experiment.errors import DataError
+from experiment.sections.cost import CostConfig, InfraItem
+
+HOUR = 3600.0
+REPO = Path(__file__).resolve().parents[1]
+
+
+class FakeClock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, hours: float) -> None:
+        self.t += hours * HOUR
+
+
+def v5e_config(**changes: object) -> CostConfig:
+    """8 TPU v5e chips on demand (1.20 USD per chip-hour in the bundled catalog) at 100 RUB per USD."""
+    values = {"accelerator": "tpu-v5e", "pricing": "on-demand", "chips": 8, "usd_rub_rate": 100.0,
+              "usd_rub_date": dt.date.today().isoformat(), "flush_seconds": 1.0}
+    values.update(changes)
+    return CostConfig(**values)
+
+
+RATE = UsdRubRate(100.0, dt.date.today(), "test")
+RUB_PER_HOUR = 8 * 1.20 * 100.0  # 960 rubles per wall-clock hour of an 8-chip v5e slice
+
+
+def open_fake(tmp_path: Path, clock: FakeClock, cfg: CostConfig | None = None, startup_hours: float = 0.0) -> Ledger:
+    return Ledger.open(tmp_path / "ledger", cfg or v5e_config(), "run-1", rate=RATE, clock=clock,
+                       started_at=clock() - startup_hours * HOUR, background=False)
+
+
+def test_worked_example_single_session(tmp_path: Path) -> None:
+    clock = FakeClock()
+    ledger = open_fake(tmp_path, clock, v5e_config(token_budget=4_000_000_000), startup_hours=0.5)
+    with ledger.phase("compile"):
+        clock.advance(0.5)
+    with ledger.phase("train"):
+        clock.advance(2.0)
+        ledger.add_tokens(200, 2_000_000_000)
+    with ledger.phase("checkpoint"):
+        clock.advance(0.25)
+        ledger.mark_checkpoint(200)
+    clock.advance(0.25)  # outside any phase after the first one: idle
+    ledger.close()
+    s = summarize_ledger(tmp_path / "ledger")
+    assert s["hours"] == pytest.approx(3.5)
+    assert s["chip_hours"] == pytest.approx(28.0)
+    assert s["usd_total"] == pytest.approx(3.5 * 8 * 1.20)
+    assert s["rub_total"] == pytest.approx(3.5 * RUB_PER_HOUR)  # 3360
+    assert s["rub_by_phase"] == pytest.approx({"startup": 480.0, "compile": 480.0, "train": 1920.0,
+                                               "checkpoint": 240.0, "idle": 240.0})
+    assert s["tokens"] == 2_000_000_000
+    assert s["rub_per_1b_tokens"] == pytest.approx(1680.0)
+    assert s["rub_lost_to_restarts"] == 0.0
+    # steady phases (train + checkpoint + idle) cost 2400 RUB for 2B tokens: 2B more cost 2400 more
+    assert s["projected_rub_to_budget"] == pytest.approx(2400.0)
+    assert s["projected_rub_total"] == pytest.approx(3360.0 + 2400.0)
+    assert s["usd_rub_rate"] == 100.0 and s["price"]["usd"] == 1.20 and s["price"]["source"]
+
+
+def crashed_session(tmp_path: Path, clock: FakeClock) -> None:
+    """0.5 h compile, 1 h train to step 100 (1B tokens), checkpoint 0.25 h, 1 h more to step 150, SIGKILL."""
+    ledger = open_fake(tmp_path, clock)
+    with ledger.phase("compile"):
+        clock.advance(0.5)
+    with ledger.phase("train"):
+        clock.advance(1.0)
+        ledger.add_tokens(100, 1_000_000_000)
+    with ledger.phase("checkpoint"):
+        clock.advance(0.25)
+        ledger.mark_checkpoint(100)
+    with ledger.phase("train"):
+        clock.advance(1.0)
+        ledger.add_tokens(150, 500_000_000)  # more than flush_seconds since the last sync: written and fsynced
+    ledger._handle.close()  # the process dies here: no close record  # noqa: SLF001
+
+
+@pytest.mark.parametrize("say_resume", [True, False])
+def test_crash_then_resume_prices_lost_work_once(tmp_path: Path, say_resume: bool) -> None:
+    clock = FakeClock()
+    crashed_session(tmp_path, clock)
+    clock.advance(0.25)  # the restart gap is not billed by the ledger
+    ledger = open_fake(tmp_path, clock)
+    if say_resume:
+        ledger.mark_resume(100)
+    before = ledger.summary()
+    assert before["rub_lost_to_restarts"] == pytest.approx(1.0 * RUB_PER_HOUR)  # known as soon as it reopens
+    with ledger.phase("compile"):
+        clock.advance(0.5)
+    with ledger.phase("train"):
+        clock.advance(1.5)
+        ledger.add_tokens(200, 1_000_000_000)
+    ledger.close()
+    s = summarize_ledger(tmp_path / "ledger")
+    assert s["sessions"] == 2
+    assert s["seconds_by_phase"] == pytest.approx({"compile": 1.0 * HOUR, "train": 2.5 * HOUR,
+                                                   "checkpoint": 0.25 * HOUR, "lost": 1.0 * HOUR})
+    assert s["hours"] == pytest.approx(4.75)  # every paid hour once: 0.5+1+0.25+1 then 0.5+1.5
+    assert s["rub_total"] == pytest.approx(4.75 * RUB_PER_HOUR)
+    assert s["rub_lost_to_restarts"] == pytest.approx(RUB_PER_HOUR)
+    assert s["tokens"] == 2_000_000_000  # steps 101-150 of the crashed session are not counted
+    assert s["last_step"] == 200
+    assert s["rub_per_1b_tokens"] == pytest.approx(4.75 * RUB_PER_HOUR / 2)
+
+
+def test_resume_from_an_older_checkpoint_loses_more(tmp_path: Path) -> None:
+    """If the last checkpoint turned out unreadable and training restarted from step 0, all its work was lost."""
+    clock = FakeClock()
+    crashed_session(tmp_path, clock)
+    ledger = open_fake(tmp_path, clock)
+    ledger.mark_resume(0)
+    s = ledger.summary()
+    ledger.close()
+    assert s["seconds_by_phase"]["lost"] == pytest.approx(2.0 * HOUR)  # both hours of training
+    assert s["seconds_by_phase"]["checkpoint"] == pytest.approx(0.25 * HOUR)  # saving is never redone work
+    assert s["seconds_by_phase"]["compile"] == pytest.approx(0.5 * HOUR)
+    assert s["tokens"] == 0
+
+
+def test_nested_phases_and_live_summary(tmp_path: Path) -> None:
+    clock = FakeClock()
+    ledger = open_fake(tmp_path, clock)
+    clock.advance(0.1)  # before the first phase: start-up
+    with ledger.phase("train"):
+        clock.advance(1.0)
+        with ledger.phase("eval"):
+            clock.advance(0.5)
+        clock.advance(1.0)
+        live = ledger.summary()  # includes the span in progress
+    ledger.close()
+    assert live["seconds_by_phase"] == pytest.approx({"startup": 0.1 * HOUR, "train": 2.0 * HOUR, "eval": 0.5 * HOUR})
+    assert summarize_ledger(tmp_path / "ledger")["hours"] == pytest.approx(2.6)
+
+
+def test_infrastructure_rows_are_added(tmp_path: Path) -> None:
+    clock = FakeClock()
+    cfg = v5e_config(infrastructure=[InfraItem("cpu-host-n2-standard-8", 2), InfraItem("gcs-standard-storage", 730)])
+    ledger = open_fake(tmp_path, clock, cfg)
+    with ledger.phase("train"):
+        clock.advance(1.0)
+    s = ledger.summary()
+    ledger.close()
+    # per hour: 8 x 1.20 chips + 2 x 0.388472 hosts + 730 GB x 0.020 / 730 h storage
+    assert s["usd_total"] == pytest.approx(9.6 + 2 * 0.388472 + 0.020)
+
+
+def test_torn_last_line_is_dropped_and_bad_records_named(tmp_path: Path) -> None:
+    clock = FakeClock()
+    crashed_session(tmp_path, clock)
+    path = tmp_path / "ledger" / LEDGER_FILE
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write('{"e": "time", "t0": 1.0, "seco')  # SIGKILL mid-write
+    ledger = open_fake(tmp_path, clock)
+    ledger.close()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert all(json.loads(line) for line in lines)  # the torn line is gone, new records start on a new line
+    path.write_text(path.read_text(encoding="utf-8") + "not json\n{}\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"ledger.jsonl line \d+"):
+        summarize_ledger(tmp_path / "ledger")
+
+
+def test_unknown_phase_is_refused(tmp_path: Path) -> None:
+    ledger = open_fake(tmp_path, FakeClock())
+    with pytest.raises(ValueError, match="unknown ledger phase"), ledger.phase("training"):
+        pass
+    ledger.close()
+
+
+WORKER = textwrap.dedent("""
+    import sys, time
+    from cost.ledger import Ledger
+    from experiment.sections.cost import CostConfig, InfraItem
+    cfg = CostConfig(accelerator="tpu-v5e", chips=8, usd_rub_rate=100.0, usd_rub_date=sys.argv[2],
+                     flush_seconds=0.2)
+    ledger = Ledger.open(sys.argv[1], cfg, "run-kill")
+    if sys.argv[3] != "-":
+        ledger.mark_resume(int(sys.argv[3]))
+    start, stop = int(sys.argv[4]), int(sys.argv[5])
+    for step in range(start, stop + 1):
+        with ledger.phase("train"):
+            time.sleep(0.03)
+            ledger.add_tokens(step, 100)
+        if step % 10 == 0:
+            with ledger.phase("checkpoint"):
+                ledger.mark_checkpoint(step)
+            print(f"ckpt {step}", flush=True)
+    ledger.close()
+    print("done", flush=True)
+""")
+
+
+def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
+    ledger_dir = tmp_path / "ledger"
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    today = dt.date.today().isoformat()
+    t_begin = time.time()
+    proc = subprocess.Popen([sys.executable, str(script), str(ledger_dir), today, "-", "1", "1000"],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.strip() == "ckpt 20":
+            break
+    t_seen = time.time()
+    time.sleep(0.6)  # ~15 more steps and a few heartbeats after the checkpoint
+    proc.send_signal(signal.SIGKILL)
+    t_killed = time.time()
+    proc.wait(timeout=10)
+    crashed = summarize_ledger(ledger_dir)
+    assert crashed["last_step"] >= 21  # the heartbeat fsynced steps after the checkpoint
+    resumed = subprocess.run([sys.executable, str(script), str(ledger_dir), today, "20", "21", "30"],
+                             capture_output=True, text=True, env=env, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    t_end = time.time()
+    s = summarize_ledger(ledger_dir)
+    assert s["sessions"] == 2
+    assert s["tokens"] == 30 * 100  # one continuous run of 30 steps: nothing counted twice
+    assert s["last_step"] == 30
+    # the ~0.6 s after step 20, less the unsynced tail (< flush_seconds), never more than the time it ran
+    assert 0.2 < s["seconds_by_phase"]["lost"] < t_killed - t_seen + 1.0
+    assert s["rub_lost_to_restarts"] == pytest.approx(s["seconds_by_phase"]["lost"] / HOUR * RUB_PER_HOUR)
+    # every second priced once: time records never overlap and never exceed the wall clock we watched
+    records = [json.loads(line) for line in (ledger_dir / LEDGER_FILE).open(encoding="utf-8")]
+    spans = sorted((r["t0"], r["t1"]) for r in records if r["e"] == "time")
+    assert all(sum(r["seconds"].values()) == pytest.approx(r["t1"] - r["t0"]) for r in records if r["e"] == "time")
+    assert all(a_end <= b_start + 1e-6 for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False))
+    paid = sum(t1 - max(t0, t_begin) for t0, t1 in spans if t1 > t_begin)
+    assert paid <= t_end - t_begin + 1e-3
+
+
+def test_steps_cost_no_io_between_flushes(tmp_path: Path) -> None:
+    """10,000 steps of 10 ms with flush_seconds=5: a record per flush, not per step."""
+    clock = FakeClock()
+    ledger = open_fake(tmp_path, clock, v5e_config(flush_seconds=5.0))
+    for step in range(1, 10_001):
+        with ledger.phase("train"):
+            clock.t += 0.009
+            ledger.add_tokens(step, 512)
+        clock.t += 0.001  # between steps: idle
+    ledger.close()
+    lines = (tmp_path / "ledger" / LEDGER_FILE).read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 2 * 100 / 5 + 10  # ~20 flushes of a time and a tokens record
+    s = summarize_ledger(tmp_path / "ledger")
+    assert s["tokens"] == 10_000 * 512 and s["last_step"] == 10_000
+    assert s["seconds_by_phase"]["train"] == pytest.approx(90.0)
+    assert s["seconds_by_phase"]["idle"] == pytest.approx(10.0)
+
+
+def test_cost_summary_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cost.report import phase_rows, print_cost_summary
+
+    clock = FakeClock()
+    ledger = open_fake(tmp_path, clock, v5e_config(token_budget=2_000_000_000))
+    with ledger.phase("train"):
+        clock.advance(1.0)
+        ledger.add_tokens(10, 1_000_000_000)
+    with ledger.phase("eval"):
+        clock.advance(0.25)
+    ledger.close()
+    summary = summarize_ledger(tmp_path / "ledger")
+    rows = phase_rows(summary)
+    assert [r["phase"] for r in rows] == ["train", "eval", "total"]
+    assert rows[-1]["rub"] == pytest.approx(1.25 * RUB_PER_HOUR) and rows[0]["share"] == pytest.approx(0.8)
+    text = print_cost_summary(summary)
+    assert " 960 │" in text and " 1,200 │" in text and "projected 2,400 RUB" in text
+    assert text in capsys.readouterr().out
+
+
+def test_bad_cost_config_is_refused_before_any_record(tmp_path: Path) -> None:
+    from cost.catalog import CatalogError
+    from experiment.config import load_config
+    from experiment.errors import ConfigError
+
+    demo = REPO / "recipes" / "configs" / "demo.yaml"
+    cfg = load_config(demo, ["cost.infrastructure=[{name: gcs-standrd-storage, quantity: 10}]"])
+    with pytest.raises(CatalogError, match=r"cost.infrastructure\[0\].name.*did you mean 'gcs-standard-storage'"):
+        Ledger.open(tmp_path / "ledger", cfg.cost, "r", rate=RATE, background=False)
+    with pytest.raises(CatalogError, match=r"cost.accelerator.*unknown accelerator 'tpu-v9'"):
+        Ledger.open(tmp_path / "ledger", v5e_config(accelerator="tpu-v9"), "r", rate=RATE, background=False)
+    assert not (tmp_path / "ledger" / LEDGER_FILE).exists()
+    with pytest.raises(ConfigError, match=r"cost.usd_rub_date': a configured usd_rub_rate needs its date"):
+        load_config(demo, ["cost.usd_rub_date="])
+    with pytest.raises(ConfigError, match=r"cost.chips': must be >= 1"):
+        load_config(demo, ["cost.chips=0"])
+
+
+def test_a_later_resume_judges_every_earlier_session(tmp_path: Path) -> None:
+    """Session 0 crashed after checkpoint 100; session 1 resumed from 100 and ended cleanly at 200;
+    session 2 started over from step 0 (checkpoints deleted): all earlier training was redone."""
+    clock = FakeClock()
+    crashed_session(tmp_path, clock)  # train 1 h to step 100, checkpoint, 1 h more to step 150
+    ledger = open_fake(tmp_path, clock)
+    ledger.mark_resume(100)
+    with ledger.phase("train"):
+        clock.advance(1.0)
+        ledger.add_tokens(200, 1_000_000_000)
+    ledger.close()
+    kept = summarize_ledger(tmp_path / "ledger")
+    assert kept["seconds_by_phase"]["lost"] == pytest.approx(1.0 * HOUR) and kept["tokens"] == 2_000_000_000
+    ledger = open_fake(tmp_path, clock)
+    ledger.mark_resume(0)
+    ledger.close()
+    s = summarize_ledger(tmp_path / "ledger")
+    assert s["seconds_by_phase"]["lost"] == pytest.approx(3.0 * HOUR)  # every training hour of sessions 0 and 1
+    assert s["tokens"] == 0 and s["hours"] == pytest.approx(kept["hours"])

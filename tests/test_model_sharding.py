@@ -1,0 +1,110 @@
+"""Layout on an 8-device mesh (data 2 x fsdp 2 x tensor 2) of fake CPU devices, in a subprocess.
+
+The device count is fixed when JAX starts, so the checks run in a fresh interpreter with
+``--xla_force_host_platform_device_count=8`` and report back as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+SCRIPT = textwrap.dedent('''
+    import json
+    import dataclasses
+    import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+    from experiment.errors import ConfigError
+    from experiment.sections.model import ModelConfig
+    from experiment.sections.train import MeshConfig, TrainConfig
+    from model.sharding import build_mesh
+    from trainer.step import build_program, global_batch
+
+    out = {"devices": jax.device_count()}
+    model = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
+    train = TrainConfig(steps=10, batch_size=8, warmup_steps=1, mesh=MeshConfig(fsdp=2, tensor=2))
+    prog = build_program(model, train, 64, build_mesh(train.mesh), seed=0)
+    state = prog.init_state()
+
+    def path_name(path):
+        return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path if getattr(k, "name", "") != "value")
+
+    out["params"] = {path_name(p): [str(leaf.sharding.spec), list(leaf.addressable_shards[0].data.shape)]
+                     for p, leaf in jax.tree_util.tree_leaves_with_path(state["params"])}
+    adam = state["opt_state"][1][0]  # chain(clip, adamw): adamw's ScaleByAdamState
+    out["mu_matches"] = all(m.sharding == p.sharding for m, p in
+                            zip(jax.tree.leaves(adam.mu), jax.tree.leaves(state["params"])))
+    out["count"] = str(adam.count.sharding.spec)
+
+    rows = np.random.default_rng(0).integers(0, 64, (8, 17)).astype(np.int32)
+    local = {"inputs": rows[:, :-1], "targets": rows[:, 1:]}
+    state, metrics = prog.train_step(state, global_batch(local, prog.batch_sharding))
+    out["after_step_same"] = all(a.sharding == b for a, b in
+                                 zip(jax.tree.leaves(state), jax.tree.leaves(prog.state_shardings)))
+    out["loss_8"] = float(metrics["loss"])
+    out["recompiles"] = prog.train_step.jitted._cache_size()
+    one = dataclasses.replace(train, mesh=MeshConfig(data=1))
+    prog1 = build_program(model, one, 64, build_mesh(one.mesh, jax.devices()[:1]), seed=0)
+    _, metrics1 = prog1.train_step(prog1.init_state(), global_batch(local, prog1.batch_sharding))
+    out["loss_1"] = float(metrics1["loss"])
+
+    errors = {}
+    for name, m, t in [
+        ("kv_heads", dataclasses.replace(model, n_heads=8, n_kv_heads=2),
+         dataclasses.replace(train, mesh=MeshConfig(tensor=4))),
+        ("batch", model, dataclasses.replace(train, batch_size=4, mesh=MeshConfig())),
+        ("vocab", model, train),
+    ]:
+        try:
+            build_program(m, t, 63 if name == "vocab" else 64, build_mesh(t.mesh), seed=0)
+            errors[name] = None
+        except ConfigError as exc:
+            errors[name] = str(exc)
+    out["errors"] = errors
+    print("RESULT " + json.dumps(out))
+''')
+
+
+def run_on_fake_devices(script: str, devices: int = 8) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def test_every_parameter_follows_the_rules_on_8_devices() -> None:
+    out = run_on_fake_devices(SCRIPT)
+    assert out["devices"] == 8
+    # the default rules by hand: embed->fsdp, heads/kv_heads/mlp/vocab->tensor, head_dim/norm unsharded
+    expected = {
+        "embed": ("P('tensor', 'fsdp')", [32, 16]),
+        "blocks/0/attn/wq": ("P('fsdp', 'tensor', None)", [16, 2, 8]),
+        "blocks/0/attn/wk": ("P('fsdp', 'tensor', None)", [16, 1, 8]),
+        "blocks/0/attn/wv": ("P('fsdp', 'tensor', None)", [16, 1, 8]),
+        "blocks/0/attn/wo": ("P('tensor', None, 'fsdp')", [2, 8, 16]),
+        "blocks/0/mlp/w_gate": ("P('fsdp', 'tensor')", [16, 32]),
+        "blocks/0/mlp/w_up": ("P('fsdp', 'tensor')", [16, 32]),
+        "blocks/0/mlp/w_down": ("P('tensor', 'fsdp')", [32, 16]),
+        "blocks/0/attn_norm/scale": ("P(None,)", [32]),
+        "blocks/0/mlp_norm/scale": ("P(None,)", [32]),
+        "final_norm/scale": ("P(None,)", [32]),
+    }
+    assert {k: (v[0], v[1]) for k, v in out["params"].items()} == expected
+    assert out["mu_matches"], "Adam moments must be sharded like their parameters"
+    assert out["count"] == "P()"
+    assert out["after_step_same"] and out["recompiles"] == 1
+    assert abs(out["loss_8"] - out["loss_1"]) < 1e-5, "the sharded step must compute what one device computes"
+    errors = out["errors"]
+    assert errors["kv_heads"] and errors["kv_heads"].startswith("parameter blocks/0/attn/wk")
+    assert "size 2 cannot be split over mesh axes tensor (4 devices)" in errors["kv_heads"]
+    assert errors["batch"] and "train.batch_size" in errors["batch"]
+    assert errors["vocab"] and errors["vocab"].startswith("parameter embed ('vocab', 'embed'): dimension of size 63")

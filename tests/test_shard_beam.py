@@ -1,0 +1,36 @@
+"""The Beam runner of recipe 3 writes the same shards as the local runner, byte for byte
+(optional `beam` extra; run with its interpreter, e.g. /work/venvs/beam/bin/python -m pytest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("apache_beam", reason="Apache Beam is not installed: pip install -e '.[beam]' (own venv)")
+
+from data_prep.beam_shards import document_starts, shard_pieces  # noqa: E402
+from data_prep.sharding import shard_corpus  # noqa: E402
+from tests.test_shards_common import DisabledRun, make_documents, make_run  # noqa: E402
+
+
+@pytest.mark.parametrize("packing", ["concat", "document"])
+def test_beam_and_local_shards_are_byte_identical(tmp_path: Path, packing: str) -> None:
+    run = make_run(tmp_path, docs=make_documents(70), packing=packing, records_per_shard=9)
+    local = shard_corpus(run.cfg, run.run_folder, DisabledRun())
+    local_bytes = {p.name: p.read_bytes() for p in sorted(run.run_folder.shards.glob("*.tfrecord*"))}
+    run.cfg.shards.runner, run.cfg.shards.beam_options = "beam", ["--runner=DirectRunner"]
+    beam = shard_corpus(run.cfg, run.run_folder, DisabledRun())
+    beam_bytes = {p.name: p.read_bytes() for p in sorted(run.run_folder.shards.glob("*.tfrecord*"))}
+    assert len(local_bytes) > 6 and beam_bytes == local_bytes
+    assert beam["splits"] == local["splits"]
+
+
+def test_pieces_tile_each_shard() -> None:
+    lengths = {"train": [((0, 0), 5), ((0, 1), 12), ((1, 0), 3)]}
+    split, layout = document_starts(("train", lengths["train"]))
+    assert layout["total"] == 20 and layout["starts"][(0, 1)] == (5, 1)
+    pieces = list(shard_pieces(("train", (0, 1), np.arange(12)), {split: layout}, shard_tokens=8))
+    assert [(key, start, ordinal, ids.tolist()) for key, (start, ordinal, ids) in pieces] == [
+        (("train", 0), 5, 1, [0, 1, 2]), (("train", 1), 0, 1, [3, 4, 5, 6, 7, 8, 9, 10]), (("train", 2), 0, 1, [11])]

@@ -1,0 +1,133 @@
+"""Rubles in W&B: logged as a metric with loss against it, totals in the summary, read back offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiment.config import build_dataclass
+from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
+from tracking.metrics import RUB_SPENT, by_rubles, cost_entries, define_cost_metrics, log_cost_summary, log_step
+from tracking.readback import find_offline_runs, read_offline_run, read_offline_runs
+from tracking.wandb_run import open_run
+
+
+class RecordingRun:
+    """Records what a W&B run was asked to do (for the pure helper tests)."""
+
+    def __init__(self) -> None:
+        self.metrics: list[tuple[str, dict]] = []
+        self.logged: list[tuple[int, dict]] = []
+        self.summary: dict = {}
+        self.config_updates: dict = {}
+
+    def define_metric(self, name: str, **kwargs: object) -> None:
+        self.metrics.append((name, kwargs))
+
+    def log(self, payload: dict, step: int) -> None:
+        self.logged.append((step, payload))
+
+    @property
+    def config(self) -> RecordingRun:
+        return self
+
+    def update(self, values: dict, allow_val_change: bool = False) -> None:
+        self.config_updates.update(values)
+
+
+SUMMARY = {"rub_total": 12.5, "usd_total": 0.125, "hours": 1.5, "tokens": 1000, "rub_per_1b_tokens": 1.25e7,
+           "rub_lost_to_restarts": 0.0, "projected_rub_to_budget": None, "chips": 1, "usd_rub_rate": 100.0,
+           "rate_date": "2025-01-01", "rate_source": "config", "price": {"name": "tpu-v5e", "usd": 1.2},
+           "rub_by_phase": {"train": 10.0, "compile": 2.5}}
+
+
+def test_helpers_define_log_and_summarize() -> None:
+    run = RecordingRun()
+    define_cost_metrics(run)
+    assert (RUB_SPENT, {"summary": "max"}) in run.metrics
+    assert ("by_rub/*", {"step_metric": RUB_SPENT}) in run.metrics
+    payload = log_step(run, 30, {"train/loss": 2.5, "train/lr": 1e-3}, SUMMARY)
+    assert run.logged == [(30, payload)]
+    assert payload[RUB_SPENT] == 12.5 and payload["by_rub/train/loss"] == 2.5 and "by_rub/train/lr" not in payload
+    assert "cost/projected_rub_to_budget" not in cost_entries(SUMMARY)  # None is left out, never logged as 0
+    assert by_rubles({"eval/loss": 3.0}) == {"by_rub/eval/loss": 3.0}
+    log_cost_summary(run, SUMMARY)
+    assert run.summary["cost/rub_total"] == 12.5 and run.summary["cost/rub_by_phase/compile"] == 2.5
+    assert "cost/projected_rub_to_budget" not in run.summary
+    assert run.config_updates["cost_price_row"] == {"name": "tpu-v5e", "usd": 1.2}
+    assert run.config_updates["cost_rate_date"] == "2025-01-01"
+
+
+def offline_cfg(tmp_path: Path, name: str = "trk") -> ExperimentConfig:
+    return build_dataclass(ExperimentConfig, {"experiment": {"name": name, "run_root": str(tmp_path / "runs")},
+                                              "wandb": {"mode": "offline", "project": "t"}})
+
+
+@pytest.fixture
+def restore_wandb_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """open_run points WANDB_* at the run folder; put them back after the test."""
+    import os
+
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        if var in os.environ:
+            monkeypatch.setenv(var, os.environ[var])
+        else:
+            monkeypatch.delenv(var, raising=False)
+
+
+def test_offline_run_read_back_with_wandb_cli(tmp_path: Path, restore_wandb_env: None) -> None:
+    cfg = offline_cfg(tmp_path)
+    folder = RunFolder.for_config(cfg)
+    with open_run(cfg, folder, job_type="pretrain") as run:
+        define_cost_metrics(run)
+        for step, (loss, rub) in enumerate([(5.0, 0.1), (4.0, 0.2), (3.5, 0.3)], start=1):
+            log_step(run, step * 10, {"train/loss": loss}, {**SUMMARY, "rub_total": rub})
+        log_cost_summary(run, SUMMARY)
+        run_id = run.id
+    (run_dir,) = find_offline_runs(folder.wandb)
+    record = read_offline_run(run_dir)
+    assert (record.run_id, record.group, record.job_type, record.state) == (run_id, "trk", "pretrain", "finished")
+    assert record.summary["cost/rub_total"] == 12.5
+    assert record.config["cost_price_row"]["name"] == "tpu-v5e"
+    assert record.config["experiment"]["name"] == "trk"
+    assert [(h[RUB_SPENT], h["by_rub/train/loss"]) for h in record.history] == [(0.1, 5.0), (0.2, 4.0), (0.3, 3.5)]
+    assert read_offline_runs(folder.wandb, group="other") == []
+    assert read_offline_runs(folder.wandb, exclude_ids=(run_id,)) == []
+
+
+def test_online_runs_through_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API path maps W&B's public Run objects onto the same RunRecord (network faked)."""
+    import types
+
+    import wandb
+
+    from tracking.readback import read_online_runs
+
+    history = [{"train/loss": 5.0, RUB_SPENT: 0.1}, {"train/loss": 4.0, RUB_SPENT: 0.2}]
+    run = types.SimpleNamespace(id="abc", name="g-pretrain", group="g", job_type="pretrain", state="finished",
+                                config={"cost_chips": 8}, summary_metrics={"cost/rub_total": 3.0},
+                                created_at="2026-11-30T00:00:00", scan_history=lambda keys: iter(history))
+    calls = {}
+
+    class FakeApi:
+        def __init__(self, timeout: int) -> None:
+            calls["timeout"] = timeout
+
+        def runs(self, path: str, filters: dict) -> list:
+            calls["path"], calls["filters"] = path, filters
+            return [run]
+
+    monkeypatch.setattr(wandb, "Api", FakeApi)
+    (record,) = read_online_runs("proj", "team", "g", ["train/loss", RUB_SPENT])
+    assert calls == {"timeout": 20, "path": "team/proj", "filters": {"group": "g"}}
+    assert (record.run_id, record.job_type, record.summary, record.history) == ("abc", "pretrain",
+                                                                              {"cost/rub_total": 3.0}, history)
+
+
+def test_artifact_helper_names_and_skips_disabled(tmp_path: Path) -> None:
+    from tracking.artifacts import artifact_name, log_files
+
+    assert artifact_name("costs/plan table") == "costs-plan-table"
+    assert log_files(None, "x", "report", [tmp_path]) is None

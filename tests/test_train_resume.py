@@ -1,0 +1,131 @@
+"""Recipe 04 end to end on real text: the loss falls, and SIGKILL / SIGTERM + resume retrace the
+uninterrupted run's loss bit for bit, continuing one W&B run without gaps or duplicate steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.recipe_runner import REPO, recipe_env, run_recipe, tiny_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.shared_data]
+
+STEPS = 24
+TRAIN = {"steps": STEPS, "log_every": 1, "checkpoint_every": 8, "keep_checkpoints": 3, "warmup_steps": 3,
+         "preemption_grace_s": 60.0}
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
+    """Corpus, tokenizer and shards of the tiny experiment, made once by recipes 01-03."""
+    root = tmp_path_factory.mktemp("resume-data")
+    config = tiny_config(root, train=TRAIN)
+    for script in ("01_build_corpus.py", "02_train_tokenizer.py", "03_shard.py"):
+        run_recipe(script, config)
+    return root
+
+
+def experiment_copy(data_root: Path, tmp_path: Path, name: str) -> Path:
+    """A fresh run root with the prepared stages copied in, and its config."""
+    root = tmp_path / name
+    for stage in ("corpus", "tokenizer", "shards"):
+        shutil.copytree(data_root / "runs" / "tiny" / stage, root / "runs" / "tiny" / stage)
+    return tiny_config(root, train=TRAIN)
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """step -> loss from train_log.jsonl; a step logged twice (before a kill, after resume) keeps the last."""
+    out: dict[int, float] = {}
+    for line in (run_dir / "train_log.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if "train/loss" in record:
+            out[record["train/step"]] = record["train/loss"]
+    return out
+
+
+def start(config: Path) -> subprocess.Popen[str]:
+    cmd = [sys.executable, str(REPO / "recipes" / "04_pretrain.py"), "--config", str(config)]
+    return subprocess.Popen(cmd, cwd=REPO, env=recipe_env(config.parent), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int, timeout: float = 400) -> int:
+    """Poll the train log until it reaches ``step``; returns the last logged step."""
+    log = run_dir / "train_log.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"training ended early:\n{proc.communicate()[1][-3000:]}"
+        if log.is_file():
+            steps = [json.loads(line)["train/step"] for line in log.read_text(encoding="utf-8").splitlines()
+                     if line.strip()]
+            if steps and steps[-1] >= step:
+                return steps[-1]
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def test_kill_and_sigterm_resume_retrace_the_same_losses(data_root: Path, tmp_path: Path) -> None:
+    straight_cfg = experiment_copy(data_root, tmp_path, "straight")
+    run_recipe("04_pretrain.py", straight_cfg)
+    reference = losses(straight_cfg.parent / "runs" / "tiny")
+    assert sorted(reference) == list(range(1, STEPS + 1))
+    assert reference[STEPS] < reference[1] - 1.0, "the loss should fall on real Russian text"
+
+    config = experiment_copy(data_root, tmp_path, "interrupted")
+    run_dir = config.parent / "runs" / "tiny"
+
+    # 1. SIGKILL between the checkpoints of steps 8 and 16: the steps after 8 are lost
+    proc = start(config)
+    killed_at = wait_for_step(proc, run_dir, 11)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert 11 <= killed_at < 16
+
+    # 2. resume; SIGTERM at step >= 18 saves that step and exits 143 within the grace period
+    proc = start(config)
+    wait_for_step(proc, run_dir, 18)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=TRAIN["preemption_grace_s"])
+    assert proc.returncode == 143, stderr[-3000:]
+    assert time.monotonic() - signalled < TRAIN["preemption_grace_s"]
+    assert "resumed from the checkpoint of step 8" in stderr
+    preempted_at = max(losses(run_dir))
+    assert f"SIGTERM: checkpoint of step {preempted_at} saved" in stderr
+    assert (run_dir / "checkpoints" / str(preempted_at)).is_dir()
+
+    # 3. resume to the end
+    proc = start(config)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert f"resumed from the checkpoint of step {preempted_at}" in stderr
+
+    resumed = losses(run_dir)
+    assert resumed == reference, "losses after SIGKILL/SIGTERM and resume differ from the uninterrupted run"
+    check_wandb_history_continues(run_dir, killed_at)
+
+
+def check_wandb_history_continues(run_dir: Path, killed_at: int) -> None:
+    """The three local W&B folders are one run id; synced in order (W&B drops a step it has already
+    seen), the history is steps 1..STEPS once each."""
+    from tracking.readback import find_offline_runs, read_offline_run
+
+    runs = [read_offline_run(d) for d in find_offline_runs(run_dir / "wandb")]
+    pretrain = sorted((r for r in runs if r.job_type == "pretrain"), key=lambda r: r.start_time)
+    assert len(pretrain) == 3 and len({r.run_id for r in pretrain}) == 1
+    kept: list[int] = []
+    for run in pretrain:
+        steps = [int(row["_step"]) for row in run.history]
+        assert steps == sorted(set(steps)), "each folder logs increasing steps"
+        kept += [s for s in steps if not kept or s > kept[-1]]
+    assert kept == list(range(1, STEPS + 1))
+    assert max(int(row["_step"]) for row in pretrain[0].history) == killed_at

@@ -1,0 +1,97 @@
+"""The compiled train step on one CPU device: no recompilation, accumulation, NaN guard, bf16, mesh errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from experiment.errors import ConfigError
+from experiment.sections.model import ModelConfig
+from experiment.sections.train import MeshConfig, TrainConfig
+from model.sharding import build_mesh, mesh_shape
+from trainer.step import TrainProgram, build_program, global_batch
+from trainer.train import TrainingDiverged, check_finite
+
+VOCAB, SEQ, BATCH = 64, 16, 4
+MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=SEQ)
+TRAIN = TrainConfig(steps=50, batch_size=BATCH, learning_rate=1e-2, warmup_steps=1, checkpoint_every=10)
+
+
+def program(**train_fields: object) -> TrainProgram:
+    train_cfg = dataclasses.replace(TRAIN, **train_fields)
+    return build_program(MODEL, train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
+
+
+def batch(prog: TrainProgram, seed: int = 0, bad_target: bool = False) -> dict[str, jax.Array]:
+    rows = np.random.default_rng(seed).integers(0, VOCAB, (BATCH, SEQ + 1)).astype(np.int32)
+    targets = rows[:, 1:].copy()
+    if bad_target:
+        targets[0, 0] = VOCAB  # out of the vocabulary: the gathered logit is NaN
+    return global_batch({"inputs": rows[:, :-1], "targets": targets}, prog.batch_sharding)
+
+
+@pytest.fixture(scope="module")
+def plain() -> TrainProgram:
+    return program()
+
+
+def test_loss_falls_without_recompiling(plain: TrainProgram) -> None:
+    state = plain.init_state()
+    fixed = batch(plain)
+    losses = []
+    for _ in range(8):
+        state, metrics = plain.train_step(state, fixed)
+        losses.append(float(metrics["loss"]))
+    assert losses[0] == pytest.approx(np.log(VOCAB), rel=0.05)  # small init: a uniform guess at first
+    assert losses[-1] < losses[0] - 0.5
+    assert int(state["step"]) == 8
+    assert plain.train_step.jitted._cache_size() == 1  # the state's shardings came back unchanged
+
+
+def test_grad_accumulation_matches_one_big_batch(plain: TrainProgram) -> None:
+    accum = program(grad_accum_steps=2)
+    one, _ = plain.train_step(plain.init_state(), batch(plain))
+    two, metrics = accum.train_step(accum.init_state(), batch(accum))
+    assert bool(metrics["finite"])
+    for a, b in zip(jax.tree.leaves(one["params"]), jax.tree.leaves(two["params"]), strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-6)
+
+
+def test_nan_step_is_skipped_and_weights_kept() -> None:
+    prog = program(nan_policy="skip")
+    state = prog.init_state()
+    before = jax.device_get(state["params"])
+    state, metrics = prog.train_step(state, batch(prog, bad_target=True))
+    assert not bool(metrics["finite"]) and np.isnan(float(metrics["loss"]))
+    assert int(state["step"]) == 1
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state["params"]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    state, metrics = prog.train_step(state, batch(prog, seed=1))  # training goes on
+    assert bool(metrics["finite"])
+
+
+def test_nan_stops_the_run_naming_the_last_checkpoint() -> None:
+    bad = {"finite": np.bool_(False), "total_loss": np.float32("nan"), "grad_norm": np.float32("nan")}
+    with pytest.raises(TrainingDiverged, match="diverged at step 7.*last good checkpoint is step 5"):
+        check_finite(bad, 7, TRAIN, [0, 5])
+    check_finite(bad, 7, dataclasses.replace(TRAIN, nan_policy="skip"), [])  # skip: only a warning
+
+
+def test_bf16_compute_keeps_fp32_master_weights(plain: TrainProgram) -> None:
+    bf16 = program(compute_dtype="bfloat16")
+    state, metrics = bf16.train_step(bf16.init_state(), batch(bf16))
+    _, reference = plain.train_step(plain.init_state(), batch(plain))
+    assert all(leaf.dtype == np.float32 for leaf in jax.tree.leaves(state["params"]))
+    assert float(metrics["loss"]) == pytest.approx(float(reference["loss"]), rel=1e-2)
+
+
+def test_mesh_shape_and_its_errors() -> None:
+    assert mesh_shape(MeshConfig(fsdp=2, tensor=2), 8) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert mesh_shape(MeshConfig(data=2, dcn_data=2, tensor=2), 8) == {"data": 4, "fsdp": 1, "tensor": 2}
+    with pytest.raises(ConfigError, match="does not divide the 8 devices"):
+        mesh_shape(MeshConfig(tensor=3), 8)
+    with pytest.raises(ConfigError, match="= 4 devices, but 8 are available"):
+        mesh_shape(MeshConfig(data=2, fsdp=2), 8)

@@ -1,0 +1,235 @@
+"""The tokenizer report: compression, fertility, fallback, coverage and round-trip on held-out text.
+
+Every tokenizer is measured through the same ``MeasuredTokenizer`` adapter, so SentencePiece and
+the baselines get identical figures side by side in ``report.json``, ``report.md`` and W&B.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+from tqdm import tqdm
+
+from experiment.files import atomic_write_json, atomic_write_text
+from experiment.sections.tokenizer import RUSSIAN_REQUIRED_CHARS
+from tokenizer.spm import piece_surface
+
+log = logging.getLogger("tokenizer")
+
+CYRILLIC_LETTERS = "".join(c for c in RUSSIAN_REQUIRED_CHARS if c.isalpha())
+COMMON_PUNCTUATION = ".,:;!?()-–—«»„“”'\"…№%"
+_WORD = re.compile(r"\w+")
+TOP_PIECES = 20
+MAX_FAILURES_LISTED = 5
+
+
+@dataclass
+class MeasuredTokenizer:
+    """What the report needs from a tokenizer, whatever library it comes from."""
+
+    name: str
+    vocab_size: int
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    is_byte_fallback: Callable[[int], bool] | None  # None: the tokenizer has no byte fallback (byte-level)
+    is_unknown: Callable[[int], bool]
+    surface: Callable[[int], str]  # readable text of one piece, for the piece lists
+    train_seconds: float | None = None
+
+
+def sentencepiece_under_test(sp: spm.SentencePieceProcessor, train_seconds: float | None = None) -> MeasuredTokenizer:
+    return MeasuredTokenizer(
+        name="sentencepiece",
+        vocab_size=sp.get_piece_size(),
+        encode=lambda text: sp.encode(text),
+        decode=lambda ids: sp.decode(ids),
+        is_byte_fallback=sp.is_byte,
+        is_unknown=sp.is_unknown,
+        surface=lambda i: piece_surface(sp, i) or sp.id_to_piece(i),
+        train_seconds=train_seconds,
+    )
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 4) if denominator else None
+
+
+def measure_documents(tok: MeasuredTokenizer, docs: Iterable[dict[str, Any]], counts: Counter[int]) -> dict[str, Any]:
+    """Compression, fertility, fallback, unknown and round-trip figures over ``docs``."""
+    documents = chars = n_bytes = words = tokens = fallback = unknown = exact = 0
+    failures: list[str] = []
+    for doc in docs:
+        text = doc["text"]
+        ids = tok.encode(text)
+        counts.update(ids)
+        documents += 1
+        chars += len(text)
+        n_bytes += len(text.encode("utf-8"))
+        words += len(_WORD.findall(text))
+        tokens += len(ids)
+        if tok.is_byte_fallback is not None:
+            fallback += sum(1 for i in ids if tok.is_byte_fallback(i))
+        unknown += sum(1 for i in ids if tok.is_unknown(i))
+        if tok.decode(ids) == text:
+            exact += 1
+        elif len(failures) < MAX_FAILURES_LISTED:
+            failures.append(str(doc["id"]))
+    return {
+        "documents": documents, "chars": chars, "bytes": n_bytes, "words": words, "tokens": tokens,
+        "chars_per_token": _ratio(chars, tokens), "bytes_per_token": _ratio(n_bytes, tokens),
+        "tokens_per_word": _ratio(tokens, words),
+        "byte_fallback_share": None if tok.is_byte_fallback is None else _ratio(fallback, tokens),
+        "unk_rate": _ratio(unknown, tokens), "roundtrip_exact": _ratio(exact, documents),
+        "roundtrip_exact_documents": exact, "roundtrip_failures": failures,
+    }
+
+
+def coverage(tok: MeasuredTokenizer, characters: str) -> dict[str, Any]:
+    """Share of ``characters`` that encode to one ordinary token (no byte fallback, no unknown)."""
+    missing = []
+    for char in characters:
+        ids = tok.encode(char)
+        single = len(ids) == 1 and not tok.is_unknown(ids[0])
+        if not single or (tok.is_byte_fallback is not None and tok.is_byte_fallback(ids[0])):
+            missing.append(char)
+    return {"share": _ratio(len(characters) - len(missing), len(characters)), "missing": "".join(missing)}
+
+
+def piece_lists(tok: MeasuredTokenizer, counts: Counter[int]) -> dict[str, Any]:
+    surfaces = {i: tok.surface(i) for i in range(tok.vocab_size)}
+    longest = sorted(surfaces, key=lambda i: (-len(surfaces[i]), i))[:TOP_PIECES]
+    return {
+        "longest": [{"id": i, "piece": surfaces[i], "chars": len(surfaces[i])} for i in longest],
+        "most_frequent": [{"id": i, "piece": surfaces[i], "count": n} for i, n in counts.most_common(TOP_PIECES)],
+    }
+
+
+def measure_tokenizer(tok: MeasuredTokenizer, heldout: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """All figures for one tokenizer: overall, per source (domain), coverage and piece lists."""
+    counts: Counter[int] = Counter()
+    by_source = {
+        source: measure_documents(tok, tqdm(docs, desc=f"measuring {tok.name} on {source or 'corpus'}",
+                                             unit="doc", leave=False), counts)
+        for source, docs in sorted(heldout.items())
+    }
+    overall = measure_documents(tok, (d for docs in heldout.values() for d in docs), Counter())
+    return {
+        "vocab_size": tok.vocab_size,
+        "train_seconds": None if tok.train_seconds is None else round(tok.train_seconds, 2),
+        "overall": overall,
+        "by_source": by_source,
+        "coverage": {"cyrillic": coverage(tok, CYRILLIC_LETTERS), "punctuation": coverage(tok, COMMON_PUNCTUATION)},
+        "pieces": piece_lists(tok, counts),
+    }
+
+
+def build_report(cfg: Any, sp: spm.SentencePieceProcessor, split: Any, corpus_dir: Path,
+                 train_seconds: float) -> dict[str, Any]:
+    """Measure the trained model and, if configured, the baselines on the same held-out documents."""
+    from tokenizer.baselines import bytelevel_bpe_under_test, train_bytelevel_bpe
+    from tokenizer.train import training_texts
+
+    tok_cfg = cfg.tokenizer
+    if not split.heldout_docs():
+        log.warning("no held-out documents (validation_percent=%s): the report has no held-out figures",
+                    cfg.shards.validation_percent)
+    tokenizers = [sentencepiece_under_test(sp, train_seconds)]
+    if tok_cfg.baseline_hf_bpe:
+        from data_prep.corpus_io import iter_documents
+
+        log.info("training the Hugging Face byte-level BPE baseline at vocabulary %d", tok_cfg.vocab_size)
+        started = time.perf_counter()
+        # Whole documents, as this baseline is normally trained: its pre-tokenizer splits them itself.
+        texts = training_texts(iter_documents(corpus_dir), cfg.shards.validation_percent)
+        baseline = train_bytelevel_bpe(texts, tok_cfg.vocab_size)
+        tokenizers.append(bytelevel_bpe_under_test(baseline, time.perf_counter() - started))
+    log.info("measuring %d tokenizer(s) on %d held-out documents", len(tokenizers), len(split.heldout_docs()))
+    return {
+        "heldout": {
+            "documents_measured": len(split.heldout_docs()),
+            "documents_total": split.heldout_documents,
+            "sources": {source: len(docs) for source, docs in sorted(split.heldout.items())},
+            "validation_percent": cfg.shards.validation_percent,
+        },
+        "train": {"documents": split.train_documents, "chars": split.train_chars},
+        "tokenizers": {tok.name: measure_tokenizer(tok, split.heldout) for tok in tokenizers},
+    }
+
+
+_TABLE_METRICS = ("chars_per_token", "bytes_per_token", "tokens_per_word", "byte_fallback_share", "unk_rate",
+                  "roundtrip_exact")
+
+
+def _cell(value: Any) -> str:
+    return "n/a" if value is None else str(value)
+
+
+def _md_piece(text: str) -> str:
+    return "`" + text.replace("\n", "\\n").replace("`", "'").replace("|", "\\|") + "`"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    names = list(report["tokenizers"])
+    results = report["tokenizers"]
+    held = report["heldout"]
+    lines = [
+        "# Tokenizer report", "",
+        f"Held-out documents measured: {held['documents_measured']} of {held['documents_total']} "
+        f"({held['validation_percent']}% of the corpus by id hash); training documents: {report['train']['documents']}.",
+        "", "## Overall", "",
+        "| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
+    ]
+    rows = [*_TABLE_METRICS, "tokens", "vocab_size", "train_seconds"]
+    for metric in rows:
+        values = [results[n]["overall"].get(metric, results[n].get(metric)) for n in names]
+        lines.append(f"| {metric} | " + " | ".join(_cell(v) for v in values) + " |")
+    for kind in ("cyrillic", "punctuation"):
+        lines.append(f"| {kind} coverage | " + " | ".join(_cell(results[n]["coverage"][kind]["share"]) for n in names)
+                     + " |")
+    lines += ["", "## Chars per token by source", "", "| source | documents | " + " | ".join(names) + " |",
+              "|---|---|" + "---|" * len(names)]
+    for source, count in held["sources"].items():
+        cells = [_cell(results[n]["by_source"][source]["chars_per_token"]) for n in names]
+        lines.append(f"| {source or '(none)'} | {count} | " + " | ".join(cells) + " |")
+    for name in names:
+        pieces = results[name]["pieces"]
+        lines += ["", f"## {name}: pieces", "",
+                  "Longest: " + ", ".join(_md_piece(p["piece"]) for p in pieces["longest"]), "",
+                  "Most frequent: " + ", ".join(f"{_md_piece(p['piece'])} ({p['count']})"
+                                                for p in pieces["most_frequent"])]
+        failures = results[name]["overall"]["roundtrip_failures"]
+        if failures:
+            lines += ["", f"Round-trip failures (first {len(failures)}): " + ", ".join(failures)]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out_dir: Path, report: dict[str, Any]) -> None:
+    atomic_write_json(out_dir / "report.json", report)
+    atomic_write_text(out_dir / "report.md", render_markdown(report))
+
+
+def log_report(wandb_run: Any, report: dict[str, Any], out_dir: Path, artifact_name: str) -> None:
+    """Log the side-by-side table, headline figures and the tokenizer folder as an artifact."""
+    import wandb
+
+    columns = ["tokenizer", "source", "documents", *_TABLE_METRICS]
+    rows = []
+    for name, result in report["tokenizers"].items():
+        for source, metrics in [("all", result["overall"]), *result["by_source"].items()]:
+            rows.append([name, source, metrics["documents"], *(metrics[m] for m in _TABLE_METRICS)])
+    sp_overall = report["tokenizers"]["sentencepiece"]["overall"]
+    wandb_run.log({"tokenizer/report": wandb.Table(columns=columns, data=rows)})
+    for metric in _TABLE_METRICS:
+        wandb_run.summary[f"tokenizer/{metric}"] = sp_overall[metric]
+    artifact = wandb.Artifact(artifact_name, type="tokenizer",
+                              metadata={m: sp_overall[m] for m in _TABLE_METRICS})
+    artifact.add_dir(str(out_dir))
+    wandb_run.log_artifact(artifact)

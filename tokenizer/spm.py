@@ -1,0 +1,69 @@
+"""Loading the trained SentencePiece tokenizer and the per-id byte lengths bits-per-byte needs.
+
+Other stages never open ``spm.model`` directly: ``load_tokenizer`` refuses a folder whose manifest
+is missing (an unfinished run) or whose model bytes do not match the manifest's hash.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+
+from experiment.errors import DataError
+from experiment.files import sha256_file
+from experiment.manifest import read_manifest
+
+TOKENIZER_STAGE = "tokenizer"
+TOKENIZER_RECIPE = "recipes/02_train_tokenizer.py"
+MODEL_FILE = "spm.model"
+VOCAB_FILE = "spm.vocab"
+# SentencePiece writes spaces as U+2581 inside pieces (escape_whitespaces), so a piece's surface
+# text is the piece with this character turned back into a space.
+WHITESPACE_MARK = "\u2581"
+
+
+def load_tokenizer(tokenizer_dir: str | Path) -> tuple[spm.SentencePieceProcessor, dict[str, Any]]:
+    """Load a finished tokenizer folder: ``(SentencePieceProcessor, manifest)``."""
+    tokenizer_dir = Path(tokenizer_dir)
+    manifest = read_manifest(tokenizer_dir, TOKENIZER_STAGE, TOKENIZER_RECIPE)
+    model_path = tokenizer_dir / manifest.get("model_file", MODEL_FILE)
+    if not model_path.is_file():
+        raise DataError(f"{model_path} is listed in the tokenizer manifest but missing: run {TOKENIZER_RECIPE} again")
+    digest = sha256_file(model_path)
+    if digest != manifest.get("sha256"):
+        raise DataError(
+            f"{model_path} has sha256 {digest[:12]}..., the manifest says {str(manifest.get('sha256'))[:12]}...: "
+            f"the model changed after training; run {TOKENIZER_RECIPE} again"
+        )
+    processor = spm.SentencePieceProcessor()
+    try:
+        processor.Load(str(model_path))
+    except (OSError, RuntimeError) as exc:
+        raise DataError(f"{model_path} is not a readable SentencePiece model ({exc})") from exc
+    if processor.get_piece_size() != manifest.get("vocab_size"):
+        raise DataError(
+            f"{model_path} has {processor.get_piece_size()} pieces, the manifest says {manifest.get('vocab_size')}"
+        )
+    return processor, manifest
+
+
+def piece_surface(sp: spm.SentencePieceProcessor, piece_id: int) -> str:
+    """The text a normal or user-defined piece stands for ('' for control, unknown and byte pieces)."""
+    if sp.is_control(piece_id) or sp.is_unknown(piece_id) or sp.is_byte(piece_id) or sp.is_unused(piece_id):
+        return ""
+    return sp.id_to_piece(piece_id).replace(WHITESPACE_MARK, " ")
+
+
+def piece_byte_lengths(sp: spm.SentencePieceProcessor) -> np.ndarray:
+    """UTF-8 bytes each id stands for: ``<0xNN>`` byte pieces 1, control/unknown/unused pieces 0.
+
+    With identity normalization and no dummy prefix, the sum over a document's ids equals the
+    document's UTF-8 length whenever ``decode(encode(text)) == text``.
+    """
+    lengths = np.zeros(sp.get_piece_size(), dtype=np.int32)
+    for piece_id in range(sp.get_piece_size()):
+        lengths[piece_id] = 1 if sp.is_byte(piece_id) else len(piece_surface(sp, piece_id).encode("utf-8"))
+    return lengths

@@ -1,0 +1,236 @@
+"""Recipe 02: train the SentencePiece tokenizer on the train side of the cleaned corpus.
+
+Input is streamed line by line from the corpus (SentencePiece samples ``input_sentence_size``
+lines with a seeded shuffle), so a multi-GB corpus never sits in memory. Documents are split at
+newlines because "\\n" is a user-defined symbol: such symbols always stand alone, so no learned
+piece could span a newline anyway, and short lines keep every paragraph under
+``max_sentence_length``. Over-long lines are cut at spaces rather than dropped silently.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+from tqdm import tqdm
+
+from data_prep.corpus_io import iter_documents, read_corpus_manifest
+from experiment.errors import ConfigError, DataError
+from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
+from experiment.manifest import invalidate, write_manifest
+from experiment.sections.tokenizer import TokenizerConfig
+from experiment.split import is_validation
+from tokenizer.spm import MODEL_FILE, TOKENIZER_STAGE, VOCAB_FILE
+
+log = logging.getLogger("tokenizer")
+
+NEWLINE = "\n"
+# The smallest training text worth a tokenizer; below it SentencePiece's own errors are cryptic.
+MIN_TRAINING_CHARS = 1_000
+_VOCAB_TOO_HIGH = re.compile(r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set it to a value <= (\d+)")
+
+
+@dataclass
+class CorpusSplit:
+    """What one pass over the corpus found: train-side totals and a sample of held-out documents."""
+
+    train_documents: int = 0
+    train_chars: int = 0
+    heldout_documents: int = 0
+    heldout: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # source -> documents
+
+    def heldout_docs(self) -> list[dict[str, Any]]:
+        return [doc for docs in self.heldout.values() for doc in docs]
+
+
+def split_corpus(corpus_dir: Path, validation_percent: float, max_heldout_per_source: int) -> CorpusSplit:
+    """Count the train side and keep up to ``max_heldout_per_source`` held-out documents per source."""
+    manifest = read_corpus_manifest(corpus_dir)
+    split = CorpusSplit()
+    docs = tqdm(iter_documents(corpus_dir, manifest), total=manifest.get("documents"), desc="reading corpus",
+                unit="doc", leave=False)
+    for doc in docs:
+        if is_validation(str(doc["id"]), validation_percent):
+            split.heldout_documents += 1
+            kept = split.heldout.setdefault(str(doc.get("source", "")), [])
+            if len(kept) < max_heldout_per_source:
+                kept.append(doc)
+        else:
+            split.train_documents += 1
+            split.train_chars += len(doc["text"])
+    return split
+
+
+def cut_long_line(line: str, max_bytes: int) -> Iterator[str]:
+    """Cut a line into pieces of at most ``max_bytes`` UTF-8 bytes, at spaces where possible."""
+    if len(line.encode("utf-8")) <= max_bytes:
+        yield line
+        return
+    chunk: list[str] = []
+    size = 0
+    for word in re.split(r"(?<= )", line):  # keep the space with the word before it
+        word_bytes = len(word.encode("utf-8"))
+        if chunk and size + word_bytes > max_bytes:
+            yield "".join(chunk)
+            chunk, size = [], 0
+        while word_bytes > max_bytes:  # one giant "word": cut it by characters
+            head = word.encode("utf-8")[:max_bytes].decode("utf-8", errors="ignore")
+            yield head
+            word = word[len(head):]
+            word_bytes = len(word.encode("utf-8"))
+        chunk.append(word)
+        size += word_bytes
+    if chunk:
+        yield "".join(chunk)
+
+
+def training_texts(documents: Iterable[dict[str, Any]], validation_percent: float) -> Iterator[str]:
+    """The text of every train-side document (held-out ones are never trained on)."""
+    for doc in documents:
+        if not is_validation(str(doc["id"]), validation_percent):
+            yield doc["text"]
+
+
+def training_lines(documents: Iterable[dict[str, Any]], validation_percent: float, max_bytes: int) -> Iterator[str]:
+    """Non-empty lines of the train-side documents, each at most ``max_bytes`` bytes."""
+    for text in training_texts(documents, validation_percent):
+        for line in text.split(NEWLINE):
+            if line:
+                yield from cut_long_line(line, max_bytes)
+
+
+def user_symbols(tok: TokenizerConfig) -> list[str]:
+    """User-defined symbols: the newline first (so it never needs byte fallback), then the config's."""
+    return [NEWLINE] + [s for s in tok.user_defined_symbols if s != NEWLINE]
+
+
+def trainer_options(tok: TokenizerConfig, seed: int) -> dict[str, Any]:
+    """SentencePiece trainer arguments; the fixed ones are what docs/CONTRACTS.md section 2 promises."""
+    return {
+        "model_type": tok.model_type,
+        "vocab_size": tok.vocab_size,
+        "character_coverage": tok.character_coverage,
+        "byte_fallback": tok.byte_fallback,
+        "split_digits": tok.split_digits,
+        "normalization_rule_name": "identity",  # we NFC ourselves; nmt_nfkc maps \n to space and № to No
+        "add_dummy_prefix": False,
+        "remove_extra_whitespaces": False,
+        "allow_whitespace_only_pieces": True,  # runs of spaces (indentation) get their own pieces
+        "user_defined_symbols": user_symbols(tok),
+        "required_chars": tok.required_chars,
+        "pad_id": tok.pad_id,
+        "unk_id": tok.unk_id,
+        "bos_id": tok.bos_id,
+        "eos_id": tok.eos_id,
+        "input_sentence_size": tok.input_sentence_size,
+        "shuffle_input_sentence": True,
+        "max_sentence_length": tok.max_sentence_length,
+        "max_sentencepiece_length": tok.max_piece_length,
+        "num_threads": tok.num_threads,
+        "random_seed": seed,
+        "minloglevel": 2,
+    }
+
+
+def train_sentencepiece(lines: Iterable[str], options: dict[str, Any]) -> bytes:
+    """Train and return the serialized model; SentencePiece's internal errors become one clear line."""
+    options = dict(options)
+    seed = options.pop("random_seed")
+    spm.set_random_generator_seed(seed)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, **options)
+    except RuntimeError as exc:
+        message = str(exc)
+        too_high = _VOCAB_TOO_HIGH.search(message)
+        if too_high:
+            raise ConfigError(
+                f"config key 'tokenizer.vocab_size': {too_high.group(1)} is larger than this corpus allows "
+                f"(at most {too_high.group(2)}); lower it or use a bigger corpus"
+            ) from exc
+        if "sentences_.empty()" in message:
+            raise DataError("the corpus has no training text left after the held-out split") from exc
+        raise DataError(f"SentencePiece training failed: {message.strip().splitlines()[0]}") from exc
+    return model.getvalue()
+
+
+def vocab_text(sp: spm.SentencePieceProcessor) -> str:
+    """The ``spm.vocab`` listing: piece and score per line, in id order (SentencePiece's own format)."""
+    return "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size()))
+
+
+def check_trainable(split: CorpusSplit, corpus_dir: Path) -> None:
+    if split.train_documents == 0:
+        raise DataError(f"corpus {corpus_dir} has no training documents (all {split.heldout_documents} are held out "
+                        "or the corpus is empty)")
+    if split.train_chars < MIN_TRAINING_CHARS:
+        raise DataError(f"corpus {corpus_dir} is too small to train a tokenizer: {split.train_chars} characters of "
+                        f"training text, at least {MIN_TRAINING_CHARS} needed")
+
+
+def special_ids(tok: TokenizerConfig) -> dict[str, int]:
+    return {"pad": tok.pad_id, "unk": tok.unk_id, "bos": tok.bos_id, "eos": tok.eos_id}
+
+
+def train_tokenizer(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
+    """Recipe 02 entry point: train, write ``tokenizer/`` and its report, log the W&B artifact."""
+    from tokenizer.report import build_report, log_report, write_report
+
+    tok: TokenizerConfig = cfg.tokenizer
+    out_dir = Path(run_folder.tokenizer)
+    corpus_dir = Path(run_folder.corpus)
+    validation_percent = cfg.shards.validation_percent
+    invalidate(out_dir)
+
+    log.info("reading the corpus in %s (held-out share %.1f%%)", corpus_dir, validation_percent)
+    split = split_corpus(corpus_dir, validation_percent, tok.report_max_docs)
+    check_trainable(split, corpus_dir)
+    log.info("training a %s SentencePiece model, vocabulary %d, on %d documents (%.1f M characters); after the "
+             "lines are read it fits silently, which takes minutes at 32k on a large corpus",
+             tok.model_type, tok.vocab_size, split.train_documents, split.train_chars / 1e6)
+    started = time.perf_counter()
+    lines = tqdm(training_lines(iter_documents(corpus_dir), validation_percent, tok.max_sentence_length),
+                 desc="feeding SentencePiece", unit="line", leave=False)
+    model_bytes = train_sentencepiece(lines, trainer_options(tok, cfg.experiment.seed))
+    train_seconds = time.perf_counter() - started
+    log.info("SentencePiece trained in %.1f s", train_seconds)
+
+    atomic_write_bytes(out_dir / MODEL_FILE, model_bytes)
+    sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    atomic_write_text(out_dir / VOCAB_FILE, vocab_text(sp))
+
+    report = build_report(cfg, sp, split, corpus_dir, train_seconds)
+    write_report(out_dir, report)
+
+    if tok.hf_export:
+        from tokenizer.hf_export import export_hf
+
+        export_hf(sp, out_dir / "hf", special_ids(tok), model_max_length=cfg.model.max_seq_len)
+    elif (out_dir / "hf").exists():  # an export left by an earlier run would not match this model
+        shutil.rmtree(out_dir / "hf")
+
+    manifest = {
+        "model_file": MODEL_FILE,
+        "sha256": sha256_file(out_dir / MODEL_FILE),
+        "vocab_size": sp.get_piece_size(),
+        "special_ids": special_ids(tok),
+        "model_type": tok.model_type,
+        "user_defined_symbols": user_symbols(tok),
+        "train_documents": split.train_documents,
+        "train_chars": split.train_chars,
+        "heldout_documents_measured": len(split.heldout_docs()),
+        "hf_export": "hf" if tok.hf_export else None,
+        "config": {**asdict(tok), "seed": cfg.experiment.seed, "validation_percent": validation_percent},
+    }
+    write_manifest(out_dir, TOKENIZER_STAGE, manifest)
+    log.info("tokenizer written to %s", out_dir)
+    log_report(wandb_run, report, out_dir, artifact_name=f"{cfg.experiment.name}-tokenizer")
+    return manifest

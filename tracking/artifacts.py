@@ -1,0 +1,28 @@
+"""W&B artifacts for the files a stage writes: lineage from corpus to report, offline too."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+
+def artifact_name(text: str) -> str:
+    """W&B artifact names allow letters, digits, dashes, underscores and dots."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "artifact"
+
+
+def log_files(run: Any, name: str, artifact_type: str, paths: Iterable[Path], metadata: dict[str, Any] | None = None,
+              aliases: list[str] | None = None) -> Any:
+    """Log ``paths`` (files, by their base names) as one artifact of ``run``; returns the artifact, or
+    None for a disabled run."""
+    if run is None or getattr(run, "disabled", False):
+        return None
+    import wandb
+
+    artifact = wandb.Artifact(artifact_name(name), type=artifact_type, metadata=metadata or {})
+    for path in paths:
+        artifact.add_file(str(path), name=Path(path).name)
+    run.log_artifact(artifact, aliases=aliases)
+    return artifact

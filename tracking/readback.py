@@ -1,0 +1,143 @@
+"""Read W&B runs back: local offline runs with wandb's own CLI, or the W&B API when online.
+
+wandb 0.31 offline writes no ``wandb-summary.json``; the run lives in a ``run-<id>.wandb``
+transaction log. ``wandb leet inspect --json <run dir>`` prints its records, one JSON object a
+line: ``run`` (name, group, job type, config), ``history`` rows, ``summary`` updates, ``exit``.
+We fold those into a ``RunRecord``: the same shape the API path gives, so callers do not care
+where a run came from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from experiment.errors import DataError
+
+log = logging.getLogger("tracking.readback")
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    name: str
+    group: str
+    job_type: str
+    state: str  # finished, failed, running/crashed (no exit record)
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    start_time: str = ""
+    source: str = ""  # the run directory, or "wandb-api"
+
+
+def find_offline_runs(wandb_dir: str | Path) -> list[Path]:
+    """Offline run directories under a run folder's ``wandb/`` (wandb nests them in ``wandb/wandb/``)."""
+    wandb_dir = Path(wandb_dir)
+    found = {p.parent for p in wandb_dir.glob("offline-run-*/run-*.wandb")}
+    found |= {p.parent for p in wandb_dir.glob("wandb/offline-run-*/run-*.wandb")}
+    return sorted(found)
+
+
+def _inspect_command(run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)]
+
+
+def _fold(records: Iterable[dict[str, Any]], source: str) -> RunRecord:
+    run = RunRecord(run_id="", name="", group="", job_type="", state="running or crashed", source=source)
+    for record in records:
+        kind = record.get("type")
+        if kind == "run":
+            body = record["run"]
+            run.run_id = body.get("run_id", "")
+            run.name = body.get("display_name", "")
+            run.group = body.get("run_group", "")
+            run.job_type = body.get("job_type", "")
+            run.start_time = body.get("start_time", "")
+            run.config.update(_config_values(body.get("config", {}).get("update", {})))
+        elif kind == "config":
+            run.config.update(_config_values(record["config"].get("update", {})))
+        elif kind == "history":
+            run.history.append(record["history"]["item"])
+        elif kind == "summary":
+            run.summary.update(record["summary"].get("update", {}))
+            for key in record["summary"].get("remove", []) or []:
+                run.summary.pop(key, None)
+        elif kind == "exit":
+            run.state = "finished" if record["exit"].get("exit_code", 0) == 0 else "failed"
+    run.summary = {k: v for k, v in run.summary.items() if not k.startswith("_wandb")}
+    run.config.pop("_wandb", None)
+    return run
+
+
+def _config_values(update: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in update.items() if k != "_wandb"}
+
+
+def read_offline_run(run_dir: str | Path, timeout_s: float = 120.0) -> RunRecord:
+    """One offline run, read with ``wandb leet inspect --json``."""
+    run_dir = Path(run_dir)
+    try:
+        proc = subprocess.run(_inspect_command(run_dir), capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise DataError(f"{run_dir}: 'wandb leet inspect' did not answer within {timeout_s:.0f} s") from exc
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        raise DataError(f"{run_dir}: 'wandb leet inspect' failed: {detail[-1] if detail else proc.returncode}")
+    records = []
+    for number, line in enumerate(proc.stdout.splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{run_dir}: record {number} from 'wandb leet inspect' is not JSON") from exc
+    return _fold(records, str(run_dir))
+
+
+def run_id_of(run_dir: Path) -> str:
+    """The id at the end of ``offline-run-<date>_<time>-<id>``."""
+    return run_dir.name.rsplit("-", 1)[-1]
+
+
+def read_offline_runs(wandb_dir: str | Path, group: str | None = None, workers: int = 2,
+                      exclude_ids: tuple[str, ...] = ()) -> list[RunRecord]:
+    """Every readable offline run under ``wandb_dir`` (in ``group`` if given); unreadable ones are skipped
+    with a warning, since a run killed mid-write must not hide the others."""
+    run_dirs = [d for d in find_offline_runs(wandb_dir) if run_id_of(d) not in exclude_ids]
+    if not run_dirs:
+        return []
+    log.info("reading %d offline W&B run(s) under %s with 'wandb leet inspect'", len(run_dirs), wandb_dir)
+
+    def read(run_dir: Path) -> RunRecord | None:
+        try:
+            return read_offline_run(run_dir)
+        except DataError as exc:
+            log.warning("skipping a W&B run: %s", exc)
+            return None
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        runs = [run for run in pool.map(read, run_dirs) if run is not None]
+    return [run for run in runs if group is None or run.group == group]
+
+
+def read_online_runs(project: str, entity: str, group: str, history_keys: list[str]) -> list[RunRecord]:
+    """The group's runs through the W&B API (needs an API key and network)."""
+    import wandb
+
+    api = wandb.Api(timeout=20)
+    path = f"{entity}/{project}" if entity else project
+    runs = []
+    for run in api.runs(path, filters={"group": group}):
+        history = [dict(row) for row in run.scan_history(keys=history_keys)] if history_keys else []
+        runs.append(RunRecord(run_id=run.id, name=run.name, group=run.group or "", job_type=run.job_type or "",
+                              state=run.state, config=dict(run.config), summary=dict(run.summary_metrics),
+                              history=history, start_time=str(run.created_at), source="wandb-api"))
+    return runs

@@ -1,0 +1,196 @@
+"""The compiled pieces of training: optimizer, sharded state creation and the train step.
+
+The train state is a plain dict ``{"params", "opt_state", "step", "rng"}`` so that Orbax saves
+and restores it as one tree. Its shardings are computed once from the parameters' logical axis
+names; the state is created by a jitted init with those ``out_shardings`` (so the optimizer state
+is sharded like the parameters, not replicated) and the step takes and returns exactly the same
+shardings, which is what keeps it from recompiling after the first step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from experiment.errors import ConfigError
+from experiment.sections.model import ModelConfig
+from experiment.sections.train import TrainConfig
+from model.decoder import Decoder, cross_entropy, run_once_compile_options
+from model.sharding import Rules, activation_layout, batch_sharding, replicated, tree_shardings
+
+State = dict[str, Any]
+Batch = dict[str, jax.Array]
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def make_optimizer(train_cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW on a linear-warmup + cosine-decay schedule, after global-norm clipping.
+
+    Weight decay skips vectors (norm scales): decaying them only fights the normalisation.
+    """
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=train_cfg.learning_rate,
+        warmup_steps=train_cfg.warmup_steps,
+        decay_steps=train_cfg.steps,
+        end_value=train_cfg.learning_rate * train_cfg.min_lr_ratio,
+    )
+    adamw = optax.adamw(
+        schedule, b1=train_cfg.beta1, b2=train_cfg.beta2, weight_decay=train_cfg.weight_decay,
+        mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params),
+    )
+    if train_cfg.grad_clip > 0:
+        return optax.chain(optax.clip_by_global_norm(train_cfg.grad_clip), adamw), schedule
+    return adamw, schedule
+
+
+@dataclasses.dataclass
+class TrainProgram:
+    """Everything compiled for one model/mesh: create the state, run a step, where things live."""
+
+    graphdef: nnx.GraphDef
+    mesh: Mesh
+    rules: Rules
+    abstract_state: State  # ShapeDtypeStructs with shardings: the restore target
+    state_shardings: State
+    batch_sharding: NamedSharding
+    schedule: optax.Schedule
+    init_state: Callable[[], State]
+    train_step: Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]
+
+    def model(self, params: nnx.State) -> Decoder:
+        return nnx.merge(self.graphdef, params)
+
+    def abstract_batch(self, batch_size: int, seq_len: int, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
+        keys = ("inputs", "targets", "segment_ids", "positions") if packed else ("inputs", "targets")
+        return {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=self.batch_sharding) for k in keys}
+
+    def lower_step(self, abstract_batch: dict[str, jax.ShapeDtypeStruct]) -> jax.stages.Lowered:
+        """The train step lowered for abstract inputs: compile it ahead of time (e.g. for a TPU topology)."""
+        with jax.set_mesh(self.mesh), activation_layout(self.mesh, self.rules):
+            return self.train_step.jitted.lower(self.abstract_state, abstract_batch)  # type: ignore[attr-defined]
+
+
+def build_program(model_cfg: ModelConfig, train_cfg: TrainConfig, vocab_size: int, mesh: Mesh,
+                  seed: int) -> TrainProgram:
+    rules = train_cfg.mesh.rules
+    tx, schedule = make_optimizer(train_cfg)
+    param_dtype, compute_dtype = DTYPES[train_cfg.param_dtype], DTYPES[train_cfg.compute_dtype]
+
+    def create_state() -> State:
+        root = jax.random.key(seed)
+        with nnx.use_eager_sharding(False):
+            model = Decoder(model_cfg, vocab_size, nnx.Rngs(params=jax.random.fold_in(root, 0)))
+        params = jax.tree.map(lambda x: x.astype(param_dtype), nnx.state(model, nnx.Param))
+        return {
+            "params": params,
+            "opt_state": tx.init(params),
+            "step": jnp.zeros((), jnp.int32),
+            "rng": jax.random.key_data(jax.random.fold_in(root, 1)),
+        }
+
+    with nnx.use_eager_sharding(False):
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(model_cfg, vocab_size, nnx.Rngs(0))))
+    shapes = jax.eval_shape(create_state)
+    tree_shardings(shapes["params"], mesh, rules)  # checked alone first so an error names the parameter
+    state_shardings = tree_shardings(shapes, mesh, rules)
+    abstract_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                  shapes, state_shardings)
+    data_sharding = batch_sharding(mesh, rules)
+    check_batch(train_cfg, data_sharding)
+
+    def loss_fn(params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array]:
+        model = nnx.merge(graphdef, jax.tree.map(lambda p: p.astype(compute_dtype), params))
+        logits = model(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
+        nll, z_term = cross_entropy(logits, batch["targets"])
+        return nll + model_cfg.z_loss * z_term, nll
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def gradients(params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array, nnx.State]:
+        accum = train_cfg.grad_accum_steps
+        if accum == 1:
+            (loss, nll), grads = grad_fn(params, batch)
+            return loss, nll, grads
+
+        def split(x: jax.Array) -> jax.Array:
+            # row i of micro-batch j is row i * accum + j: each device keeps its own rows
+            micro = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+            return jax.lax.with_sharding_constraint(micro, NamedSharding(mesh, jax.P(None, *data_sharding.spec)))
+
+        def add_micro(carry: tuple[Any, ...], micro: Batch) -> tuple[tuple[Any, ...], None]:
+            loss_sum, nll_sum, grad_sum = carry
+            (loss, nll), grads = grad_fn(params, micro)
+            return (loss_sum + loss, nll_sum + nll, jax.tree.map(jnp.add, grad_sum, grads)), None
+
+        zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+        (loss, nll, grads), _ = jax.lax.scan(add_micro, zeros, jax.tree.map(split, batch))
+        return loss / accum, nll / accum, jax.tree.map(lambda g: g / accum, grads)
+
+    def train_step(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
+        params, step = state["params"], state["step"]
+        loss, nll, grads = gradients(params, batch)
+        grad_norm = optax.tree.norm(grads)
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        if train_cfg.nan_policy == "skip":  # keep the previous weights and moments for a bad batch
+            new_params, opt_state = jax.tree.map(
+                lambda new, old: jnp.where(finite, new, old), (new_params, opt_state), (params, state["opt_state"])
+            )
+        new_state = {
+            "params": new_params,
+            "opt_state": opt_state,
+            "step": step + 1,
+            # advanced every step so that stochastic features (dropout, sampling) resume exactly
+            "rng": jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), step)),
+        }
+        metrics = {"loss": nll, "total_loss": loss, "grad_norm": grad_norm, "lr": schedule(step), "finite": finite}
+        return new_state, metrics
+
+    jitted_init = jax.jit(create_state, out_shardings=state_shardings)
+    jitted_step = jax.jit(
+        train_step,
+        in_shardings=(state_shardings, data_sharding),
+        out_shardings=(state_shardings, replicated(mesh)),
+        donate_argnums=0,
+    )
+
+    def init_state() -> State:
+        with jax.set_mesh(mesh), activation_layout(mesh, rules):
+            return jitted_init.lower().compile(compiler_options=run_once_compile_options(mesh.devices.flat[0].platform))()
+
+    def run_step(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
+        # the layout context matters only while tracing (the first call); cheap afterwards
+        with jax.set_mesh(mesh), activation_layout(mesh, rules):
+            return jitted_step(state, batch)
+
+    run_step.jitted = jitted_step  # type: ignore[attr-defined]  # for AOT lowering and cache checks
+    return TrainProgram(graphdef, mesh, rules, abstract_state, state_shardings, data_sharding, schedule,
+                        init_state, run_step)
+
+
+def check_batch(train_cfg: TrainConfig, data_sharding: NamedSharding) -> None:
+    spec = data_sharding.spec[0] if data_sharding.spec else None
+    axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
+    parts = 1
+    for axis in axes:
+        parts *= data_sharding.mesh.shape[axis]
+    micro = train_cfg.batch_size // train_cfg.grad_accum_steps
+    if micro % parts:
+        raise ConfigError(
+            f"config key 'train.batch_size': the micro-batch of {micro} sequences (batch_size / grad_accum_steps) "
+            f"cannot be split over the {parts} data-parallel devices ({'x'.join(axes)})"
+        )
+
+
+def global_batch(local: dict[str, Any], sharding: NamedSharding) -> Batch:
+    """Assemble the global batch from this process's rows (one process: just a device_put)."""
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
