@@ -11,7 +11,7 @@ comma := ,
 export JAX_PLATFORMS ?= cpu
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test lint clean-demo
+.PHONY: setup demo test test-base test-extras lint clean-demo
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,36 @@ demo: setup
 	$(PY) recipes/05_evaluate.py --config $(CONFIG)
 	$(PY) recipes/06_compare_costs.py --config $(CONFIG)
 
-test: setup
+# The README's test command: the base suite, then each optional extra in its own venv (Beam pins
+# protobuf below 7 and TensorFlow is 1.4 GB, so they never share the base environment).
+test: test-base test-extras
+
+test-base: setup
 	$(PY) -m pytest -q
+
+# extra name : test files run in that extra's venv
+EXTRA_TESTS_tf := tests/test_tfrecord_tf.py
+EXTRA_TESTS_beam := tests/test_corpus_beam.py tests/test_shard_beam.py
+EXTRA_TESTS_hf := tests/test_eval_hf_export.py tests/test_eval_lm_eval.py tests/test_tokenizer.py
+EXTRA_TESTS_tpu := tests/test_fit_check.py
+EXTRAS := tf beam hf tpu
+EXTRA_PIP_tf := tf,test
+EXTRA_PIP_beam := beam,zstd,test
+EXTRA_PIP_hf := hf,lm-eval,test
+EXTRA_PIP_tpu := tpu,test
+
+.venvs/%/.installed: pyproject.toml
+	$(PYTHON) -m venv .venvs/$*
+	.venvs/$*/bin/python -m pip install -q --upgrade pip
+	.venvs/$*/bin/python -m pip install -q -e ".[$(EXTRA_PIP_$*)]"
+	touch $@
+
+test-extra-%: .venvs/%/.installed
+	.venvs/$*/bin/python -m pytest -q $(EXTRA_TESTS_$*)
+
+test-extras: $(addprefix test-extra-,$(EXTRAS))
+
+.PRECIOUS: .venvs/%/.installed
 
 lint: setup
 	$(VENV)/bin/ruff check .

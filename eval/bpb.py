@@ -68,12 +68,15 @@ def add_batch(acc: BitsPerByte, logits_fn: LogitsFn, batch: dict[str, np.ndarray
 
 
 def validation_bpb(logits_fn: LogitsFn, shards_dir: Path, piece_bytes: np.ndarray, batch_size: int,
-                   max_batches: int | None = None, split: str = "validation") -> BitsPerByte:
-    """Bits per byte over the validation shards (recipe 03's output), in file order."""
+                   max_batches: int | None = None, split: str = "validation",
+                   tokenizer_sha256: str | None = None) -> BitsPerByte:
+    """Bits per byte over the validation shards (recipe 03's output), in file order; shards made
+    with another tokenizer than ``tokenizer_sha256`` are refused (their ids would mean other text)."""
     from data_prep.loader import iter_eval_batches
 
-    return batches_bpb(logits_fn, iter_eval_batches(shards_dir, split, batch_size, max_batches=max_batches),
-                       piece_bytes, total=max_batches)
+    batches = iter_eval_batches(shards_dir, split, batch_size, max_batches=max_batches,
+                                tokenizer_sha256=tokenizer_sha256)
+    return batches_bpb(logits_fn, batches, piece_bytes, total=max_batches)
 
 
 def batches_bpb(logits_fn: LogitsFn, batches: Iterable[dict[str, np.ndarray]], piece_bytes: np.ndarray,

@@ -147,10 +147,13 @@ def metric_summary(values: Sequence[float], chance: float, majority: float | Non
     return summary
 
 
-def majority_share(items: Sequence[Item]) -> float:
-    """Share of the most common gold position (RuBLiMP: 1.0, the grammatical sentence is always first)."""
+def majority_share(items: Sequence[Item]) -> float | None:
+    """Share of the most common gold answer where every item offers the same answers (TERRa, RCB,
+    RuCoLA); None where the answers differ per item (a scorer cannot favour a position there)."""
+    if not items or len({it.continuations for it in items}) > 1:
+        return None
     counts = Counter(it.gold for it in items)
-    return max(counts.values()) / len(items) if items else float("nan")
+    return max(counts.values()) / len(items)
 
 
 def task_metrics(spec: TaskSpec, items: Sequence[Item], loglik: Sequence[Sequence[float]],

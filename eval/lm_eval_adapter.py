@@ -1,12 +1,7 @@
 """lm-evaluation-harness adapter: any lm-eval log-likelihood task on our checkpoints (``lm-eval`` extra).
 
-    lm_eval --model ru-pretrain --model_args run_folder=runs/demo,step=300 --tasks xnli_ru \\
-        --include_path ...   # after `import eval.lm_eval_adapter` registered the model (see below)
-
-or from Python::
-
     import lm_eval
-    from eval.lm_eval_adapter import RuPretrainLM
+    from eval.lm_eval_adapter import RuPretrainLM   # also registers the model name "ru-pretrain"
     lm_eval.simple_evaluate(model=RuPretrainLM(run_folder="runs/demo"), tasks=["xnli_ru"])
 
 Requests go through the same scoring as recipe 05 (``eval.scoring``): every context starts a

@@ -45,7 +45,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     if results.get("tasks"):
         lines += [f"Tasks ({results.get('num_fewshot', 0)}-shot where the task has a prompt); 95% intervals: "
                   "Wilson for accuracies, bootstrap for MCC. Chance: uniform guessing; majority: always giving "
-                  "the most common gold answer. Silver labels are crowd majority votes, not gold.", "",
+                  "the most common answer (tasks with the same answers on every item). Silver labels are crowd "
+                  "majority votes, not gold.", "",
                   "| task | metric | score | 95% interval | chance | majority | items | labels |",
                   "|---|---|---:|---|---:|---:|---:|---|"]
         for task, r in results["tasks"].items():

@@ -101,7 +101,7 @@ def run_suite(logits_fn: LogitsFn, tok: TokenizerBits, eval_cfg: Any, run_folder
         log.info("bits per byte on the validation shards (%s batches)", validation_batches or "all")
         started = time.perf_counter()
         acc = bpb.validation_bpb(logits_fn, run_folder.shards, tok.piece_bytes, eval_cfg.batch_size,
-                                 max_batches=validation_batches)
+                                 max_batches=validation_batches, tokenizer_sha256=tok.sha256 or None)
         results["validation"] = {**acc.to_dict(), "seconds": round(time.perf_counter() - started, 2)}
         log.info("validation: %s", bpb.describe(acc))
     if heldout_files:

@@ -70,3 +70,26 @@ def test_transformers_logits_match_ours(tmp_path: Path, tie: bool) -> None:
         theirs = hf_model(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
     assert ours.std() > 0.5  # logits that actually vary
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
+
+
+def test_exported_tokenizer_gives_sentencepiece_ids(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[hf])")
+    import sentencepiece as spm
+
+    from eval.hf_export import write_export
+    from experiment.sections.tokenizer import TokenizerConfig
+    from tokenizer.train import special_ids, train_sentencepiece, trainer_options
+
+    shared = Path(os.environ.get("RU_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    novel = shared / "text" / "ruslit" / "prose" / "Pushkin" / "Капитанская дочка.txt"
+    if not novel.is_file():
+        pytest.skip(f"shared data not found at {shared}")
+    lines = [line for line in novel.read_text(encoding="utf-8").splitlines() if line.strip()][:800]
+    tok_cfg = TokenizerConfig(vocab_size=600, model_type="unigram")
+    sp = spm.SentencePieceProcessor(model_proto=train_sentencepiece(iter(lines), trainer_options(tok_cfg, 0)))
+    model, cfg = tiny_model(tie=True)
+    out = write_export(model, cfg, sp.get_piece_size(), tmp_path / "hf", sp=sp, special_ids=special_ids(tok_cfg))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    unseen = (novel.parent / "Дубровский.txt").read_text(encoding="utf-8").splitlines()[10:15]
+    for text in unseen + ["Ёжик в тумане, 2024 год!", "  два пробела\nи перевод строки"]:
+        assert hf_tok.encode(text, add_special_tokens=False) == sp.encode(text), text

@@ -29,7 +29,7 @@ PUSHKIN = SHARED / "text" / "ruslit" / "prose" / "Pushkin" / "Капитанск
 pytestmark = [pytest.mark.integration, pytest.mark.shared_data,
               pytest.mark.skipif(not PUSHKIN.is_file(), reason=f"shared data not found at {SHARED} (set RU_SHARED_DATA)")]
 
-VOCAB = 400
+VOCAB = 600
 LOCAL_TASKS = ["rublimp", "parus", "terra", "rcb", "rucola", "ruworldtree"]
 
 
@@ -108,7 +108,7 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory):
     tmp_path = tmp_path_factory.mktemp("evalrun")
     heldout = tmp_path / "heldout.txt"
     heldout.write_text(PUSHKIN.read_text(encoding="utf-8")[-3000:], encoding="utf-8")
-    cfg = load_config(write_config(tmp_path, heldout_text_files=[str(heldout)]))
+    cfg = load_config(write_config(tmp_path, heldout_text_files=[str(heldout)], export_hf=True))
     run_folder = RunFolder.for_config(cfg)
     build_run_folder(cfg, run_folder)
     with open_run(cfg, run_folder, job_type="eval") as wandb_run:
@@ -124,6 +124,15 @@ def test_results_files_and_manifest(evaluated) -> None:
     assert on_disk["step"] == 7 and set(on_disk["tasks"]) == set(LOCAL_TASKS)
     markdown = (eval_dir / "step_0000007.md").read_text(encoding="utf-8")
     assert "| rublimp | acc |" in markdown and "## rublimp by group" in markdown and "silver" in markdown
+
+
+def test_hf_export_of_the_checkpoint(evaluated) -> None:
+    export = Path(evaluated.results["hf_export"])
+    assert export == evaluated.run_folder.eval / "hf" / "step_0000007"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (export / name).is_file(), name
+    config = json.loads((export / "config.json").read_text(encoding="utf-8"))
+    assert config["vocab_size"] == VOCAB and config["num_hidden_layers"] == 1
 
 
 def test_random_model_bits_per_byte_is_log2_vocab_per_token(evaluated) -> None:
@@ -203,3 +212,18 @@ def test_wandb_summary_and_table_are_logged(evaluated) -> None:
     assert summary["eval/rublimp/acc"] == pytest.approx(evaluated.results["tasks"]["rublimp"]["metrics"]["acc"]["value"])
     assert summary["eval/val_bpb"] == pytest.approx(evaluated.results["validation"]["bits_per_byte"])
     assert summary["eval/results"]["_type"] == "table-file"
+
+
+def test_shards_of_another_tokenizer_are_refused(evaluated) -> None:
+    from eval.run import evaluate
+    from experiment.manifest import read_manifest, write_manifest
+
+    shards = evaluated.run_folder.shards
+    manifest = read_manifest(shards, "shards", "recipes/03_shard.py")
+    body = {k: v for k, v in manifest.items() if k not in ("stage", "schema_version", "created_at")}
+    try:
+        write_manifest(shards, "shards", {**body, "tokenizer_sha256": "1" * 64})
+        with pytest.raises(DataError, match="made with tokenizer 111111111111"):
+            evaluate(evaluated.cfg, evaluated.run_folder, None)
+    finally:
+        write_manifest(shards, "shards", body)

@@ -69,6 +69,10 @@ def test_mcc_metric_in_task_results() -> None:
     result = task_metrics(mc_spec(metrics=("acc", "mcc")), items, [[-1, -2], [-2, -1], [-1, -2], [-1, -2]])
     assert result["metrics"]["mcc"]["value"] == pytest.approx(matthews_corrcoef([0, 1, 0, 1], [0, 1, 0, 0]))
     assert result["metrics"]["mcc"]["chance"] == 0.0
+    assert result["metrics"]["acc"]["majority"] == 0.5  # the same two answers on every item
+    varied = [Item(task="t", id="v", contexts=("",) * 2, continuations=(" a", " b"), gold=0),
+              Item(task="t", id="w", contexts=("",) * 2, continuations=(" c", " d"), gold=0)]
+    assert "majority" not in task_metrics(mc_spec(metrics=("acc",)), varied, [[0, 1], [1, 0]])["metrics"]["acc"]
     lo, hi = result["metrics"]["mcc"]["ci95"]
     assert -1.0 <= lo <= hi <= 1.0
 
@@ -251,3 +255,35 @@ def test_bad_eval_config_names_the_key(override: str, key: str) -> None:
 
     with pytest.raises(ConfigError, match=f"'{key}'"):
         load_config(REPO / "recipes" / "configs" / "demo.yaml", [override])
+
+
+@needs_shared
+def test_scoring_a_task_is_deterministic_and_fewshot_changes_the_prompt() -> None:
+    import jax.numpy as jnp
+    import numpy as np
+
+    from eval.harness import evaluate_task, score_items
+
+    rng = np.random.default_rng(0)
+    emb = jnp.asarray(rng.normal(size=(260, 8)).astype(np.float32))
+    out = jnp.asarray(rng.normal(size=(8, 260)).astype(np.float32))
+
+    def logits_fn(tokens, **_):  # sees the whole prefix (a running mean), so examples change the scores
+        return (jnp.cumsum(emb[tokens], axis=1) / jnp.arange(1, tokens.shape[1] + 1)[None, :, None]) @ out
+
+    encoder = PairEncoder(lambda text: [b + 4 for b in text.encode("utf-8")], start_id=3)
+    data = load_task(TASKS["parus"], bench_dir=str(BENCH), max_items=12, seed=0)
+
+    def run(k: int) -> dict:
+        return evaluate_task(data, logits_fn, encoder, batch_size=4, max_len=256,
+                             num_fewshot=k, seed=5)
+
+    first, again = run(2), run(2)
+    assert first == again and first["num_fewshot"] == 2
+
+    def loglik(k: int) -> list[list[float]]:
+        return score_items(logits_fn, data.items, data.pool, encoder, batch_size=4,
+                           max_len=256, num_fewshot=k, seed=5)
+
+    assert loglik(2) == loglik(2)
+    assert loglik(2) != loglik(0)  # the examples are really in the prompt

@@ -27,7 +27,7 @@ def write_yaml(tmp_path: Path, text: str) -> Path:
 
 
 def test_demo_config_loads_with_overrides():
-    cfg = load_config(DEMO, ["train.steps=7", "train.learning_rate=1e-4", "model.d_model=64"])
+    cfg = load_config(DEMO, ["train.steps=7", "train.warmup_steps=2", "train.learning_rate=1e-4", "model.d_model=64"])
     assert cfg.train.steps == 7
     assert cfg.train.learning_rate == pytest.approx(1e-4)
     assert cfg.model.d_model == 64

@@ -19,7 +19,7 @@ from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from tokenizer.hf_export import build_hf_tokenizer
 from tokenizer.spm import load_tokenizer, piece_byte_lengths
-from tokenizer.train import cut_long_line, train_sentencepiece, train_tokenizer, trainer_options
+from tokenizer.train import cut_long_line, train_sentencepiece, train_tokenizer, trainer_options, training_lines
 
 SUBJECTS = ["Старый мельник", "Её сестра", "Молодой учитель", "Наш сосед", "Ёжик", "Командир полка", "Девочка",
             "Лесник", "Пётр Иванович", "Анна Сергеевна", "Почтальон", "Художник"]
@@ -175,12 +175,17 @@ def test_piece_byte_lengths_sum_to_utf8_length(trained: tuple[RunFolder, Recordi
         assert int(lengths[ids].sum()) == len(text.encode("utf-8"))
 
 
-def test_same_input_and_seed_give_identical_model() -> None:
-    lines = [line for d in fixture_documents(120) for line in d["text"].split("\n") if line]
-    cfg = make_config(Path("unused"), vocab_size=550)
-    first = train_sentencepiece(lines, trainer_options(cfg.tokenizer, seed=3))
-    second = train_sentencepiece(lines, trainer_options(cfg.tokenizer, seed=3))
-    assert first == second
+def test_same_corpus_config_and_seed_give_identical_model(tmp_path: Path) -> None:
+    """Two stage runs in separate folders write byte-identical spm.model files."""
+    docs = fixture_documents(150)
+    hashes = []
+    for name in ("first", "second"):
+        folder, _ = run_stage(tmp_path / name, docs, vocab_size=550, baseline_hf_bpe=False, hf_export=False)
+        hashes.append(json.loads((folder.tokenizer / "manifest.json").read_text(encoding="utf-8"))["sha256"])
+    assert hashes[0] == hashes[1]
+    tok = make_config(tmp_path, vocab_size=550).tokenizer  # the same model again, from the train side only
+    lines = training_lines(docs, 10.0, tok.max_sentence_length)
+    assert train_sentencepiece(lines, trainer_options(tok, seed=0)) == (folder.tokenizer / "spm.model").read_bytes()
 
 
 def test_load_refuses_unfinished_or_changed_model(tmp_path: Path, trained: tuple[RunFolder, RecordingRun]) -> None:

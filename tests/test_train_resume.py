@@ -4,7 +4,6 @@ uninterrupted run's loss bit for bit, continuing one W&B run without gaps or dup
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import shared_data_dir
 from tests.recipe_runner import REPO, recipe_env, run_recipe, tiny_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.shared_data]
@@ -24,8 +24,10 @@ TRAIN = {"steps": STEPS, "log_every": 1, "checkpoint_every": 8, "keep_checkpoint
 
 
 @pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Corpus, tokenizer and shards of the tiny experiment, made once by recipes 01-03."""
+    if not (shared_data_dir() / "text" / "ruslit").is_dir():
+        pytest.skip(f"shared data not found at {shared_data_dir()} (set RU_SHARED_DATA to the shared/data folder)")
     root = tmp_path_factory.mktemp("resume-data")
     config = tiny_config(root, train=TRAIN)
     for script in ("01_build_corpus.py", "02_train_tokenizer.py", "03_shard.py"):
@@ -57,13 +59,16 @@ def start(config: Path) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int, timeout: float = 400) -> int:
-    """Poll the train log until it reaches ``step``; returns the last logged step."""
+def wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int, checkpoint: int | None = None,
+                  timeout: float = 400) -> int:
+    """Poll the train log until it reaches ``step`` (and the async save of ``checkpoint`` has landed);
+    returns the last logged step."""
     log = run_dir / "train_log.jsonl"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"training ended early:\n{proc.communicate()[1][-3000:]}"
-        if log.is_file():
+        landed = checkpoint is None or (run_dir / "checkpoints" / str(checkpoint) / "commit_success.txt").is_file()
+        if log.is_file() and landed:
             steps = [json.loads(line)["train/step"] for line in log.read_text(encoding="utf-8").splitlines()
                      if line.strip()]
             if steps and steps[-1] >= step:
@@ -83,22 +88,24 @@ def test_kill_and_sigterm_resume_retrace_the_same_losses(data_root: Path, tmp_pa
     config = experiment_copy(data_root, tmp_path, "interrupted")
     run_dir = config.parent / "runs" / "tiny"
 
-    # 1. SIGKILL between the checkpoints of steps 8 and 16: the steps after 8 are lost
+    # 1. SIGKILL after the checkpoint of step 8 has landed: the steps after the latest one are lost
     proc = start(config)
-    killed_at = wait_for_step(proc, run_dir, 11)
+    wait_for_step(proc, run_dir, 10, checkpoint=8)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    assert 11 <= killed_at < 16
+    killed_at = max(losses(run_dir))
+    landed = max(int(p.parent.name) for p in (run_dir / "checkpoints").glob("*/commit_success.txt"))
+    assert 8 <= landed < killed_at < STEPS - 3
 
-    # 2. resume; SIGTERM at step >= 18 saves that step and exits 143 within the grace period
+    # 2. resume; SIGTERM a few steps later saves that step and exits 143 within the grace period
     proc = start(config)
-    wait_for_step(proc, run_dir, 18)
+    wait_for_step(proc, run_dir, killed_at + 3)
     signalled = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=TRAIN["preemption_grace_s"])
     assert proc.returncode == 143, stderr[-3000:]
     assert time.monotonic() - signalled < TRAIN["preemption_grace_s"]
-    assert "resumed from the checkpoint of step 8" in stderr
+    assert f"resumed from the checkpoint of step {landed}" in stderr
     preempted_at = max(losses(run_dir))
     assert f"SIGTERM: checkpoint of step {preempted_at} saved" in stderr
     assert (run_dir / "checkpoints" / str(preempted_at)).is_dir()
@@ -115,8 +122,8 @@ def test_kill_and_sigterm_resume_retrace_the_same_losses(data_root: Path, tmp_pa
 
 
 def check_wandb_history_continues(run_dir: Path, killed_at: int) -> None:
-    """The three local W&B folders are one run id; synced in order (W&B drops a step it has already
-    seen), the history is steps 1..STEPS once each."""
+    """The three local W&B folders are one run id; synced in order (W&B keeps the first value of a
+    step and drops later ones), the history is steps 1..STEPS once each."""
     from tracking.readback import find_offline_runs, read_offline_run
 
     runs = [read_offline_run(d) for d in find_offline_runs(run_dir / "wandb")]
@@ -128,4 +135,6 @@ def check_wandb_history_continues(run_dir: Path, killed_at: int) -> None:
         assert steps == sorted(set(steps)), "each folder logs increasing steps"
         kept += [s for s in steps if not kept or s > kept[-1]]
     assert kept == list(range(1, STEPS + 1))
-    assert max(int(row["_step"]) for row in pretrain[0].history) == killed_at
+    # wandb writes offline history in blocks: the SIGKILLed folder may have kept none of it, and the
+    # resumed session re-logs what is missing up to its checkpoint (trainer.train.backfill_offline_history)
+    assert all(int(row["_step"]) <= killed_at for row in pretrain[0].history)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -73,11 +74,13 @@ def test_nan_step_is_skipped_and_weights_kept() -> None:
     assert bool(metrics["finite"])
 
 
-def test_nan_stops_the_run_naming_the_last_checkpoint() -> None:
+def test_nan_stops_the_run_naming_the_last_checkpoint(tmp_path: Path) -> None:
     bad = {"finite": np.bool_(False), "total_loss": np.float32("nan"), "grad_norm": np.float32("nan")}
+    for step in ("0", "5", "6.orbax-checkpoint-tmp-123"):  # an interrupted save does not count
+        (tmp_path / step).mkdir()
     with pytest.raises(TrainingDiverged, match="diverged at step 7.*last good checkpoint is step 5"):
-        check_finite(bad, 7, TRAIN, [0, 5])
-    check_finite(bad, 7, dataclasses.replace(TRAIN, nan_policy="skip"), [])  # skip: only a warning
+        check_finite(bad, 7, TRAIN, tmp_path)
+    check_finite(bad, 7, dataclasses.replace(TRAIN, nan_policy="skip"), tmp_path)  # skip: only a warning
 
 
 def test_bf16_compute_keeps_fp32_master_weights(plain: TrainProgram) -> None:

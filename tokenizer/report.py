@@ -18,9 +18,11 @@ from typing import Any
 import sentencepiece as spm
 from tqdm import tqdm
 
+from data_prep.corpus_io import iter_documents
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.sections.tokenizer import RUSSIAN_REQUIRED_CHARS
 from tokenizer.spm import piece_surface
+from tokenizer.train import training_texts
 
 log = logging.getLogger("tokenizer")
 
@@ -134,8 +136,7 @@ def measure_tokenizer(tok: MeasuredTokenizer, heldout: dict[str, list[dict[str, 
 def build_report(cfg: Any, sp: spm.SentencePieceProcessor, split: Any, corpus_dir: Path,
                  train_seconds: float) -> dict[str, Any]:
     """Measure the trained model and, if configured, the baselines on the same held-out documents."""
-    from tokenizer.baselines import bytelevel_bpe_under_test, train_bytelevel_bpe
-    from tokenizer.train import training_texts
+    from tokenizer.baselines import bytelevel_bpe_under_test, train_bytelevel_bpe  # baselines imports this module
 
     tok_cfg = cfg.tokenizer
     if not split.heldout_docs():
@@ -143,8 +144,6 @@ def build_report(cfg: Any, sp: spm.SentencePieceProcessor, split: Any, corpus_di
                     cfg.shards.validation_percent)
     tokenizers = [sentencepiece_under_test(sp, train_seconds)]
     if tok_cfg.baseline_hf_bpe:
-        from data_prep.corpus_io import iter_documents
-
         log.info("training the Hugging Face byte-level BPE baseline at vocabulary %d", tok_cfg.vocab_size)
         started = time.perf_counter()
         # Whole documents, as this baseline is normally trained: its pre-tokenizer splits them itself.

@@ -1,9 +1,9 @@
 """Recipe 02: train the SentencePiece tokenizer on the train side of the cleaned corpus.
 
-Input is streamed line by line from the corpus (SentencePiece samples ``input_sentence_size``
-lines with a seeded shuffle), so a multi-GB corpus never sits in memory. Documents are split at
-newlines because "\\n" is a user-defined symbol: such symbols always stand alone, so no learned
-piece could span a newline anyway, and short lines keep every paragraph under
+Input is streamed line by line from the corpus and SentencePiece keeps a seeded sample of
+``input_sentence_size`` lines, so a multi-GB corpus never sits in memory whole. Documents are split
+at newlines because "\\n" (and by default "\\n\\n") are user-defined symbols, which always stand alone, so
+no learned piece could span a newline anyway, and short lines keep every paragraph under
 ``max_sentence_length``. Over-long lines are cut at spaces rather than dropped silently.
 """
 
@@ -182,7 +182,7 @@ def special_ids(tok: TokenizerConfig) -> dict[str, int]:
 
 def train_tokenizer(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     """Recipe 02 entry point: train, write ``tokenizer/`` and its report, log the W&B artifact."""
-    from tokenizer.report import build_report, log_report, write_report
+    from tokenizer.report import build_report, log_report, write_report  # report imports this module
 
     tok: TokenizerConfig = cfg.tokenizer
     out_dir = Path(run_folder.tokenizer)

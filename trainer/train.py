@@ -190,9 +190,32 @@ class MetricsWindow:
         return out
 
 
+class OtherHostLedger:
+    """Hosts other than process 0 book nothing: process 0's ledger prices the whole slice (cost.chips)."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def add_tokens(self, step: int, tokens: int) -> None: ...
+
+    def mark_checkpoint(self, step: int) -> None: ...
+
+    def mark_resume(self, step: int) -> None: ...
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+    def __enter__(self) -> OtherHostLedger:
+        return self
+
+    def __exit__(self, *exc: Any) -> None: ...
+
+
 def open_ledger(cfg: Any, run_folder: RunFolder, run_id: str) -> Any:
     from cost.ledger import Ledger
 
+    if jax.process_index() != 0:
+        return OtherHostLedger()
     return Ledger.open(run_folder.ledger, cfg.cost, run_id)
 
 
@@ -213,6 +236,8 @@ def pretrain(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
         raise ConfigError(f"config key 'model.max_seq_len': {model_cfg.max_seq_len} is shorter than the shards' "
                           f"seq_len {data.seq_len}")
     run_id = getattr(wandb_run, "id", None) or "offline"
+    if jax.process_index() != 0:
+        wandb_run = None  # one host reports for the whole slice
     ledger = open_ledger(cfg, run_folder, run_id)
     with ledger:
         return _pretrain(cfg, model_cfg, train_cfg, data, run_folder, wandb_run, ledger, run_id)
@@ -241,6 +266,8 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         if jax.process_index() == 0:
             atomic_write_json(Path(run_folder.checkpoints) / WANDB_ID_FILE, {"run_id": run_id})
 
+    if start_step and wandb_run is not None and getattr(wandb_run, "offline", False):
+        backfill_offline_history(wandb_run, Path(run_folder.root) / TRAIN_LOG, start_step)
     tokens_per_step = train_cfg.batch_size * data.seq_len
     window = MetricsWindow(tokens_per_step, train_flops_per_token(model_cfg, data.vocab_size, data.seq_len),
                            peak_flops_per_device(cfg))
@@ -282,7 +309,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                 window.add()
                 ledger.add_tokens(step, tokens_per_step)
                 last_loss = float(metrics["loss"])
-                check_finite(metrics, step, train_cfg, finished_steps(Path(run_folder.checkpoints)))
+                check_finite(metrics, step, train_cfg, Path(run_folder.checkpoints))
                 if phase == "compile":
                     log.info("first step (with compilation) done, loss %.4f", last_loss)
                     window.flush()  # keep compilation out of tokens/s
@@ -313,7 +340,8 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         manager.wait_until_finished()
         manager.close()
     summary = {"final_step": step, "final_loss": last_loss, "n_params": n_params, **ledger.summary()}
-    log.info("pretraining done at step %d: loss %.4f, %.2f RUB so far", step, last_loss, summary["rub_total"])
+    log.info("pretraining done at step %d: loss %.4f, %.2f RUB so far", step, last_loss,
+             summary.get("rub_total", math.nan))
     if wandb_run is not None:
         wandb_run.summary["train/final_loss"] = last_loss
         log_cost_summary(wandb_run, ledger.summary())
@@ -348,16 +376,47 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any) -
                             "experiment.name, or delete the checkpoints to start over")
 
 
-def check_finite(metrics: dict[str, Any], step: int, train_cfg: Any, saved: list[int]) -> None:
+def check_finite(metrics: dict[str, Any], step: int, train_cfg: Any, checkpoint_dir: Path) -> None:
     if bool(metrics["finite"]):
         return
     what = f"loss {float(metrics['total_loss'])}, gradient norm {float(metrics['grad_norm'])}"
     if train_cfg.nan_policy == "skip":
         log.warning("step %d: %s; update skipped (train.nan_policy=skip)", step, what)
         return
+    saved = finished_steps(checkpoint_dir)  # none is newer than the last finite step: we stop before saving
     last = f"the last good checkpoint is step {saved[-1]}" if saved else "no checkpoint was saved"
     raise TrainingDiverged(f"training diverged at step {step} ({what}); {last}. Lower train.learning_rate, "
                            "or set train.nan_policy=skip to skip such steps")
+
+
+def backfill_offline_history(wandb_run: Any, train_log: Path, resumed_step: int) -> None:
+    """Re-log steps up to the checkpoint that earlier local folders of this W&B run lost.
+
+    wandb writes offline history in blocks, so a SIGKILLed session can leave nothing of what it
+    logged. Synced in order, W&B keeps the first value of each step; we re-log, from
+    train_log.jsonl, the steps after the last one any earlier folder kept, so the synced history
+    has no gap. (Steps after the checkpoint are retraced by training itself.)
+    """
+    from tracking.readback import find_offline_runs, read_offline_run
+
+    this_folder = Path(wandb_run.dir).parent.resolve()
+    kept = 0
+    for folder in find_offline_runs(this_folder.parent):
+        if folder.resolve() != this_folder and folder.name.endswith(f"-{wandb_run.id}"):
+            with contextlib.suppress(RecipeError):
+                kept = max([kept, *(int(row["_step"]) for row in read_offline_run(folder).history if "_step" in row)])
+    if kept >= resumed_step or not train_log.is_file():
+        return
+    records: dict[int, dict[str, Any]] = {}
+    for line in train_log.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
+            record = json.loads(line)
+            if kept < record["train/step"] <= resumed_step:
+                records[record["train/step"]] = {**records.get(record["train/step"], {}), **record}
+    for step in sorted(records):
+        wandb_run.log(records[step], step=step)
+    log.info("W&B: re-logged %d step(s) up to %d that the interrupted session's local files lost",
+             len(records), resumed_step)
 
 
 def log_metrics(wandb_run: Any, train_log: Any, step: int, record: dict[str, Any],

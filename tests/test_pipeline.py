@@ -1,0 +1,93 @@
+"""The whole recipe chain on a tiny experiment, as a user runs it, including a SIGKILL mid-training.
+
+Two Pushkin novels -> corpus -> 1k tokenizer -> shards -> a tiny decoder trained 40 steps with a
+checkpoint every 10 (killed with SIGKILL after its step-20 checkpoint, then resumed) -> eval ->
+ruble comparison table.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.recipe_runner import REPO, recipe_env, run_recipe, tiny_config
+from trainer.train import TRAIN_LOG, finished_steps
+
+pytestmark = pytest.mark.integration
+
+
+def start_pretrain(cfg: Path) -> subprocess.Popen[str]:
+    cmd = [sys.executable, str(REPO / "recipes" / "04_pretrain.py"), "--config", str(cfg)]
+    return subprocess.Popen(cmd, cwd=REPO, env=recipe_env(cfg.parent), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def kill_after_checkpoint(proc: subprocess.Popen[str], checkpoints: Path, step: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"pretrain ended (exit {proc.returncode}) before its step-{step} checkpoint:\n"
+                                 f"{proc.stdout.read()[-4000:] if proc.stdout else ''}")
+        if any(s >= step for s in finished_steps(checkpoints)):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+            return
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"no step-{step} checkpoint within {timeout} s")
+
+
+def read_train_log(run: Path) -> list[dict]:
+    path = run / TRAIN_LOG
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_recipe_chain_end_to_end_with_sigkill_resume(tmp_path, shared_data):
+    cfg = tiny_config(tmp_path)
+    run = tmp_path / "runs" / "tiny"
+
+    run_recipe("01_build_corpus.py", cfg)
+    corpus = json.loads((run / "corpus" / "manifest.json").read_text(encoding="utf-8"))
+    assert corpus["documents"] > 50
+
+    run_recipe("02_train_tokenizer.py", cfg)
+    assert (run / "tokenizer" / "spm.model").is_file()
+    assert json.loads((run / "tokenizer" / "manifest.json").read_text(encoding="utf-8"))["vocab_size"] == 1000
+
+    run_recipe("03_shard.py", cfg)
+    shards = json.loads((run / "shards" / "manifest.json").read_text(encoding="utf-8"))
+    assert shards["splits"]["train"]["records"] > 0 and shards["splits"]["validation"]["records"] > 0
+    assert list((run / "shards").glob("train-*.tfrecord"))
+
+    checkpoints = run / "checkpoints"
+    first = start_pretrain(cfg)
+    kill_after_checkpoint(first, checkpoints, step=20, timeout=420)
+    killed_at = max(finished_steps(checkpoints))
+    assert killed_at < 40, "the run finished before it could be killed: make it longer"
+
+    resumed = run_recipe("04_pretrain.py", cfg)
+    assert f"resumed from the checkpoint of step {killed_at}" in resumed.stdout + resumed.stderr
+    assert max(finished_steps(checkpoints)) == 40
+    assert len(finished_steps(checkpoints)) >= 2
+
+    history = read_train_log(run)
+    steps = [r["train/step"] for r in history]
+    assert steps[-1] == 40
+    first_loss, last_loss = history[0]["train/loss"], history[-1]["train/loss"]
+    assert last_loss < first_loss - 0.5, f"loss did not fall: {first_loss} -> {last_loss}"
+
+    run_recipe("05_evaluate.py", cfg)
+    results = sorted((run / "eval").glob("step_*.json"))
+    assert results, "no eval results written"
+    body = json.loads(results[-1].read_text(encoding="utf-8"))
+    assert "rublimp" in json.dumps(body)
+
+    compare = run_recipe("06_compare_costs.py", cfg)
+    assert "RUB" in compare.stdout or "₽" in compare.stdout
+    assert list((run / "reports").glob("*.png"))
