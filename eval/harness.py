@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from eval import stats
-from eval.loaders import Record, read_file, read_hub
+from eval.loaders import Record, SourceUnavailable, read_file, read_hub
 from eval.scoring import LogitsFn, ScoreRequest, score_requests
 from eval.tasks import Item, Source, TaskSpec, build_item
 from experiment.errors import DataError
@@ -86,7 +86,8 @@ def load_task(spec: TaskSpec, *, bench_dir: str, rublimp_dir: str = "", task_fil
     chosen = next(((s, p, hub) for s, p, hub in candidates if hub or Path(p).exists()), None)
     if chosen is None:
         paths = ", ".join(p for _, p, _ in candidates)
-        raise DataError(f"task '{spec.name}': no source found ({paths}); set eval.task_files.{spec.name}")
+        raise SourceUnavailable(f"task '{spec.name}': no source found ({paths}); set eval.task_files.{spec.name} "
+                                "or RU_SHARED_DATA")
     source, path, hub = chosen
     if spec.directory:
         grouped = _directory_records(Path(path))

@@ -30,6 +30,10 @@ class Record:
         return f"{self.where}: row {self.row}"
 
 
+
+class SourceUnavailable(DataError):
+    """A task's data cannot be had here: no local file, or its hub dataset is unreachable."""
+
 def flatten(fields: dict[str, Any]) -> dict[str, Any]:
     """Lift the keys of nested mappings to the top level where they do not collide."""
     flat = dict(fields)
@@ -108,7 +112,7 @@ def read_hub(path: str, config: str | None, split: str) -> list[Record]:
         dataset = datasets.load_dataset(path, config, split=split)
     except Exception as exc:  # datasets raises many types (ConnectionError, OfflineModeIsEnabled, ...)
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"{where} could not be loaded ({first}); put a local copy in eval.task_files") from exc
+        raise SourceUnavailable(f"{where} could not be loaded ({first}); put a local copy in eval.task_files") from exc
     records = [Record(where, row, flatten(dict(fields))) for row, fields in enumerate(dataset, start=1)]
     if not records:
         raise DataError(f"{where}: no rows (empty split)")

@@ -63,4 +63,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                 lo, hi = m["ci95"]
                 lines.append(f"| {group} | {_fmt(m['value'])} | [{_fmt(lo)}, {_fmt(hi)}] | {_fmt(m['chance'])} | "
                              f"{m['n']} |")
+    if results.get("tasks_skipped"):
+        lines += ["", "Skipped (eval.missing_tasks: skip):", ""]
+        lines += [f"- {task}: {reason}" for task, reason in results["tasks_skipped"].items()]
     return "\n".join(lines) + "\n"

@@ -23,6 +23,7 @@ import numpy as np
 
 from eval import bpb, harness
 from eval.harness import PairEncoder, TaskData
+from eval.loaders import SourceUnavailable
 from eval.report import render_markdown, results_rows
 from eval.scoring import LogitsFn, model_logits_fn
 from eval.tasks import get_task
@@ -66,8 +67,13 @@ def load_tokenizer_bits(run_folder: RunFolder) -> TokenizerBits:
 _TASK_CACHE: dict[tuple[Any, ...], TaskData] = {}
 
 
-def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None) -> list[TaskData]:
-    """Load (and, for repeated eval during training, remember) the items of each task."""
+def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
+               skipped: dict[str, str] | None = None) -> list[TaskData]:
+    """Load (and, for repeated eval during training, remember) the items of each task.
+
+    With ``eval.missing_tasks: skip`` a task whose files are absent is left out with a warning and
+    its reason goes into ``skipped``; by default it is an error.
+    """
     # schema defaults are not passed through the config loader, so ${RU_SHARED_DATA} is expanded here
     bench_dir = expand_env(eval_cfg.bench_dir, "eval.bench_dir")
     rublimp_dir = expand_env(eval_cfg.rublimp_dir, "eval.rublimp_dir")
@@ -77,9 +83,16 @@ def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None) -> li
         key = (name, bench_dir, rublimp_dir, tuple(sorted(task_files.items())), max_items, eval_cfg.seed,
                eval_cfg.balance_labels)
         if key not in _TASK_CACHE:
-            _TASK_CACHE[key] = harness.load_task(get_task(name), bench_dir=bench_dir, rublimp_dir=rublimp_dir,
-                                                 task_files=task_files, max_items=max_items, seed=eval_cfg.seed,
-                                                 balance=eval_cfg.balance_labels)
+            try:
+                _TASK_CACHE[key] = harness.load_task(get_task(name), bench_dir=bench_dir, rublimp_dir=rublimp_dir,
+                                                     task_files=task_files, max_items=max_items,
+                                                     seed=eval_cfg.seed, balance=eval_cfg.balance_labels)
+            except SourceUnavailable as exc:
+                if eval_cfg.missing_tasks != "skip" or skipped is None:
+                    raise
+                log.warning("skipping %s", exc)
+                skipped[name] = str(exc)
+                continue
         loaded.append(_TASK_CACHE[key])
     return loaded
 
@@ -114,7 +127,8 @@ def run_suite(logits_fn: LogitsFn, tok: TokenizerBits, eval_cfg: Any, run_folder
             log.info("held-out %s: %s", name, bpb.describe(acc))
     encoder = PairEncoder(tok.encode, tok.eos_id)
     results["tasks"] = {}
-    for data in load_tasks(tasks, eval_cfg, max_items):
+    skipped: dict[str, str] = {}
+    for data in load_tasks(tasks, eval_cfg, max_items, skipped):
         started = time.perf_counter()
         result = harness.evaluate_task(data, logits_fn, encoder, batch_size=eval_cfg.batch_size, max_len=max_len,
                                        num_fewshot=eval_cfg.num_fewshot, seed=eval_cfg.seed, pad_id=tok.pad_id)
@@ -123,6 +137,8 @@ def run_suite(logits_fn: LogitsFn, tok: TokenizerBits, eval_cfg: Any, run_folder
         acc_metric = result["metrics"]["acc"]
         log.info("%s: acc %.3f [%.3f, %.3f] (chance %.3f, %d items, %s labels)", data.spec.name, acc_metric["value"],
                  *acc_metric["ci95"], acc_metric["chance"], result["items"], result["labels"])
+    if skipped:
+        results["tasks_skipped"] = skipped
     return results
 
 

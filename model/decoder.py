@@ -44,12 +44,18 @@ class RMSNorm(nnx.Module):
         return (normed * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotate pairs (first half, second half) of each head by position-dependent angles: [B, T, H, D]."""
-    half = x.shape[-1] // 2
+def rope_angles(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """sin and cos [B, T, 1, head_dim / 2] for the positions; computed once per forward, shared by all layers."""
+    half = head_dim // 2
     freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles = positions[..., None].astype(jnp.float32) * freqs  # [B, T, half]
-    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+    angles = positions[..., None].astype(jnp.float32) * freqs
+    return jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+
+
+def rotary(x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """Rotate pairs (first half, second half) of each head by position-dependent angles: [B, T, H, D]."""
+    sin, cos = rope
+    half = x.shape[-1] // 2
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -67,25 +73,27 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = h, kv, hd
-        self.rope_theta, self.impl = cfg.rope_theta, cfg.attention
+        self.impl = cfg.attention
         self.wq = param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), cfg.init_std)
         self.wk = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std)
         self.wv = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std)
         # scaled init of the projections that write into the residual stream (GPT-2)
         self.wo = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array) -> jax.Array:
         dtype = x.dtype
         q = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dtype))
         k = jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dtype))
         v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dtype))
-        q = constrain(rotary(q, positions, self.rope_theta), ("batch", "length", "act_heads", "head_dim"))
-        k = rotary(k, positions, self.rope_theta)
+        q = constrain(rotary(q, rope), ("batch", "length", "act_heads", "head_dim"))
+        k = rotary(k, rope)
         if self.impl == "einsum":
             out = self.einsum_attention(q, k, v, mask)
         else:  # XLA's fused attention, or cuDNN flash attention on GPUs; both take GQA directly
+            causal_only = mask.shape[0] == 1  # no packed documents: the kernel's own causal mask is cheaper
             out = jax.nn.dot_product_attention(
-                q, k, v, mask=mask, implementation="cudnn" if self.impl == "cudnn" else None
+                q, k, v, mask=None if causal_only else mask, is_causal=causal_only,
+                implementation="cudnn" if self.impl == "cudnn" else None,
             )
         out = constrain(out, ("batch", "length", "act_heads", "head_dim"))
         return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dtype))
@@ -125,8 +133,8 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-        x = x + self.attn(self.attn_norm(x), positions, mask)
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array) -> jax.Array:
+        x = x + self.attn(self.attn_norm(x), rope, mask)
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "length", "act_embed"))
 
@@ -134,6 +142,7 @@ class Block(nnx.Module):
 class Decoder(nnx.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int, rngs: nnx.Rngs):
         self.vocab_size, self.remat = vocab_size, cfg.remat
+        self.head_dim, self.rope_theta = cfg.resolved_head_dim, cfg.rope_theta
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -146,10 +155,11 @@ class Decoder(nnx.Module):
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         mask = attention_mask(segment_ids, t)
+        rope = rope_angles(positions, self.head_dim, self.rope_theta)
         table = self.embed[...]
         x = constrain(jnp.take(table, tokens, axis=0), ("batch", "length", "act_embed"))
         for block in self.blocks:
-            x = self.run_block(block, x, positions, mask)
+            x = self.run_block(block, x, rope, mask)
         x = self.final_norm(x)
         if self.lm_head is None:
             logits = jnp.einsum("btd,vd->btv", x, table.astype(x.dtype))
@@ -157,11 +167,11 @@ class Decoder(nnx.Module):
             logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(x.dtype))
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
-    def run_block(self, block: Block, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    def run_block(self, block: Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array) -> jax.Array:
         if self.remat == "none":
-            return block(x, positions, mask)
+            return block(x, rope, mask)
         policy = REMAT_POLICIES[self.remat]
-        return nnx.remat(lambda blk, h, p, m: blk(h, p, m), policy=policy)(block, x, positions, mask)
+        return nnx.remat(lambda blk, h, r, m: blk(h, r, m), policy=policy)(block, x, rope, mask)
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, z_loss: float = 0.0,

@@ -49,8 +49,8 @@ def test_small_model_fits_v5e_16_and_v6e_8(tmp_path: Path) -> None:
 
 
 def test_oversized_model_gets_a_clear_error(tmp_path: Path) -> None:
-    # the tiny config's shape fields are set back to the schema defaults, so the 7b preset fills them
-    proc = run_fit_check(tmp_path, "model.preset=7b", "model.d_model=256", "model.n_layers=4", "model.d_ff=688",
+    # 7b width with 8 layers (to compile fast); the tiny shape fields go back to the schema defaults so the preset fills them
+    proc = run_fit_check(tmp_path, "model.preset=7b", "model.d_model=256", "model.n_layers=8", "model.d_ff=688",
                          "model.max_seq_len=4096",
                          "shards.seq_len=4096", "tokenizer.vocab_size=32000", "train.batch_size=64",
                          "train.fit_topologies=[v5e-16]")

@@ -93,9 +93,10 @@ def test_packed_documents_do_not_see_each_other() -> None:
 def test_attention_implementations_agree(impl: str) -> None:
     tokens = jax.random.randint(jax.random.key(4), (2, 16), 0, VOCAB)
     segments = jnp.array([[1] * 6 + [2] * 10, [1] * 16])
-    ref = forward(build(), tokens, segments)
-    other = forward(build(dataclasses.replace(TINY, attention=impl)), tokens, segments)
-    np.testing.assert_allclose(ref, other, atol=2e-5)
+    other_model = build(dataclasses.replace(TINY, attention=impl))
+    for segment_ids in (segments, None):  # packed documents (a mask), or plain causal
+        ref = forward(build(), tokens, segment_ids)
+        np.testing.assert_allclose(ref, forward(other_model, tokens, segment_ids), atol=2e-5)
 
 
 def test_remat_gives_same_gradients() -> None:

@@ -98,3 +98,25 @@ def test_mesh_shape_and_its_errors() -> None:
         mesh_shape(MeshConfig(tensor=3), 8)
     with pytest.raises(ConfigError, match="= 4 devices, but 8 are available"):
         mesh_shape(MeshConfig(data=2, fsdp=2), 8)
+
+
+@pytest.mark.parametrize(("fields", "key"), [
+    ({"batch_size": 6, "grad_accum_steps": 4}, "train.grad_accum_steps"),
+    ({"warmup_steps": 50, "steps": 50}, "train.warmup_steps"),
+    ({"mesh": {"tensor": 0}}, "train.mesh.tensor"),
+    ({"mesh": {"rules": {"embd": ["fsdp"]}}}, "train.mesh.rules"),
+    ({"mesh": {"rules": {"embed": ["fsdp", "model"]}}}, "train.mesh.rules.embed"),
+    ({"nan_policy": "ignore"}, "train.nan_policy"),
+])
+def test_bad_train_config_names_the_key(fields: dict, key: str) -> None:
+    from experiment.config import build_dataclass
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        build_dataclass(TrainConfig, fields, "train")
+
+
+def test_partial_rules_keep_the_other_defaults() -> None:
+    from experiment.config import build_dataclass
+
+    mesh = build_dataclass(MeshConfig, {"rules": {"embed": []}}, "train.mesh")
+    assert mesh.rules["embed"] == [] and mesh.rules["mlp"] == ["tensor"]

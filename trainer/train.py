@@ -65,6 +65,7 @@ class DataSpec:
 
 
 def read_inputs(cfg: Any, run_folder: RunFolder) -> DataSpec:
+    read_shards_manifest(run_folder.shards)  # the stage right before this one is the first to ask for
     tokenizer = read_manifest(run_folder.tokenizer, TOKENIZER_STAGE, TOKENIZER_RECIPE)
     shards = read_shards_manifest(run_folder.shards, tokenizer_sha256=tokenizer["sha256"])
     return DataSpec(seq_len=int(shards["seq_len"]), vocab_size=int(tokenizer["vocab_size"]),

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from experiment.errors import ConfigError
 
@@ -17,6 +18,7 @@ class EvalConfig:
     bench_dir: str = SHARED_BENCH  # local benchmark files ({bench} in eval.tasks sources)
     rublimp_dir: str = f"{SHARED_BENCH}/rublimp"
     task_files: dict[str, str] = field(default_factory=dict)  # task -> local file in the hub record schema
+    missing_tasks: Literal["error", "skip"] = "error"  # a task whose files are absent: stop, or warn and skip
     max_items_per_task: int | None = None  # per phenomenon for RuBLiMP; None: all items
     balance_labels: bool = False  # draw capped items evenly over gold answers (chance = 1/choices exactly)
     num_fewshot: int = 0  # solved examples put before each item (tasks with a prompt only)
