@@ -29,6 +29,9 @@ def recipe_env(tmp_path: Path) -> dict[str, str]:
     env.update({"JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
                 "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
     env.pop("WANDB_API_KEY", None)
+    # a W&B service started by an earlier in-process test would be shared through this variable and
+    # would still hold the id of a run the test killed: each recipe starts its own service, as for a user
+    env.pop("WANDB_SERVICE", None)
     return env
 
 

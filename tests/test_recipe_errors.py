@@ -48,7 +48,7 @@ def test_empty_corpus(tmp_path):
         ("02_train_tokenizer.py", "01_build_corpus.py"),
         ("03_shard.py", "01_build_corpus.py|02_train_tokenizer.py"),
         ("04_pretrain.py", "03_shard.py"),
-        ("05_evaluate.py", "04_pretrain.py|03_shard.py"),
+        ("05_evaluate.py", "04_pretrain.py|03_shard.py|02_train_tokenizer.py"),
     ],
 )
 def test_missing_earlier_stage_names_the_recipe(tmp_path, script, needs):

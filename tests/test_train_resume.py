@@ -128,7 +128,8 @@ def check_wandb_history_continues(run_dir: Path, killed_at: int) -> None:
 
     runs = [read_offline_run(d) for d in find_offline_runs(run_dir / "wandb")]
     pretrain = sorted((r for r in runs if r.job_type == "pretrain"), key=lambda r: r.start_time)
-    assert len(pretrain) == 3 and len({r.run_id for r in pretrain}) == 1
+    # a folder SIGKILLed before wandb flushed its first block holds no record and is not listed
+    assert len(pretrain) in (2, 3) and len({r.run_id for r in pretrain}) == 1
     kept: list[int] = []
     for run in pretrain:
         steps = [int(row["_step"]) for row in run.history]
@@ -137,4 +138,5 @@ def check_wandb_history_continues(run_dir: Path, killed_at: int) -> None:
     assert kept == list(range(1, STEPS + 1))
     # wandb writes offline history in blocks: the SIGKILLed folder may have kept none of it, and the
     # resumed session re-logs what is missing up to its checkpoint (trainer.train.backfill_offline_history)
-    assert all(int(row["_step"]) <= killed_at for row in pretrain[0].history)
+    if len(pretrain) == 3:
+        assert all(int(row["_step"]) <= killed_at for row in pretrain[0].history)
