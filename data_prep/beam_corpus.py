@@ -29,24 +29,15 @@ from typing import Any
 
 import numpy as np
 
+from data_prep.beam_common import import_beam
 from data_prep.cleaning import CleanDocument, clean_document
 from data_prep.dedup import band_keys, estimated_jaccard
 from data_prep.sources import RawDocument
-from experiment.errors import ConfigError
 from experiment.sections.corpus import CorpusConfig, DedupConfig
 
 log = logging.getLogger("data_prep.beam_corpus")
 
 Outcome = tuple[CleanDocument, str | None, str | None]
-
-
-def import_beam() -> Any:
-    try:
-        import apache_beam as beam
-    except ImportError as exc:
-        raise ConfigError("config key 'corpus.runner': 'beam' needs the beam extra "
-                          "(pip install 'ru-pretrain[beam]'; it pins protobuf below 7, so use its own venv)") from exc
-    return beam
 
 
 # ---------------------------------------------------------------- per-group functions (pure, testable)
@@ -93,7 +84,7 @@ def _join_near(element: tuple[str, dict[str, list[Any]]]) -> Outcome:
 
 
 def build_pipeline(pipeline: Any, raw_docs: Iterable[RawDocument], cfg: CorpusConfig, staging: Path) -> None:
-    beam = import_beam()
+    beam = import_beam("corpus.runner")
     dedup = cfg.dedup
     cleaned = (pipeline
                | "Read" >> beam.Create(list(raw_docs), reshuffle=True)
@@ -132,7 +123,7 @@ def build_pipeline(pipeline: Any, raw_docs: Iterable[RawDocument], cfg: CorpusCo
 
 def run_beam(raw_docs: Iterable[RawDocument], cfg: CorpusConfig, staging_parent: Path | None = None) -> list[Outcome]:
     """Run the pipeline (DirectRunner unless ``cfg.beam_options`` say otherwise); outcomes in input order."""
-    beam = import_beam()
+    beam = import_beam("corpus.runner")
     from apache_beam.options.pipeline_options import PipelineOptions
 
     options = PipelineOptions(cfg.beam_options or ["--runner=DirectRunner"])

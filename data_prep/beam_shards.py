@@ -31,22 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from data_prep.beam_common import import_beam
 from data_prep.corpus_io import iter_documents
 from data_prep.packing import rows_from_stream
 from data_prep.sharding import SPLITS, row_tokens, shard_file_name, shard_summary, split_of
 from data_prep.tfrecord import TFRecordWriter, encode_int64_rows
-from experiment.errors import ConfigError
 
 OrderKey = tuple[int, int]  # (corpus file number, line number)
-
-
-def import_beam() -> Any:
-    try:
-        import apache_beam as beam
-    except ImportError as exc:
-        raise ConfigError("config key 'shards.runner': 'beam' needs the beam extra "
-                          "(pip install 'ru-pretrain[beam]'; it pins protobuf below 7, so use its own venv)") from exc
-    return beam
 
 
 # ---------------------------------------------------------------- per-element functions (pure, testable)
@@ -129,7 +120,7 @@ class Tokenize:
 
 def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], model_proto: bytes, out_dir: Path,
                    shards_cfg: Any, eos_id: int, pad_id: int, staging: Path) -> None:
-    beam = import_beam()
+    beam = import_beam("shards.runner")
     row_len = shards_cfg.seq_len + 1
     files = [(number, shard["file"]) for number, shard in enumerate(manifest["shards"])]
     tokenized = (pipeline
@@ -156,7 +147,7 @@ def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], mo
 def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], model_proto: bytes, out_dir: Path, shards_cfg: Any,
                     *, eos_id: int, pad_id: int) -> dict[str, dict[str, Any]]:
     """Run the pipeline; returns the manifest's ``splits`` section, equal to the local path's."""
-    beam = import_beam()
+    beam = import_beam("shards.runner")
     from apache_beam.options.pipeline_options import PipelineOptions
 
     staging = Path(tempfile.mkdtemp(prefix="beam-shards-"))

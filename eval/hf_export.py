@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from experiment.errors import DataError
-from experiment.files import atomic_write_text, fsync_dir
+from experiment.files import atomic_dir, atomic_write_text
 
 log = logging.getLogger("eval.hf_export")
 
@@ -92,13 +90,10 @@ def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, 
     from safetensors.numpy import save_file
 
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        if sp is not None:  # the tokenizer files first: the tokenizer stage's exporter makes the folder
+    with atomic_dir(out_dir) as staging:
+        if sp is not None:  # the tokenizer stage's exporter writes its files into the staging folder
             from tokenizer.hf_export import export_hf
 
-            staging.rmdir()
             export_hf(sp, staging, special_ids or {}, model_max_length=model_cfg.max_seq_len)
         tensors = llama_state_dict(model)
         save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt", **(metadata or {})})
@@ -107,13 +102,6 @@ def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, 
         atomic_write_text(staging / "generation_config.json", json.dumps(
             {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
              "pad_token_id": config["pad_token_id"]}, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-        fsync_dir(out_dir.parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     n_params = sum(t.size for t in tensors.values())
     log.info("Hugging Face Llama export (%d tensors, %.2fM parameters) in %s", len(tensors), n_params / 1e6, out_dir)
     return out_dir

@@ -33,7 +33,7 @@ def write_manifest(stage_dir: Path, stage: str, payload: dict[str, Any]) -> Path
     body = {
         "stage": stage,
         "schema_version": SCHEMA_VERSION,
-        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         **payload,
     }
     path = manifest_path(stage_dir)

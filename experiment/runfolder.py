@@ -54,7 +54,7 @@ class RunFolder:
     def save_resolved_config(self, cfg: Any, stage: str) -> Path:
         """Keep what actually ran: the latest resolved config plus one per stage invocation."""
         text = dump_yaml(cfg)
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         atomic_write_text(self.root / "configs" / f"{stamp}-{stage}.yaml", text)
         atomic_write_text(self.root / "config.resolved.yaml", text)
         return self.root / "config.resolved.yaml"

@@ -11,8 +11,6 @@ shards stage appends EOS itself).
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from experiment.errors import ConfigError
-from experiment.files import atomic_write_bytes, atomic_write_text, fsync_dir
+from experiment.files import atomic_dir, atomic_write_bytes, atomic_write_text
 from tokenizer.spm import WHITESPACE_MARK
 
 # Control and byte pieces are never matched against text by SentencePiece; in the HF Unigram lattice
@@ -98,20 +96,11 @@ def export_hf(sp: spm.SentencePieceProcessor, out_dir: Path, special_ids: dict[s
               model_max_length: int) -> Path:
     """Write the export into a temporary folder and move it over ``out_dir`` only when complete."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic_dir(out_dir) as staging:
         build_hf_tokenizer(sp).save(str(staging / "tokenizer.json"))
         config = tokenizer_config(sp, special_ids, model_max_length)
         atomic_write_text(staging / "tokenizer_config.json", json.dumps(config, ensure_ascii=False, indent=2) + "\n")
         special_map = {k: v for k, v in config.items() if k in _TOKEN_NAMES.values()}
         atomic_write_text(staging / "special_tokens_map.json", json.dumps(special_map, indent=2) + "\n")
         atomic_write_bytes(staging / "tokenizer.model", sp.serialized_model_proto())
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-        fsync_dir(out_dir.parent)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
