@@ -30,6 +30,7 @@ demo: setup
 	$(PY) recipes/04_pretrain.py --config $(CONFIG)
 	$(PY) recipes/05_evaluate.py --config $(CONFIG)
 	$(PY) recipes/06_compare_costs.py --config $(CONFIG)
+	$(PY) recipes/07_plan_costs.py --config $(CONFIG)
 
 # The README's test command: the base suite, then each optional extra in its own venv (Beam pins
 # protobuf below 7 and TensorFlow is 1.4 GB, so they never share the base environment).

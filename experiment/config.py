@@ -9,6 +9,7 @@ paths such as the shared benchmark folder can come from the environment.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import os
 import re
@@ -105,6 +106,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return expand_env(value, key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
+        if isinstance(value, datetime.date):  # YAML reads an unquoted 2025-01-01 as a date
+            return value.isoformat()
         raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
     raise ConfigError(f"config key '{key}': unsupported annotation {tp!r} in the schema")
 
@@ -122,6 +125,9 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
             hint = f"; did you mean '{(prefix + '.') if prefix else ''}{near[0]}'?" if near else ""
             raise ConfigError(f"unknown config key '{dotted}'{hint} (valid keys here: {', '.join(valid)})")
         kwargs[name] = _coerce(value, hints[name], dotted)
+    for name, f in fields.items():  # defaults may read the environment too (e.g. the shared data folder)
+        if name not in kwargs and isinstance(f.default, str) and "${" in f.default:
+            kwargs[name] = expand_env(f.default, f"{prefix}.{name}" if prefix else name)
     missing = [
         n for n, f in fields.items()
         if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
