@@ -4,9 +4,9 @@ VENV ?= .venv
 CONFIG ?= recipes/configs/demo.yaml
 # Optional extras installed for the tests (each test of an extra skips where it is missing).
 TEST_EXTRAS ?= test
+comma := ,
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(TEST_EXTRAS))
-comma := ,
 
 export JAX_PLATFORMS ?= cpu
 export PYTHONUNBUFFERED := 1

@@ -34,3 +34,13 @@ def shared_data() -> Path:
     if not (path / "text" / "ruslit").is_dir():
         pytest.skip(f"shared data not found at {path} (set RU_SHARED_DATA to the shared/data folder)")
     return path
+
+
+@pytest.fixture(autouse=True)
+def restore_wandb_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tracking.wandb_run.open_run`` points WANDB_* at a run folder; put them back after each test."""
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR", "WANDB_MODE"):
+        if var in os.environ:
+            monkeypatch.setenv(var, os.environ[var])
+        else:
+            monkeypatch.delenv(var, raising=False)

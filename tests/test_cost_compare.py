@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import os
 from pathlib import Path
 
 import pytest
@@ -58,15 +57,6 @@ def fake_training(cfg: ExperimentConfig, run: object | None, losses: list[float]
     if run is not None:
         log_cost_summary(run, summary)
     return summary
-
-
-@pytest.fixture
-def restore_wandb_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
-        if var in os.environ:
-            monkeypatch.setenv(var, os.environ[var])
-        else:
-            monkeypatch.delenv(var, raising=False)
 
 
 def test_rub_per_eval_point() -> None:

@@ -65,18 +65,6 @@ def offline_cfg(tmp_path: Path, name: str = "trk") -> ExperimentConfig:
                                               "wandb": {"mode": "offline", "project": "t"}})
 
 
-@pytest.fixture
-def restore_wandb_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """open_run points WANDB_* at the run folder; put them back after the test."""
-    import os
-
-    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
-        if var in os.environ:
-            monkeypatch.setenv(var, os.environ[var])
-        else:
-            monkeypatch.delenv(var, raising=False)
-
-
 def test_offline_run_read_back_with_wandb_cli(tmp_path: Path, restore_wandb_env: None) -> None:
     cfg = offline_cfg(tmp_path)
     folder = RunFolder.for_config(cfg)
