@@ -67,7 +67,9 @@ class DataSpec:
 def read_inputs(cfg: Any, run_folder: RunFolder) -> DataSpec:
     read_shards_manifest(run_folder.shards)  # the stage right before this one is the first to ask for
     tokenizer = read_manifest(run_folder.tokenizer, TOKENIZER_STAGE, TOKENIZER_RECIPE)
-    shards = read_shards_manifest(run_folder.shards, tokenizer_sha256=tokenizer["sha256"])
+    # the config's seq_len must be the shards' one: a changed shards.seq_len means shards to rebuild
+    shards = read_shards_manifest(run_folder.shards, tokenizer_sha256=tokenizer["sha256"],
+                                  seq_len=cfg.shards.seq_len)
     return DataSpec(seq_len=int(shards["seq_len"]), vocab_size=int(tokenizer["vocab_size"]),
                     tokenizer_sha256=str(tokenizer["sha256"]))
 
@@ -261,7 +263,8 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         }
         loader = make_train_iterator(run_folder.shards, train_cfg.batch_size, cfg.experiment.seed,
                                      jax.process_index(), jax.process_count(),
-                                     tokenizer_sha256=data.tokenizer_sha256, seq_len=data.seq_len)
+                                     tokenizer_sha256=data.tokenizer_sha256, seq_len=data.seq_len,
+                                     on_corrupt=cfg.shards.on_corrupt)
         manager = checkpoint.open_manager(run_folder.checkpoints, train_cfg)
         state, start_step = restore_or_init(manager, program, loader, meta, ledger)
         if jax.process_index() == 0:
