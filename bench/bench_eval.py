@@ -5,7 +5,7 @@ Both sides score the same token requests through the same batching and padding c
 ``LlamaForCausalLM`` (torch, fp32, eager attention) loaded from our Hugging Face export of the very
 same weights. One run, same CPU, compile/warm-up excluded (reported separately). Prints JSON.
 
-    /work/venvs/hf/bin/python bench/bench_eval.py --pairs 700      # needs torch + transformers
+    .venvs/hf/bin/python bench/bench_eval.py --pairs 700      # needs torch + transformers
     python bench/bench_eval.py --pairs 700                          # ours only, where torch is missing
 
 The model is randomly initialised at the demo's shape (throughput does not depend on the weights);
@@ -118,7 +118,7 @@ def main() -> None:
     try:
         import torch
     except ImportError:
-        result["transformers"] = "not installed: run with the `hf` extra (e.g. /work/venvs/hf/bin/python)"
+        result["transformers"] = "not installed: run with the `hf` extra (e.g. .venvs/hf/bin/python)"
     else:
         with tempfile.TemporaryDirectory() as tmp:
             export_dir = write_export(model, cfg, sp.get_piece_size(), Path(tmp) / "hf")

@@ -9,7 +9,7 @@
    is importable (run this script with the `tf` extra's interpreter to get that row).
 
     python bench/bench_loader.py --config recipes/configs/demo.yaml
-    /work/venvs/tf/bin/python bench/bench_loader.py --skip-train-step   # adds the tf.data row
+    .venvs/tf/bin/python bench/bench_loader.py --skip-train-step   # adds the tf.data row
 Prints one JSON object.
 """
 

@@ -6,10 +6,10 @@ host memory is its own) and measures its framework's fp32 matmul peak on this ma
 model FLOPs per second (hand-counted, ``model.flops``) over the higher of the two measured peaks.
 
     python bench/bench_train_step.py                      # the demo shape, fp32 and bf16
-    python bench/bench_train_step.py --torch-python /work/venvs/torch/bin/python --steps 10
+    python bench/bench_train_step.py --torch-python .venvs/hf/bin/python --steps 10
 
 The PyTorch side needs torch 2.13 and transformers 5 (the ``hf`` extra), by default from
-/work/venvs/torch or RU_TORCH_PYTHON. On a GPU, ``--no-torch`` runs the JAX side alone.
+.venvs/hf or RU_TORCH_PYTHON. On a GPU, ``--no-torch`` runs the JAX side alone.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="driver: the dtypes to compare")
     parser.add_argument("--attention", default="einsum")
     parser.add_argument("--remat", default="none")
-    parser.add_argument("--torch-python", default=os.environ.get("RU_TORCH_PYTHON", "/work/venvs/torch/bin/python"))
+    parser.add_argument("--torch-python", default=os.environ.get("RU_TORCH_PYTHON", ".venvs/hf/bin/python"))
     parser.add_argument("--no-torch", action="store_true", help="only the JAX side (e.g. on a GPU)")
     args = parser.parse_args()
     if args.worker:

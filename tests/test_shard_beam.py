@@ -1,5 +1,5 @@
 """The Beam runner of recipe 3 writes the same shards as the local runner, byte for byte
-(optional `beam` extra; run with its interpreter, e.g. /work/venvs/beam/bin/python -m pytest)."""
+(optional `beam` extra; run with its interpreter, e.g. .venvs/beam/bin/python -m pytest)."""
 
 from __future__ import annotations
 

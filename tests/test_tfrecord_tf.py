@@ -1,6 +1,6 @@
 """TensorFlow reads our shards and we read TensorFlow's (optional `tf` extra; CI runs it).
 
-Run: /work/venvs/tf/bin/python -m pytest tests/test_tfrecord_tf.py -q  (a venv with
+Run: .venvs/tf/bin/python -m pytest tests/test_tfrecord_tf.py -q  (a venv with
 `pip install -e .[tf,test]`). Skipped where TensorFlow is not importable."""
 
 from __future__ import annotations
