@@ -65,6 +65,7 @@ def load_tokenizer_bits(run_folder: RunFolder) -> TokenizerBits:
 
 
 _TASK_CACHE: dict[tuple[Any, ...], TaskData] = {}
+_SKIPPED_CACHE: dict[tuple[Any, ...], str] = {}
 
 
 def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
@@ -82,6 +83,9 @@ def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
     for name in names:
         key = (name, bench_dir, rublimp_dir, tuple(sorted(task_files.items())), max_items, eval_cfg.seed,
                eval_cfg.balance_labels)
+        if key in _SKIPPED_CACHE and eval_cfg.missing_tasks == "skip" and skipped is not None:
+            skipped[name] = _SKIPPED_CACHE[key]  # eval during training: do not retry an unreachable hub every time
+            continue
         if key not in _TASK_CACHE:
             try:
                 _TASK_CACHE[key] = harness.load_task(get_task(name), bench_dir=bench_dir, rublimp_dir=rublimp_dir,
@@ -91,7 +95,7 @@ def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
                 if eval_cfg.missing_tasks != "skip" or skipped is None:
                     raise
                 log.warning("skipping %s", exc)
-                skipped[name] = str(exc)
+                skipped[name] = _SKIPPED_CACHE[key] = str(exc)
                 continue
         loaded.append(_TASK_CACHE[key])
     return loaded

@@ -29,3 +29,17 @@ def test_missing_task_files_skipped_when_configured(tmp_path):
     loaded = load_tasks(["rublimp", "parus"], cfg, max_items=5, skipped=skipped)
     assert [d.spec.name for d in loaded] == ["rublimp"]
     assert list(skipped) == ["parus"] and "could not be loaded" in skipped["parus"]
+
+
+def test_a_skipped_task_is_not_retried(tmp_path, monkeypatch):
+    import eval.harness as harness
+
+    cfg = dataclasses.replace(EvalConfig(), rublimp_dir=str(tmp_path / "none"), bench_dir=str(tmp_path / "none"),
+                              missing_tasks="skip", seed=12345)
+    first: dict[str, str] = {}
+    load_tasks(["parus"], cfg, max_items=3, skipped=first)
+    calls = []
+    monkeypatch.setattr(harness, "load_task", lambda *a, **k: calls.append(a))
+    again: dict[str, str] = {}
+    assert load_tasks(["parus"], cfg, max_items=3, skipped=again) == []
+    assert again == first and calls == []
