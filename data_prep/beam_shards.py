@@ -93,8 +93,7 @@ def write_shard(element: tuple[tuple[str, int], Iterable[tuple[int, int, np.ndar
         return
     rows = rows_from_stream(tokens, doc_index if packing == "document" else None, row_len)
     with TFRecordWriter(Path(out_dir) / shard_file_name(split, shard)) as writer:
-        for payload in encode_int64_rows(rows):
-            writer.write(payload)
+        writer.write_many(encode_int64_rows(rows))
     pad_mask_key = "segment_ids" if packing == "document" else None
     yield json.dumps({"split": split, "number": shard, **shard_summary(writer, sum(row_tokens(rows, pad_mask_key)))})
 
@@ -112,7 +111,7 @@ class Tokenize:
 
             self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
         order, doc_id, text = element
-        ids = np.asarray([*self._sp.encode(text, out_type=int), self.eos_id], dtype=np.int64)
+        ids = np.concatenate((self._sp.encode(text, out_type="numpy"), np.array([self.eos_id], dtype=np.int32)))
         return split_of(doc_id, self.validation_percent), order, ids
 
 

@@ -36,12 +36,22 @@ class PackingStats:
 
 
 def segments_and_positions(doc_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row-local segment ids (1-based) and positions from the per-token document number of a row."""
-    changes = np.concatenate(([False], doc_index[1:] != doc_index[:-1]))
-    run = np.cumsum(changes)
-    starts = np.flatnonzero(np.concatenate(([True], changes[1:])))
-    positions = np.arange(doc_index.size) - starts[run]
-    return (run + 1).astype(np.int64), positions.astype(np.int64)
+    """Row-local segment ids (1-based) and positions from the per-token document number of each row.
+
+    ``doc_index`` is one row ``[row_len]`` or a batch of rows ``[rows, row_len]``; all rows are
+    done in one vectorised pass (a Python loop over rows cost more than the varint coding)."""
+    rows = np.atleast_2d(doc_index)
+    starts_run = np.empty(rows.shape, dtype=np.bool_)
+    starts_run[:, :1] = True  # every row starts a segment, even mid-document
+    np.not_equal(rows[:, 1:], rows[:, :-1], out=starts_run[:, 1:])
+    segments = np.cumsum(starts_run, axis=1, dtype=np.int32)
+    column = np.arange(rows.shape[1], dtype=np.int32)
+    run_start = np.where(starts_run, column, 0)  # the column where each token's run began, via a running max
+    np.maximum.accumulate(run_start, axis=1, out=run_start)
+    positions = column - run_start
+    if doc_index.ndim == 1:
+        return segments[0], positions[0]
+    return segments, positions
 
 
 @dataclass
@@ -53,7 +63,9 @@ class Packer:
     pad_id: int = 0
     stats: PackingStats = field(default_factory=PackingStats)
     _tokens: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
-    _doc_index: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
+    # document mode: pending tokens per document (the first may be the rest of a cut document);
+    # the per-token document numbers are only built for the rows being cut
+    _doc_sizes: list[int] = field(default_factory=list, init=False, repr=False)
     _pending: int = field(default=0, init=False, repr=False)
 
     @property
@@ -64,10 +76,10 @@ class Packer:
         """Add tokenized documents (EOS already appended); returns the rows completed so far as
         ``{"input_ids": [n, seq_len + 1]}`` (plus ``segment_ids`` and ``positions`` in document mode)."""
         for tokens in documents:
-            array = np.asarray(tokens, dtype=np.int64)
+            array = np.asarray(tokens, dtype=np.int32)  # token ids: int32 halves the copying
             self._tokens.append(array)
             if self.mode == "document":
-                self._doc_index.append(np.full(array.size, self.stats.documents, dtype=np.int64))
+                self._doc_sizes.append(array.size)
             self._pending += array.size
             self.stats.documents += 1
             self.stats.tokens += array.size
@@ -81,28 +93,42 @@ class Packer:
         if self.mode == "concat":
             self.stats.dropped_tokens += self._pending
             self.stats.tokens -= self._pending
-            self._tokens, self._pending = [], 0
+            self._tokens, self._doc_sizes, self._pending = [], [], 0
             return self._take(0)
         padding = self.row_len - self._pending
-        self._tokens.append(np.full(padding, self.pad_id, dtype=np.int64))
-        self._doc_index.append(np.full(padding, -1, dtype=np.int64))  # -1 marks padding
+        self._tokens.append(np.full(padding, self.pad_id, dtype=np.int32))
         self._pending += padding
         self.stats.padding_tokens += padding
-        return self._take(self.row_len)
+        return self._take(self.row_len, padding=padding)
 
-    def _take(self, count: int) -> dict[str, np.ndarray]:
-        """Cut ``count`` tokens (a multiple of the row length) off the front of the pending stream."""
-        stream = np.concatenate(self._tokens) if self._tokens else np.zeros(0, dtype=np.int64)
+    def _take(self, count: int, padding: int = 0) -> dict[str, np.ndarray]:
+        """Cut ``count`` tokens (a multiple of the row length) off the front of the pending stream;
+        the last ``padding`` of them are padding (document mode, ``finish`` only)."""
+        stream = np.concatenate(self._tokens) if self._tokens else np.zeros(0, np.int32)
         self._tokens = [stream[count:]] if stream.size > count else []
         doc_index = None
         if self.mode == "document":
-            doc_index = np.concatenate(self._doc_index) if self._doc_index else np.zeros(0, dtype=np.int64)
-            self._doc_index = [doc_index[count:]] if doc_index.size > count else []
-            doc_index = doc_index[:count]
+            doc_index = self._cut_doc_index(count - padding)
+            if padding:
+                doc_index = np.concatenate((doc_index, np.full(padding, -1, dtype=np.int32)))  # -1 marks padding
         out = rows_from_stream(stream[:count], doc_index, self.row_len)
         self._pending -= count
         self.stats.rows += out["input_ids"].shape[0]
         return out
+
+    def _cut_doc_index(self, count: int) -> np.ndarray:
+        """Document numbers of the first ``count`` pending tokens; the sizes left describe the rest."""
+        sizes = np.asarray(self._doc_sizes, dtype=np.int64)
+        ends = np.cumsum(sizes)
+        whole = int(np.searchsorted(ends, count, side="right"))  # documents that end inside the cut
+        taken = sizes[:whole + 1].copy()
+        if whole < sizes.size:
+            taken[whole] = count - (ends[whole - 1] if whole else 0)
+            rest = [int(sizes[whole] - taken[whole]), *self._doc_sizes[whole + 1:]]
+        else:
+            rest = []
+        self._doc_sizes = [size for size in rest[:1] if size] + rest[1:]
+        return np.repeat(np.arange(taken.size, dtype=np.int32), taken)
 
 
 def rows_from_stream(tokens: np.ndarray, doc_index: np.ndarray | None, row_len: int) -> dict[str, np.ndarray]:
@@ -113,12 +139,10 @@ def rows_from_stream(tokens: np.ndarray, doc_index: np.ndarray | None, row_len: 
     rows = tokens.size // row_len
     out = {"input_ids": tokens.reshape(rows, row_len)}
     if doc_index is not None:
-        segments = np.zeros((rows, row_len), dtype=np.int64)
-        positions = np.zeros((rows, row_len), dtype=np.int64)
-        for r, row_docs in enumerate(doc_index.reshape(rows, row_len)):
-            segments[r], positions[r] = segments_and_positions(row_docs)
-            padded = row_docs < 0
-            segments[r][padded] = 0
-            positions[r][padded] = 0
+        segments, positions = segments_and_positions(doc_index.reshape(rows, row_len))
+        if doc_index.size and doc_index.min() < 0:
+            padded = doc_index.reshape(rows, row_len) < 0
+            segments[padded] = 0
+            positions[padded] = 0
         out["segment_ids"], out["positions"] = segments, positions
     return out

@@ -84,6 +84,25 @@ def test_varints_round_trip(values: np.ndarray) -> None:
     assert np.array_equal(decode_varints(encoded), values)
 
 
+def reference_varint(value: int) -> bytes:
+    """Protobuf's base-128 varint of a non-negative int, one value at a time."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    return bytes([*out, value])
+
+
+@pytest.mark.parametrize("high", [1, 128, 16_384, 2**21, 2**28 - 1, 2**28, 2**35])
+def test_every_varint_width_path_writes_protobuf_bytes(high: int) -> None:
+    # one-byte, 32-bit and int64 paths of varint_bytes, each against the one-value-at-a-time coder
+    rng = np.random.default_rng(high)
+    values = np.concatenate([rng.integers(0, high, 500), [0, high - 1], [127, 128, 16_383, 16_384][: 4 if high > 16_384 else 0]])
+    values = values[values < high] if high > 1 else values
+    assert encode_varints(values) == b"".join(reference_varint(int(v)) for v in values)
+    assert np.array_equal(decode_varints(encode_varints(values)), values)
+
+
 def test_malformed_varints_are_refused() -> None:
     with pytest.raises(ValueError, match="middle"):
         decode_varints(b"\x81\x82")
