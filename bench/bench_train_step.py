@@ -6,7 +6,12 @@ host memory is its own) and measures its framework's fp32 matmul peak on this ma
 model FLOPs per second (hand-counted, ``model.flops``) over the higher of the two measured peaks.
 
     python bench/bench_train_step.py                      # the demo shape, fp32 and bf16
-    python bench/bench_train_step.py --torch-python .venvs/hf/bin/python --steps 10
+    python bench/bench_train_step.py --torch-python .venvs/hf/bin/python --dtypes float32 --rounds 8
+
+Both sides stay up as worker processes and run ``--steps`` timed steps in turn, ``--rounds`` times
+(order alternating), so a slow spell of a shared machine hits both; the ratio is the median of the
+per-round ratios. Our side applies recipe 4's CPU-host settings (``trainer/cpu_host.py``) unless
+``--no-cpu-host``.
 
 The PyTorch side needs torch 2.13 and transformers 5 (the ``hf`` extra), by default from
 .venvs/hf or RU_TORCH_PYTHON. On a GPU, ``--no-torch`` runs the JAX side alone.
@@ -18,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -59,7 +65,8 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux reports KiB
 
 
-def jax_worker(args: argparse.Namespace) -> dict[str, Any]:
+def jax_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
+    """(facts, run(k) -> seconds per step, finish() -> final facts) for our trainer's real step."""
     import jax
     import numpy as np
 
@@ -67,37 +74,40 @@ def jax_worker(args: argparse.Namespace) -> dict[str, Any]:
     from experiment.sections.train import TrainConfig
     from model.flops import train_flops_per_token
     from model.sharding import build_mesh
+    from trainer.cpu_host import prepare_cpu_host
     from trainer.step import build_program, global_batch
 
     model_cfg = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
                             n_kv_heads=args.n_kv_heads, d_ff=args.d_ff, max_seq_len=args.seq_len,
                             attention=args.attention, remat=args.remat)
-    train_cfg = TrainConfig(steps=1000, batch_size=args.batch, warmup_steps=10, compute_dtype=args.dtype)
+    train_cfg = TrainConfig(steps=1000, batch_size=args.batch, warmup_steps=10, compute_dtype=args.dtype,
+                            cpu_devices=args.cpu_devices)
+    host = prepare_cpu_host(train_cfg) if args.cpu_host else {}  # as recipe 4 does, before JAX starts
     program = build_program(model_cfg, train_cfg, args.vocab, build_mesh(train_cfg.mesh), seed=0)
-    state = program.init_state()
+    box = {"state": program.init_state()}
     rows = np.random.default_rng(0).integers(0, args.vocab, (args.batch, args.seq_len + 1)).astype(np.int32)
     batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, program.batch_sharding)
-    start = time.perf_counter()
-    state, metrics = program.train_step(state, batch)
-    jax.block_until_ready(metrics)
-    compile_s = time.perf_counter() - start
-    for _ in range(args.warmup):
-        state, metrics = program.train_step(state, batch)
-    jax.block_until_ready(metrics)
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        state, metrics = program.train_step(state, batch)
-    jax.block_until_ready(metrics)
-    step_s = (time.perf_counter() - start) / args.steps
-    return {"framework": f"jax {jax.__version__}", "dtype": args.dtype, "step_s": step_s,
-            "tokens_per_s": args.batch * args.seq_len / step_s, "compile_s": compile_s,
-            "loss": float(metrics["loss"]), "peak_rss_gib": peak_rss_gib(),
-            "flops_per_token": train_flops_per_token(model_cfg, args.vocab, args.seq_len),
-            "matmul_peak_flops": matmul_peak_jax() if jax.default_backend() == "cpu" else None,
-            "backend": jax.default_backend()}
+
+    def run(steps: int) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            box["state"], box["metrics"] = program.train_step(box["state"], batch)
+        jax.block_until_ready(box["metrics"])
+        return (time.perf_counter() - start) / steps
+
+    compile_s = run(1)
+    facts = {"framework": f"jax {jax.__version__}", "dtype": args.dtype, "compile_s": compile_s,
+             "devices": jax.device_count(), "cpu_host": host, "backend": jax.default_backend(),
+             "flops_per_token": train_flops_per_token(model_cfg, args.vocab, args.seq_len)}
+
+    def finish() -> dict[str, Any]:
+        return {"loss": float(box["metrics"]["loss"]), "peak_rss_gib": peak_rss_gib(),
+                "matmul_peak_flops": matmul_peak_jax() if jax.default_backend() == "cpu" else None}
+
+    return facts, run, finish
 
 
-def torch_worker(args: argparse.Namespace) -> dict[str, Any]:
+def torch_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
     import torch
     import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -114,8 +124,9 @@ def torch_worker(args: argparse.Namespace) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    box: dict[str, float] = {}
 
-    def step() -> float:
+    def step() -> None:
         with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
             logits = model(input_ids=inputs).logits
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, args.vocab), targets.reshape(-1))
@@ -123,30 +134,64 @@ def torch_worker(args: argparse.Namespace) -> dict[str, Any]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        box["loss"] = float(loss)
 
-    start = time.perf_counter()
-    step()
-    first_s = time.perf_counter() - start
-    for _ in range(args.warmup):
-        step()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    step_s = (time.perf_counter() - start) / args.steps
-    return {"framework": f"torch {torch.__version__} + transformers {transformers.__version__}",
-            "dtype": args.dtype, "step_s": step_s, "tokens_per_s": args.batch * args.seq_len / step_s,
-            "compile_s": first_s, "loss": loss, "peak_rss_gib": peak_rss_gib(),
-            "n_params": sum(p.numel() for p in model.parameters()), "matmul_peak_flops": matmul_peak_torch()}
+    def run(steps: int) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - start) / steps
+
+    facts = {"framework": f"torch {torch.__version__} + transformers {transformers.__version__}",
+             "dtype": args.dtype, "compile_s": run(1), "n_params": sum(p.numel() for p in model.parameters())}
+
+    def finish() -> dict[str, Any]:
+        return {"loss": box["loss"], "peak_rss_gib": peak_rss_gib(), "matmul_peak_flops": matmul_peak_torch()}
+
+    return facts, run, finish
 
 
-def run_worker(python: str, kind: str, argv: list[str]) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([python, __file__, "--worker", kind, *argv], env=env, capture_output=True, text=True,
-                          timeout=3600)
-    if proc.returncode != 0:
-        raise SystemExit(f"{kind} worker failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def serve(args: argparse.Namespace) -> None:
+    """Worker loop: set up, warm up, then time ``RUN k`` requests from the driver until ``DONE``."""
+    facts, run, finish = jax_worker(args) if args.worker == "jax" else torch_worker(args)
+    run(args.warmup)
+    print("READY " + json.dumps(facts), flush=True)
+    for line in sys.stdin:
+        command = line.split()
+        if command[0] == "RUN":
+            print(json.dumps({"step_s": run(int(command[1]))}), flush=True)
+        else:
+            print(json.dumps(finish()), flush=True)
+            return
+
+
+class Worker:
+    """A benchmark side in its own process (so its peak memory is its own), driven over stdin/stdout."""
+
+    def __init__(self, python: str, kind: str, argv: list[str]) -> None:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.kind = kind
+        self.proc = subprocess.Popen([python, __file__, "--worker", kind, *argv], env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.facts = json.loads(self._line().removeprefix("READY "))
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(("READY ", "{")):
+                return line
+        raise SystemExit(f"{self.kind} worker failed:\n{self.proc.stderr.read()[-3000:] if self.proc.stderr else ''}")
+
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._line())
+
+    def close(self) -> dict[str, Any]:
+        final = self.ask("DONE")
+        self.proc.wait(timeout=60)
+        return {**self.facts, **final}
 
 
 def main() -> None:
@@ -160,40 +205,56 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=4000)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per side in each round")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds; the sides alternate, medians are reported")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="driver: the dtypes to compare")
     parser.add_argument("--attention", default="einsum")
     parser.add_argument("--remat", default="none")
+    parser.add_argument("--cpu-devices", type=int, default=0, help="train.cpu_devices for our side")
+    parser.add_argument("--no-cpu-host", dest="cpu_host", action="store_false",
+                        help="our side without trainer/cpu_host.py's settings (one device, default allocator)")
     parser.add_argument("--torch-python", default=os.environ.get("RU_TORCH_PYTHON", ".venvs/hf/bin/python"))
     parser.add_argument("--no-torch", action="store_true", help="only the JAX side (e.g. on a GPU)")
     args = parser.parse_args()
     if args.worker:
-        result = jax_worker(args) if args.worker == "jax" else torch_worker(args)
-        print(json.dumps(result))
+        serve(args)
         return
 
     shape = ["--d-model", str(args.d_model), "--n-layers", str(args.n_layers), "--n-heads", str(args.n_heads),
              "--n-kv-heads", str(args.n_kv_heads), "--d-ff", str(args.d_ff), "--vocab", str(args.vocab),
-             "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--steps", str(args.steps),
-             "--warmup", str(args.warmup), "--attention", args.attention, "--remat", args.remat]
-    if args.no_torch:
-        shape.append("--no-torch")
+             "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--warmup", str(args.warmup),
+             "--attention", args.attention, "--remat", args.remat, "--cpu-devices", str(args.cpu_devices)]
+    if not args.cpu_host:
+        shape.append("--no-cpu-host")
     rows = []
     for dtype in args.dtypes.split(","):
-        ours = run_worker(sys.executable, "jax", [*shape, "--dtype", dtype])
-        peer = None if args.no_torch else run_worker(args.torch_python, "torch", [*shape, "--dtype", dtype])
-        peaks = [p for p in (ours["matmul_peak_flops"], peer and peer["matmul_peak_flops"]) if p]
-        peak = max(peaks) if peaks else None
-        row = {"dtype": dtype, "jax": ours, "torch": peer}
-        for side in ("jax", "torch"):
-            if row[side] is not None and peak:
-                row[side]["mfu_vs_measured_matmul_peak"] = row[side]["tokens_per_s"] * ours["flops_per_token"] / peak
-        if peer is not None:
-            row["ratio_tokens_per_s_jax_over_torch"] = ours["tokens_per_s"] / peer["tokens_per_s"]
+        sides = {"jax": Worker(sys.executable, "jax", [*shape, "--dtype", dtype])}
+        if not args.no_torch:
+            sides["torch"] = Worker(args.torch_python, "torch", [*shape, "--dtype", dtype])
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        for round_number in range(args.rounds):
+            order = list(sides) if round_number % 2 == 0 else list(reversed(sides))  # neither side always goes first
+            for name in order:
+                times[name].append(sides[name].ask(f"RUN {args.steps}")["step_s"])
+        row: dict[str, Any] = {"dtype": dtype}
+        for name, worker in sides.items():
+            step_s = statistics.median(times[name])
+            row[name] = {**worker.close(), "step_s": step_s, "step_s_rounds": [round(t, 4) for t in times[name]],
+                         "tokens_per_s": args.batch * args.seq_len / step_s}
+        peaks = [row[name]["matmul_peak_flops"] for name in sides if row[name]["matmul_peak_flops"]]
+        for name in sides:
+            if peaks:
+                row[name]["mfu_vs_measured_matmul_peak"] = (row[name]["tokens_per_s"] * row["jax"]["flops_per_token"]
+                                                            / max(peaks))
+        if "torch" in sides:
+            ratios = [t / j for j, t in zip(times["jax"], times["torch"], strict=True)]
+            row["ratio_tokens_per_s_jax_over_torch"] = statistics.median(ratios)
+            row["ratio_rounds"] = [round(r, 3) for r in ratios]
         rows.append(row)
-    print(json.dumps({"shape": dict(zip(shape[0::2], shape[1::2], strict=False)), "results": rows}, indent=2))
+    print(json.dumps({"shape": dict(zip(shape[0::2], shape[1::2], strict=False)), "steps_per_round": args.steps,
+                      "rounds": args.rounds, "results": rows}, indent=2))
 
 
 if __name__ == "__main__":

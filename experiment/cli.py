@@ -35,15 +35,20 @@ def setup_logging() -> None:
 
 
 def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | None = None,
-                wandb_run_id: Callable[[Any, RunFolder], str | None] | None = None) -> None:
+                wandb_run_id: Callable[[Any, RunFolder], str | None] | None = None,
+                prepare: Callable[[Any], Any] | None = None) -> None:
     """Run one stage: ``fn(cfg, run_folder, wandb_run)``; exits 2 with one line on a RecipeError.
 
     ``wandb_run_id(cfg, run_folder)``, when given, names a W&B run to continue (a resumed training).
+    ``prepare(cfg)`` runs right after the config is read, before W&B starts any thread (process-wide
+    settings such as the allocator and JAX's device count).
     """
     args = make_parser(description).parse_args(argv)
     setup_logging()
     try:
         cfg = load_config(args.config, args.overrides)
+        if prepare is not None:
+            prepare(cfg)
         run_folder = RunFolder.for_config(cfg)
         run_folder.root.mkdir(parents=True, exist_ok=True)
         run_folder.save_resolved_config(cfg, stage)

@@ -171,6 +171,11 @@ class PreemptionWatch:
 # Metrics
 
 
+def chips_in_use() -> int:
+    """Accelerator chips training this run; a CPU host counts once however many JAX devices it shows."""
+    return jax.process_count() if jax.devices()[0].platform == "cpu" else jax.device_count()
+
+
 class MetricsWindow:
     """Accumulates steps between two log points into tokens/s, step time and MFU."""
 
@@ -188,7 +193,7 @@ class MetricsWindow:
         out = {"train/tokens_per_s": tokens_per_s, "train/step_time_s": elapsed / max(self.steps, 1),
                "train/model_tflops_per_s": tokens_per_s * self.flops_per_token / 1e12}
         if self.peak_flops:
-            out["train/mfu"] = tokens_per_s * self.flops_per_token / (self.peak_flops * jax.device_count())
+            out["train/mfu"] = tokens_per_s * self.flops_per_token / (self.peak_flops * chips_in_use())
         self.start, self.steps = time.perf_counter(), 0
         return out
 

@@ -78,6 +78,9 @@ class TrainConfig:
     preemption_grace_s: float = 30.0  # after SIGTERM: save and exit within this many seconds
     compilation_cache: bool = True  # keep compiled steps in <run>/xla_cache: a restart skips the compile
     distributed: bool = False  # jax.distributed.initialize() first: multi-host TPU slices, multi-node GPUs
+    # CPU-only hosts: JAX devices to split the batch over (trainer/cpu_host.py); 0: one per core, as many
+    # as divide the micro-batch; 1: JAX's default single device
+    cpu_devices: int = 0
     peak_flops_per_chip: float | None = None  # for MFU; None: the cost catalog's bf16 peak for cost.accelerator
     fit_topologies: list[str] = field(default_factory=lambda: ["v5e-16", "v6e-8"])  # for recipes/04b_tpu_fit_check.py
     mesh: MeshConfig = field(default_factory=MeshConfig)
@@ -97,7 +100,8 @@ class TrainConfig:
             raise ConfigError(f"config key '{prefix}min_lr_ratio': must be in [0, 1], got {self.min_lr_ratio}")
         if self.warmup_steps < 0 or self.warmup_steps >= self.steps:
             raise ConfigError(f"config key '{prefix}warmup_steps': must be in [0, steps={self.steps}), got {self.warmup_steps}")
-        for name in ("weight_decay", "grad_clip", "eval_every", "keep_checkpoints_every", "preemption_grace_s"):
+        for name in ("weight_decay", "grad_clip", "eval_every", "keep_checkpoints_every", "preemption_grace_s",
+                     "cpu_devices"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 0, got {getattr(self, name)}")
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
