@@ -93,7 +93,7 @@ class Packer:
         if self.mode == "concat":
             self.stats.dropped_tokens += self._pending
             self.stats.tokens -= self._pending
-            self._tokens, self._doc_sizes, self._pending = [], [], 0
+            self._tokens, self._pending = [], 0
             return self._take(0)
         padding = self.row_len - self._pending
         self._tokens.append(np.full(padding, self.pad_id, dtype=np.int32))
@@ -120,14 +120,14 @@ class Packer:
         """Document numbers of the first ``count`` pending tokens; the sizes left describe the rest."""
         sizes = np.asarray(self._doc_sizes, dtype=np.int64)
         ends = np.cumsum(sizes)
-        whole = int(np.searchsorted(ends, count, side="right"))  # documents that end inside the cut
-        taken = sizes[:whole + 1].copy()
-        if whole < sizes.size:
-            taken[whole] = count - (ends[whole - 1] if whole else 0)
-            rest = [int(sizes[whole] - taken[whole]), *self._doc_sizes[whole + 1:]]
+        cut = int(np.searchsorted(ends, count, side="right"))  # the first document not wholly taken
+        taken = sizes[:cut + 1].copy()
+        if cut < sizes.size:
+            left = int(ends[cut]) - count  # > 0: its tail stays pending
+            taken[cut] -= left
+            self._doc_sizes = [left, *self._doc_sizes[cut + 1:]]
         else:
-            rest = []
-        self._doc_sizes = [size for size in rest[:1] if size] + rest[1:]
+            self._doc_sizes = []
         return np.repeat(np.arange(taken.size, dtype=np.int32), taken)
 
 

@@ -27,7 +27,7 @@ import hashlib
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -40,8 +40,7 @@ from experiment.files import atomic_open, atomic_write_bytes
 
 INDEX_SUFFIX = ".index"
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length
-_FOOTER = struct.Struct("<I")  # masked crc of the payload
-_MASKED_CRC = _FOOTER  # the header's crc has the same coding
+_CRC = struct.Struct("<I")  # a masked crc: of the length (in the header) and of the payload (the footer)
 _LENGTH = struct.Struct("<Q")
 _MASK_DELTA = 0xA282EAD8
 _MAX_VARINT_BYTES = 10
@@ -106,17 +105,10 @@ def _two_byte_varint_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _small_varint_bytes(values: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Varints of non-negative uint32 values that all fit in ``width`` (3-4) bytes."""
-    table = np.empty((values.size, width), dtype=np.uint8)  # byte k of every value, row-major
-    keep = np.empty((values.size, width), dtype=np.bool_)  # which of those bytes the value has
-    keep[:, 0] = True
     nbytes = np.ones(values.size, dtype=np.uint8)
-    for k in range(width - 1):
-        more_follow = values >= (1 << (7 * (k + 1)))
-        keep[:, k + 1] = more_follow
-        nbytes += more_follow
-        table[:, k] = ((values >> (7 * k)) & 0x7F).astype(np.uint8) | (more_follow.view(np.uint8) << np.uint8(7))
-    table[:, width - 1] = (values >> (7 * (width - 1))).astype(np.uint8)
-    return table.ravel()[keep.ravel()], nbytes
+    for k in range(1, width):
+        nbytes += values >= (1 << (7 * k))
+    return _pack_varints(lambda k: values >> (7 * k), nbytes, width), nbytes
 
 
 def _int64_varint_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -130,17 +122,24 @@ def _int64_varint_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             break
         nbytes += longer
     nbytes[signed < 0] = _MAX_VARINT_BYTES  # two's complement: all 64 bits are significant
-    width = int(nbytes.max())
-    table = np.empty((signed.size, width), dtype=np.uint8)
-    keep = np.empty((signed.size, width), dtype=np.bool_)
-    for k in range(width):
+
+    def bits(k: int) -> np.ndarray:
         # bits 7k..7k+6; the arithmetic shift agrees with a logical one there except for bit 63
-        shifted = (signed >> (7 * k)) if k < _MAX_VARINT_BYTES - 1 else (signed.view(np.uint64) >> np.uint64(63))
-        seven_bits = shifted.astype(np.uint8) & np.uint8(0x7F)  # the uint8 cast keeps the low byte
-        more_follow = nbytes > k + 1
-        table[:, k] = seven_bits | (more_follow.view(np.uint8) << np.uint8(7))
+        return (signed >> (7 * k)) if k < _MAX_VARINT_BYTES - 1 else (signed.view(np.uint64) >> np.uint64(63))
+
+    return _pack_varints(bits, nbytes, int(nbytes.max())), nbytes
+
+
+def _pack_varints(bits: Callable[[int], np.ndarray], nbytes: np.ndarray, width: int) -> np.ndarray:
+    """Lay out varint byte k of every value (7 bits from ``bits(k)``, the top bit set when more
+    bytes follow) as a [values, width] table, then keep the ``nbytes`` bytes each value has."""
+    table = np.empty((nbytes.size, width), dtype=np.uint8)
+    keep = np.empty((nbytes.size, width), dtype=np.bool_)
+    for k in range(width):
+        seven_bits = bits(k).astype(np.uint8) & np.uint8(0x7F)  # the uint8 cast keeps the low byte
+        table[:, k] = seven_bits | ((nbytes > k + 1).view(np.uint8) << np.uint8(7))
         keep[:, k] = nbytes > k
-    return table.ravel()[keep.ravel()], nbytes
+    return table.ravel()[keep.ravel()]
 
 
 def encode_varints(values: np.ndarray) -> bytes:
@@ -372,8 +371,8 @@ class TFRecordWriter:
         for payload in payloads:
             self._offsets.append(self._position)
             length = _LENGTH.pack(len(payload))
-            parts += (length, _MASKED_CRC.pack(masked_crc32c(length)), payload, _MASKED_CRC.pack(masked_crc32c(payload)))
-            self._position += _HEADER.size + len(payload) + _FOOTER.size
+            parts += (length, _CRC.pack(masked_crc32c(length)), payload, _CRC.pack(masked_crc32c(payload)))
+            self._position += _HEADER.size + len(payload) + _CRC.size
             self.payload_bytes += len(payload)
         framed = b"".join(parts)
         self._handle.write(framed)
@@ -473,10 +472,10 @@ def read_record_at(buf: mmap.mmap | bytes, offset: int, path: Path | str, record
         raise CorruptRecordError(path, offset, "length checksum mismatch", record)
     start = offset + _HEADER.size
     end = start + length
-    if end + _FOOTER.size > size:
+    if end + _CRC.size > size:
         raise CorruptRecordError(path, offset, f"truncated payload (record says {length} bytes, file ends first)", record)
     payload = buf[start:end]
-    (payload_crc,) = _FOOTER.unpack_from(buf, end)
+    (payload_crc,) = _CRC.unpack_from(buf, end)
     if masked_crc32c(payload) != payload_crc:
         raise CorruptRecordError(path, offset, "payload checksum mismatch", record)
     return payload
@@ -500,7 +499,7 @@ def iter_records(path: Path | str, on_corrupt: OnCorrupt = "error") -> Iterator[
                     return
                 raise
             yield offset, payload
-            offset += _HEADER.size + len(payload) + _FOOTER.size
+            offset += _HEADER.size + len(payload) + _CRC.size
             record += 1
 
 
