@@ -12,7 +12,7 @@ from flax import nnx
 
 from experiment.errors import ConfigError
 from experiment.sections.model import ModelConfig
-from model.decoder import Decoder, count_params, cross_entropy, init_decoder
+from model.decoder import Decoder, count_params, cross_entropy, init_decoder, linear, rope_angles
 from model.flops import forward_flops_per_token, param_count, train_flops_per_token
 from model.presets import PRESETS, resolve
 
@@ -112,6 +112,36 @@ def test_remat_gives_same_gradients() -> None:
 
     for a, b in zip(grads(TINY), grads(dataclasses.replace(TINY, remat="save_dots")), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize(("features_in", "features_out"), [(6, 10), (10, 6)])  # both weight-gradient dots
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_linear_gradients_equal_autodiff(features_in: int, features_out: int, dtype: jnp.dtype) -> None:
+    """The hand-written backward of every projection gives autodiff's gradients (leading dims summed)."""
+    kx, kw, kd = jax.random.split(jax.random.key(6), 3)
+    x = jax.random.normal(kx, (2, 3, features_in), dtype)
+    w = jax.random.normal(kw, (features_in, features_out), dtype)
+    probe = jax.random.normal(kd, (2, 3, features_out), dtype)  # a weighted sum so every output matters
+
+    def loss(fn: object) -> tuple[jax.Array, jax.Array]:
+        return jax.grad(lambda a, b: jnp.sum((fn(a, b) * probe).astype(jnp.float32)), argnums=(0, 1))(x, w)
+
+    ours, reference = loss(linear), loss(lambda a, b: a @ b)
+    np.testing.assert_allclose(linear(x, w).astype(jnp.float32), (x @ w).astype(jnp.float32), rtol=1e-6)
+    for got, want in zip(ours, reference, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got.astype(jnp.float32), want.astype(jnp.float32),
+                                   rtol=1e-5 if dtype == jnp.float32 else 2e-2, atol=1e-5)
+
+
+def test_rope_table_lookup_equals_the_formula() -> None:
+    """The trace-time sin/cos table gives the angles pos * theta^(-2i/d) for packed, restarting positions."""
+    positions = jnp.array([[0, 1, 2, 0, 1, 5], [5, 4, 3, 2, 1, 0]])
+    sin, cos = rope_angles(positions, head_dim=8, theta=10_000.0)
+    angles = np.asarray(positions, np.float64)[..., None] * 10_000.0 ** (-np.arange(4) / 4)
+    assert sin.shape == cos.shape == (2, 6, 1, 4)
+    np.testing.assert_allclose(sin[:, :, 0], np.sin(angles), atol=1e-6)
+    np.testing.assert_allclose(cos[:, :, 0], np.cos(angles), atol=1e-6)
 
 
 def test_cross_entropy_and_z_loss_by_hand() -> None:
