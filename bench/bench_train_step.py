@@ -210,7 +210,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="driver: the dtypes to compare")
-    parser.add_argument("--attention", default="einsum")
+    parser.add_argument("--attention", default="dot_product", choices=["einsum", "dot_product"])
     parser.add_argument("--remat", default="none")
     parser.add_argument("--cpu-devices", type=int, default=0, help="train.cpu_devices for our side")
     parser.add_argument("--no-cpu-host", dest="cpu_host", action="store_false",

@@ -108,6 +108,9 @@ def attention_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
     return causal & same_doc
 
 
+Mask = jax.Array | None  # packed documents' attention mask; None: plain causal attention
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
@@ -119,7 +122,7 @@ class Attention(nnx.Module):
         # scaled init of the projections that write into the residual stream (GPT-2)
         self.wo = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
-    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: Mask) -> jax.Array:
         (b, t, d), dtype = x.shape, x.dtype
         q = linear(x, self.wq[...].astype(dtype).reshape(d, -1)).reshape(b, t, self.n_heads, self.head_dim)
         k = linear(x, self.wk[...].astype(dtype).reshape(d, -1)).reshape(b, t, self.n_kv_heads, self.head_dim)
@@ -127,12 +130,10 @@ class Attention(nnx.Module):
         q = constrain(rotary(q, rope), ("batch", "length", "act_heads", "head_dim"))
         k = rotary(k, rope)
         if self.impl == "einsum":
-            out = self.einsum_attention(q, k, v, mask)
+            out = self.einsum_attention(q, k, v, attention_mask(None, t) if mask is None else mask)
         else:  # XLA's fused attention, or cuDNN flash attention on GPUs; both take GQA directly
-            causal_only = mask.shape[0] == 1  # no packed documents: the kernel's own causal mask is cheaper
-            out = jax.nn.dot_product_attention(
-                q, k, v, mask=None if causal_only else mask, is_causal=causal_only,
-                implementation="cudnn" if self.impl == "cudnn" else None,
+            out = jax.nn.dot_product_attention(  # with no packed documents the kernel's own causal mask is cheaper
+                q, k, v, mask=mask, is_causal=mask is None, implementation="cudnn" if self.impl == "cudnn" else None,
             )
         out = constrain(out, ("batch", "length", "act_heads", "head_dim"))
         return linear(out.reshape(b, t, -1), self.wo[...].astype(dtype).reshape(-1, d))
@@ -172,7 +173,7 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: Mask) -> jax.Array:
         x = x + self.attn(self.attn_norm(x), rope, mask)
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "length", "act_embed"))
@@ -193,7 +194,7 @@ class Decoder(nnx.Module):
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        mask = attention_mask(segment_ids, t)
+        mask = None if segment_ids is None else attention_mask(segment_ids, t)
         rope = rope_angles(positions, self.head_dim, self.rope_theta)
         table = self.embed[...]
         x = constrain(jnp.take(table, tokens, axis=0), ("batch", "length", "act_embed"))
@@ -206,7 +207,7 @@ class Decoder(nnx.Module):
             logits = linear(x, self.lm_head[...].astype(x.dtype))
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
-    def run_block(self, block: Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: jax.Array) -> jax.Array:
+    def run_block(self, block: Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: Mask) -> jax.Array:
         if self.remat == "none":
             return block(x, rope, mask)
         policy = REMAT_POLICIES[self.remat]
