@@ -35,7 +35,8 @@ PROBE = textwrap.dedent('''
     import json, resource, sys
     from experiment.sections.train import TrainConfig
     from trainer.cpu_host import prepare_cpu_host
-    train = TrainConfig(steps=100, batch_size=16, warmup_steps=1, cpu_devices=int(sys.argv[2]))
+    train = TrainConfig(steps=100, batch_size=16, warmup_steps=1, cpu_devices=int(sys.argv[2]),
+                        cpu_keep_freed_memory=sys.argv[3] == "keep")
     done = prepare_cpu_host(train) if sys.argv[1] == "prepare" else {}
     import jax, numpy as np
     from experiment.sections.model import ModelConfig
@@ -59,10 +60,10 @@ PROBE = textwrap.dedent('''
 ''')
 
 
-def probe(mode: str, cpu_devices: int, **env: str) -> dict:
+def probe(mode: str, cpu_devices: int, memory: str = "keep", **env: str) -> dict:
     full_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     full_env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), **env)
-    proc = subprocess.run([sys.executable, "-c", PROBE, mode, str(cpu_devices)], cwd=REPO, env=full_env,
+    proc = subprocess.run([sys.executable, "-c", PROBE, mode, str(cpu_devices), memory], cwd=REPO, env=full_env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
@@ -79,3 +80,11 @@ def test_prepared_host_takes_no_page_faults_per_step_and_splits_the_batch() -> N
     assert prepared["faults_per_step"] < plain["faults_per_step"] / 4
     # a device count chosen by the caller (tests, multi-process runs) is left alone
     assert probe("prepare", 2, JAX_NUM_CPU_DEVICES="1")["devices"] == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc allocator settings")
+def test_keeping_freed_memory_can_be_turned_off() -> None:
+    """train.cpu_keep_freed_memory=false trades the page faults back for a lower peak RSS."""
+    released = probe("prepare", 2, memory="release")
+    assert released["done"]["malloc_keeps_freed_memory"] is False and released["devices"] == 2
+    assert released["faults_per_step"] > 5000

@@ -66,7 +66,7 @@ def prepare_cpu_host(train_cfg: Any) -> dict[str, Any]:
     """Apply both settings when training runs on the CPU backend; returns what was done (for the log)."""
     if not runs_on_cpu_only():
         return {}
-    done: dict[str, Any] = {"malloc_keeps_freed_memory": keep_freed_memory()}
+    done: dict[str, Any] = {"malloc_keeps_freed_memory": train_cfg.cpu_keep_freed_memory and keep_freed_memory()}
     if os.environ.get("JAX_NUM_CPU_DEVICES") or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
         return done  # the caller chose the device count (tests, multi-process runs)
     count = cpu_device_count(train_cfg.cpu_devices, train_cfg.batch_size // train_cfg.grad_accum_steps)
