@@ -56,6 +56,11 @@ def _linear_backward(residuals: tuple[jax.Array, jax.Array], dy: jax.Array) -> t
 linear.defvjp(_linear_forward, _linear_backward)
 
 
+def project_heads(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [B, T, D] @ w [D, H, K] -> [B, T, H, K] (query, key or value heads), through ``linear``."""
+    return linear(x, w.astype(x.dtype).reshape(w.shape[0], -1)).reshape(*x.shape[:-1], *w.shape[1:])
+
+
 def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], std: float) -> nnx.Param:
     """A truncated-normal fp32 parameter tagged with its logical axis names."""
     init = jax.nn.initializers.truncated_normal(stddev=std)
@@ -123,10 +128,8 @@ class Attention(nnx.Module):
         self.wo = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: Mask) -> jax.Array:
-        (b, t, d), dtype = x.shape, x.dtype
-        q = linear(x, self.wq[...].astype(dtype).reshape(d, -1)).reshape(b, t, self.n_heads, self.head_dim)
-        k = linear(x, self.wk[...].astype(dtype).reshape(d, -1)).reshape(b, t, self.n_kv_heads, self.head_dim)
-        v = linear(x, self.wv[...].astype(dtype).reshape(d, -1)).reshape(b, t, self.n_kv_heads, self.head_dim)
+        b, t, d = x.shape
+        q, k, v = (project_heads(x, w[...]) for w in (self.wq, self.wk, self.wv))
         q = constrain(rotary(q, rope), ("batch", "length", "act_heads", "head_dim"))
         k = rotary(k, rope)
         if self.impl == "einsum":
@@ -136,7 +139,7 @@ class Attention(nnx.Module):
                 q, k, v, mask=mask, is_causal=mask is None, implementation="cudnn" if self.impl == "cudnn" else None,
             )
         out = constrain(out, ("batch", "length", "act_heads", "head_dim"))
-        return linear(out.reshape(b, t, -1), self.wo[...].astype(dtype).reshape(-1, d))
+        return linear(out.reshape(b, t, -1), self.wo[...].astype(x.dtype).reshape(-1, d))
 
     def einsum_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
         b, t, _, hd = q.shape

@@ -27,6 +27,8 @@ from typing import Any
 
 import jax
 
+from experiment.sections.train import TrainConfig
+
 log = logging.getLogger("trainer.cpu_host")
 
 # mallopt(3) parameters
@@ -62,7 +64,7 @@ def cpu_device_count(requested: int, micro_batch: int, cores: int | None = None)
     return max(n for n in range(1, min(cores, micro_batch) + 1) if micro_batch % n == 0)
 
 
-def prepare_cpu_host(train_cfg: Any) -> dict[str, Any]:
+def prepare_cpu_host(train_cfg: TrainConfig) -> dict[str, Any]:
     """Apply both settings when training runs on the CPU backend; returns what was done (for the log)."""
     if not runs_on_cpu_only():
         return {}
