@@ -20,11 +20,15 @@ import numpy as np
 from flax import nnx
 
 from experiment.sections.model import ModelConfig
-from model.sharding import constrain
+from model.attention import attend, resolve_attention
+from model.sharding import constrain, current_layout
 
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole block in the backward pass
+    # keep the projections' outputs (dots without batch dims), recompute attention and elementwise work
     "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # the same outputs, kept in host memory instead of HBM (TPU; the fit search reports where unsupported)
+    "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
 }
 
 
@@ -104,16 +108,7 @@ def rotary(x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def attention_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
-    """[B or 1, 1, T, T] boolean: causal, and within one packed document when segment ids are given."""
-    causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
-    if segment_ids is None:
-        return causal
-    same_doc = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-    return causal & same_doc
-
-
-Mask = jax.Array | None  # packed documents' attention mask; None: plain causal attention
+Segments = jax.Array | None  # packed documents' segment ids [B, T]; None: plain causal attention
 
 
 class Attention(nnx.Module):
@@ -127,29 +122,16 @@ class Attention(nnx.Module):
         # scaled init of the projections that write into the residual stream (GPT-2)
         self.wo = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
-    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: Mask) -> jax.Array:
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], segments: Segments) -> jax.Array:
         b, t, d = x.shape
         q, k, v = (project_heads(x, w[...]) for w in (self.wq, self.wk, self.wv))
         q = constrain(rotary(q, rope), ("batch", "length", "act_heads", "head_dim"))
         k = rotary(k, rope)
-        if self.impl == "einsum":
-            out = self.einsum_attention(q, k, v, attention_mask(None, t) if mask is None else mask)
-        else:  # XLA's fused attention, or cuDNN flash attention on GPUs; both take GQA directly
-            out = jax.nn.dot_product_attention(  # with no packed documents the kernel's own causal mask is cheaper
-                q, k, v, mask=mask, is_causal=mask is None, implementation="cudnn" if self.impl == "cudnn" else None,
-            )
-        out = constrain(out, ("batch", "length", "act_heads", "head_dim"))
+        layout = current_layout()  # the platform compiled for (a TPU topology's, even on a CPU host)
+        platform = layout[0].devices.flat[0].platform if layout is not None else jax.default_backend()
+        impl = resolve_attention(self.impl, platform, x.dtype, self.head_dim, t)
+        out = constrain(attend(impl, q, k, v, segments), ("batch", "length", "act_heads", "head_dim"))
         return linear(out.reshape(b, t, -1), self.wo[...].astype(x.dtype).reshape(-1, d))
-
-    def einsum_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-        b, t, _, hd = q.shape
-        groups = self.n_heads // self.n_kv_heads
-        q = q.reshape(b, t, self.n_kv_heads, groups, hd)  # query heads grouped by the KV head they share
-        scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k).astype(jnp.float32) * hd**-0.5
-        scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
-        return out.reshape(b, t, self.n_heads, hd)
 
 
 class MLP(nnx.Module):
@@ -176,8 +158,8 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: Mask) -> jax.Array:
-        x = x + self.attn(self.attn_norm(x), rope, mask)
+    def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], segments: Segments) -> jax.Array:
+        x = x + self.attn(self.attn_norm(x), rope, segments)
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "length", "act_embed"))
 
@@ -194,27 +176,35 @@ class Decoder(nnx.Module):
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                  positions: jax.Array | None = None) -> jax.Array:
         """tokens [B, T] int32 -> logits [B, T, V] float32."""
+        return output_logits(self.hidden(tokens, segment_ids, positions), self.output_weight())
+
+    def hidden(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+        """tokens [B, T] int32 -> the final-normed hidden states [B, T, D] the output projection reads."""
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        mask = None if segment_ids is None else attention_mask(segment_ids, t)
         rope = rope_angles(positions, self.head_dim, self.rope_theta)
-        table = self.embed[...]
-        x = constrain(jnp.take(table, tokens, axis=0), ("batch", "length", "act_embed"))
+        x = constrain(jnp.take(self.embed[...], tokens, axis=0), ("batch", "length", "act_embed"))
         for block in self.blocks:
-            x = self.run_block(block, x, rope, mask)
-        x = self.final_norm(x)
-        if self.lm_head is None:
-            logits = linear(x, table.astype(x.dtype).T)
-        else:
-            logits = linear(x, self.lm_head[...].astype(x.dtype))
-        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+            x = self.run_block(block, x, rope, segment_ids)
+        return self.final_norm(x)
 
-    def run_block(self, block: Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], mask: Mask) -> jax.Array:
+    def output_weight(self) -> jax.Array:
+        """The output projection [D, V]: the embedding table transposed when tied."""
+        return self.embed[...].T if self.lm_head is None else self.lm_head[...]
+
+    def run_block(self, block: Block, x: jax.Array, rope: tuple[jax.Array, jax.Array], segments: Segments) -> jax.Array:
         if self.remat == "none":
-            return block(x, rope, mask)
+            return block(x, rope, segments)
         policy = REMAT_POLICIES[self.remat]
-        return nnx.remat(lambda blk, h, r, m: blk(h, r, m), policy=policy)(block, x, rope, mask)
+        return nnx.remat(lambda blk, h, r, s: blk(h, r, s), policy=policy)(block, x, rope, segments)
+
+
+def output_logits(hidden: jax.Array, weight: jax.Array) -> jax.Array:
+    """hidden [..., T, D] @ weight [D, V] -> fp32 logits, laid out with the vocabulary split as the rules say."""
+    logits = linear(hidden, weight.astype(hidden.dtype))
+    return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, z_loss: float = 0.0,
@@ -228,6 +218,45 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, z_loss: float = 0.0,
         return nll.mean(), z_term.mean()
     total = jnp.maximum(weights.sum(), 1.0)
     return (nll * weights).sum() / total, (z_term * weights).sum() / total
+
+
+def chunked_cross_entropy(hidden: jax.Array, weight: jax.Array, targets: jax.Array, chunk_len: int,
+                          weights: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """``cross_entropy(output_logits(hidden, weight), targets)`` without all logits in memory at once.
+
+    The sequence is cut into chunks of ``chunk_len`` positions (the last padded with zero-weight
+    positions); a scan computes each chunk's logits, its summed NLL and log(Z)^2 and drops the logits,
+    and the backward pass recomputes them chunk by chunk (``jax.checkpoint``). Peak memory for the
+    logits falls from B x T x V to B x chunk_len x V floats, for one more forward matmul of the head.
+    """
+    b, t, d = hidden.shape
+    if chunk_len <= 0 or chunk_len >= t:
+        return cross_entropy(output_logits(hidden, weight), targets, weights=weights)
+    n = -(-t // chunk_len)
+    pad = n * chunk_len - t
+    mask = jnp.ones((b, t), jnp.float32) if weights is None else weights.astype(jnp.float32)
+    if pad:
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets, mask = jnp.pad(targets, ((0, 0), (0, pad))), jnp.pad(mask, ((0, 0), (0, pad)))
+
+    def by_chunk(x: jax.Array) -> jax.Array:  # [B, n * c, ...] -> [n, B, c, ...]
+        return x.reshape(b, n, chunk_len, *x.shape[2:]).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def chunk_sums(h: jax.Array, tgt: jax.Array, m: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = output_logits(h, weight)
+        log_z = jax.nn.logsumexp(logits, axis=-1)
+        nll = log_z - jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
+        return (nll * m).sum(), (jnp.square(log_z) * m).sum()
+
+    def step(carry: tuple[jax.Array, jax.Array], chunk: tuple[jax.Array, ...]) -> tuple[tuple[jax.Array, jax.Array], None]:
+        nll_sum, z_sum = chunk_sums(*chunk)
+        return (carry[0] + nll_sum, carry[1] + z_sum), None
+
+    zero = jnp.zeros((), jnp.float32)
+    (nll_sum, z_sum), _ = jax.lax.scan(step, (zero, zero), (by_chunk(hidden), by_chunk(targets), by_chunk(mask)))
+    total = jnp.maximum(mask.sum(), 1.0) if weights is not None else jnp.float32(b * t)
+    return nll_sum / total, z_sum / total
 
 
 def count_params(model_or_state: Any) -> int:

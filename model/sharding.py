@@ -144,6 +144,11 @@ def activation_layout(mesh: Mesh, rules: Rules) -> Iterator[None]:
         _ACTIVATION_LAYOUT.reset(token)
 
 
+def current_layout() -> tuple[Mesh, Rules] | None:
+    """The mesh and rules of the step being traced, or None outside one (eval on one device, tests)."""
+    return _ACTIVATION_LAYOUT.get()
+
+
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
     layout = _ACTIVATION_LAYOUT.get()
     if layout is None:

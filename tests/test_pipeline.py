@@ -73,6 +73,13 @@ def test_recipe_chain_end_to_end_with_sigkill_resume(tmp_path, shared_data):
 
     resumed = run_recipe("04_pretrain.py", cfg)
     assert f"resumed from the checkpoint of step {killed_at}" in resumed.stdout + resumed.stderr
+    # the kernel auto picked on this platform is logged (and recorded in the W&B run's summary and config)
+    assert "attention kernel: dot_product (model.attention=auto on cpu)" in resumed.stderr
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    summaries = [json.loads(subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(folder)],
+                                           capture_output=True, text=True, timeout=120).stdout or "{}").get("summary", {})
+                 for folder in sorted((run / "wandb" / "wandb").glob("offline-run-*"))]
+    assert {s.get("model/attention_kernel") for s in summaries} >= {"dot_product"}
     assert max(finished_steps(checkpoints)) == 40
     assert len(finished_steps(checkpoints)) >= 2
 

@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from experiment.errors import ConfigError
 from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
-from model.decoder import Decoder, cross_entropy, run_once_compile_options
+from model.decoder import Decoder, chunked_cross_entropy, run_once_compile_options
 from model.sharding import Rules, activation_layout, batch_sharding, replicated, tree_shardings
 
 State = dict[str, Any]
@@ -108,8 +108,8 @@ def build_program(model_cfg: ModelConfig, train_cfg: TrainConfig, vocab_size: in
 
     def loss_fn(params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array]:
         model = nnx.merge(graphdef, jax.tree.map(lambda p: p.astype(compute_dtype), params))
-        logits = model(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
-        nll, z_term = cross_entropy(logits, batch["targets"])
+        hidden = model.hidden(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
+        nll, z_term = chunked_cross_entropy(hidden, model.output_weight(), batch["targets"], train_cfg.loss_chunk_len)
         return nll + model_cfg.z_loss * z_term, nll
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)

@@ -34,13 +34,14 @@ from experiment.errors import ConfigError, DataError, RecipeError
 from experiment.files import atomic_write_json
 from experiment.manifest import read_manifest
 from experiment.runfolder import RunFolder
+from model.attention import resolve_attention
 from model.flops import param_count, train_flops_per_token
 from model.presets import resolve
 from model.sharding import build_mesh
 from tokenizer.spm import TOKENIZER_RECIPE, TOKENIZER_STAGE
 from tracking.metrics import cost_entries, define_cost_metrics, log_cost_summary, log_step
 from trainer import checkpoint
-from trainer.step import TrainProgram, build_program, global_batch
+from trainer.step import DTYPES, TrainProgram, build_program, global_batch
 
 log = logging.getLogger("trainer")
 STAGE = "pretrain"
@@ -261,6 +262,11 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         log.info("model: %.2fM parameters (%d layers, d_model %d, %d heads / %d KV heads, vocab %d)",
                  n_params / 1e6, model_cfg.n_layers, model_cfg.d_model, model_cfg.n_heads, model_cfg.n_kv_heads,
                  data.vocab_size)
+        kernel = resolve_attention(model_cfg.attention, mesh.devices.flat[0].platform, DTYPES[train_cfg.compute_dtype],
+                                   model_cfg.resolved_head_dim, data.seq_len)
+        log.info("attention kernel: %s (model.attention=%s on %s); remat %s; loss logits in chunks of %s positions",
+                 kernel, model_cfg.attention, mesh.devices.flat[0].platform, model_cfg.remat,
+                 train_cfg.loss_chunk_len if 0 < train_cfg.loss_chunk_len < data.seq_len else "all")
         meta = {
             "model": dataclasses.asdict(model_cfg), "vocab_size": data.vocab_size,
             "tokenizer_sha256": data.tokenizer_sha256, "seq_len": data.seq_len,
@@ -283,6 +289,8 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     if wandb_run is not None:
         define_cost_metrics(wandb_run)
         wandb_run.summary["model/n_params"] = n_params
+        wandb_run.config.update({"model_attention_kernel": kernel}, allow_val_change=True)
+        wandb_run.summary["model/attention_kernel"] = kernel
 
     unconfirmed: list[int] = []  # async saves not yet known to be on disk
 

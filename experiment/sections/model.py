@@ -21,12 +21,15 @@ class ModelConfig:
     tie_embeddings: bool = True
     z_loss: float = 0.0  # weight of log(Z)^2 in the loss (PaLM), keeps logits from drifting
     init_std: float = 0.02
-    # dot_product: jax.nn.dot_product_attention (XLA's); cudnn: its cuDNN flash attention (GPUs,
-    # bf16); einsum: hand-written, on par on CPU at 128 tokens, 1.2x slower per step at 256 (bench/)
-    attention: Literal["einsum", "dot_product", "cudnn"] = "dot_product"
-    # activation checkpointing per decoder block: none, full (recompute everything), or
-    # save_dots (keep matmul outputs, recompute the cheap elementwise work)
-    remat: Literal["none", "full", "save_dots"] = "none"
+    # auto: by the platform compiled for (model/attention.py): splash on TPU, cudnn on NVIDIA GPUs,
+    # dot_product elsewhere. splash: Pallas splash attention (TPU; flash-style, no T x T scores in HBM);
+    # cudnn: jax.nn.dot_product_attention's cuDNN flash attention (GPUs, bf16); dot_product: XLA's
+    # (materialises the scores); einsum: the hand-written reference
+    attention: Literal["auto", "dot_product", "einsum", "cudnn", "splash"] = "auto"
+    # activation checkpointing per decoder block: none, full (recompute everything), save_dots (keep
+    # the projections' outputs, recompute attention and elementwise work), offload (save_dots with the
+    # saved outputs in host memory; TPU). The recompute each costs: model.flops.recompute_flops_per_token
+    remat: Literal["none", "full", "save_dots", "offload"] = "none"
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""

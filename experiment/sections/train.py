@@ -59,6 +59,9 @@ class TrainConfig:
     steps: int = 1000
     batch_size: int = 32  # global batch, in sequences
     grad_accum_steps: int = 1  # micro-batches per optimizer step; batch_size must divide by it
+    # sequence positions whose logits exist at once in the loss (model.decoder.chunked_cross_entropy):
+    # B x chunk x V floats instead of B x T x V, for one more forward matmul of the output head; 0: all
+    loss_chunk_len: int = 1024
     learning_rate: float = 3e-4
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio at the last step
@@ -86,6 +89,9 @@ class TrainConfig:
     cpu_keep_freed_memory: bool = True
     peak_flops_per_chip: float | None = None  # for MFU; None: the cost catalog's bf16 peak for cost.accelerator
     fit_topologies: list[str] = field(default_factory=lambda: ["v5e-16", "v6e-8"])  # for recipes/04b_tpu_fit_check.py
+    # recipe 04b: instead of checking the configured setting, try remat policies, attention kernels and
+    # micro-batch splits per slice, and report the table and the best setting that fits (trainer/fit_check.py)
+    fit_search: bool = False
     mesh: MeshConfig = field(default_factory=MeshConfig)
 
     def validate(self, key: str) -> None:
@@ -104,7 +110,7 @@ class TrainConfig:
         if self.warmup_steps < 0 or self.warmup_steps >= self.steps:
             raise ConfigError(f"config key '{prefix}warmup_steps': must be in [0, steps={self.steps}), got {self.warmup_steps}")
         for name in ("weight_decay", "grad_clip", "eval_every", "keep_checkpoints_every", "preemption_grace_s",
-                     "cpu_devices"):
+                     "cpu_devices", "loss_chunk_len"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 0, got {getattr(self, name)}")
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
