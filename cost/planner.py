@@ -10,7 +10,14 @@ own model section), a token budget and a list of accelerator / slice / pricing o
 
 MFU per option comes from the option (``cost.plan_options[i].mfu``), else from a measured run of
 ours on the same accelerator (the ledger), else from a published anchor on that accelerator
-(``cost/anchors.csv``; off with ``cost.plan_mfu_from_anchors: false``), else ``cost.plan_mfu``. Every plan also re-derives the
+(``cost/anchors.csv``; off with ``cost.plan_mfu_from_anchors: false``), else ``cost.plan_mfu``.
+
+Recomputation is priced: the setting a run needs to fit (``model.remat``, the attention kernel, the
+chunked loss; the fit check's choice from ``reports/fit_check.json`` for a slice it checked, else the
+config's) makes the hardware do ``recompute`` x the model FLOPs (``model.flops.recompute_flops_per_token``).
+An anchor's MFU (or ``cost.plan_mfu``) is taken as the hardware FLOPs utilisation its own setting reached
+and held fixed, so a setting that recomputes more runs at a proportionally lower MFU: "fits with full
+remat" costs what it costs. Every plan also re-derives the
 published anchors in ``cost/anchors.csv`` (MaxText's Llama-3.1-8B on v6e) from the same arithmetic,
 so a drift in the FLOP count shows up next to the numbers it would distort.
 """
@@ -31,7 +38,8 @@ from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from experiment.errors import ConfigError, DataError
 from experiment.runfolder import RunFolder
 from experiment.sections.model import ModelConfig
-from model.flops import param_count, train_flops_per_token
+from model.attention import resolve_attention
+from model.flops import param_count, recompute_flops_per_token, train_flops_per_token
 
 log = logging.getLogger("cost.planner")
 
@@ -46,7 +54,11 @@ COLUMNS = (
     Column("chips", "chips", "{:d}"),
     Column("usd_per_chip_hour", "USD/chip-h", "{:.3f}"),
     Column("peak_tflops", "peak TFLOP/s", "{:,.0f}", terminal=False),
+    Column("remat", "remat"),
+    Column("setting_from", "setting from", terminal=False),
+    Column("recompute", "recompute", "{:.2f}x"),
     Column("mfu", "MFU", "{:.1%}"),
+    Column("hfu", "HFU", "{:.1%}", terminal=False),
     Column("mfu_source", "MFU from"),
     Column("tokens_per_s_per_chip", "tokens/s/chip", "{:,.0f}"),
     Column("hours", "hours", SIG),
@@ -85,6 +97,30 @@ class Anchor:
     source: str
     date: str
     note: str
+    remat: str = "none"  # the anchor's activation checkpointing, as published (assumed none when not)
+
+    @property
+    def recompute(self) -> float:
+        """Hardware / model FLOPs of the anchor's own run: its remat and the platform's flash kernel."""
+        return recompute_factor(dataclasses.replace(self.model.cfg, remat=self.remat), self.model.vocab_size,
+                                self.model.seq_len, platform_of(self.accelerator), "bfloat16", loss_chunk_len=0)
+
+
+def platform_of(accelerator: str) -> str:
+    """The JAX platform an accelerator row runs on (which attention kernel ``auto`` would pick)."""
+    return "tpu" if accelerator.startswith("tpu") else "gpu" if accelerator.startswith("nvidia") else "other"
+
+
+def recompute_factor(model_cfg: ModelConfig, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
+                     loss_chunk_len: int) -> float:
+    """Hardware FLOPs / model FLOPs of training ``model_cfg`` (its remat and attention) on ``platform``."""
+    import jax.numpy as jnp
+
+    attention = resolve_attention(model_cfg.attention, platform, jnp.dtype(compute_dtype), model_cfg.resolved_head_dim,
+                                  seq_len)
+    model_flops = train_flops_per_token(model_cfg, vocab_size, seq_len)
+    extra = recompute_flops_per_token(model_cfg, vocab_size, seq_len, attention, 0 < loss_chunk_len < seq_len)
+    return (model_flops + extra) / model_flops
 
 
 def read_anchors(path: Path = ANCHORS) -> list[Anchor]:
@@ -99,7 +135,8 @@ def read_anchors(path: Path = ANCHORS) -> list[Anchor]:
                                     tie_embeddings=row["tie_embeddings"].strip().lower() == "true")
                 model = PlanModel(row["name"], shape, int(row["vocab_size"]), int(row["seq_len"]))
                 anchors.append(Anchor(model, row["accelerator"], float(row["tokens_per_s_per_chip"]),
-                                      float(row["mfu"]), row["source"], row["date"], row.get("note", "")))
+                                      float(row["mfu"]), row["source"], row["date"], row.get("note", ""),
+                                      row.get("remat") or "none"))
             except (KeyError, ValueError) as exc:
                 raise DataError(f"{path} line {line}: bad anchor row ({exc})") from exc
     return anchors
@@ -189,27 +226,59 @@ class MfuChoices:
     measured: tuple[str, float] | None = None  # (accelerator, MFU) of our run
     anchors: tuple[Anchor, ...] = ()
 
-    def pick(self, option: Any) -> tuple[float, str]:
+    def pick(self, option: Any) -> tuple[float, str, float | None]:
+        """(MFU, its source, the recompute factor it was reached at); None: it already is this setting's
+        MFU (given for the option, or measured by our run), so it is not adjusted."""
         if option.mfu is not None:
-            return option.mfu, "option"
+            return option.mfu, "option", None
         if self.measured is not None and self.measured[0] == option.accelerator:
-            return self.measured[1], "our run"
+            return self.measured[1], "our run", None
         for anchor in self.anchors:
             if anchor.accelerator == option.accelerator:
-                return anchor.mfu, f"anchor {anchor.model.label}"
-        return self.default, "cost.plan_mfu"
+                return anchor.mfu, f"anchor {anchor.model.label}", anchor.recompute
+        return self.default, "cost.plan_mfu", 1.0
+
+
+@dataclass(frozen=True)
+class RunSetting:
+    """How the planned run fits: remat and micro-batches, and where that choice comes from."""
+
+    remat: str
+    grad_accum_steps: int
+    source: str  # "fit check <slice>" or "config"
+
+
+def fit_settings(run_folder: RunFolder | None) -> dict[tuple[str, int], RunSetting]:
+    """(accelerator, chips) -> the setting recipe 04b chose (or checked) for that slice, when it fits."""
+    path = None if run_folder is None else run_folder.reports / "fit_check.json"
+    if path is None or not path.is_file():
+        return {}
+    import json
+
+    try:
+        reports = json.loads(path.read_text(encoding="utf-8"))
+        return {(f"tpu-{r['slice'].split('-')[0]}", int(r["devices"])):
+                RunSetting(r["remat"], int(r["grad_accum_steps"]), f"fit check {r['slice']}")
+                for r in reports if r.get("fits") and "remat" in r}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DataError(f"{path}: not a fit-check report ({exc}); rerun recipes/04b_tpu_fit_check.py") from exc
 
 
 def estimate(option: Any, index: int, model: PlanModel, tokens: int, catalog: Catalog, rate: UsdRubRate,
-             mfu_choices: MfuChoices) -> dict[str, Any]:
-    """One table row: time and money of ``tokens`` on this option."""
+             mfu_choices: MfuChoices, setting: RunSetting, train_cfg: Any) -> dict[str, Any]:
+    """One table row: time and money of ``tokens`` on this option, at the setting the run fits with."""
     key = f"cost.plan_options[{index}]"
     price = catalog.lookup(option.accelerator, option.pricing, option.cloud, option.region, key=f"{key}.accelerator")
     chip = catalog.chip(option.accelerator, key=f"{key}.accelerator")
     if not chip.peak_bf16_tflops:
         raise CatalogError(f"config key '{key}.accelerator': no peak bf16 TFLOP/s for {option.accelerator} in "
                            "cost/hardware.csv, so its time cannot be estimated")
-    mfu, mfu_source = mfu_choices.pick(option)
+    recompute = recompute_factor(dataclasses.replace(model.cfg, remat=setting.remat), model.vocab_size, model.seq_len,
+                                 platform_of(option.accelerator), train_cfg.compute_dtype, train_cfg.loss_chunk_len)
+    mfu, mfu_source, basis = mfu_choices.pick(option)
+    if basis is not None:  # the source's hardware utilisation, spent on this setting's extra work
+        mfu = mfu * basis / recompute
+        mfu_source += f", x{basis:.2f}/{recompute:.2f} recompute"
     per_chip = tokens_per_s_per_chip(mfu, chip.peak_bf16_tflops, model.flops_per_token)
     hours = tokens / (per_chip * option.chips) / 3600
     usd = hours * option.chips * price.usd
@@ -218,7 +287,9 @@ def estimate(option: Any, index: int, model: PlanModel, tokens: int, catalog: Ca
     return {
         "accelerator": option.accelerator, "cloud": price.cloud, "region": price.region, "pricing": price.pricing,
         "chips": option.chips, "usd_per_chip_hour": price.usd, "peak_tflops": chip.peak_bf16_tflops,
-        "mfu": mfu, "mfu_source": mfu_source, "tokens_per_s_per_chip": per_chip, "hours": hours,
+        "remat": setting.remat, "grad_accum_steps": setting.grad_accum_steps, "setting_from": setting.source,
+        "recompute": recompute, "mfu": mfu, "hfu": mfu * recompute, "mfu_source": mfu_source,
+        "tokens_per_s_per_chip": per_chip, "hours": hours,
         "chip_hours": hours * option.chips, "usd": usd, "rub": usd * rate.rate,
         "rub_per_1b_tokens": usd * rate.rate / tokens * 1e9, "state_gib_per_chip": state_gib, "fits": fits,
         "hbm_gib": chip.hbm_gib, "price_date": price.date, "price_source": price.source,
@@ -254,7 +325,10 @@ def plan(cfg: Any, run_folder: RunFolder | None, catalog: Catalog | None = None,
     anchors = tuple(read_anchors())
     mfu_choices = MfuChoices(cfg.cost.plan_mfu, measured_mfu(run_folder, experiment_model(cfg, run_folder), catalog),
                              anchors if cfg.cost.plan_mfu_from_anchors else ())
-    rows = [estimate(option, i, model, tokens, catalog, rate, mfu_choices)
+    chosen = fit_settings(run_folder)
+    configured = RunSetting(cfg.model.remat, cfg.train.grad_accum_steps, "config")
+    rows = [estimate(option, i, model, tokens, catalog, rate, mfu_choices,
+                     chosen.get((option.accelerator, option.chips), configured), cfg.train)
             for i, option in enumerate(cfg.cost.plan_options)]
     if not rows:
         raise ConfigError("config key 'cost.plan_options': give at least one accelerator option")
@@ -273,6 +347,9 @@ def plan_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[str
     notes = [f"anchor: {c['model']} on {c['accelerator']} at {c['mfu']:.1%} MFU: our arithmetic gives "
              f"{c['predicted_tokens_per_s_per_chip']:,.0f} tokens/s/chip, published "
              f"{c['published_tokens_per_s_per_chip']:,.0f} ({c['relative_error']:+.1%}; {c['source']})" for c in checks]
+    notes.append("recompute = hardware / model FLOPs of the setting (remat, the flash kernel's backward, the chunked "
+                 "loss; model.flops); an anchor's MFU or cost.plan_mfu is held as hardware utilisation (HFU) and "
+                 "divided by it; 'setting from' says whether recipe 04b's fit check or the config chose the setting")
     notes.append(f"state = {STATE_BYTES_PER_PARAM} bytes/parameter (fp32 weights, gradients, Adam moments) "
                  "sharded over the slice; activations are not included, so 'yes' is necessary, not sufficient")
     notes.extend(rate.notes)

@@ -34,3 +34,30 @@ def forward_flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int) -> 
 
 def train_flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int) -> float:
     return 3.0 * forward_flops_per_token(cfg, vocab_size, seq_len)
+
+
+def attention_forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """QK^T and PV of every layer, full T x T (as in ``forward_flops_per_token``)."""
+    return 2.0 * 2 * seq_len * cfg.n_heads * cfg.resolved_head_dim * cfg.n_layers
+
+
+def recompute_flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int, attention: str,
+                              loss_chunked: bool) -> float:
+    """Forward work the backward pass does again, per trained token (hardware FLOPs - model FLOPs).
+
+    - ``model.remat``: full recomputes every block's forward (all but the output head); save_dots and
+      offload keep the projections' outputs (dots without batch dims) and recompute attention, whose
+      dots have batch dims (and a Pallas kernel is not a dot); none recomputes nothing.
+    - flash-style kernels (splash, cudnn) recompute the scores QK^T in their backward pass: half of
+      attention's forward matmuls.
+    - the chunked loss recomputes the output head's matmul, chunk by chunk.
+    """
+    attention_fwd = attention_forward_flops_per_token(cfg, seq_len)
+    head_fwd = 2.0 * cfg.d_model * vocab_size
+    blocks_fwd = forward_flops_per_token(cfg, vocab_size, seq_len) - head_fwd
+    extra = {"none": 0.0, "full": blocks_fwd, "save_dots": attention_fwd, "offload": attention_fwd}[cfg.remat]
+    if attention in ("splash", "cudnn"):
+        extra += attention_fwd / 2
+    if loss_chunked:
+        extra += head_fwd
+    return extra

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from cost.catalog import Catalog, CatalogError
 from cost.planner import anchor_check, experiment_model, plan, read_anchors, tokens_per_s_per_chip
 from cost.rates import UsdRubRate
 from experiment.config import load_config
+from experiment.errors import DataError
+from experiment.runfolder import RunFolder
 from tests.recipe_runner import error_line, run_recipe, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,10 +56,52 @@ def test_seed_comparison_set_is_planned_by_default() -> None:
                                                 "aws-trainium2"]
     assert all(r["rub"] > 0 and r["hours"] > 0 for r in rows)
     by_source = {r["accelerator"]: (r["mfu"], r["mfu_source"]) for r in rows}
-    assert by_source["tpu-v6e"] == (0.455, "anchor llama3.1-8b")  # MaxText's published MFU on v6e
-    assert by_source["tpu-v5e"] == (0.4, "cost.plan_mfu")
+    v6e = next(r for r in rows if r["accelerator"] == "tpu-v6e")
+    (anchor,) = read_anchors()
+    # MaxText's published MFU on v6e, held as hardware utilisation across the two settings' recompute
+    assert v6e["mfu"] == pytest.approx(0.455 * anchor.recompute / v6e["recompute"])
+    assert v6e["mfu_source"].startswith("anchor llama3.1-8b")
+    assert by_source["tpu-v5e"][0] == pytest.approx(0.4 / next(r["recompute"] for r in rows if r["accelerator"] == "tpu-v5e"))
+    assert by_source["tpu-v5e"][1].startswith("cost.plan_mfu")
     _, _, rows, _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_mfu_from_anchors=false"), None, rate=RATE)
-    assert {r["mfu_source"] for r in rows} == {"cost.plan_mfu"}
+    assert {r["mfu_source"].split(",")[0] for r in rows} == {"cost.plan_mfu"}
+
+
+def test_full_remat_is_priced_by_hand() -> None:
+    """1b at 2,048 tokens on v5e at cost.plan_mfu 40%: full remat re-runs every block's forward, the splash
+    backward re-runs QK^T; the hardware holds 40% utilisation, so the plan runs at 40% / recompute."""
+    cfg = demo_cfg("cost.plan_model=1b", "cost.plan_mfu_from_anchors=false", "train.loss_chunk_len=0",
+                   "cost.plan_options=[{accelerator: tpu-v5e, chips: 16}]")
+    (none,) = plan(cfg, None, rate=RATE)[2]
+    model, _, (full,), _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_mfu_from_anchors=false", "model.remat=full",
+                                         "train.loss_chunk_len=0", "cost.plan_options=[{accelerator: tpu-v5e, chips: 16}]"),
+                                None, rate=RATE)
+    d, layers, heads, hd, kv, ff, vocab, t = 2048, 16, 32, 64, 8, 5632, model.vocab_size, 2048
+    matmuls = layers * (d * heads * hd + 2 * d * kv * hd + heads * hd * d + 3 * d * ff)  # per token, no head
+    attention = 2 * 2 * t * heads * hd * layers
+    train = 3 * (2 * (matmuls + d * vocab) + attention)
+    assert none["recompute"] == pytest.approx((train + attention / 2) / train)
+    assert full["recompute"] == pytest.approx((train + 2 * matmuls + attention + attention / 2) / train)
+    assert full["mfu"] == pytest.approx(0.4 / full["recompute"]) and full["hfu"] == pytest.approx(0.4)
+    assert full["rub"] / none["rub"] == pytest.approx(full["recompute"] / none["recompute"])
+    assert (full["remat"], full["setting_from"]) == ("full", "config")
+
+
+def test_plan_uses_the_setting_the_fit_check_chose(tmp_path: Path) -> None:
+    cfg = demo_cfg(f"experiment.run_root={tmp_path}", "cost.plan_mfu_from_anchors=false",
+                   "cost.plan_options=[{accelerator: tpu-v6e, chips: 8}, {accelerator: tpu-v5e, chips: 16}]")
+    folder = RunFolder.for_config(cfg)
+    folder.reports.mkdir(parents=True)
+    (folder.reports / "fit_check.json").write_text(json.dumps([
+        {"slice": "v6e-8", "devices": 8, "fits": True, "remat": "full", "grad_accum_steps": 2},
+        {"slice": "v5e-16", "devices": 16, "fits": False, "remat": "none", "grad_accum_steps": 1}]), encoding="utf-8")
+    _, _, (v6e, v5e), _ = plan(cfg, folder, rate=RATE)
+    assert (v6e["remat"], v6e["grad_accum_steps"], v6e["setting_from"]) == ("full", 2, "fit check v6e-8")
+    assert (v5e["remat"], v5e["setting_from"]) == ("none", "config")  # did not fit there: the config's setting
+    assert v6e["recompute"] > v5e["recompute"]
+    (folder.reports / "fit_check.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(DataError, match="fit_check.json: not a fit-check report"):
+        plan(cfg, folder, rate=RATE)
 
 
 def test_bad_options_name_the_key() -> None:
@@ -105,4 +150,4 @@ def test_mfu_calibrated_from_our_own_ledger(tmp_path: Path) -> None:
     trained = experiment_model(cfg, folder)  # the demo model measured by the ledger, not the planned 1b
     expected = 1.2e9 / 3600 / 8 * trained.flops_per_token / 197e12
     assert rows[0]["mfu_source"] == "our run" and rows[0]["mfu"] == pytest.approx(expected)
-    assert rows[1]["mfu_source"] == "anchor llama3.1-8b"  # not measured on v6e: the published MFU there
+    assert rows[1]["mfu_source"].startswith("anchor llama3.1-8b")  # not measured on v6e: the published MFU there

@@ -1,4 +1,5 @@
-"""Recipe 04b on this CPU with libtpu: a small model fits v5e-16 and v6e-8; a 7B one gets the clear error.
+"""Recipe 04b on this CPU with libtpu: a small model fits v5e-16 and v6e-8; an oversized one gets the
+clear error; every shipped config fits the slices it names; the fit search's table on v5e-16 and v6e-8.
 
 Needs the ``tpu`` extra (libtpu). Runs with this interpreter when it has libtpu, or with the one
 named by RU_TPU_PYTHON (e.g. a separate venv with ``pip install -e '.[tpu]'``); skips otherwise.
@@ -50,11 +51,56 @@ def test_small_model_fits_v5e_16_and_v6e_8(tmp_path: Path) -> None:
 
 def test_oversized_model_gets_a_clear_error(tmp_path: Path) -> None:
     # 7b width with 8 layers (to compile fast); the tiny shape fields go back to the schema defaults so the preset fills them
+    # XLA's attention: its T x T scores do not fit (splash would, see the search test)
     proc = run_fit_check(tmp_path, "model.preset=7b", "model.d_model=256", "model.n_layers=8", "model.d_ff=688",
-                         "model.max_seq_len=4096",
+                         "model.max_seq_len=4096", "model.attention=dot_product",
                          "shards.seq_len=4096", "tokenizer.vocab_size=32000", "train.batch_size=64",
                          "train.fit_topologies=[v5e-16]")
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = error_line(proc)
     assert line.startswith("error: v5e-16 (v5e:4x4, 16 devices") and "DOES NOT FIT" in line
     assert "RESOURCE_EXHAUSTED" in line or "GiB of 15.75 GiB" in line
+
+
+SHIPPED = sorted((REPO / "recipes" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_every_shipped_config_fits_the_slices_it_names(tmp_path: Path, config: Path) -> None:
+    """What a user runs first on a laptop: recipe 04b on the config as shipped (no data prepared yet)."""
+    env = {**recipe_env(tmp_path), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "RU_RUNS": str(tmp_path / "runs")}
+    cmd = [tpu_python(), str(REPO / "recipes" / "04b_tpu_fit_check.py"), "--config", str(config),
+           "wandb.mode=disabled"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (report_file,) = (tmp_path / "runs").glob("*/reports/fit_check.json")
+    reports = json.loads(report_file.read_text(encoding="utf-8"))
+    assert reports and all(r["fits"] and r["needed_gib"] <= r["capacity_gib"] for r in reports)
+    assert all(r["recompute_factor"] >= 1.0 and r["attention_kernel"] for r in reports)
+
+
+def test_fit_search_table_on_v5e_16_and_v6e_8(tmp_path: Path) -> None:
+    """One layer at 1,024 tokens and 256-512 rows per chip: XLA's attention runs out of HBM on both slices
+    and splash fits, so the search's table shows what the kernel buys and picks the cheapest fitting setting."""
+    proc = run_fit_check(tmp_path, "train.fit_search=true", "train.fit_topologies=[v5e-16, v6e-8]",
+                         "model.d_model=256", "model.n_layers=1", "model.n_heads=8", "model.n_kv_heads=4",
+                         "model.d_ff=512", "model.max_seq_len=1024", "shards.seq_len=1024",
+                         "tokenizer.vocab_size=8000", "train.batch_size=4096", "train.loss_chunk_len=256")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = tmp_path / "runs" / "tiny" / "reports"
+    search = json.loads((reports / "fit_search.json").read_text(encoding="utf-8"))
+    assert sorted(search) == ["v5e-16", "v6e-8"]
+    for slice_name, rows in search.items():
+        splash = {r["remat"]: r for r in rows if r["attention_kernel"] == "splash"}
+        xla = {r["remat"]: r for r in rows if r["attention_kernel"] == "dot_product"}
+        assert set(splash) == set(xla) == {"none", "save_dots", "offload", "full"}, slice_name
+        assert all(r["fits"] for r in splash.values()) and not any(r["fits"] for r in xla.values())
+        assert splash["full"]["needed_gib"] <= splash["none"]["needed_gib"]
+        assert splash["none"]["recompute_factor"] < splash["save_dots"]["recompute_factor"] < splash["full"]["recompute_factor"]
+        (best,) = [r for r in rows if r["best"]]
+        assert (best["remat"], best["attention_kernel"], best["grad_accum_steps"]) == ("none", "splash", 1)
+        assert f"best setting on {slice_name}: model.remat=none model.attention=auto train.grad_accum_steps=1" in proc.stderr
+    table = (reports / "fit_search.md").read_text(encoding="utf-8")
+    assert "## v5e-16" in table and "## v6e-8" in table and table.count("**best**") == 2
+    chosen = json.loads((reports / "fit_check.json").read_text(encoding="utf-8"))
+    assert [r["slice"] for r in chosen] == ["v5e-16", "v6e-8"] and all(r["best"] for r in chosen)

@@ -13,12 +13,13 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from experiment.errors import ConfigError, RecipeError
-from experiment.files import atomic_write_json
+from experiment.files import atomic_write_json, atomic_write_text
 from experiment.runfolder import RunFolder
 
 log = logging.getLogger("trainer.fit_check")
@@ -82,30 +83,74 @@ def topology_devices(slice_name: str, num_slices: int = 1) -> list[Any]:
     return list(desc.devices)
 
 
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """What the fit search varies: the knobs that trade HBM for compute or for steps."""
+
+    remat: str
+    attention: str
+    grad_accum_steps: int
+
+    def overrides(self) -> list[str]:
+        return [f"model.remat={self.remat}", f"model.attention={self.attention}",
+                f"train.grad_accum_steps={self.grad_accum_steps}"]
+
+
+def configured_setting(model_cfg: Any, train_cfg: Any) -> Setting:
+    return Setting(model_cfg.remat, model_cfg.attention, train_cfg.grad_accum_steps)
+
+
+def setting_costs(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, platform: str) -> dict[str, Any]:
+    """Hand-counted model and hardware FLOPs per step of this setting, and the kernel ``auto`` picks."""
+    from model.attention import resolve_attention
+    from model.flops import recompute_flops_per_token, train_flops_per_token
+    from trainer.step import DTYPES
+
+    attention = resolve_attention(model_cfg.attention, platform, DTYPES[train_cfg.compute_dtype],
+                                  model_cfg.resolved_head_dim, seq_len)
+    tokens = train_cfg.batch_size * seq_len
+    model_flops = train_flops_per_token(model_cfg, vocab_size, seq_len)
+    chunked = 0 < train_cfg.loss_chunk_len < seq_len
+    extra = recompute_flops_per_token(model_cfg, vocab_size, seq_len, attention, chunked)
+    return {"attention_kernel": attention, "model_flops_per_step": model_flops * tokens,
+            "hardware_flops_per_step": (model_flops + extra) * tokens,
+            "recompute_factor": (model_flops + extra) / model_flops}
+
+
 def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, slice_name: str,
-              packed: bool = False) -> dict[str, Any]:
-    """Compile the train step for ``slice_name`` and report per-device memory; never raises on OOM."""
+              packed: bool = False, setting: Setting | None = None) -> dict[str, Any]:
+    """Compile the train step for ``slice_name`` and report per-device memory; never raises on OOM.
+
+    ``setting`` replaces the config's remat, attention and accumulation (the fit search's candidates).
+    """
     from model.presets import resolve
     from model.sharding import build_mesh
     from trainer.step import build_program
 
+    model_cfg = resolve(model_cfg)
+    setting = setting or configured_setting(model_cfg, train_cfg)
+    model_cfg = dataclasses.replace(model_cfg, remat=setting.remat, attention=setting.attention)
+    train_cfg = dataclasses.replace(train_cfg, grad_accum_steps=setting.grad_accum_steps)
     devices = topology_devices(slice_name, train_cfg.mesh.dcn_data)
     mesh = build_mesh(train_cfg.mesh, devices)
-    model_cfg = resolve(model_cfg)
     capacity = TOPOLOGIES[slice_name].usable_hbm_gib
     report: dict[str, Any] = {"slice": slice_name, "topology": TOPOLOGIES[slice_name].name, "devices": len(devices),
-                              "mesh": dict(mesh.shape), "capacity_gib": capacity}
+                              "mesh": dict(mesh.shape), "capacity_gib": capacity, **dataclasses.asdict(setting),
+                              "micro_batch_per_device": train_cfg.batch_size // setting.grad_accum_steps // _data_parts(mesh),
+                              "loss_chunk_len": train_cfg.loss_chunk_len,
+                              **setting_costs(model_cfg, train_cfg, vocab_size, seq_len, "tpu")}
     started = time.perf_counter()
-    program = build_program(model_cfg, train_cfg, vocab_size, mesh, seed=0)
-    lowered = program.lower_step(program.abstract_batch(train_cfg.batch_size, seq_len, packed))
     try:
-        compiled = lowered.compile()
-    except Exception as exc:  # the compiler reports OOM as a generic XlaRuntimeError
+        program = build_program(model_cfg, train_cfg, vocab_size, mesh, seed=0)
+        compiled = program.lower_step(program.abstract_batch(train_cfg.batch_size, seq_len, packed)).compile()
+    except ConfigError:
+        raise
+    except Exception as exc:  # the compiler reports OOM (and unsupported features) as generic runtime errors
         text = str(exc)
-        if "RESOURCE_EXHAUSTED" not in text and "HbmOom" not in text:
-            raise
+        out_of_memory = "RESOURCE_EXHAUSTED" in text or "HbmOom" in text
+        first = next((line for line in text.splitlines() if "RESOURCE_EXHAUSTED" in line), text.splitlines()[0][:300])
         report.update(fits=False, compile_s=time.perf_counter() - started,
-                      error=next((line for line in text.splitlines() if "RESOURCE_EXHAUSTED" in line), text[:300]))
+                      error=first if out_of_memory else f"does not compile: {type(exc).__name__}: {first}")
         return report
     memory = compiled.memory_analysis()
     parts = {name: int(getattr(memory, f"{name}_size_in_bytes", 0)) for name in
@@ -116,14 +161,118 @@ def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, sli
     return report
 
 
+def _data_parts(mesh: Any) -> int:
+    return int(mesh.shape["data"]) * int(mesh.shape["fsdp"])
+
+
 def describe(report: dict[str, Any]) -> str:
-    head = f"{report['slice']} ({report['topology']}, {report['devices']} devices, mesh {report['mesh']})"
+    head = (f"{report['slice']} ({report['topology']}, {report['devices']} devices, mesh {report['mesh']}; "
+            f"remat {report['remat']}, attention {report['attention']} -> {report['attention_kernel']}, "
+            f"{report['grad_accum_steps']} micro-batch(es))")
     if "needed_gib" in report:
         verdict = "fits" if report["fits"] else "DOES NOT FIT"
         return (f"{head}: {verdict}, {report['needed_gib']:.2f} GiB of {report['capacity_gib']:.2f} GiB per device "
                 f"(arguments {report['argument_gib']:.2f}, temporaries {report['temp_gib']:.2f}); "
-                f"compiled in {report['compile_s']:.0f} s")
+                f"recompute {report['recompute_factor']:.2f}x; compiled in {report['compile_s']:.0f} s")
     return f"{head}: DOES NOT FIT ({report['error']})"
+
+
+REMAT_ORDER = ("none", "save_dots", "offload", "full")  # by recompute, cheapest first
+
+
+def accumulation_splits(train_cfg: Any, data_parts: int) -> list[int]:
+    """Accumulation steps that keep the micro-batch divisible over the data-parallel devices, fewest first."""
+    return [k for k in range(1, train_cfg.batch_size + 1)
+            if train_cfg.batch_size % k == 0 and (train_cfg.batch_size // k) % data_parts == 0]
+
+
+def search_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, slice_name: str,
+               packed: bool = False) -> list[dict[str, Any]]:
+    """Try remat policies x attention kernels x accumulation splits on ``slice_name``; every compile's report.
+
+    For each remat policy and kernel, accumulation grows (1, 2, 4, ...; jumping by the compiler's
+    temporaries) until the step fits, and never past the fewest micro-batches that already fit with a
+    cheaper policy (they could not be the best), so a policy costs one compile when it fits. Kernels tried: the config's (``auto`` picks splash on
+    TPU) and XLA's ``dot_product`` when the config's is not it, so the table shows what the kernel buys.
+    The best row is marked (``best``): see ``best_setting``.
+    """
+    from model.sharding import build_mesh
+
+    parts = _data_parts(build_mesh(train_cfg.mesh, topology_devices(slice_name, train_cfg.mesh.dcn_data)))
+    kernels = [model_cfg.attention] + (["dot_product"] if model_cfg.attention != "dot_product" else [])
+    splits = accumulation_splits(train_cfg, parts)
+    rows: list[dict[str, Any]] = []
+    fewest = splits[-1]  # micro-batches of the best setting so far: more cannot win, so they are not compiled
+    for attention in kernels:
+        for remat in REMAT_ORDER:
+            accum: int | None = splits[0]
+            while accum is not None and accum <= fewest:
+                report = check_fit(model_cfg, train_cfg, vocab_size, seq_len, slice_name, packed,
+                                   Setting(remat, attention, accum))
+                log.info("  %s", describe(report))
+                rows.append(report)
+                if report["fits"]:
+                    fewest = min(fewest, accum)
+                    break
+                if "does not compile" in report.get("error", ""):
+                    break
+                accum = next_split(splits, accum, report)
+    best = best_setting(rows)
+    for row in rows:
+        row["best"] = row is best
+    return rows
+
+
+def next_split(splits: list[int], accum: int, report: dict[str, Any]) -> int | None:
+    """The next accumulation to try after ``report`` did not fit: activations scale with the micro-batch,
+    so jump straight to the split whose temporaries would fit (from the compiler's figure), at least the next."""
+    larger = [k for k in splits if k > accum]
+    if not larger:
+        return None
+    temporaries = report.get("temp_gib")
+    if temporaries is None:  # out of memory at compile time: the message names the temporaries
+        found = re.search(r"temporaries \(([\d.]+)G\)", report.get("error", ""))
+        temporaries = float(found.group(1)) if found else None
+    room = report["capacity_gib"] - report.get("argument_gib", 0.0)
+    if temporaries is None or room <= 0:
+        return larger[0]
+    wanted = accum * temporaries / room
+    return next((k for k in larger if k >= wanted), larger[-1])
+
+
+def best_setting(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fitting row with the fewest micro-batches (each one re-gathers the FSDP-sharded weights and
+    shrinks the matmuls), then the least recompute, then the least HBM."""
+    fitting = [r for r in rows if r["fits"]]
+    return min(fitting, key=lambda r: (r["grad_accum_steps"], round(r["recompute_factor"], 3), r["needed_gib"]),
+               default=None)
+
+
+SEARCH_COLUMNS = (("remat", "remat", "{}"), ("attention_kernel", "attention", "{}"),
+                  ("grad_accum_steps", "micro-batches", "{:d}"), ("micro_batch_per_device", "rows/device", "{:d}"),
+                  ("needed_gib", "HBM GiB/chip", "{:.2f}"), ("model_flops_per_step", "model TFLOP/step", "tera"),
+                  ("recompute_factor", "recompute", "{:.3f}x"), ("fits", "fits", "{}"))
+
+
+def search_table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of the search, one row per compile."""
+    lines = ["| " + " | ".join(title for _, title, _ in SEARCH_COLUMNS) + " | |",
+             "|" + "---|" * (len(SEARCH_COLUMNS) + 1)]
+    for row in rows:
+        cells = []
+        for key, _, fmt in SEARCH_COLUMNS:
+            value = row.get(key)
+            if value is None:
+                cells.append("-")
+            elif fmt == "tera":
+                cells.append(f"{value / 1e12:,.1f}")
+            elif key == "fits" and not value:
+                cells.append("no (" + ("OOM" if "RESOURCE_EXHAUSTED" in row.get("error", "RESOURCE_EXHAUSTED") else
+                                        row.get("error", "")[:60]) + ")")
+            else:
+                cells.append(fmt.format(value))
+        lines.append("| " + " | ".join(cells) + (" | **best** |" if row.get("best") else " | |"))
+    return "\n".join(lines)
 
 
 def vocab_and_seq_len(cfg: Any, run_folder: RunFolder) -> tuple[int, int]:
@@ -142,22 +291,48 @@ def vocab_and_seq_len(cfg: Any, run_folder: RunFolder) -> tuple[int, int]:
 
 
 def fit_check(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
-    """Recipe 04b: check every slice in ``train.fit_topologies``; DoesNotFit names the ones that fail."""
+    """Recipe 04b: check (or, with ``train.fit_search``, search) every slice in ``train.fit_topologies``.
+
+    Writes ``reports/fit_check.json``: one report per slice, the configured setting's or the search's
+    best (the planner prices that setting). A search also writes ``reports/fit_search.json`` and
+    ``.md`` (every compile) and prints the overrides of the best setting. DoesNotFit names the slices
+    where nothing fits.
+    """
     require_libtpu()
     vocab, seq_len = vocab_and_seq_len(cfg, run_folder)
-    reports = []
+    packed = cfg.shards.packing == "document"
+    reports, searched = [], {}
     for slice_name in cfg.train.fit_topologies:
         log.info("compiling the train step for %s (vocab %d, seq_len %d, batch %d)", slice_name, vocab, seq_len,
                  cfg.train.batch_size)
-        report = check_fit(cfg.model, cfg.train, vocab, seq_len, slice_name, cfg.shards.packing == "document")
+        if cfg.train.fit_search:
+            rows = search_fit(cfg.model, cfg.train, vocab, seq_len, slice_name, packed)
+            searched[slice_name] = rows
+            best = best_setting(rows)
+            report = best if best is not None else min(rows, key=lambda r: r.get("needed_gib", float("inf")))
+            log.info("%s search:\n%s", slice_name, search_table(rows))
+            if best is not None:
+                overrides = " ".join(Setting(best["remat"], best["attention"], best["grad_accum_steps"]).overrides())
+                log.info("best setting on %s: %s", slice_name, overrides)
+                report = {**report, "overrides": overrides}
+        else:
+            report = check_fit(cfg.model, cfg.train, vocab, seq_len, slice_name, packed)
         log.info("%s", describe(report))
         reports.append(report)
         if wandb_run is not None:
             wandb_run.summary.update({f"fit/{slice_name}/{k}": v for k, v in report.items()
-                                      if isinstance(v, (int, float, bool))})
-    atomic_write_json(Path(run_folder.reports) / "fit_check.json", reports)
+                                      if isinstance(v, (int, float, bool, str)) and k != "error"})
+    reports_dir = Path(run_folder.reports)
+    if searched:
+        atomic_write_json(reports_dir / "fit_search.json", searched)
+        atomic_write_text(reports_dir / "fit_search.md", "\n\n".join(
+            f"## {name}\n\nvocabulary {vocab}, sequence {seq_len}, batch {cfg.train.batch_size}; best = fewest "
+            f"micro-batches, then least recompute, then least HBM\n\n{search_table(rows)}\n"
+            for name, rows in searched.items()))
+    atomic_write_json(reports_dir / "fit_check.json", reports)
     failed = [r for r in reports if not r["fits"]]
     if failed:
         raise DoesNotFit("; ".join(describe(r) for r in failed) +
-                         ". Use more chips, a larger train.mesh.fsdp, model.remat, or a smaller train.batch_size")
+                         ". Use more chips, a larger train.mesh.fsdp, model.remat, train.grad_accum_steps, or "
+                         "train.fit_search=true to try them")
     return reports
