@@ -9,24 +9,38 @@ One checkpoint step holds five items:
 - ``meta``: model config, vocab_size, tokenizer_sha256, seq_len, W&B run id (JSON).
 
 Orbax writes a step into a temporary folder and renames it when complete, so a crash mid-save
-leaves a ``*.orbax-checkpoint-tmp`` folder that a new manager ignores: the latest finished step is
-what resume and eval see.
+leaves a ``*.orbax-checkpoint-tmp`` folder that a new manager ignores.
+
+Once Orbax has committed a step (for async saves: in the background, when the renamed folder
+appears), ``<step>/checksums.json`` records the size and CRC32C of every file of the step, written
+atomically. Resume and eval verify it before Orbax reads anything: a step without it (a kill
+between the commit and the checksums) or with a changed, missing or truncated file is damaged,
+and the latest step that passes is what resume and eval see. Checking first also keeps Orbax
+from failing half-way through a restore, which leaves tensorstore callbacks printing ``Event loop
+is closed`` tracebacks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from experiment.errors import DataError, MissingStageError
+from experiment.files import atomic_write_json
 from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
 from model.decoder import Decoder
@@ -34,6 +48,123 @@ from model.decoder import Decoder
 log = logging.getLogger("trainer.checkpoint")
 PRETRAIN_RECIPE = "recipes/04_pretrain.py"
 ITEMS = ("params", "train", "loader", "ledger", "meta")
+CHECKSUMS = "checksums.json"
+DAMAGED_DIR = "damaged"  # not a step name for Orbax (digits, or ending in _digits)
+_CHUNK = 4 << 20
+
+
+class CheckpointDamaged(DataError):
+    """A checkpoint step fails its checksums or cannot be read (names the step folder and file)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Checksums of a committed step
+
+
+def file_crc32c(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as handle:
+        while block := handle.read(_CHUNK):
+            crc = google_crc32c.extend(crc, block)
+    return f"{crc:08x}"
+
+
+def step_files(step_dir: Path) -> Iterator[Path]:
+    for path in sorted(step_dir.rglob("*")):
+        if path.is_file() and path.name != CHECKSUMS:
+            yield path
+
+
+def write_checksums(step_dir: Path) -> None:
+    """Record size and CRC32C of every file of a committed step in ``<step>/checksums.json``."""
+    started = time.perf_counter()
+    files = {p.relative_to(step_dir).as_posix(): {"bytes": p.stat().st_size, "crc32c": file_crc32c(p)}
+             for p in step_files(step_dir)}
+    atomic_write_json(step_dir / CHECKSUMS, {"algorithm": "crc32c", "files": files})
+    log.debug("checksums of %d files of %s in %.3f s", len(files), step_dir, time.perf_counter() - started)
+
+
+def verify_checksums(step_dir: Path) -> None:
+    """Raise CheckpointDamaged naming the first file of ``step_dir`` that differs from its checksum."""
+    path = step_dir / CHECKSUMS
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))["files"]
+        if not isinstance(recorded, dict) or not recorded:
+            raise ValueError("no files listed")
+    except FileNotFoundError:
+        raise CheckpointDamaged(f"{path} is missing (the run stopped before the checksums of the step were "
+                                "written)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointDamaged(f"{path} is unreadable ({exc})") from exc
+    for name, expected in recorded.items():
+        file = step_dir / name
+        try:
+            size = file.stat().st_size
+            if size != expected["bytes"]:
+                raise CheckpointDamaged(f"{file} has {size} bytes, its checksum file says {expected['bytes']}")
+            if file_crc32c(file) != expected["crc32c"]:
+                raise CheckpointDamaged(f"{file} does not match its CRC32C in {path}")
+        except FileNotFoundError:
+            raise CheckpointDamaged(f"{file} is missing") from None
+        except (OSError, KeyError, TypeError) as exc:
+            raise CheckpointDamaged(f"{file} cannot be checked ({exc})") from exc
+
+
+class _ChecksumWriter:
+    """Writes the checksums of each saved step once its committed folder appears (one thread)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-checksums")
+        self._futures: list[Future[None]] = []
+        self._settled = threading.Event()  # Orbax has finished every save started so far
+
+    def schedule(self, step: int) -> None:
+        self._settled.clear()
+        self._futures.append(self._pool.submit(self._write_when_committed, self.directory / str(step)))
+
+    def _write_when_committed(self, step_dir: Path) -> None:
+        while not step_dir.is_dir():
+            if self._settled.is_set():
+                if not step_dir.is_dir():
+                    return  # the save failed; Orbax reports why
+                break
+            time.sleep(0.02)
+        write_checksums(step_dir)
+
+    def settle(self) -> None:
+        """Called once Orbax finished its saves: write what is pending and raise the first error."""
+        self._settled.set()
+        futures, self._futures = self._futures, []
+        for future in futures:
+            future.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class VerifiedCheckpointManager(ocp.CheckpointManager):
+    """An Orbax manager that writes ``<step>/checksums.json`` after each committed save (process 0)."""
+
+    def __init__(self, directory: Path, *args: Any, **kwargs: Any) -> None:
+        super().__init__(directory, *args, **kwargs)
+        self._checksums = _ChecksumWriter(Path(directory)) if jax.process_index() == 0 else None
+
+    def save(self, step: int, *args: Any, **kwargs: Any) -> bool:
+        saved = super().save(step, *args, **kwargs)  # starts with wait_until_finished()
+        if saved and self._checksums is not None:
+            self._checksums.schedule(step)
+        return saved
+
+    def wait_until_finished(self) -> None:
+        super().wait_until_finished()
+        if getattr(self, "_checksums", None) is not None:
+            self._checksums.settle()
+
+    def close(self) -> None:
+        super().close()
+        if self._checksums is not None:
+            self._checksums.close()
 
 
 def open_manager(checkpoint_dir: Path, train_cfg: TrainConfig | None = None) -> ocp.CheckpointManager:
@@ -53,7 +184,7 @@ def open_manager(checkpoint_dir: Path, train_cfg: TrainConfig | None = None) -> 
         cleanup_tmp_directories=train_cfg is not None,
         create=train_cfg is not None,
     )
-    return ocp.CheckpointManager(Path(checkpoint_dir).resolve(), item_names=ITEMS, options=options)
+    return VerifiedCheckpointManager(Path(checkpoint_dir).resolve(), item_names=ITEMS, options=options)
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: dict[str, Any], loader_state: dict[str, Any],
@@ -94,6 +225,60 @@ def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
     return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
 
+# what Orbax and tensorstore raise on a file they cannot read (tensorstore: ValueError)
+READ_ERRORS = (ValueError, KeyError, TypeError, OSError)
+
+
+def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
+                     steps: Sequence[int] | None = None) -> tuple[int, Any, list[int]]:
+    """``read(step)`` of the newest step that passes its checksums and reads back.
+
+    Each damaged step is logged as a warning naming the file, and the previous one is tried.
+    Returns ``(step, read(step), damaged steps)``; raises CheckpointDamaged naming the checkpoint
+    folder when no step is left. Errors of ``read`` other than read errors (e.g. a checkpoint of
+    another model) propagate.
+    """
+    directory = Path(manager.directory)
+    candidates = sorted(manager.all_steps() if steps is None else steps, reverse=True)
+    damaged: list[int] = []
+    reasons: list[str] = []
+    for step in candidates:
+        try:
+            verify_checksums(directory / str(step))
+            try:
+                return step, read(step), damaged
+            except READ_ERRORS as exc:
+                raise CheckpointDamaged(f"step {step} passed its checksums but cannot be read: "
+                                        f"{str(exc).splitlines()[0][:300]}") from exc
+        except CheckpointDamaged as exc:
+            damaged.append(step)
+            reasons.append(f"step {step}: {exc}")
+            older = [s for s in candidates if s < step]
+            log.warning("checkpoint step %d is damaged: %s; %s", step, exc,
+                        f"falling back to step {older[0]}" if older else "no older step is left")
+    raise CheckpointDamaged(f"no restorable checkpoint in {directory} ({'; '.join(reasons)}): move the folder away "
+                            "or delete it to start over")
+
+
+def set_aside(manager: ocp.CheckpointManager, steps: Sequence[int]) -> None:
+    """Move damaged steps into ``damaged/`` (kept for inspection): the run saves those steps again."""
+    if not steps:
+        return
+    directory = Path(manager.directory)
+    if jax.process_index() == 0:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+        for step in steps:
+            target = directory / DAMAGED_DIR / f"{step}-{stamp}"
+            target.parent.mkdir(exist_ok=True)
+            (directory / str(step)).rename(target)
+            log.warning("moved the damaged checkpoint step %d to %s", step, target)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("checkpoint-set-aside")
+    manager.reload()
+
+
 def model_config_from_meta(meta: dict[str, Any]) -> ModelConfig:
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     return ModelConfig(**{k: v for k, v in meta["model"].items() if k in fields})
@@ -113,21 +298,24 @@ def load_trained_model(run_folder: Any, step: int | None = None) -> tuple[Decode
         steps = manager.all_steps()
         if not steps:
             raise MissingStageError(f"no finished checkpoint in {checkpoint_dir}: run {PRETRAIN_RECIPE} first")
-        if step is None:
-            step = max(steps)
-        elif step not in steps:
+        if step is not None and step not in steps:
             raise DataError(f"checkpoint step {step} not in {checkpoint_dir} (available: {sorted(steps)})")
-        meta = read_meta(manager, step)
-        model_cfg = model_config_from_meta(meta)
-        with nnx.use_eager_sharding(False):
-            abstract_model = nnx.eval_shape(lambda: Decoder(model_cfg, meta["vocab_size"], nnx.Rngs(0)))
-        graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        param_dtype = jax.numpy.dtype(meta.get("param_dtype", "float32"))
-        target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, param_dtype, sharding=device), abstract_params)
-        params = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]
-    except (ValueError, KeyError, FileNotFoundError, json.JSONDecodeError) as exc:
-        raise DataError(f"checkpoint {step} in {checkpoint_dir} is unreadable: {exc}".splitlines()[0]) from exc
+
+        def read_params(step: int) -> tuple[dict[str, Any], Any, Any]:
+            meta = read_meta(manager, step)
+            model_cfg = model_config_from_meta(meta)
+            with nnx.use_eager_sharding(False):
+                abstract_model = nnx.eval_shape(lambda: Decoder(model_cfg, meta["vocab_size"], nnx.Rngs(0)))
+            graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
+            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            param_dtype = jax.numpy.dtype(meta.get("param_dtype", "float32"))
+            target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, param_dtype, sharding=device),
+                                  abstract_params)
+            params = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
+            return meta, graphdef, params["params"]
+
+        # an explicit step is that step or an error; the latest falls back to the previous complete one
+        step, (meta, graphdef, params), _ = restore_verified(manager, read_params, None if step is None else [step])
     finally:
         manager.close()
     log.info("loaded step %d from %s", step, checkpoint_dir)

@@ -89,10 +89,12 @@ def resume_wandb_run_id(cfg: Any, run_folder: RunFolder) -> str | None:
 
 
 def finished_steps(checkpoint_dir: Path) -> list[int]:
-    """Step folders Orbax finished (an interrupted save stays a ``*.orbax-checkpoint-tmp*`` folder)."""
+    """Steps Orbax finished and whose checksums are written (an interrupted save stays a
+    ``*.orbax-checkpoint-tmp*`` folder; a step without checksums is not resumed from)."""
     if not checkpoint_dir.is_dir():
         return []
-    return sorted(int(p.name) for p in checkpoint_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(int(p.name) for p in checkpoint_dir.iterdir()
+                  if p.name.isdigit() and (p / checkpoint.CHECKSUMS).is_file())
 
 
 def maybe_initialize_distributed(train_cfg: Any) -> None:
@@ -271,7 +273,11 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                                      tokenizer_sha256=data.tokenizer_sha256, seq_len=data.seq_len,
                                      on_corrupt=cfg.shards.on_corrupt)
         manager = checkpoint.open_manager(run_folder.checkpoints, train_cfg)
-        state, start_step = restore_or_init(manager, program, loader, meta, ledger)
+        try:
+            state, start_step = restore_or_init(manager, program, loader, meta, ledger)
+        except BaseException:
+            manager.close()
+            raise
         if jax.process_index() == 0:
             atomic_write_json(Path(run_folder.checkpoints) / WANDB_ID_FILE, {"run_id": run_id})
 
@@ -359,14 +365,23 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
 
 def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any],
                     ledger: Any) -> tuple[dict[str, Any], int]:
-    latest = manager.latest_step()
-    if latest is None:
+    """The newest checkpoint that passes its checksums, or a fresh state when there is none.
+
+    Damaged newer steps are moved aside (the run trains and saves them again); when every step
+    is damaged the run stops with one error line rather than starting over on its own.
+    """
+    if not manager.all_steps():
         log.info("no checkpoint: starting from step 0")
         return program.init_state(), 0
-    saved_meta = checkpoint.read_meta(manager, latest)
-    check_same_run(saved_meta, meta, manager.directory)
-    state, items = checkpoint.restore(manager, latest, program.abstract_state)
-    loader.set_state(items["loader"])
+
+    def read(step: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        check_same_run(checkpoint.read_meta(manager, step), meta, manager.directory)
+        state, items = checkpoint.restore(manager, step, program.abstract_state)
+        loader.set_state(items["loader"])
+        return state, items
+
+    latest, (state, _), damaged = checkpoint.restore_verified(manager, read)
+    checkpoint.set_aside(manager, damaged)
     ledger.mark_resume(latest)
     log.info("resumed from the checkpoint of step %d in %s", latest, manager.directory)
     return state, latest
