@@ -166,6 +166,11 @@ def copy_of(straight: Path, tmp_path: Path) -> tuple[Path, Path]:
     return tiny_config(tmp_path, train=TRAIN), tmp_path / "runs" / "tiny"
 
 
+def log_records(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "train_log.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
 def trained_params(run_dir: Path, step: int) -> list[np.ndarray]:
     from flax import nnx
 
@@ -174,7 +179,11 @@ def trained_params(run_dir: Path, step: int) -> list[np.ndarray]:
 
 
 def assert_same_training(run_dir: Path, reference_dir: Path) -> None:
-    """The final params of the uninterrupted run, bit for bit."""
+    """One log line per step, 1..STEPS in order, with the values of the uninterrupted run; same final params."""
+    records, reference = log_records(run_dir), log_records(reference_dir)
+    assert [r["train/step"] for r in records] == list(range(1, STEPS + 1)), "each step logged once, in order"
+    for key in ("train/loss", "train/grad_norm", "train/lr", "train/tokens_seen"):
+        assert [r[key] for r in records] == [r[key] for r in reference], key
     for got, want in zip(trained_params(run_dir, STEPS), trained_params(reference_dir, STEPS), strict=True):
         np.testing.assert_array_equal(got, want)
 
@@ -187,6 +196,20 @@ def test_bit_flip_in_the_latest_checkpoint_falls_back_and_retrains_the_same_para
     flipped = flip_bit(largest_file(run_dir / "checkpoints" / str(STEPS) / "params"))
     proc = run_recipe("04_pretrain.py", config)
     assert f"checkpoint step {STEPS} is damaged: {flipped} does not match its CRC32C" in proc.stderr
+    assert f"resumed from the checkpoint of step {STEPS - 8} in" in proc.stderr
+    assert_same_training(run_dir, straight_run.parent / "runs" / "tiny")
+
+
+@pytest.mark.integration
+@pytest.mark.shared_data
+def test_resume_after_a_kill_past_the_last_checkpoint_logs_each_step_once(straight_run: Path, tmp_path: Path) -> None:
+    """The disk as SIGKILL during the async save of step 24 leaves it (a timed kill races a run of
+    ~10 steps/s): steps 17-24 logged, the step still in Orbax's temporary folder, a half line."""
+    config, run_dir = copy_of(straight_run, tmp_path)
+    (run_dir / "checkpoints" / str(STEPS)).rename(run_dir / "checkpoints" / f"{STEPS}.orbax-checkpoint-tmp-1")
+    with (run_dir / "train_log.jsonl").open("a", encoding="utf-8") as log:
+        log.write('{"train/step": 25, "train/lo')
+    proc = run_recipe("04_pretrain.py", config)
     assert f"resumed from the checkpoint of step {STEPS - 8} in" in proc.stderr
     assert_same_training(run_dir, straight_run.parent / "runs" / "tiny")
 
@@ -210,3 +233,20 @@ def test_no_restorable_checkpoint_is_one_error_line(straight_run: Path, tmp_path
     assert line.startswith(f"error: no restorable checkpoint in {run_dir / 'checkpoints'} (step 24: "), line
     assert "manifest.ocdbt is missing" in line and "step 16: " in line and "step 8: " in line
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == ["16", "24", "8"]
+
+
+@pytest.mark.integration
+@pytest.mark.shared_data
+def test_train_steps_at_or_below_the_latest_checkpoint(straight_run: Path, tmp_path: Path) -> None:
+    config, run_dir = copy_of(straight_run, tmp_path)
+    lines_before = log_records(run_dir)
+    proc = run_recipe("04_pretrain.py", config, f"train.steps={STEPS - 4}", check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert error_line(proc) == (
+        f"error: config key 'train.steps': {STEPS - 4} is below step {STEPS}, which the checkpoints in "
+        f"{run_dir / 'checkpoints'} already reached: set train.steps above {STEPS} to train further, or use "
+        "another experiment.name to start over")
+    proc = run_recipe("04_pretrain.py", config)
+    assert f"already reached train.steps={STEPS}: nothing to train" in proc.stderr
+    assert "loss nan" not in proc.stderr and f"pretraining done at step {STEPS}: loss {lines_before[-1]['train/loss']:.4f}" in proc.stderr
+    assert log_records(run_dir) == lines_before
