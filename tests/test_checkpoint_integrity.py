@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,9 +20,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from experiment.errors import WriteError
 from experiment.sections.train import TrainConfig
 from tests import test_train_resume
-from tests.recipe_runner import error_line, run_recipe, tiny_config
+from tests.recipe_runner import error_line, run_recipe, run_recipe_on_full_disk, tiny_config
 from tests.test_train_resume import STEPS, TRAIN, experiment_copy
 from trainer import checkpoint
 
@@ -250,3 +252,68 @@ def test_train_steps_at_or_below_the_latest_checkpoint(straight_run: Path, tmp_p
     assert f"already reached train.steps={STEPS}: nothing to train" in proc.stderr
     assert "loss nan" not in proc.stderr and f"pretraining done at step {STEPS}: loss {lines_before[-1]['train/loss']:.4f}" in proc.stderr
     assert log_records(run_dir) == lines_before
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk during a save
+
+
+@pytest.mark.integration
+@pytest.mark.shared_data
+@pytest.mark.parametrize("where", ["no room for the next step", "checksums write fails"])
+def test_full_disk_at_a_save_is_one_line_and_a_rerun_resumes(data_root: Path, straight_run: Path, tmp_path: Path,
+                                                             where: str) -> None:
+    config = experiment_copy(data_root, tmp_path, "full")
+    checkpoints = config.parent / "runs" / "tiny" / "checkpoints"
+    if where == "no room for the next step":  # checked before Orbax writes anything
+        proc = run_recipe_on_full_disk("04_pretrain.py", config, usage_full=checkpoints)
+        expected = (rf"error: not enough disk space for checkpoint step 16 in {re.escape(str(checkpoints))}: a step "
+                    r"takes [\d.]+ MiB, 1000 bytes free on that disk: .* rerun the same command to resume from step 8$")
+    else:  # a write fails after the commit of step 16: the step has no checksums and is not trusted
+        proc = run_recipe_on_full_disk("04_pretrain.py", config, fsync_full=checkpoints / "16")
+        expected = (rf"error: cannot write checkpoint step 16 in {re.escape(str(checkpoints))}: No space left on "
+                    r"device \([\d.]+ \w+ free on that disk\): .* rerun the same command .*")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Event loop is closed" not in proc.stderr, proc.stderr[-3000:]
+    assert re.fullmatch(expected, error_line(proc)), error_line(proc)
+    proc = run_recipe("04_pretrain.py", config)
+    assert "resumed from the checkpoint of step 8 in" in proc.stderr
+    assert_same_training(config.parent / "runs" / "tiny", straight_run.parent / "runs" / "tiny")
+
+
+def test_tensorstore_write_error_is_one_line(tmp_path: Path) -> None:
+    """What Orbax raises when tensorstore hits a full disk mid-save, and what its threads log."""
+    error = ValueError('RESOURCE_EXHAUSTED: Error writing "params.w/0" in OCDBT database: Failed to write 178027 '
+                       "bytes to file 33: No space left on device [os_error_code='28']")
+    expected = rf"^cannot write checkpoint step 16 in {re.escape(str(tmp_path))}: No space left on device \([\d.]+ \w+ free"
+    with pytest.raises(WriteError, match=expected), checkpoint.write_errors_as_one_line(tmp_path, "checkpoint step 16"):
+        raise error
+    with pytest.raises(ValueError, match="shape"), checkpoint.write_errors_as_one_line(tmp_path, "step 1"):
+        raise ValueError("shape mismatch")  # not a write error: left alone
+
+
+def test_orbax_thread_logs_of_a_reported_write_error_are_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    disk_full = ValueError("Failed writing: No space left on device [os_error_code='28']")
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("absl").error("Save Finalize thread failed.", exc_info=disk_full)
+        logging.getLogger("absl").error("another failure", exc_info=ValueError("bad shape"))
+    assert [r.getMessage() for r in caplog.records] == ["another failure"]
+
+
+def test_closed_event_loop_callbacks_are_not_printed() -> None:
+    """Tensorstore completing after Orbax's loop ended calls call_soon_threadsafe on a closed loop."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(print)
+    except RuntimeError as exc:
+        closed = exc
+    other = RuntimeError("something else")
+    shown: list[BaseException] = []
+    hook = checkpoint.quiet_closed_loop_callbacks(lambda unraisable: shown.append(unraisable.exc_value))
+    for exc in (closed, other):
+        hook(SimpleNamespace(exc_type=RuntimeError, exc_value=exc, exc_traceback=exc.__traceback__, err_msg=None,
+                             object=None))
+    assert shown == [other]

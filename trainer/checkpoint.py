@@ -26,10 +26,15 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import os
+import re
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +44,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
-from experiment.errors import DataError, MissingStageError
-from experiment.files import atomic_write_json
+from experiment.errors import DataError, MissingStageError, WriteError
+from experiment.files import WRITE_ERRNOS, atomic_write_json, format_bytes, free_bytes, free_space
 from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
 from model.decoder import Decoder
@@ -143,23 +148,118 @@ class _ChecksumWriter:
         self._pool.shutdown(wait=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# A full disk (or another write error) during a save: one line, not Orbax's threads' tracebacks
+
+_ERRNO_IN_TEXT = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
+
+
+def write_errno(exc: BaseException | str) -> int | None:
+    """The errno of a write error, also when tensorstore reports it inside a ValueError's text."""
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        return exc.errno
+    match = _ERRNO_IN_TEXT.search(str(exc))
+    code = int(match.group(1) or match.group(2)) if match else None
+    return code if code in WRITE_ERRNOS else None
+
+
+class _ReportedWriteErrors(logging.Filter):
+    """Orbax's save threads log a failed write with a traceback each; the trainer reports it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += "".join(traceback.format_exception(record.exc_info[1]))
+        return write_errno(text) is None
+
+
+logging.getLogger("absl").addFilter(_ReportedWriteErrors())
+
+
+def _is_closed_loop_callback(unraisable: Any) -> bool:
+    """Tensorstore completing a read or write after Orbax's event loop has ended.
+
+    Orbax runs each save and restore in its own asyncio loop; when one tensorstore operation fails
+    (a full disk, a damaged file) the loop ends with that error while the other operations are in
+    flight, and each of them later calls ``call_soon_threadsafe`` on the closed loop: ~100 lines of
+    ``RuntimeError: Event loop is closed`` for an error that is reported once already.
+    """
+    tb = unraisable.exc_traceback
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_name != "call_soon_threadsafe":
+        tb = tb.tb_next
+    return (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
+            and tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe")
+
+
+def quiet_closed_loop_callbacks(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    def hook(unraisable: Any) -> None:
+        if not _is_closed_loop_callback(unraisable):
+            previous(unraisable)
+
+    return hook
+
+
+sys.unraisablehook = quiet_closed_loop_callbacks(sys.unraisablehook)
+
+
+@contextmanager
+def write_errors_as_one_line(directory: Path, what: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        code = write_errno(exc)
+        if code is None:
+            raise
+        raise WriteError(f"cannot write {what} in {directory}: {os.strerror(code)} ({free_space(directory)} free on "
+                         "that disk): free some space (or lower train.keep_checkpoints) and rerun the same command "
+                         "to resume from the latest complete checkpoint") from None
+
+
+def committed_step_bytes(directory: Path) -> tuple[int, int] | None:
+    """``(step, bytes)`` of the newest step with checksums: what the next save will need on disk."""
+    for step_dir in sorted((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name)):
+        with suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            files = json.loads((step_dir / CHECKSUMS).read_text(encoding="utf-8"))["files"]
+            return int(step_dir.name), sum(int(f["bytes"]) for f in files.values())
+    return None
+
+
 class VerifiedCheckpointManager(ocp.CheckpointManager):
-    """An Orbax manager that writes ``<step>/checksums.json`` after each committed save (process 0)."""
+    """An Orbax manager that writes ``<step>/checksums.json`` after each committed save (process 0),
+    checks the free space before a save, and turns write errors into one WriteError line."""
 
     def __init__(self, directory: Path, *args: Any, **kwargs: Any) -> None:
         super().__init__(directory, *args, **kwargs)
         self._checksums = _ChecksumWriter(Path(directory)) if jax.process_index() == 0 else None
+        self._in_flight: int | None = None  # the step of the save Orbax may still be writing
 
     def save(self, step: int, *args: Any, **kwargs: Any) -> bool:
-        saved = super().save(step, *args, **kwargs)  # starts with wait_until_finished()
+        directory = Path(self.directory)
+        self.wait_until_finished()  # Orbax's save starts with it too; free space is measured after it
+        last = committed_step_bytes(directory) if directory.is_dir() else None
+        free = free_bytes(directory)
+        if last is not None and free is not None and free < last[1]:
+            # refuse before Orbax starts: a save that fails half-way leaves tensorstore callbacks behind
+            raise WriteError(f"not enough disk space for checkpoint step {step} in {directory}: a step takes "
+                             f"{format_bytes(last[1])}, {format_bytes(free)} free on that disk: free some space (or "
+                             f"lower train.keep_checkpoints) and rerun the same command to resume from step {last[0]}")
+        with write_errors_as_one_line(directory, f"checkpoint step {step}"):
+            saved = super().save(step, *args, **kwargs)
+        self._in_flight = step if saved else None
         if saved and self._checksums is not None:
             self._checksums.schedule(step)
         return saved
 
     def wait_until_finished(self) -> None:
-        super().wait_until_finished()
-        if getattr(self, "_checksums", None) is not None:
-            self._checksums.settle()
+        in_flight = getattr(self, "_in_flight", None)  # Orbax's __init__ may call this before ours ran
+        with write_errors_as_one_line(Path(self.directory), "a checkpoint" if in_flight is None else
+                                       f"checkpoint step {in_flight}"):
+            super().wait_until_finished()
+            if getattr(self, "_checksums", None) is not None:
+                self._checksums.settle()
+        self._in_flight = None
 
     def close(self) -> None:
         super().close()

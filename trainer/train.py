@@ -350,12 +350,17 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                                 "command to resume", step, waited)
                     raise SystemExit(PREEMPTED_EXIT_CODE)
         wait_for_saves()
+    except BaseException:
+        # the first error is the one to report: a failed save raises again when the manager closes
+        with contextlib.suppress(Exception):
+            manager.close()
+        raise
+    else:
+        manager.close()
     finally:
         progress.close()
         if train_log is not None:
             train_log.close()
-        manager.wait_until_finished()
-        manager.close()
     summary = {"final_step": step, "final_loss": last_loss, "n_params": n_params, **ledger.summary()}
     log.info("pretraining done at step %d: loss %.4f, %.2f RUB so far", step, last_loss,
              summary.get("rub_total", math.nan))
