@@ -144,6 +144,7 @@ def build_corpus(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> dict[str, A
     if first is None:
         raise DataError("corpus.sources gave no documents at all: check the paths and datasets")
     raw_docs = itertools.chain([first], raw_docs)
+    progress = None
     if corpus_cfg.runner == "beam":
         from data_prep.beam_corpus import run_beam
 
@@ -152,7 +153,11 @@ def build_corpus(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> dict[str, A
     else:
         workers = resolve_workers(corpus_cfg.workers)
         log.info("cleaning documents with %s", f"{workers} worker processes" if workers > 1 else "one process")
-        cleaned = tqdm(clean_documents(raw_docs, corpus_cfg, workers), desc="documents", unit="doc", mininterval=2)
-        outcomes = dedup_in_order(cleaned, corpus_cfg)
+        progress = tqdm(clean_documents(raw_docs, corpus_cfg, workers), desc="documents", unit="doc", mininterval=2)
+        outcomes = dedup_in_order(progress, corpus_cfg)
         extra = {"runner": "local", "workers": workers}
-    return write_corpus(outcomes, corpus_cfg, corpus_dir, wandb_run, started, extra)
+    try:
+        return write_corpus(outcomes, corpus_cfg, corpus_dir, wandb_run, started, extra)
+    finally:
+        if progress is not None:
+            progress.close()  # now, so that an error line is the last thing on the terminal

@@ -11,10 +11,12 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from experiment.config import load_config
 from experiment.errors import RecipeError
+from experiment.files import WRITE_ERRNOS, write_error
 from experiment.runfolder import RunFolder
 
 StageFn = Callable[[Any, RunFolder, Any], Any]
@@ -45,11 +47,13 @@ def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | Non
     """
     args = make_parser(description).parse_args(argv)
     setup_logging()
+    run_root: Path = Path.cwd()
     try:
         cfg = load_config(args.config, args.overrides)
         if prepare is not None:
             prepare(cfg)
         run_folder = RunFolder.for_config(cfg)
+        run_root = run_folder.root
         run_folder.root.mkdir(parents=True, exist_ok=True)
         run_folder.save_resolved_config(cfg, stage)
         from tracking.wandb_run import open_run
@@ -59,6 +63,12 @@ def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | Non
             fn(cfg, run_folder, wandb_run)
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        # a full disk (or quota, read-only, failing disk): the stage wrote no manifest, a rerun redoes it
+        print(f"error: {write_error(exc, run_root)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print(f"error: {stage} interrupted", file=sys.stderr)

@@ -15,3 +15,8 @@ class MissingStageError(RecipeError):
 
 class DataError(RecipeError):
     """An input file or record is unreadable or malformed (names the file and record)."""
+
+
+class WriteError(RecipeError):
+    """A file could not be written: disk full, quota, read-only or failing disk (names the path and
+    the free space); nothing half-written is trusted, so the same command can simply be rerun."""

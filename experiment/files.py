@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -11,6 +12,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from experiment.errors import WriteError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -23,6 +26,42 @@ def fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+# errors of writing (not of the data or the code): reported as one line, the run can be repeated
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+
+
+def format_bytes(size: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Free bytes on the disk that holds ``path`` (or its nearest existing parent)."""
+    where = Path(path).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return shutil.disk_usage(where).free
+    except OSError:
+        return None
+
+
+def free_space(path: str | os.PathLike[str]) -> str:
+    """Free space on the disk that holds ``path``, e.g. '1.3 MiB'."""
+    free = free_bytes(path)
+    return "unknown space" if free is None else format_bytes(free)
+
+
+def write_error(exc: OSError, path: str | os.PathLike[str], advice: str = "free some space and rerun the same "
+                "command") -> WriteError:
+    """One line for a failed write: the file (or ``path``), the reason and the space left on that disk."""
+    where = exc.filename2 or exc.filename or path  # a failed copy names its source, then its destination
+    return WriteError(f"cannot write {where}: {exc.strerror or exc} ({free_space(where)} free on that disk): {advice}")
 
 
 @contextlib.contextmanager
@@ -40,9 +79,12 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
         fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
+        if isinstance(exc, OSError) and exc.filename is None:
+            # write() and fsync() errors carry no file name: name the file being written
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
 
 

@@ -46,6 +46,35 @@ def run_recipe(script: str, config: Path, *overrides: str, timeout: float = 600,
     return proc
 
 
+# Runs a recipe as if a disk were full: fsync of a file under FSYNC_FULL fails with ENOSPC (where a
+# full disk shows up for buffered writes), and shutil.disk_usage reports 1000 bytes free under USAGE_FULL.
+FULL_DISK = """
+import errno, os, runpy, shutil, sys
+FSYNC_FULL, USAGE_FULL = sys.argv.pop(1), sys.argv.pop(1)
+real_fsync, real_usage = os.fsync, shutil.disk_usage
+def fsync(fd):
+    if os.readlink(f"/proc/self/fd/{fd}").startswith(FSYNC_FULL):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    real_fsync(fd)
+def disk_usage(path):
+    usage = real_usage(path)
+    return usage._replace(free=1000) if os.path.abspath(path).startswith(USAGE_FULL) else usage
+os.fsync, shutil.disk_usage = fsync, disk_usage
+sys.argv[0] = sys.argv.pop(1)
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+NOWHERE = Path("/nonexistent-path-for-full-disk-tests")
+
+
+def run_recipe_on_full_disk(script: str, config: Path, *overrides: str, fsync_full: Path = NOWHERE,
+                            usage_full: Path = NOWHERE, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``run_recipe`` with writes under ``fsync_full`` failing and no free space under ``usage_full``."""
+    cmd = [sys.executable, "-c", FULL_DISK, str(fsync_full.resolve()), str(usage_full.resolve()),
+           str(REPO / "recipes" / script), "--config", str(config), *overrides]
+    return subprocess.run(cmd, cwd=REPO, env=recipe_env(config.parent), capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:
     """The one-line error a recipe prints last on stderr."""
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

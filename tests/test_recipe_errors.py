@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
-from tests.recipe_runner import error_line, run_recipe, tiny_config
+from tests.recipe_runner import error_line, run_recipe, run_recipe_on_full_disk, tiny_config
+
+FIXTURE_TEXTS = Path(__file__).parent / "fixtures" / "corpus"
 
 
 def assert_clean_failure(proc, pattern: str) -> None:
@@ -12,8 +17,6 @@ def assert_clean_failure(proc, pattern: str) -> None:
     line = error_line(proc)
     assert line.startswith("error: "), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    import re
-
     assert re.search(pattern, line), line
 
 
@@ -54,3 +57,14 @@ def test_empty_corpus(tmp_path):
 def test_missing_earlier_stage_names_the_recipe(tmp_path, script, needs):
     proc = run_recipe(script, tiny_config(tmp_path), check=False)
     assert_clean_failure(proc, rf"run recipes/({needs}) first")
+
+
+def test_full_disk_is_one_line_naming_the_file_and_the_free_space(tmp_path):
+    cfg = tiny_config(tmp_path, corpus={"sources": [{"kind": "files", "paths": [str(FIXTURE_TEXTS / "ru_*.txt")]}]})
+    corpus_dir = tmp_path / "runs" / "tiny" / "corpus"
+    proc = run_recipe_on_full_disk("01_build_corpus.py", cfg, fsync_full=corpus_dir, usage_full=corpus_dir)
+    assert_clean_failure(proc, rf"^error: cannot write {re.escape(str(corpus_dir))}/docs-\d+\.jsonl: No space left on "
+                               r"device \(1000 bytes free on that disk\): free some space and rerun the same command$")
+    assert sorted(p.name for p in corpus_dir.iterdir()) == [], "no manifest, no half-written file"
+    run_recipe("01_build_corpus.py", cfg)
+    assert (corpus_dir / "manifest.json").is_file()

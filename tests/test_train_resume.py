@@ -67,7 +67,8 @@ def wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int, checkpo
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"training ended early:\n{proc.communicate()[1][-3000:]}"
-        landed = checkpoint is None or (run_dir / "checkpoints" / str(checkpoint) / "commit_success.txt").is_file()
+        # a step counts once its checksums are written (after Orbax's commit): resume skips a step without them
+        landed = checkpoint is None or (run_dir / "checkpoints" / str(checkpoint) / "checksums.json").is_file()
         if log.is_file() and landed:
             steps = [json.loads(line)["train/step"] for line in log.read_text(encoding="utf-8").splitlines()
                      if line.strip()]
@@ -94,7 +95,7 @@ def test_kill_and_sigterm_resume_retrace_the_same_losses(data_root: Path, tmp_pa
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     killed_at = max(losses(run_dir))
-    landed = max(int(p.parent.name) for p in (run_dir / "checkpoints").glob("*/commit_success.txt"))
+    landed = max(int(p.parent.name) for p in (run_dir / "checkpoints").glob("*/checksums.json"))
     assert 8 <= landed < killed_at < STEPS - 3
 
     # 2. resume; SIGTERM a few steps later saves that step and exits 143 within the grace period

@@ -9,24 +9,43 @@ One checkpoint step holds five items:
 - ``meta``: model config, vocab_size, tokenizer_sha256, seq_len, W&B run id (JSON).
 
 Orbax writes a step into a temporary folder and renames it when complete, so a crash mid-save
-leaves a ``*.orbax-checkpoint-tmp`` folder that a new manager ignores: the latest finished step is
-what resume and eval see.
+leaves a ``*.orbax-checkpoint-tmp`` folder that a new manager ignores.
+
+Once Orbax has committed a step (for async saves: in the background, when the renamed folder
+appears), ``<step>/checksums.json`` records the size and CRC32C of every file of the step, written
+atomically. Resume and eval verify it before Orbax reads anything: a step without it (a kill
+between the commit and the checksums) or with a changed, missing or truncated file is damaged,
+and the latest step that passes is what resume and eval see. Checking first also keeps Orbax
+from failing half-way through a restore, which leaves tensorstore callbacks printing ``Event loop
+is closed`` tracebacks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import logging
+import os
+import re
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
-from experiment.errors import DataError, MissingStageError
+from experiment.errors import DataError, MissingStageError, WriteError
+from experiment.files import WRITE_ERRNOS, atomic_write_json, format_bytes, free_bytes, free_space
 from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
 from model.decoder import Decoder
@@ -34,6 +53,218 @@ from model.decoder import Decoder
 log = logging.getLogger("trainer.checkpoint")
 PRETRAIN_RECIPE = "recipes/04_pretrain.py"
 ITEMS = ("params", "train", "loader", "ledger", "meta")
+CHECKSUMS = "checksums.json"
+DAMAGED_DIR = "damaged"  # not a step name for Orbax (digits, or ending in _digits)
+_CHUNK = 4 << 20
+
+
+class CheckpointDamaged(DataError):
+    """A checkpoint step fails its checksums or cannot be read (names the step folder and file)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Checksums of a committed step
+
+
+def file_crc32c(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as handle:
+        while block := handle.read(_CHUNK):
+            crc = google_crc32c.extend(crc, block)
+    return f"{crc:08x}"
+
+
+def step_files(step_dir: Path) -> Iterator[Path]:
+    for path in sorted(step_dir.rglob("*")):
+        if path.is_file() and path.name != CHECKSUMS:
+            yield path
+
+
+def write_checksums(step_dir: Path) -> None:
+    """Record size and CRC32C of every file of a committed step in ``<step>/checksums.json``."""
+    started = time.perf_counter()
+    files = {p.relative_to(step_dir).as_posix(): {"bytes": p.stat().st_size, "crc32c": file_crc32c(p)}
+             for p in step_files(step_dir)}
+    atomic_write_json(step_dir / CHECKSUMS, {"algorithm": "crc32c", "files": files})
+    log.debug("checksums of %d files of %s in %.3f s", len(files), step_dir, time.perf_counter() - started)
+
+
+def verify_checksums(step_dir: Path) -> None:
+    """Raise CheckpointDamaged naming the first file of ``step_dir`` that differs from its checksum."""
+    path = step_dir / CHECKSUMS
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))["files"]
+        if not isinstance(recorded, dict) or not recorded:
+            raise ValueError("no files listed")
+    except FileNotFoundError:
+        raise CheckpointDamaged(f"{path} is missing (the run stopped before the checksums of the step were "
+                                "written)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointDamaged(f"{path} is unreadable ({exc})") from exc
+    for name, expected in recorded.items():
+        file = step_dir / name
+        try:
+            size = file.stat().st_size
+            if size != expected["bytes"]:
+                raise CheckpointDamaged(f"{file} has {size} bytes, its checksum file says {expected['bytes']}")
+            if file_crc32c(file) != expected["crc32c"]:
+                raise CheckpointDamaged(f"{file} does not match its CRC32C in {path}")
+        except FileNotFoundError:
+            raise CheckpointDamaged(f"{file} is missing") from None
+        except (OSError, KeyError, TypeError) as exc:
+            raise CheckpointDamaged(f"{file} cannot be checked ({exc})") from exc
+
+
+class _ChecksumWriter:
+    """Writes the checksums of each saved step once its committed folder appears (one thread)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-checksums")
+        self._futures: list[Future[None]] = []
+        self._settled = threading.Event()  # Orbax has finished every save started so far
+
+    def schedule(self, step: int) -> None:
+        self._settled.clear()
+        self._futures.append(self._pool.submit(self._write_when_committed, self.directory / str(step)))
+
+    def _write_when_committed(self, step_dir: Path) -> None:
+        while not step_dir.is_dir():
+            if self._settled.is_set():
+                if not step_dir.is_dir():
+                    return  # the save failed; Orbax reports why
+                break
+            time.sleep(0.02)
+        write_checksums(step_dir)
+
+    def settle(self) -> None:
+        """Called once Orbax finished its saves: write what is pending and raise the first error."""
+        self._settled.set()
+        futures, self._futures = self._futures, []
+        for future in futures:
+            future.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk (or another write error) during a save: one line, not Orbax's threads' tracebacks
+
+_ERRNO_IN_TEXT = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
+
+
+def write_errno(exc: BaseException | str) -> int | None:
+    """The errno of a write error, also when tensorstore reports it inside a ValueError's text."""
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        return exc.errno
+    match = _ERRNO_IN_TEXT.search(str(exc))
+    code = int(match.group(1) or match.group(2)) if match else None
+    return code if code in WRITE_ERRNOS else None
+
+
+class _ReportedWriteErrors(logging.Filter):
+    """Orbax's save threads log a failed write with a traceback each; the trainer reports it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += "".join(traceback.format_exception(record.exc_info[1]))
+        return write_errno(text) is None
+
+
+logging.getLogger("absl").addFilter(_ReportedWriteErrors())
+
+
+def _is_closed_loop_callback(unraisable: Any) -> bool:
+    """Tensorstore completing a read or write after Orbax's event loop has ended.
+
+    Orbax runs each save and restore in its own asyncio loop; when one tensorstore operation fails
+    (a full disk, a damaged file) the loop ends with that error while the other operations are in
+    flight, and each of them later calls ``call_soon_threadsafe`` on the closed loop: ~100 lines of
+    ``RuntimeError: Event loop is closed`` for an error that is reported once already.
+    """
+    tb = unraisable.exc_traceback
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_name != "call_soon_threadsafe":
+        tb = tb.tb_next
+    return (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
+            and tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe")
+
+
+def quiet_closed_loop_callbacks(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    def hook(unraisable: Any) -> None:
+        if not _is_closed_loop_callback(unraisable):
+            previous(unraisable)
+
+    return hook
+
+
+sys.unraisablehook = quiet_closed_loop_callbacks(sys.unraisablehook)
+
+
+@contextmanager
+def write_errors_as_one_line(directory: Path, what: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        code = write_errno(exc)
+        if code is None:
+            raise
+        raise WriteError(f"cannot write {what} in {directory}: {os.strerror(code)} ({free_space(directory)} free on "
+                         "that disk): free some space (or lower train.keep_checkpoints) and rerun the same command "
+                         "to resume from the latest complete checkpoint") from None
+
+
+def committed_step_bytes(directory: Path) -> tuple[int, int] | None:
+    """``(step, bytes)`` of the newest step with checksums: what the next save will need on disk."""
+    for step_dir in sorted((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name)):
+        with suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            files = json.loads((step_dir / CHECKSUMS).read_text(encoding="utf-8"))["files"]
+            return int(step_dir.name), sum(int(f["bytes"]) for f in files.values())
+    return None
+
+
+class VerifiedCheckpointManager(ocp.CheckpointManager):
+    """An Orbax manager that writes ``<step>/checksums.json`` after each committed save (process 0),
+    checks the free space before a save, and turns write errors into one WriteError line."""
+
+    def __init__(self, directory: Path, *args: Any, **kwargs: Any) -> None:
+        super().__init__(directory, *args, **kwargs)
+        self._checksums = _ChecksumWriter(Path(directory)) if jax.process_index() == 0 else None
+        self._in_flight: int | None = None  # the step of the save Orbax may still be writing
+
+    def save(self, step: int, *args: Any, **kwargs: Any) -> bool:
+        directory = Path(self.directory)
+        self.wait_until_finished()  # Orbax's save starts with it too; free space is measured after it
+        last = committed_step_bytes(directory) if directory.is_dir() else None
+        free = free_bytes(directory)
+        if last is not None and free is not None and free < last[1]:
+            # refuse before Orbax starts: a save that fails half-way leaves tensorstore callbacks behind
+            raise WriteError(f"not enough disk space for checkpoint step {step} in {directory}: a step takes "
+                             f"{format_bytes(last[1])}, {format_bytes(free)} free on that disk: free some space (or "
+                             f"lower train.keep_checkpoints) and rerun the same command to resume from step {last[0]}")
+        with write_errors_as_one_line(directory, f"checkpoint step {step}"):
+            saved = super().save(step, *args, **kwargs)
+        self._in_flight = step if saved else None
+        if saved and self._checksums is not None:
+            self._checksums.schedule(step)
+        return saved
+
+    def wait_until_finished(self) -> None:
+        in_flight = getattr(self, "_in_flight", None)  # Orbax's __init__ may call this before ours ran
+        with write_errors_as_one_line(Path(self.directory), "a checkpoint" if in_flight is None else
+                                       f"checkpoint step {in_flight}"):
+            super().wait_until_finished()
+            if getattr(self, "_checksums", None) is not None:
+                self._checksums.settle()
+        self._in_flight = None
+
+    def close(self) -> None:
+        super().close()
+        if self._checksums is not None:
+            self._checksums.close()
 
 
 def open_manager(checkpoint_dir: Path, train_cfg: TrainConfig | None = None) -> ocp.CheckpointManager:
@@ -53,7 +284,7 @@ def open_manager(checkpoint_dir: Path, train_cfg: TrainConfig | None = None) -> 
         cleanup_tmp_directories=train_cfg is not None,
         create=train_cfg is not None,
     )
-    return ocp.CheckpointManager(Path(checkpoint_dir).resolve(), item_names=ITEMS, options=options)
+    return VerifiedCheckpointManager(Path(checkpoint_dir).resolve(), item_names=ITEMS, options=options)
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: dict[str, Any], loader_state: dict[str, Any],
@@ -94,6 +325,60 @@ def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
     return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
 
+# what Orbax and tensorstore raise on a file they cannot read (tensorstore: ValueError)
+READ_ERRORS = (ValueError, KeyError, TypeError, OSError)
+
+
+def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
+                     steps: Sequence[int] | None = None) -> tuple[int, Any, list[int]]:
+    """``read(step)`` of the newest step that passes its checksums and reads back.
+
+    Each damaged step is logged as a warning naming the file, and the previous one is tried.
+    Returns ``(step, read(step), damaged steps)``; raises CheckpointDamaged naming the checkpoint
+    folder when no step is left. Errors of ``read`` other than read errors (e.g. a checkpoint of
+    another model) propagate.
+    """
+    directory = Path(manager.directory)
+    candidates = sorted(manager.all_steps() if steps is None else steps, reverse=True)
+    damaged: list[int] = []
+    reasons: list[str] = []
+    for step in candidates:
+        try:
+            verify_checksums(directory / str(step))
+            try:
+                return step, read(step), damaged
+            except READ_ERRORS as exc:
+                raise CheckpointDamaged(f"step {step} passed its checksums but cannot be read: "
+                                        f"{str(exc).splitlines()[0][:300]}") from exc
+        except CheckpointDamaged as exc:
+            damaged.append(step)
+            reasons.append(f"step {step}: {exc}")
+            older = [s for s in candidates if s < step]
+            log.warning("checkpoint step %d is damaged: %s; %s", step, exc,
+                        f"falling back to step {older[0]}" if older else "no older step is left")
+    raise CheckpointDamaged(f"no restorable checkpoint in {directory} ({'; '.join(reasons)}): move the folder away "
+                            "or delete it to start over")
+
+
+def set_aside(manager: ocp.CheckpointManager, steps: Sequence[int]) -> None:
+    """Move damaged steps into ``damaged/`` (kept for inspection): the run saves those steps again."""
+    if not steps:
+        return
+    directory = Path(manager.directory)
+    if jax.process_index() == 0:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+        for step in steps:
+            target = directory / DAMAGED_DIR / f"{step}-{stamp}"
+            target.parent.mkdir(exist_ok=True)
+            (directory / str(step)).rename(target)
+            log.warning("moved the damaged checkpoint step %d to %s", step, target)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("checkpoint-set-aside")
+    manager.reload()
+
+
 def model_config_from_meta(meta: dict[str, Any]) -> ModelConfig:
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     return ModelConfig(**{k: v for k, v in meta["model"].items() if k in fields})
@@ -113,21 +398,24 @@ def load_trained_model(run_folder: Any, step: int | None = None) -> tuple[Decode
         steps = manager.all_steps()
         if not steps:
             raise MissingStageError(f"no finished checkpoint in {checkpoint_dir}: run {PRETRAIN_RECIPE} first")
-        if step is None:
-            step = max(steps)
-        elif step not in steps:
+        if step is not None and step not in steps:
             raise DataError(f"checkpoint step {step} not in {checkpoint_dir} (available: {sorted(steps)})")
-        meta = read_meta(manager, step)
-        model_cfg = model_config_from_meta(meta)
-        with nnx.use_eager_sharding(False):
-            abstract_model = nnx.eval_shape(lambda: Decoder(model_cfg, meta["vocab_size"], nnx.Rngs(0)))
-        graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        param_dtype = jax.numpy.dtype(meta.get("param_dtype", "float32"))
-        target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, param_dtype, sharding=device), abstract_params)
-        params = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]
-    except (ValueError, KeyError, FileNotFoundError, json.JSONDecodeError) as exc:
-        raise DataError(f"checkpoint {step} in {checkpoint_dir} is unreadable: {exc}".splitlines()[0]) from exc
+
+        def read_params(step: int) -> tuple[dict[str, Any], Any, Any]:
+            meta = read_meta(manager, step)
+            model_cfg = model_config_from_meta(meta)
+            with nnx.use_eager_sharding(False):
+                abstract_model = nnx.eval_shape(lambda: Decoder(model_cfg, meta["vocab_size"], nnx.Rngs(0)))
+            graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
+            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            param_dtype = jax.numpy.dtype(meta.get("param_dtype", "float32"))
+            target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, param_dtype, sharding=device),
+                                  abstract_params)
+            params = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
+            return meta, graphdef, params["params"]
+
+        # an explicit step is that step or an error; the latest falls back to the previous complete one
+        step, (meta, graphdef, params), _ = restore_verified(manager, read_params, None if step is None else [step])
     finally:
         manager.close()
     log.info("loaded step %d from %s", step, checkpoint_dir)

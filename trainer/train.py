@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from data_prep.loader import make_train_iterator, read_shards_manifest
 from experiment.errors import ConfigError, DataError, RecipeError
-from experiment.files import atomic_write_json
+from experiment.files import atomic_write_json, atomic_write_text
 from experiment.manifest import read_manifest
 from experiment.runfolder import RunFolder
 from model.attention import resolve_attention
@@ -90,10 +90,12 @@ def resume_wandb_run_id(cfg: Any, run_folder: RunFolder) -> str | None:
 
 
 def finished_steps(checkpoint_dir: Path) -> list[int]:
-    """Step folders Orbax finished (an interrupted save stays a ``*.orbax-checkpoint-tmp*`` folder)."""
+    """Steps Orbax finished and whose checksums are written (an interrupted save stays a
+    ``*.orbax-checkpoint-tmp*`` folder; a step without checksums is not resumed from)."""
     if not checkpoint_dir.is_dir():
         return []
-    return sorted(int(p.name) for p in checkpoint_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(int(p.name) for p in checkpoint_dir.iterdir()
+                  if p.name.isdigit() and (p / checkpoint.CHECKSUMS).is_file())
 
 
 def maybe_initialize_distributed(train_cfg: Any) -> None:
@@ -277,9 +279,16 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                                      tokenizer_sha256=data.tokenizer_sha256, seq_len=data.seq_len,
                                      on_corrupt=cfg.shards.on_corrupt)
         manager = checkpoint.open_manager(run_folder.checkpoints, train_cfg)
-        state, start_step = restore_or_init(manager, program, loader, meta, ledger)
+        try:
+            state, start_step = restore_or_init(manager, program, loader, meta, ledger)
+            check_steps_left(start_step, train_cfg.steps, manager.directory)
+        except BaseException:
+            manager.close()
+            raise
+        last_loss = math.nan
         if jax.process_index() == 0:
             atomic_write_json(Path(run_folder.checkpoints) / WANDB_ID_FILE, {"run_id": run_id})
+            last_loss = trim_train_log(Path(run_folder.root) / TRAIN_LOG, start_step)
 
     if start_step and wandb_run is not None and getattr(wandb_run, "offline", False):
         backfill_offline_history(wandb_run, Path(run_folder.root) / TRAIN_LOG, start_step)
@@ -310,7 +319,6 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         unconfirmed.clear()
 
     step = start_step
-    last_loss = math.nan
     train_log = (Path(run_folder.root) / TRAIN_LOG).open("a", encoding="utf-8") if jax.process_index() == 0 else None
     progress = tqdm(total=train_cfg.steps, initial=start_step, desc="pretrain", unit="step", dynamic_ncols=True,
                     disable=jax.process_index() != 0)
@@ -350,12 +358,17 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                                 "command to resume", step, waited)
                     raise SystemExit(PREEMPTED_EXIT_CODE)
         wait_for_saves()
+    except BaseException:
+        # the first error is the one to report: a failed save raises again when the manager closes
+        with contextlib.suppress(Exception):
+            manager.close()
+        raise
+    else:
+        manager.close()
     finally:
         progress.close()
         if train_log is not None:
             train_log.close()
-        manager.wait_until_finished()
-        manager.close()
     summary = {"final_step": step, "final_loss": last_loss, "n_params": n_params, **ledger.summary()}
     log.info("pretraining done at step %d: loss %.4f, %.2f RUB so far", step, last_loss,
              summary.get("rub_total", math.nan))
@@ -367,17 +380,65 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
 
 def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any],
                     ledger: Any) -> tuple[dict[str, Any], int]:
-    latest = manager.latest_step()
-    if latest is None:
+    """The newest checkpoint that passes its checksums, or a fresh state when there is none.
+
+    Damaged newer steps are moved aside (the run trains and saves them again); when every step
+    is damaged the run stops with one error line rather than starting over on its own.
+    """
+    if not manager.all_steps():
         log.info("no checkpoint: starting from step 0")
         return program.init_state(), 0
-    saved_meta = checkpoint.read_meta(manager, latest)
-    check_same_run(saved_meta, meta, manager.directory)
-    state, items = checkpoint.restore(manager, latest, program.abstract_state)
-    loader.set_state(items["loader"])
+
+    def read(step: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        check_same_run(checkpoint.read_meta(manager, step), meta, manager.directory)
+        state, items = checkpoint.restore(manager, step, program.abstract_state)
+        loader.set_state(items["loader"])
+        return state, items
+
+    latest, (state, _), damaged = checkpoint.restore_verified(manager, read)
+    checkpoint.set_aside(manager, damaged)
     ledger.mark_resume(latest)
     log.info("resumed from the checkpoint of step %d in %s", latest, manager.directory)
     return state, latest
+
+
+def check_steps_left(start_step: int, steps: int, checkpoint_dir: Any) -> None:
+    """A run restored at or past ``train.steps`` has nothing to train: say so instead of logging a NaN loss."""
+    if start_step > steps:
+        raise ConfigError(f"config key 'train.steps': {steps} is below step {start_step}, which the checkpoints in "
+                          f"{checkpoint_dir} already reached: set train.steps above {start_step} to train further, "
+                          "or use another experiment.name to start over")
+    if start_step == steps:
+        log.info("the checkpoints in %s already reached train.steps=%d: nothing to train (raise train.steps to "
+                 "train further)", checkpoint_dir, steps)
+
+
+def trim_train_log(path: Path, step: int) -> float:
+    """Keep the lines of ``train_log.jsonl`` up to the restored step; the resumed run retraces the rest.
+
+    A killed session may have logged steps after its last checkpoint (and a half-written last
+    line): without this the retraced steps would get a second line. Returns the last loss kept.
+    """
+    if not path.is_file():
+        return math.nan
+    kept: list[str] = []
+    dropped = 0
+    last_loss = math.nan
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+            keep = int(record["train/step"]) <= step
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            keep = False
+        if keep:
+            kept.append(line)
+            last_loss = float(record.get("train/loss", last_loss))
+        else:
+            dropped += 1
+    if dropped:
+        atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+        log.info("%s: dropped %d line(s) after step %d, which this run trains again", path, dropped, step)
+    return last_loss
 
 
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any) -> None:
