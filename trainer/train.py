@@ -206,9 +206,12 @@ class OtherHostLedger:
 
     def add_tokens(self, step: int, tokens: int) -> None: ...
 
+    def checkpoint_record(self, step: int) -> dict[str, Any]:
+        return {}
+
     def mark_checkpoint(self, step: int) -> None: ...
 
-    def mark_resume(self, step: int) -> None: ...
+    def mark_resume(self, step: int, checkpoint_item: dict[str, Any] | None = None) -> None: ...
 
     def summary(self) -> dict[str, Any]:
         return {}
@@ -289,7 +292,8 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     def save(step: int) -> None:
         with ledger.phase("checkpoint"):
             # Orbax finishes the previous async save before it starts this one
-            checkpoint.save(manager, step, state, loader.get_state(), ledger.summary(), meta, force=True)
+            checkpoint.save(manager, step, state, loader.get_state(), ledger.checkpoint_record(step), meta,
+                            force=True)
         for done in unconfirmed:
             ledger.mark_checkpoint(done)
         unconfirmed[:] = [step]
@@ -367,7 +371,7 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
     check_same_run(saved_meta, meta, manager.directory)
     state, items = checkpoint.restore(manager, latest, program.abstract_state)
     loader.set_state(items["loader"])
-    ledger.mark_resume(latest)
+    ledger.mark_resume(latest, items["ledger"])
     log.info("resumed from the checkpoint of step %d in %s", latest, manager.directory)
     return state, latest
 
