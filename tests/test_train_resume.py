@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import shared_data_dir
+from tests.conftest import needs_shared, shared_data_dir
 from tests.recipe_runner import REPO, recipe_env, run_recipe, tiny_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.shared_data]
@@ -26,8 +26,7 @@ TRAIN = {"steps": STEPS, "log_every": 1, "checkpoint_every": 8, "keep_checkpoint
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Corpus, tokenizer and shards of the tiny experiment, made once by recipes 01-03."""
-    if not (shared_data_dir() / "text" / "ruslit").is_dir():
-        pytest.skip(f"shared data not found at {shared_data_dir()} (set RU_SHARED_DATA to the shared/data folder)")
+    needs_shared(shared_data_dir() / "text" / "ruslit")
     root = tmp_path_factory.mktemp("resume-data")
     config = tiny_config(root, train=TRAIN)
     for script in ("01_build_corpus.py", "02_train_tokenizer.py", "03_shard.py"):
@@ -119,6 +118,12 @@ def test_kill_and_sigterm_resume_retrace_the_same_losses(data_root: Path, tmp_pa
     resumed = losses(run_dir)
     assert resumed == reference, "losses after SIGKILL/SIGTERM and resume differ from the uninterrupted run"
     check_wandb_history_continues(run_dir, killed_at)
+    # the cost ledger counts each step once: the SIGKILLed session's steps up to its checkpoint too
+    from cost.ledger import summarize_ledger
+
+    ledger = summarize_ledger(run_dir / "ledger")
+    assert ledger["sessions"] == 3 and ledger["last_step"] == STEPS
+    assert ledger["tokens"] == STEPS * 8 * 64  # train.batch_size x shards.seq_len of the tiny config
 
 
 def check_wandb_history_continues(run_dir: Path, killed_at: int) -> None:
