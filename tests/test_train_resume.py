@@ -145,3 +145,31 @@ def check_wandb_history_continues(run_dir: Path, killed_at: int) -> None:
     # resumed session re-logs what is missing up to its checkpoint (trainer.train.backfill_offline_history)
     if len(pretrain) == 3:
         assert all(int(row["_step"]) <= killed_at for row in pretrain[0].history)
+
+
+def test_damaged_shard_stops_the_run_or_is_skipped_record_by_record(data_root: Path, tmp_path: Path) -> None:
+    """A byte flipped in every record of a train shard: one error line naming the shard (its sha256 or a
+    record's CRC, whichever the loader meets first); under shards.on_corrupt=skip each skipped record is
+    logged with file and offset, counted in train_log.jsonl, and the run finishes."""
+    from data_prep.tfrecord import read_index
+    from tests.recipe_runner import error_line
+
+    config = experiment_copy(data_root, tmp_path, "damaged")
+    shards = config.parent / "runs" / "tiny" / "shards"
+    manifest = json.loads((shards / "manifest.json").read_text(encoding="utf-8"))
+    shard = shards / manifest["splits"]["train"]["shards"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    for offset in read_index(shard):
+        data[int(offset) + 12 + 4] ^= 0x01  # inside each record's payload
+    shard.write_bytes(bytes(data))
+
+    stopped = run_recipe("04_pretrain.py", config, "train.steps=8", check=False)
+    assert stopped.returncode == 2 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert error_line(stopped).startswith("error: ") and str(shard) in error_line(stopped)
+
+    skipped = run_recipe("04_pretrain.py", config, "train.steps=8", "shards.on_corrupt=skip")
+    named = [line for line in skipped.stderr.splitlines() if "skipped (shards.on_corrupt=skip)" in line]
+    assert named and all(f"{shard}: corrupt TFRecord record" in line and "byte offset" in line for line in named)
+    assert skipped.stderr.count(f"shard {shard} does not match its manifest") == 1
+    last = json.loads((config.parent / "runs" / "tiny" / "train_log.jsonl").read_text(encoding="utf-8").splitlines()[-1])
+    assert last["train/step"] == 8 and last["data/skipped_records"] == len(named)

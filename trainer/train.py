@@ -334,6 +334,10 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                               "train/grad_norm": float(metrics["grad_norm"]), "train/lr": float(metrics["lr"]),
                               "train/skipped": int(not metrics["finite"]),
                               "train/tokens_seen": step * tokens_per_step, **window.flush()}
+                    if loader.skipped_records:  # shards.on_corrupt=skip; each one was logged with file and offset
+                        record["data/skipped_records"] = loader.skipped_records
+                        if wandb_run is not None:
+                            wandb_run.summary["data/skipped_at"] = [f"{f}@{o}" for f, o in loader.skipped_at]
                     log_metrics(wandb_run, train_log, step, record, ledger.summary())
                 if train_cfg.eval_every and step % train_cfg.eval_every == 0:
                     run_eval(cfg, run_folder, program, state, step, wandb_run, train_log, ledger)
