@@ -370,6 +370,15 @@ def sigkill(ledger: Ledger) -> None:
     ledger._handle.close()  # the process dies: what was only counted in memory is gone  # noqa: SLF001
 
 
+def resumed(tmp_path: Path, clock: FakeClock, cfg: CostConfig, items: dict[int, dict], step: int, last: int,
+            checkpoint_every: int) -> Ledger:
+    """A new session that restores the checkpoint of ``step`` and trains to ``last`` (left open)."""
+    ledger = open_fake(tmp_path, clock, cfg)
+    ledger.mark_resume(step, items[step])
+    train_steps(ledger, clock, step + 1, last, checkpoint_every)
+    return ledger
+
+
 def test_two_kills_count_every_step_before_the_checkpoint_once(tmp_path: Path) -> None:
     """Session 0 saves step 40 and is killed at 46, session 1 resumes from 40 and is killed at 57
     before its save of 60; session 2 resumes from 40 again and finishes: 60 steps, 122,880 tokens."""
@@ -378,14 +387,8 @@ def test_two_kills_count_every_step_before_the_checkpoint_once(tmp_path: Path) -
     ledger = open_fake(tmp_path, clock, cfg)
     items = train_steps(ledger, clock, 1, 46, checkpoint_every=40)
     sigkill(ledger)
-    ledger = open_fake(tmp_path, clock, cfg)
-    ledger.mark_resume(40, items[40])
-    train_steps(ledger, clock, 41, 57, checkpoint_every=60)
-    sigkill(ledger)
-    ledger = open_fake(tmp_path, clock, cfg)
-    ledger.mark_resume(40, items[40])
-    train_steps(ledger, clock, 41, 60, checkpoint_every=60)
-    ledger.close()
+    sigkill(resumed(tmp_path, clock, cfg, items, 40, 57, checkpoint_every=60))
+    resumed(tmp_path, clock, cfg, items, 40, 60, checkpoint_every=60).close()
     s = summarize_ledger(tmp_path / "ledger")
     assert s["sessions"] == 3 and s["last_step"] == 60
     assert s["tokens"] == 60 * TOKENS_PER_STEP == 122_880
@@ -405,10 +408,7 @@ def test_kill_within_flush_seconds_after_a_checkpoint(tmp_path: Path) -> None:
     ledger = open_fake(tmp_path, clock, cfg)
     items = train_steps(ledger, clock, 1, 13, checkpoint_every=10)
     sigkill(ledger)
-    ledger = open_fake(tmp_path, clock, cfg)
-    ledger.mark_resume(10, items[10])
-    train_steps(ledger, clock, 11, 20, checkpoint_every=10)
-    ledger.close()
+    resumed(tmp_path, clock, cfg, items, 10, 20, checkpoint_every=10).close()
     s = summarize_ledger(tmp_path / "ledger")
     assert s["tokens"] == 20 * TOKENS_PER_STEP and s["last_step"] == 20
     assert s["seconds_by_phase"]["train"] == pytest.approx(9.0 + 9.0)
