@@ -44,7 +44,7 @@ def needs_shared(path: Path) -> None:
     message = f"shared data not found: {path} is missing (set RU_SHARED_DATA to the shared/data folder)"
     if os.environ.get("RU_REQUIRE_SHARED_DATA") == "1":
         pytest.fail(f"{message}; RU_REQUIRE_SHARED_DATA=1 makes this a failure", pytrace=False)
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=True)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -68,7 +68,7 @@ def missing_extra(extra: str, what: str) -> NoReturn:
     required = os.environ.get("RU_REQUIRE_EXTRAS", "")
     if extra in required.split(","):
         pytest.fail(f"{message}, but RU_REQUIRE_EXTRAS={required} says this venv has it", pytrace=False)
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=True)
 
 
 def optional_import(module: str, extra: str) -> ModuleType | None:
