@@ -572,7 +572,7 @@ class Ledger:
             self._write({"e": "ckpt", "step": int(step), "t": now})
             self._handle.flush()
             os.fsync(self._handle.fileno())
-            self._durable_step = max(int(step), self._durable_step if self._durable_step is not None else int(step))
+            self._durable_step = int(step) if self._durable_step is None else max(self._durable_step, int(step))
 
     def mark_resume(self, step: int, checkpoint_item: dict[str, Any] | None = None) -> None:
         """Say which checkpoint step this session restored (the earlier sessions' later work was
