@@ -6,15 +6,23 @@ records that cover every second until ``close``. Phase changes and tokens are on
 memory (a training step costs no I/O); every ``cost.flush_seconds`` a background thread appends
 one ``time`` record (the interval and its seconds by phase) and one ``tokens`` record (the steps
 and tokens since the last one, with when they finished), flushes and fsyncs; so does a checkpoint
-mark. After a SIGKILL the file holds all but the last few seconds of the session, and a
-half-written last line is dropped on reopen.
+mark and the start of every checkpoint save (``checkpoint_record``). After a SIGKILL the file holds
+all but the last few seconds of the session, always every step up to any checkpoint the next
+session can restore, and a half-written last line is dropped on reopen.
 
 Pricing: rubles = wall-clock hours x chips x USD per chip-hour (+ infrastructure rows) x the
-session's USD->RUB rate. Every second is paid once. When a session ended without a clean close,
-its train/eval/idle time after it finished the step of its last durable checkpoint (or the step
-the next session says it resumed from, ``mark_resume``) bought nothing that survived: that time
-moves to the phase ``lost`` (``rub_lost_to_restarts``), and its tokens are not counted, since the
-next session trains those steps again and pays for them a second time.
+session's USD->RUB rate. Every second is paid once. When a session trained steps past the step the
+next session resumed from (``mark_resume``), or, without a later session, past its last durable
+checkpoint and ended without a clean close, its train/eval/idle time after it finished that step
+bought nothing that survived: that time moves to the phase ``lost`` (``rub_lost_to_restarts``),
+and the tokens of those steps are not counted, since the next session trains them again and pays
+for them a second time.
+
+Reconciliation on resume: the checkpoint's ledger item (``checkpoint_record``) names the session
+that saved it, when, and the tokens counted up to its step. A resume from it cuts that session's
+work exactly at that moment, and credits any steps up to the checkpoint that the file missed (a
+checkpoint saved before the save flushed the ledger), so every step up to the restored checkpoint
+is counted exactly once whatever the crash pattern.
 """
 
 from __future__ import annotations
@@ -93,13 +101,52 @@ class _TokenBatch:
 
 
 @dataclass
+class _Resume:
+    """A session's restore: the checkpoint step and, from the checkpoint's ledger item, who saved it."""
+
+    step: int
+    saved_by: int | None = None  # the session that saved the checkpoint
+    saved_at: float | None = None  # when that session started saving it (all work before it survived)
+    tokens: int | None = None  # every token counted up to the checkpoint's step, all sessions together
+
+    def record(self, t: float) -> dict[str, Any]:
+        saved = {"saved_by": self.saved_by, "saved_at": self.saved_at, "tokens": self.tokens}
+        return {"e": "resume", "step": self.step, "t": t, **{k: v for k, v in saved.items() if v is not None}}
+
+    @classmethod
+    def from_checkpoint(cls, step: int, item: Any, session: int) -> _Resume:
+        """What a checkpoint's ledger item says (the current form, or the plain summary saved before
+        there was one); an item that does not fit is ignored with a warning (the file alone is used)."""
+        if not item:
+            return cls(step)
+        try:
+            saved_by = int(item["session"]) if "session" in item else int(item["sessions"]) - 1
+            saved_step = int(item.get("step", item["last_step"]))
+            saved_at = float(item["t"]) if "t" in item else None
+            tokens = int(item["tokens"])
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("the ledger item of checkpoint %d is unreadable (%r): counting from the ledger file alone",
+                        step, exc)
+            return cls(step)
+        if saved_step != step or not 0 <= saved_by < session or tokens < 0:
+            log.warning("the ledger item of checkpoint %d is for step %s of session %s: counting from the ledger "
+                        "file alone", step, saved_step, saved_by)
+            return cls(step)
+        return cls(step, saved_by, saved_at, tokens)
+
+
+@dataclass
 class _Session:
     meta: dict[str, Any]
     intervals: list[_Interval] = field(default_factory=list)
     tokens: list[_TokenBatch] = field(default_factory=list)
     checkpoints: list[tuple[int, float]] = field(default_factory=list)  # (step, time)
-    resume_step: int | None = None
-    clean: bool = False  # a close record written by a normal exit
+    resume: _Resume | None = None
+    clean: bool = False  # a close record saying nothing of this session's work was lost
+
+    @property
+    def resume_step(self) -> int | None:
+        return None if self.resume is None else self.resume.step
 
     def last_time(self) -> float:
         times = [self.meta["t"], *(i.t1 for i in self.intervals), *(b.t for b in self.tokens),
@@ -115,10 +162,20 @@ class _Session:
         times = [b.finished_at(step) for b in self.tokens if b.first_step <= step]
         return max(times, default=-math.inf)
 
-    def tally(self, survived_step: int | None) -> _Tally:
-        """Phases and tokens of a finished session; work past ``survived_step`` becomes ``lost``."""
+    def tally(self, survived_step: int | None, saved_at: float | None = None) -> _Tally:
+        """Phases and tokens of a finished session; work past ``survived_step`` becomes ``lost``.
+
+        ``saved_at``: when this session started saving the checkpoint of ``survived_step`` (its work
+        before that survived); without it, when the token records say that step finished.
+        """
         tally = _Tally()
-        cutoff = math.inf if survived_step is None else self.moment_of(survived_step)
+        trained_to = max((b.step for b in self.tokens), default=None)
+        if survived_step is None or (trained_to is not None and trained_to <= survived_step):
+            cutoff = math.inf  # no step past the surviving one: nothing was redone
+        elif saved_at is not None:
+            cutoff = saved_at
+        else:
+            cutoff = self.moment_of(survived_step)
         for interval in self.intervals:
             length = interval.t1 - interval.t0
             kept = 1.0 if interval.t1 <= cutoff else 0.0 if interval.t0 >= cutoff else (cutoff - interval.t0) / length
@@ -134,23 +191,34 @@ class _Session:
         return tally
 
 
-def _tally_finished(sessions: list[_Session], resume_after: int | None) -> list[tuple[dict[str, Any], _Tally]]:
+def _tally_finished(sessions: list[_Session], resume_after: _Resume | None) -> list[tuple[dict[str, Any], _Tally]]:
     """Tallies of finished sessions. A later session that resumed from step S (the smallest such S
     after a session) means that session's work past S was redone; without one, a session that did
     not close cleanly kept only the work up to its last marked checkpoint."""
-    tallies = []
-    later_resume = resume_after
-    for session in reversed(sessions):
-        if later_resume is not None:
-            survived: int | None = later_resume
+    tallies: list[_Tally] = [_Tally() for _ in sessions]
+    judged_by: list[_Resume | None] = [None] * len(sessions)
+    later = resume_after
+    for index in reversed(range(len(sessions))):
+        session = sessions[index]
+        if later is not None:
+            survived: int | None = later.step
         elif session.clean:
             survived = None
         else:
             survived = max((s for s, _ in session.checkpoints), default=-1)
-        tallies.append((session.meta, session.tally(survived)))
-        if session.resume_step is not None:
-            later_resume = session.resume_step if later_resume is None else min(later_resume, session.resume_step)
-    return tallies[::-1]
+        saved_at = later.saved_at if later is not None and later.saved_by == index else None
+        tallies[index] = session.tally(survived, saved_at)
+        judged_by[index] = later
+        if session.resume is not None and (later is None or session.resume.step < later.step):
+            later = session.resume
+    for index, resume in enumerate(judged_by):
+        if resume is not None and resume.saved_by == index and resume.tokens is not None:
+            # steps up to the checkpoint that the file missed (the save did not flush the ledger first)
+            missing = resume.tokens - sum(t.tokens for t in tallies[:index + 1])
+            if missing > 0:
+                tallies[index].tokens += missing
+                tallies[index].last_step = resume.step
+    return [(session.meta, tally) for session, tally in zip(sessions, tallies, strict=True)]
 
 
 def _hourly_usd(meta: dict[str, Any]) -> float:
@@ -216,7 +284,9 @@ def _apply(record: dict[str, Any], sessions: list[_Session]) -> None:
     elif kind == "ckpt":
         session.checkpoints.append((int(record["step"]), float(record["t"])))
     elif kind == "resume":
-        session.resume_step = int(record["step"])
+        saved_by, saved_at, tokens = record.get("saved_by"), record.get("saved_at"), record.get("tokens")
+        session.resume = _Resume(int(record["step"]), None if saved_by is None else int(saved_by),
+                                 None if saved_at is None else float(saved_at), None if tokens is None else int(tokens))
     elif kind == "close":
         session.clean = bool(record.get("clean", True))
     else:
@@ -297,7 +367,7 @@ def summarize_ledger(ledger_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if not sessions:
         raise DataError(f"{path} holds no ledger records")
     # the last session is taken as it is: a crash in it is only known once a later session resumes
-    tallies = [*_tally_finished(sessions[:-1], sessions[-1].resume_step), (sessions[-1].meta, sessions[-1].tally(None))]
+    tallies = [*_tally_finished(sessions[:-1], sessions[-1].resume), (sessions[-1].meta, sessions[-1].tally(None))]
     return _summarize(tallies, sessions[-1].meta.get("token_budget"))
 
 
@@ -322,7 +392,8 @@ class Ledger:
         self._lock = threading.RLock()
         self._handle = path.open("a", encoding="utf-8")
         self._current = _Tally()  # everything this session counted so far, written or not
-        self._resume_step: int | None = None
+        self._resume: _Resume | None = None
+        self._durable_step: int | None = None  # the latest step known to survive (marked checkpoint or resume)
         self._past_tallies = self._tally_past()
         self._stack: list[str] = []
         self._outer = "startup"  # the phase between explicit phases: start-up until the first one, then idle
@@ -389,7 +460,7 @@ class Ledger:
         return {**_price_dict(row), "quantity": item.quantity}
 
     def _tally_past(self) -> list[tuple[dict[str, Any], _Tally]]:
-        return _tally_finished(self._past, self._resume_step)
+        return _tally_finished(self._past, self._resume)
 
     # ----------------------------------------------------------------------------------- counting
     def _phase_now(self) -> str:
@@ -481,6 +552,18 @@ class Ledger:
             self._last_step_done = now
             self._maybe_flush()
 
+    def checkpoint_record(self, step: int) -> dict[str, Any]:
+        """The ledger item to save in the checkpoint of ``step``, taken when its save starts.
+
+        Flushes first, so the file holds every step up to ``step`` before the checkpoint can exist
+        (a crash within ``flush_seconds`` after a save never loses them); the session, moment and
+        token count let a resume from this checkpoint reconcile the file (``mark_resume``).
+        """
+        with self._lock:
+            self._check_open()
+            now = self._flush()
+            return {**self.summary(), "step": int(step), "session": self.meta["session"], "t": now}
+
     def mark_checkpoint(self, step: int) -> None:
         """Call once the checkpoint of ``step`` is durable: work up to here survives a crash."""
         with self._lock:
@@ -489,13 +572,16 @@ class Ledger:
             self._write({"e": "ckpt", "step": int(step), "t": now})
             self._handle.flush()
             os.fsync(self._handle.fileno())
+            self._durable_step = int(step) if self._durable_step is None else max(self._durable_step, int(step))
 
-    def mark_resume(self, step: int) -> None:
-        """Say which checkpoint step this session restored: the earlier session's later work was lost."""
+    def mark_resume(self, step: int, checkpoint_item: dict[str, Any] | None = None) -> None:
+        """Say which checkpoint step this session restored (the earlier sessions' later work was
+        lost), with that checkpoint's ledger item (``checkpoint_record``) to count its steps exactly."""
         with self._lock:
             self._check_open()
-            self._write({"e": "resume", "step": int(step), "t": self._clock()})
-            self._resume_step = int(step)
+            self._resume = _Resume.from_checkpoint(int(step), checkpoint_item, self.meta["session"])
+            self._write(self._resume.record(self._clock()))
+            self._durable_step = int(step)
             self._current.last_step = int(step)  # the next add_tokens starts at step + 1
             self._last_step_done = self._clock()
             self._past_tallies = self._tally_past()
@@ -516,10 +602,16 @@ class Ledger:
 
     # ----------------------------------------------------------------------------------- closing
     def close(self, clean: bool = True) -> None:
-        """End the session; ``clean=False`` (an exception) makes its unsaved work count as lost on resume."""
+        """End the session; ``clean=False`` (an exception) makes its unsaved work count as lost on resume.
+
+        A session whose every step is in a durable checkpoint (a SIGTERM save, a crash right after a
+        save) lost nothing: its close is clean whatever ended it.
+        """
         with self._lock:
             if self._closed:
                 return
+            last = self._current.last_step
+            clean = clean or last is None or (self._durable_step is not None and last <= self._durable_step)
             now = self._flush()
             self._write({"e": "close", "clean": clean, "t": now})
             self._handle.flush()

@@ -20,13 +20,25 @@ order inside the assembled global batch) changes, which leaves the mean loss and
 unchanged up to float summation order. A different global batch size resumes at the same
 record position when that position is a whole number of new batches, and is refused otherwise;
 a different seed or rebuilt shards are refused, because either would replay or skip data.
+
+Damaged shards
+--------------
+Every shard is hashed once per process against the manifest's sha256, in a background thread
+started when a loader first opens it (off the step path): a mismatch stops the next batch with one
+error naming the shard, or is logged under ``shards.on_corrupt=skip``. Every read checks the
+record's CRCs; under ``skip`` a corrupt record is logged with its file and byte offset, counted,
+and becomes a row of zeros with ``loss_weights`` 0, so no other record is read in its place (none
+twice) while batch shapes and resume positions stay the same.
 """
 
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import hashlib
 import logging
+import queue
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +46,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from data_prep.tfrecord import OnCorrupt, TFRecordFile, decode_record, read_index
+from data_prep.tfrecord import CorruptRecordError, OnCorrupt, TFRecordFile, decode_record, read_index
 from experiment.errors import ConfigError, DataError
 from experiment.manifest import read_manifest
 
@@ -43,8 +55,8 @@ log = logging.getLogger("data_prep.loader")
 SHARDS_STAGE = "shards"
 SHARDS_RECIPE = "recipes/03_shard.py"
 STATE_VERSION = 1
-# How many records after a corrupt one the loader tries before giving up (on_corrupt="skip").
-MAX_CONSECUTIVE_CORRUPT = 64
+LOSS_WEIGHTS = "loss_weights"  # on_corrupt=skip: 0 for the tokens of a corrupt record's row, 1 elsewhere
+_ROW_WEIGHT = "_row_weight"
 
 
 def read_shards_manifest(shards_dir: Path | str, *, tokenizer_sha256: str | None = None,
@@ -69,13 +81,62 @@ def read_shards_manifest(shards_dir: Path | str, *, tokenizer_sha256: str | None
 
 
 def _to_model_batch(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Rows of ``seq_len + 1`` tokens -> ``inputs``/``targets`` (and ``segment_ids``/``positions``) int32."""
+    """Rows of ``seq_len + 1`` tokens -> ``inputs``/``targets`` (and ``segment_ids``/``positions``) int32,
+    and ``loss_weights`` float32 under on_corrupt=skip."""
     ids = rows["input_ids"]
     batch = {"inputs": np.ascontiguousarray(ids[:, :-1]), "targets": np.ascontiguousarray(ids[:, 1:])}
     for name in ("segment_ids", "positions"):
         if name in rows:
             batch[name] = np.ascontiguousarray(rows[name][:, :-1])
+    if _ROW_WEIGHT in rows:
+        batch[LOSS_WEIGHTS] = np.repeat(rows[_ROW_WEIGHT][:, None], ids.shape[1] - 1, axis=1)
     return batch
+
+
+class ShardVerifier:
+    """Hashes shards against their manifest sha256 in one background thread, each once per process.
+
+    A daemon thread, so that a run that ends (or is preempted) never waits for hashes still running."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[tuple[str, str], concurrent.futures.Future[str | None]] = {}
+        self._queue: queue.SimpleQueue[tuple[Path, str, concurrent.futures.Future[str | None]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, path: Path, sha256: str) -> concurrent.futures.Future[str | None]:
+        """The check of ``path`` (queued now unless it already was): its result is the error, or None."""
+        key = (str(path.resolve()), sha256)
+        with self._lock:
+            if key not in self._jobs:
+                self._jobs[key] = concurrent.futures.Future()
+                self._queue.put((path, sha256, self._jobs[key]))
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._work, name="shard-sha256", daemon=True)
+                    self._thread.start()
+            return self._jobs[key]
+
+    def _work(self) -> None:
+        while True:
+            path, sha256, future = self._queue.get()
+            try:
+                future.set_result(self._check(path, sha256))
+            except OSError as exc:
+                future.set_result(f"shard {path} cannot be read to check its sha256: {exc}")
+
+    @staticmethod
+    def _check(path: Path, sha256: str) -> str | None:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 22):  # hashlib releases the GIL on large blocks
+                digest.update(chunk)
+        if digest.hexdigest() == sha256:
+            return None
+        return (f"shard {path} does not match its manifest: sha256 {digest.hexdigest()[:12]}..., the manifest says "
+                f"{sha256[:12]}... (the file changed after {SHARDS_RECIPE} wrote it): run it again")
+
+
+SHARD_VERIFIER = ShardVerifier()
 
 
 class ShardSource:
@@ -83,8 +144,9 @@ class ShardSource:
 
     Records are numbered across the split's shards in manifest order; each read goes through the
     shard's index and checks both CRCs. A corrupt record raises an error naming the shard and byte
-    offset, or, with ``on_corrupt="skip"``, is replaced by the next good record and counted in
-    ``skipped`` (so batch shapes and the resume position stay the same)."""
+    offset, or, with ``on_corrupt="skip"``, is logged, counted in ``skipped`` and read as a row of
+    zeros with weight 0 (so batch shapes and the resume position stay the same). Each shard is
+    hashed against the manifest in the background (``check_shards``)."""
 
     def __init__(self, shards_dir: Path | str, split: str, manifest: dict[str, Any] | None = None,
                  on_corrupt: OnCorrupt | None = None) -> None:
@@ -109,6 +171,9 @@ class ShardSource:
             if offsets.size != shard["records"]:
                 raise DataError(f"index of {path} lists {offsets.size} records, the manifest says {shard['records']}")
             self.files.append(TFRecordFile(path, offsets, on_corrupt=self.on_corrupt))
+        self._checks = [(SHARD_VERIFIER.submit(f.path, s["sha256"]), f.path)
+                        for f, s in zip(self.files, self.manifest["splits"][split]["shards"], strict=True)
+                        if s.get("sha256")]
         self._starts = np.concatenate(([0], np.cumsum([len(f) for f in self.files]))).astype(np.int64).tolist()
 
     def __len__(self) -> int:
@@ -121,6 +186,28 @@ class ShardSource:
     def skipped(self) -> int:
         return sum(f.skipped for f in self.files)
 
+    @property
+    def skipped_at(self) -> list[tuple[str, int]]:
+        """(file, byte offset) of each skipped read, in the order of the shards."""
+        return [where for f in self.files for where in f.skipped_at]
+
+    def check_shards(self, wait: bool = False) -> None:
+        """Raise the first finished sha256 mismatch (under on_corrupt=skip: log it once); ``wait`` for all.
+
+        Called before every batch: only the checks still pending or failed are looked at again."""
+        pending = []
+        for future, path in self._checks:
+            if not (wait or future.done()):
+                pending.append((future, path))
+                continue
+            error = future.result()
+            if error is None:
+                continue
+            if self.on_corrupt != "skip":
+                raise DataError(error)  # kept in _checks: every later batch stops too
+            log.warning("%s (shards.on_corrupt=skip: the run goes on, passing over its corrupt records)", error)
+        self._checks = pending
+
     def _locate(self, index: int) -> tuple[TFRecordFile, int]:
         shard = bisect.bisect_right(self._starts, index) - 1
         return self.files[shard], index - self._starts[shard]
@@ -129,13 +216,19 @@ class ShardSource:
         index = int(index)
         if not 0 <= index < len(self):
             raise IndexError(f"record {index} out of range for {len(self)} records")
-        for attempt in range(MAX_CONSECUTIVE_CORRUPT):
-            shard, record = self._locate((index + attempt) % len(self))
-            payload = shard.read(record)
-            if payload is not None:
-                return self._decode(shard, record, payload)
-        raise DataError(f"{self.shards_dir}: {MAX_CONSECUTIVE_CORRUPT} corrupt records in a row from "
-                        f"{self.split} record {index}: the shards are damaged; run {SHARDS_RECIPE} again")
+        shard, record = self._locate(index)
+        payload = shard.read(record)
+        if payload is not None:
+            try:
+                row = self._decode(shard, record, payload)
+            except CorruptRecordError as exc:
+                if self.on_corrupt != "skip":
+                    raise
+                shard.skip(exc)
+            else:
+                return {**row, _ROW_WEIGHT: np.float32(1.0)} if self.on_corrupt == "skip" else row
+        # a corrupt record under on_corrupt=skip: a row that trains nothing, in its own place
+        return {**{name: np.zeros(self.row_len, np.int32) for name in self.features}, _ROW_WEIGHT: np.float32(0.0)}
 
     def _decode(self, shard: TFRecordFile, record: int, payload: bytes) -> dict[str, np.ndarray]:
         offset = int(shard.offsets[record])
@@ -183,6 +276,7 @@ class TrainIterator:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
+        self.source.check_shards()
         if self._iterator is None:
             self._iterator = iter(self._batches[self._next_batch:].to_iter_dataset(self._read_options))
         batch = next(self._iterator)
@@ -236,6 +330,10 @@ class TrainIterator:
     def skipped_records(self) -> int:
         return self.source.skipped
 
+    @property
+    def skipped_at(self) -> list[tuple[str, int]]:
+        return self.source.skipped_at
+
 
 def make_train_iterator(shards_dir: Path | str, global_batch_size: int, seed: int, process_index: int = 0,
                         process_count: int = 1, *, tokenizer_sha256: str | None = None, seq_len: int | None = None,
@@ -264,4 +362,7 @@ def iter_eval_batches(shards_dir: Path | str, split: str, batch_size: int, max_b
     if max_batches is not None:
         batches = batches[:max_batches]
     read_options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=max(2 * read_threads, 2))
-    yield from batches.to_iter_dataset(read_options)
+    for batch in batches.to_iter_dataset(read_options):
+        source.check_shards()
+        yield batch
+    source.check_shards(wait=True)  # a short pass: every shard it read is checked before it ends

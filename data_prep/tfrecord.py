@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import logging
 import mmap
 import os
 import struct
@@ -37,6 +38,8 @@ import numpy as np
 
 from experiment.errors import DataError
 from experiment.files import atomic_open, atomic_write_bytes
+
+log = logging.getLogger("data_prep.tfrecord")
 
 INDEX_SUFFIX = ".index"
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length
@@ -424,6 +427,7 @@ class TFRecordFile:
         self.offsets = read_index(self.path) if offsets is None else offsets
         self.on_corrupt = on_corrupt
         self.skipped = 0
+        self.skipped_at: list[tuple[str, int]] = []  # (file, byte offset) of each skipped read
         self._map: mmap.mmap | None = None
 
     def __len__(self) -> int:
@@ -450,11 +454,17 @@ class TFRecordFile:
         offset = int(self.offsets[record])
         try:
             return read_record_at(self._buffer(), offset, self.path, record)
-        except CorruptRecordError:
+        except CorruptRecordError as exc:
             if self.on_corrupt == "skip":
-                self.skipped += 1
+                self.skip(exc)
                 return None
             raise
+
+    def skip(self, error: CorruptRecordError) -> None:
+        """Count and log a corrupt record passed over (on_corrupt='skip'), naming its file and offset."""
+        self.skipped += 1
+        self.skipped_at.append((str(self.path), error.offset))
+        log.warning("%s; skipped (shards.on_corrupt=skip)", error)
 
     def close(self) -> None:
         if self._map is not None:

@@ -62,6 +62,8 @@ def add_batch(acc: BitsPerByte, logits_fn: LogitsFn, batch: dict[str, np.ndarray
     if "segment_ids" in batch:
         kwargs = {"segment_ids": jnp.asarray(batch["segment_ids"]), "positions": jnp.asarray(batch["positions"])}
         mask = batch["segment_ids"] != 0
+    if "loss_weights" in batch:  # shards.on_corrupt=skip: the row of a corrupt record scores nothing
+        mask &= batch["loss_weights"] != 0
     logp, _ = target_logprobs(logits_fn(jnp.asarray(inputs), **kwargs), jnp.asarray(targets))
     logp = np.asarray(logp, dtype=np.float64)
     acc.add(-logp[mask].sum(), int(piece_bytes[targets[mask]].sum()), int(mask.sum()))

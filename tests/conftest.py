@@ -1,10 +1,20 @@
-"""Test environment: offline hubs, offline W&B inside a temp folder, JAX on the CPU."""
+"""Test environment: offline hubs, offline W&B inside a temp folder, JAX on the CPU.
+
+Tests skip, with a reason, when the shared data or an optional extra is missing. CI must not turn
+green that way: under ``RU_REQUIRE_SHARED_DATA=1`` (set by ``.ci/run``) a test that would skip for
+missing shared data fails with a line naming the missing path, and under ``RU_REQUIRE_EXTRAS=a,b``
+(set by the Makefile's ``test-extra-*`` targets to the extras that venv installed) a test that would
+skip because one of those extras does not import fails instead.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
 
 import pytest
 
@@ -27,13 +37,56 @@ def shared_data_dir() -> Path:
     return Path(os.environ["RU_SHARED_DATA"])
 
 
+def needs_shared(path: Path) -> None:
+    """Skip the calling test when ``path`` (in the shared data) is missing; fail under RU_REQUIRE_SHARED_DATA=1."""
+    if path.exists():
+        return
+    message = f"shared data not found: {path} is missing (set RU_SHARED_DATA to the shared/data folder)"
+    if os.environ.get("RU_REQUIRE_SHARED_DATA") == "1":
+        pytest.fail(f"{message}; RU_REQUIRE_SHARED_DATA=1 makes this a failure", pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.shared_data(path)``: the test needs that path of the shared data (see needs_shared)."""
+    for marker in item.iter_markers("shared_data"):
+        for path in marker.args:
+            needs_shared(Path(path))
+
+
 @pytest.fixture
 def shared_data() -> Path:
     """The real Russian data folder; tests that need it skip with a reason when it is absent."""
     path = shared_data_dir()
-    if not (path / "text" / "ruslit").is_dir():
-        pytest.skip(f"shared data not found at {path} (set RU_SHARED_DATA to the shared/data folder)")
+    needs_shared(path / "text" / "ruslit")
     return path
+
+
+def missing_extra(extra: str, what: str) -> NoReturn:
+    """Skip for a missing optional extra, or fail where RU_REQUIRE_EXTRAS says this venv installed it."""
+    message = f"{what}: the '{extra}' extra is missing (pip install -e '.[{extra}]')"
+    required = os.environ.get("RU_REQUIRE_EXTRAS", "")
+    if extra in required.split(","):
+        pytest.fail(f"{message}, but RU_REQUIRE_EXTRAS={required} says this venv has it", pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+
+def optional_import(module: str, extra: str) -> ModuleType | None:
+    """``module`` of an optional extra, or None where it is missing (a failure where it is required)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if extra in os.environ.get("RU_REQUIRE_EXTRAS", "").split(","):
+            missing_extra(extra, f"{module} does not import ({exc})")
+        return None
+
+
+def import_extra(module: str, extra: str) -> ModuleType:
+    """``pytest.importorskip`` for a module of an optional extra, a failure where the extra is required."""
+    imported = optional_import(module, extra)
+    if imported is None:
+        missing_extra(extra, f"{module} does not import")
+    return imported
 
 
 @pytest.fixture(autouse=True)

@@ -10,11 +10,11 @@ import random
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from data_prep.beam_corpus import bucket_matches, exact_group_outcomes
 from data_prep.cleaning import CleanDocument
 from experiment.sections.corpus import DedupConfig
+from tests.conftest import import_extra
 from tests.test_corpus_build import inputs, make_cfg, run, sources_for  # noqa: F401  (inputs is a fixture)
 
 
@@ -36,7 +36,7 @@ def test_bucket_matches_compare_with_lower_orders_only() -> None:
 
 
 def test_beam_direct_runner_equals_local_pool(tmp_path: Path, inputs: Path) -> None:  # noqa: F811
-    pytest.importorskip("apache_beam", reason="the beam extra is not installed (pip install 'ru-pretrain[beam]')")
+    import_extra("apache_beam", "beam")
     # plant near-copies of the same text so dedup chains and buckets with several members are exercised
     words = (Path(__file__).parent / "fixtures" / "corpus" / "ru_letter.txt").read_text(encoding="utf-8").split(" ")
     rng = random.Random(3)

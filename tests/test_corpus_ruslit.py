@@ -22,7 +22,7 @@ RUSLIT = Path(os.environ.get("RU_SHARED_DATA", ROOT.parent / "shared" / "data"))
 pytestmark = [
     pytest.mark.shared_data,
     pytest.mark.integration,
-    pytest.mark.skipif(not RUSLIT.is_dir(), reason=f"shared data not found at {RUSLIT} (set RU_SHARED_DATA)"),
+    pytest.mark.shared_data(RUSLIT),
 ]
 
 

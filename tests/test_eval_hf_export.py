@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from experiment.sections.model import ModelConfig
+from tests.conftest import import_extra, needs_shared, shared_data_dir
 
 VOCAB = 97
 
@@ -54,8 +55,8 @@ def test_export_writes_llama_files(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_transformers_logits_match_ours(tmp_path: Path, tie: bool) -> None:
-    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e .[hf])")
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[hf])")
+    torch = import_extra("torch", "hf")
+    transformers = import_extra("transformers", "hf")
     import jax.numpy as jnp
 
     from eval.hf_export import write_export
@@ -73,17 +74,15 @@ def test_transformers_logits_match_ours(tmp_path: Path, tie: bool) -> None:
 
 
 def test_exported_tokenizer_gives_sentencepiece_ids(tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[hf])")
+    transformers = import_extra("transformers", "hf")
     import sentencepiece as spm
 
     from eval.hf_export import write_export
     from experiment.sections.tokenizer import TokenizerConfig
     from tokenizer.train import special_ids, train_sentencepiece, trainer_options
 
-    shared = Path(os.environ.get("RU_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-    novel = shared / "text" / "ruslit" / "prose" / "Pushkin" / "Капитанская дочка.txt"
-    if not novel.is_file():
-        pytest.skip(f"shared data not found at {shared}")
+    novel = shared_data_dir() / "text" / "ruslit" / "prose" / "Pushkin" / "Капитанская дочка.txt"
+    needs_shared(novel)
     lines = [line for line in novel.read_text(encoding="utf-8").splitlines() if line.strip()][:800]
     tok_cfg = TokenizerConfig(vocab_size=600, model_type="unigram")
     sp = spm.SentencePieceProcessor(model_proto=train_sentencepiece(iter(lines), trainer_options(tok_cfg, 0)))

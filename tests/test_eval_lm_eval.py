@@ -15,7 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e .[lm-eval])")
+from tests.conftest import import_extra
+
+lm_eval = import_extra("lm_eval", "lm-eval")
 
 from eval.harness import PairEncoder  # noqa: E402
 from eval.scoring import score_requests  # noqa: E402

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RU_SHARED_DATA", REPO.parent / "shared" / "data"))
 PUSHKIN = SHARED / "text" / "ruslit" / "prose" / "Pushkin" / "Капитанская дочка.txt"
 pytestmark = [pytest.mark.integration, pytest.mark.shared_data,
-              pytest.mark.skipif(not PUSHKIN.is_file(), reason=f"shared data not found at {SHARED} (set RU_SHARED_DATA)")]
+              pytest.mark.shared_data(PUSHKIN)]
 
 VOCAB = 600
 LOCAL_TASKS = ["rublimp", "parus", "terra", "rcb", "rucola", "ruworldtree"]

@@ -21,8 +21,7 @@ from experiment.errors import DataError
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RU_SHARED_DATA", REPO.parent / "shared" / "data"))
 BENCH = SHARED / "bench"
-needs_shared = pytest.mark.skipif(not BENCH.is_dir(), reason=f"shared benchmark data not found at {BENCH} "
-                                  "(set RU_SHARED_DATA)")
+needs_shared = pytest.mark.shared_data(BENCH)
 
 
 def mc_spec(**kw) -> TaskSpec:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import missing_extra
 from tests.recipe_runner import REPO, error_line, recipe_env, tiny_config
 
 pytestmark = pytest.mark.integration
@@ -26,7 +27,7 @@ def tpu_python() -> str:
         probe = subprocess.run([python, "-c", "import libtpu"], capture_output=True)
         if probe.returncode == 0:
             return python
-    pytest.skip("libtpu is not installed (pip install -e '.[tpu]', or set RU_TPU_PYTHON to a python that has it)")
+    missing_extra("tpu", "libtpu does not import (or set RU_TPU_PYTHON to a python that has it)")
 
 
 def run_fit_check(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:

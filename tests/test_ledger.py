@@ -211,6 +211,17 @@ WORKER = textwrap.dedent("""
 """)
 
 
+def wait_for_heartbeat_after(path: Path, step: int, timeout: float = 60.0) -> None:
+    """Until the background thread has fsynced the tokens of ``step`` (polled, no fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = path.read_bytes().split(b"\n")[:-1]  # complete lines only
+        if any(r["e"] == "tokens" and r["step"] >= step for r in map(json.loads, lines)):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no tokens record of step {step} in {path} after {timeout} s")
+
+
 def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     ledger_dir = tmp_path / "ledger"
     script = tmp_path / "worker.py"
@@ -225,7 +236,7 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
         if line.strip() == "ckpt 20":
             break
     t_seen = time.time()
-    time.sleep(0.6)  # ~15 more steps and a few heartbeats after the checkpoint
+    wait_for_heartbeat_after(ledger_dir / LEDGER_FILE, step=22)  # however loaded the machine is
     proc.send_signal(signal.SIGKILL)
     t_killed = time.time()
     proc.wait(timeout=10)
@@ -239,8 +250,8 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     assert s["sessions"] == 2
     assert s["tokens"] == 30 * 100  # one continuous run of 30 steps: nothing counted twice
     assert s["last_step"] == 30
-    # the ~0.6 s after step 20, less the unsynced tail (< flush_seconds), never more than the time it ran
-    assert 0.2 < s["seconds_by_phase"]["lost"] < t_killed - t_seen + 1.0
+    # the steps after 20 up to the last heartbeat (two or more of 30 ms), never more than the time it ran
+    assert 0.06 < s["seconds_by_phase"]["lost"] < t_killed - t_seen + 1.0
     assert s["rub_lost_to_restarts"] == pytest.approx(s["seconds_by_phase"]["lost"] / HOUR * RUB_PER_HOUR)
     # every second priced once: time records never overlap and never exceed the wall clock we watched
     records = [json.loads(line) for line in (ledger_dir / LEDGER_FILE).open(encoding="utf-8")]
@@ -326,3 +337,129 @@ def test_a_later_resume_judges_every_earlier_session(tmp_path: Path) -> None:
     s = summarize_ledger(tmp_path / "ledger")
     assert s["seconds_by_phase"]["lost"] == pytest.approx(3.0 * HOUR)  # every training hour of sessions 0 and 1
     assert s["tokens"] == 0 and s["hours"] == pytest.approx(kept["hours"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reconciliation on resume: the ledger calls of trainer/train.py, driven by a fake clock
+
+TOKENS_PER_STEP = 2048  # the tiny experiment: 60 steps are 122,880 tokens
+
+
+def train_steps(ledger: Ledger, clock: FakeClock, first: int, last: int, checkpoint_every: int,
+                step_s: float = 1.0) -> dict[int, dict]:
+    """Steps ``first..last`` as trainer/train.py books them: the first one compiles, a save every
+    ``checkpoint_every`` steps takes the ledger item when it starts and is marked durable at the next
+    save (asynchronous saves). Returns the ledger item of each checkpoint by step."""
+    items: dict[int, dict] = {}
+    unconfirmed: list[int] = []
+    for step in range(first, last + 1):
+        with ledger.phase("compile" if step == first else "train"):
+            clock.t += step_s
+        ledger.add_tokens(step, TOKENS_PER_STEP)
+        if step % checkpoint_every == 0:
+            with ledger.phase("checkpoint"):
+                items[step] = ledger.checkpoint_record(step)
+                clock.t += 0.25
+            for done in unconfirmed:
+                ledger.mark_checkpoint(done)
+            unconfirmed = [step]
+    return items
+
+
+def sigkill(ledger: Ledger) -> None:
+    ledger._handle.close()  # the process dies: what was only counted in memory is gone  # noqa: SLF001
+
+
+def resumed(tmp_path: Path, clock: FakeClock, cfg: CostConfig, items: dict[int, dict], step: int, last: int,
+            checkpoint_every: int) -> Ledger:
+    """A new session that restores the checkpoint of ``step`` and trains to ``last`` (left open)."""
+    ledger = open_fake(tmp_path, clock, cfg)
+    ledger.mark_resume(step, items[step])
+    train_steps(ledger, clock, step + 1, last, checkpoint_every)
+    return ledger
+
+
+def test_two_kills_count_every_step_before_the_checkpoint_once(tmp_path: Path) -> None:
+    """Session 0 saves step 40 and is killed at 46, session 1 resumes from 40 and is killed at 57
+    before its save of 60; session 2 resumes from 40 again and finishes: 60 steps, 122,880 tokens."""
+    clock = FakeClock()
+    cfg = v5e_config(flush_seconds=6.0)
+    ledger = open_fake(tmp_path, clock, cfg)
+    items = train_steps(ledger, clock, 1, 46, checkpoint_every=40)
+    sigkill(ledger)
+    sigkill(resumed(tmp_path, clock, cfg, items, 40, 57, checkpoint_every=60))
+    resumed(tmp_path, clock, cfg, items, 40, 60, checkpoint_every=60).close()
+    s = summarize_ledger(tmp_path / "ledger")
+    assert s["sessions"] == 3 and s["last_step"] == 60
+    assert s["tokens"] == 60 * TOKENS_PER_STEP == 122_880
+    # redone and priced as lost: the training flushed to the file after the save of 40 (steps 41-46
+    # of session 0, 42-52 of session 1 after compiling 41); what ran after a session's last flush
+    # is not in the file
+    assert s["seconds_by_phase"]["lost"] == pytest.approx(6.0 + 11.0)
+    assert s["seconds_by_phase"]["train"] == pytest.approx(39.0 + 19.0)  # steps 2-40 and 42-60 once
+    assert s["seconds_by_phase"]["compile"] == pytest.approx(3.0)
+
+
+def test_kill_within_flush_seconds_after_a_checkpoint(tmp_path: Path) -> None:
+    """The first save of a session, then a kill 3 steps later, long before the next heartbeat: the
+    10 steps before the save are counted with their time, not lost."""
+    clock = FakeClock()
+    cfg = v5e_config(flush_seconds=1000.0)
+    ledger = open_fake(tmp_path, clock, cfg)
+    items = train_steps(ledger, clock, 1, 13, checkpoint_every=10)
+    sigkill(ledger)
+    resumed(tmp_path, clock, cfg, items, 10, 20, checkpoint_every=10).close()
+    s = summarize_ledger(tmp_path / "ledger")
+    assert s["tokens"] == 20 * TOKENS_PER_STEP and s["last_step"] == 20
+    assert s["seconds_by_phase"]["train"] == pytest.approx(9.0 + 9.0)
+    assert s["seconds_by_phase"].get("lost", 0.0) == 0.0  # steps 11-13 of session 0 never reached the file
+
+
+def test_checkpoint_saved_before_the_ledger_flushed_is_reconciled(tmp_path: Path) -> None:
+    """A checkpoint whose ledger item is a plain summary (saved before saves flushed the ledger): the
+    file has session 0's tokens up to its last heartbeat (step 31), the checkpoint says step 40."""
+    clock = FakeClock()
+    cfg = v5e_config(flush_seconds=32.0)
+    ledger = open_fake(tmp_path, clock, cfg)
+    item = {}
+    for step in range(1, 47):
+        with ledger.phase("train"):
+            clock.t += 1.0
+        ledger.add_tokens(step, TOKENS_PER_STEP)
+        if step == 40:
+            item = ledger.summary()
+    sigkill(ledger)
+    assert summarize_ledger(tmp_path / "ledger")["last_step"] < 40  # the file missed steps up to 40
+    ledger = open_fake(tmp_path, clock, cfg)
+    ledger.mark_resume(40, item)
+    train_steps(ledger, clock, 41, 60, checkpoint_every=20)
+    ledger.close()
+    s = summarize_ledger(tmp_path / "ledger")
+    assert s["tokens"] == 60 * TOKENS_PER_STEP == 122_880 and s["last_step"] == 60
+
+
+def test_sigterm_exit_after_its_checkpoint_is_a_clean_close(tmp_path: Path) -> None:
+    """SIGTERM: the trainer saves the step it is at, waits for the save, then raises SystemExit(143)."""
+    clock = FakeClock()
+    with pytest.raises(SystemExit), open_fake(tmp_path, clock) as ledger:
+        for step in range(1, 26):
+            with ledger.phase("train"):
+                clock.t += 1.0
+            ledger.add_tokens(step, TOKENS_PER_STEP)
+        with ledger.phase("checkpoint"):
+            clock.t += 0.5
+            ledger.mark_checkpoint(25)
+        clock.t += 0.5  # logging the exit: idle
+        raise SystemExit(143)
+    records = [json.loads(line) for line in (tmp_path / "ledger" / LEDGER_FILE).open(encoding="utf-8")]
+    assert records[-1]["e"] == "close" and records[-1]["clean"] is True
+    assert "lost" not in summarize_ledger(tmp_path / "ledger")["seconds_by_phase"]
+    ledger = open_fake(tmp_path, clock)
+    ledger.mark_resume(25)
+    with ledger.phase("train"):
+        clock.t += 1.0
+    ledger.add_tokens(26, TOKENS_PER_STEP)
+    ledger.close()
+    s = summarize_ledger(tmp_path / "ledger")
+    assert s["tokens"] == 26 * TOKENS_PER_STEP
+    assert "lost" not in s["seconds_by_phase"] and s["seconds_by_phase"]["idle"] == pytest.approx(0.5)

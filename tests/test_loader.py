@@ -198,3 +198,67 @@ def test_corrupt_record_errors_or_is_skipped(built_shards: SimpleNamespace, tmp_
     truncated.write_bytes(truncated.read_bytes()[:-5])
     with pytest.raises(DataError, match="bytes, the manifest says .* truncated or replaced"):
         make_train_iterator(shards, 8, 0)
+
+
+def damaged_copy(built: SimpleNamespace, tmp_path: Path, split: str, keep_crc: bool = False) -> tuple[Path, Path]:
+    """A copy of the shards with record 0 of the split's first shard changed; ``keep_crc`` rewrites its
+    checksum so only the manifest's sha256 can tell. Returns (shards folder, damaged file)."""
+    from data_prep.tfrecord import masked_crc32c
+
+    shards = tmp_path / "shards"
+    shutil.copytree(built.run_folder.shards, shards)
+    path = shards / built.manifest["splits"][split]["shards"][0]["file"]
+    data = bytearray(path.read_bytes())
+    length = int.from_bytes(data[:8], "little")
+    end = 12 + length  # header (length, its crc), payload, payload crc
+    if keep_crc:
+        data[end - 1] ^= 0x01  # the last byte of the last token's varint: another valid token
+        data[end:end + 4] = masked_crc32c(bytes(data[12:end])).to_bytes(4, "little")
+    else:
+        data[100] ^= 0x01
+    path.write_bytes(bytes(data))
+    return shards, path
+
+
+def test_skipped_record_is_logged_counted_and_no_record_read_twice(
+        built_shards: SimpleNamespace, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    from data_prep.loader import ShardSource
+
+    clean = [row.tobytes() for row in all_rows(built_shards.run_folder.shards, "train")]
+    shards, path = damaged_copy(built_shards, tmp_path, "train")
+    source = ShardSource(shards, "train", on_corrupt="skip")
+    rows = [source[i] for i in range(len(source))]
+    assert source.skipped == 1 and source.skipped_at == [(str(path), 0)]
+    assert f"{path}: corrupt TFRecord record 0 at byte offset 0: payload checksum mismatch; skipped" in caplog.text
+    # one epoch of the training stream: the corrupt record's place holds a row that trains nothing
+    records = len(clean)
+    loader = make_train_iterator(shards, GLOBAL_BATCH, seed=3, on_corrupt="skip")
+    batches = take(loader, -(-records // GLOBAL_BATCH))
+    loader.close()
+    inputs = np.concatenate([b["inputs"] for b in batches])[:records]
+    targets = np.concatenate([b["targets"] for b in batches])[:records]
+    weights = np.concatenate([b["loss_weights"] for b in batches])[:records]
+    assert weights.shape == inputs.shape and set(np.unique(weights)) == {0.0, 1.0}
+    kept = weights[:, 0] == 1.0
+    assert (~kept).sum() == 1 and (weights[~kept] == 0).all() and (weights[kept] == 1).all()
+    read = [np.concatenate([i, t[-1:]]).tobytes() for i, t in zip(inputs[kept], targets[kept], strict=True)]
+    assert sorted(read) == sorted(clean[1:])  # every other record exactly once: none read twice
+    assert rows[0]["_row_weight"] == 0.0 and all(r["_row_weight"] == 1.0 for r in rows[1:])
+
+
+def test_shard_changed_behind_its_checksums_stops_the_run_naming_it(
+        built_shards: SimpleNamespace, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    shards, path = damaged_copy(built_shards, tmp_path, "train", keep_crc=True)
+    loader = make_train_iterator(shards, GLOBAL_BATCH, seed=0)
+    assert loader.source[0]["input_ids"].shape  # the record still reads: only the sha256 (in the background) tells
+    with pytest.raises(DataError, match=rf"shard {path} does not match its manifest: sha256 .* run it again"):
+        loader.source.check_shards(wait=True)
+    with pytest.raises(DataError, match=rf"shard {path} does not match its manifest"):
+        next(loader)  # the next batch stops the run
+    loader.close()
+    skipping = make_train_iterator(shards, GLOBAL_BATCH, seed=0, on_corrupt="skip")
+    skipping.source.check_shards(wait=True)
+    skipping.source.check_shards(wait=True)
+    assert caplog.text.count(f"shard {path} does not match its manifest") == 1  # logged once, run goes on
+    next(skipping)
+    skipping.close()

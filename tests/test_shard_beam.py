@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("apache_beam", reason="Apache Beam is not installed: pip install -e '.[beam]' (own venv)")
+from tests.conftest import import_extra
+
+import_extra("apache_beam", "beam")  # its own venv: Beam pins protobuf below 7
 
 from data_prep.beam_shards import document_starts, shard_pieces  # noqa: E402
 from data_prep.sharding import shard_corpus  # noqa: E402

@@ -12,7 +12,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow", reason="TensorFlow is not installed: pip install -e '.[tf]' to run this test")
+from tests.conftest import import_extra
+
+tf = import_extra("tensorflow", "tf")
 
 from data_prep.loader import ShardSource  # noqa: E402
 from data_prep.sharding import shard_corpus  # noqa: E402

@@ -17,6 +17,7 @@ from experiment.files import atomic_write_bytes
 from experiment.manifest import write_manifest
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
+from tests.conftest import import_extra
 from tokenizer.hf_export import build_hf_tokenizer
 from tokenizer.spm import load_tokenizer, piece_byte_lengths
 from tokenizer.train import cut_long_line, train_sentencepiece, train_tokenizer, trainer_options, training_lines
@@ -245,7 +246,7 @@ def test_hf_tokenizers_export_gives_identical_ids(trained: tuple[RunFolder, Reco
 
 
 def test_transformers_loads_export_offline_with_identical_ids(trained: tuple[RunFolder, RecordingRun]) -> None:
-    transformers = pytest.importorskip("transformers", reason="transformers not installed (optional extra 'hf')")
+    transformers = import_extra("transformers", "hf")
     sp, _ = load_tokenizer(trained[0].tokenizer)
     hf = transformers.AutoTokenizer.from_pretrained(str(trained[0].tokenizer / "hf"), local_files_only=True)
     for text in [TRICKY, "Текст с <s> и </s> внутри.", *(d["text"] for d in fixture_documents(30, seed=13))]:

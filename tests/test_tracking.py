@@ -60,9 +60,9 @@ def test_helpers_define_log_and_summarize() -> None:
     assert run.config_updates["cost_rate_date"] == "2025-01-01"
 
 
-def offline_cfg(tmp_path: Path, name: str = "trk") -> ExperimentConfig:
+def offline_cfg(tmp_path: Path, name: str = "trk", mode: str = "offline") -> ExperimentConfig:
     return build_dataclass(ExperimentConfig, {"experiment": {"name": name, "run_root": str(tmp_path / "runs")},
-                                              "wandb": {"mode": "offline", "project": "t"}})
+                                              "wandb": {"mode": mode, "project": "t"}})
 
 
 def test_offline_run_read_back_with_wandb_cli(tmp_path: Path, restore_wandb_env: None) -> None:
@@ -119,3 +119,21 @@ def test_artifact_helper_names_and_skips_disabled(tmp_path: Path) -> None:
 
     assert artifact_name("costs/plan table") == "costs-plan-table"
     assert log_files(None, "x", "report", [tmp_path]) is None
+
+
+def test_auto_mode_falls_back_to_offline_when_wandb_is_unreachable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An API key but no W&B server (a closed loopback port): offline within seconds, with a warning."""
+    import time
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "f" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
+    cfg = offline_cfg(tmp_path, mode="auto")
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="tracking"), open_run(cfg, RunFolder.for_config(cfg), "pretrain") as run:
+        run.log({"train/loss": 1.0}, step=1)
+    assert time.monotonic() - started < 20
+    assert "cannot reach W&B at http://127.0.0.1:9" in caplog.text and "offline" in caplog.text
+    (run_dir,) = find_offline_runs(RunFolder.for_config(cfg).wandb)
+    assert read_offline_run(run_dir).history[0]["train/loss"] == 1.0

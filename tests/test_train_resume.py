@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import shared_data_dir
+from tests.conftest import needs_shared, shared_data_dir
 from tests.recipe_runner import REPO, recipe_env, run_recipe, tiny_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.shared_data]
@@ -26,8 +26,7 @@ TRAIN = {"steps": STEPS, "log_every": 1, "checkpoint_every": 8, "keep_checkpoint
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Corpus, tokenizer and shards of the tiny experiment, made once by recipes 01-03."""
-    if not (shared_data_dir() / "text" / "ruslit").is_dir():
-        pytest.skip(f"shared data not found at {shared_data_dir()} (set RU_SHARED_DATA to the shared/data folder)")
+    needs_shared(shared_data_dir() / "text" / "ruslit")
     root = tmp_path_factory.mktemp("resume-data")
     config = tiny_config(root, train=TRAIN)
     for script in ("01_build_corpus.py", "02_train_tokenizer.py", "03_shard.py"):
@@ -120,6 +119,14 @@ def test_kill_and_sigterm_resume_retrace_the_same_losses(data_root: Path, tmp_pa
     resumed = losses(run_dir)
     assert resumed == reference, "losses after SIGKILL/SIGTERM and resume differ from the uninterrupted run"
     check_wandb_history_continues(run_dir, killed_at)
+    # the cost ledger counts each step once: the SIGKILLed session's steps up to its checkpoint too
+    from cost.ledger import summarize_ledger
+
+    ledger = summarize_ledger(run_dir / "ledger")
+    assert ledger["sessions"] == 3 and ledger["last_step"] == STEPS
+    assert ledger["tokens"] == STEPS * 8 * 64  # train.batch_size x shards.seq_len of the tiny config
+    records = [json.loads(line) for line in (run_dir / "ledger" / "ledger.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [r["clean"] for r in records if r["e"] == "close"] == [True, True]  # the SIGTERM exit closes clean
 
 
 def check_wandb_history_continues(run_dir: Path, killed_at: int) -> None:
@@ -141,3 +148,31 @@ def check_wandb_history_continues(run_dir: Path, killed_at: int) -> None:
     # resumed session re-logs what is missing up to its checkpoint (trainer.train.backfill_offline_history)
     if len(pretrain) == 3:
         assert all(int(row["_step"]) <= killed_at for row in pretrain[0].history)
+
+
+def test_damaged_shard_stops_the_run_or_is_skipped_record_by_record(data_root: Path, tmp_path: Path) -> None:
+    """A byte flipped in every record of a train shard: one error line naming the shard (its sha256 or a
+    record's CRC, whichever the loader meets first); under shards.on_corrupt=skip each skipped record is
+    logged with file and offset, counted in train_log.jsonl, and the run finishes."""
+    from data_prep.tfrecord import read_index
+    from tests.recipe_runner import error_line
+
+    config = experiment_copy(data_root, tmp_path, "damaged")
+    shards = config.parent / "runs" / "tiny" / "shards"
+    manifest = json.loads((shards / "manifest.json").read_text(encoding="utf-8"))
+    shard = shards / manifest["splits"]["train"]["shards"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    for offset in read_index(shard):
+        data[int(offset) + 12 + 4] ^= 0x01  # inside each record's payload
+    shard.write_bytes(bytes(data))
+
+    stopped = run_recipe("04_pretrain.py", config, "train.steps=8", check=False)
+    assert stopped.returncode == 2 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert error_line(stopped).startswith("error: ") and str(shard) in error_line(stopped)
+
+    skipped = run_recipe("04_pretrain.py", config, "train.steps=8", "shards.on_corrupt=skip")
+    named = [line for line in skipped.stderr.splitlines() if "skipped (shards.on_corrupt=skip)" in line]
+    assert named and all(f"{shard}: corrupt TFRecord record" in line and "byte offset" in line for line in named)
+    assert skipped.stderr.count(f"shard {shard} does not match its manifest") == 1
+    last = json.loads((config.parent / "runs" / "tiny" / "train_log.jsonl").read_text(encoding="utf-8").splitlines()[-1])
+    assert last["train/step"] == 8 and last["data/skipped_records"] == len(named)

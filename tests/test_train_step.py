@@ -52,6 +52,23 @@ def test_loss_falls_without_recompiling(plain: TrainProgram) -> None:
     assert plain.train_step.jitted._cache_size() == 1  # the state's shardings came back unchanged
 
 
+def test_a_row_with_zero_loss_weights_trains_nothing(plain: TrainProgram) -> None:
+    """shards.on_corrupt=skip: the row standing in for a corrupt record changes neither loss nor weights."""
+    weights = np.ones((BATCH, SEQ), np.float32)
+    weights[-1] = 0.0
+    results = []
+    for filler_seed in (1, 2):  # two different fillers in the last row
+        base = {k: np.array(v) for k, v in batch(plain).items()}
+        filler = np.random.default_rng(filler_seed).integers(0, VOCAB, (2, SEQ)).astype(np.int32)
+        base["inputs"][-1], base["targets"][-1] = filler
+        state, metrics = plain.train_step(plain.init_state(),
+                                          global_batch({**base, "loss_weights": weights}, plain.batch_sharding))
+        results.append((float(metrics["loss"]), jax.tree.leaves(jax.device_get(state["params"]))))
+    (loss_a, params_a), (loss_b, params_b) = results
+    assert loss_a == loss_b
+    assert all(np.array_equal(a, b) for a, b in zip(params_a, params_b, strict=True))
+
+
 def test_grad_accumulation_matches_one_big_batch(plain: TrainProgram) -> None:
     accum = program(grad_accum_steps=2)
     one, _ = plain.train_step(plain.init_state(), batch(plain))

@@ -1,7 +1,9 @@
 """Open W&B runs with every file inside the experiment's run folder.
 
 One run per recipe invocation, grouped by experiment, ``job_type`` = stage. Without an API key the
-run is offline, so the demo and the tests work on a machine with no network. Secrets never reach
+run is offline, so the demo and the tests work on a machine with no network. ``mode: auto`` with a
+key also goes offline, with a warning, when the W&B server cannot be reached within a few seconds
+or refuses to start the run (``wandb sync`` uploads the run folder later). Secrets never reach
 W&B: the config we log is the experiment config, which has no secret fields, and API keys are read
 from the environment by wandb itself.
 """
@@ -13,20 +15,46 @@ import dataclasses
 import logging
 import netrc
 import os
+import socket
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("tracking")
 
+REACH_TIMEOUT_S = 3.0  # how long mode=auto waits for the W&B server before it logs offline
+AUTO_INIT_TIMEOUT_S = 30.0  # mode=auto: a reachable server that does not start the run in time (wandb waits 90 s)
+
+
+def base_url() -> str:
+    return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+
 
 def has_api_key() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
     with contextlib.suppress(FileNotFoundError, netrc.NetrcParseError, OSError):
-        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+        host = base_url().split("://")[-1].split("/")[0]
         return netrc.netrc().authenticators(host) is not None
     return False
+
+
+def unreachable(url: str, timeout: float = REACH_TIMEOUT_S) -> str | None:
+    """Why a TCP connection to the server of ``url`` fails within ``timeout`` seconds (None: it connects)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout):
+            return None
+    except (OSError, ValueError) as exc:  # refused, timed out, no route, unknown host, bad port
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _fall_back_offline(reason: str) -> str:
+    log.warning("wandb.mode=auto: cannot reach W&B at %s (%s); logging offline instead (upload later with "
+                "`wandb sync` on the run's wandb folder)", base_url(), reason)
+    return "offline"
 
 
 def resolve_mode(requested: str) -> str:
@@ -35,7 +63,10 @@ def resolve_mode(requested: str) -> str:
         return env_mode
     os.environ.pop("WANDB_MODE", None)  # an empty or unknown value makes wandb.init fail
     if requested == "auto":
-        return "online" if has_api_key() else "offline"
+        if not has_api_key():
+            return "offline"
+        reason = unreachable(base_url())
+        return "online" if reason is None else _fall_back_offline(reason)
     return requested
 
 
@@ -60,20 +91,32 @@ def open_run(cfg: Any, run_folder: Any, job_type: str, run_id: str | None = None
     config = dataclasses.asdict(cfg)
     if extra_config:
         config.update(extra_config)
-    run = wandb.init(
-        project=cfg.wandb.project,
-        entity=cfg.wandb.entity or None,
-        group=cfg.experiment.name,
-        job_type=job_type,
-        name=f"{cfg.experiment.name}-{job_type}",
-        id=run_id,
-        resume="allow" if run_id else None,
-        config=config,
-        tags=cfg.wandb.tags,
-        dir=os.environ["WANDB_DIR"],
-        mode=mode,
-        settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
-    )
+    auto_online = cfg.wandb.mode == "auto" and mode == "online"
+
+    def init(mode: str) -> Any:
+        timeout = {"init_timeout": AUTO_INIT_TIMEOUT_S} if auto_online and mode == "online" else {}
+        return wandb.init(
+            project=cfg.wandb.project,
+            entity=cfg.wandb.entity or None,
+            group=cfg.experiment.name,
+            job_type=job_type,
+            name=f"{cfg.experiment.name}-{job_type}",
+            id=run_id,
+            resume="allow" if run_id else None,
+            config=config,
+            tags=cfg.wandb.tags,
+            dir=os.environ["WANDB_DIR"],
+            mode=mode,
+            settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, **timeout),
+        )
+
+    try:
+        run = init(mode)
+    except (wandb.errors.Error, OSError, TimeoutError) as exc:
+        if not auto_online:
+            raise
+        mode = _fall_back_offline(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        run = init(mode)
     log.info("W&B run %s (%s, %s)", getattr(run, "id", "-"), mode, job_type)
     ok = False
     try:

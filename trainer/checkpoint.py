@@ -342,9 +342,16 @@ def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
     candidates = sorted(manager.all_steps() if steps is None else steps, reverse=True)
     damaged: list[int] = []
     reasons: list[str] = []
+    # a folder written before per-file checksums existed: read it (Orbax's read errors still fall back)
+    # rather than call every step damaged and lose a run to an upgrade
+    legacy = bool(candidates) and not any((directory / str(s) / CHECKSUMS).exists() for s in candidates)
+    if legacy:
+        log.warning("the checkpoints in %s have no checksums (written by an older version): restoring them "
+                    "unverified; steps saved from now on are verified", directory)
     for step in candidates:
         try:
-            verify_checksums(directory / str(step))
+            if not legacy:
+                verify_checksums(directory / str(step))
             try:
                 return step, read(step), damaged
             except READ_ERRORS as exc:

@@ -109,7 +109,9 @@ def build_program(model_cfg: ModelConfig, train_cfg: TrainConfig, vocab_size: in
     def loss_fn(params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array]:
         model = nnx.merge(graphdef, jax.tree.map(lambda p: p.astype(compute_dtype), params))
         hidden = model.hidden(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
-        nll, z_term = chunked_cross_entropy(hidden, model.output_weight(), batch["targets"], train_cfg.loss_chunk_len)
+        # loss_weights (shards.on_corrupt=skip): the row standing in for a corrupt record trains nothing
+        nll, z_term = chunked_cross_entropy(hidden, model.output_weight(), batch["targets"], train_cfg.loss_chunk_len,
+                                            weights=batch.get("loss_weights"))
         return nll + model_cfg.z_loss * z_term, nll
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)

@@ -209,9 +209,12 @@ class OtherHostLedger:
 
     def add_tokens(self, step: int, tokens: int) -> None: ...
 
+    def checkpoint_record(self, step: int) -> dict[str, Any]:
+        return {}
+
     def mark_checkpoint(self, step: int) -> None: ...
 
-    def mark_resume(self, step: int) -> None: ...
+    def mark_resume(self, step: int, checkpoint_item: dict[str, Any] | None = None) -> None: ...
 
     def summary(self) -> dict[str, Any]:
         return {}
@@ -306,7 +309,8 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     def save(step: int) -> None:
         with ledger.phase("checkpoint"):
             # Orbax finishes the previous async save before it starts this one
-            checkpoint.save(manager, step, state, loader.get_state(), ledger.summary(), meta, force=True)
+            checkpoint.save(manager, step, state, loader.get_state(), ledger.checkpoint_record(step), meta,
+                            force=True)
         for done in unconfirmed:
             ledger.mark_checkpoint(done)
         unconfirmed[:] = [step]
@@ -346,6 +350,10 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                               "train/grad_norm": float(metrics["grad_norm"]), "train/lr": float(metrics["lr"]),
                               "train/skipped": int(not metrics["finite"]),
                               "train/tokens_seen": step * tokens_per_step, **window.flush()}
+                    if loader.skipped_records:  # shards.on_corrupt=skip; each one was logged with file and offset
+                        record["data/skipped_records"] = loader.skipped_records
+                        if wandb_run is not None:
+                            wandb_run.summary["data/skipped_at"] = [f"{f}@{o}" for f, o in loader.skipped_at]
                     log_metrics(wandb_run, train_log, step, record, ledger.summary())
                 if train_cfg.eval_every and step % train_cfg.eval_every == 0:
                     run_eval(cfg, run_folder, program, state, step, wandb_run, train_log, ledger)
@@ -395,9 +403,9 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
         loader.set_state(items["loader"])
         return state, items
 
-    latest, (state, _), damaged = checkpoint.restore_verified(manager, read)
+    latest, (state, items), damaged = checkpoint.restore_verified(manager, read)
     checkpoint.set_aside(manager, damaged)
-    ledger.mark_resume(latest)
+    ledger.mark_resume(latest, items["ledger"])
     log.info("resumed from the checkpoint of step %d in %s", latest, manager.directory)
     return state, latest
 

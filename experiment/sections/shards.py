@@ -14,7 +14,7 @@ class ShardsConfig:
     records_per_shard: int = 8192
     encode_batch_documents: int = 512  # documents handed to SentencePiece per batched encode call
     num_threads: int = 0  # SentencePiece encoding threads; 0 = every core of this machine
-    on_corrupt: Literal["error", "skip"] = "error"  # a corrupt record stops the loader, or is skipped and counted
+    on_corrupt: Literal["error", "skip"] = "error"  # a corrupt record stops the loader, or is logged, counted and trains nothing
     runner: Literal["local", "beam"] = "local"  # "beam" needs the optional `beam` extra; same bytes as local
     beam_options: list[str] = field(default_factory=list)  # Beam flags, e.g. ["--runner=DirectRunner"]
 
