@@ -1,0 +1,238 @@
+"""The 1B preset's train step on one NVIDIA GPU: our JAX step (bf16 compute, cuDNN flash attention)
+against PyTorch + transformers ``LlamaForCausalLM`` at the same shape, batch and sequence length.
+
+    python bench/bench_gpu_step.py --out gpu_step.json            # about 5 minutes on an H100/H200
+    python bench/bench_gpu_step.py --attention cudnn dot_product   # also XLA's attention, for the difference
+
+What it measures, each side in turn (``--rounds`` interleaved rounds of ``--steps`` timed steps after a
+warm-up): seconds per step, tokens/s, MFU = hand-counted model FLOPs per token (``model.flops``, 3x
+forward, full T x T attention as in PaLM's formula) x tokens/s / the chip's dense bf16 peak
+(``--peak-tflops``, the datasheet figure) and over the bf16 matmul rate measured on this GPU in the
+same run, and the framework's peak device memory. Before timing, cuDNN attention is checked against
+the einsum reference on the GPU (forward and gradients, packed documents and plain causal).
+
+Both sides: fp32 master weights and AdamW moments, bf16 compute (ours: a cast of the weights in the
+step; PyTorch: ``torch.autocast``), tied embeddings, gradient clipping at 1.0, one optimizer step
+per batch. PyTorch uses SDPA attention (FlashAttention-2 kernels) and fused AdamW, eager; with
+``--torch-compile`` also ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def emit(out: Path | None, record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+    if out is not None:
+        with out.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def matmul_tflops_jax(n: int = 8192, repeats: int = 10) -> float:
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    f = jax.jit(lambda x, y: x @ y)
+    f(a, a).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        c = f(a, a)
+    c.block_until_ready()
+    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e12
+
+
+def check_cudnn_attention() -> dict[str, Any]:
+    """cuDNN attention vs the einsum reference in bf16 on the GPU: max abs error of outputs and grads."""
+    import jax
+    import jax.numpy as jnp
+
+    from model.attention import attend
+
+    b, t, h, kv, d = 2, 2048, 32, 8, 64
+    keys = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(keys[0], (b, t, h, d), jnp.bfloat16)
+    k = jax.random.normal(keys[1], (b, t, kv, d), jnp.bfloat16)
+    v = jax.random.normal(keys[2], (b, t, kv, d), jnp.bfloat16)
+    probe = jax.random.normal(keys[3], (b, t, h, d), jnp.float32)
+    segments = jnp.concatenate([jnp.ones((b, 900), jnp.int32), 2 * jnp.ones((b, t - 900), jnp.int32)], axis=1)
+    result: dict[str, Any] = {}
+    for name, seg in (("packed", segments), ("causal", None)):
+        def loss(impl: str, q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array | None = seg) -> jax.Array:
+            return jnp.sum(attend(impl, q, k, v, seg).astype(jnp.float32) * probe)
+
+        outs = {impl: jax.jit(lambda q, k, v, impl=impl, seg=seg: attend(impl, q, k, v, seg))(q, k, v)
+                for impl in ("cudnn", "einsum")}
+        grads = {impl: jax.jit(jax.grad(lambda q, k, v, impl=impl: loss(impl, q, k, v), argnums=(0, 1, 2)))(q, k, v)
+                 for impl in ("cudnn", "einsum")}
+        result[name] = {
+            "out_max_abs_err": float(jnp.max(jnp.abs(outs["cudnn"].astype(jnp.float32) - outs["einsum"].astype(jnp.float32)))),
+            "grad_max_rel_err": max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - r.astype(jnp.float32))) /
+                                          (float(jnp.max(jnp.abs(r.astype(jnp.float32)))) or 1.0))
+                                    for a, r in zip(grads["cudnn"], grads["einsum"], strict=True)),
+        }
+    return result
+
+
+def jax_side(args: argparse.Namespace, attention: str) -> tuple[dict[str, Any], Any, Any]:
+    import jax
+    import numpy as np
+
+    from experiment.sections.model import ModelConfig
+    from experiment.sections.train import TrainConfig
+    from model.attention import resolve_attention
+    from model.flops import train_flops_per_token
+    from model.presets import PRESETS
+    from model.sharding import build_mesh
+    from trainer.step import build_program, global_batch
+
+    shape = {k: v for k, v in PRESETS[args.preset].items() if k != "max_seq_len"}
+    model_cfg = ModelConfig(**shape, max_seq_len=args.seq_len, attention=attention, remat=args.remat)
+    train_cfg = TrainConfig(steps=1000, batch_size=args.batch, warmup_steps=10, compute_dtype="bfloat16",
+                            loss_chunk_len=args.loss_chunk_len)
+    program = build_program(model_cfg, train_cfg, args.vocab, build_mesh(train_cfg.mesh), seed=0)
+    box: dict[str, Any] = {"state": program.init_state()}
+    rows = np.random.default_rng(0).integers(0, args.vocab, (args.batch, args.seq_len + 1)).astype(np.int32)
+    batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, program.batch_sharding)
+
+    def run(steps: int) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            box["state"], box["metrics"] = program.train_step(box["state"], batch)
+        jax.block_until_ready(box["metrics"])
+        return (time.perf_counter() - start) / steps
+
+    started = time.perf_counter()
+    in_use = (jax.devices()[0].memory_stats() or {}).get("bytes_in_use", 0)
+    run(1)
+    stats = jax.devices()[0].memory_stats() or {}
+    facts = {"device_memory_gib_after_first_step": stats.get("peak_bytes_in_use", 0) / 2**30,
+             "device_memory_gib_held_before": in_use / 2**30, "side": f"ours ({attention} -> {resolve_attention(attention, jax.default_backend(), np.dtype('bfloat16'), model_cfg.resolved_head_dim, args.seq_len)})",
+             "framework": f"jax {jax.__version__}", "compile_and_first_step_s": time.perf_counter() - started,
+             "flops_per_token": train_flops_per_token(model_cfg, args.vocab, args.seq_len)}
+
+    def finish() -> dict[str, Any]:  # JAX's peak is process-wide: the first side's figure above is its own
+        return {"loss": float(box["metrics"]["loss"])}
+
+    return facts, run, finish
+
+
+def torch_side(args: argparse.Namespace, compiled: bool) -> tuple[dict[str, Any], Any, Any]:
+    import torch
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from model.presets import PRESETS
+
+    shape = PRESETS[args.preset]
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=args.vocab, hidden_size=shape["d_model"], intermediate_size=shape["d_ff"],
+                         num_hidden_layers=shape["n_layers"], num_attention_heads=shape["n_heads"],
+                         num_key_value_heads=shape["n_kv_heads"], max_position_embeddings=args.seq_len,
+                         rms_norm_eps=1e-5, rope_theta=10_000.0, tie_word_embeddings=True,
+                         attn_implementation="sdpa")
+    model = LlamaForCausalLM(config).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    rows = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1), device="cuda")
+    inputs, targets = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def step() -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(input_ids=inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, args.vocab), targets.view(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    step_fn = torch.compile(step) if compiled else step
+    box: dict[str, Any] = {}
+
+    def run(steps: int) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            box["loss"] = step_fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / steps
+
+    started = time.perf_counter()
+    run(1)
+    facts = {"side": "torch.compile" if compiled else "torch eager", "framework": f"torch {torch.__version__}, "
+             f"transformers {transformers.__version__}", "compile_and_first_step_s": time.perf_counter() - started}
+
+    def finish() -> dict[str, Any]:
+        return {"loss": float(box["loss"]), "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
+
+    return facts, run, finish
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="1b")
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--remat", default="none")
+    parser.add_argument("--loss-chunk-len", type=int, default=1024)
+    parser.add_argument("--attention", nargs="+", default=["auto"])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM datasheet)")
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--torch-compile", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    import jax
+
+    device = jax.devices()[0]
+    measured = matmul_tflops_jax()
+    emit(args.out, {"device": getattr(device, "device_kind", str(device)), "jax": jax.__version__,
+                    "matmul_bf16_tflops_measured": measured, "date": time.strftime("%Y-%m-%d")})
+    if jax.default_backend() == "gpu":
+        emit(args.out, {"cudnn_attention_vs_einsum_bf16": check_cudnn_attention()})
+
+    sides: list[tuple[dict[str, Any], Any, Any]] = []
+    for attention in args.attention:
+        try:
+            sides.append(jax_side(args, attention))
+            emit(args.out, sides[-1][0])
+        except Exception as exc:  # noqa: BLE001 - e.g. XLA's attention running out of memory: report it, go on
+            emit(args.out, {"side": f"ours ({attention})", "failed": f"{type(exc).__name__}: {exc}"[:300]})
+    if not args.no_torch:
+        for compiled in (False, True) if args.torch_compile else (False,):
+            try:
+                sides.append(torch_side(args, compiled))
+                emit(args.out, sides[-1][0])
+            except Exception as exc:  # noqa: BLE001 - report the peer's failure and keep our numbers
+                emit(args.out, {"torch_side_failed": f"{type(exc).__name__}: {exc}"[:500]})
+    flops = next(facts["flops_per_token"] for facts, _, _ in sides if "flops_per_token" in facts)
+    tokens = args.batch * args.seq_len
+    times: list[list[float]] = [[] for _ in sides]
+    for round_index in range(args.rounds):
+        order = range(len(sides)) if round_index % 2 == 0 else reversed(range(len(sides)))
+        for i in order:
+            sides[i][1](2)  # settle after the other side ran
+            times[i].append(sides[i][1](args.steps))
+    for (facts, _, finish), series in zip(sides, times, strict=True):
+        seconds = statistics.median(series)
+        emit(args.out, {**{k: v for k, v in facts.items() if k != "flops_per_token"}, "seconds_per_step": seconds,
+                        "rounds": series, "tokens_per_s": tokens / seconds,
+                        "mfu_vs_datasheet": flops * tokens / seconds / (args.peak_tflops * 1e12),
+                        "mfu_vs_measured_matmul": flops * tokens / seconds / (measured * 1e12), **finish()})
+
+
+if __name__ == "__main__":
+    main()
