@@ -55,6 +55,7 @@ COLUMNS = (
     Column("usd_per_chip_hour", "USD/chip-h", "{:.3f}"),
     Column("peak_tflops", "peak TFLOP/s", "{:,.0f}", terminal=False),
     Column("remat", "remat"),
+    Column("grad_accum_steps", "micro-batches", "{:d}"),
     Column("setting_from", "setting from", terminal=False),
     Column("recompute", "recompute", "{:.2f}x"),
     Column("mfu", "MFU", "{:.1%}"),

@@ -204,7 +204,7 @@ def search_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, sl
     rows: list[dict[str, Any]] = []
     fewest = splits[-1]  # micro-batches of the best setting so far: more cannot win, so they are not compiled
     for attention in kernels:
-        for remat in REMAT_ORDER:
+        for remat in [r for r in REMAT_ORDER if r in train_cfg.fit_search_remat]:
             accum: int | None = splits[0]
             while accum is not None and accum <= fewest:
                 report = check_fit(model_cfg, train_cfg, vocab_size, seq_len, slice_name, packed,

@@ -92,6 +92,7 @@ class TrainConfig:
     # recipe 04b: instead of checking the configured setting, try remat policies, attention kernels and
     # micro-batch splits per slice, and report the table and the best setting that fits (trainer/fit_check.py)
     fit_search: bool = False
+    fit_search_remat: list[str] = field(default_factory=lambda: ["none", "save_dots", "offload", "full"])  # tried in order
     mesh: MeshConfig = field(default_factory=MeshConfig)
 
     def validate(self, key: str) -> None:
@@ -113,5 +114,9 @@ class TrainConfig:
                      "cpu_devices", "loss_chunk_len"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 0, got {getattr(self, name)}")
+        unknown = [p for p in self.fit_search_remat if p not in ("none", "save_dots", "offload", "full")]
+        if unknown or not self.fit_search_remat:
+            raise ConfigError(f"config key '{prefix}fit_search_remat': give some of none, save_dots, offload, full "
+                              f"(got {self.fit_search_remat})")
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
             raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, got {self.peak_flops_per_chip}")
