@@ -82,7 +82,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
-        if isinstance(exc, OSError) and exc.filename is None:
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
             # write() and fsync() errors carry no file name: name the file being written
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
