@@ -59,7 +59,7 @@ class Session:
 def kill_plan(rng: random.Random) -> list[Session]:
     kinds = ["save", "save", "steps", "steps", rng.choice(["save", "steps", "startup"])]
     rng.shuffle(kinds)
-    draw = {"save": lambda: rng.randint(1, 2), "steps": lambda: rng.randint(3, 6), "startup": lambda: rng.uniform(1, 4)}
+    draw = {"save": lambda: rng.randint(1, 3), "steps": lambda: rng.randint(3, 8), "startup": lambda: rng.uniform(1, 4)}
     return [Session(kind, draw[kind]()) for kind in kinds]
 
 
@@ -164,6 +164,9 @@ def test_random_kills_during_training_and_saves_end_like_an_uninterrupted_run(fi
     for index, session in enumerate(sessions):
         next_resume = booked[index + 1]["resumed_from"] or 0
         lost = booked[index]["seconds_by_phase"].get("lost", 0.0)
+        print(f"session {index}: {session.kind} {session.n:.3g}, resumed from {session.resumed_from}, signalled at "
+              f"step {session.last_logged}{' mid-save' if session.mid_save else ''}; next resumed from {next_resume}; "
+              f"lost {lost:.3f} s")
         assert booked[index]["closed"] is (index == len(plan)), "killed sessions have no close record"
         redone = [s for s in session.first_redone_seen if s > next_resume]
         # steps logged only within the last flush periods before the kill may have left no record
