@@ -55,8 +55,18 @@ def start_pair(config: Path, logs: Path, name: str) -> list[subprocess.Popen[byt
 
 
 def finish(procs: list[subprocess.Popen[bytes]], logs: Path, name: str) -> None:
-    for i, proc in enumerate(procs):
-        assert proc.wait(timeout=300) == 0, (logs / f"{name}-{i}.err").read_text()[-3000:]
+    try:
+        for i, proc in enumerate(procs):
+            assert proc.wait(timeout=300) == 0, (logs / f"{name}-{i}.err").read_text()[-3000:]
+    finally:
+        kill(procs)  # a process whose peer failed waits for it in a collective
+
+
+def kill(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
 
 
 def test_two_processes_with_a_kill_and_resume_train_like_one_process(fixture_stages: Path, tmp_path: Path) -> None:
@@ -67,13 +77,13 @@ def test_two_processes_with_a_kill_and_resume_train_like_one_process(fixture_sta
     run_dir = config.parent / "runs" / "tiny"
     procs = start_pair(config, tmp_path, "first")
     deadline = time.monotonic() + 300
-    while not (run_dir / "checkpoints" / "8" / "checksums.json").is_file():
-        assert all(p.poll() is None for p in procs), (tmp_path / "first-0.err").read_text()[-3000:]
-        assert time.monotonic() < deadline, "checkpoint 8 never landed"
-        time.sleep(0.01)
-    for proc in procs:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+    try:
+        while not (run_dir / "checkpoints" / "8" / "checksums.json").is_file():
+            assert all(p.poll() is None for p in procs), (tmp_path / "first-0.err").read_text()[-3000:]
+            assert time.monotonic() < deadline, "checkpoint 8 never landed"
+            time.sleep(0.01)
+    finally:
+        kill(procs)
     assert len(log_records(run_dir)) < STEPS, "killed before the end"
 
     finish(start_pair(config, tmp_path, "resumed"), tmp_path, "resumed")

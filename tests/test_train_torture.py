@@ -52,7 +52,7 @@ class Session:
     resumed_from: int = 0
     last_logged: int = 0  # the last step in train_log.jsonl when the signal went
     mid_save: bool = False  # a step folder was being written (tmp, or committed without checksums)
-    first_redone_seen: dict[int, float] = dataclasses.field(default_factory=dict)  # step -> when first logged
+    logged_at: dict[int, float] = dataclasses.field(default_factory=dict)  # step past the resume -> when the test first saw it logged
     signalled_at: float = 0.0
 
 
@@ -65,21 +65,16 @@ def kill_plan(rng: random.Random) -> list[Session]:
 
 def saves_in_flight(checkpoints: Path, after: int) -> set[int]:
     """Steps above ``after`` whose save has not finished: Orbax's temporary folder, or no checksums yet."""
+    if not checkpoints.is_dir():
+        return set()
     steps: set[int] = set()
-    with os.scandir(checkpoints) if checkpoints.is_dir() else _empty() as entries:
+    with os.scandir(checkpoints) as entries:
         for entry in entries:
             name = entry.name.split(".", 1)[0]
             if name.isdigit() and int(name) > after and (
                     ".orbax-checkpoint-tmp" in entry.name or not os.path.exists(os.path.join(entry.path, "checksums.json"))):
                 steps.add(int(name))
     return steps
-
-
-class _empty:
-    def __enter__(self) -> list[os.DirEntry[str]]:
-        return []
-
-    def __exit__(self, *exc: object) -> None: ...
 
 
 def resumed_step(stderr: str) -> int:
@@ -94,32 +89,39 @@ def interrupt(proc: subprocess.Popen[bytes], session: Session, run_dir: Path, st
     started = time.monotonic()
     seen_saves: set[int] = set()
     log, log_size, training = run_dir / "train_log.jsonl", -1, False
-    while proc.poll() is None and not session.signalled_at:
-        now = time.monotonic()
-        if not training:  # train_log.jsonl is trimmed to the restored step before the first step
-            text = stderr.read_text(errors="replace")
-            training = "first step (with compilation) done" in text
-            if training:
-                session.resumed_from = resumed_step(text)
-        if training and log.stat().st_size != log_size:
-            log_size = log.stat().st_size
-            for record in log_records(run_dir):
-                if record["train/step"] > session.resumed_from:
-                    session.first_redone_seen.setdefault(record["train/step"], now)
-        if session.kind == "save":
-            seen_saves |= saves_in_flight(run_dir / "checkpoints", session.resumed_from) if training else set()
-            fire = len(seen_saves) >= session.n
-        elif session.kind == "steps":
-            reached = [s for s in session.first_redone_seen if s >= session.resumed_from + session.n]
-            # then two ledger flush periods more, so the session's work past its checkpoint is on disk
-            fire = bool(reached) and now - min(session.first_redone_seen[s] for s in reached) > 2 * FLUSH_S + 0.02
-        else:
-            fire = now - started >= session.n
-        if fire:
-            proc.send_signal(sig)
-            session.signalled_at = time.monotonic()
-        else:
-            time.sleep(0.002)
+    try:
+        while proc.poll() is None and not session.signalled_at:
+            now = time.monotonic()
+            if now - started > 300:
+                raise AssertionError(f"no {session.kind} moment within 300 s:\n{stderr.read_text()[-3000:]}")
+            if not training:  # train_log.jsonl is trimmed to the restored step before the first step
+                text = stderr.read_text(errors="replace")
+                training = "first step (with compilation) done" in text
+                if training:
+                    session.resumed_from = resumed_step(text)
+            if training and log.stat().st_size != log_size:
+                log_size = log.stat().st_size
+                for record in log_records(run_dir):
+                    if record["train/step"] > session.resumed_from:
+                        session.logged_at.setdefault(record["train/step"], now)
+            if session.kind == "save":
+                seen_saves |= saves_in_flight(run_dir / "checkpoints", session.resumed_from) if training else set()
+                fire = len(seen_saves) >= session.n
+            elif session.kind == "steps":
+                reached = [s for s in session.logged_at if s >= session.resumed_from + session.n]
+                # then two ledger flush periods more, so the session's work past its checkpoint is on disk
+                fire = bool(reached) and now - min(session.logged_at[s] for s in reached) > 2 * FLUSH_S + 0.02
+            else:
+                fire = now - started >= session.n
+            if fire:
+                proc.send_signal(sig)
+                session.signalled_at = time.monotonic()
+            else:
+                time.sleep(0.002)
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=30)
+        raise
     returncode = proc.wait(timeout=60)
     assert session.signalled_at, f"the run ended before its {session.kind} moment:\n{stderr.read_text()[-3000:]}"
     session.mid_save = training and bool(saves_in_flight(run_dir / "checkpoints", session.resumed_from))
@@ -168,9 +170,9 @@ def test_random_kills_during_training_and_saves_end_like_an_uninterrupted_run(fi
               f"step {session.last_logged}{' mid-save' if session.mid_save else ''}; next resumed from {next_resume}; "
               f"lost {lost:.3f} s")
         assert booked[index]["closed"] is (index == len(plan)), "killed sessions have no close record"
-        redone = [s for s in session.first_redone_seen if s > next_resume]
+        redone = [s for s in session.logged_at if s > next_resume]
         # steps logged only within the last flush periods before the kill may have left no record
-        if redone and session.signalled_at - min(session.first_redone_seen[s] for s in redone) > 2 * FLUSH_S + 0.02:
+        if redone and session.signalled_at - min(session.logged_at[s] for s in redone) > 2 * FLUSH_S + 0.02:
             assert lost > 0, (index, dataclasses.asdict(session), booked[index])
             checked += 1
     assert checked >= 3, "too few kills came after redone work to check that it is priced"
