@@ -143,6 +143,7 @@ class _Session:
     checkpoints: list[tuple[int, float]] = field(default_factory=list)  # (step, time)
     resume: _Resume | None = None
     clean: bool = False  # a close record saying nothing of this session's work was lost
+    closed: bool = False  # a close record, clean or not (none after SIGKILL)
 
     @property
     def resume_step(self) -> int | None:
@@ -288,6 +289,7 @@ def _apply(record: dict[str, Any], sessions: list[_Session]) -> None:
         session.resume = _Resume(int(record["step"]), None if saved_by is None else int(saved_by),
                                  None if saved_at is None else float(saved_at), None if tokens is None else int(tokens))
     elif kind == "close":
+        session.closed = True
         session.clean = bool(record.get("clean", True))
     else:
         raise ValueError(f"unknown record kind {kind!r}")
@@ -357,8 +359,9 @@ def _summarize(sessions: list[tuple[dict[str, Any], _Tally]], token_budget: int 
     }
 
 
-def summarize_ledger(ledger_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The summary of a ledger on disk (e.g. a finished or crashed run), without opening a session."""
+def _read_sessions(ledger_dir: str | os.PathLike[str]) -> tuple[list[_Session], list[tuple[dict[str, Any], _Tally]]]:
+    """The sessions of a ledger on disk and their tallies (the last one taken as it is: a crash in
+    it is only known once a later session resumes)."""
     path = Path(ledger_dir) / LEDGER_FILE
     if not path.is_file():
         raise DataError(f"no ledger at {path}: run recipes/04_pretrain.py first")
@@ -366,9 +369,24 @@ def summarize_ledger(ledger_dir: str | os.PathLike[str]) -> dict[str, Any]:
     sessions = _sessions(records, path)
     if not sessions:
         raise DataError(f"{path} holds no ledger records")
-    # the last session is taken as it is: a crash in it is only known once a later session resumes
-    tallies = [*_tally_finished(sessions[:-1], sessions[-1].resume), (sessions[-1].meta, sessions[-1].tally(None))]
+    return sessions, [*_tally_finished(sessions[:-1], sessions[-1].resume), (sessions[-1].meta, sessions[-1].tally(None))]
+
+
+def summarize_ledger(ledger_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The summary of a ledger on disk (e.g. a finished or crashed run), without opening a session."""
+    sessions, tallies = _read_sessions(ledger_dir)
     return _summarize(tallies, sessions[-1].meta.get("token_budget"))
+
+
+def summarize_sessions(ledger_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """What each session of a ledger on disk counts for, in order: its seconds by phase (``lost``:
+    work a later session redid), the tokens and last step credited to it, the checkpoint step it
+    resumed from, and whether it closed (``clean``: None when it has no close record, e.g. SIGKILL)."""
+    sessions, tallies = _read_sessions(ledger_dir)
+    return [{"session": index, "seconds_by_phase": dict(tally.seconds), "tokens": tally.tokens,
+             "last_step": tally.last_step, "resumed_from": session.resume_step, "closed": session.closed,
+             "clean": session.clean if session.closed else None}
+            for index, (session, (_, tally)) in enumerate(zip(sessions, tallies, strict=True))]
 
 
 def _process_start_time() -> float | None:

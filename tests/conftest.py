@@ -97,3 +97,11 @@ def restore_wandb_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setenv(var, os.environ[var])
         else:
             monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(scope="session")
+def fixture_stages(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Recipes 01-03 of the tiny experiment on tests/fixtures/corpus (no shared data), made once."""
+    from tests.fixture_run import prepare_stages
+
+    return prepare_stages(tmp_path_factory.mktemp("fixture-stages"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cost.ledger import LEDGER_FILE, Ledger, summarize_ledger
+from cost.ledger import LEDGER_FILE, Ledger, summarize_ledger, summarize_sessions
 from cost.rates import UsdRubRate
 from experiment.errors import DataError
 from experiment.sections.cost import CostConfig, InfraItem
@@ -398,6 +398,28 @@ def test_two_kills_count_every_step_before_the_checkpoint_once(tmp_path: Path) -
     assert s["seconds_by_phase"]["lost"] == pytest.approx(6.0 + 11.0)
     assert s["seconds_by_phase"]["train"] == pytest.approx(39.0 + 19.0)  # steps 2-40 and 42-60 once
     assert s["seconds_by_phase"]["compile"] == pytest.approx(3.0)
+
+
+def test_kills_before_the_first_checkpoint_then_a_fresh_start(tmp_path: Path) -> None:
+    """Two sessions killed before any checkpoint existed; the third starts from step 0 (trainer/train.py
+    books that as a resume from 0), saves step 10 and is killed at 12; the fourth resumes from 10 and
+    finishes at 14. The first two trained steps the third trained again: none of their tokens count."""
+    clock = FakeClock()
+    cfg = v5e_config(flush_seconds=2.0)
+    for last in (6, 8, 12):
+        ledger = open_fake(tmp_path, clock, cfg)
+        ledger.mark_resume(0)
+        items = train_steps(ledger, clock, 1, last, checkpoint_every=10)
+        sigkill(ledger)
+    resumed(tmp_path, clock, cfg, items, 10, 14, checkpoint_every=10).close()
+    assert summarize_ledger(tmp_path / "ledger")["tokens"] == 14 * TOKENS_PER_STEP
+    sessions = summarize_sessions(tmp_path / "ledger")
+    assert [(s["tokens"], s["resumed_from"], s["closed"], s["clean"]) for s in sessions] == [
+        (0, 0, False, None), (0, 0, False, None), (10 * TOKENS_PER_STEP, 0, False, None),
+        (4 * TOKENS_PER_STEP, 10, True, True)]
+    # steps 2-6 and 2-8 (after compiling step 1), on file since the 2 s heartbeat came due at steps 6
+    # and 8; steps 11-12 after the save of 10
+    assert [s["seconds_by_phase"].get("lost", 0.0) for s in sessions] == pytest.approx([5.0, 7.0, 2.0, 0.0])
 
 
 def test_kill_within_flush_seconds_after_a_checkpoint(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import needs_shared, shared_data_dir
+from tests.fixture_run import assert_same_checkpoint, assert_same_log
 from tests.recipe_runner import REPO, recipe_env, run_recipe, tiny_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.shared_data]
@@ -118,6 +119,10 @@ def test_kill_and_sigterm_resume_retrace_the_same_losses(data_root: Path, tmp_pa
 
     resumed = losses(run_dir)
     assert resumed == reference, "losses after SIGKILL/SIGTERM and resume differ from the uninterrupted run"
+    # one log line per step, and every array of the final checkpoint (params, optimizer state, step,
+    # RNG) and the loader state as the uninterrupted run's
+    assert_same_log(run_dir, straight_cfg.parent / "runs" / "tiny", STEPS)
+    assert_same_checkpoint(run_dir, straight_cfg.parent / "runs" / "tiny", STEPS)
     check_wandb_history_continues(run_dir, killed_at)
     # the cost ledger counts each step once: the SIGKILLed session's steps up to its checkpoint too
     from cost.ledger import summarize_ledger

@@ -395,6 +395,9 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
     """
     if not manager.all_steps():
         log.info("no checkpoint: starting from step 0")
+        # earlier sessions killed before their first checkpoint trained steps this one trains again:
+        # the ledger must not count their tokens too
+        ledger.mark_resume(0)
         return program.init_state(), 0
 
     def read(step: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,0 +1,49 @@
+"""Recipe 04 refuses to resume checkpoints made for another model shape or tokenizer: one error line
+naming the checkpoint folder and what changed, exit 2, and the checkpoints left as they were."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fixture_run import run_copy
+from tests.recipe_runner import error_line, run_recipe
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def trained(fixture_stages: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of 4 steps on the fixture corpus with its checkpoint; returns its config."""
+    config = run_copy(fixture_stages, tmp_path_factory.mktemp("same-run"), train={"steps": 4, "checkpoint_every": 4, "warmup_steps": 1},
+                      wandb={"mode": "disabled"})
+    run_recipe("04_pretrain.py", config)
+    return config
+
+
+def refused(config: Path, *overrides: str) -> str:
+    checkpoints = config.parent / "runs" / "tiny" / "checkpoints"
+    before = sorted(p.name for p in checkpoints.iterdir())
+    proc = run_recipe("04_pretrain.py", config, "train.steps=8", *overrides, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert sorted(p.name for p in checkpoints.iterdir()) == before, "a refused resume leaves the checkpoints alone"
+    return error_line(proc)
+
+
+def test_another_model_shape_is_refused(trained: Path) -> None:
+    checkpoints = trained.parent / "runs" / "tiny" / "checkpoints"
+    assert refused(trained, "model.d_model=32", "model.d_ff=96") == (
+        f"error: checkpoints in {checkpoints} were made with a different model (d_model: 64 -> 32, d_ff: 192 -> 96): "
+        "use another experiment.name, or delete the checkpoints to start over")
+
+
+def test_another_tokenizer_is_refused(trained: Path) -> None:
+    """Same vocabulary size, another tokenizer (BPE instead of unigram, shards rebuilt with it)."""
+    checkpoints = trained.parent / "runs" / "tiny" / "checkpoints"
+    for script in ("02_train_tokenizer.py", "03_shard.py"):
+        run_recipe(script, trained, "tokenizer.model_type=bpe")
+    line = refused(trained, "tokenizer.model_type=bpe")
+    assert line.startswith(f"error: checkpoints in {checkpoints} were made with a different tokenizer_sha256 ("), line
+    assert line.endswith("): use another experiment.name, or delete the checkpoints to start over"), line
