@@ -7,8 +7,13 @@ beam extra is importable. Ratios are against the plain loop measured in the same
 ``planted``: the whole recipe on all of ruslit plus the Debian demo text plus 500 planted
 near-duplicates; reports the caught share, the clean documents lost, and the accounting.
 
+``levels``: one author's prose plus copies at several word-edit rates (different originals per rate):
+per rate, copies matched to their own original / to anything else / missed, against the LSH S-curve's
+prediction; and the author's own documents flagged as duplicates (false positives on distinct texts).
+
     python bench/bench_corpus.py throughput --mb 6
     python bench/bench_corpus.py planted --planted 500
+    python bench/bench_corpus.py levels --author Bryusov --copies 100 [corpus.dedup.bands=20 corpus.dedup.rows=4]
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from data_prep.corpus import build_corpus, clean_serial, clean_with_pool, dedup_in_order  # noqa: E402
 from data_prep.corpus_io import read_corpus_manifest  # noqa: E402
-from data_prep.dedup_eval import planted_rates, write_planted_source  # noqa: E402
+from data_prep.dedup_eval import measure_planted_levels, planted_rates, write_planted_source  # noqa: E402
 from data_prep.sources import RawDocument, iter_raw_documents  # noqa: E402
 from experiment.config import build_dataclass  # noqa: E402
 from experiment.runfolder import RunFolder  # noqa: E402
@@ -116,6 +121,20 @@ def planted(args: argparse.Namespace) -> dict[str, Any]:
             "sources": manifest["sources"], **planted_rates(manifest, "planted"), "work_dir": str(work)}
 
 
+def levels(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="bench-corpus-levels-"))
+    source = ruslit_source()
+    source.paths = [str(RUSLIT / "prose" / args.author)]
+    overrides = {key.removeprefix("corpus.dedup."): int(value) for key, value in (o.split("=", 1) for o in args.dedup)}
+    cfg = build_dataclass(ExperimentConfig, {"experiment": {"name": "levels", "run_root": str(work / "runs")},
+                                             "corpus": {"dedup": overrides}})
+    cfg.corpus.sources = [source]
+    started = time.perf_counter()
+    report = measure_planted_levels(cfg.corpus, args.copies, args.rates, work, seed=args.seed)
+    return {"bench": "planted copies per edit rate", "author": args.author, "copies_per_rate": args.copies,
+            **report, "seconds": round(time.perf_counter() - started, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,10 +146,16 @@ def main() -> None:
     pl.add_argument("--workers", type=int, default=0)
     pl.add_argument("--no-debian", action="store_true", help="ruslit only (no apt-get)")
     pl.add_argument("--debian-cache", default="", help="reuse a Debian .deb cache folder")
+    lv = sub.add_parser("levels")
+    lv.add_argument("--author", default="Bryusov", help="a folder of ruslit/prose")
+    lv.add_argument("--copies", type=int, default=100, help="copies per edit rate")
+    lv.add_argument("--rates", type=float, nargs="+", default=[0.02, 0.05, 0.10])
+    lv.add_argument("--seed", type=int, default=3)
+    lv.add_argument("dedup", nargs="*", help="corpus.dedup.KEY=INT overrides (bands, rows, ngram)")
     args = parser.parse_args()
     if not RUSLIT.is_dir():
         sys.exit(f"error: ruslit not found at {RUSLIT} (set RU_SHARED_DATA)")
-    result = throughput(args) if args.command == "throughput" else planted(args)
+    result = {"throughput": throughput, "planted": planted, "levels": levels}[args.command](args)
     print(json.dumps(result, ensure_ascii=False, indent=2))
 
 
