@@ -3,10 +3,12 @@
 Both sides score the same token requests through the same batching and padding code
 (eval.scoring.score_requests); only the forward pass differs: our jitted Flax decoder, or
 ``LlamaForCausalLM`` (torch, fp32, eager attention) loaded from our Hugging Face export of the very
-same weights. One run, same CPU, compile/warm-up excluded (reported separately). Prints JSON.
+same weights. One process, same CPU: each side's first pass (compile, warm-up) is timed once and
+reported apart, then the sides score every request in turn for ``--rounds`` interleaved rounds
+(``bench/interleave.py``); the ratio is the median of the per-round ratios. Prints JSON.
 
-    .venvs/hf/bin/python bench/bench_eval.py --pairs 700      # needs torch + transformers
-    python bench/bench_eval.py --pairs 700                          # ours only, where torch is missing
+    .venvs/hf/bin/python bench/bench_eval.py --pairs 350 --rounds 3   # needs torch + transformers
+    python bench/bench_eval.py --pairs 350                              # ours only, where torch is missing
 
 The model is randomly initialised at the demo's shape (throughput does not depend on the weights);
 the tokenizer is a SentencePiece model trained here on a Pushkin novel from the shared data.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -29,6 +32,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from interleave import interleaved_rounds, median_ratio  # noqa: E402
 
 from eval.harness import PairEncoder, load_task  # noqa: E402
 from eval.scoring import ScoreRequest, model_logits_fn, score_requests  # noqa: E402
@@ -58,14 +63,25 @@ def build_requests(sp: Any, pairs: int) -> list[ScoreRequest]:
     return [encoder(ctx, cont) for it in items for ctx, cont in zip(it.contexts, it.continuations, strict=True)]
 
 
-def timed(logits_fn: Any, requests: list[ScoreRequest], batch_size: int, max_len: int) -> tuple[float, float, list]:
-    """(first pass seconds incl. compile, steady seconds, scores of the steady pass)."""
-    started = time.perf_counter()
-    score_requests(logits_fn, requests, batch_size=batch_size, max_len=max_len)
-    first = time.perf_counter() - started
-    started = time.perf_counter()
-    scores = score_requests(logits_fn, requests, batch_size=batch_size, max_len=max_len)
-    return first, time.perf_counter() - started, scores
+class Scorer:
+    """One side: scores every request per call and keeps the latest scores (to compare the sides)."""
+
+    def __init__(self, logits_fn: Any, requests: list[ScoreRequest], batch_size: int, max_len: int) -> None:
+        self.logits_fn, self.requests, self.batch_size, self.max_len = logits_fn, requests, batch_size, max_len
+        self.scores: list = []
+        self.first_pass_s = self()  # compile and warm-up, reported apart from the rounds
+
+    def __call__(self) -> float:
+        started = time.perf_counter()
+        self.scores = score_requests(self.logits_fn, self.requests, batch_size=self.batch_size, max_len=self.max_len)
+        return time.perf_counter() - started
+
+
+def side_result(scorer: Scorer, seconds: list[float], pairs: int, tokens: int) -> dict[str, Any]:
+    steady = statistics.median(seconds)
+    return {"first_pass_s": round(scorer.first_pass_s, 3), "steady_s": round(steady, 3),
+            "steady_s_rounds": [round(s, 3) for s in seconds],
+            "examples_per_s": round(pairs / steady, 1), "tokens_per_s": round(tokens / steady, 1)}
 
 
 def torch_logits_fn(export_dir: Path) -> Any:
@@ -89,6 +105,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=4000)
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     args = parser.parse_args()
 
     import jax
@@ -106,30 +123,31 @@ def main() -> None:
     pairs = len(requests) // 2
     tokens = sum(len(r.context) + len(r.continuation) - 1 for r in requests)
 
-    first, steady, ours_scores = timed(model_logits_fn(model), requests, args.batch_size, cfg.max_seq_len)
+    ours = Scorer(model_logits_fn(model), requests, args.batch_size, cfg.max_seq_len)
     result: dict[str, Any] = {
         "benchmark": "rublimp scoring, examples (minimal pairs) per second", "pairs": pairs, "tokens": tokens,
         "batch_size": args.batch_size, "model": {"d_model": cfg.d_model, "n_layers": cfg.n_layers,
                                                  "vocab": sp.get_piece_size(), "max_len": cfg.max_seq_len},
-        "cpu_count": os.cpu_count(), "jax": jax.__version__,
-        "ours": {"first_pass_s": round(first, 3), "steady_s": round(steady, 3),
-                 "examples_per_s": round(pairs / steady, 1), "tokens_per_s": round(tokens / steady, 1)},
+        "cpu_count": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2), "jax": jax.__version__,
+        "rounds": args.rounds,
     }
     try:
         import torch
     except ImportError:
+        result["ours"] = side_result(ours, interleaved_rounds({"ours": ours}, args.rounds)["ours"], pairs, tokens)
         result["transformers"] = "not installed: run with the `hf` extra (e.g. .venvs/hf/bin/python)"
     else:
         with tempfile.TemporaryDirectory() as tmp:
             export_dir = write_export(model, cfg, sp.get_piece_size(), Path(tmp) / "hf")
-            first, steady, hf_scores = timed(torch_logits_fn(export_dir), requests, args.batch_size, cfg.max_seq_len)
-        diff = max(abs(a.logprob - b.logprob) for a, b in zip(ours_scores, hf_scores, strict=True))
+            theirs = Scorer(torch_logits_fn(export_dir), requests, args.batch_size, cfg.max_seq_len)
+            seconds = interleaved_rounds({"ours": ours, "transformers": theirs}, args.rounds)
+        result["ours"] = side_result(ours, seconds["ours"], pairs, tokens)
         result["transformers"] = {"torch": torch.__version__, "threads": torch.get_num_threads(),
-                                  "first_pass_s": round(first, 3), "steady_s": round(steady, 3),
-                                  "examples_per_s": round(pairs / steady, 1), "tokens_per_s": round(tokens / steady, 1)}
-        result["ratio_ours_over_transformers"] = round(result["ours"]["examples_per_s"]
-                                                       / result["transformers"]["examples_per_s"], 3)
-        result["max_abs_loglik_diff_nats"] = diff
+                                  **side_result(theirs, seconds["transformers"], pairs, tokens)}
+        # examples/s ours over theirs in each round = their seconds over ours
+        result["ratio_ours_over_transformers"] = median_ratio(seconds["transformers"], seconds["ours"])
+        result["max_abs_loglik_diff_nats"] = max(abs(a.logprob - b.logprob)
+                                                 for a, b in zip(ours.scores, theirs.scores, strict=True))
     print(json.dumps(result, indent=2))
 
 

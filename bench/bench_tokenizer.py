@@ -2,9 +2,11 @@
 
 Each trainer runs in its own fresh process (so peak memory is its own), on the same training lines
 and at the same vocabulary size; encoding throughput is one core (a plain loop over held-out
-documents). Prints one JSON object with both sides and the SentencePiece / HF ratios.
+documents). The two sides alternate over ``--rounds`` interleaved rounds (``bench/interleave.py``), a
+fresh process each time; each side's figures are medians over the rounds, and each SentencePiece / HF
+ratio is the median of the per-round ratios. Prints one JSON object.
 
-    python bench/bench_tokenizer.py --vocab-size 32000 --max-mb 20
+    python bench/bench_tokenizer.py --vocab-size 32000 --max-mb 20 --rounds 3
 
 ``--stage-report DIR`` instead builds a corpus folder from ruslit under DIR and runs the real
 recipe-02 stage on it (report.json with the baseline beside SentencePiece, round-trip on every
@@ -27,6 +29,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from interleave import interleaved_rounds, median_ratio, medians  # noqa: E402
 
 from experiment.split import is_validation  # noqa: E402
 
@@ -144,10 +148,17 @@ def run_isolated(kind: str, train: list[dict[str, Any]], heldout: list[str], voc
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     train, heldout = split_docs(ruslit_documents(args.max_mb))
     texts = [d["text"] for d in heldout]
-    spm_result = run_isolated("sentencepiece", train, texts, args.vocab_size, args.model_type)
-    hf_result = run_isolated("hf_bytelevel_bpe", train, texts, args.vocab_size, args.model_type)
-    ratios = {k: round(spm_result[k] / hf_result[k], 2) for k in
-              ("train_seconds", "train_cpu_seconds", "train_peak_rss_mb", "encode_mb_per_s_per_core", "chars_per_token")}
+    rounds = interleaved_rounds({kind: lambda kind=kind: run_isolated(kind, train, texts, args.vocab_size,
+                                                                       args.model_type)
+                                 for kind in ("sentencepiece", "hf_bytelevel_bpe")}, args.rounds)
+    sides = {kind: medians({key: [r[key] for r in results] for key in results[0]}, digits=3)
+             for kind, results in rounds.items()}
+    for kind, results in rounds.items():
+        sides[kind]["rounds"] = results
+    ratios = {key: median_ratio([r[key] for r in rounds["sentencepiece"]], [r[key] for r in rounds["hf_bytelevel_bpe"]],
+                                digits=2)
+              for key in ("train_seconds", "train_cpu_seconds", "train_peak_rss_mb", "encode_mb_per_s_per_core",
+                          "chars_per_token")}
     return {
         "bench": "tokenizer",
         "corpus": {"train_documents": len(train), "heldout_documents": len(heldout),
@@ -155,8 +166,9 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
                    "heldout_mb": round(sum(len(t.encode()) for t in texts) / 1e6, 2)},
         "vocab_size": args.vocab_size,
         "model_type": args.model_type,
-        "sentencepiece": spm_result,
-        "hf_bytelevel_bpe": hf_result,
+        "rounds": args.rounds,
+        "sentencepiece": sides["sentencepiece"],
+        "hf_bytelevel_bpe": sides["hf_bytelevel_bpe"],
         "ratio_sentencepiece_over_hf": ratios,
     }
 
@@ -215,6 +227,7 @@ def main() -> None:
     parser.add_argument("--model-type", choices=["unigram", "bpe"], default="unigram")
     parser.add_argument("--max-piece-length", type=int, default=16, help="SentencePiece max_piece_length")
     parser.add_argument("--max-mb", type=float, default=None, help="cap the ruslit text used (MB of UTF-8)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (a fresh process per side each)")
     parser.add_argument("--stage-report", type=Path, default=None,
                         help="run the recipe-02 stage on ruslit with its run root here instead")
     args = parser.parse_args()

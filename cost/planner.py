@@ -18,7 +18,7 @@ config's) makes the hardware do ``recompute`` x the model FLOPs (``model.flops.r
 An anchor's MFU (or ``cost.plan_mfu``) is taken as the hardware FLOPs utilisation its own setting reached
 and held fixed, so a setting that recomputes more runs at a proportionally lower MFU: "fits with full
 remat" costs what it costs. Every plan also re-derives the
-published anchors in ``cost/anchors.csv`` (MaxText's Llama-3.1-8B on v6e) from the same arithmetic,
+published anchors in ``cost/anchors.csv`` (MaxText's Llama-3.1-8B and -70B on v6e) from the same arithmetic,
 so a drift in the FLOP count shows up next to the numbers it would distort.
 """
 
@@ -347,7 +347,7 @@ def plan_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[str
                 f"(model.flops, 3x forward). USD->RUB {rate.rate:.4f} of {rate.date} ({rate.source}).")
     notes = [f"anchor: {c['model']} on {c['accelerator']} at {c['mfu']:.1%} MFU: our arithmetic gives "
              f"{c['predicted_tokens_per_s_per_chip']:,.0f} tokens/s/chip, published "
-             f"{c['published_tokens_per_s_per_chip']:,.0f} ({c['relative_error']:+.1%}; {c['source']})" for c in checks]
+             f"{c['published_tokens_per_s_per_chip']:,.0f} ({c['relative_error']:+.2%}; {c['source']})" for c in checks]
     notes.append("recompute = hardware / model FLOPs of the setting (remat, the flash kernel's backward, the chunked "
                  "loss; model.flops); an anchor's MFU or cost.plan_mfu is held as hardware utilisation (HFU) and "
                  "divided by it; 'setting from' says whether recipe 04b's fit check or the config chose the setting")

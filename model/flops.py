@@ -4,7 +4,9 @@ XLA's ``cost_analysis`` counts a scanned layer once and counts rematerialised wo
 the model's matmuls by hand (a multiply-add is 2 FLOPs). Training costs 3x the forward pass
 (forward, and backward for activations and for weights); recomputation under remat is not
 counted, so this is model FLOPs utilisation, not hardware FLOPs utilisation. Attention counts
-the full T x T score matrix, as in the PaLM paper's MFU formula.
+the full T x T score matrix, as in the PaLM paper's MFU formula and in MaxText's
+``calculate_tflops_training_per_device`` until mid-2025 (it now halves causal attention); the MFUs MaxText
+published for Llama-3.1-8B and -70B on v6e use the full count (tests/test_cost_planner.py re-derives them).
 """
 
 from __future__ import annotations
