@@ -35,7 +35,10 @@ demo: setup
 
 # The README's test command: the base suite, then each optional extra in its own venv (Beam pins
 # protobuf below 7 and TensorFlow is 1.4 GB, so they never share the base environment).
-test: test-base test-extras
+# The extras' venvs are built and tested two at a time (their TPU compiles and installs are single-threaded);
+# the base suite runs alone first, since some of its tests kill and time training runs.
+test: test-base
+	$(MAKE) -j2 --output-sync=target test-extras
 
 test-base: setup
 	$(PY) -m pytest -q

@@ -99,12 +99,13 @@ class Anchor:
     date: str
     note: str
     remat: str = "none"  # the anchor's activation checkpointing, as published (assumed none when not)
+    loss_chunk_len: int = 0  # the anchor's chunked loss (0: none or not published)
 
     @property
     def recompute(self) -> float:
         """Hardware / model FLOPs of the anchor's own run: its remat and the platform's flash kernel."""
         return recompute_factor(dataclasses.replace(self.model.cfg, remat=self.remat), self.model.vocab_size,
-                                self.model.seq_len, platform_of(self.accelerator), "bfloat16", loss_chunk_len=0)
+                                self.model.seq_len, platform_of(self.accelerator), "bfloat16", self.loss_chunk_len)
 
 
 def platform_of(accelerator: str) -> str:
@@ -137,7 +138,7 @@ def read_anchors(path: Path = ANCHORS) -> list[Anchor]:
                 model = PlanModel(row["name"], shape, int(row["vocab_size"]), int(row["seq_len"]))
                 anchors.append(Anchor(model, row["accelerator"], float(row["tokens_per_s_per_chip"]),
                                       float(row["mfu"]), row["source"], row["date"], row.get("note", ""),
-                                      row.get("remat") or "none"))
+                                      row.get("remat") or "none", int(row.get("loss_chunk_len") or 0)))
             except (KeyError, ValueError) as exc:
                 raise DataError(f"{path} line {line}: bad anchor row ({exc})") from exc
     return anchors

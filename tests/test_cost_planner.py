@@ -42,6 +42,17 @@ def test_maxtext_v6e_anchors_within_their_published_rounding(label: str, tokens:
     assert causal_error > 0.05, causal_error
 
 
+def test_our_h200_measurement_is_an_anchor_an_h200_plan_uses() -> None:
+    """bench/bench_gpu_step.py's 1B run on one H200 (92,147 tokens/s at 51.497% MFU) re-derives within rounding,
+    and a plan on H200s takes its MFU (recompute-adjusted) instead of cost.plan_mfu."""
+    anchor = next(a for a in read_anchors() if a.accelerator == "nvidia-h200")
+    assert abs(anchor_check(anchor, Catalog.load())["relative_error"]) < 0.5 / 92147 + 0.000005 / 0.51497
+    _, _, (row,), _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_options=[{accelerator: nvidia-h200, chips: 8}]"),
+                           None, rate=RATE)
+    assert row["mfu_source"].startswith("anchor ru-pretrain-1b")
+    assert row["mfu"] == pytest.approx(0.51497 * anchor.recompute / row["recompute"])
+
+
 def demo_cfg(*overrides: str):
     return load_config(REPO / "recipes" / "configs" / "demo.yaml", list(overrides))
 
