@@ -271,5 +271,7 @@ def log_to_wandb(wandb_run: Any, cfg: Any, run_folder: Any, payload: dict[str, A
         except TypeError as exc:
             log.info("W&B lineage to %s kept in metadata only (%s)", tokenizer_artifact, exc)
     artifact = wandb.Artifact(f"{cfg.experiment.name}-shards", type="shards", metadata=metadata)
-    artifact.add_dir(str(run_folder.shards))
+    # a reference (path, size and checksum of each file), not a staged copy: a real corpus's shards
+    # would otherwise take their size again on disk; the shards' own manifest holds their sha256
+    artifact.add_reference(Path(run_folder.shards).resolve().as_uri(), checksum=True)
     wandb_run.log_artifact(artifact)

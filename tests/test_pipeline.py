@@ -64,6 +64,12 @@ def test_recipe_chain_end_to_end_with_sigkill_resume(tmp_path, shared_data):
     shards = json.loads((run / "shards" / "manifest.json").read_text(encoding="utf-8"))
     assert shards["splits"]["train"]["records"] > 0 and shards["splits"]["validation"]["records"] > 0
     assert list((run / "shards").glob("train-*.tfrecord"))
+    # W&B records the shards by reference: no second copy of them anywhere (offline staging included)
+    shard_bytes = {p.read_bytes() for p in (run / "shards").glob("*.tfrecord")}
+    sizes = {len(data) for data in shard_bytes}
+    copies = [p for p in tmp_path.rglob("*") if p.is_file() and p.parent != run / "shards"
+              and p.stat().st_size in sizes and p.read_bytes() in shard_bytes]
+    assert not copies, copies[:3]  # add_dir staged each one (under wandb/.data/artifacts/staging)
 
     checkpoints = run / "checkpoints"
     first = start_pretrain(cfg)
