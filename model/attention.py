@@ -101,6 +101,9 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     else:
         mesh, rules = layout
         heads = logical_to_spec(("batch", "act_heads", "length", "head_dim"), rules)
+        if heads[2] is not None or heads[3] is not None:
+            raise ConfigError("config key 'train.mesh.rules': splash attention needs whole sequences and heads per "
+                              f"device, but 'length' or 'head_dim' is split ({heads}); use model.attention=dot_product")
         rows = logical_to_spec(("batch", "length"), rules)
         out = jax.shard_map(_splash_local, mesh=mesh, in_specs=(heads, heads, heads, rows), out_specs=heads,
                             check_vma=False)(qh, kh, vh, seg)
