@@ -117,16 +117,22 @@ def test_damaged_latest_step_falls_back_to_the_previous_one(tmp_path: Path, dama
 
 def test_checkpoints_of_an_older_version_without_any_checksums_restore_with_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """An upgrade must not lose a run: when no step has checksums the latest readable one is restored."""
+    """An upgrade must not lose a run: a folder an older version wrote (no checksums, no marker) is restored from
+    its latest readable step; a folder of this version whose steps all lost their checksums is not."""
     save_steps(tmp_path / "ckpt", [1, 2])
     for step in (1, 2):
         delete(tmp_path / "ckpt" / str(step) / checkpoint.CHECKSUMS)
+    delete(tmp_path / "ckpt" / checkpoint.CHECKSUMMED)  # as an older version left it
     with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
         step, (_, items), damaged = restore_latest(tmp_path / "ckpt")
     assert (step, damaged, items["loader"]) == (2, [], {"position": 2})
     assert "have no checksums (written by an older version)" in caplog.text
     DAMAGE["deleted params manifest.ocdbt"](tmp_path / "ckpt" / "2")  # unreadable: still falls back
     assert restore_latest(tmp_path / "ckpt")[0] == 1
+    save_steps(tmp_path / "fresh", [1])
+    delete(tmp_path / "fresh" / "1" / checkpoint.CHECKSUMS)  # killed between Orbax's commit and the checksums
+    with pytest.raises(checkpoint.CheckpointDamaged, match="checksums.json is missing"):
+        restore_latest(tmp_path / "fresh")
 
 
 def test_no_step_left_is_one_error_naming_the_folder(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from experiment.errors import DataError, MissingStageError, WriteError
-from experiment.files import WRITE_ERRNOS, atomic_write_json, format_bytes, free_bytes, free_space
+from experiment.files import WRITE_ERRNOS, atomic_write_json, atomic_write_text, format_bytes, free_bytes, free_space
 from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
 from model.decoder import Decoder
@@ -86,7 +86,27 @@ def write_checksums(step_dir: Path) -> None:
     files = {p.relative_to(step_dir).as_posix(): {"bytes": p.stat().st_size, "crc32c": file_crc32c(p)}
              for p in step_files(step_dir)}
     atomic_write_json(step_dir / CHECKSUMS, {"algorithm": "crc32c", "files": files})
+    mark_checksummed(step_dir.parent)
     log.debug("checksums of %d files of %s in %.3f s", len(files), step_dir, time.perf_counter() - started)
+
+
+CHECKSUMMED = ".checksummed"  # in a checkpoint folder: its steps carry checksums (written by this version)
+
+
+def uses_checksums(directory: Path) -> bool:
+    """Whether the steps of ``directory`` must have checksums: it says so, or one of them has them.
+
+    A folder of an older version (steps, no marker, no checksums) is read unverified, so that an
+    upgrade does not lose a run; a fresh folder gets the marker before its first save, so a step
+    that lost its checksums there (a kill between Orbax's commit and the checksum write) is damaged."""
+    if (directory / CHECKSUMMED).exists():
+        return True
+    return directory.is_dir() and any((p / CHECKSUMS).is_file() for p in directory.iterdir() if p.name.isdigit())
+
+
+def mark_checksummed(directory: Path) -> None:
+    if not (directory / CHECKSUMMED).exists():
+        atomic_write_text(directory / CHECKSUMMED, "every step of this folder has checksums.json\n")
 
 
 def verify_checksums(step_dir: Path) -> None:
@@ -246,6 +266,8 @@ class VerifiedCheckpointManager(ocp.CheckpointManager):
                              f"{format_bytes(last[1])}, {format_bytes(free)} free on that disk: free some space (or "
                              f"lower train.keep_checkpoints) and rerun the same command to resume from step {last[0]}")
         with write_errors_as_one_line(directory, f"checkpoint step {step}"):
+            if self._checksums is not None and not any(p.name.isdigit() for p in directory.iterdir()):
+                mark_checksummed(directory)  # a fresh folder: every step of it will carry checksums
             saved = super().save(step, *args, **kwargs)
         self._in_flight = step if saved else None
         if saved and self._checksums is not None:
@@ -344,7 +366,7 @@ def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
     reasons: list[str] = []
     # a folder written before per-file checksums existed: read it (Orbax's read errors still fall back)
     # rather than call every step damaged and lose a run to an upgrade
-    legacy = bool(candidates) and not any((directory / str(s) / CHECKSUMS).exists() for s in candidates)
+    legacy = bool(candidates) and not uses_checksums(directory)
     if legacy:
         log.warning("the checkpoints in %s have no checksums (written by an older version): restoring them "
                     "unverified; steps saved from now on are verified", directory)

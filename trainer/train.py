@@ -91,11 +91,13 @@ def resume_wandb_run_id(cfg: Any, run_folder: RunFolder) -> str | None:
 
 def finished_steps(checkpoint_dir: Path) -> list[int]:
     """Steps Orbax finished and whose checksums are written (an interrupted save stays a
-    ``*.orbax-checkpoint-tmp*`` folder; a step without checksums is not resumed from)."""
+    ``*.orbax-checkpoint-tmp*`` folder; a step without checksums is not resumed from), or every
+    finished step of a folder an older version wrote (``checkpoint.uses_checksums``)."""
     if not checkpoint_dir.is_dir():
         return []
+    verified = checkpoint.uses_checksums(checkpoint_dir)
     return sorted(int(p.name) for p in checkpoint_dir.iterdir()
-                  if p.name.isdigit() and (p / checkpoint.CHECKSUMS).is_file())
+                  if p.name.isdigit() and (not verified or (p / checkpoint.CHECKSUMS).is_file()))
 
 
 def maybe_initialize_distributed(train_cfg: Any) -> None:
