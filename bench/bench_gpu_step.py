@@ -29,6 +29,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench_train_step import step_runner  # noqa: E402 - bench/ is this script's folder
 
 
 def emit(out: Path | None, record: dict[str, Any]) -> None:
@@ -93,24 +94,12 @@ def jax_side(args: argparse.Namespace, attention: str) -> tuple[dict[str, Any], 
     from model.attention import resolve_attention
     from model.flops import train_flops_per_token
     from model.presets import PRESETS
-    from model.sharding import build_mesh
-    from trainer.step import build_program, global_batch
 
     shape = {k: v for k, v in PRESETS[args.preset].items() if k != "max_seq_len"}
     model_cfg = ModelConfig(**shape, max_seq_len=args.seq_len, attention=attention, remat=args.remat)
     train_cfg = TrainConfig(steps=1000, batch_size=args.batch, warmup_steps=10, compute_dtype="bfloat16",
                             loss_chunk_len=args.loss_chunk_len)
-    program = build_program(model_cfg, train_cfg, args.vocab, build_mesh(train_cfg.mesh), seed=0)
-    box: dict[str, Any] = {"state": program.init_state()}
-    rows = np.random.default_rng(0).integers(0, args.vocab, (args.batch, args.seq_len + 1)).astype(np.int32)
-    batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, program.batch_sharding)
-
-    def run(steps: int) -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            box["state"], box["metrics"] = program.train_step(box["state"], batch)
-        jax.block_until_ready(box["metrics"])
-        return (time.perf_counter() - start) / steps
+    run, box = step_runner(model_cfg, train_cfg, args.vocab, args.seq_len)
 
     started = time.perf_counter()
     in_use = (jax.devices()[0].memory_stats() or {}).get("bytes_in_use", 0)

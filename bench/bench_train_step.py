@@ -65,27 +65,18 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux reports KiB
 
 
-def jax_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
-    """(facts, run(k) -> seconds per step, finish() -> final facts) for our trainer's real step."""
+def step_runner(model_cfg: Any, train_cfg: Any, vocab: int, seq_len: int) -> tuple[Any, dict[str, Any]]:
+    """Our trainer's real step on one fixed random batch: ``run(k)`` -> seconds per step over k steps,
+    and the box that holds the state and the last metrics."""
     import jax
     import numpy as np
 
-    from experiment.sections.model import ModelConfig
-    from experiment.sections.train import TrainConfig
-    from model.flops import train_flops_per_token
     from model.sharding import build_mesh
-    from trainer.cpu_host import prepare_cpu_host
     from trainer.step import build_program, global_batch
 
-    model_cfg = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-                            n_kv_heads=args.n_kv_heads, d_ff=args.d_ff, max_seq_len=args.seq_len,
-                            attention=args.attention, remat=args.remat)
-    train_cfg = TrainConfig(steps=1000, batch_size=args.batch, warmup_steps=10, compute_dtype=args.dtype,
-                            cpu_devices=args.cpu_devices)
-    host = prepare_cpu_host(train_cfg) if args.cpu_host else {}  # as recipe 4 does, before JAX starts
-    program = build_program(model_cfg, train_cfg, args.vocab, build_mesh(train_cfg.mesh), seed=0)
-    box = {"state": program.init_state()}
-    rows = np.random.default_rng(0).integers(0, args.vocab, (args.batch, args.seq_len + 1)).astype(np.int32)
+    program = build_program(model_cfg, train_cfg, vocab, build_mesh(train_cfg.mesh), seed=0)
+    box: dict[str, Any] = {"state": program.init_state()}
+    rows = np.random.default_rng(0).integers(0, vocab, (train_cfg.batch_size, seq_len + 1)).astype(np.int32)
     batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, program.batch_sharding)
 
     def run(steps: int) -> float:
@@ -95,6 +86,25 @@ def jax_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
         jax.block_until_ready(box["metrics"])
         return (time.perf_counter() - start) / steps
 
+    return run, box
+
+
+def jax_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
+    """(facts, run(k) -> seconds per step, finish() -> final facts) for our trainer's real step."""
+    import jax
+
+    from experiment.sections.model import ModelConfig
+    from experiment.sections.train import TrainConfig
+    from model.flops import train_flops_per_token
+    from trainer.cpu_host import prepare_cpu_host
+
+    model_cfg = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
+                            n_kv_heads=args.n_kv_heads, d_ff=args.d_ff, max_seq_len=args.seq_len,
+                            attention=args.attention, remat=args.remat)
+    train_cfg = TrainConfig(steps=1000, batch_size=args.batch, warmup_steps=10, compute_dtype=args.dtype,
+                            cpu_devices=args.cpu_devices)
+    host = prepare_cpu_host(train_cfg) if args.cpu_host else {}  # as recipe 4 does, before JAX starts
+    run, box = step_runner(model_cfg, train_cfg, args.vocab, args.seq_len)
     compile_s = run(1)
     facts = {"framework": f"jax {jax.__version__}", "dtype": args.dtype, "compile_s": compile_s,
              "devices": jax.device_count(), "cpu_host": host, "backend": jax.default_backend(),
