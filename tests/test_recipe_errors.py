@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,19 @@ def test_full_disk_is_one_line_naming_the_file_and_the_free_space(tmp_path):
     assert sorted(p.name for p in corpus_dir.iterdir()) == [], "no manifest, no half-written file"
     run_recipe("01_build_corpus.py", cfg)
     assert (corpus_dir / "manifest.json").is_file()
+
+
+def test_full_disk_while_sharding_is_one_line_and_leaves_no_manifest(fixture_stages, tmp_path):
+    """Recipe 03 on a full disk: one line naming the shard file and the free space; no shards manifest, so
+    recipe 04 refuses the half-written folder; a rerun with space writes the stage."""
+    from tests.fixture_run import run_copy
+
+    cfg = run_copy(fixture_stages, tmp_path)
+    shards_dir = tmp_path / "runs" / "tiny" / "shards"
+    shutil.rmtree(shards_dir)
+    proc = run_recipe_on_full_disk("03_shard.py", cfg, fsync_full=shards_dir, usage_full=shards_dir)
+    assert_clean_failure(proc, rf"^error: cannot write {re.escape(str(shards_dir))}/\S+: No space left on device "
+                               r"\(1000 bytes free on that disk\): free some space and rerun the same command$")
+    assert not (shards_dir / "manifest.json").exists()
+    run_recipe("03_shard.py", cfg)
+    assert (shards_dir / "manifest.json").is_file()
