@@ -14,15 +14,12 @@ multiple of 8), else dot_product.
 
 from __future__ import annotations
 
-import logging
-
 import jax
 import jax.numpy as jnp
 
 from experiment.errors import ConfigError
 from model.sharding import current_layout, logical_to_spec
 
-log = logging.getLogger("model.attention")
 IMPLEMENTATIONS = ("auto", "dot_product", "einsum", "cudnn", "splash")
 SPLASH_BLOCKS = (512, 256, 128)  # the largest that divides the sequence is used (MaxText's default is 512)
 

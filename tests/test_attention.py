@@ -183,3 +183,11 @@ def test_decoder_hidden_and_output_weight_give_the_logits() -> None:
     rebuilt = nnx.jit(lambda m, t: output_logits(m.hidden(t), m.output_weight()))(model, tokens)
     np.testing.assert_array_equal(logits, rebuilt)
     assert isinstance(model, Decoder)
+
+
+def test_a_checkpoint_trained_with_a_platform_kernel_loads_on_this_cpu() -> None:
+    from trainer.checkpoint import model_config_from_meta
+
+    for kernel, loaded in (("cudnn", "auto"), ("splash", "auto"), ("einsum", "einsum")):
+        meta = {"model": {**dataclasses.asdict(ModelConfig()), "attention": kernel}}
+        assert model_config_from_meta(meta).attention == loaded

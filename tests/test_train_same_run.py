@@ -47,3 +47,15 @@ def test_another_tokenizer_is_refused(trained: Path) -> None:
     line = refused(trained, "tokenizer.model_type=bpe")
     assert line.startswith(f"error: checkpoints in {checkpoints} were made with a different tokenizer_sha256 ("), line
     assert line.endswith("): use another experiment.name, or delete the checkpoints to start over"), line
+
+
+def test_another_attention_kernel_or_remat_resumes() -> None:
+    """A run may continue on another slice with the kernel and remat that fit there (and checkpoints of the
+    version whose default kernel was dot_product resume under auto); the shape may not change."""
+    from experiment.errors import DataError
+    from trainer.train import check_same_run
+
+    saved = {"model": {"d_model": 64, "attention": "dot_product", "remat": "none"}, "vocab_size": 600}
+    check_same_run(saved, {"model": {"d_model": 64, "attention": "auto", "remat": "full"}, "vocab_size": 600}, "x")
+    with pytest.raises(DataError, match="different model .*d_model: 64 -> 128"):
+        check_same_run(saved, {"model": {"d_model": 128, "attention": "auto"}, "vocab_size": 600}, "x")

@@ -409,8 +409,12 @@ def set_aside(manager: ocp.CheckpointManager, steps: Sequence[int]) -> None:
 
 
 def model_config_from_meta(meta: dict[str, Any]) -> ModelConfig:
+    """The model config a checkpoint was trained with, for the machine that loads it: a platform's own
+    attention kernel (splash, cudnn) becomes ``auto``, so a model trained on a TPU or a GPU evaluates on a
+    CPU (the kernels compute the same attention)."""
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    return ModelConfig(**{k: v for k, v in meta["model"].items() if k in fields})
+    cfg = ModelConfig(**{k: v for k, v in meta["model"].items() if k in fields})
+    return dataclasses.replace(cfg, attention="auto") if cfg.attention in ("splash", "cudnn") else cfg
 
 
 def load_trained_model(run_folder: Any, step: int | None = None) -> tuple[Decoder, int, dict[str, Any]]:
