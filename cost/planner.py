@@ -38,8 +38,7 @@ from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from experiment.errors import ConfigError, DataError
 from experiment.runfolder import RunFolder
 from experiment.sections.model import ModelConfig
-from model.attention import resolve_attention
-from model.flops import param_count, recompute_flops_per_token, train_flops_per_token
+from model.flops import param_count, train_costs, train_flops_per_token
 
 log = logging.getLogger("cost.planner")
 
@@ -116,13 +115,8 @@ def platform_of(accelerator: str) -> str:
 def recompute_factor(model_cfg: ModelConfig, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
                      loss_chunk_len: int) -> float:
     """Hardware FLOPs / model FLOPs of training ``model_cfg`` (its remat and attention) on ``platform``."""
-    import jax.numpy as jnp
-
-    attention = resolve_attention(model_cfg.attention, platform, jnp.dtype(compute_dtype), model_cfg.resolved_head_dim,
-                                  seq_len)
-    model_flops = train_flops_per_token(model_cfg, vocab_size, seq_len)
-    extra = recompute_flops_per_token(model_cfg, vocab_size, seq_len, attention, 0 < loss_chunk_len < seq_len)
-    return (model_flops + extra) / model_flops
+    _, model_flops, hardware_flops = train_costs(model_cfg, vocab_size, seq_len, platform, compute_dtype, loss_chunk_len)
+    return hardware_flops / model_flops
 
 
 def read_anchors(path: Path = ANCHORS) -> list[Anchor]:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from experiment.errors import ConfigError
-from model.sharding import current_layout, logical_to_spec
+from model.sharding import compiled_platform, current_layout, logical_to_spec
 
 IMPLEMENTATIONS = ("auto", "dot_product", "einsum", "cudnn", "splash")
 SPLASH_BLOCKS = (512, 256, 128)  # the largest that divides the sequence is used (MaxText's default is 512)
@@ -110,9 +110,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
 def _splash_local(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array) -> jax.Array:
     from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
 
-    layout = current_layout()  # the platform compiled for: a TPU topology's, even on a CPU host
-    platform = layout[0].devices.flat[0].platform if layout is not None else jax.default_backend()
-    kernel = _splash_kernel(q.shape[1], q.shape[2], interpret=platform == "cpu")
+    kernel = _splash_kernel(q.shape[1], q.shape[2], interpret=compiled_platform() == "cpu")
     return jax.vmap(lambda q1, k1, v1, s1: kernel(q1, k1, v1, segment_ids=SegmentIds(s1, s1)))(q, k, v, segment_ids)
 
 

@@ -21,7 +21,7 @@ from flax import nnx
 
 from experiment.sections.model import ModelConfig
 from model.attention import attend, resolve_attention
-from model.sharding import constrain, current_layout
+from model.sharding import compiled_platform, constrain
 
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole block in the backward pass
@@ -127,9 +127,7 @@ class Attention(nnx.Module):
         q, k, v = (project_heads(x, w[...]) for w in (self.wq, self.wk, self.wv))
         q = constrain(rotary(q, rope), ("batch", "length", "act_heads", "head_dim"))
         k = rotary(k, rope)
-        layout = current_layout()  # the platform compiled for (a TPU topology's, even on a CPU host)
-        platform = layout[0].devices.flat[0].platform if layout is not None else jax.default_backend()
-        impl = resolve_attention(self.impl, platform, x.dtype, self.head_dim, t)
+        impl = resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, t)
         out = constrain(attend(impl, q, k, v, segments), ("batch", "length", "act_heads", "head_dim"))
         return linear(out.reshape(b, t, -1), self.wo[...].astype(x.dtype).reshape(-1, d))
 

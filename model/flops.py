@@ -63,3 +63,17 @@ def recompute_flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int, a
     if loss_chunked:
         extra += head_fwd
     return extra
+
+
+def train_costs(cfg: ModelConfig, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
+                loss_chunk_len: int) -> tuple[str, float, float]:
+    """(attention kernel ``cfg.attention`` stands for on ``platform``, model FLOPs per trained token,
+    hardware FLOPs per trained token): what the fit check reports and the planner prices."""
+    import jax.numpy as jnp
+
+    from model.attention import resolve_attention
+
+    kernel = resolve_attention(cfg.attention, platform, jnp.dtype(compute_dtype), cfg.resolved_head_dim, seq_len)
+    model_flops = train_flops_per_token(cfg, vocab_size, seq_len)
+    extra = recompute_flops_per_token(cfg, vocab_size, seq_len, kernel, 0 < loss_chunk_len < seq_len)
+    return kernel, model_flops, model_flops + extra

@@ -149,6 +149,13 @@ def current_layout() -> tuple[Mesh, Rules] | None:
     return _ACTIVATION_LAYOUT.get()
 
 
+def compiled_platform() -> str:
+    """The platform the step being traced is compiled for: the mesh's (a TPU topology's in an ahead-of-time
+    compile on a CPU host), or the default backend outside a trainer's layout."""
+    layout = _ACTIVATION_LAYOUT.get()
+    return layout[0].devices.flat[0].platform if layout is not None else jax.default_backend()
+
+
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
     layout = _ACTIVATION_LAYOUT.get()
     if layout is None:

@@ -102,19 +102,13 @@ def configured_setting(model_cfg: Any, train_cfg: Any) -> Setting:
 
 def setting_costs(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, platform: str) -> dict[str, Any]:
     """Hand-counted model and hardware FLOPs per step of this setting, and the kernel ``auto`` picks."""
-    from model.attention import resolve_attention
-    from model.flops import recompute_flops_per_token, train_flops_per_token
-    from trainer.step import DTYPES
+    from model.flops import train_costs
 
-    attention = resolve_attention(model_cfg.attention, platform, DTYPES[train_cfg.compute_dtype],
-                                  model_cfg.resolved_head_dim, seq_len)
+    kernel, model_flops, hardware_flops = train_costs(model_cfg, vocab_size, seq_len, platform,
+                                                      train_cfg.compute_dtype, train_cfg.loss_chunk_len)
     tokens = train_cfg.batch_size * seq_len
-    model_flops = train_flops_per_token(model_cfg, vocab_size, seq_len)
-    chunked = 0 < train_cfg.loss_chunk_len < seq_len
-    extra = recompute_flops_per_token(model_cfg, vocab_size, seq_len, attention, chunked)
-    return {"attention_kernel": attention, "model_flops_per_step": model_flops * tokens,
-            "hardware_flops_per_step": (model_flops + extra) * tokens,
-            "recompute_factor": (model_flops + extra) / model_flops}
+    return {"attention_kernel": kernel, "model_flops_per_step": model_flops * tokens,
+            "hardware_flops_per_step": hardware_flops * tokens, "recompute_factor": hardware_flops / model_flops}
 
 
 def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, slice_name: str,
