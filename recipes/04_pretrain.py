@@ -1,6 +1,6 @@
 """Recipe 04: pretrain the decoder on the shards (resumes from the latest checkpoint)."""
 
-from experiment.cli import recipe_main
+from tracking.harness import recipe_main
 from trainer.cpu_host import prepare_cpu_host
 from trainer.train import pretrain, resume_wandb_run_id
 

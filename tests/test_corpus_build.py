@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from data_prep import corpus as corpus_module
-from data_prep.corpus import build_corpus
-from data_prep.corpus_io import iter_documents, read_corpus_manifest
-from data_prep.normalize import normalize_text
-from data_prep.sources import DocumentNumberer, _read_txt, iter_raw_documents, split_text
+from data_prep.corpus import build as corpus_module
+from data_prep.corpus.build import build_corpus
+from data_prep.corpus.normalize import normalize_text
+from data_prep.corpus.sources import DocumentNumberer, _read_txt, iter_raw_documents, split_text
 from experiment.config import build_dataclass
+from experiment.corpus_format import iter_documents, read_corpus_manifest
 from experiment.errors import DataError, MissingStageError
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig, SourceConfig

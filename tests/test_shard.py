@@ -14,9 +14,9 @@ import pytest
 import sentencepiece as spm
 import yaml
 
-from data_prep.packing import Packer, segments_and_positions
-from data_prep.sharding import shard_corpus
-from data_prep.tfrecord import decode_example, index_path, iter_records, read_index
+from data_prep.shards.build import shard_corpus
+from data_prep.shards.packing import Packer, segments_and_positions
+from data_prep.shards.tfrecord import decode_example, index_path, iter_records, read_index
 from experiment.errors import DataError, MissingStageError
 from experiment.files import sha256_file
 from experiment.split import is_validation
@@ -137,9 +137,9 @@ def test_output_does_not_depend_on_threads_or_batching(tmp_path: Path) -> None:
 def test_crash_leaves_no_manifest_and_no_partial_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = make_run(tmp_path)
     shard_corpus(run.cfg, run.run_folder, DisabledRun())
-    import data_prep.sharding as sharding
+    import data_prep.shards.build as shards_build
 
-    real_iter = sharding.iter_documents
+    real_iter = shards_build.iter_documents
 
     def dying_documents(*args: object, **kwargs: object):
         for number, doc in enumerate(real_iter(*args, **kwargs)):
@@ -147,7 +147,7 @@ def test_crash_leaves_no_manifest_and_no_partial_shard(tmp_path: Path, monkeypat
                 raise OSError("disk went away")
             yield doc
 
-    monkeypatch.setattr(sharding, "iter_documents", dying_documents)
+    monkeypatch.setattr(shards_build, "iter_documents", dying_documents)
     with pytest.raises(OSError, match="disk went away"):
         shard_corpus(run.cfg, run.run_folder, DisabledRun())
     assert not (run.run_folder.shards / "manifest.json").exists()

@@ -108,7 +108,7 @@ def make_run(tmp_path: Path, docs: list[dict[str, str]] | None = None, **cfg_ove
 @pytest.fixture(scope="module")
 def built_shards(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """Concat-packed shards of the fixture corpus (several shards per split)."""
-    from data_prep.sharding import shard_corpus
+    from data_prep.shards.build import shard_corpus
 
     run = make_run(tmp_path_factory.mktemp("shards"))
     run.wandb = DisabledRun()

@@ -18,7 +18,7 @@ from typing import Any
 import sentencepiece as spm
 from tqdm import tqdm
 
-from data_prep.corpus_io import iter_documents
+from experiment.corpus_format import iter_documents
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.sections.tokenizer import RUSSIAN_REQUIRED_CHARS
 from tokenizer.spm import piece_surface

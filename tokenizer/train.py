@@ -22,7 +22,7 @@ from typing import Any
 import sentencepiece as spm
 from tqdm import tqdm
 
-from data_prep.corpus_io import iter_documents, read_corpus_manifest
+from experiment.corpus_format import iter_documents, read_corpus_manifest
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
 from experiment.manifest import invalidate, write_manifest

@@ -29,7 +29,7 @@ from typing import Any
 import jax
 from tqdm import tqdm
 
-from data_prep.loader import make_train_iterator, read_shards_manifest
+from data_prep.shards.loader import make_train_iterator, read_shards_manifest
 from experiment.errors import ConfigError, DataError, RecipeError
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.manifest import read_manifest

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_prep.normalize import decode_bytes
+from data_prep.corpus.normalize import decode_bytes
 from experiment.errors import DataError
 from experiment.sections.corpus import SourceConfig
 
-log = logging.getLogger("data_prep.sources")
+log = logging.getLogger("data_prep.corpus.sources")
 
 TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".ndjson")
@@ -276,7 +276,7 @@ def iter_hub_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str) -> 
 
 def iter_raw_documents(sources: list[SourceConfig], cache_root: Path) -> Iterator[RawDocument]:
     """All sources in config order, numbered with one global order (the dedup order)."""
-    from data_prep.debian import iter_debian_source
+    from data_prep.corpus.debian import iter_debian_source
 
     for index, cfg in enumerate(sources):  # a missing path fails now, not after the sources before it
         if cfg.paths:

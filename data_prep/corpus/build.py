@@ -2,7 +2,7 @@
 
 Flow: sources -> raw documents in a global order -> ``clean_document`` in worker processes (normalize,
 filter, anonymise, fingerprint) -> back in order, dedup across the whole corpus in this process ->
-shards written atomically -> report -> manifest last. The Beam runner (``data_prep.beam_corpus``)
+shards written atomically -> report -> manifest last. The Beam runner (``data_prep.corpus.beam``)
 replaces the middle part and returns the same outcomes.
 """
 
@@ -20,18 +20,18 @@ from typing import Any
 
 from tqdm import tqdm
 
-from data_prep.cleaning import CleanDocument, clean_document
-from data_prep.corpus_io import CORPUS_STAGE, CorpusShardWriter, clear_corpus_folder
-from data_prep.corpus_report import CorpusCounts, log_to_wandb, render_report
-from data_prep.dedup import Deduplicator
-from data_prep.sources import RawDocument, iter_raw_documents
+from data_prep.corpus.cleaning import CleanDocument, clean_document
+from data_prep.corpus.dedup import Deduplicator
+from data_prep.corpus.report import CorpusCounts, log_to_wandb, render_report
+from data_prep.corpus.sources import RawDocument, iter_raw_documents
+from experiment.corpus_format import CORPUS_STAGE, CorpusShardWriter, clear_corpus_folder
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
 from experiment.manifest import write_manifest
 from experiment.runfolder import RunFolder
 from experiment.sections.corpus import CorpusConfig
 
-log = logging.getLogger("data_prep.corpus")
+log = logging.getLogger("data_prep.corpus.build")
 
 # (document, duplicate kind or None, id of the earlier document it duplicates or None)
 Outcome = tuple[CleanDocument, str | None, str | None]
@@ -146,7 +146,7 @@ def build_corpus(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> dict[str, A
     raw_docs = itertools.chain([first], raw_docs)
     progress = None
     if corpus_cfg.runner == "beam":
-        from data_prep.beam_corpus import run_beam
+        from data_prep.corpus.beam import run_beam
 
         outcomes: Iterable[Outcome] = run_beam(raw_docs, corpus_cfg)
         extra = {"runner": "beam"}

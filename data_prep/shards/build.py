@@ -20,15 +20,15 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from data_prep.corpus_io import iter_documents, read_corpus_manifest
-from data_prep.loader import SHARDS_STAGE
-from data_prep.packing import Packer, PackingStats
-from data_prep.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
+from data_prep.shards.loader import SHARDS_STAGE
+from data_prep.shards.packing import Packer, PackingStats
+from data_prep.shards.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
+from experiment.corpus_format import iter_documents, read_corpus_manifest
 from experiment.errors import DataError
 from experiment.manifest import MANIFEST_NAME, invalidate, write_manifest
 from experiment.split import is_validation
 
-log = logging.getLogger("data_prep.sharding")
+log = logging.getLogger("data_prep.shards.build")
 
 SPLITS = ("train", "validation")
 FEATURE_FORMAT = "tfrecord/tf.train.Example"
@@ -163,7 +163,7 @@ def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
              corpus_manifest["documents"], threads, shards_cfg.packing, shards_cfg.seq_len + 1)
     started = time.perf_counter()
     if shards_cfg.runner == "beam":
-        from data_prep.beam_shards import run_beam_shards
+        from data_prep.shards.beam import run_beam_shards
 
         model_path = Path(run_folder.tokenizer) / tok_manifest.get("model_file", "spm.model")
         result = run_beam_shards(Path(run_folder.corpus), corpus_manifest, model_path.read_bytes(), out_dir,
