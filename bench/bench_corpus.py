@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 from interleave import interleaved_rounds, median_ratio, medians  # noqa: E402
 
 from data_prep.corpus.build import build_corpus, clean_serial, clean_with_pool, dedup_in_order  # noqa: E402
-from data_prep.corpus.sources import RawDocument, iter_raw_documents  # noqa: E402
+from data_prep.corpus.documents import RawDocument  # noqa: E402
+from data_prep.corpus.sources import iter_raw_documents  # noqa: E402
 from experiment.config import build_dataclass  # noqa: E402
 from experiment.corpus_format import read_corpus_manifest  # noqa: E402
 from experiment.runfolder import RunFolder  # noqa: E402

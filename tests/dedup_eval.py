@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.corpus.dedup import shingles
-from data_prep.corpus.sources import RawDocument, iter_raw_documents
+from data_prep.corpus.documents import RawDocument
+from data_prep.corpus.sources import iter_raw_documents
 from experiment.schema import SourceConfig
 from experiment.sections.corpus import CorpusConfig
 

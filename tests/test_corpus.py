@@ -11,10 +11,10 @@ import pytest
 
 from data_prep.corpus.cleaning import clean_document, filter_rejection
 from data_prep.corpus.dedup import Deduplicator, exact_key, minhash_signature
+from data_prep.corpus.documents import RawDocument
 from data_prep.corpus.langid import cyrillic_share, detect_language, sample_for_langid
 from data_prep.corpus.normalize import decode_bytes, normalize_text
 from data_prep.corpus.quality import QUALITY_REASONS, quality_rejection, replace_pii
-from data_prep.corpus.sources import RawDocument
 from experiment.config import build_dataclass
 from experiment.errors import ConfigError
 from experiment.sections.corpus import CorpusConfig, DedupConfig, QualityConfig

@@ -20,7 +20,13 @@ from data_prep.shards.tfrecord import decode_example, index_path, iter_records, 
 from experiment.errors import DataError, MissingStageError
 from experiment.files import sha256_file
 from experiment.split import is_validation
-from tests.test_shards_common import DisabledRun, built_shards, make_documents, make_run  # noqa: F401
+from tests.test_shards_common import (  # noqa: F401
+    DisabledRun,
+    built_shards,
+    make_documents,
+    make_run,
+    write_tokenizer,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -161,6 +167,17 @@ def test_missing_tokenizer_is_one_clear_error(tmp_path: Path) -> None:
     (run.run_folder.tokenizer / "manifest.json").unlink()
     with pytest.raises(MissingStageError, match=r"run recipes/02_train_tokenizer.py first"):
         shard_corpus(run.cfg, run.run_folder, DisabledRun())
+
+
+def test_a_tokenizer_without_padding_pads_with_eos_in_shards_and_eval(tmp_path: Path) -> None:
+    from eval.run import load_tokenizer_bits
+
+    run = make_run(tmp_path, packing="document")
+    write_tokenizer(run.run_folder.tokenizer, run.docs, special={"pad": -1, "unk": 0, "bos": 1, "eos": 2})
+    manifest = shard_corpus(run.cfg, run.run_folder, DisabledRun())
+    bits = load_tokenizer_bits(run.run_folder)
+    assert manifest["special_ids"] == {"eos": 2, "pad": 2}
+    assert (bits.eos_id, bits.pad_id) == (2, 2)
 
 
 def test_corpus_too_small_for_one_row(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 from data_prep.beam_common import import_beam
 from data_prep.corpus.cleaning import CleanDocument, clean_document
 from data_prep.corpus.dedup import band_keys, estimated_jaccard
-from data_prep.corpus.sources import RawDocument
+from data_prep.corpus.documents import RawDocument
 from experiment.sections.corpus import CorpusConfig, DedupConfig
 
 log = logging.getLogger("data_prep.corpus.beam")

@@ -20,10 +20,12 @@ from typing import Any
 
 from tqdm import tqdm
 
+from data_prep.corpus.beam import run_beam
 from data_prep.corpus.cleaning import CleanDocument, clean_document
 from data_prep.corpus.dedup import Deduplicator
+from data_prep.corpus.documents import RawDocument
 from data_prep.corpus.report import CorpusCounts, log_to_wandb, render_report
-from data_prep.corpus.sources import RawDocument, iter_raw_documents
+from data_prep.corpus.sources import iter_raw_documents
 from experiment.corpus_format import CORPUS_STAGE, CorpusShardWriter, clear_corpus_folder
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
@@ -146,8 +148,6 @@ def build_corpus(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> dict[str, A
     raw_docs = itertools.chain([first], raw_docs)
     progress = None
     if corpus_cfg.runner == "beam":
-        from data_prep.corpus.beam import run_beam
-
         outcomes: Iterable[Outcome] = run_beam(raw_docs, corpus_cfg)
         extra = {"runner": "beam"}
     else:

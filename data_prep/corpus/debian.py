@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data_prep.corpus.sources import DocumentNumberer, RawDocument, pack_pieces
+from data_prep.corpus.documents import DocumentNumberer, RawDocument, pack_pieces
 from experiment.errors import DataError
 from experiment.files import atomic_write_json
 from experiment.sections.corpus import SourceConfig
