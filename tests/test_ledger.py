@@ -280,26 +280,6 @@ def test_steps_cost_no_io_between_flushes(tmp_path: Path) -> None:
     assert s["seconds_by_phase"]["idle"] == pytest.approx(10.0)
 
 
-def test_cost_summary_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cost.report import phase_rows, print_cost_summary
-
-    clock = FakeClock()
-    ledger = open_fake(tmp_path, clock, v5e_config(token_budget=2_000_000_000))
-    with ledger.phase("train"):
-        clock.advance(1.0)
-        ledger.add_tokens(10, 1_000_000_000)
-    with ledger.phase("eval"):
-        clock.advance(0.25)
-    ledger.close()
-    summary = summarize_ledger(tmp_path / "ledger")
-    rows = phase_rows(summary)
-    assert [r["phase"] for r in rows] == ["train", "eval", "total"]
-    assert rows[-1]["rub"] == pytest.approx(1.25 * RUB_PER_HOUR) and rows[0]["share"] == pytest.approx(0.8)
-    text = print_cost_summary(summary)
-    assert " 960 │" in text and " 1,200 │" in text and "projected 2,400 RUB" in text
-    assert text in capsys.readouterr().out
-
-
 def test_bad_cost_config_is_refused_before_any_record(tmp_path: Path) -> None:
     from cost.catalog import CatalogError
     from experiment.config import load_config
