@@ -2,7 +2,8 @@
 
 A recipe is a few lines: it names its stage and hands one package function to ``recipe_main``.
 Problems the user can fix end in one line on stderr and exit code 2; the traceback is kept for
-real bugs.
+real bugs. It sits in tracking, above experiment in the package layering
+(``experiment.layers``), because it opens the W&B run.
 """
 
 from __future__ import annotations
