@@ -320,14 +320,14 @@ def test_a_later_resume_judges_every_earlier_session(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reconciliation on resume: the ledger calls of trainer/train.py, driven by a fake clock
+# Reconciliation on resume: the ledger calls of the training loop (trainer/loop.py, trainer/hooks.py), driven by a fake clock
 
 TOKENS_PER_STEP = 2048  # the tiny experiment: 60 steps are 122,880 tokens
 
 
 def train_steps(ledger: Ledger, clock: FakeClock, first: int, last: int, checkpoint_every: int,
                 step_s: float = 1.0) -> dict[int, dict]:
-    """Steps ``first..last`` as trainer/train.py books them: the first one compiles, a save every
+    """Steps ``first..last`` as the training loop books them: the first one compiles, a save every
     ``checkpoint_every`` steps takes the ledger item when it starts and is marked durable at the next
     save (asynchronous saves). Returns the ledger item of each checkpoint by step."""
     items: dict[int, dict] = {}
@@ -381,7 +381,7 @@ def test_two_kills_count_every_step_before_the_checkpoint_once(tmp_path: Path) -
 
 
 def test_kills_before_the_first_checkpoint_then_a_fresh_start(tmp_path: Path) -> None:
-    """Two sessions killed before any checkpoint existed; the third starts from step 0 (trainer/train.py
+    """Two sessions killed before any checkpoint existed; the third starts from step 0 (trainer/resume.py
     books that as a resume from 0), saves step 10 and is killed at 12; the fourth resumes from 10 and
     finishes at 14. The first two trained steps the third trained again: none of their tokens count."""
     clock = FakeClock()

@@ -150,7 +150,7 @@ def check_wandb_history_continues(run_dir: Path, killed_at: int) -> None:
         kept += [s for s in steps if not kept or s > kept[-1]]
     assert kept == list(range(1, STEPS + 1))
     # wandb writes offline history in blocks: the SIGKILLed folder may have kept none of it, and the
-    # resumed session re-logs what is missing up to its checkpoint (trainer.train.backfill_offline_history)
+    # resumed session re-logs what is missing up to its checkpoint (tracking.history.backfill_offline_history)
     if len(pretrain) == 3:
         assert all(int(row["_step"]) <= killed_at for row in pretrain[0].history)
 
