@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from data_prep.corpus_io import iter_documents, read_corpus_manifest
 from data_prep.loader import SHARDS_STAGE
@@ -26,6 +25,7 @@ from data_prep.packing import Packer, PackingStats
 from data_prep.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
 from experiment.errors import DataError
 from experiment.manifest import MANIFEST_NAME, invalidate, write_manifest
+from experiment.progress import progress as progress_bar
 from experiment.split import is_validation
 
 log = logging.getLogger("data_prep.sharding")
@@ -209,7 +209,7 @@ def write_splits(documents: Any, sp: Any, out_dir: Path, shards_cfg: Any, *, eos
     pad_mask_key = "segment_ids" if shards_cfg.packing == "document" else None
     try:
         batch: list[dict[str, Any]] = []
-        with tqdm(total=total, unit="doc", desc="shards", mininterval=2.0) as progress:
+        with progress_bar(total=total, unit="doc", desc="shards", mininterval=2.0) as progress:
             for doc in documents:
                 batch.append(doc)
                 if len(batch) >= shards_cfg.encode_batch_documents:

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
-from tqdm import tqdm
 
 from data_prep.corpus_io import iter_documents
 from experiment.files import atomic_write_json, atomic_write_text
+from experiment.progress import progress
 from experiment.sections.tokenizer import RUSSIAN_REQUIRED_CHARS
 from tokenizer.spm import piece_surface
 from tokenizer.train import training_texts
@@ -118,7 +118,7 @@ def measure_tokenizer(tok: MeasuredTokenizer, heldout: dict[str, list[dict[str, 
     """All figures for one tokenizer: overall, per source (domain), coverage and piece lists."""
     counts: Counter[int] = Counter()
     by_source = {
-        source: measure_documents(tok, tqdm(docs, desc=f"measuring {tok.name} on {source or 'corpus'}",
+        source: measure_documents(tok, progress(docs, desc=f"measuring {tok.name} on {source or 'corpus'}",
                                              unit="doc", leave=False), counts)
         for source, docs in sorted(heldout.items())
     }

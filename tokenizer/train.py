@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
-from tqdm import tqdm
 
 from data_prep.corpus_io import iter_documents, read_corpus_manifest
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
 from experiment.manifest import invalidate, write_manifest
+from experiment.progress import progress
 from experiment.sections.tokenizer import TokenizerConfig
 from experiment.split import is_validation
 from tokenizer.spm import MODEL_FILE, TOKENIZER_STAGE, VOCAB_FILE
@@ -55,7 +55,7 @@ def split_corpus(corpus_dir: Path, validation_percent: float, max_heldout_per_so
     """Count the train side and keep up to ``max_heldout_per_source`` held-out documents per source."""
     manifest = read_corpus_manifest(corpus_dir)
     split = CorpusSplit()
-    docs = tqdm(iter_documents(corpus_dir, manifest), total=manifest.get("documents"), desc="reading corpus",
+    docs = progress(iter_documents(corpus_dir, manifest), total=manifest.get("documents"), desc="reading corpus",
                 unit="doc", leave=False)
     for doc in docs:
         if is_validation(str(doc["id"]), validation_percent):
@@ -197,7 +197,7 @@ def train_tokenizer(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]
              "lines are read it fits silently, which takes minutes at 32k on a large corpus",
              tok.model_type, tok.vocab_size, split.train_documents, split.train_chars / 1e6)
     started = time.perf_counter()
-    lines = tqdm(training_lines(iter_documents(corpus_dir), validation_percent, tok.max_sentence_length),
+    lines = progress(training_lines(iter_documents(corpus_dir), validation_percent, tok.max_sentence_length),
                  desc="feeding SentencePiece", unit="line", leave=False)
     model_bytes = train_sentencepiece(lines, trainer_options(tok, cfg.experiment.seed))
     train_seconds = time.perf_counter() - started

@@ -2,7 +2,7 @@
 
     shards + tokenizer manifests -> mesh -> compiled state init and train step
     -> restore (params, optimizer, step, RNG, loader position) or init
-    -> loop: batch -> step -> metrics (W&B, tqdm, train_log.jsonl) -> checkpoint every N steps
+    -> loop: batch -> step -> metrics (W&B, progress line, train_log.jsonl) -> checkpoint every N steps
     -> final checkpoint
 
 A run can stop at any point: SIGKILL loses only the steps since the last checkpoint (and the
@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from tqdm import tqdm
 
 from data_prep.loader import make_train_iterator, read_shards_manifest
 from experiment.errors import ConfigError, DataError, RecipeError
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.manifest import read_manifest
+from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
 from model.attention import resolve_attention
 from model.flops import param_count, train_flops_per_token
@@ -326,7 +326,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
 
     step = start_step
     train_log = (Path(run_folder.root) / TRAIN_LOG).open("a", encoding="utf-8") if jax.process_index() == 0 else None
-    progress = tqdm(total=train_cfg.steps, initial=start_step, desc="pretrain", unit="step", dynamic_ncols=True,
+    progress = progress_bar(total=train_cfg.steps, initial=start_step, desc="pretrain", unit="step", dynamic_ncols=True,
                     disable=jax.process_index() != 0)
     try:
         with PreemptionWatch(train_cfg.preemption_grace_s) as preemption:
