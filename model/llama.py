@@ -137,7 +137,7 @@ class LlamaHF:
                                 f"which does not fit {shape} of the config")
             return value.reshape(shape)
 
-        pure = state.to_pure_dict()
+        pure = nnx.to_pure_dict(state)
         pure["embed"] = tensor("model.embed_tokens.weight", pure["embed"].shape, transpose=False)
         for i, block in pure["blocks"].items():
             prefix = f"model.layers.{i}"
