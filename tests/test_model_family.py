@@ -154,3 +154,23 @@ def jax_leaves(model: object) -> list[np.ndarray]:
     from flax import nnx
 
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+
+def test_resume_checks_the_family_and_takes_old_checkpoints_as_llama() -> None:
+    from experiment.errors import DataError
+    from trainer.train import check_same_run
+
+    before_families = {"model": {"d_model": 64}, "vocab_size": 600}
+    check_same_run(before_families, {"model": {"family": "llama", "d_model": 64}, "vocab_size": 600}, "x")
+    with pytest.raises(DataError, match="different model .*family: llama -> toy_mha"):
+        check_same_run(before_families, {"model": {"family": NAME, "d_model": 64}, "vocab_size": 600}, "x")
+
+
+def test_checkpoint_meta_rebuilds_the_config_of_its_family() -> None:
+    from experiment.sections.model import ModelConfig
+    from trainer.checkpoint import model_config_from_meta
+
+    assert model_config_from_meta({"model": {"d_model": 64, "attention": "splash"}}) == ModelConfig(d_model=64)
+    assert model_config_from_meta({"family": NAME, "model": dict(TOY_MODEL)}) == ToyConfig(**TOY_MODEL)
+    with pytest.raises(ConfigError, match="unknown model family 'gone'"):
+        model_config_from_meta({"family": "gone", "model": {}})
