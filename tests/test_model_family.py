@@ -16,6 +16,7 @@ import yaml
 
 from experiment.config import load_config
 from experiment.errors import ConfigError
+from model.family import FamilyModel
 from model.registry import families, family_of, get_family
 from tests.fixture_run import checkpoint_contents, run_copy
 from tests.recipe_runner import REPO, error_line, run_recipe
@@ -108,6 +109,7 @@ def test_toy_param_count_matches_the_module() -> None:
     assert count_params(model) == TOY.param_count(cfg, 50)
     tokens = np.arange(12, dtype=np.int32).reshape(2, 6) % 50
     assert type(model).__name__ == "ToyDecoder" and model(tokens).shape == (2, 6, 50)
+    assert isinstance(model, FamilyModel) and model.hidden(tokens).shape == (2, 6, 32)
 
 
 def test_unimportable_plugin_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
