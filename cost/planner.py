@@ -3,7 +3,7 @@
 For a model (a preset, a published reference shape such as ``llama3.1-8b``, or the experiment's
 own model section), a token budget and a list of accelerator / slice / pricing options:
 
-    train FLOPs per token  = model.flops.train_flops_per_token (hand-counted, 3x forward)
+    train FLOPs per token  = the model family's hand count (Llama: model/flops.py, 3x forward)
     tokens/s per chip      = MFU x peak bf16 FLOP/s / FLOPs per token
     hours                  = tokens / (tokens/s per chip x chips) / 3600
     rubles                 = hours x chips x USD per chip-hour x USD->RUB
@@ -14,7 +14,7 @@ ours on the same accelerator (the ledger), else from a published anchor on that 
 
 Recomputation is priced: the setting a run needs to fit (``model.remat``, the attention kernel, the
 chunked loss; the fit check's choice from ``reports/fit_check.json`` for a slice it checked, else the
-config's) makes the hardware do ``recompute`` x the model FLOPs (``model.flops.recompute_flops_per_token``).
+config's) makes the hardware do ``recompute`` x the model FLOPs (the family's ``train_costs``).
 An anchor's MFU (or ``cost.plan_mfu``) is taken as the hardware FLOPs utilisation its own setting reached
 and held fixed, so a setting that recomputes more runs at a proportionally lower MFU: "fits with full
 remat" costs what it costs. Every plan also re-derives the
@@ -38,7 +38,7 @@ from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from experiment.errors import ConfigError, DataError
 from experiment.runfolder import RunFolder
 from experiment.sections.model import ModelConfig
-from model.flops import param_count, train_costs, train_flops_per_token
+from model.registry import family_of
 
 log = logging.getLogger("cost.planner")
 
@@ -75,17 +75,17 @@ COLUMNS = (
 @dataclass(frozen=True)
 class PlanModel:
     label: str
-    cfg: ModelConfig
+    cfg: Any  # a model family's ``model:`` section (published anchors and presets are Llama shapes)
     vocab_size: int
     seq_len: int
 
     @property
     def flops_per_token(self) -> float:
-        return train_flops_per_token(self.cfg, self.vocab_size, self.seq_len)
+        return family_of(self.cfg).flops(self.cfg, self.vocab_size, self.seq_len)
 
     @property
     def params(self) -> int:
-        return param_count(self.cfg, self.vocab_size)
+        return family_of(self.cfg).param_count(self.cfg, self.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -112,10 +112,11 @@ def platform_of(accelerator: str) -> str:
     return "tpu" if accelerator.startswith("tpu") else "gpu" if accelerator.startswith("nvidia") else "other"
 
 
-def recompute_factor(model_cfg: ModelConfig, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
+def recompute_factor(model_cfg: Any, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
                      loss_chunk_len: int) -> float:
     """Hardware FLOPs / model FLOPs of training ``model_cfg`` (its remat and attention) on ``platform``."""
-    _, model_flops, hardware_flops = train_costs(model_cfg, vocab_size, seq_len, platform, compute_dtype, loss_chunk_len)
+    _, model_flops, hardware_flops = family_of(model_cfg).train_costs(model_cfg, vocab_size, seq_len, platform,
+                                                                      compute_dtype, loss_chunk_len)
     return hardware_flops / model_flops
 
 

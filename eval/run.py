@@ -258,7 +258,9 @@ def evaluate(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
     if eval_cfg.export_hf:
         from eval.hf_export import export_checkpoint
 
-        results["hf_export"] = str(export_checkpoint(model, int(step), meta, run_folder, cfg))
+        exported = export_checkpoint(model, int(step), meta, run_folder, cfg)
+        if exported is not None:  # None: the model family has no Hugging Face adapter
+            results["hf_export"] = str(exported)
     json_path, md_path = write_results(run_folder.eval, results)
     log.info("wrote %s and %s", json_path, md_path)
     if wandb_run is not None:  # None: library use without tracking

@@ -70,6 +70,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"config key '{key}': {value!r} is not one of {list(allowed)}{hint}")
         return value
     if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return value  # a section already built with its own class (a model family's ``model:``)
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}': expected a mapping, got {type(value).__name__}")
         return build_dataclass(tp, value, key)
@@ -187,6 +189,11 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
     for text in overrides:
         key_path, value = parse_override(text)
         apply_override(tree, key_path, value)
+    model = tree.get("model")
+    if isinstance(model, dict):  # read with the class its family registered
+        from experiment.sections.model import model_section_class
+
+        tree["model"] = build_dataclass(model_section_class(str(model.get("family", "llama"))), model, "model")
     return build_dataclass(ExperimentConfig, tree)
 
 

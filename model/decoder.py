@@ -12,8 +12,6 @@ forward pass when ``train.compute_dtype`` is bfloat16. Norms, softmax and the lo
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +19,9 @@ from flax import nnx
 
 from experiment.sections.model import ModelConfig
 from model.attention import attend, resolve_attention
+from model.cpu_kernels import linear
+from model.family import init_module
+from model.loss import output_logits
 from model.sharding import compiled_platform, constrain
 
 REMAT_POLICIES = {
@@ -30,34 +31,6 @@ REMAT_POLICIES = {
     # the same outputs, kept in host memory instead of HBM (TPU; the fit search reports where unsupported)
     "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
 }
-
-
-@jax.custom_vjp
-def linear(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., in] @ w [in, out]: every projection of the model, with a backward pass tuned for XLA:CPU."""
-    return jnp.einsum("...i,io->...o", x, w)
-
-
-def _linear_forward(x: jax.Array, w: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    return linear(x, w), (x, w)
-
-
-def _linear_backward(residuals: tuple[jax.Array, jax.Array], dy: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The same gradients as autodiff, with the weight gradient's dot taking the smaller activation first.
-
-    Why: XLA:CPU copies the first operand of a dot that contracts over leading dims into a transposed
-    layout, and autodiff puts the output gradient first, so the copy got fused into the elementwise
-    work that made that gradient (the SwiGLU backward) and ran 5-7x slower than a plain transpose:
-    removing that made the CPU train step 1.12x faster. On TPUs and GPUs the operand order changes nothing.
-    """
-    x, w = residuals
-    dx = jnp.einsum("...o,io->...i", dy, w)
-    x_first = w.shape[0] <= w.shape[1]  # the activation with fewer features is the one copied
-    dw = jnp.einsum("...i,...o->io", x, dy) if x_first else jnp.einsum("...o,...i->oi", dy, x).T
-    return dx, dw
-
-
-linear.defvjp(_linear_forward, _linear_backward)
 
 
 def project_heads(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -199,85 +172,6 @@ class Decoder(nnx.Module):
         return nnx.remat(lambda blk, h, r, s: blk(h, r, s), policy=policy)(block, x, rope, segments)
 
 
-def output_logits(hidden: jax.Array, weight: jax.Array) -> jax.Array:
-    """hidden [..., T, D] @ weight [D, V] -> fp32 logits, laid out with the vocabulary split as the rules say."""
-    logits = linear(hidden, weight.astype(hidden.dtype))
-    return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
-
-
-def cross_entropy(logits: jax.Array, targets: jax.Array, z_loss: float = 0.0,
-                  weights: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """Mean next-token cross-entropy and mean log(Z)^2 (the z-loss term, before its weight)."""
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    nll = log_z - target_logit
-    z_term = jnp.square(log_z)
-    if weights is None:
-        return nll.mean(), z_term.mean()
-    total = jnp.maximum(weights.sum(), 1.0)
-    return (nll * weights).sum() / total, (z_term * weights).sum() / total
-
-
-def chunked_cross_entropy(hidden: jax.Array, weight: jax.Array, targets: jax.Array, chunk_len: int,
-                          weights: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """``cross_entropy(output_logits(hidden, weight), targets)`` without all logits in memory at once.
-
-    The sequence is cut into chunks of ``chunk_len`` positions (the last padded with zero-weight
-    positions); a scan computes each chunk's logits, its summed NLL and log(Z)^2 and drops the logits,
-    and the backward pass recomputes them chunk by chunk (``jax.checkpoint``). Peak memory for the
-    logits falls from B x T x V to B x chunk_len x V floats, for one more forward matmul of the head.
-    """
-    b, t, d = hidden.shape
-    if chunk_len <= 0 or chunk_len >= t:
-        return cross_entropy(output_logits(hidden, weight), targets, weights=weights)
-    n = -(-t // chunk_len)
-    pad = n * chunk_len - t
-    mask = jnp.ones((b, t), jnp.float32) if weights is None else weights.astype(jnp.float32)
-    if pad:
-        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-        targets, mask = jnp.pad(targets, ((0, 0), (0, pad))), jnp.pad(mask, ((0, 0), (0, pad)))
-
-    def by_chunk(x: jax.Array) -> jax.Array:  # [B, n * c, ...] -> [n, B, c, ...]
-        return x.reshape(b, n, chunk_len, *x.shape[2:]).swapaxes(0, 1)
-
-    @jax.checkpoint
-    def chunk_sums(h: jax.Array, tgt: jax.Array, m: jax.Array) -> tuple[jax.Array, jax.Array]:
-        logits = output_logits(h, weight)
-        log_z = jax.nn.logsumexp(logits, axis=-1)
-        nll = log_z - jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
-        return (nll * m).sum(), (jnp.square(log_z) * m).sum()
-
-    def step(carry: tuple[jax.Array, jax.Array], chunk: tuple[jax.Array, ...]) -> tuple[tuple[jax.Array, jax.Array], None]:
-        nll_sum, z_sum = chunk_sums(*chunk)
-        return (carry[0] + nll_sum, carry[1] + z_sum), None
-
-    zero = jnp.zeros((), jnp.float32)
-    (nll_sum, z_sum), _ = jax.lax.scan(step, (zero, zero), (by_chunk(hidden), by_chunk(targets), by_chunk(mask)))
-    total = jnp.maximum(mask.sum(), 1.0) if weights is not None else jnp.float32(b * t)
-    return nll_sum / total, z_sum / total
-
-
-def count_params(model_or_state: Any) -> int:
-    state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) else model_or_state
-    return sum(int(x.size) for x in jax.tree.leaves(state))
-
-
-def run_once_compile_options(platform: str) -> dict[str, Any]:
-    """XLA options for a program that runs once (initialisation): on CPU, LLVM's optimisation of the
-    unrolled threefry random-number code costs ~3x more compile time than the single run saves."""
-    return {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
-
-
 def init_decoder(cfg: ModelConfig, vocab_size: int, seed: int = 0) -> Decoder:
-    """A freshly initialised decoder on the default device (no mesh), e.g. for tests and benchmarks.
-
-    Built under ``jax.jit``: eager initialisation compiles every random op on its own.
-    """
-    with nnx.use_eager_sharding(False):
-        graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(cfg, vocab_size, nnx.Rngs(0))))
-
-        def make() -> nnx.State:
-            return nnx.state(Decoder(cfg, vocab_size, nnx.Rngs(seed)))
-
-        options = run_once_compile_options(jax.devices()[0].platform)
-        return nnx.merge(graphdef, jax.jit(make).lower().compile(compiler_options=options)())
+    """A freshly initialised decoder on the default device (no mesh), e.g. for tests and benchmarks."""
+    return init_module(Decoder, cfg, vocab_size, seed)  # type: ignore[return-value]

@@ -32,7 +32,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def resolve(model_cfg: ModelConfig) -> ModelConfig:
     """The config with its preset's shape filled in (explicit non-default fields win)."""
-    if not model_cfg.preset:
+    if not getattr(model_cfg, "preset", ""):  # a family without presets
         return model_cfg
     if model_cfg.preset not in PRESETS:
         raise ConfigError(f"config key 'model.preset': unknown preset '{model_cfg.preset}' (known: {', '.join(PRESETS)})")

@@ -24,7 +24,8 @@ from flax import nnx
 from experiment.errors import ConfigError
 from experiment.sections.model import ModelConfig
 from model.attention import attend, resolve_attention
-from model.decoder import Decoder, chunked_cross_entropy, cross_entropy, init_decoder, output_logits
+from model.decoder import Decoder, init_decoder
+from model.loss import chunked_cross_entropy, cross_entropy, output_logits
 
 REPO = Path(__file__).resolve().parents[1]
 B, T, H, KV, D = 2, 128, 4, 2, 16  # splash needs a sequence divisible by 128

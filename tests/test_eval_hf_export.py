@@ -143,3 +143,32 @@ def test_exported_tokenizer_gives_sentencepiece_ids(tmp_path: Path) -> None:
     unseen = (novel.parent / "Дубровский.txt").read_text(encoding="utf-8").splitlines()[10:15]
     for text in unseen + ["Ёжик в тумане, 2024 год!", "  два пробела\nи перевод строки"]:
         assert hf_tok.encode(text, add_special_tokens=False) == sp.encode(text), text
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_llama_adapter_imports_a_transformers_model(tie: bool) -> None:
+    """The Llama family's HF import on a random Transformers Llama (GQA, randomised norms): our logits match."""
+    torch = import_extra("torch", "hf")
+    transformers = import_extra("transformers", "hf")
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from model.registry import get_family
+
+    torch.manual_seed(0)
+    hf_cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      rms_norm_eps=1e-6, tie_word_embeddings=tie, rope_theta=500.0)
+    hf_model = transformers.LlamaForCausalLM(hf_cfg).eval()
+    with torch.no_grad():
+        for name, tensor in hf_model.named_parameters():
+            tensor.normal_(1.0 if name.endswith("norm.weight") else 0.0, 0.3)  # norms too: a skipped one would show
+    state_dict = {k: v.detach().numpy() for k, v in hf_model.state_dict().items()}
+    llama = get_family("llama")
+    model_cfg, params = llama.hf_adapter.import_(hf_cfg.to_dict(), state_dict)
+    assert (model_cfg.n_kv_heads, model_cfg.tie_embeddings, model_cfg.rope_theta) == (2, tie, 500.0)
+    model = nnx.merge(nnx.graphdef(llama.abstract(model_cfg, VOCAB)), params)
+    tokens = np.random.default_rng(3).integers(0, VOCAB, size=(2, 24)).astype(np.int32)
+    with torch.no_grad():
+        theirs = hf_model(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
+    np.testing.assert_allclose(np.asarray(model(jnp.asarray(tokens)), np.float32), theirs, atol=1e-4, rtol=0)

@@ -12,8 +12,10 @@ from flax import nnx
 
 from experiment.errors import ConfigError
 from experiment.sections.model import ModelConfig
-from model.decoder import Decoder, count_params, cross_entropy, init_decoder, linear, rope_angles
+from model.cpu_kernels import linear
+from model.decoder import Decoder, init_decoder, rope_angles
 from model.flops import forward_flops_per_token, param_count, train_flops_per_token
+from model.loss import count_params, cross_entropy
 from model.presets import PRESETS, resolve
 
 VOCAB = 97

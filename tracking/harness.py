@@ -18,6 +18,7 @@ from typing import Any
 from experiment.config import load_config
 from experiment.errors import RecipeError
 from experiment.files import WRITE_ERRNOS, write_error
+from experiment.plugins import load_plugins
 from experiment.runfolder import RunFolder
 
 StageFn = Callable[[Any, RunFolder, Any], Any]
@@ -52,6 +53,7 @@ def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | Non
     setup_logging()
     run_root: Path = Path.cwd()
     try:
+        load_plugins()  # e.g. a model family defined outside the package, before its config section is read
         cfg = load_config(args.config, args.overrides)
         if prepare is not None:
             prepare(cfg)

@@ -6,7 +6,7 @@ One checkpoint step holds five items:
 - ``train``: optimizer state, step counter and RNG key data;
 - ``loader``: the data iterator's state (JSON), so that resume sees the same batches;
 - ``ledger``: the cost ledger's summary at that step (JSON);
-- ``meta``: model config, vocab_size, tokenizer_sha256, seq_len, W&B run id (JSON).
+- ``meta``: model family and config, vocab_size, tokenizer_sha256, seq_len, W&B run id (JSON).
 
 Orbax writes a step into a temporary folder and renames it when complete, so a crash mid-save
 leaves a ``*.orbax-checkpoint-tmp`` folder that a new manager ignores.
@@ -46,9 +46,9 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from experiment.errors import DataError, MissingStageError, WriteError
 from experiment.files import WRITE_ERRNOS, atomic_write_json, atomic_write_text, format_bytes, free_bytes, free_space
-from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
-from model.decoder import Decoder
+from model.family import FamilyModel
+from model.registry import get_family
 
 log = logging.getLogger("trainer.checkpoint")
 PRETRAIN_RECIPE = "recipes/04_pretrain.py"
@@ -408,20 +408,22 @@ def set_aside(manager: ocp.CheckpointManager, steps: Sequence[int]) -> None:
     manager.reload()
 
 
-def model_config_from_meta(meta: dict[str, Any]) -> ModelConfig:
-    """The model config a checkpoint was trained with, for the machine that loads it: a platform's own
-    attention kernel (splash, cudnn) becomes ``auto``, so a model trained on a TPU or a GPU evaluates on a
-    CPU (the kernels compute the same attention)."""
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    cfg = ModelConfig(**{k: v for k, v in meta["model"].items() if k in fields})
-    return dataclasses.replace(cfg, attention="auto") if cfg.attention in ("splash", "cudnn") else cfg
+def model_config_from_meta(meta: dict[str, Any]) -> Any:
+    """The model config a checkpoint was trained with, in its family's section class, for the machine that
+    loads it: a platform's own attention kernel (splash, cudnn) becomes ``auto``, so a model trained on a
+    TPU or a GPU evaluates on a CPU (the kernels compute the same attention). A checkpoint written before
+    families were recorded is a Llama one."""
+    family = get_family(meta.get("family") or meta["model"].get("family") or "llama")
+    fields = {f.name for f in dataclasses.fields(family.config_cls)}
+    cfg = family.config_cls(**{k: v for k, v in meta["model"].items() if k in fields})
+    return dataclasses.replace(cfg, attention="auto") if getattr(cfg, "attention", "") in ("splash", "cudnn") else cfg
 
 
-def load_trained_model(run_folder: Any, step: int | None = None) -> tuple[Decoder, int, dict[str, Any]]:
+def load_trained_model(run_folder: Any, step: int | None = None) -> tuple[FamilyModel, int, dict[str, Any]]:
     """The trained model of a run folder (latest checkpoint by default) on the default device.
 
-    Returns ``(model, step, meta)``; ``meta`` has ``model``, ``vocab_size``, ``tokenizer_sha256``,
-    ``seq_len``. Raises MissingStageError when the run has no finished checkpoint.
+    Returns ``(model, step, meta)``; ``meta`` has ``family``, ``model``, ``vocab_size``, ``tokenizer_sha256``,
+    ``seq_len``; the model is rebuilt by the family the meta names. Raises MissingStageError when the run has no finished checkpoint.
     """
     checkpoint_dir = Path(run_folder.checkpoints)
     if not checkpoint_dir.is_dir():
@@ -437,8 +439,7 @@ def load_trained_model(run_folder: Any, step: int | None = None) -> tuple[Decode
         def read_params(step: int) -> tuple[dict[str, Any], Any, Any]:
             meta = read_meta(manager, step)
             model_cfg = model_config_from_meta(meta)
-            with nnx.use_eager_sharding(False):
-                abstract_model = nnx.eval_shape(lambda: Decoder(model_cfg, meta["vocab_size"], nnx.Rngs(0)))
+            abstract_model = get_family(model_cfg.family).abstract(model_cfg, meta["vocab_size"])
             graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
             device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
             param_dtype = jax.numpy.dtype(meta.get("param_dtype", "float32"))

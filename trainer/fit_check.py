@@ -102,10 +102,10 @@ def configured_setting(model_cfg: Any, train_cfg: Any) -> Setting:
 
 def setting_costs(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, platform: str) -> dict[str, Any]:
     """Hand-counted model and hardware FLOPs per step of this setting, and the kernel ``auto`` picks."""
-    from model.flops import train_costs
+    from model.registry import family_of
 
-    kernel, model_flops, hardware_flops = train_costs(model_cfg, vocab_size, seq_len, platform,
-                                                      train_cfg.compute_dtype, train_cfg.loss_chunk_len)
+    kernel, model_flops, hardware_flops = family_of(model_cfg).train_costs(
+        model_cfg, vocab_size, seq_len, platform, train_cfg.compute_dtype, train_cfg.loss_chunk_len)
     tokens = train_cfg.batch_size * seq_len
     return {"attention_kernel": kernel, "model_flops_per_step": model_flops * tokens,
             "hardware_flops_per_step": hardware_flops * tokens, "recompute_factor": hardware_flops / model_flops}

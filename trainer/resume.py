@@ -119,8 +119,8 @@ def trim_train_log(path: Path, step: int) -> float:
 
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any) -> None:
     """Refuse to resume checkpoints made for another model or data (the parameters would not fit)."""
-    def model_of(meta: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in (meta.get("model") or {}).items() if k not in EXECUTION_KEYS}
+    def model_of(meta: dict[str, Any]) -> dict[str, Any]:  # checkpoints from before model families are Llama ones
+        return {k: v for k, v in {"family": "llama", **(meta.get("model") or {})}.items() if k not in EXECUTION_KEYS}
 
     saved, current = {**saved, "model": model_of(saved)}, {**current, "model": model_of(current)}
     for key in ("model", "vocab_size", "tokenizer_sha256", "seq_len", "param_dtype"):

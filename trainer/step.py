@@ -20,9 +20,10 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from experiment.errors import ConfigError
-from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
-from model.decoder import Decoder, chunked_cross_entropy, run_once_compile_options
+from model.family import FamilyModel, run_once_compile_options
+from model.loss import chunked_cross_entropy
+from model.registry import family_of
 from model.sharding import Rules, activation_layout, batch_sharding, replicated, tree_shardings
 from trainer.schedules import make_schedule
 
@@ -60,7 +61,7 @@ class TrainProgram:
     init_state: Callable[[], State]
     train_step: Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]
 
-    def model(self, params: nnx.State) -> Decoder:
+    def model(self, params: nnx.State) -> FamilyModel:
         return nnx.merge(self.graphdef, params)
 
     def abstract_batch(self, batch_size: int, seq_len: int, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
@@ -73,16 +74,19 @@ class TrainProgram:
             return self.train_step.jitted.lower(self.abstract_state, abstract_batch)  # type: ignore[attr-defined]
 
 
-def build_program(model_cfg: ModelConfig, train_cfg: TrainConfig, vocab_size: int, mesh: Mesh,
+def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh: Mesh,
                   seed: int) -> TrainProgram:
-    rules = train_cfg.mesh.rules
+    """``model_cfg``: a model family's ``model:`` section (model/family.py); its family builds the model."""
+    family = family_of(model_cfg)
+    family.validate(model_cfg)
+    rules = family.mesh_rules(train_cfg.mesh.rules)
     tx, schedule = make_optimizer(train_cfg)
     param_dtype, compute_dtype = DTYPES[train_cfg.param_dtype], DTYPES[train_cfg.compute_dtype]
 
     def create_state() -> State:
         root = jax.random.key(seed)
         with nnx.use_eager_sharding(False):
-            model = Decoder(model_cfg, vocab_size, nnx.Rngs(params=jax.random.fold_in(root, 0)))
+            model = family.build(model_cfg, vocab_size, nnx.Rngs(params=jax.random.fold_in(root, 0)))
         params = jax.tree.map(lambda x: x.astype(param_dtype), nnx.state(model, nnx.Param))
         return {
             "params": params,
@@ -91,8 +95,7 @@ def build_program(model_cfg: ModelConfig, train_cfg: TrainConfig, vocab_size: in
             "rng": jax.random.key_data(jax.random.fold_in(root, 1)),
         }
 
-    with nnx.use_eager_sharding(False):
-        graphdef = nnx.graphdef(nnx.eval_shape(lambda: Decoder(model_cfg, vocab_size, nnx.Rngs(0))))
+    graphdef = nnx.graphdef(family.abstract(model_cfg, vocab_size))
     shapes = jax.eval_shape(create_state)
     tree_shardings(shapes["params"], mesh, rules)  # checked alone first so an error names the parameter
     state_shardings = tree_shardings(shapes, mesh, rules)

@@ -32,9 +32,8 @@ from experiment.errors import ConfigError
 from experiment.files import atomic_write_json
 from experiment.manifest import read_manifest
 from experiment.runfolder import RunFolder
-from model.attention import resolve_attention
-from model.flops import param_count, train_flops_per_token
 from model.presets import resolve
+from model.registry import family_of
 from model.sharding import build_mesh
 from tokenizer.spm import TOKENIZER_RECIPE, TOKENIZER_STAGE
 from tracking.history import backfill_offline_history
@@ -45,7 +44,7 @@ from trainer.hooks import CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCh
 from trainer.loop import run_loop
 from trainer.reporting import TRAIN_LOG, open_ledger, open_train_log
 from trainer.resume import WANDB_ID_FILE, check_steps_left, restore_or_init, trim_train_log
-from trainer.step import DTYPES, build_program
+from trainer.step import build_program
 from trainer.throughput import MetricsWindow, peak_flops_per_device
 
 log = logging.getLogger("trainer")
@@ -91,17 +90,17 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         mesh = build_mesh(train_cfg.mesh)
         log.info("mesh %s over %d %s devices", dict(mesh.shape), mesh.size, jax.devices()[0].platform)
         program = build_program(model_cfg, train_cfg, data.vocab_size, mesh, seed=cfg.experiment.seed)
-        n_params = param_count(model_cfg, data.vocab_size)
-        log.info("model: %.2fM parameters (%d layers, d_model %d, %d heads / %d KV heads, vocab %d)",
-                 n_params / 1e6, model_cfg.n_layers, model_cfg.d_model, model_cfg.n_heads, model_cfg.n_kv_heads,
-                 data.vocab_size)
-        kernel = resolve_attention(model_cfg.attention, mesh.devices.flat[0].platform, DTYPES[train_cfg.compute_dtype],
-                                   model_cfg.resolved_head_dim, data.seq_len)
+        family = family_of(model_cfg)
+        n_params = family.param_count(model_cfg, data.vocab_size)
+        log.info("model: %s family, %.2fM parameters (%s, vocab %d)",
+                 family.name, n_params / 1e6, family.describe(model_cfg), data.vocab_size)
+        kernel, _, _ = family.train_costs(model_cfg, data.vocab_size, data.seq_len, mesh.devices.flat[0].platform,
+                                          train_cfg.compute_dtype, train_cfg.loss_chunk_len)
         log.info("attention kernel: %s (model.attention=%s on %s); remat %s; loss logits in chunks of %s positions",
                  kernel, model_cfg.attention, mesh.devices.flat[0].platform, model_cfg.remat,
                  train_cfg.loss_chunk_len if 0 < train_cfg.loss_chunk_len < data.seq_len else "all")
         meta = {
-            "model": dataclasses.asdict(model_cfg), "vocab_size": data.vocab_size,
+            "family": family.name, "model": dataclasses.asdict(model_cfg), "vocab_size": data.vocab_size,
             "tokenizer_sha256": data.tokenizer_sha256, "seq_len": data.seq_len,
             "param_dtype": train_cfg.param_dtype, "n_params": n_params, "wandb_run_id": run_id,
         }
@@ -124,7 +123,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     if start_step and getattr(wandb_run, "offline", False):
         backfill_offline_history(wandb_run, Path(run_folder.root) / TRAIN_LOG, start_step)
     tokens_per_step = train_cfg.batch_size * data.seq_len
-    window = MetricsWindow(tokens_per_step, train_flops_per_token(model_cfg, data.vocab_size, data.seq_len),
+    window = MetricsWindow(tokens_per_step, family_of(model_cfg).flops(model_cfg, data.vocab_size, data.seq_len),
                            peak_flops_per_device(cfg))
     define_cost_metrics(wandb_run)
     wandb_run.summary["model/n_params"] = n_params

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from experiment.errors import ConfigError
 
 
 @dataclass
 class ModelConfig:
+    family: str = "llama"  # the model family (model/family.py) whose registered section class reads this section
     preset: str = ""  # a named size from model.presets; explicit fields in the YAML override it
     d_model: int = 256
     n_layers: int = 4
@@ -54,3 +55,23 @@ class ModelConfig:
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.d_model // self.n_heads
+
+
+# family name -> the dataclass its ``model:`` section is read into; a model family registers its own
+# (model.family.register_family does it), so a family with other fields loads without editing the schema
+_MODEL_SECTIONS: dict[str, type[Any]] = {}
+
+
+def register_model_section(family: str, cls: type[Any]) -> None:
+    """Read ``model:`` sections with ``family: <family>`` into ``cls`` (a dataclass with a ``family`` field)."""
+    _MODEL_SECTIONS[family] = cls
+
+
+def model_section_class(family: str) -> type[Any]:
+    if family not in _MODEL_SECTIONS:
+        raise ConfigError(f"config key 'model.family': unknown model family '{family}' "
+                          f"(known: {', '.join(sorted(_MODEL_SECTIONS))})")
+    return _MODEL_SECTIONS[family]
+
+
+register_model_section("llama", ModelConfig)

@@ -1,0 +1,165 @@
+"""Model families: one registration per architecture, and the contract the rest of the package relies on.
+
+A family is everything the trainer, checkpoint loader, evaluator, HF exporter, planner and fit check
+need to know about an architecture, in one ``ModelFamily``: the dataclass its ``model:`` config
+section is read into, a builder for its Flax NNX module, its hand-counted FLOPs and parameter count,
+the logical axis names its parameters carry with their default mesh rules, its own config checks,
+and its Hugging Face adapter (None: no HF export or import). Those stages look the family up by
+``cfg.model.family`` (``model.registry.family_of``) and never import a model file themselves, so a new
+family is one module plus ``register_family(...)`` (as in torchtitan's TrainSpec registry).
+
+Llama, the first family, registers in ``model/llama.py``; ``model.registry`` imports the families
+that ship, so look families up through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import numpy as np
+from flax import nnx
+
+from experiment.errors import ConfigError
+from experiment.sections.model import register_model_section
+
+TrainCosts = tuple[str, float, float]  # (attention kernel, model FLOPs, hardware FLOPs) per trained token
+
+
+@runtime_checkable
+class FamilyModel(Protocol):
+    """What the train step, the chunked loss, eval scoring and the exporters call on a family's module.
+
+    The train step computes the loss from ``hidden`` and ``output_weight`` (``model.loss``: the
+    logits of a chunk at a time, never all at once); eval scores ``__call__``'s logits.
+    """
+
+    def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+                 positions: jax.Array | None = None) -> jax.Array:
+        """tokens [B, T] int32 -> logits [B, T, V] float32 (``model.loss.output_logits`` of the two below)."""
+        ...
+
+    def hidden(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+        """tokens [B, T] -> the hidden states [B, T, D] the output projection reads. ``segment_ids``
+        (packed documents) and ``positions`` (row-local, restarting per document) may be None."""
+        ...
+
+    def output_weight(self) -> jax.Array:
+        """The output projection [D, V] (the embedding table transposed when tied)."""
+        ...
+
+
+class FamilyConfig(Protocol):
+    """Fields every family's ``model:`` section has, because stages other than the model read them."""
+
+    family: str  # the registered family name
+    max_seq_len: int  # the longest sequence the model is built for (trainer and eval check against it)
+    z_loss: float  # weight of log(Z)^2 in the train loss
+    attention: str  # the attention kernel setting the fit search varies
+    remat: str  # activation checkpointing setting the fit search varies
+
+
+class HFAdapter(Protocol):
+    """A family's bridge to Hugging Face Transformers: weights in PyTorch's layout plus config.json."""
+
+    architecture: str  # e.g. "LlamaForCausalLM", for log lines
+
+    def export(self, model: Any, model_cfg: Any, vocab_size: int,
+               special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """(state dict of fp32 numpy arrays under Transformers' names, config.json as a dict)."""
+        ...
+
+    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any]) -> tuple[Any, nnx.State]:
+        """(the family's model config, the parameters as an ``nnx.State`` for ``nnx.merge``)."""
+        ...
+
+
+Builder = Callable[[Any, int, nnx.Rngs], nnx.Module]
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One architecture, registered once (``register_family``); see the module docstring."""
+
+    name: str
+    config_cls: type[Any]  # the dataclass of its ``model:`` section (fields of ``FamilyConfig`` included)
+    build: Builder  # (model_cfg, vocab_size, rngs) -> the NNX module (a ``FamilyModel``), fp32 parameters
+    flops: Callable[[Any, int, int], float]  # (model_cfg, vocab_size, seq_len) -> model FLOPs per trained token
+    # (model_cfg, vocab_size, seq_len, platform, compute_dtype, loss_chunk_len) -> (attention kernel the
+    # config stands for on that platform, model FLOPs, hardware FLOPs with recomputation) per trained token
+    train_costs: Callable[[Any, int, int, str, str, int], TrainCosts]
+    param_count: Callable[[Any, int], int]  # (model_cfg, vocab_size) -> parameters, by formula
+    # logical axis name -> default mesh axes, for every name its parameters and activations use
+    axis_rules: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    validate: Callable[[Any], None] = lambda model_cfg: None  # family-specific checks; ConfigError, one line
+    describe: Callable[[Any], str] = lambda model_cfg: ""  # its shape in a few words, for log lines
+    hf_adapter: HFAdapter | None = None
+
+    def mesh_rules(self, configured: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+        """The rules a run lays this family out with: its defaults, with the config's rules
+        (``train.mesh.rules``) taking precedence for every name they give."""
+        return {**{k: list(v) for k, v in self.axis_rules.items()}, **{k: list(v) for k, v in configured.items()}}
+
+    def abstract(self, model_cfg: Any, vocab_size: int) -> nnx.Module:
+        """The module with shape-only parameters (no memory, no compute): graphdef and restore targets."""
+        with nnx.use_eager_sharding(False):
+            return nnx.eval_shape(lambda: self.build(model_cfg, vocab_size, nnx.Rngs(0)))
+
+    def init(self, model_cfg: Any, vocab_size: int, seed: int = 0) -> nnx.Module:
+        """A freshly initialised module on the default device (no mesh), e.g. for tests and benchmarks."""
+        self.validate(model_cfg)
+        return init_module(self.build, model_cfg, vocab_size, seed)
+
+
+def init_module(build: Builder, model_cfg: Any, vocab_size: int, seed: int = 0) -> nnx.Module:
+    """``build(model_cfg, vocab_size, Rngs(seed))`` on the default device (no mesh), under ``jax.jit``:
+    eager initialisation compiles every random op on its own."""
+    with nnx.use_eager_sharding(False):
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: build(model_cfg, vocab_size, nnx.Rngs(0))))
+
+        def make() -> nnx.State:
+            return nnx.state(build(model_cfg, vocab_size, nnx.Rngs(seed)))
+
+        options = run_once_compile_options(jax.devices()[0].platform)
+        return nnx.merge(graphdef, jax.jit(make).lower().compile(compiler_options=options)())
+
+
+def run_once_compile_options(platform: str) -> dict[str, Any]:
+    """XLA options for a program that runs once (initialisation): on CPU, LLVM's optimisation of the
+    unrolled threefry random-number code costs ~3x more compile time than the single run saves."""
+    return {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
+
+
+_FAMILIES: dict[str, ModelFamily] = {}
+
+
+def register_family(family: ModelFamily) -> ModelFamily:
+    """Make ``family`` known by its name (the config's ``model.family``); its section class reads ``model:``.
+
+    Registering the same family object again is a no-op (a module imported twice); another family
+    under a taken name is an error.
+    """
+    known = _FAMILIES.get(family.name)
+    if known is not None and known != family:
+        raise ValueError(f"model family '{family.name}' is already registered")
+    _FAMILIES[family.name] = family
+    register_model_section(family.name, family.config_cls)
+    return family
+
+
+def get_family(name: str) -> ModelFamily:
+    if name not in _FAMILIES:
+        raise ConfigError(f"config key 'model.family': unknown model family '{name}' (known: {', '.join(sorted(_FAMILIES))})")
+    return _FAMILIES[name]
+
+
+def families() -> tuple[str, ...]:
+    return tuple(sorted(_FAMILIES))
+
+
+def family_of(model_cfg: Any) -> ModelFamily:
+    """The family of a ``model:`` section (a config without the field is a Llama one, as before families)."""
+    return get_family(getattr(model_cfg, "family", "llama"))
