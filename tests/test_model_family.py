@@ -160,7 +160,7 @@ def jax_leaves(model: object) -> list[np.ndarray]:
 
 def test_resume_checks_the_family_and_takes_old_checkpoints_as_llama() -> None:
     from experiment.errors import DataError
-    from trainer.train import check_same_run
+    from trainer.resume import check_same_run
 
     before_families = {"model": {"d_model": 64}, "vocab_size": 600}
     check_same_run(before_families, {"model": {"family": "llama", "d_model": 64}, "vocab_size": 600}, "x")
