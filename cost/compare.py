@@ -20,6 +20,7 @@ from cost.ledger import LEDGER_FILE, summarize_ledger
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from experiment.errors import MissingStageError
 from experiment.runfolder import RunFolder
+from experiment.stages import EVAL, PRETRAIN
 from tracking.metrics import RUB_SPENT
 from tracking.readback import RunRecord, read_offline_runs, read_online_runs
 from tracking.wandb_run import resolve_mode
@@ -133,7 +134,7 @@ def cost_row(cfg: Any, exp: ExperimentRuns, metric: str | None) -> dict[str, Any
                    rub_lost_to_restarts=s["rub_lost_to_restarts"])
     else:
         raise MissingStageError(f"experiment '{exp.name}': no cost found (no W&B pretrain run with cost/* and no "
-                                f"{ledger_dir / LEDGER_FILE}): run recipes/04_pretrain.py first")
+                                f"{ledger_dir / LEDGER_FILE}): {PRETRAIN.run_first}")
     loss = latest.summary.get(cfg.cost.loss_metric) if latest else None
     if loss is None:
         losses = [h[cfg.cost.loss_metric] for r in cost_runs for h in r.history if cfg.cost.loss_metric in h]
@@ -210,7 +211,7 @@ def compare_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[
     reports = run_folder.reports
     reports.mkdir(parents=True, exist_ok=True)
     images = {}
-    notes = [f"eval score: {metric or 'none found (run recipes/05_evaluate.py)'}; RUB / eval point = rubles / "
+    notes = [f"eval score: {metric or f'none found (run {EVAL.recipe})'}; RUB / eval point = rubles / "
              "(score x 100) for an accuracy in [0, 1]"]
     loss_png = plot_loss_vs_rubles(experiments, cfg.cost.loss_metric, reports / "loss_vs_rubles.png")
     if loss_png:

@@ -42,6 +42,7 @@ from typing import Any
 from cost.catalog import Catalog, PriceRow
 from cost.rates import UsdRubRate, resolve_usd_rub
 from experiment.errors import DataError
+from experiment.stages import PRETRAIN
 
 log = logging.getLogger("cost.ledger")
 
@@ -364,7 +365,7 @@ def _read_sessions(ledger_dir: str | os.PathLike[str]) -> tuple[list[_Session], 
     it is only known once a later session resumes)."""
     path = Path(ledger_dir) / LEDGER_FILE
     if not path.is_file():
-        raise DataError(f"no ledger at {path}: run recipes/04_pretrain.py first")
+        raise DataError(f"no ledger at {path}: {PRETRAIN.run_first}")
     records, _ = _read_records(path)
     sessions = _sessions(records, path)
     if not sessions:

@@ -21,15 +21,15 @@ from typing import Any
 from tqdm import tqdm
 
 from data_prep.cleaning import CleanDocument, clean_document
-from data_prep.corpus_io import CORPUS_STAGE, CorpusShardWriter, clear_corpus_folder
+from data_prep.corpus_io import CorpusShardWriter, clear_corpus_folder
 from data_prep.corpus_report import CorpusCounts, log_to_wandb, render_report
 from data_prep.dedup import Deduplicator
 from data_prep.sources import RawDocument, iter_raw_documents
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
-from experiment.manifest import write_manifest
 from experiment.runfolder import RunFolder
 from experiment.sections.corpus import CorpusConfig
+from experiment.stages import CORPUS
 
 log = logging.getLogger("data_prep.corpus")
 
@@ -120,7 +120,7 @@ def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Pat
         **(extra_manifest or {}),
         "config": dataclasses.asdict(cfg),
     }
-    write_manifest(corpus_dir, CORPUS_STAGE, payload)
+    CORPUS.write_manifest(corpus_dir, payload)
     log.info("corpus: %d of %d documents kept (%.1f MB) in %d shard(s), %.0f s; report: %s",
              counts.kept, counts.documents_in, counts.bytes_kept / 1e6, len(writer.shards), seconds,
              corpus_dir / "report.md")

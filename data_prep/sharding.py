@@ -21,12 +21,12 @@ import numpy as np
 from tqdm import tqdm
 
 from data_prep.corpus_io import iter_documents, read_corpus_manifest
-from data_prep.loader import SHARDS_STAGE
 from data_prep.packing import Packer, PackingStats
 from data_prep.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
 from experiment.errors import DataError
-from experiment.manifest import MANIFEST_NAME, invalidate, write_manifest
+from experiment.manifest import MANIFEST_NAME, invalidate
 from experiment.split import is_validation
+from experiment.stages import SHARDS
 
 log = logging.getLogger("data_prep.sharding")
 
@@ -195,7 +195,7 @@ def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
                         "tokens: lower shards.seq_len or add text")
     if result["validation"]["records"] == 0 and shards_cfg.validation_percent > 0:
         log.warning("the validation split is empty: raise shards.validation_percent or add text")
-    write_manifest(out_dir, SHARDS_STAGE, payload)
+    SHARDS.write_manifest(out_dir, payload)
     if wandb_run is not None:  # None: library use without tracking (benchmarks)
         log_to_wandb(wandb_run, cfg, run_folder, payload, seconds)
     return payload

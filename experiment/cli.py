@@ -1,6 +1,6 @@
 """The harness every recipe uses: parse ``--config`` and overrides, open a W&B run, report errors.
 
-A recipe is a few lines: it names its stage and hands one package function to ``recipe_main``.
+A recipe is a few lines: it names its stage (experiment/stages.py) and hands one package function to ``recipe_main``.
 Problems the user can fix end in one line on stderr and exit code 2; the traceback is kept for
 real bugs.
 """
@@ -18,6 +18,7 @@ from experiment.config import load_config
 from experiment.errors import RecipeError
 from experiment.files import WRITE_ERRNOS, write_error
 from experiment.runfolder import RunFolder
+from experiment.stages import Stage, stage_named
 
 StageFn = Callable[[Any, RunFolder, Any], Any]
 
@@ -36,7 +37,7 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | None = None,
+def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[str] | None = None,
                 wandb_run_id: Callable[[Any, RunFolder], str | None] | None = None,
                 prepare: Callable[[Any], Any] | None = None) -> None:
     """Run one stage: ``fn(cfg, run_folder, wandb_run)``; exits 2 with one line on a RecipeError.
@@ -45,6 +46,7 @@ def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | Non
     ``prepare(cfg)`` runs right after the config is read, before W&B starts any thread (process-wide
     settings such as the allocator and JAX's device count).
     """
+    stage = stage if isinstance(stage, Stage) else stage_named(stage)
     args = make_parser(description).parse_args(argv)
     setup_logging()
     run_root: Path = Path.cwd()
@@ -55,11 +57,11 @@ def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | Non
         run_folder = RunFolder.for_config(cfg)
         run_root = run_folder.root
         run_folder.root.mkdir(parents=True, exist_ok=True)
-        run_folder.save_resolved_config(cfg, stage)
+        run_folder.save_resolved_config(cfg, stage.name)
         from tracking.wandb_run import open_run
 
         run_id = wandb_run_id(cfg, run_folder) if wandb_run_id else None
-        with open_run(cfg, run_folder, job_type=stage, run_id=run_id) as wandb_run:
+        with open_run(cfg, run_folder, job_type=stage.name, run_id=run_id) as wandb_run:
             fn(cfg, run_folder, wandb_run)
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -71,5 +73,5 @@ def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | Non
         print(f"error: {write_error(exc, run_root)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print(f"error: {stage} interrupted", file=sys.stderr)
+        print(f"error: {stage.name} interrupted", file=sys.stderr)
         sys.exit(130)

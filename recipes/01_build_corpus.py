@@ -2,6 +2,7 @@
 
 from data_prep.corpus import build_corpus
 from experiment.cli import recipe_main
+from experiment.stages import CORPUS
 
 if __name__ == "__main__":
-    recipe_main("corpus", "Build the cleaned Russian corpus from the configured sources.", build_corpus)
+    recipe_main(CORPUS, "Build the cleaned Russian corpus from the configured sources.", build_corpus)

@@ -2,6 +2,7 @@
 
 from eval.run import evaluate
 from experiment.cli import recipe_main
+from experiment.stages import EVAL
 
 if __name__ == "__main__":
-    recipe_main("eval", "Evaluate a checkpoint: bits per byte, perplexity, RuBLiMP and other Russian tasks", evaluate)
+    recipe_main(EVAL, "Evaluate a checkpoint: bits per byte, perplexity, RuBLiMP and other Russian tasks", evaluate)

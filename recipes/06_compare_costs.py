@@ -2,7 +2,8 @@
 
 from cost.compare import compare_costs
 from experiment.cli import recipe_main
+from experiment.stages import COMPARE
 
 if __name__ == "__main__":
-    recipe_main("compare", "Compare experiments' ruble costs, losses and eval scores; write reports/costs.*",
+    recipe_main(COMPARE, "Compare experiments' ruble costs, losses and eval scores; write reports/costs.*",
                 compare_costs)

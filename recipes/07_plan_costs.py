@@ -2,6 +2,7 @@
 
 from cost.planner import plan_costs
 from experiment.cli import recipe_main
+from experiment.stages import PLAN
 
 if __name__ == "__main__":
-    recipe_main("plan", "Plan a run's time and ruble cost per accelerator / slice / pricing option", plan_costs)
+    recipe_main(PLAN, "Plan a run's time and ruble cost per accelerator / slice / pricing option", plan_costs)

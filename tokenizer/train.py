@@ -25,10 +25,11 @@ from tqdm import tqdm
 from data_prep.corpus_io import iter_documents, read_corpus_manifest
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
-from experiment.manifest import invalidate, write_manifest
+from experiment.manifest import invalidate
 from experiment.sections.tokenizer import TokenizerConfig
 from experiment.split import is_validation
-from tokenizer.spm import MODEL_FILE, TOKENIZER_STAGE, VOCAB_FILE
+from experiment.stages import TOKENIZER
+from tokenizer.spm import MODEL_FILE, VOCAB_FILE
 
 log = logging.getLogger("tokenizer")
 
@@ -230,7 +231,7 @@ def train_tokenizer(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]
         "hf_export": "hf" if tok.hf_export else None,
         "config": {**asdict(tok), "seed": cfg.experiment.seed, "validation_percent": validation_percent},
     }
-    write_manifest(out_dir, TOKENIZER_STAGE, manifest)
+    TOKENIZER.write_manifest(out_dir, manifest)
     log.info("tokenizer written to %s", out_dir)
     log_report(wandb_run, report, out_dir, artifact_name=f"{cfg.experiment.name}-tokenizer")
     return manifest

@@ -44,14 +44,14 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
-from experiment.errors import DataError, MissingStageError, WriteError
+from experiment.errors import DataError, WriteError
 from experiment.files import WRITE_ERRNOS, atomic_write_json, atomic_write_text, format_bytes, free_bytes, free_space
 from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
+from experiment.stages import PRETRAIN
 from model.decoder import Decoder
 
 log = logging.getLogger("trainer.checkpoint")
-PRETRAIN_RECIPE = "recipes/04_pretrain.py"
 ITEMS = ("params", "train", "loader", "ledger", "meta")
 CHECKSUMS = "checksums.json"
 DAMAGED_DIR = "damaged"  # not a step name for Orbax (digits, or ending in _digits)
@@ -425,12 +425,12 @@ def load_trained_model(run_folder: Any, step: int | None = None) -> tuple[Decode
     """
     checkpoint_dir = Path(run_folder.checkpoints)
     if not checkpoint_dir.is_dir():
-        raise MissingStageError(f"no checkpoints in {checkpoint_dir}: run {PRETRAIN_RECIPE} first")
+        raise PRETRAIN.missing(f"no checkpoints in {checkpoint_dir}")
     manager = open_manager(checkpoint_dir)
     try:
         steps = manager.all_steps()
         if not steps:
-            raise MissingStageError(f"no finished checkpoint in {checkpoint_dir}: run {PRETRAIN_RECIPE} first")
+            raise PRETRAIN.missing(f"no finished checkpoint in {checkpoint_dir}")
         if step is not None and step not in steps:
             raise DataError(f"checkpoint step {step} not in {checkpoint_dir} (available: {sorted(steps)})")
 

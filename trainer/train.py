@@ -32,13 +32,12 @@ from tqdm import tqdm
 from data_prep.loader import make_train_iterator, read_shards_manifest
 from experiment.errors import ConfigError, DataError, RecipeError
 from experiment.files import atomic_write_json, atomic_write_text
-from experiment.manifest import read_manifest
 from experiment.runfolder import RunFolder
+from experiment.stages import TOKENIZER
 from model.attention import resolve_attention
 from model.flops import param_count, train_flops_per_token
 from model.presets import resolve
 from model.sharding import build_mesh
-from tokenizer.spm import TOKENIZER_RECIPE, TOKENIZER_STAGE
 from tracking.metrics import cost_entries, define_cost_metrics, log_cost_summary, log_step
 from trainer import checkpoint
 from trainer.step import DTYPES, TrainProgram, build_program, global_batch
@@ -67,7 +66,7 @@ class DataSpec:
 
 def read_inputs(cfg: Any, run_folder: RunFolder) -> DataSpec:
     read_shards_manifest(run_folder.shards)  # the stage right before this one is the first to ask for
-    tokenizer = read_manifest(run_folder.tokenizer, TOKENIZER_STAGE, TOKENIZER_RECIPE)
+    tokenizer = TOKENIZER.read_manifest(run_folder.tokenizer)
     # the config's seq_len must be the shards' one: a changed shards.seq_len means shards to rebuild
     shards = read_shards_manifest(run_folder.shards, tokenizer_sha256=tokenizer["sha256"],
                                   seq_len=cfg.shards.seq_len)
