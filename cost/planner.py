@@ -204,12 +204,12 @@ def measured_mfu(run_folder: RunFolder | None, model: PlanModel, catalog: Catalo
     if run_folder is None or not (run_folder.ledger / LEDGER_FILE).is_file():
         return None
     summary = summarize_ledger(run_folder.ledger)
-    train_seconds = summary["seconds_by_phase"].get("train", 0.0)
-    hardware = catalog.hardware.get(summary["accelerator"])
-    if not summary["tokens"] or train_seconds <= 0 or hardware is None or not hardware.peak_bf16_tflops:
+    train_seconds = summary.seconds_by_phase.get("train", 0.0)
+    hardware = catalog.hardware.get(summary.accelerator)
+    if not summary.tokens or train_seconds <= 0 or hardware is None or not hardware.peak_bf16_tflops:
         return None
-    rate = summary["tokens"] / train_seconds / summary["chips"]
-    return summary["accelerator"], rate * model.flops_per_token / (hardware.peak_bf16_tflops * 1e12)
+    rate = summary.tokens / train_seconds / (summary.chips_in_use or summary.chips)  # per chip that trained
+    return summary.accelerator, rate * model.flops_per_token / (hardware.peak_bf16_tflops * 1e12)
 
 
 @dataclass(frozen=True)

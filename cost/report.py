@@ -119,39 +119,3 @@ def log_to_wandb(wandb_run: Any, name: str, rows: Sequence[dict[str, Any]], colu
     wandb_run.log(payload)
     log_files(wandb_run, name, artifact_type, [*files, *images.values()])
 
-
-PHASE_COLUMNS = (Column("phase", "phase"), Column("hours", "hours", SIG), Column("rub", "rubles", SIG),
-                 Column("share", "share", "{:.1%}"))
-
-
-def phase_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows of a ledger summary by phase, plus the total (for the end-of-training table)."""
-    total = summary["rub_total"] or 0.0
-    rows = [{"phase": phase, "hours": summary["seconds_by_phase"].get(phase, 0.0) / 3600, "rub": rub,
-             "share": rub / total if total else None}
-            for phase, rub in sorted(summary["rub_by_phase"].items(), key=lambda item: -item[1])]
-    rows.append({"phase": "total", "hours": summary["hours"], "rub": total, "share": 1.0 if total else None})
-    return rows
-
-
-def print_cost_summary(summary: dict[str, Any], wandb_run: Any = None) -> str:
-    """Print (and log to W&B as ``cost/by_phase``) where the rubles of a run went; returns the text."""
-    tokens = summary.get("tokens") or 0
-    per_1b = summary.get("rub_per_1b_tokens")
-    title = (f"{summary['chips']} x {summary['accelerator']} {summary['pricing']} at {summary['usd_per_chip_hour']} "
-             f"USD/chip-hour, USD->RUB {summary['usd_rub_rate']:.4f} of {summary['rate_date']}")
-    text = f"Cost of this run: {title}\n" + to_terminal(phase_rows(summary), PHASE_COLUMNS, "")
-    text += f"{tokens:,} tokens" + (f", {significant(per_1b)} RUB per 1B tokens" if per_1b is not None else "")
-    if summary.get("rub_lost_to_restarts"):
-        text += f", {significant(summary['rub_lost_to_restarts'])} RUB lost to restarts"
-    if summary.get("projected_rub_total") is not None:
-        text += (f"; projected {significant(summary['projected_rub_total'])} RUB for "
-                 f"{summary['token_budget']:,} tokens")
-    print(text, flush=True)
-    if wandb_run is not None and not getattr(wandb_run, "disabled", False):
-        import wandb
-
-        rows = phase_rows(summary)
-        wandb_run.log({"cost/by_phase": wandb.Table(columns=[c.key for c in PHASE_COLUMNS],
-                                                    data=[[r[c.key] for c in PHASE_COLUMNS] for r in rows])})
-    return text

@@ -5,7 +5,7 @@ One checkpoint step holds five items:
 - ``params``: the parameters (separate from the rest so eval restores them alone);
 - ``train``: optimizer state, step counter and RNG key data;
 - ``loader``: the data iterator's state (JSON), so that resume sees the same batches;
-- ``ledger``: the cost ledger's summary at that step (JSON);
+- ``ledger``: the cost ledger's mark of that step (session, moment, tokens counted; ``Ledger.checkpoint_record``);
 - ``meta``: model config, vocab_size, tokenizer_sha256, seq_len, W&B run id (JSON).
 
 Orbax writes a step into a temporary folder and renames it when complete, so a crash mid-save
@@ -310,7 +310,7 @@ def open_manager(checkpoint_dir: Path, train_cfg: TrainConfig | None = None) -> 
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: dict[str, Any], loader_state: dict[str, Any],
-         ledger_summary: dict[str, Any], meta: dict[str, Any], force: bool = False) -> None:
+         ledger_item: dict[str, Any], meta: dict[str, Any], force: bool = False) -> None:
     """Start saving ``step`` (asynchronously when the manager is async; Orbax copies device arrays first)."""
     train_part = {k: state[k] for k in ("opt_state", "step", "rng")}
     manager.save(
@@ -319,7 +319,7 @@ def save(manager: ocp.CheckpointManager, step: int, state: dict[str, Any], loade
             params=ocp.args.StandardSave(state["params"]),
             train=ocp.args.StandardSave(train_part),
             loader=ocp.args.JsonSave(loader_state),
-            ledger=ocp.args.JsonSave(ledger_summary),
+            ledger=ocp.args.JsonSave(ledger_item),
             meta=ocp.args.JsonSave(meta),
         ),
         force=force,

@@ -38,7 +38,7 @@ from model.attention import resolve_attention
 from model.flops import param_count, train_flops_per_token
 from model.presets import resolve
 from model.sharding import build_mesh
-from tracking.metrics import cost_entries, define_cost_metrics, log_cost_summary, log_step
+from tracking.metrics import define_cost_metrics, log_step
 from trainer import checkpoint
 from trainer.step import DTYPES, TrainProgram, build_program, global_batch
 
@@ -217,8 +217,8 @@ class OtherHostLedger:
 
     def mark_resume(self, step: int, checkpoint_item: dict[str, Any] | None = None) -> None: ...
 
-    def summary(self) -> dict[str, Any]:
-        return {}
+    def summary(self) -> None:
+        return None
 
     def __enter__(self) -> OtherHostLedger:
         return self
@@ -227,11 +227,13 @@ class OtherHostLedger:
 
 
 def open_ledger(cfg: Any, run_folder: RunFolder, run_id: str) -> Any:
+    from cost.chips import reconcile_chips
     from cost.ledger import Ledger
 
+    in_use = reconcile_chips(cfg.cost.chips, chips_in_use(), jax.devices()[0].platform)  # every host stops alike
     if jax.process_index() != 0:
         return OtherHostLedger()
-    return Ledger.open(run_folder.ledger, cfg.cost, run_id)
+    return Ledger.open(run_folder.ledger, cfg.cost, run_id, chips_in_use=in_use)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,13 +380,13 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         progress.close()
         if train_log is not None:
             train_log.close()
-    summary = {"final_step": step, "final_loss": last_loss, "n_params": n_params, **ledger.summary()}
+    cost = ledger.summary()
     log.info("pretraining done at step %d: loss %.4f, %.2f RUB so far", step, last_loss,
-             summary.get("rub_total", math.nan))
+             cost.rub_total if cost is not None else math.nan)
     if wandb_run is not None:
         wandb_run.summary["train/final_loss"] = last_loss
-        log_cost_summary(wandb_run, ledger.summary())
-    return summary
+        cost.log_to(wandb_run)
+    return {"final_step": step, "final_loss": last_loss, "n_params": n_params, "cost": cost}
 
 
 def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any],
@@ -518,11 +520,11 @@ def backfill_offline_history(wandb_run: Any, train_log: Path, resumed_step: int)
 
 
 def log_metrics(wandb_run: Any, train_log: Any, step: int, record: dict[str, Any],
-                ledger_summary: dict[str, Any]) -> None:
+                ledger_summary: Any) -> None:
     """To W&B at an explicit step (a resumed run, a new local folder offline, continues the axis),
     with the rubles spent so far; and one JSON line per log step to ``train_log.jsonl``."""
-    payload = log_step(wandb_run, step, record, ledger_summary) if wandb_run is not None else {
-        **record, **cost_entries(ledger_summary)}
+    cost = ledger_summary.step_metrics() if ledger_summary is not None else {}
+    payload = log_step(wandb_run, step, record, cost) if wandb_run is not None else {**record, **cost}
     if train_log is not None:
         train_log.write(json.dumps(payload) + "\n")
         train_log.flush()
