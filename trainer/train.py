@@ -29,6 +29,7 @@ from typing import Any
 import jax
 from tqdm import tqdm
 
+from cost.summary import CostSummary
 from data_prep.loader import make_train_iterator, read_shards_manifest
 from experiment.errors import ConfigError, DataError, RecipeError
 from experiment.files import atomic_write_json, atomic_write_text
@@ -520,7 +521,7 @@ def backfill_offline_history(wandb_run: Any, train_log: Path, resumed_step: int)
 
 
 def log_metrics(wandb_run: Any, train_log: Any, step: int, record: dict[str, Any],
-                ledger_summary: Any) -> None:
+                ledger_summary: CostSummary | None) -> None:
     """To W&B at an explicit step (a resumed run, a new local folder offline, continues the axis),
     with the rubles spent so far; and one JSON line per log step to ``train_log.jsonl``."""
     cost = ledger_summary.step_metrics() if ledger_summary is not None else {}
