@@ -44,7 +44,6 @@ from trainer import checkpoint
 from trainer.step import DTYPES, TrainProgram, build_program, global_batch
 
 log = logging.getLogger("trainer")
-STAGE = "pretrain"
 WANDB_ID_FILE = "wandb_run.json"
 TRAIN_LOG = "train_log.jsonl"
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what schedulers expect from a job stopped by SIGTERM
