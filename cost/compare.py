@@ -18,8 +18,10 @@ from typing import Any
 
 from cost.ledger import LEDGER_FILE, summarize_ledger
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
+from cost.summary import COMPARE_COLUMNS, CostSummary
 from experiment.errors import MissingStageError
 from experiment.runfolder import RunFolder
+from experiment.stages import EVAL, PRETRAIN
 from tracking.metrics import RUB_SPENT
 from tracking.readback import RunRecord, read_offline_runs, read_online_runs
 from tracking.wandb_run import resolve_mode
@@ -27,19 +29,15 @@ from tracking.wandb_run import resolve_mode
 log = logging.getLogger("cost.compare")
 
 ACCURACY_NAMES = ("acc", "accuracy", "acc_norm")
+_COST = {column.key: column for column in COMPARE_COLUMNS}
 COLUMNS = (
     Column("experiment", "experiment"),
     Column("run", "run"),
-    Column("accelerator", "accelerator"),
-    Column("chips", "chips", "{:d}"),
-    Column("tokens", "tokens", "{:,.0f}"),
-    Column("hours", "hours", SIG),
-    Column("rub_total", "rubles", SIG),
-    Column("rub_per_1b_tokens", "RUB / 1B tokens", SIG),
+    *(_COST[key] for key in ("accelerator", "chips", "tokens", "hours", "rub_total", "rub_per_1b_tokens")),
     Column("final_loss", "final loss", "{:.4f}"),
     Column("eval_score", "eval score", "{:.4f}"),
     Column("rub_per_eval_point", "RUB / eval point", SIG),
-    Column("rub_lost_to_restarts", "RUB lost to restarts", SIG),
+    _COST["rub_lost_to_restarts"],
     Column("cost_source", "cost from"),
 )
 
@@ -58,7 +56,7 @@ class ExperimentRuns:
     @property
     def cost_runs(self) -> list[RunRecord]:
         """Runs that logged money (the pretrain runs, one per resume), oldest first."""
-        found = [r for r in self.runs if "cost/rub_total" in r.summary or RUB_SPENT in r.summary]
+        found = [r for r in self.runs if CostSummary.logged_in(r.summary) or RUB_SPENT in r.summary]
         return sorted(found, key=run_order)
 
     @property
@@ -116,24 +114,16 @@ def cost_row(cfg: Any, exp: ExperimentRuns, metric: str | None) -> dict[str, Any
     row: dict[str, Any] = {"experiment": exp.name}
     cost_runs = exp.cost_runs
     latest = cost_runs[-1] if cost_runs else None
-    if latest is not None and "cost/rub_total" in latest.summary:
-        s = latest.summary
-        price = latest.config.get("cost_price_row") or {}
-        row.update(run=latest.name or latest.run_id, cost_source=f"W&B run {latest.run_id}",
-                   accelerator=price.get("name") or latest.config.get("cost", {}).get("accelerator"),
-                   chips=latest.config.get("cost_chips") or latest.config.get("cost", {}).get("chips"),
-                   tokens=s.get("cost/tokens"), hours=s.get("cost/hours"), rub_total=s.get("cost/rub_total"),
-                   rub_per_1b_tokens=s.get("cost/rub_per_1b_tokens"),
-                   rub_lost_to_restarts=s.get("cost/rub_lost_to_restarts"))
+    if latest is not None and CostSummary.logged_in(latest.summary):
+        cost = CostSummary.from_wandb(latest.summary, latest.config, latest.run_id)
+        row.update(run=latest.name or latest.run_id, cost_source=f"W&B run {latest.run_id}", **cost.compare_row())
     elif (ledger_dir / LEDGER_FILE).is_file():
-        s = summarize_ledger(ledger_dir)
-        row.update(run=(latest.name if latest else None) or s.get("run_id"), cost_source=f"ledger {ledger_dir}",
-                   accelerator=s["accelerator"], chips=s["chips"], tokens=s["tokens"], hours=s["hours"],
-                   rub_total=s["rub_total"], rub_per_1b_tokens=s["rub_per_1b_tokens"],
-                   rub_lost_to_restarts=s["rub_lost_to_restarts"])
+        cost = summarize_ledger(ledger_dir)
+        row.update(run=(latest.name if latest else None) or cost.run_id, cost_source=f"ledger {ledger_dir}",
+                   **cost.compare_row())
     else:
         raise MissingStageError(f"experiment '{exp.name}': no cost found (no W&B pretrain run with cost/* and no "
-                                f"{ledger_dir / LEDGER_FILE}): run recipes/04_pretrain.py first")
+                                f"{ledger_dir / LEDGER_FILE}): {PRETRAIN.run_first}")
     loss = latest.summary.get(cfg.cost.loss_metric) if latest else None
     if loss is None:
         losses = [h[cfg.cost.loss_metric] for r in cost_runs for h in r.history if cfg.cost.loss_metric in h]
@@ -210,7 +200,7 @@ def compare_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[
     reports = run_folder.reports
     reports.mkdir(parents=True, exist_ok=True)
     images = {}
-    notes = [f"eval score: {metric or 'none found (run recipes/05_evaluate.py)'}; RUB / eval point = rubles / "
+    notes = [f"eval score: {metric or f'none found (run {EVAL.recipe})'}; RUB / eval point = rubles / "
              "(score x 100) for an accuracy in [0, 1]"]
     loss_png = plot_loss_vs_rubles(experiments, cfg.cost.loss_metric, reports / "loss_vs_rubles.png")
     if loss_png:

@@ -41,18 +41,18 @@ from typing import Any
 
 from cost.catalog import Catalog, PriceRow
 from cost.rates import UsdRubRate, resolve_usd_rub
+from cost.summary import LOST, CostSummary, price_dict
 from experiment.errors import DataError
+from experiment.stages import PRETRAIN
 
 log = logging.getLogger("cost.ledger")
 
 LEDGER_FILE = "ledger.jsonl"
 PHASES = ("startup", "compile", "train", "eval", "checkpoint", "idle")
-LOST = "lost"
 # Phases whose time after the last surviving step is redone after a crash. Start-up and compilation
 # are paid again by every session anyway and stay visible under their own names; checkpoint time
 # after that step is mostly the save of that very step (which the next session resumed from).
 REDONE_PHASES = frozenset({"train", "eval", "idle"})
-STEADY_PHASES = ("train", "eval", "checkpoint", "idle")  # phases that scale with tokens, for projections
 HOURS_PER_MONTH = 730.0  # the cloud billing convention for GB-month prices
 
 
@@ -121,7 +121,7 @@ class _Resume:
             return cls(step)
         try:
             saved_by = int(item["session"]) if "session" in item else int(item["sessions"]) - 1
-            saved_step = int(item.get("step", item["last_step"]))
+            saved_step = int(item["step"]) if "step" in item else int(item["last_step"])
             saved_at = float(item["t"]) if "t" in item else None
             tokens = int(item["tokens"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -295,7 +295,7 @@ def _apply(record: dict[str, Any], sessions: list[_Session]) -> None:
         raise ValueError(f"unknown record kind {kind!r}")
 
 
-def _summarize(sessions: list[tuple[dict[str, Any], _Tally]], token_budget: int | None) -> dict[str, Any]:
+def _summarize(sessions: list[tuple[dict[str, Any], _Tally]], token_budget: int | None) -> CostSummary:
     """Price each session's tally with its own price row and rate, and add them up."""
     if not sessions:
         raise DataError("an empty ledger has nothing to summarize")
@@ -322,41 +322,15 @@ def _summarize(sessions: list[tuple[dict[str, Any], _Tally]], token_budget: int 
         if tally.last_step is not None:
             last_step = tally.last_step if last_step is None else max(last_step, tally.last_step)
     meta = sessions[-1][0]
-    hours = sum(seconds.values()) / 3600
-    steady_rub = sum(rub_by_phase.get(p, 0.0) for p in STEADY_PHASES)
-    projected_rest = None
-    if token_budget and tokens:
-        projected_rest = max(token_budget - tokens, 0) * steady_rub / tokens
-    return {
-        "run_id": meta.get("run_id"),
-        "sessions": len(sessions),
-        "accelerator": meta["price"]["name"],
-        "cloud": meta["price"]["cloud"],
-        "region": meta["price"]["region"],
-        "pricing": meta["price"]["pricing"],
-        "chips": meta["chips"],
-        "usd_per_chip_hour": meta["price"]["usd"],
-        "price": meta["price"],
-        "infra": meta.get("infra", []),
-        "usd_rub_rate": meta["usd_rub_rate"],
-        "rate_date": meta["rate_date"],
-        "rate_source": meta.get("rate_source", ""),
-        "rate_notes": meta.get("rate_notes", []),
-        "hours": hours,
-        "chip_hours": chip_hours,
-        "seconds_by_phase": seconds,
-        "rub_by_phase": rub_by_phase,
-        "usd_total": usd_total,
-        "rub_total": rub_total,
-        "tokens": tokens,
-        "last_step": last_step,
-        "rub_per_1b_tokens": rub_total / tokens * 1e9 if tokens else None,
-        "rub_lost_to_restarts": rub_by_phase.get(LOST, 0.0),
-        "hours_lost": seconds.get(LOST, 0.0) / 3600,
-        "token_budget": token_budget,
-        "projected_rub_to_budget": projected_rest,
-        "projected_rub_total": None if projected_rest is None else rub_total + projected_rest,
-    }
+    return CostSummary(
+        run_id=meta.get("run_id"), sessions=len(sessions), price=PriceRow(**meta["price"]), chips=meta["chips"],
+        chips_in_use=meta.get("chips_in_use"), usd_rub_rate=meta["usd_rub_rate"], rate_date=meta["rate_date"],
+        rate_source=meta.get("rate_source", ""), hours=sum(seconds.values()) / 3600, chip_hours=chip_hours,
+        usd_total=usd_total, rub_total=rub_total, tokens=tokens, last_step=last_step, token_budget=token_budget,
+        projected_rub_to_budget=CostSummary.projection(rub_by_phase, tokens, token_budget),
+        seconds_by_phase=seconds, rub_by_phase=rub_by_phase, infra=tuple(meta.get("infra", [])),
+        rate_notes=tuple(meta.get("rate_notes", [])),
+    )
 
 
 def _read_sessions(ledger_dir: str | os.PathLike[str]) -> tuple[list[_Session], list[tuple[dict[str, Any], _Tally]]]:
@@ -364,7 +338,7 @@ def _read_sessions(ledger_dir: str | os.PathLike[str]) -> tuple[list[_Session], 
     it is only known once a later session resumes)."""
     path = Path(ledger_dir) / LEDGER_FILE
     if not path.is_file():
-        raise DataError(f"no ledger at {path}: run recipes/04_pretrain.py first")
+        raise DataError(f"no ledger at {path}: {PRETRAIN.run_first}")
     records, _ = _read_records(path)
     sessions = _sessions(records, path)
     if not sessions:
@@ -372,7 +346,7 @@ def _read_sessions(ledger_dir: str | os.PathLike[str]) -> tuple[list[_Session], 
     return sessions, [*_tally_finished(sessions[:-1], sessions[-1].resume), (sessions[-1].meta, sessions[-1].tally(None))]
 
 
-def summarize_ledger(ledger_dir: str | os.PathLike[str]) -> dict[str, Any]:
+def summarize_ledger(ledger_dir: str | os.PathLike[str]) -> CostSummary:
     """The summary of a ledger on disk (e.g. a finished or crashed run), without opening a session."""
     sessions, tallies = _read_sessions(ledger_dir)
     return _summarize(tallies, sessions[-1].meta.get("token_budget"))
@@ -432,8 +406,11 @@ class Ledger:
     def open(cls, ledger_dir: str | os.PathLike[str], cost_cfg: Any, run_id: str, *,
              catalog: Catalog | None = None, rate: UsdRubRate | None = None,
              clock: Callable[[], float] = time.time, started_at: float | None = None,
-             background: bool = True) -> Ledger:
+             background: bool = True, chips_in_use: int | None = None) -> Ledger:
         """Open (or continue) ``ledger_dir/ledger.jsonl`` and start a session priced by ``cost_cfg``.
+
+        ``chips_in_use``: the chips training this session (``cost.chips.reconcile_chips``), recorded
+        beside the priced ``cost.chips``.
 
         ``started_at`` (default: this process's start time) prices the start-up before this call;
         ``clock`` and ``background=False`` exist for tests with a fake clock.
@@ -459,7 +436,7 @@ class Ledger:
         begin = min(started, now) if started is not None else now
         meta = {
             "e": "open", "session": len(past), "run_id": run_id, "t": begin, "opened": now, "pid": os.getpid(),
-            "chips": cost_cfg.chips, "price": _price_dict(price), "infra": infra,
+            "chips": cost_cfg.chips, "chips_in_use": chips_in_use, "price": price_dict(price), "infra": infra,
             **rate.as_dict(), "token_budget": cost_cfg.token_budget,
         }
         ledger = cls(path, meta, past, clock, cost_cfg.flush_seconds, background)
@@ -475,7 +452,7 @@ class Ledger:
     def _infra_row(catalog: Catalog, item: Any, index: int) -> dict[str, Any]:
         key = f"cost.infrastructure[{index}].name"
         row = catalog.lookup(item.name, "on-demand", item.cloud, item.region, kind="infra", key=key)
-        return {**_price_dict(row), "quantity": item.quantity}
+        return {**price_dict(row), "quantity": item.quantity}
 
     def _tally_past(self) -> list[tuple[dict[str, Any], _Tally]]:
         return _tally_finished(self._past, self._resume)
@@ -575,12 +552,15 @@ class Ledger:
 
         Flushes first, so the file holds every step up to ``step`` before the checkpoint can exist
         (a crash within ``flush_seconds`` after a save never loses them); the session, moment and
-        token count let a resume from this checkpoint reconcile the file (``mark_resume``).
+        token count let a resume from this checkpoint reconcile the file (``mark_resume``). That is
+        all a resume reads: the costs themselves are in the file, so the item carries no summary
+        (checkpoints saved with one beside these keys restore as before).
         """
         with self._lock:
             self._check_open()
             now = self._flush()
-            return {**self.summary(), "step": int(step), "session": self.meta["session"], "t": now}
+            tokens = sum(tally.tokens for _, tally in self._past_tallies) + self._current.tokens
+            return {"step": int(step), "session": self.meta["session"], "t": now, "tokens": tokens}
 
     def mark_checkpoint(self, step: int) -> None:
         """Call once the checkpoint of ``step`` is durable: work up to here survives a crash."""
@@ -606,8 +586,8 @@ class Ledger:
             self._flush()
 
     # ----------------------------------------------------------------------------------- reading
-    def summary(self) -> dict[str, Any]:
-        """Totals so far, including the phase in progress (see ``_summarize`` for the keys)."""
+    def summary(self) -> CostSummary:
+        """Totals so far, including the phase in progress."""
         with self._lock:
             current = _Tally(dict(self._current.seconds), self._current.tokens, self._current.last_step)
             if not self._closed:
@@ -646,6 +626,3 @@ class Ledger:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.close(clean=exc_type is None)
 
-
-def _price_dict(row: PriceRow) -> dict[str, Any]:
-    return {k: v for k, v in row.as_dict().items() if k != "origin"}

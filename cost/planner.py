@@ -38,6 +38,7 @@ from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from experiment.errors import ConfigError, DataError
 from experiment.runfolder import RunFolder
 from experiment.sections.model import ModelConfig
+from experiment.stages import FIT_CHECK, TOKENIZER
 from model.registry import family_of
 
 log = logging.getLogger("cost.planner")
@@ -176,11 +177,9 @@ def resolve_plan_model(cfg: Any, run_folder: RunFolder | None) -> PlanModel:
 def vocab_size_of(cfg: Any, run_folder: RunFolder | None) -> int:
     """The trained tokenizer's vocabulary when recipe 02 ran, else the configured size."""
     if run_folder is not None:
-        manifest = run_folder.tokenizer / "manifest.json"
-        if manifest.is_file():
-            import json
-
-            return int(json.loads(manifest.read_text(encoding="utf-8")).get("vocab_size", cfg.tokenizer.vocab_size))
+        manifest = TOKENIZER.read_manifest_if_present(run_folder.tokenizer)
+        if manifest is not None:
+            return int(manifest["vocab_size"])
     return cfg.tokenizer.vocab_size
 
 
@@ -206,12 +205,12 @@ def measured_mfu(run_folder: RunFolder | None, model: PlanModel, catalog: Catalo
     if run_folder is None or not (run_folder.ledger / LEDGER_FILE).is_file():
         return None
     summary = summarize_ledger(run_folder.ledger)
-    train_seconds = summary["seconds_by_phase"].get("train", 0.0)
-    hardware = catalog.hardware.get(summary["accelerator"])
-    if not summary["tokens"] or train_seconds <= 0 or hardware is None or not hardware.peak_bf16_tflops:
+    train_seconds = summary.seconds_by_phase.get("train", 0.0)
+    hardware = catalog.hardware.get(summary.accelerator)
+    if not summary.tokens or train_seconds <= 0 or hardware is None or not hardware.peak_bf16_tflops:
         return None
-    rate = summary["tokens"] / train_seconds / summary["chips"]
-    return summary["accelerator"], rate * model.flops_per_token / (hardware.peak_bf16_tflops * 1e12)
+    rate = summary.tokens / train_seconds / (summary.chips_in_use or summary.chips)  # per chip that trained
+    return summary.accelerator, rate * model.flops_per_token / (hardware.peak_bf16_tflops * 1e12)
 
 
 @dataclass(frozen=True)
@@ -247,7 +246,7 @@ class RunSetting:
 
 def fit_settings(run_folder: RunFolder | None) -> dict[tuple[str, int], RunSetting]:
     """(accelerator, chips) -> the setting recipe 04b chose (or checked) for that slice, when it fits."""
-    path = None if run_folder is None else run_folder.reports / "fit_check.json"
+    path = None if run_folder is None else FIT_CHECK.dir(run_folder) / FIT_CHECK.output
     if path is None or not path.is_file():
         return {}
     import json
@@ -258,7 +257,7 @@ def fit_settings(run_folder: RunFolder | None) -> dict[tuple[str, int], RunSetti
                 RunSetting(r["remat"], int(r["grad_accum_steps"]), f"fit check {r['slice']}")
                 for r in reports if r.get("fits") and "remat" in r}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise DataError(f"{path}: not a fit-check report ({exc}); rerun recipes/04b_tpu_fit_check.py") from exc
+        raise DataError(f"{path}: not a fit-check report ({exc}); {FIT_CHECK.run_again}") from exc
 
 
 def estimate(option: Any, index: int, model: PlanModel, tokens: int, catalog: Catalog, rate: UsdRubRate,

@@ -118,3 +118,4 @@ def log_to_wandb(wandb_run: Any, name: str, rows: Sequence[dict[str, Any]], colu
     payload.update({f"{name}/{key}": wandb.Image(str(path)) for key, path in images.items()})
     wandb_run.log(payload)
     log_files(wandb_run, name, artifact_type, [*files, *images.values()])
+

@@ -30,13 +30,12 @@ from eval.tasks import get_task
 from experiment.config import expand_env
 from experiment.errors import DataError
 from experiment.files import atomic_write_json, atomic_write_text
-from experiment.manifest import invalidate, manifest_path, read_manifest, write_manifest
+from experiment.manifest import invalidate
 from experiment.runfolder import RunFolder
+from experiment.stages import EVAL, SHARDS
 
 log = logging.getLogger("eval")
 
-STAGE = "eval"
-SHARDS_STAGE, SHARDS_RECIPE = "shards", "recipes/03_shard.py"
 
 
 @dataclass(frozen=True)
@@ -101,11 +100,11 @@ def run_suite(logits_fn: LogitsFn, tok: TokenizerBits, eval_cfg: Any, run_folder
               heldout_files: Sequence[str] = ()) -> dict[str, Any]:
     """Bits per byte (validation shards, held-out files) and task scores: the results body."""
     results: dict[str, Any] = {}
-    shards_manifest = manifest_path(run_folder.shards)
-    if not shards_manifest.is_file():
+    shards_manifest = SHARDS.read_manifest_if_present(run_folder.shards)
+    if shards_manifest is None:
         log.warning("no finished shards in %s: skipping validation bits per byte (run %s)", run_folder.shards,
-                    SHARDS_RECIPE)
-    elif not read_manifest(run_folder.shards, SHARDS_STAGE, SHARDS_RECIPE)["splits"]["validation"]["records"]:
+                    SHARDS.recipe)
+    elif not shards_manifest["splits"]["validation"]["records"]:
         log.warning("the validation split in %s is empty: skipping validation bits per byte "
                     "(raise shards.validation_percent or add documents)", run_folder.shards)
         results["validation_skipped"] = "empty validation split"
@@ -195,7 +194,7 @@ def write_results(eval_dir: Path, results: dict[str, Any]) -> tuple[Path, Path]:
     atomic_write_json(json_path, results)
     atomic_write_text(md_path, render_markdown(results))
     steps = sorted(int(p.stem.split("_")[1]) for p in eval_dir.glob("step_*.json"))
-    write_manifest(eval_dir, STAGE, {"latest": json_path.name, "latest_step": results["step"],
+    EVAL.write_manifest(eval_dir, {"latest": json_path.name, "latest_step": results["step"],
                                      "steps": steps, "files": [json_path.name, md_path.name]})
     return json_path, md_path
 

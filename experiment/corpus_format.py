@@ -17,10 +17,8 @@ from typing import Any
 
 from experiment.errors import DataError
 from experiment.files import atomic_open
-from experiment.manifest import invalidate, read_manifest
-
-CORPUS_STAGE = "corpus"
-CORPUS_RECIPE = "recipes/01_build_corpus.py"
+from experiment.manifest import invalidate
+from experiment.stages import CORPUS
 
 
 def shard_name(index: int) -> str:
@@ -28,7 +26,7 @@ def shard_name(index: int) -> str:
 
 
 def read_corpus_manifest(corpus_dir: Path) -> dict[str, Any]:
-    return read_manifest(Path(corpus_dir), CORPUS_STAGE, CORPUS_RECIPE)
+    return CORPUS.read_manifest(Path(corpus_dir))
 
 
 def iter_documents(corpus_dir: Path, manifest: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
@@ -38,7 +36,7 @@ def iter_documents(corpus_dir: Path, manifest: dict[str, Any] | None = None) -> 
     for shard in manifest["shards"]:
         path = corpus_dir / shard["file"]
         if not path.is_file():
-            raise DataError(f"corpus shard {path} listed in the manifest is missing: run {CORPUS_RECIPE} again")
+            raise DataError(f"corpus shard {path} listed in the manifest is missing: {CORPUS.run_again}")
         if path.stat().st_size != shard["bytes"]:
             raise DataError(f"corpus shard {path} has {path.stat().st_size} bytes, the manifest says {shard['bytes']}")
         with path.open(encoding="utf-8") as handle:

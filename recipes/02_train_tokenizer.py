@@ -1,7 +1,8 @@
 """Recipe 02: train the Russian SentencePiece tokenizer on the cleaned corpus and report on it."""
 
+from experiment.stages import TOKENIZER
 from tokenizer.train import train_tokenizer
 from tracking.harness import recipe_main
 
 if __name__ == "__main__":
-    recipe_main("tokenizer", "Train the SentencePiece tokenizer, its report and Hugging Face export", train_tokenizer)
+    recipe_main(TOKENIZER, "Train the SentencePiece tokenizer, its report and Hugging Face export", train_tokenizer)

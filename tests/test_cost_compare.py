@@ -12,11 +12,12 @@ import yaml
 from cost.compare import rub_per_eval_point
 from cost.ledger import Ledger, summarize_ledger
 from cost.rates import UsdRubRate
+from cost.summary import CostSummary
 from experiment.config import build_dataclass
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from tests.recipe_runner import run_recipe
-from tracking.metrics import define_cost_metrics, log_cost_summary, log_step
+from tracking.metrics import define_cost_metrics, log_step
 from tracking.wandb_run import open_run
 
 HOUR = 3600.0
@@ -39,7 +40,7 @@ def experiment_cfg(tmp_path: Path, name: str) -> ExperimentConfig:
     })
 
 
-def fake_training(cfg: ExperimentConfig, run: object | None, losses: list[float]) -> dict:
+def fake_training(cfg: ExperimentConfig, run: object | None, losses: list[float]) -> CostSummary:
     """A 'training' of one hour per logged step on 4 v5e chips (480 RUB/hour), logged like the trainer does."""
     clock = FakeClock()
     ledger = Ledger.open(RunFolder.for_config(cfg).ledger, cfg.cost, "fake", clock=clock, started_at=clock(),
@@ -51,11 +52,11 @@ def fake_training(cfg: ExperimentConfig, run: object | None, losses: list[float]
             clock.t += HOUR
             ledger.add_tokens(step, 1_000_000)
         if run is not None:
-            log_step(run, step, {"train/loss": loss}, ledger.summary())
+            log_step(run, step, {"train/loss": loss}, ledger.summary().step_metrics())
     summary = ledger.summary()
     ledger.close()
     if run is not None:
-        log_cost_summary(run, summary)
+        summary.log_to(run)
     return summary
 
 
@@ -94,8 +95,8 @@ def test_compare_recipe_offline_runs_and_ledger_fallback(tmp_path: Path, restore
     assert float(main_row["rub_per_eval_point"]) == pytest.approx(1440.0 / 62.5)
     cheap_row = rows["cheap"]
     assert cheap_row["cost_source"].startswith("ledger")
-    assert float(cheap_row["rub_total"]) == pytest.approx(ledger_only["rub_total"]) == pytest.approx(480.0)
-    assert summarize_ledger(RunFolder.for_config(cheap).ledger)["tokens"] == 1_000_000
+    assert float(cheap_row["rub_total"]) == pytest.approx(ledger_only.rub_total) == pytest.approx(480.0)
+    assert summarize_ledger(RunFolder.for_config(cheap).ledger).tokens == 1_000_000
     assert "Experiment costs in rubles" in proc.stdout and "main" in proc.stdout
     md = (reports / "costs.md").read_text(encoding="utf-8")
     assert "| experiment | run | accelerator |" in md and "eval/rublimp/acc" in md

@@ -176,3 +176,14 @@ def test_mfu_calibrated_from_our_own_ledger(tmp_path: Path) -> None:
     expected = 1.2e9 / 3600 / 8 * trained.flops_per_token / 197e12
     assert rows[0]["mfu_source"] == "our run" and rows[0]["mfu"] == pytest.approx(expected)
     assert rows[1]["mfu_source"].startswith("anchor llama3.1-8b")  # not measured on v6e: the published MFU there
+
+
+def test_a_damaged_tokenizer_manifest_is_one_error_naming_it(tmp_path: Path) -> None:
+    """The planner reads the tokenizer's vocabulary through the stage registry's checked reader."""
+    cfg = demo_cfg(f"experiment.run_root={tmp_path}")
+    folder = RunFolder.for_config(cfg)
+    folder.tokenizer.mkdir(parents=True)
+    (folder.tokenizer / "manifest.json").write_text('{"stage": "tokenizer", "schema_', encoding="utf-8")
+    with pytest.raises(DataError, match=r"tokenizer/manifest.json is not a readable manifest .*run "
+                                        r"recipes/02_train_tokenizer.py again"):
+        experiment_model(cfg, folder)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,19 +67,19 @@ def test_worked_example_single_session(tmp_path: Path) -> None:
     clock.advance(0.25)  # outside any phase after the first one: idle
     ledger.close()
     s = summarize_ledger(tmp_path / "ledger")
-    assert s["hours"] == pytest.approx(3.5)
-    assert s["chip_hours"] == pytest.approx(28.0)
-    assert s["usd_total"] == pytest.approx(3.5 * 8 * 1.20)
-    assert s["rub_total"] == pytest.approx(3.5 * RUB_PER_HOUR)  # 3360
-    assert s["rub_by_phase"] == pytest.approx({"startup": 480.0, "compile": 480.0, "train": 1920.0,
+    assert s.hours == pytest.approx(3.5)
+    assert s.chip_hours == pytest.approx(28.0)
+    assert s.usd_total == pytest.approx(3.5 * 8 * 1.20)
+    assert s.rub_total == pytest.approx(3.5 * RUB_PER_HOUR)  # 3360
+    assert s.rub_by_phase == pytest.approx({"startup": 480.0, "compile": 480.0, "train": 1920.0,
                                                "checkpoint": 240.0, "idle": 240.0})
-    assert s["tokens"] == 2_000_000_000
-    assert s["rub_per_1b_tokens"] == pytest.approx(1680.0)
-    assert s["rub_lost_to_restarts"] == 0.0
+    assert s.tokens == 2_000_000_000
+    assert s.rub_per_1b_tokens == pytest.approx(1680.0)
+    assert s.rub_lost_to_restarts == 0.0
     # steady phases (train + checkpoint + idle) cost 2400 RUB for 2B tokens: 2B more cost 2400 more
-    assert s["projected_rub_to_budget"] == pytest.approx(2400.0)
-    assert s["projected_rub_total"] == pytest.approx(3360.0 + 2400.0)
-    assert s["usd_rub_rate"] == 100.0 and s["price"]["usd"] == 1.20 and s["price"]["source"]
+    assert s.projected_rub_to_budget == pytest.approx(2400.0)
+    assert s.projected_rub_total == pytest.approx(3360.0 + 2400.0)
+    assert s.usd_rub_rate == 100.0 and s.price.usd == 1.20 and s.price.source
 
 
 def crashed_session(tmp_path: Path, clock: FakeClock) -> None:
@@ -106,7 +108,7 @@ def test_crash_then_resume_prices_lost_work_once(tmp_path: Path, say_resume: boo
     if say_resume:
         ledger.mark_resume(100)
     before = ledger.summary()
-    assert before["rub_lost_to_restarts"] == pytest.approx(1.0 * RUB_PER_HOUR)  # known as soon as it reopens
+    assert before.rub_lost_to_restarts == pytest.approx(1.0 * RUB_PER_HOUR)  # known as soon as it reopens
     with ledger.phase("compile"):
         clock.advance(0.5)
     with ledger.phase("train"):
@@ -114,15 +116,15 @@ def test_crash_then_resume_prices_lost_work_once(tmp_path: Path, say_resume: boo
         ledger.add_tokens(200, 1_000_000_000)
     ledger.close()
     s = summarize_ledger(tmp_path / "ledger")
-    assert s["sessions"] == 2
-    assert s["seconds_by_phase"] == pytest.approx({"compile": 1.0 * HOUR, "train": 2.5 * HOUR,
+    assert s.sessions == 2
+    assert s.seconds_by_phase == pytest.approx({"compile": 1.0 * HOUR, "train": 2.5 * HOUR,
                                                    "checkpoint": 0.25 * HOUR, "lost": 1.0 * HOUR})
-    assert s["hours"] == pytest.approx(4.75)  # every paid hour once: 0.5+1+0.25+1 then 0.5+1.5
-    assert s["rub_total"] == pytest.approx(4.75 * RUB_PER_HOUR)
-    assert s["rub_lost_to_restarts"] == pytest.approx(RUB_PER_HOUR)
-    assert s["tokens"] == 2_000_000_000  # steps 101-150 of the crashed session are not counted
-    assert s["last_step"] == 200
-    assert s["rub_per_1b_tokens"] == pytest.approx(4.75 * RUB_PER_HOUR / 2)
+    assert s.hours == pytest.approx(4.75)  # every paid hour once: 0.5+1+0.25+1 then 0.5+1.5
+    assert s.rub_total == pytest.approx(4.75 * RUB_PER_HOUR)
+    assert s.rub_lost_to_restarts == pytest.approx(RUB_PER_HOUR)
+    assert s.tokens == 2_000_000_000  # steps 101-150 of the crashed session are not counted
+    assert s.last_step == 200
+    assert s.rub_per_1b_tokens == pytest.approx(4.75 * RUB_PER_HOUR / 2)
 
 
 def test_resume_from_an_older_checkpoint_loses_more(tmp_path: Path) -> None:
@@ -133,10 +135,10 @@ def test_resume_from_an_older_checkpoint_loses_more(tmp_path: Path) -> None:
     ledger.mark_resume(0)
     s = ledger.summary()
     ledger.close()
-    assert s["seconds_by_phase"]["lost"] == pytest.approx(2.0 * HOUR)  # both hours of training
-    assert s["seconds_by_phase"]["checkpoint"] == pytest.approx(0.25 * HOUR)  # saving is never redone work
-    assert s["seconds_by_phase"]["compile"] == pytest.approx(0.5 * HOUR)
-    assert s["tokens"] == 0
+    assert s.seconds_by_phase["lost"] == pytest.approx(2.0 * HOUR)  # both hours of training
+    assert s.seconds_by_phase["checkpoint"] == pytest.approx(0.25 * HOUR)  # saving is never redone work
+    assert s.seconds_by_phase["compile"] == pytest.approx(0.5 * HOUR)
+    assert s.tokens == 0
 
 
 def test_nested_phases_and_live_summary(tmp_path: Path) -> None:
@@ -150,8 +152,8 @@ def test_nested_phases_and_live_summary(tmp_path: Path) -> None:
         clock.advance(1.0)
         live = ledger.summary()  # includes the span in progress
     ledger.close()
-    assert live["seconds_by_phase"] == pytest.approx({"startup": 0.1 * HOUR, "train": 2.0 * HOUR, "eval": 0.5 * HOUR})
-    assert summarize_ledger(tmp_path / "ledger")["hours"] == pytest.approx(2.6)
+    assert live.seconds_by_phase == pytest.approx({"startup": 0.1 * HOUR, "train": 2.0 * HOUR, "eval": 0.5 * HOUR})
+    assert summarize_ledger(tmp_path / "ledger").hours == pytest.approx(2.6)
 
 
 def test_infrastructure_rows_are_added(tmp_path: Path) -> None:
@@ -163,7 +165,7 @@ def test_infrastructure_rows_are_added(tmp_path: Path) -> None:
     s = ledger.summary()
     ledger.close()
     # per hour: 8 x 1.20 chips + 2 x 0.388472 hosts + 730 GB x 0.020 / 730 h storage
-    assert s["usd_total"] == pytest.approx(9.6 + 2 * 0.388472 + 0.020)
+    assert s.usd_total == pytest.approx(9.6 + 2 * 0.388472 + 0.020)
 
 
 def test_torn_last_line_is_dropped_and_bad_records_named(tmp_path: Path) -> None:
@@ -241,18 +243,18 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     t_killed = time.time()
     proc.wait(timeout=10)
     crashed = summarize_ledger(ledger_dir)
-    assert crashed["last_step"] >= 21  # the heartbeat fsynced steps after the checkpoint
+    assert crashed.last_step >= 21  # the heartbeat fsynced steps after the checkpoint
     resumed = subprocess.run([sys.executable, str(script), str(ledger_dir), today, "20", "21", "30"],
                              capture_output=True, text=True, env=env, timeout=60)
     assert resumed.returncode == 0, resumed.stderr
     t_end = time.time()
     s = summarize_ledger(ledger_dir)
-    assert s["sessions"] == 2
-    assert s["tokens"] == 30 * 100  # one continuous run of 30 steps: nothing counted twice
-    assert s["last_step"] == 30
+    assert s.sessions == 2
+    assert s.tokens == 30 * 100  # one continuous run of 30 steps: nothing counted twice
+    assert s.last_step == 30
     # the steps after 20 up to the last heartbeat (two or more of 30 ms), never more than the time it ran
-    assert 0.06 < s["seconds_by_phase"]["lost"] < t_killed - t_seen + 1.0
-    assert s["rub_lost_to_restarts"] == pytest.approx(s["seconds_by_phase"]["lost"] / HOUR * RUB_PER_HOUR)
+    assert 0.06 < s.seconds_by_phase["lost"] < t_killed - t_seen + 1.0
+    assert s.rub_lost_to_restarts == pytest.approx(s.seconds_by_phase["lost"] / HOUR * RUB_PER_HOUR)
     # every second priced once: time records never overlap and never exceed the wall clock we watched
     records = [json.loads(line) for line in (ledger_dir / LEDGER_FILE).open(encoding="utf-8")]
     spans = sorted((r["t0"], r["t1"]) for r in records if r["e"] == "time")
@@ -275,9 +277,30 @@ def test_steps_cost_no_io_between_flushes(tmp_path: Path) -> None:
     lines = (tmp_path / "ledger" / LEDGER_FILE).read_text(encoding="utf-8").splitlines()
     assert len(lines) < 2 * 100 / 5 + 10  # ~20 flushes of a time and a tokens record
     s = summarize_ledger(tmp_path / "ledger")
-    assert s["tokens"] == 10_000 * 512 and s["last_step"] == 10_000
-    assert s["seconds_by_phase"]["train"] == pytest.approx(90.0)
-    assert s["seconds_by_phase"]["idle"] == pytest.approx(10.0)
+    assert s.tokens == 10_000 * 512 and s.last_step == 10_000
+    assert s.seconds_by_phase["train"] == pytest.approx(90.0)
+    assert s.seconds_by_phase["idle"] == pytest.approx(10.0)
+
+
+def test_cost_summary_table(tmp_path: Path) -> None:
+    from cost.report import to_terminal
+    from cost.summary import PHASE_COLUMNS
+
+    clock = FakeClock()
+    ledger = open_fake(tmp_path, clock, v5e_config(token_budget=2_000_000_000))
+    with ledger.phase("train"):
+        clock.advance(1.0)
+        ledger.add_tokens(10, 1_000_000_000)
+    with ledger.phase("eval"):
+        clock.advance(0.25)
+    ledger.close()
+    summary = summarize_ledger(tmp_path / "ledger")
+    rows = summary.phase_rows()
+    assert [r["phase"] for r in rows] == ["train", "eval", "total"]
+    assert rows[-1]["rub"] == pytest.approx(1.25 * RUB_PER_HOUR) and rows[0]["share"] == pytest.approx(0.8)
+    text = to_terminal(rows, PHASE_COLUMNS, "")
+    assert " 960 │" in text and " 1,200 │" in text and " 80.0% │" in text
+    assert summary.projected_rub_total == pytest.approx(2400.0)
 
 
 def test_bad_cost_config_is_refused_before_any_record(tmp_path: Path) -> None:
@@ -310,13 +333,13 @@ def test_a_later_resume_judges_every_earlier_session(tmp_path: Path) -> None:
         ledger.add_tokens(200, 1_000_000_000)
     ledger.close()
     kept = summarize_ledger(tmp_path / "ledger")
-    assert kept["seconds_by_phase"]["lost"] == pytest.approx(1.0 * HOUR) and kept["tokens"] == 2_000_000_000
+    assert kept.seconds_by_phase["lost"] == pytest.approx(1.0 * HOUR) and kept.tokens == 2_000_000_000
     ledger = open_fake(tmp_path, clock)
     ledger.mark_resume(0)
     ledger.close()
     s = summarize_ledger(tmp_path / "ledger")
-    assert s["seconds_by_phase"]["lost"] == pytest.approx(3.0 * HOUR)  # every training hour of sessions 0 and 1
-    assert s["tokens"] == 0 and s["hours"] == pytest.approx(kept["hours"])
+    assert s.seconds_by_phase["lost"] == pytest.approx(3.0 * HOUR)  # every training hour of sessions 0 and 1
+    assert s.tokens == 0 and s.hours == pytest.approx(kept.hours)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,14 +393,14 @@ def test_two_kills_count_every_step_before_the_checkpoint_once(tmp_path: Path) -
     sigkill(resumed(tmp_path, clock, cfg, items, 40, 57, checkpoint_every=60))
     resumed(tmp_path, clock, cfg, items, 40, 60, checkpoint_every=60).close()
     s = summarize_ledger(tmp_path / "ledger")
-    assert s["sessions"] == 3 and s["last_step"] == 60
-    assert s["tokens"] == 60 * TOKENS_PER_STEP == 122_880
+    assert s.sessions == 3 and s.last_step == 60
+    assert s.tokens == 60 * TOKENS_PER_STEP == 122_880
     # redone and priced as lost: the training flushed to the file after the save of 40 (steps 41-46
     # of session 0, 42-52 of session 1 after compiling 41); what ran after a session's last flush
     # is not in the file
-    assert s["seconds_by_phase"]["lost"] == pytest.approx(6.0 + 11.0)
-    assert s["seconds_by_phase"]["train"] == pytest.approx(39.0 + 19.0)  # steps 2-40 and 42-60 once
-    assert s["seconds_by_phase"]["compile"] == pytest.approx(3.0)
+    assert s.seconds_by_phase["lost"] == pytest.approx(6.0 + 11.0)
+    assert s.seconds_by_phase["train"] == pytest.approx(39.0 + 19.0)  # steps 2-40 and 42-60 once
+    assert s.seconds_by_phase["compile"] == pytest.approx(3.0)
 
 
 def test_kills_before_the_first_checkpoint_then_a_fresh_start(tmp_path: Path) -> None:
@@ -392,7 +415,7 @@ def test_kills_before_the_first_checkpoint_then_a_fresh_start(tmp_path: Path) ->
         items = train_steps(ledger, clock, 1, last, checkpoint_every=10)
         sigkill(ledger)
     resumed(tmp_path, clock, cfg, items, 10, 14, checkpoint_every=10).close()
-    assert summarize_ledger(tmp_path / "ledger")["tokens"] == 14 * TOKENS_PER_STEP
+    assert summarize_ledger(tmp_path / "ledger").tokens == 14 * TOKENS_PER_STEP
     sessions = summarize_sessions(tmp_path / "ledger")
     assert [(s["tokens"], s["resumed_from"], s["closed"], s["clean"]) for s in sessions] == [
         (0, 0, False, None), (0, 0, False, None), (10 * TOKENS_PER_STEP, 0, False, None),
@@ -412,9 +435,9 @@ def test_kill_within_flush_seconds_after_a_checkpoint(tmp_path: Path) -> None:
     sigkill(ledger)
     resumed(tmp_path, clock, cfg, items, 10, 20, checkpoint_every=10).close()
     s = summarize_ledger(tmp_path / "ledger")
-    assert s["tokens"] == 20 * TOKENS_PER_STEP and s["last_step"] == 20
-    assert s["seconds_by_phase"]["train"] == pytest.approx(9.0 + 9.0)
-    assert s["seconds_by_phase"].get("lost", 0.0) == 0.0  # steps 11-13 of session 0 never reached the file
+    assert s.tokens == 20 * TOKENS_PER_STEP and s.last_step == 20
+    assert s.seconds_by_phase["train"] == pytest.approx(9.0 + 9.0)
+    assert s.seconds_by_phase.get("lost", 0.0) == 0.0  # steps 11-13 of session 0 never reached the file
 
 
 def test_checkpoint_saved_before_the_ledger_flushed_is_reconciled(tmp_path: Path) -> None:
@@ -429,15 +452,15 @@ def test_checkpoint_saved_before_the_ledger_flushed_is_reconciled(tmp_path: Path
             clock.t += 1.0
         ledger.add_tokens(step, TOKENS_PER_STEP)
         if step == 40:
-            item = ledger.summary()
+            item = dataclasses.asdict(ledger.summary())  # what such a checkpoint holds: the summary's fields
     sigkill(ledger)
-    assert summarize_ledger(tmp_path / "ledger")["last_step"] < 40  # the file missed steps up to 40
+    assert summarize_ledger(tmp_path / "ledger").last_step < 40  # the file missed steps up to 40
     ledger = open_fake(tmp_path, clock, cfg)
     ledger.mark_resume(40, item)
     train_steps(ledger, clock, 41, 60, checkpoint_every=20)
     ledger.close()
     s = summarize_ledger(tmp_path / "ledger")
-    assert s["tokens"] == 60 * TOKENS_PER_STEP == 122_880 and s["last_step"] == 60
+    assert s.tokens == 60 * TOKENS_PER_STEP == 122_880 and s.last_step == 60
 
 
 def test_sigterm_exit_after_its_checkpoint_is_a_clean_close(tmp_path: Path) -> None:
@@ -455,7 +478,7 @@ def test_sigterm_exit_after_its_checkpoint_is_a_clean_close(tmp_path: Path) -> N
         raise SystemExit(143)
     records = [json.loads(line) for line in (tmp_path / "ledger" / LEDGER_FILE).open(encoding="utf-8")]
     assert records[-1]["e"] == "close" and records[-1]["clean"] is True
-    assert "lost" not in summarize_ledger(tmp_path / "ledger")["seconds_by_phase"]
+    assert "lost" not in summarize_ledger(tmp_path / "ledger").seconds_by_phase
     ledger = open_fake(tmp_path, clock)
     ledger.mark_resume(25)
     with ledger.phase("train"):
@@ -463,5 +486,29 @@ def test_sigterm_exit_after_its_checkpoint_is_a_clean_close(tmp_path: Path) -> N
     ledger.add_tokens(26, TOKENS_PER_STEP)
     ledger.close()
     s = summarize_ledger(tmp_path / "ledger")
-    assert s["tokens"] == 26 * TOKENS_PER_STEP
-    assert "lost" not in s["seconds_by_phase"] and s["seconds_by_phase"]["idle"] == pytest.approx(0.5)
+    assert s.tokens == 26 * TOKENS_PER_STEP
+    assert "lost" not in s.seconds_by_phase and s.seconds_by_phase["idle"] == pytest.approx(0.5)
+
+
+def test_checkpoint_item_is_the_resume_mark_and_older_items_restore_alike(tmp_path: Path) -> None:
+    """The item holds what a resume reads (session, moment, tokens), not the summary (the file has the costs);
+    an item saved with the whole summary beside those keys reconciles exactly as the mark does."""
+    clock = FakeClock()
+    cfg = v5e_config(flush_seconds=2.0)
+    ledger = open_fake(tmp_path, clock, cfg)
+    items = train_steps(ledger, clock, 1, 25, checkpoint_every=20)
+    summary_at_20 = ledger.summary()
+    sigkill(ledger)
+    assert set(items[20]) == {"step", "session", "t", "tokens"} and items[20]["tokens"] == 20 * TOKENS_PER_STEP
+    older = {**dataclasses.asdict(summary_at_20), **items[20]}
+    summaries = []
+    for item in (items[20], older):
+        copy = tmp_path / f"copy-{len(summaries)}"
+        shutil.copytree(tmp_path / "ledger", copy / "ledger")
+        resumed_ledger = open_fake(copy, clock, cfg)
+        resumed_ledger.mark_resume(20, item)
+        resumed_ledger.close()
+        summaries.append(summarize_ledger(copy / "ledger"))
+    assert summaries[0].tokens == summaries[1].tokens == 20 * TOKENS_PER_STEP
+    assert summaries[0].rub_lost_to_restarts == pytest.approx(summaries[1].rub_lost_to_restarts)
+    assert summaries[0].rub_lost_to_restarts > 0  # steps 21-25 were redone

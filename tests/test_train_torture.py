@@ -157,8 +157,8 @@ def test_random_kills_during_training_and_saves_end_like_an_uninterrupted_run(fi
     assert_same_checkpoint(run_dir, reference_dir, STEPS)
 
     # the ledger: every step counted once over 7 sessions; what each kill threw away is priced as lost
-    assert summarize_ledger(run_dir / "ledger")["tokens"] == STEPS * TOKENS_PER_STEP
-    assert summarize_ledger(run_dir / "ledger")["last_step"] == STEPS
+    assert summarize_ledger(run_dir / "ledger").tokens == STEPS * TOKENS_PER_STEP
+    assert summarize_ledger(run_dir / "ledger").last_step == STEPS
     booked = summarize_sessions(run_dir / "ledger")
     assert len(booked) == len(plan) + 2
     sessions = [*plan, preempted]

@@ -14,10 +14,9 @@ import sentencepiece as spm
 
 from experiment.errors import DataError
 from experiment.files import sha256_file
-from experiment.manifest import manifest_path, read_manifest
+from experiment.manifest import manifest_path
+from experiment.stages import TOKENIZER
 
-TOKENIZER_STAGE = "tokenizer"
-TOKENIZER_RECIPE = "recipes/02_train_tokenizer.py"
 MODEL_FILE = "spm.model"
 VOCAB_FILE = "spm.vocab"
 # SentencePiece writes spaces as U+2581 inside pieces (escape_whitespaces), so a piece's surface
@@ -28,15 +27,15 @@ WHITESPACE_MARK = "\u2581"
 def load_tokenizer(tokenizer_dir: str | Path) -> tuple[spm.SentencePieceProcessor, dict[str, Any]]:
     """Load a finished tokenizer folder: ``(SentencePieceProcessor, manifest)``."""
     tokenizer_dir = Path(tokenizer_dir)
-    manifest = read_manifest(tokenizer_dir, TOKENIZER_STAGE, TOKENIZER_RECIPE)
+    manifest = TOKENIZER.read_manifest(tokenizer_dir)
     model_path = tokenizer_dir / manifest.get("model_file", MODEL_FILE)
     if not model_path.is_file():
-        raise DataError(f"{model_path} is listed in the tokenizer manifest but missing: run {TOKENIZER_RECIPE} again")
+        raise DataError(f"{model_path} is listed in the tokenizer manifest but missing: {TOKENIZER.run_again}")
     digest = sha256_file(model_path)
     if digest != manifest.get("sha256"):
         raise DataError(
             f"{model_path} has sha256 {digest[:12]}..., the manifest says {str(manifest.get('sha256'))[:12]}...: "
-            f"the model changed after training; run {TOKENIZER_RECIPE} again"
+            f"the model changed after training; {TOKENIZER.run_again}"
         )
     processor = spm.SentencePieceProcessor()
     try:
@@ -61,7 +60,7 @@ def eos_and_pad_ids(sp: spm.SentencePieceProcessor, manifest: dict[str, Any], to
     eos = special.get("eos", sp.eos_id())
     if eos is None or eos < 0:
         raise DataError(f"{manifest_path(Path(tokenizer_dir))}: the tokenizer has no EOS id (special_ids.eos); "
-                        f"run {TOKENIZER_RECIPE} again with one")
+                        f"{TOKENIZER.run_again} with one")
     pad = special.get("pad", sp.pad_id())
     return int(eos), int(pad) if pad is not None and pad >= 0 else int(eos)
 

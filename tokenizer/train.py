@@ -21,11 +21,12 @@ import sentencepiece as spm
 from experiment.corpus_format import iter_documents
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
-from experiment.manifest import invalidate, write_manifest
+from experiment.manifest import invalidate
 from experiment.progress import progress
 from experiment.sections.tokenizer import TokenizerConfig
+from experiment.stages import TOKENIZER
 from tokenizer.report import build_report, log_report, write_report
-from tokenizer.spm import MODEL_FILE, TOKENIZER_STAGE, VOCAB_FILE
+from tokenizer.spm import MODEL_FILE, VOCAB_FILE
 from tokenizer.texts import NEWLINE, CorpusSplit, split_corpus, training_lines
 
 log = logging.getLogger("tokenizer")
@@ -156,7 +157,7 @@ def train_tokenizer(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]
         "hf_export": "hf" if tok.hf_export else None,
         "config": {**asdict(tok), "seed": cfg.experiment.seed, "validation_percent": validation_percent},
     }
-    write_manifest(out_dir, TOKENIZER_STAGE, manifest)
+    TOKENIZER.write_manifest(out_dir, manifest)
     log.info("tokenizer written to %s", out_dir)
     log_report(wandb_run, report, out_dir, artifact_name=f"{cfg.experiment.name}-tokenizer")
     return manifest

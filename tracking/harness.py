@@ -1,6 +1,6 @@
 """The harness every recipe uses: parse ``--config`` and overrides, open a W&B run, report errors.
 
-A recipe is a few lines: it names its stage and hands one package function to ``recipe_main``.
+A recipe is a few lines: it names its stage (experiment/stages.py) and hands one package function to ``recipe_main``.
 Problems the user can fix end in one line on stderr and exit code 2; the traceback is kept for
 real bugs. It sits in tracking, above experiment in the package layering
 (``experiment.layers``), because it opens the W&B run.
@@ -20,6 +20,7 @@ from experiment.errors import RecipeError
 from experiment.files import WRITE_ERRNOS, write_error
 from experiment.plugins import load_plugins
 from experiment.runfolder import RunFolder
+from experiment.stages import Stage, stage_named
 
 StageFn = Callable[[Any, RunFolder, Any], Any]
 
@@ -38,7 +39,7 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | None = None,
+def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[str] | None = None,
                 wandb_run_id: Callable[[Any, RunFolder], str | None] | None = None,
                 prepare: Callable[[Any], Any] | None = None, reports: Callable[[Any], bool] | None = None) -> None:
     """Run one stage: ``fn(cfg, run_folder, wandb_run)``; exits 2 with one line on a RecipeError.
@@ -49,6 +50,7 @@ def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | Non
     ``reports(cfg)``, asked after ``prepare``, says whether this process opens the W&B run (only the
     first JAX process does; the others get a run that keeps nothing).
     """
+    stage = stage if isinstance(stage, Stage) else stage_named(stage)
     args = make_parser(description).parse_args(argv)
     setup_logging()
     run_root: Path = Path.cwd()
@@ -60,11 +62,11 @@ def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | Non
         run_folder = RunFolder.for_config(cfg)
         run_root = run_folder.root
         run_folder.root.mkdir(parents=True, exist_ok=True)
-        run_folder.save_resolved_config(cfg, stage)
+        run_folder.save_resolved_config(cfg, stage.name)
         from tracking.wandb_run import open_run
 
         run_id = wandb_run_id(cfg, run_folder) if wandb_run_id else None
-        with open_run(cfg, run_folder, job_type=stage, run_id=run_id,
+        with open_run(cfg, run_folder, job_type=stage.name, run_id=run_id,
                       reports=reports(cfg) if reports else True) as wandb_run:
             fn(cfg, run_folder, wandb_run)
     except RecipeError as exc:
@@ -77,5 +79,5 @@ def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | Non
         print(f"error: {write_error(exc, run_root)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print(f"error: {stage} interrupted", file=sys.stderr)
+        print(f"error: {stage.name} interrupted", file=sys.stderr)
         sys.exit(130)

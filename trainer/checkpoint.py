@@ -5,7 +5,7 @@ One checkpoint step holds five items:
 - ``params``: the parameters (separate from the rest so eval restores them alone);
 - ``train``: optimizer state, step counter and RNG key data;
 - ``loader``: the data iterator's state (JSON), so that resume sees the same batches;
-- ``ledger``: the cost ledger's summary at that step (JSON);
+- ``ledger``: the cost ledger's mark of that step (session, moment, tokens counted; ``Ledger.checkpoint_record``);
 - ``meta``: model family and config, vocab_size, tokenizer_sha256, seq_len, W&B run id (JSON).
 
 Orbax writes a step into a temporary folder and renames it when complete, so a crash mid-save
@@ -44,14 +44,14 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
-from experiment.errors import DataError, MissingStageError, WriteError
+from experiment.errors import DataError, WriteError
 from experiment.files import WRITE_ERRNOS, atomic_write_json, atomic_write_text, format_bytes, free_bytes, free_space
 from experiment.sections.train import TrainConfig
+from experiment.stages import PRETRAIN
 from model.family import FamilyModel
 from model.registry import get_family
 
 log = logging.getLogger("trainer.checkpoint")
-PRETRAIN_RECIPE = "recipes/04_pretrain.py"
 ITEMS = ("params", "train", "loader", "ledger", "meta")
 CHECKSUMS = "checksums.json"
 DAMAGED_DIR = "damaged"  # not a step name for Orbax (digits, or ending in _digits)
@@ -310,7 +310,7 @@ def open_manager(checkpoint_dir: Path, train_cfg: TrainConfig | None = None) -> 
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: dict[str, Any], loader_state: dict[str, Any],
-         ledger_summary: dict[str, Any], meta: dict[str, Any], force: bool = False) -> None:
+         ledger_item: dict[str, Any], meta: dict[str, Any], force: bool = False) -> None:
     """Start saving ``step`` (asynchronously when the manager is async; Orbax copies device arrays first)."""
     train_part = {k: state[k] for k in ("opt_state", "step", "rng")}
     manager.save(
@@ -319,7 +319,7 @@ def save(manager: ocp.CheckpointManager, step: int, state: dict[str, Any], loade
             params=ocp.args.StandardSave(state["params"]),
             train=ocp.args.StandardSave(train_part),
             loader=ocp.args.JsonSave(loader_state),
-            ledger=ocp.args.JsonSave(ledger_summary),
+            ledger=ocp.args.JsonSave(ledger_item),
             meta=ocp.args.JsonSave(meta),
         ),
         force=force,
@@ -427,12 +427,12 @@ def load_trained_model(run_folder: Any, step: int | None = None) -> tuple[Family
     """
     checkpoint_dir = Path(run_folder.checkpoints)
     if not checkpoint_dir.is_dir():
-        raise MissingStageError(f"no checkpoints in {checkpoint_dir}: run {PRETRAIN_RECIPE} first")
+        raise PRETRAIN.missing(f"no checkpoints in {checkpoint_dir}")
     manager = open_manager(checkpoint_dir)
     try:
         steps = manager.all_steps()
         if not steps:
-            raise MissingStageError(f"no finished checkpoint in {checkpoint_dir}: run {PRETRAIN_RECIPE} first")
+            raise PRETRAIN.missing(f"no finished checkpoint in {checkpoint_dir}")
         if step is not None and step not in steps:
             raise DataError(f"checkpoint step {step} not in {checkpoint_dir} (available: {sorted(steps)})")
 

@@ -21,6 +21,7 @@ from typing import Any
 from experiment.errors import ConfigError, RecipeError
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.runfolder import RunFolder
+from experiment.stages import FIT_CHECK, SHARDS, TOKENIZER
 
 log = logging.getLogger("trainer.fit_check")
 GIB = 1024**3
@@ -272,16 +273,11 @@ def search_table(rows: list[dict[str, Any]]) -> str:
 def vocab_and_seq_len(cfg: Any, run_folder: RunFolder) -> tuple[int, int]:
     """From the tokenizer and shards manifests when they exist, else from the config (a fit check may
     come before any data is prepared)."""
-    from experiment.manifest import manifest_path
-
-    vocab, seq_len = cfg.tokenizer.vocab_size, cfg.shards.seq_len
-    with_manifests = manifest_path(run_folder.tokenizer).is_file() and manifest_path(run_folder.shards).is_file()
-    if with_manifests:
-        import json
-
-        vocab = json.loads(manifest_path(run_folder.tokenizer).read_text(encoding="utf-8"))["vocab_size"]
-        seq_len = json.loads(manifest_path(run_folder.shards).read_text(encoding="utf-8"))["seq_len"]
-    return int(vocab), int(seq_len)
+    tokenizer = TOKENIZER.read_manifest_if_present(run_folder.tokenizer)
+    shards = SHARDS.read_manifest_if_present(run_folder.shards)
+    if tokenizer is None or shards is None:
+        return cfg.tokenizer.vocab_size, cfg.shards.seq_len
+    return int(tokenizer["vocab_size"]), int(shards["seq_len"])
 
 
 def fit_check(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
@@ -323,7 +319,7 @@ def fit_check(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[str,
             f"## {name}\n\nvocabulary {vocab}, sequence {seq_len}, batch {cfg.train.batch_size}; best = fewest "
             f"micro-batches, then least recompute, then least HBM\n\n{search_table(rows)}\n"
             for name, rows in searched.items()))
-    atomic_write_json(reports_dir / "fit_check.json", reports)
+    atomic_write_json(reports_dir / FIT_CHECK.output, reports)
     failed = [r for r in reports if not r["fits"]]
     if failed:
         raise DoesNotFit("; ".join(describe(r) for r in failed) +

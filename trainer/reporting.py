@@ -14,9 +14,13 @@ import math
 from pathlib import Path
 from typing import Any, TextIO
 
+import jax
+
+from cost.summary import CostSummary
 from experiment.runfolder import RunFolder
 from tracking.metrics import log_step
 from trainer.distributed import is_primary
+from trainer.throughput import chips_in_use
 
 log = logging.getLogger("trainer")
 TRAIN_LOG = "train_log.jsonl"
@@ -37,8 +41,8 @@ class OtherHostLedger:
 
     def mark_resume(self, step: int, checkpoint_item: dict[str, Any] | None = None) -> None: ...
 
-    def summary(self) -> dict[str, Any]:
-        return {}
+    def summary(self) -> None:
+        return None
 
     def __enter__(self) -> OtherHostLedger:
         return self
@@ -47,11 +51,13 @@ class OtherHostLedger:
 
 
 def open_ledger(cfg: Any, run_folder: RunFolder, run_id: str) -> Any:
+    from cost.chips import reconcile_chips
     from cost.ledger import Ledger
 
+    in_use = reconcile_chips(cfg.cost.chips, chips_in_use(), jax.devices()[0].platform)  # every host stops alike
     if not is_primary():
         return OtherHostLedger()
-    return Ledger.open(run_folder.ledger, cfg.cost, run_id)
+    return Ledger.open(run_folder.ledger, cfg.cost, run_id, chips_in_use=in_use)
 
 
 def open_train_log(run_folder: RunFolder) -> TextIO | None:
@@ -60,10 +66,10 @@ def open_train_log(run_folder: RunFolder) -> TextIO | None:
 
 
 def log_metrics(wandb_run: Any, train_log: TextIO | None, step: int, record: dict[str, Any],
-                ledger_summary: dict[str, Any]) -> None:
+                ledger_summary: CostSummary | None) -> None:
     """To W&B at an explicit step (a resumed run, a new local folder offline, continues the axis),
     with the rubles spent so far; and one JSON line per log step to ``train_log.jsonl``."""
-    payload = log_step(wandb_run, step, record, ledger_summary)
+    payload = log_step(wandb_run, step, record, ledger_summary.step_metrics() if ledger_summary is not None else {})
     if train_log is not None:
         train_log.write(json.dumps(payload) + "\n")
         train_log.flush()

@@ -30,14 +30,13 @@ import jax
 from data_prep.shards.loader import make_train_iterator, read_shards_manifest
 from experiment.errors import ConfigError
 from experiment.files import atomic_write_json
-from experiment.manifest import read_manifest
 from experiment.runfolder import RunFolder
+from experiment.stages import TOKENIZER
 from model.presets import resolve
 from model.registry import family_of
 from model.sharding import build_mesh
-from tokenizer.spm import TOKENIZER_RECIPE, TOKENIZER_STAGE
 from tracking.history import backfill_offline_history
-from tracking.metrics import define_cost_metrics, log_cost_summary
+from tracking.metrics import define_cost_metrics
 from trainer import checkpoint
 from trainer.distributed import is_primary
 from trainer.hooks import CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCheckpoint, StopOnSignal
@@ -48,7 +47,6 @@ from trainer.step import build_program
 from trainer.throughput import MetricsWindow, peak_flops_per_device
 
 log = logging.getLogger("trainer")
-STAGE = "pretrain"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +58,7 @@ class DataSpec:
 
 def read_inputs(cfg: Any, run_folder: RunFolder) -> DataSpec:
     read_shards_manifest(run_folder.shards)  # the stage right before this one is the first to ask for
-    tokenizer = read_manifest(run_folder.tokenizer, TOKENIZER_STAGE, TOKENIZER_RECIPE)
+    tokenizer = TOKENIZER.read_manifest(run_folder.tokenizer)
     # the config's seq_len must be the shards' one: a changed shards.seq_len means shards to rebuild
     shards = read_shards_manifest(run_folder.shards, tokenizer_sha256=tokenizer["sha256"],
                                   seq_len=cfg.shards.seq_len)
@@ -146,9 +144,10 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     finally:
         if ctx.train_log is not None:
             ctx.train_log.close()
-    summary = {"final_step": ctx.step, "final_loss": ctx.last_loss, "n_params": n_params, **ledger.summary()}
+    cost = ledger.summary()  # None on processes other than 0
     log.info("pretraining done at step %d: loss %.4f, %.2f RUB so far", ctx.step, ctx.last_loss,
-             summary.get("rub_total", math.nan))
+             cost.rub_total if cost is not None else math.nan)
     wandb_run.summary["train/final_loss"] = ctx.last_loss
-    log_cost_summary(wandb_run, ledger.summary())
-    return summary
+    if cost is not None:
+        cost.log_to(wandb_run)
+    return {"final_step": ctx.step, "final_loss": ctx.last_loss, "n_params": n_params, "cost": cost}

@@ -24,13 +24,13 @@ from data_prep.corpus.dedup import Deduplicator
 from data_prep.corpus.documents import RawDocument
 from data_prep.corpus.report import CorpusCounts, log_to_wandb, render_report
 from data_prep.corpus.sources import iter_raw_documents
-from experiment.corpus_format import CORPUS_STAGE, CorpusShardWriter, clear_corpus_folder
+from experiment.corpus_format import CorpusShardWriter, clear_corpus_folder
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
-from experiment.manifest import write_manifest
 from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
 from experiment.sections.corpus import CorpusConfig
+from experiment.stages import CORPUS
 
 log = logging.getLogger("data_prep.corpus.build")
 
@@ -121,7 +121,7 @@ def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Pat
         **(extra_manifest or {}),
         "config": dataclasses.asdict(cfg),
     }
-    write_manifest(corpus_dir, CORPUS_STAGE, payload)
+    CORPUS.write_manifest(corpus_dir, payload)
     log.info("corpus: %d of %d documents kept (%.1f MB) in %d shard(s), %.0f s; report: %s",
              counts.kept, counts.documents_in, counts.bytes_kept / 1e6, len(writer.shards), seconds,
              corpus_dir / "report.md")

@@ -21,13 +21,13 @@ import numpy as np
 
 from data_prep.shards.beam import run_beam_shards
 from data_prep.shards.layout import SPLITS, feature_schema, row_tokens, shard_file_name, shard_summary, split_of
-from data_prep.shards.loader import SHARDS_STAGE
 from data_prep.shards.packing import Packer, PackingStats
 from data_prep.shards.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
 from experiment.corpus_format import iter_documents, read_corpus_manifest
 from experiment.errors import DataError
-from experiment.manifest import MANIFEST_NAME, invalidate, write_manifest
+from experiment.manifest import MANIFEST_NAME, invalidate
 from experiment.progress import progress as progress_bar
+from experiment.stages import SHARDS
 from tokenizer.spm import eos_and_pad_ids, load_tokenizer
 
 log = logging.getLogger("data_prep.shards.build")
@@ -159,7 +159,7 @@ def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
                         "tokens: lower shards.seq_len or add text")
     if result["validation"]["records"] == 0 and shards_cfg.validation_percent > 0:
         log.warning("the validation split is empty: raise shards.validation_percent or add text")
-    write_manifest(out_dir, SHARDS_STAGE, payload)
+    SHARDS.write_manifest(out_dir, payload)
     if wandb_run is not None:  # None: library use without tracking (benchmarks)
         log_to_wandb(wandb_run, cfg, run_folder, payload, seconds)
     return payload

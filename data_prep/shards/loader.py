@@ -48,12 +48,10 @@ import numpy as np
 
 from data_prep.shards.tfrecord import CorruptRecordError, OnCorrupt, TFRecordFile, decode_record, read_index
 from experiment.errors import ConfigError, DataError
-from experiment.manifest import read_manifest
+from experiment.stages import SHARDS
 
 log = logging.getLogger("data_prep.shards.loader")
 
-SHARDS_STAGE = "shards"
-SHARDS_RECIPE = "recipes/03_shard.py"
 STATE_VERSION = 1
 LOSS_WEIGHTS = "loss_weights"  # on_corrupt=skip: 0 for the tokens of a corrupt record's row, 1 elsewhere
 _ROW_WEIGHT = "_row_weight"
@@ -66,16 +64,16 @@ def read_shards_manifest(shards_dir: Path | str, *, tokenizer_sha256: str | None
     Shards made with another tokenizer than the current one, or with a different ``seq_len``,
     end in one clear error instead of a model silently trained on the wrong ids."""
     shards_dir = Path(shards_dir)
-    manifest = read_manifest(shards_dir, SHARDS_STAGE, SHARDS_RECIPE)
+    manifest = SHARDS.read_manifest(shards_dir)
     if tokenizer_sha256 is not None and manifest.get("tokenizer_sha256") != tokenizer_sha256:
         raise DataError(
             f"shards in {shards_dir} were made with tokenizer {str(manifest.get('tokenizer_sha256'))[:12]}..., "
-            f"the current tokenizer is {tokenizer_sha256[:12]}...: run {SHARDS_RECIPE} again"
+            f"the current tokenizer is {tokenizer_sha256[:12]}...: {SHARDS.run_again}"
         )
     if seq_len is not None and manifest.get("seq_len") != seq_len:
         raise DataError(
             f"shards in {shards_dir} have seq_len {manifest.get('seq_len')}, the config asks for shards.seq_len="
-            f"{seq_len}: run {SHARDS_RECIPE} again (or set shards.seq_len={manifest.get('seq_len')})"
+            f"{seq_len}: {SHARDS.run_again} (or set shards.seq_len={manifest.get('seq_len')})"
         )
     return manifest
 
@@ -133,7 +131,7 @@ class ShardVerifier:
         if digest.hexdigest() == sha256:
             return None
         return (f"shard {path} does not match its manifest: sha256 {digest.hexdigest()[:12]}..., the manifest says "
-                f"{sha256[:12]}... (the file changed after {SHARDS_RECIPE} wrote it): run it again")
+                f"{sha256[:12]}... (the file changed after {SHARDS.recipe} wrote it): run it again")
 
 
 SHARD_VERIFIER = ShardVerifier()
@@ -163,10 +161,10 @@ class ShardSource:
         for shard in self.manifest["splits"][split]["shards"]:
             path = self.shards_dir / shard["file"]
             if not path.is_file():
-                raise DataError(f"shard {path} listed in the manifest is missing: run {SHARDS_RECIPE} again")
+                raise DataError(f"shard {path} listed in the manifest is missing: {SHARDS.run_again}")
             if "bytes" in shard and path.stat().st_size != shard["bytes"]:
                 raise DataError(f"shard {path} has {path.stat().st_size} bytes, the manifest says {shard['bytes']}: "
-                                f"it was truncated or replaced; run {SHARDS_RECIPE} again")
+                                f"it was truncated or replaced; {SHARDS.run_again}")
             offsets = read_index(path)
             if offsets.size != shard["records"]:
                 raise DataError(f"index of {path} lists {offsets.size} records, the manifest says {shard['records']}")
@@ -255,7 +253,7 @@ class TrainIterator:
             raise ConfigError(f"global batch size {global_batch_size} is not a positive multiple of the "
                               f"{process_count} processes")
         if len(source) == 0:
-            raise DataError(f"{source.shards_dir}: the train split has no records: run {SHARDS_RECIPE} with more text")
+            raise DataError(f"{source.shards_dir}: the train split has no records: run {SHARDS.recipe} with more text")
         self.source = source
         self.global_batch_size = global_batch_size
         self.seed = int(seed)

@@ -38,6 +38,7 @@ import numpy as np
 
 from experiment.errors import DataError
 from experiment.files import atomic_open, atomic_write_bytes
+from experiment.stages import SHARDS
 
 log = logging.getLogger("data_prep.shards.tfrecord")
 
@@ -408,7 +409,7 @@ def read_index(shard_path: Path | str) -> np.ndarray:
     try:
         raw = path.read_bytes()
     except FileNotFoundError as exc:
-        raise DataError(f"index {path} is missing: run recipes/03_shard.py again") from exc
+        raise DataError(f"index {path} is missing: {SHARDS.run_again}") from exc
     if len(raw) % 8:
         raise DataError(f"index {path} has {len(raw)} bytes, not a multiple of 8")
     offsets = np.frombuffer(raw, dtype="<u8").astype(np.int64)
@@ -444,7 +445,7 @@ class TFRecordFile:
                 with open(self.path, "rb") as handle:
                     self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
             except FileNotFoundError as exc:
-                raise DataError(f"shard {self.path} is missing: run recipes/03_shard.py again") from exc
+                raise DataError(f"shard {self.path} is missing: {SHARDS.run_again}") from exc
             except ValueError as exc:  # mmap of an empty file
                 raise DataError(f"shard {self.path} is empty") from exc
         return self._map

@@ -1,0 +1,94 @@
+"""The typed cost summary: what the ledger returns, written to W&B and read back under one table of names."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cost.ledger import Ledger
+from cost.rates import UsdRubRate
+from cost.summary import COMPARE_COLUMNS, WANDB_NAMES, CostSummary
+from experiment.sections.cost import CostConfig
+from tracking.metrics import RUB_SPENT
+
+HOUR = 3600.0
+
+
+class FakeRun:
+    def __init__(self) -> None:
+        self.summary: dict[str, Any] = {}
+        self.config_values: dict[str, Any] = {}
+
+    @property
+    def config(self) -> FakeRun:
+        return self
+
+    def update(self, values: dict[str, Any], allow_val_change: bool = False) -> None:
+        self.config_values.update(values)
+
+
+def two_hour_summary(tmp_path: Path, token_budget: int | None = None) -> CostSummary:
+    t = [1_000_000.0]
+    cfg = CostConfig(accelerator="tpu-v5e", pricing="on-demand", chips=8, usd_rub_rate=100.0,
+                     usd_rub_date=dt.date.today().isoformat(), token_budget=token_budget)
+    ledger = Ledger.open(tmp_path / "ledger", cfg, "run-1", rate=UsdRubRate(100.0, dt.date.today(), "test"),
+                         clock=lambda: t[0], started_at=t[0], background=False, chips_in_use=8)
+    with ledger.phase("train"):
+        t[0] += 2 * HOUR
+        ledger.add_tokens(10, 1_000_000_000)
+    ledger.close()
+    return ledger.summary()
+
+
+def test_wandb_round_trip_keeps_every_logged_figure(tmp_path: Path) -> None:
+    summary = two_hour_summary(tmp_path, token_budget=3_000_000_000)
+    run = FakeRun()
+    summary.log_to(run)
+    assert run.summary["cost/rub_total"] == pytest.approx(2 * 8 * 1.20 * 100)  # the final total's summary name
+    assert run.config_values["cost_price_row"]["name"] == "tpu-v5e" and run.config_values["cost_chips"] == 8
+    assert "cost/usd_rub_rate" not in run.summary  # the rate is in the config (cost_usd_rub_rate) only
+    assert run.summary["cost/chips_in_use"] == 8
+    back = CostSummary.from_wandb(run.summary, run.config_values, "run-1")
+    assert back == dataclasses.replace(summary, infra=(), rate_notes=())  # the two lists W&B does not get
+    assert back.projected_rub_total == pytest.approx(summary.rub_total * 3)  # 1B of 3B tokens so far
+    assert CostSummary.logged_in(run.summary)
+
+
+def test_step_metrics_use_the_history_names_and_leave_unknowns_out(tmp_path: Path) -> None:
+    summary = two_hour_summary(tmp_path)
+    metrics = summary.step_metrics()
+    assert metrics[RUB_SPENT] == pytest.approx(summary.rub_total)
+    assert set(metrics) == {step for step, _ in WANDB_NAMES.values() if step} - {"cost/projected_rub_total"}
+    assert set(summary.compare_row()) == {c.key for c in COMPARE_COLUMNS}
+
+
+def test_a_run_logged_before_the_newer_figures_still_reads(tmp_path: Path) -> None:
+    older_summary = {"cost/rub_total": 12.5, "cost/usd_total": 0.125, "cost/hours": 1.5, "cost/tokens": 1000,
+                     "cost/usd_rub_rate": 100.0, "cost/rub_by_phase/lost": 2.5, RUB_SPENT: {"max": 12.5}}
+    older = CostSummary.from_wandb(older_summary, {"cost": {"accelerator": "tpu-v5e", "chips": 4}})
+    assert (older.accelerator, older.chips, older.tokens, older.rub_total) == ("tpu-v5e", 4, 1000, 12.5)
+    assert older.rub_lost_to_restarts == 2.5 and older.sessions == 0 and older.last_step is None
+    assert not CostSummary.logged_in({RUB_SPENT: {"max": 1.0}})  # a run killed before its end has no total
+
+
+def test_chips_priced_must_be_the_chips_in_use_on_an_accelerator(caplog: pytest.LogCaptureFixture) -> None:
+    from cost.chips import reconcile_chips
+    from experiment.errors import ConfigError
+
+    assert reconcile_chips(8, 8, "tpu") == 8
+    with pytest.raises(ConfigError, match=r"'cost.chips': 8 chip\(s\) priced, but 16 tpu chip\(s\) train this run: "
+                                          r"set cost.chips=16"):
+        reconcile_chips(8, 16, "tpu")
+    with caplog.at_level("INFO", logger="cost.chips"):
+        assert reconcile_chips(8, 1, "cpu") == 1  # a CPU host may price as if on the configured slice
+    assert caplog.text.count("pricing 8 chip(s) as configured") == 1
+
+
+def test_the_ledger_records_the_chips_in_use_beside_the_priced_ones(tmp_path: Path) -> None:
+    summary = two_hour_summary(tmp_path)
+    assert (summary.chips, summary.chips_in_use) == (8, 8)
+    assert summary.chip_hours == pytest.approx(16.0)  # priced chips x hours: what the bill counts
