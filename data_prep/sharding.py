@@ -26,6 +26,7 @@ from data_prep.packing import Packer, PackingStats
 from data_prep.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
 from experiment.errors import DataError
 from experiment.manifest import MANIFEST_NAME, invalidate, write_manifest
+from experiment.schema import ExperimentConfig
 from experiment.split import is_validation
 
 log = logging.getLogger("data_prep.sharding")
@@ -138,11 +139,11 @@ def encode_threads(requested: int) -> int:
     return requested if requested > 0 else (os.cpu_count() or 1)
 
 
-def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
+def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     """Tokenize ``run_folder.corpus`` with ``run_folder.tokenizer`` into ``run_folder.shards``."""
     from tokenizer.spm import load_tokenizer
 
-    shards_cfg = cfg.shards
+    shards_cfg, seq_len = cfg.shards, cfg.model.max_seq_len  # rows of the model's one sequence length
     sp, tok_manifest = load_tokenizer(run_folder.tokenizer)
     corpus_manifest = read_corpus_manifest(run_folder.corpus)
     special = tok_manifest.get("special_ids", {})
@@ -154,22 +155,22 @@ def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
 
     out_dir = Path(run_folder.shards)
     out_dir.mkdir(parents=True, exist_ok=True)
-    describe_previous(out_dir, tok_manifest["sha256"], shards_cfg.seq_len)
+    describe_previous(out_dir, tok_manifest["sha256"], seq_len)
     invalidate(out_dir)
     remove_old_shards(out_dir)
 
     threads = encode_threads(shards_cfg.num_threads)
     log.info("tokenizing %d documents with %d thread(s), packing '%s' into rows of %d tokens",
-             corpus_manifest["documents"], threads, shards_cfg.packing, shards_cfg.seq_len + 1)
+             corpus_manifest["documents"], threads, shards_cfg.packing, seq_len + 1)
     started = time.perf_counter()
     if shards_cfg.runner == "beam":
         from data_prep.beam_shards import run_beam_shards
 
         model_path = Path(run_folder.tokenizer) / tok_manifest.get("model_file", "spm.model")
         result = run_beam_shards(Path(run_folder.corpus), corpus_manifest, model_path.read_bytes(), out_dir,
-                                 shards_cfg, eos_id=eos_id, pad_id=pad_id)
+                                 shards_cfg, seq_len, eos_id=eos_id, pad_id=pad_id)
     else:
-        result = write_splits(iter_documents(run_folder.corpus, corpus_manifest), sp, out_dir, shards_cfg,
+        result = write_splits(iter_documents(run_folder.corpus, corpus_manifest), sp, out_dir, shards_cfg, seq_len,
                               eos_id=eos_id, pad_id=pad_id, threads=threads, total=corpus_manifest["documents"])
     seconds = time.perf_counter() - started
 
@@ -177,9 +178,9 @@ def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
         "tokenizer_sha256": tok_manifest["sha256"],
         "vocab_size": tok_manifest["vocab_size"],
         "special_ids": {"eos": eos_id, "pad": pad_id},
-        "seq_len": shards_cfg.seq_len,
+        "seq_len": seq_len,
         "packing": shards_cfg.packing,
-        "feature_schema": feature_schema(shards_cfg.seq_len, shards_cfg.packing),
+        "feature_schema": feature_schema(seq_len, shards_cfg.packing),
         "validation_percent": shards_cfg.validation_percent,
         "split_rule": "experiment.split.is_validation(doc_id, validation_percent): sha256 of the document id",
         "splits": result,
@@ -191,8 +192,8 @@ def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     log.info("wrote %d train and %d validation records (%d tokens) in %.1f s: %.0f tokens/s",
              result["train"]["records"], result["validation"]["records"], tokens, seconds, tokens / max(seconds, 1e-9))
     if result["train"]["records"] == 0:
-        raise DataError(f"the corpus in {run_folder.corpus} gives no full training row of {shards_cfg.seq_len + 1} "
-                        "tokens: lower shards.seq_len or add text")
+        raise DataError(f"the corpus in {run_folder.corpus} gives no full training row of {seq_len + 1} "
+                        "tokens: lower model.max_seq_len or add text")
     if result["validation"]["records"] == 0 and shards_cfg.validation_percent > 0:
         log.warning("the validation split is empty: raise shards.validation_percent or add text")
     write_manifest(out_dir, SHARDS_STAGE, payload)
@@ -201,10 +202,10 @@ def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     return payload
 
 
-def write_splits(documents: Any, sp: Any, out_dir: Path, shards_cfg: Any, *, eos_id: int, pad_id: int,
+def write_splits(documents: Any, sp: Any, out_dir: Path, shards_cfg: Any, seq_len: int, *, eos_id: int, pad_id: int,
                  threads: int, total: int | None = None) -> dict[str, dict[str, Any]]:
     """Encode, split, pack and write every document; returns the manifest's ``splits`` section."""
-    packers = {split: Packer(shards_cfg.seq_len, shards_cfg.packing, pad_id) for split in SPLITS}
+    packers = {split: Packer(seq_len, shards_cfg.packing, pad_id) for split in SPLITS}
     writers = {split: SplitWriter(out_dir, split, shards_cfg.records_per_shard) for split in SPLITS}
     pad_mask_key = "segment_ids" if shards_cfg.packing == "document" else None
     try:

@@ -59,9 +59,10 @@ def demo_cfg(*overrides: str):
 
 def test_worked_example_one_option() -> None:
     """7b preset, 100B tokens, 8 v6e chips at 40% MFU: hours and rubles follow the formula by hand."""
-    cfg = demo_cfg("cost.plan_model=7b", "cost.plan_tokens=100000000000", "cost.plan_seq_len=4096",
+    cfg = demo_cfg("cost.plan_model=7b", "cost.plan_tokens=100000000000",
                    "cost.plan_options=[{accelerator: tpu-v6e, chips: 8, mfu: 0.4}]")
     model, tokens, rows, _ = plan(cfg, None, rate=RATE)
+    assert model.seq_len == 4096  # the preset's own length, not the demo's model.max_seq_len
     (row,) = rows
     per_chip = 0.4 * 918e12 / model.flops_per_token
     hours = 100e9 / (per_chip * 8) / 3600

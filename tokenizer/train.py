@@ -26,6 +26,7 @@ from data_prep.corpus_io import iter_documents, read_corpus_manifest
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
 from experiment.manifest import invalidate, write_manifest
+from experiment.schema import ExperimentConfig
 from experiment.sections.tokenizer import TokenizerConfig
 from experiment.split import is_validation
 from tokenizer.spm import MODEL_FILE, TOKENIZER_STAGE, VOCAB_FILE
@@ -180,7 +181,7 @@ def special_ids(tok: TokenizerConfig) -> dict[str, int]:
     return {"pad": tok.pad_id, "unk": tok.unk_id, "bos": tok.bos_id, "eos": tok.eos_id}
 
 
-def train_tokenizer(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
+def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     """Recipe 02 entry point: train, write ``tokenizer/`` and its report, log the W&B artifact."""
     from tokenizer.report import build_report, log_report, write_report  # report imports this module
 

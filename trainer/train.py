@@ -34,9 +34,9 @@ from experiment.errors import ConfigError, DataError, RecipeError
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.manifest import read_manifest
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from model.attention import resolve_attention
 from model.flops import param_count, train_flops_per_token
-from model.presets import resolve
 from model.sharding import build_mesh
 from tokenizer.spm import TOKENIZER_RECIPE, TOKENIZER_STAGE
 from tracking.metrics import cost_entries, define_cost_metrics, log_cost_summary, log_step
@@ -65,12 +65,12 @@ class DataSpec:
     tokenizer_sha256: str
 
 
-def read_inputs(cfg: Any, run_folder: RunFolder) -> DataSpec:
+def read_inputs(cfg: ExperimentConfig, run_folder: RunFolder) -> DataSpec:
     read_shards_manifest(run_folder.shards)  # the stage right before this one is the first to ask for
     tokenizer = read_manifest(run_folder.tokenizer, TOKENIZER_STAGE, TOKENIZER_RECIPE)
-    # the config's seq_len must be the shards' one: a changed shards.seq_len means shards to rebuild
+    # the shards were packed at model.max_seq_len: a changed length means shards to rebuild
     shards = read_shards_manifest(run_folder.shards, tokenizer_sha256=tokenizer["sha256"],
-                                  seq_len=cfg.shards.seq_len)
+                                  seq_len=cfg.model.max_seq_len)
     return DataSpec(seq_len=int(shards["seq_len"]), vocab_size=int(tokenizer["vocab_size"]),
                     tokenizer_sha256=str(tokenizer["sha256"]))
 
@@ -239,18 +239,15 @@ def open_ledger(cfg: Any, run_folder: RunFolder, run_id: str) -> Any:
 # The run
 
 
-def pretrain(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
+def pretrain(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
     maybe_initialize_distributed(cfg.train)
     train_cfg = cfg.train
     if train_cfg.compilation_cache and not jax.config.jax_compilation_cache_dir:
         # a resumed (preempted) run reuses the compiled step instead of paying for the compile again
         jax.config.update("jax_compilation_cache_dir", str((Path(run_folder.root) / "xla_cache").resolve()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    model_cfg = resolve(cfg.model)
+    model_cfg = cfg.model
     data = read_inputs(cfg, run_folder)
-    if data.seq_len > model_cfg.max_seq_len:
-        raise ConfigError(f"config key 'model.max_seq_len': {model_cfg.max_seq_len} is shorter than the shards' "
-                          f"seq_len {data.seq_len}")
     run_id = getattr(wandb_run, "id", None) or "offline"
     if jax.process_index() != 0:
         wandb_run = None  # one host reports for the whole slice

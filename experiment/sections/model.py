@@ -8,7 +8,9 @@ from experiment.errors import ConfigError
 
 @dataclass
 class ModelConfig:
-    preset: str = ""  # a named size from model.presets; explicit fields in the YAML override it
+    # the model family (model/ registry); a family may register a subclass of this section with its own fields
+    family: str = "llama"
+    preset: str = ""  # a named size from experiment/presets.py; keys the config sets override it
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 4
@@ -54,3 +56,22 @@ class ModelConfig:
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.d_model // self.n_heads
+
+
+# family name -> the class of its model section; load_config builds `model` with the class of `model.family`
+_MODEL_SECTIONS: dict[str, type[ModelConfig]] = {"llama": ModelConfig}
+
+
+def register_model_section(family: str, cls: type[ModelConfig]) -> None:
+    """Make ``model.family: <family>`` build its model section as ``cls`` (ModelConfig or a subclass)."""
+    if not (isinstance(cls, type) and issubclass(cls, ModelConfig)):
+        raise TypeError(f"model section of family '{family}' must subclass ModelConfig, got {cls!r}")
+    _MODEL_SECTIONS[family] = cls
+
+
+def model_section_class(family: str) -> type[ModelConfig]:
+    """The model section class registered for ``family``; an unknown family is one line listing the known."""
+    if family not in _MODEL_SECTIONS:
+        raise ConfigError(f"config key 'model.family': unknown model family '{family}' "
+                          f"(known: {', '.join(sorted(_MODEL_SECTIONS))})")
+    return _MODEL_SECTIONS[family]
