@@ -177,3 +177,17 @@ def test_mfu_calibrated_from_our_own_ledger(tmp_path: Path) -> None:
     expected = 1.2e9 / 3600 / 8 * trained.flops_per_token / 197e12
     assert rows[0]["mfu_source"] == "our run" and rows[0]["mfu"] == pytest.approx(expected)
     assert rows[1]["mfu_source"].startswith("anchor llama3.1-8b")  # not measured on v6e: the published MFU there
+
+
+def test_planned_length_is_the_planned_models_own(tmp_path: Path) -> None:
+    """No cost.plan_model: the config's resolved model (preset plus the keys it sets) at model.max_seq_len;
+    an anchor at its CSV length, whatever the config's model says."""
+    config = tmp_path / "p.yaml"
+    config.write_text("experiment: {name: p}\nmodel: {preset: '1b', n_kv_heads: 2}\n"
+                      "cost: {plan_options: [{accelerator: tpu-v6e, chips: 8, mfu: 0.4}]}\n", encoding="utf-8")
+    model, tokens, _, _ = plan(load_config(config), None, rate=RATE)
+    assert (model.cfg.d_model, model.cfg.n_kv_heads, model.seq_len) == (2048, 2, 2048)
+    assert model.label == "1b" and tokens == 1000 * 32 * 2048  # train.steps x batch_size x model.max_seq_len
+    anchor = read_anchors()[0].model
+    model, _, _, _ = plan(load_config(config, [f"cost.plan_model={anchor.label}"]), None, rate=RATE)
+    assert model.seq_len == anchor.seq_len != 2048
