@@ -34,14 +34,15 @@ sys.path.insert(0, str(ROOT))
 
 from interleave import interleaved_rounds, median_ratio, medians  # noqa: E402
 
-from data_prep.corpus import build_corpus, clean_serial, clean_with_pool, dedup_in_order  # noqa: E402
-from data_prep.corpus_io import read_corpus_manifest  # noqa: E402
-from data_prep.dedup_eval import measure_planted_levels, planted_rates, write_planted_source  # noqa: E402
-from data_prep.sources import RawDocument, iter_raw_documents  # noqa: E402
+from data_prep.corpus.build import build_corpus, clean_serial, clean_with_pool, dedup_in_order  # noqa: E402
+from data_prep.corpus.documents import RawDocument  # noqa: E402
+from data_prep.corpus.sources import iter_raw_documents  # noqa: E402
 from experiment.config import build_dataclass  # noqa: E402
+from experiment.corpus_format import read_corpus_manifest  # noqa: E402
 from experiment.runfolder import RunFolder  # noqa: E402
 from experiment.schema import ExperimentConfig, SourceConfig  # noqa: E402
 from experiment.sections.corpus import CorpusConfig  # noqa: E402
+from tests.dedup_eval import measure_planted_levels, planted_rates, write_planted_source  # noqa: E402
 
 RUSLIT = Path(os.environ.get("RU_SHARED_DATA", ROOT.parent / "shared" / "data")) / "text" / "ruslit"
 
@@ -81,7 +82,7 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
     try:
         import apache_beam  # noqa: F401
 
-        from data_prep.beam_corpus import run_beam
+        from data_prep.corpus.beam import run_beam
 
         beam_cfg = CorpusConfig(sources=cfg.sources, runner="beam",
                                 beam_options=["--runner=DirectRunner", "--direct_num_workers=1"])

@@ -33,7 +33,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 def build_shards(cfg: Any, workdir: Path, text_mb: float) -> Path:
     from bench_shards import prepare_run
 
-    from data_prep.sharding import shard_corpus
+    from data_prep.shards.build import shard_corpus
 
     run_folder, _docs = prepare_run(workdir, text_mb, cfg.tokenizer.vocab_size)
     shard_corpus(cfg, run_folder, None)
@@ -41,7 +41,7 @@ def build_shards(cfg: Any, workdir: Path, text_mb: float) -> Path:
 
 
 def bench_loader(shards: Path, batch_size: int, batches: int) -> dict[str, float]:
-    from data_prep.loader import make_train_iterator
+    from data_prep.shards.loader import make_train_iterator
 
     iterator = make_train_iterator(shards, batch_size, seed=0, read_threads=1)
     first = next(iterator)  # opens the shards, starts the reader thread
@@ -81,7 +81,7 @@ def bench_readers(shards: Path) -> dict[str, Any]:
     """Every train record, decoded to token arrays: ours against tf.data (if TensorFlow is here)."""
     import numpy as np
 
-    from data_prep.loader import ShardSource
+    from data_prep.shards.loader import ShardSource
 
     source = ShardSource(shards, "train")
     files = [str(f.path) for f in source.files]

@@ -95,7 +95,7 @@ def main() -> None:
 
     import sentencepiece as spm
 
-    from data_prep.sharding import write_splits
+    from data_prep.shards.build import write_splits
     from experiment.sections.shards import ShardsConfig
 
     run_folder, docs = prepare_run(args.workdir, args.text_mb, args.vocab_size)

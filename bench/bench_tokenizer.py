@@ -99,7 +99,8 @@ def _train_and_measure(kind: str, train: list[dict[str, Any]], heldout: list[str
     """Child process: train one tokenizer as the stage does, then time single-core encoding of held-out texts."""
     from experiment.sections.tokenizer import TokenizerConfig
     from tokenizer.baselines import train_bytelevel_bpe
-    from tokenizer.train import train_sentencepiece, trainer_options, training_lines, training_texts
+    from tokenizer.texts import training_lines, training_texts
+    from tokenizer.train import train_sentencepiece, trainer_options
 
     rss_before = peak_rss_mb()
     started, cpu_started = time.perf_counter(), time.process_time()

@@ -1,1 +1,1 @@
-"""Data preparation: corpus building (recipe 1) and tokenized TFRecord shards (recipe 3)."""
+"""Data preparation, one subpackage per stage: corpus/ (recipe 01) and shards/ (recipe 03, with the loader)."""

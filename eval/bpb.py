@@ -74,7 +74,7 @@ def validation_bpb(logits_fn: LogitsFn, shards_dir: Path, piece_bytes: np.ndarra
                    tokenizer_sha256: str | None = None) -> BitsPerByte:
     """Bits per byte over the validation shards (recipe 03's output), in file order; shards made
     with another tokenizer than ``tokenizer_sha256`` are refused (their ids would mean other text)."""
-    from data_prep.loader import iter_eval_batches
+    from data_prep.shards.loader import iter_eval_batches
 
     batches = iter_eval_batches(shards_dir, split, batch_size, max_batches=max_batches,
                                 tokenizer_sha256=tokenizer_sha256)

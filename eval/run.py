@@ -51,17 +51,12 @@ class TokenizerBits:
 
 
 def load_tokenizer_bits(run_folder: RunFolder) -> TokenizerBits:
-    from tokenizer.spm import load_tokenizer, piece_byte_lengths
+    from tokenizer.spm import eos_and_pad_ids, load_tokenizer, piece_byte_lengths
 
     sp, manifest = load_tokenizer(run_folder.tokenizer)
-    special = manifest.get("special_ids", {})
-    eos = special.get("eos", sp.eos_id())
-    if eos is None or eos < 0:
-        raise DataError(f"{manifest_path(run_folder.tokenizer)}: the tokenizer has no EOS id (special_ids.eos)")
-    pad = special.get("pad", 0)
+    eos, pad = eos_and_pad_ids(sp, manifest, run_folder.tokenizer)
     return TokenizerBits(encode=lambda text: sp.encode(text, out_type=int), piece_bytes=piece_byte_lengths(sp),
-                         eos_id=int(eos), pad_id=int(pad) if pad is not None and pad >= 0 else 0,
-                         sha256=str(manifest.get("sha256", "")))
+                         eos_id=eos, pad_id=pad, sha256=str(manifest.get("sha256", "")))
 
 
 _TASK_CACHE: dict[tuple[Any, ...], TaskData] = {}

@@ -1,9 +1,15 @@
 """Recipe 04: pretrain the decoder on the shards (resumes from the latest checkpoint)."""
 
-from experiment.cli import recipe_main
-from trainer.cpu_host import prepare_cpu_host
-from trainer.train import pretrain, resume_wandb_run_id
+import functools
+
+from eval.run import evaluate_model
+from tracking.harness import recipe_main
+from trainer.distributed import prepare_processes, reports
+from trainer.hooks import EvalHook
+from trainer.resume import resume_wandb_run_id
+from trainer.train import pretrain
 
 if __name__ == "__main__":
-    recipe_main("pretrain", "Pretrain the Flax decoder; rerun the same command to resume", pretrain,
-                wandb_run_id=resume_wandb_run_id, prepare=lambda cfg: prepare_cpu_host(cfg.train))
+    recipe_main("pretrain", "Pretrain the Flax decoder; rerun the same command to resume",
+                functools.partial(pretrain, hooks=[EvalHook(evaluate_model)]),
+                wandb_run_id=resume_wandb_run_id, prepare=prepare_processes, reports=reports)

@@ -1,6 +1,6 @@
 """Recipe 04b: compile the train step for TPU slices on this CPU and report HBM per device (needs libtpu)."""
 
-from experiment.cli import recipe_main
+from tracking.harness import recipe_main
 from trainer.fit_check import fit_check
 
 if __name__ == "__main__":

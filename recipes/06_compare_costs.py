@@ -1,7 +1,7 @@
 """Recipe 06: the experiments' costs in rubles against what they bought (loss, eval), from W&B (see cost/)."""
 
 from cost.compare import compare_costs
-from experiment.cli import recipe_main
+from tracking.harness import recipe_main
 
 if __name__ == "__main__":
     recipe_main("compare", "Compare experiments' ruble costs, losses and eval scores; write reports/costs.*",

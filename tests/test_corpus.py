@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.cleaning import clean_document, filter_rejection
-from data_prep.dedup import Deduplicator, exact_key, minhash_signature
-from data_prep.dedup_eval import light_edit, planted_rates
-from data_prep.langid import cyrillic_share, detect_language, sample_for_langid
-from data_prep.normalize import decode_bytes, normalize_text
-from data_prep.quality import QUALITY_REASONS, quality_rejection, replace_pii
-from data_prep.sources import RawDocument
+from data_prep.corpus.cleaning import clean_document, filter_rejection
+from data_prep.corpus.dedup import Deduplicator, exact_key, minhash_signature
+from data_prep.corpus.documents import RawDocument
+from data_prep.corpus.langid import cyrillic_share, detect_language, sample_for_langid
+from data_prep.corpus.normalize import decode_bytes, normalize_text
+from data_prep.corpus.quality import QUALITY_REASONS, quality_rejection, replace_pii
 from experiment.config import build_dataclass
 from experiment.errors import ConfigError
 from experiment.sections.corpus import CorpusConfig, DedupConfig, QualityConfig
+from tests.dedup_eval import light_edit, planted_rates
 
 FIXTURES = Path(__file__).parent / "fixtures" / "corpus"
 LANGS = ("ru", "uk", "be", "bg", "kk", "sr", "mk", "en")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.beam_corpus import bucket_matches, exact_group_outcomes
-from data_prep.cleaning import CleanDocument
+from data_prep.corpus.beam import bucket_matches, exact_group_outcomes
+from data_prep.corpus.cleaning import CleanDocument
 from experiment.sections.corpus import DedupConfig
 from tests.conftest import import_extra
 from tests.test_corpus_build import inputs, make_cfg, run, sources_for  # noqa: F401  (inputs is a fixture)

@@ -8,19 +8,21 @@ import os
 import random
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
-from data_prep import corpus as corpus_module
-from data_prep.corpus import build_corpus
-from data_prep.corpus_io import iter_documents, read_corpus_manifest
-from data_prep.normalize import normalize_text
-from data_prep.sources import DocumentNumberer, _read_txt, iter_raw_documents, split_text
+from data_prep.corpus import build as corpus_module
+from data_prep.corpus.build import build_corpus
+from data_prep.corpus.documents import DocumentNumberer
+from data_prep.corpus.normalize import normalize_text
+from data_prep.corpus.sources import SOURCE_READERS, _read_txt, iter_raw_documents, split_text
 from experiment.config import build_dataclass
-from experiment.errors import DataError, MissingStageError
+from experiment.corpus_format import iter_documents, read_corpus_manifest
+from experiment.errors import ConfigError, DataError, MissingStageError
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig, SourceConfig
+from experiment.sections.corpus import SourceKind
 from tests.conftest import optional_import
 
 FIXTURES = Path(__file__).parent / "fixtures" / "corpus"
@@ -189,6 +191,21 @@ def test_unreadable_file_is_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     numberer = DocumentNumberer(SourceConfig(kind="files", paths=[str(path)]), 0)
     [doc] = list(_read_txt(path, numberer))
     assert doc.reject == "unreadable" and doc.text is None
+
+
+def test_unknown_source_kind_is_one_config_error(tmp_path: Path) -> None:
+    # built in code, past the config loader's check: the reader must not fall through to another kind
+    good = SourceConfig(kind="files", paths=[str(FIXTURES / "ru_prose.txt")])
+    odd = SourceConfig(kind="ftp", paths=[])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as err:
+        next(iter_raw_documents([good, odd], tmp_path))  # before the first source is read
+    message = str(err.value)
+    assert "\n" not in message and "corpus.sources[1].kind" in message and "'ftp'" in message
+    assert "debian, files, hub" in message
+
+
+def test_every_configurable_source_kind_has_a_reader() -> None:
+    assert set(SOURCE_READERS) == set(get_args(SourceKind))
 
 
 def test_split_rules_for_long_works() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.debian import html_to_text, render_man_page, split_fortunes
-from data_prep.sources import iter_raw_documents
+from data_prep.corpus.debian import html_to_text, render_man_page, split_fortunes
+from data_prep.corpus.sources import iter_raw_documents
 from experiment.errors import DataError
 from experiment.sections.corpus import SourceConfig
 

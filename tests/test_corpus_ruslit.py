@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.dedup_eval import measure_planted_levels, planted_rates, write_planted_source
-from data_prep.sources import iter_raw_documents
+from data_prep.corpus.sources import iter_raw_documents
 from experiment.schema import SourceConfig
+from tests.dedup_eval import measure_planted_levels, planted_rates, write_planted_source
 from tests.test_corpus_build import make_cfg, run
 
 ROOT = Path(__file__).resolve().parents[1]

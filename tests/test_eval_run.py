@@ -58,7 +58,8 @@ def build_run_folder(cfg: Any, run_folder: RunFolder) -> None:
     import sentencepiece as spm
     from flax import nnx
 
-    from data_prep.sharding import feature_schema, write_splits
+    from data_prep.shards.build import write_splits
+    from data_prep.shards.layout import feature_schema
     from experiment.files import atomic_write_bytes, sha256_file
     from experiment.manifest import write_manifest
     from model.decoder import Decoder

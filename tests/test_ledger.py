@@ -280,26 +280,6 @@ def test_steps_cost_no_io_between_flushes(tmp_path: Path) -> None:
     assert s["seconds_by_phase"]["idle"] == pytest.approx(10.0)
 
 
-def test_cost_summary_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cost.report import phase_rows, print_cost_summary
-
-    clock = FakeClock()
-    ledger = open_fake(tmp_path, clock, v5e_config(token_budget=2_000_000_000))
-    with ledger.phase("train"):
-        clock.advance(1.0)
-        ledger.add_tokens(10, 1_000_000_000)
-    with ledger.phase("eval"):
-        clock.advance(0.25)
-    ledger.close()
-    summary = summarize_ledger(tmp_path / "ledger")
-    rows = phase_rows(summary)
-    assert [r["phase"] for r in rows] == ["train", "eval", "total"]
-    assert rows[-1]["rub"] == pytest.approx(1.25 * RUB_PER_HOUR) and rows[0]["share"] == pytest.approx(0.8)
-    text = print_cost_summary(summary)
-    assert " 960 │" in text and " 1,200 │" in text and "projected 2,400 RUB" in text
-    assert text in capsys.readouterr().out
-
-
 def test_bad_cost_config_is_refused_before_any_record(tmp_path: Path) -> None:
     from cost.catalog import CatalogError
     from experiment.config import load_config
@@ -340,14 +320,14 @@ def test_a_later_resume_judges_every_earlier_session(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reconciliation on resume: the ledger calls of trainer/train.py, driven by a fake clock
+# Reconciliation on resume: the ledger calls of the training loop (trainer/loop.py, trainer/hooks.py), driven by a fake clock
 
 TOKENS_PER_STEP = 2048  # the tiny experiment: 60 steps are 122,880 tokens
 
 
 def train_steps(ledger: Ledger, clock: FakeClock, first: int, last: int, checkpoint_every: int,
                 step_s: float = 1.0) -> dict[int, dict]:
-    """Steps ``first..last`` as trainer/train.py books them: the first one compiles, a save every
+    """Steps ``first..last`` as the training loop books them: the first one compiles, a save every
     ``checkpoint_every`` steps takes the ledger item when it starts and is marked durable at the next
     save (asynchronous saves). Returns the ledger item of each checkpoint by step."""
     items: dict[int, dict] = {}
@@ -401,7 +381,7 @@ def test_two_kills_count_every_step_before_the_checkpoint_once(tmp_path: Path) -
 
 
 def test_kills_before_the_first_checkpoint_then_a_fresh_start(tmp_path: Path) -> None:
-    """Two sessions killed before any checkpoint existed; the third starts from step 0 (trainer/train.py
+    """Two sessions killed before any checkpoint existed; the third starts from step 0 (trainer/resume.py
     books that as a resume from 0), saves step 10 and is killed at 12; the fourth resumes from 10 and
     finishes at 14. The first two trained steps the third trained again: none of their tokens count."""
     clock = FakeClock()

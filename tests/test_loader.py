@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from data_prep.loader import iter_eval_batches, make_train_iterator, read_shards_manifest
-from data_prep.sharding import shard_corpus
-from data_prep.tfrecord import CorruptRecordError
+from data_prep.shards.build import shard_corpus
+from data_prep.shards.loader import iter_eval_batches, make_train_iterator, read_shards_manifest
+from data_prep.shards.tfrecord import CorruptRecordError
 from experiment.errors import ConfigError, DataError, MissingStageError
 from tests.test_shards_common import DisabledRun, built_shards, make_run  # noqa: F401
 
@@ -69,7 +69,7 @@ def test_processes_read_disjoint_parts_of_the_same_global_batch(built_shards: Si
 RESUME_SCRIPT = textwrap.dedent(f"""
     import json, sys
     import numpy as np
-    from data_prep.loader import make_train_iterator
+    from data_prep.shards.loader import make_train_iterator
     shards, process_index, process_count, state, count, out = sys.argv[1:]
     it = make_train_iterator(shards, {GLOBAL_BATCH}, seed=7, process_index=int(process_index), process_count=int(process_count))
     it.set_state(json.loads(state))
@@ -203,7 +203,7 @@ def test_corrupt_record_errors_or_is_skipped(built_shards: SimpleNamespace, tmp_
 def damaged_copy(built: SimpleNamespace, tmp_path: Path, split: str, keep_crc: bool = False) -> tuple[Path, Path]:
     """A copy of the shards with record 0 of the split's first shard changed; ``keep_crc`` rewrites its
     checksum so only the manifest's sha256 can tell. Returns (shards folder, damaged file)."""
-    from data_prep.tfrecord import masked_crc32c
+    from data_prep.shards.tfrecord import masked_crc32c
 
     shards = tmp_path / "shards"
     shutil.copytree(built.run_folder.shards, shards)
@@ -222,7 +222,7 @@ def damaged_copy(built: SimpleNamespace, tmp_path: Path, split: str, keep_crc: b
 
 def test_skipped_record_is_logged_counted_and_no_record_read_twice(
         built_shards: SimpleNamespace, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
-    from data_prep.loader import ShardSource
+    from data_prep.shards.loader import ShardSource
 
     clean = [row.tobytes() for row in all_rows(built_shards.run_folder.shards, "train")]
     shards, path = damaged_copy(built_shards, tmp_path, "train")

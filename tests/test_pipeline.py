@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.recipe_runner import REPO, recipe_env, run_recipe, tiny_config
-from trainer.train import TRAIN_LOG, finished_steps
+from trainer.reporting import TRAIN_LOG
+from trainer.resume import finished_steps
 
 pytestmark = pytest.mark.integration
 

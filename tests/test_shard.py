@@ -14,13 +14,19 @@ import pytest
 import sentencepiece as spm
 import yaml
 
-from data_prep.packing import Packer, segments_and_positions
-from data_prep.sharding import shard_corpus
-from data_prep.tfrecord import decode_example, index_path, iter_records, read_index
+from data_prep.shards.build import shard_corpus
+from data_prep.shards.packing import Packer, segments_and_positions
+from data_prep.shards.tfrecord import decode_example, index_path, iter_records, read_index
 from experiment.errors import DataError, MissingStageError
 from experiment.files import sha256_file
 from experiment.split import is_validation
-from tests.test_shards_common import DisabledRun, built_shards, make_documents, make_run  # noqa: F401
+from tests.test_shards_common import (  # noqa: F401
+    DisabledRun,
+    built_shards,
+    make_documents,
+    make_run,
+    write_tokenizer,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,9 +144,9 @@ def test_output_does_not_depend_on_threads_or_batching(tmp_path: Path) -> None:
 def test_crash_leaves_no_manifest_and_no_partial_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = make_run(tmp_path)
     shard_corpus(run.cfg, run.run_folder, DisabledRun())
-    import data_prep.sharding as sharding
+    import data_prep.shards.build as shards_build
 
-    real_iter = sharding.iter_documents
+    real_iter = shards_build.iter_documents
 
     def dying_documents(*args: object, **kwargs: object):
         for number, doc in enumerate(real_iter(*args, **kwargs)):
@@ -148,7 +154,7 @@ def test_crash_leaves_no_manifest_and_no_partial_shard(tmp_path: Path, monkeypat
                 raise OSError("disk went away")
             yield doc
 
-    monkeypatch.setattr(sharding, "iter_documents", dying_documents)
+    monkeypatch.setattr(shards_build, "iter_documents", dying_documents)
     with pytest.raises(OSError, match="disk went away"):
         shard_corpus(run.cfg, run.run_folder, DisabledRun())
     assert not (run.run_folder.shards / "manifest.json").exists()
@@ -162,6 +168,17 @@ def test_missing_tokenizer_is_one_clear_error(tmp_path: Path) -> None:
     (run.run_folder.tokenizer / "manifest.json").unlink()
     with pytest.raises(MissingStageError, match=r"run recipes/02_train_tokenizer.py first"):
         shard_corpus(run.cfg, run.run_folder, DisabledRun())
+
+
+def test_a_tokenizer_without_padding_pads_with_eos_in_shards_and_eval(tmp_path: Path) -> None:
+    from eval.run import load_tokenizer_bits
+
+    run = make_run(tmp_path, packing="document")
+    write_tokenizer(run.run_folder.tokenizer, run.docs, special={"pad": -1, "unk": 0, "bos": 1, "eos": 2})
+    manifest = shard_corpus(run.cfg, run.run_folder, DisabledRun())
+    bits = load_tokenizer_bits(run.run_folder)
+    assert manifest["special_ids"] == {"eos": 2, "pad": 2}
+    assert (bits.eos_id, bits.pad_id) == (2, 2)
 
 
 def test_corpus_too_small_for_one_row(tmp_path: Path) -> None:

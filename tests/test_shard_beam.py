@@ -12,8 +12,8 @@ from tests.conftest import import_extra
 
 import_extra("apache_beam", "beam")  # its own venv: Beam pins protobuf below 7
 
-from data_prep.beam_shards import document_starts, shard_pieces  # noqa: E402
-from data_prep.sharding import shard_corpus  # noqa: E402
+from data_prep.shards.beam import document_starts, shard_pieces  # noqa: E402
+from data_prep.shards.build import shard_corpus  # noqa: E402
 from tests.test_shards_common import DisabledRun, make_documents, make_run  # noqa: E402
 
 

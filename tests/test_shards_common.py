@@ -57,19 +57,24 @@ def write_corpus(corpus_dir: Path, docs: list[dict[str, str]], per_shard: int = 
                                           "counts": {}, "config": {}})
 
 
-def write_tokenizer(tokenizer_dir: Path, docs: list[dict[str, str]], vocab_size: int = 400, **options: Any) -> None:
-    """Train a tiny SentencePiece model the way recipe 2 does (identity normalization, lossless)."""
+def write_tokenizer(tokenizer_dir: Path, docs: list[dict[str, str]], vocab_size: int = 400,
+                    special: dict[str, int] | None = None, **options: Any) -> None:
+    """Train a tiny SentencePiece model the way recipe 2 does (identity normalization, lossless).
+
+    ``special``: the special ids (default pad 0, unk 1, bos 2, eos 3); -1 leaves one out, as SentencePiece does.
+    """
+    special = special or {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
     tokenizer_dir.mkdir(parents=True, exist_ok=True)
     options = {"max_sentence_length": 1 << 16, **options}  # the default 4192 bytes drops whole documents
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter([d["text"] for d in docs]), model_prefix=str(tokenizer_dir / "spm"),
         vocab_size=vocab_size, model_type="unigram", normalization_rule_name="identity", add_dummy_prefix=False,
-        remove_extra_whitespaces=False, byte_fallback=True, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+        remove_extra_whitespaces=False, byte_fallback=True, **{f"{name}_id": i for name, i in special.items()},
         seed_sentencepiece_size=10000, num_threads=1, minloglevel=2, hard_vocab_limit=False, **options,
     )
     write_manifest(tokenizer_dir, "tokenizer", {"model_file": "spm.model", "sha256": sha256_file(tokenizer_dir / "spm.model"),
                                                 "vocab_size": spm.SentencePieceProcessor(model_file=str(tokenizer_dir / "spm.model")).get_piece_size(),
-                                                "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3}})
+                                                "special_ids": {name: i for name, i in special.items() if i >= 0}})
 
 
 def shards_cfg(**overrides: object) -> Any:
@@ -112,7 +117,7 @@ def make_run(tmp_path: Path, docs: list[dict[str, str]] | None = None, seq_len: 
 @pytest.fixture(scope="module")
 def built_shards(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """Concat-packed shards of the fixture corpus (several shards per split)."""
-    from data_prep.sharding import shard_corpus
+    from data_prep.shards.build import shard_corpus
 
     run = make_run(tmp_path_factory.mktemp("shards"))
     run.wandb = DisabledRun()

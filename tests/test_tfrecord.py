@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from data_prep.tfrecord import (
+from data_prep.shards.tfrecord import (
     CorruptRecordError,
     TFRecordFile,
     TFRecordWriter,

@@ -16,9 +16,9 @@ from tests.conftest import import_extra
 
 tf = import_extra("tensorflow", "tf")
 
-from data_prep.loader import ShardSource  # noqa: E402
-from data_prep.sharding import shard_corpus  # noqa: E402
-from data_prep.tfrecord import (  # noqa: E402
+from data_prep.shards.build import shard_corpus  # noqa: E402
+from data_prep.shards.loader import ShardSource  # noqa: E402
+from data_prep.shards.tfrecord import (  # noqa: E402
     CorruptRecordError,
     TFRecordFile,
     TFRecordWriter,

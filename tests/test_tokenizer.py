@@ -19,7 +19,8 @@ from experiment.runfolder import RunFolder
 from tests.conftest import import_extra
 from tokenizer.hf_export import build_hf_tokenizer
 from tokenizer.spm import load_tokenizer, piece_byte_lengths
-from tokenizer.train import cut_long_line, train_sentencepiece, train_tokenizer, trainer_options, training_lines
+from tokenizer.texts import cut_long_line, training_lines
+from tokenizer.train import train_sentencepiece, train_tokenizer, trainer_options
 
 SUBJECTS = ["Старый мельник", "Её сестра", "Молодой учитель", "Наш сосед", "Ёжик", "Командир полка", "Девочка",
             "Лесник", "Пётр Иванович", "Анна Сергеевна", "Почтальон", "Художник"]

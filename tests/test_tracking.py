@@ -85,6 +85,19 @@ def test_offline_run_read_back_with_wandb_cli(tmp_path: Path, restore_wandb_env:
     assert read_offline_runs(folder.wandb, exclude_ids=(run_id,)) == []
 
 
+def test_a_process_that_does_not_report_opens_no_run_and_writes_nothing(tmp_path: Path,
+                                                                       restore_wandb_env: None) -> None:
+    """JAX processes other than the first: the stage logs as usual, and nothing reaches W&B or the disk."""
+    cfg = offline_cfg(tmp_path)
+    folder = RunFolder.for_config(cfg)
+    with open_run(cfg, folder, job_type="pretrain", reports=False) as run:
+        define_cost_metrics(run)
+        log_step(run, 10, {"train/loss": 5.0}, SUMMARY)
+        log_cost_summary(run, SUMMARY)
+        assert run.id is None and not run.offline
+    assert not (tmp_path / "runs").exists()
+
+
 def test_online_runs_through_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
     """The API path maps W&B's public Run objects onto the same RunRecord (network faked)."""
     import types

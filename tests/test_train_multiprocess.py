@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(f'''
     from experiment.sections.train import MeshConfig, TrainConfig
     from model.sharding import build_mesh
     from trainer.step import build_program, global_batch
-    from trainer.train import maybe_initialize_distributed
+    from trainer.distributed import maybe_initialize_distributed
 
     train = TrainConfig(steps=10, batch_size=8, warmup_steps=1, learning_rate=1e-2,
                         distributed=os.environ.get("JAX_NUM_PROCESSES", "1") != "1",

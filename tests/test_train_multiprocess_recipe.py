@@ -2,6 +2,7 @@
 after a checkpoint and resumed, against one process holding both devices, on the fixture corpus.
 
 What is compared, and how exactly:
+- W&B: one run, opened by process 0 only (one local folder per session, both of that run's id);
 - the logged step sequence (each step once, process 0 writes the log) and the learning rate: equal;
 - the step counter, the loader position and the meta: equal;
 - every array of the final checkpoint (params, optimizer state, RNG): the RNG key bitwise; params and
@@ -26,12 +27,13 @@ import pytest
 
 from tests.fixture_run import checkpoint_contents, log_records, run_copy, start_pretrain
 from tests.recipe_runner import recipe_env
+from tracking.readback import run_id_of
 
 pytestmark = pytest.mark.integration
 
 STEPS = 24
 SECTIONS = {"train": {"steps": STEPS, "log_every": 1, "checkpoint_every": 4, "keep_checkpoints": 3, "warmup_steps": 2},
-            "wandb": {"mode": "disabled"}}
+            "wandb": {"mode": "offline"}}
 
 
 def free_port() -> int:
@@ -90,6 +92,12 @@ def test_two_processes_with_a_kill_and_resume_train_like_one_process(fixture_sta
     resumed_err = (tmp_path / "resumed-0.err").read_text()
     assert "process 0 of 2, 1 local / 2 global devices" in resumed_err
     assert "resumed from the checkpoint of step" in resumed_err
+    # exactly one W&B run: process 0 opened it in each session (the resumed one continues it), process 1 never did
+    folders = sorted(p for p in (run_dir / "wandb").rglob("offline-run-*") if p.is_dir())
+    assert len(folders) == 2 and len({run_id_of(p) for p in folders}) == 1, folders
+    for session in ("first", "resumed"):
+        assert "W&B run " in (tmp_path / f"{session}-0.err").read_text()
+        assert "W&B run " not in (tmp_path / f"{session}-1.err").read_text()
 
     records, reference = log_records(run_dir), log_records(single.parent / "runs" / "tiny")
     assert [r["train/step"] for r in records] == [r["train/step"] for r in reference] == list(range(1, STEPS + 1))

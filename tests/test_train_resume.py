@@ -150,7 +150,7 @@ def check_wandb_history_continues(run_dir: Path, killed_at: int) -> None:
         kept += [s for s in steps if not kept or s > kept[-1]]
     assert kept == list(range(1, STEPS + 1))
     # wandb writes offline history in blocks: the SIGKILLed folder may have kept none of it, and the
-    # resumed session re-logs what is missing up to its checkpoint (trainer.train.backfill_offline_history)
+    # resumed session re-logs what is missing up to its checkpoint (tracking.history.backfill_offline_history)
     if len(pretrain) == 3:
         assert all(int(row["_step"]) <= killed_at for row in pretrain[0].history)
 
@@ -159,7 +159,7 @@ def test_damaged_shard_stops_the_run_or_is_skipped_record_by_record(data_root: P
     """A byte flipped in every record of a train shard: one error line naming the shard (its sha256 or a
     record's CRC, whichever the loader meets first); under shards.on_corrupt=skip each skipped record is
     logged with file and offset, counted in train_log.jsonl, and the run finishes."""
-    from data_prep.tfrecord import read_index
+    from data_prep.shards.tfrecord import read_index
     from tests.recipe_runner import error_line
 
     config = experiment_copy(data_root, tmp_path, "damaged")

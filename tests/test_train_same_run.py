@@ -53,7 +53,7 @@ def test_another_attention_kernel_or_remat_resumes() -> None:
     """A run may continue on another slice with the kernel and remat that fit there (and checkpoints of the
     version whose default kernel was dot_product resume under auto); the shape may not change."""
     from experiment.errors import DataError
-    from trainer.train import check_same_run
+    from trainer.resume import check_same_run
 
     saved = {"model": {"d_model": 64, "attention": "dot_product", "remat": "none"}, "vocab_size": 600}
     check_same_run(saved, {"model": {"d_model": 64, "attention": "auto", "remat": "full"}, "vocab_size": 600}, "x")

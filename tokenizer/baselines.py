@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tokenizer.report import MeasuredTokenizer
+from tokenizer.measured import MeasuredTokenizer
 
 BASELINE_SPECIAL_TOKENS = ["<pad>", "<unk>", "<s>", "</s>"]
 

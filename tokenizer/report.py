@@ -10,19 +10,19 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
 from tqdm import tqdm
 
-from data_prep.corpus_io import iter_documents
+from experiment.corpus_format import iter_documents
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.sections.tokenizer import RUSSIAN_REQUIRED_CHARS
-from tokenizer.spm import piece_surface
-from tokenizer.train import training_texts
+from tokenizer.baselines import bytelevel_bpe_under_test, train_bytelevel_bpe
+from tokenizer.measured import MeasuredTokenizer, sentencepiece_under_test
+from tokenizer.texts import training_texts
 
 log = logging.getLogger("tokenizer")
 
@@ -31,33 +31,6 @@ COMMON_PUNCTUATION = ".,:;!?()-–—«»„“”'\"…№%"
 _WORD = re.compile(r"\w+")
 TOP_PIECES = 20
 MAX_FAILURES_LISTED = 5
-
-
-@dataclass
-class MeasuredTokenizer:
-    """What the report needs from a tokenizer, whatever library it comes from."""
-
-    name: str
-    vocab_size: int
-    encode: Callable[[str], list[int]]
-    decode: Callable[[list[int]], str]
-    is_byte_fallback: Callable[[int], bool] | None  # None: the tokenizer has no byte fallback (byte-level)
-    is_unknown: Callable[[int], bool]
-    surface: Callable[[int], str]  # readable text of one piece, for the piece lists
-    train_seconds: float | None = None
-
-
-def sentencepiece_under_test(sp: spm.SentencePieceProcessor, train_seconds: float | None = None) -> MeasuredTokenizer:
-    return MeasuredTokenizer(
-        name="sentencepiece",
-        vocab_size=sp.get_piece_size(),
-        encode=lambda text: sp.encode(text),
-        decode=lambda ids: sp.decode(ids),
-        is_byte_fallback=sp.is_byte,
-        is_unknown=sp.is_unknown,
-        surface=lambda i: piece_surface(sp, i) or sp.id_to_piece(i),
-        train_seconds=train_seconds,
-    )
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -136,8 +109,6 @@ def measure_tokenizer(tok: MeasuredTokenizer, heldout: dict[str, list[dict[str, 
 def build_report(cfg: Any, sp: spm.SentencePieceProcessor, split: Any, corpus_dir: Path,
                  train_seconds: float) -> dict[str, Any]:
     """Measure the trained model and, if configured, the baselines on the same held-out documents."""
-    from tokenizer.baselines import bytelevel_bpe_under_test, train_bytelevel_bpe  # baselines imports this module
-
     tok_cfg = cfg.tokenizer
     if not split.heldout_docs():
         log.warning("no held-out documents (validation_percent=%s): the report has no held-out figures",

@@ -14,7 +14,7 @@ import sentencepiece as spm
 
 from experiment.errors import DataError
 from experiment.files import sha256_file
-from experiment.manifest import read_manifest
+from experiment.manifest import manifest_path, read_manifest
 
 TOKENIZER_STAGE = "tokenizer"
 TOKENIZER_RECIPE = "recipes/02_train_tokenizer.py"
@@ -48,6 +48,22 @@ def load_tokenizer(tokenizer_dir: str | Path) -> tuple[spm.SentencePieceProcesso
             f"{model_path} has {processor.get_piece_size()} pieces, the manifest says {manifest.get('vocab_size')}"
         )
     return processor, manifest
+
+
+def eos_and_pad_ids(sp: spm.SentencePieceProcessor, manifest: dict[str, Any], tokenizer_dir: str | Path) -> tuple[int, int]:
+    """``(eos, pad)`` of a loaded tokenizer: the manifest's ``special_ids``, else SentencePiece's own.
+
+    A tokenizer without padding pads with EOS: padding is masked out wherever it is read (segment 0 in
+    the shards, the target mask in scoring), so any valid id does, and one rule keeps the shards and
+    eval from disagreeing. No EOS is an error naming the manifest.
+    """
+    special = manifest.get("special_ids") or {}
+    eos = special.get("eos", sp.eos_id())
+    if eos is None or eos < 0:
+        raise DataError(f"{manifest_path(Path(tokenizer_dir))}: the tokenizer has no EOS id (special_ids.eos); "
+                        f"run {TOKENIZER_RECIPE} again with one")
+    pad = special.get("pad", sp.pad_id())
+    return int(eos), int(pad) if pad is not None and pad >= 0 else int(eos)
 
 
 def piece_surface(sp: spm.SentencePieceProcessor, piece_id: int) -> str:

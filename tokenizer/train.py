@@ -1,10 +1,7 @@
 """Recipe 02: train the SentencePiece tokenizer on the train side of the cleaned corpus.
 
-Input is streamed line by line from the corpus and SentencePiece keeps a seeded sample of
-``input_sentence_size`` lines, so a multi-GB corpus never sits in memory whole. Documents are split
-at newlines because "\\n" (and by default "\\n\\n") are user-defined symbols, which always stand alone, so
-no learned piece could span a newline anyway, and short lines keep every paragraph under
-``max_sentence_length``. Over-long lines are cut at spaces rather than dropped silently.
+Input is streamed line by line from the corpus (``tokenizer.texts``) and SentencePiece keeps a seeded
+sample of ``input_sentence_size`` lines, so a multi-GB corpus never sits in memory whole.
 """
 
 from __future__ import annotations
@@ -14,98 +11,29 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
 from tqdm import tqdm
 
-from data_prep.corpus_io import iter_documents, read_corpus_manifest
+from experiment.corpus_format import iter_documents
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
 from experiment.manifest import invalidate, write_manifest
 from experiment.schema import ExperimentConfig
 from experiment.sections.tokenizer import TokenizerConfig
-from experiment.split import is_validation
+from tokenizer.report import build_report, log_report, write_report
 from tokenizer.spm import MODEL_FILE, TOKENIZER_STAGE, VOCAB_FILE
+from tokenizer.texts import NEWLINE, CorpusSplit, split_corpus, training_lines
 
 log = logging.getLogger("tokenizer")
 
-NEWLINE = "\n"
 # The smallest training text worth a tokenizer; below it SentencePiece's own errors are cryptic.
 MIN_TRAINING_CHARS = 1_000
 _VOCAB_TOO_HIGH = re.compile(r"Vocabulary size (?:is )?too high \((\d+)\)\. Please set it to a value <= (\d+)")
-
-
-@dataclass
-class CorpusSplit:
-    """What one pass over the corpus found: train-side totals and a sample of held-out documents."""
-
-    train_documents: int = 0
-    train_chars: int = 0
-    heldout_documents: int = 0
-    heldout: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # source -> documents
-
-    def heldout_docs(self) -> list[dict[str, Any]]:
-        return [doc for docs in self.heldout.values() for doc in docs]
-
-
-def split_corpus(corpus_dir: Path, validation_percent: float, max_heldout_per_source: int) -> CorpusSplit:
-    """Count the train side and keep up to ``max_heldout_per_source`` held-out documents per source."""
-    manifest = read_corpus_manifest(corpus_dir)
-    split = CorpusSplit()
-    docs = tqdm(iter_documents(corpus_dir, manifest), total=manifest.get("documents"), desc="reading corpus",
-                unit="doc", leave=False)
-    for doc in docs:
-        if is_validation(str(doc["id"]), validation_percent):
-            split.heldout_documents += 1
-            kept = split.heldout.setdefault(str(doc.get("source", "")), [])
-            if len(kept) < max_heldout_per_source:
-                kept.append(doc)
-        else:
-            split.train_documents += 1
-            split.train_chars += len(doc["text"])
-    return split
-
-
-def cut_long_line(line: str, max_bytes: int) -> Iterator[str]:
-    """Cut a line into pieces of at most ``max_bytes`` UTF-8 bytes, at spaces where possible."""
-    if len(line.encode("utf-8")) <= max_bytes:
-        yield line
-        return
-    chunk: list[str] = []
-    size = 0
-    for word in re.split(r"(?<= )", line):  # keep the space with the word before it
-        word_bytes = len(word.encode("utf-8"))
-        if chunk and size + word_bytes > max_bytes:
-            yield "".join(chunk)
-            chunk, size = [], 0
-        while word_bytes > max_bytes:  # one giant "word": cut it by characters
-            head = word.encode("utf-8")[:max_bytes].decode("utf-8", errors="ignore")
-            yield head
-            word = word[len(head):]
-            word_bytes = len(word.encode("utf-8"))
-        chunk.append(word)
-        size += word_bytes
-    if chunk:
-        yield "".join(chunk)
-
-
-def training_texts(documents: Iterable[dict[str, Any]], validation_percent: float) -> Iterator[str]:
-    """The text of every train-side document (held-out ones are never trained on)."""
-    for doc in documents:
-        if not is_validation(str(doc["id"]), validation_percent):
-            yield doc["text"]
-
-
-def training_lines(documents: Iterable[dict[str, Any]], validation_percent: float, max_bytes: int) -> Iterator[str]:
-    """Non-empty lines of the train-side documents, each at most ``max_bytes`` bytes."""
-    for text in training_texts(documents, validation_percent):
-        for line in text.split(NEWLINE):
-            if line:
-                yield from cut_long_line(line, max_bytes)
 
 
 def user_symbols(tok: TokenizerConfig) -> list[str]:
@@ -183,8 +111,6 @@ def special_ids(tok: TokenizerConfig) -> dict[str, int]:
 
 def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     """Recipe 02 entry point: train, write ``tokenizer/`` and its report, log the W&B artifact."""
-    from tokenizer.report import build_report, log_report, write_report  # report imports this module
-
     tok: TokenizerConfig = cfg.tokenizer
     out_dir = Path(run_folder.tokenizer)
     corpus_dir = Path(run_folder.corpus)

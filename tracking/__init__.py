@@ -1,1 +1,1 @@
-"""Weights & Biases tracking: one run per recipe invocation, offline when no API key is set."""
+"""Weights & Biases tracking (one run per recipe invocation, offline when no API key is set) and the recipe harness."""

@@ -80,10 +80,40 @@ def point_wandb_at(folder: Path) -> None:
         os.environ[var] = str(path.resolve())
 
 
+class SilentRun:
+    """The run of a process that reports nothing (every JAX process but the first): it takes what a
+    W&B run takes and keeps none of it, so stage code logs without asking which process it is on."""
+
+    id: str | None = None
+    offline = False
+
+    def __init__(self) -> None:
+        self.summary: dict[str, Any] = {}
+
+    @property
+    def config(self) -> SilentRun:
+        return self
+
+    def update(self, values: dict[str, Any], allow_val_change: bool = False) -> None: ...
+
+    def log(self, payload: dict[str, Any], step: int | None = None) -> None: ...
+
+    def define_metric(self, name: str, **kwargs: Any) -> None: ...
+
+    def finish(self, exit_code: int = 0) -> None: ...
+
+
 @contextlib.contextmanager
 def open_run(cfg: Any, run_folder: Any, job_type: str, run_id: str | None = None,
-             extra_config: dict[str, Any] | None = None) -> Iterator[Any]:
-    """Yield a W&B run (a no-op run when disabled); always finished, with exit code 1 on error."""
+             extra_config: dict[str, Any] | None = None, reports: bool = True) -> Iterator[Any]:
+    """Yield a W&B run (a no-op run when disabled); always finished, with exit code 1 on error.
+
+    ``reports=False`` (a JAX process other than the first) yields a ``SilentRun``: no W&B run, no
+    file, no W&B thread; the first process reports for all of them.
+    """
+    if not reports:
+        yield SilentRun()
+        return
     import wandb
 
     mode = resolve_mode(cfg.wandb.mode)

@@ -84,8 +84,8 @@ class TrainConfig:
     # CPU-only hosts: JAX devices to split the batch over (trainer/cpu_host.py); 0: one per core, as many
     # as divide the micro-batch; 1: JAX's default single device
     cpu_devices: int = 0
-    # CPU-only hosts: glibc keeps freed memory, so steps take no page faults (faster; a higher peak RSS:
-    # 1.3 vs 0.85 GiB on the demo, ~5 vs ~2 GiB on a 28M model at 2k tokens/step); false to save memory
+    # CPU-only hosts: glibc keeps freed memory, so steps take no page faults (faster, at a higher peak RSS:
+    # bench/README.md, "Train step: JAX/Flax decoder vs PyTorch + transformers"); false to save memory
     cpu_keep_freed_memory: bool = True
     peak_flops_per_chip: float | None = None  # for MFU; None: the cost catalog's bf16 peak for cost.accelerator
     fit_topologies: list[str] = field(default_factory=lambda: ["v5e-16", "v6e-8"])  # for recipes/04b_tpu_fit_check.py

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from data_prep.beam_common import import_beam
-from data_prep.corpus_io import iter_documents
-from data_prep.packing import rows_from_stream
-from data_prep.sharding import SPLITS, row_tokens, shard_file_name, shard_summary, split_of
-from data_prep.tfrecord import TFRecordWriter, encode_int64_rows
+from data_prep.shards.layout import SPLITS, row_tokens, shard_file_name, shard_summary, split_of
+from data_prep.shards.packing import rows_from_stream
+from data_prep.shards.tfrecord import TFRecordWriter, encode_int64_rows
+from experiment.corpus_format import iter_documents
 
 OrderKey = tuple[int, int]  # (corpus file number, line number)
 

@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from data_prep.cleaning import CleanDocument
+from data_prep.corpus.cleaning import CleanDocument
 
 DUPLICATE_KINDS = ("exact", "near")
 

@@ -20,45 +20,18 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from data_prep.corpus_io import iter_documents, read_corpus_manifest
-from data_prep.loader import SHARDS_STAGE
-from data_prep.packing import Packer, PackingStats
-from data_prep.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
+from data_prep.shards.beam import run_beam_shards
+from data_prep.shards.layout import SPLITS, feature_schema, row_tokens, shard_file_name, shard_summary, split_of
+from data_prep.shards.loader import SHARDS_STAGE
+from data_prep.shards.packing import Packer, PackingStats
+from data_prep.shards.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
+from experiment.corpus_format import iter_documents, read_corpus_manifest
 from experiment.errors import DataError
 from experiment.manifest import MANIFEST_NAME, invalidate, write_manifest
 from experiment.schema import ExperimentConfig
-from experiment.split import is_validation
+from tokenizer.spm import eos_and_pad_ids, load_tokenizer
 
-log = logging.getLogger("data_prep.sharding")
-
-SPLITS = ("train", "validation")
-FEATURE_FORMAT = "tfrecord/tf.train.Example"
-
-
-def shard_file_name(split: str, index: int) -> str:
-    return f"{split}-{index:05d}.tfrecord"
-
-
-def feature_schema(seq_len: int, packing: str) -> dict[str, Any]:
-    """The documented feature schema of every record (also stored in the manifest)."""
-    names = ["input_ids"] + (["segment_ids", "positions"] if packing == "document" else [])
-    return {
-        "format": FEATURE_FORMAT,
-        "features": {name: {"dtype": "int64", "shape": [seq_len + 1]} for name in names},
-    }
-
-
-def shard_summary(writer: TFRecordWriter, tokens: int) -> dict[str, Any]:
-    """A closed shard's manifest entry."""
-    return {"file": writer.path.name, "records": writer.records, "tokens": tokens, "bytes": writer.bytes_written,
-            "sha256": writer.sha256}
-
-
-def row_tokens(rows: dict[str, np.ndarray], pad_mask_key: str | None) -> list[int]:
-    """Document tokens in each row (padding, marked by segment 0, does not count)."""
-    if pad_mask_key:
-        return np.count_nonzero(rows[pad_mask_key], axis=1).tolist()
-    return [rows["input_ids"].shape[1]] * rows["input_ids"].shape[0]
+log = logging.getLogger("data_prep.shards.build")
 
 
 @dataclasses.dataclass
@@ -141,17 +114,10 @@ def encode_threads(requested: int) -> int:
 
 def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     """Tokenize ``run_folder.corpus`` with ``run_folder.tokenizer`` into ``run_folder.shards``."""
-    from tokenizer.spm import load_tokenizer
-
     shards_cfg, seq_len = cfg.shards, cfg.model.max_seq_len  # rows of the model's one sequence length
     sp, tok_manifest = load_tokenizer(run_folder.tokenizer)
     corpus_manifest = read_corpus_manifest(run_folder.corpus)
-    special = tok_manifest.get("special_ids", {})
-    eos_id = special.get("eos", sp.eos_id())
-    if eos_id is None or eos_id < 0:
-        raise DataError(f"{run_folder.tokenizer / MANIFEST_NAME}: the tokenizer has no EOS id; retrain it with one")
-    pad_id = special.get("pad", sp.pad_id())
-    pad_id = pad_id if pad_id is not None and pad_id >= 0 else eos_id  # padding is marked by segment 0 anyway
+    eos_id, pad_id = eos_and_pad_ids(sp, tok_manifest, run_folder.tokenizer)
 
     out_dir = Path(run_folder.shards)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -164,8 +130,6 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
              corpus_manifest["documents"], threads, shards_cfg.packing, seq_len + 1)
     started = time.perf_counter()
     if shards_cfg.runner == "beam":
-        from data_prep.beam_shards import run_beam_shards
-
         model_path = Path(run_folder.tokenizer) / tok_manifest.get("model_file", "spm.model")
         result = run_beam_shards(Path(run_folder.corpus), corpus_manifest, model_path.read_bytes(), out_dir,
                                  shards_cfg, seq_len, eos_id=eos_id, pad_id=pad_id)
@@ -228,10 +192,6 @@ def write_splits(documents: Any, sp: Any, out_dir: Path, shards_cfg: Any, seq_le
             writer.abort(exc)
         raise
     return {split: writers[split].summary(packers[split].stats) for split in SPLITS}
-
-
-def split_of(doc_id: Any, validation_percent: float) -> str:
-    return "validation" if is_validation(str(doc_id), validation_percent) else "train"
 
 
 def _encode_batch(batch: list[dict[str, Any]], sp: Any, packers: dict[str, Packer], writers: dict[str, SplitWriter],

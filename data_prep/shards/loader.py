@@ -46,11 +46,11 @@ from typing import Any
 import grain
 import numpy as np
 
-from data_prep.tfrecord import CorruptRecordError, OnCorrupt, TFRecordFile, decode_record, read_index
+from data_prep.shards.tfrecord import CorruptRecordError, OnCorrupt, TFRecordFile, decode_record, read_index
 from experiment.errors import ConfigError, DataError
 from experiment.manifest import read_manifest
 
-log = logging.getLogger("data_prep.loader")
+log = logging.getLogger("data_prep.shards.loader")
 
 SHARDS_STAGE = "shards"
 SHARDS_RECIPE = "recipes/03_shard.py"

@@ -1,4 +1,5 @@
-"""Reading and writing the cleaned corpus: JSON-lines shards of ``{"id", "source", "text"}``.
+"""The corpus file format: JSON-lines shards of ``{"id", "source", "text"}``, written by recipe 01
+(``data_prep.corpus``) and read by the tokenizer and shard stages, which therefore need not import data_prep.
 
 The corpus folder holds ``docs-NNNNN.jsonl`` files and a ``manifest.json`` written last. Readers
 go through ``iter_documents``, which refuses a folder without a finished manifest and checks each

@@ -11,51 +11,25 @@ from __future__ import annotations
 
 import glob
 import gzip
-import hashlib
 import io
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from data_prep.normalize import decode_bytes
-from experiment.errors import DataError
+from data_prep.corpus.debian import iter_debian_source
+from data_prep.corpus.documents import DocumentNumberer, RawDocument, pack_pieces
+from data_prep.corpus.normalize import decode_bytes
+from experiment.errors import ConfigError, DataError
 from experiment.sections.corpus import SourceConfig
 
-log = logging.getLogger("data_prep.sources")
+log = logging.getLogger("data_prep.corpus.sources")
 
 TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
-
-
-@dataclass
-class RawDocument:
-    """One input document before cleaning; ``text`` is None when ``reject`` says why there is none."""
-
-    order: int  # position in the whole input (all sources in config order): the dedup order
-    id: str
-    source: str
-    origin: str  # the file (and line) or dataset row it came from, for error lines and the report
-    text: str | None
-    reject: str | None = None
-    raw_bytes: int = 0
-
-
-def document_id(source: str, position: int, content: str) -> str:
-    digest = hashlib.sha256(content.encode("utf-8", errors="surrogatepass")).hexdigest()[:12]
-    return f"{source}:{position:09d}:{digest}"
-
-
-def keep_for_weight(doc_id: str, weight: float) -> bool:
-    """A stable, hash-chosen ``weight`` share of a source's documents (the same on every run)."""
-    if weight >= 1.0:
-        return True
-    bucket = int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(), "big")
-    return bucket / 2**64 < weight
 
 
 def split_text(text: str, rule: str, chunk_chars: int) -> list[str]:
@@ -86,51 +60,6 @@ def split_text(text: str, rule: str, chunk_chars: int) -> list[str]:
         if current:
             pieces.append("\n".join(current))
     return pack_pieces(pieces, chunk_chars, "\n\n")
-
-
-def pack_pieces(pieces: Iterable[str], target_chars: int, separator: str) -> list[str]:
-    """Join consecutive pieces into documents of at most about ``target_chars`` characters."""
-    documents: list[str] = []
-    current: list[str] = []
-    size = 0
-    for piece in pieces:
-        if current and size + len(piece) > target_chars:
-            documents.append(separator.join(current))
-            current, size = [], 0
-        current.append(piece)
-        size += len(piece) + len(separator)
-    if current:
-        documents.append(separator.join(current))
-    return documents
-
-
-class DocumentNumberer:
-    """Turns a source's texts into RawDocuments: ids, the mixture weight and the caps."""
-
-    def __init__(self, cfg: SourceConfig, start_order: int) -> None:
-        self.cfg = cfg
-        self.source = cfg.label
-        self.order = start_order
-        self.position = 0
-        self.bytes = 0
-
-    @property
-    def capped(self) -> bool:
-        cfg = self.cfg
-        return (cfg.max_documents is not None and self.position >= cfg.max_documents) or (
-            cfg.max_bytes is not None and self.bytes >= cfg.max_bytes
-        )
-
-    def make(self, text: str | None, origin: str, reject: str | None = None, raw_bytes: int | None = None) -> RawDocument:
-        size = raw_bytes if raw_bytes is not None else len(text.encode("utf-8", errors="replace")) if text else 0
-        doc_id = document_id(self.source, self.position, text if text is not None else origin)
-        if reject is None and not keep_for_weight(doc_id, self.cfg.weight):
-            reject = "mixture_weight"
-        doc = RawDocument(self.order, doc_id, self.source, origin, text if reject is None else None, reject, size)
-        self.order += 1
-        self.position += 1
-        self.bytes += size
-        return doc
 
 
 # ---------------------------------------------------------------- local files
@@ -233,7 +162,9 @@ def _read_parquet(path: Path, numberer: DocumentNumberer) -> Iterator[RawDocumen
             yield numberer.make(text, origin)
 
 
-def iter_file_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str) -> Iterator[RawDocument]:
+def iter_file_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str,
+                     cache_root: Path | None = None) -> Iterator[RawDocument]:
+    """Local files (``cache_root`` is unused: every reader takes the same arguments)."""
     for path in expand_paths(cfg.paths, f"{key}.paths"):
         name = path.name.lower()
         if name.endswith(JSONL_SUFFIXES):
@@ -247,8 +178,12 @@ def iter_file_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str) ->
 
 # ---------------------------------------------------------------- Hugging Face datasets
 
-def iter_hub_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str) -> Iterator[RawDocument]:
-    """Stream a hub dataset (or a local builder such as ``json`` with ``paths`` as data files)."""
+def iter_hub_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str,
+                    cache_root: Path | None = None) -> Iterator[RawDocument]:
+    """Stream a hub dataset (or a local builder such as ``json`` with ``paths`` as data files).
+
+    ``cache_root`` is unused (the datasets library keeps its own cache): every reader takes the same arguments.
+    """
     import datasets
 
     kwargs: dict[str, Any] = {"split": cfg.split, "streaming": cfg.streaming}
@@ -274,23 +209,36 @@ def iter_hub_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str) -> 
 
 # ---------------------------------------------------------------- all sources
 
+SourceReader = Callable[[SourceConfig, DocumentNumberer, str, Path], Iterator[RawDocument]]
+
+# one reader per source kind: a new kind is one reader here plus its name in experiment.sections.corpus.SourceKind
+SOURCE_READERS: dict[str, SourceReader] = {
+    "debian": iter_debian_source,
+    "files": iter_file_source,
+    "hub": iter_hub_source,
+}
+
+
+def source_reader(cfg: SourceConfig, key: str) -> SourceReader:
+    """The reader of ``cfg.kind``; an unknown kind is a ConfigError naming the key and the known kinds."""
+    reader = SOURCE_READERS.get(cfg.kind)
+    if reader is None:
+        raise ConfigError(f"config key '{key}.kind': unknown source kind '{cfg.kind}' "
+                          f"(known: {', '.join(sorted(SOURCE_READERS))})")
+    return reader
+
+
 def iter_raw_documents(sources: list[SourceConfig], cache_root: Path) -> Iterator[RawDocument]:
     """All sources in config order, numbered with one global order (the dedup order)."""
-    from data_prep.debian import iter_debian_source
-
+    readers = [source_reader(cfg, f"corpus.sources[{index}]") for index, cfg in enumerate(sources)]
     for index, cfg in enumerate(sources):  # a missing path fails now, not after the sources before it
         if cfg.paths:
             expand_paths(cfg.paths, f"corpus.sources[{index}].paths")
     order = 0
-    for index, cfg in enumerate(sources):
+    for index, (cfg, reader) in enumerate(zip(sources, readers, strict=True)):
         key = f"corpus.sources[{index}]"
         numberer = DocumentNumberer(cfg, order)
-        if cfg.kind == "files":
-            docs = iter_file_source(cfg, numberer, key)
-        elif cfg.kind == "hub":
-            docs = iter_hub_source(cfg, numberer, key)
-        else:
-            docs = iter_debian_source(cfg, numberer, key, cache_root)
+        docs = reader(cfg, numberer, key, cache_root)
         log.info("reading source %s (%s)", cfg.label, cfg.kind)
         for doc in docs:
             yield doc

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_prep.dedup import shingles
-from data_prep.sources import RawDocument, iter_raw_documents
+from data_prep.corpus.dedup import shingles
+from data_prep.corpus.documents import RawDocument
+from data_prep.corpus.sources import iter_raw_documents
 from experiment.schema import SourceConfig
 from experiment.sections.corpus import CorpusConfig
 
@@ -170,8 +171,8 @@ def measure_planted_levels(corpus: CorpusConfig, count: int, edit_rates: Iterabl
     rate of documents that pass the filters: which clean documents are flagged (with the flagged pair's true
     shingle Jaccard), and per rate how many copies are matched to their own original, to something else, or
     missed, next to what the bands x rows S-curve predicts at the copies' true Jaccard (mean and sigma)."""
-    from data_prep.cleaning import clean_document
-    from data_prep.corpus import clean_serial, dedup_in_order
+    from data_prep.corpus.build import clean_serial, dedup_in_order
+    from data_prep.corpus.cleaning import clean_document
 
     dedup = corpus.dedup
     raw = list(iter_raw_documents(corpus.sources, work / ".cache"))

@@ -39,7 +39,7 @@ import numpy as np
 from experiment.errors import DataError
 from experiment.files import atomic_open, atomic_write_bytes
 
-log = logging.getLogger("data_prep.tfrecord")
+log = logging.getLogger("data_prep.shards.tfrecord")
 
 INDEX_SUFFIX = ".index"
 _HEADER = struct.Struct("<QI")  # length, masked crc of the length

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data_prep.sources import DocumentNumberer, RawDocument, pack_pieces
+from data_prep.corpus.documents import DocumentNumberer, RawDocument, pack_pieces
 from experiment.errors import DataError
 from experiment.files import atomic_write_json
 from experiment.sections.corpus import SourceConfig
 
-log = logging.getLogger("data_prep.debian")
+log = logging.getLogger("data_prep.corpus.debian")
 
 GROFF_COMMAND = ["groff", "-k", "-t", "-Tutf8", "-man", "-rLL=3000n", "-rHY=0", "-dAD=l", "-P", "-cbou"]
 _HOW_TO_AVOID = ("point corpus.sources at local files instead (kind: files, paths: [...]) "

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data_prep.dedup import exact_key, minhash_signature
-from data_prep.langid import cyrillic_share, detect_language
-from data_prep.normalize import normalize_text
-from data_prep.quality import quality_rejection, replace_pii
-from data_prep.sources import RawDocument
+from data_prep.corpus.dedup import exact_key, minhash_signature
+from data_prep.corpus.documents import RawDocument
+from data_prep.corpus.langid import cyrillic_share, detect_language
+from data_prep.corpus.normalize import normalize_text
+from data_prep.corpus.quality import quality_rejection, replace_pii
 from experiment.sections.corpus import CorpusConfig
 
 PREVIEW_CHARS = 300

@@ -2,7 +2,7 @@
 
 Flow: sources -> raw documents in a global order -> ``clean_document`` in worker processes (normalize,
 filter, anonymise, fingerprint) -> back in order, dedup across the whole corpus in this process ->
-shards written atomically -> report -> manifest last. The Beam runner (``data_prep.beam_corpus``)
+shards written atomically -> report -> manifest last. The Beam runner (``data_prep.corpus.beam``)
 replaces the middle part and returns the same outcomes.
 """
 
@@ -20,11 +20,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from data_prep.cleaning import CleanDocument, clean_document
-from data_prep.corpus_io import CORPUS_STAGE, CorpusShardWriter, clear_corpus_folder
-from data_prep.corpus_report import CorpusCounts, log_to_wandb, render_report
-from data_prep.dedup import Deduplicator
-from data_prep.sources import RawDocument, iter_raw_documents
+from data_prep.corpus.beam import run_beam
+from data_prep.corpus.cleaning import CleanDocument, clean_document
+from data_prep.corpus.dedup import Deduplicator
+from data_prep.corpus.documents import RawDocument
+from data_prep.corpus.report import CorpusCounts, log_to_wandb, render_report
+from data_prep.corpus.sources import iter_raw_documents
+from experiment.corpus_format import CORPUS_STAGE, CorpusShardWriter, clear_corpus_folder
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
 from experiment.manifest import write_manifest
@@ -32,7 +34,7 @@ from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.corpus import CorpusConfig
 
-log = logging.getLogger("data_prep.corpus")
+log = logging.getLogger("data_prep.corpus.build")
 
 # (document, duplicate kind or None, id of the earlier document it duplicates or None)
 Outcome = tuple[CleanDocument, str | None, str | None]
@@ -147,8 +149,6 @@ def build_corpus(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -
     raw_docs = itertools.chain([first], raw_docs)
     progress = None
     if corpus_cfg.runner == "beam":
-        from data_prep.beam_corpus import run_beam
-
         outcomes: Iterable[Outcome] = run_beam(raw_docs, corpus_cfg)
         extra = {"runner": "beam"}
     else:

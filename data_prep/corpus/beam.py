@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 
 from data_prep.beam_common import import_beam
-from data_prep.cleaning import CleanDocument, clean_document
-from data_prep.dedup import band_keys, estimated_jaccard
-from data_prep.sources import RawDocument
+from data_prep.corpus.cleaning import CleanDocument, clean_document
+from data_prep.corpus.dedup import band_keys, estimated_jaccard
+from data_prep.corpus.documents import RawDocument
 from experiment.sections.corpus import CorpusConfig, DedupConfig
 
-log = logging.getLogger("data_prep.beam_corpus")
+log = logging.getLogger("data_prep.corpus.beam")
 
 Outcome = tuple[CleanDocument, str | None, str | None]
 

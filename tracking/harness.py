@@ -2,7 +2,8 @@
 
 A recipe is a few lines: it names its stage and hands one package function to ``recipe_main``.
 Problems the user can fix end in one line on stderr and exit code 2; the traceback is kept for
-real bugs.
+real bugs. It sits in tracking, above experiment in the package layering
+(``experiment.layers``), because it opens the W&B run.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ def setup_logging() -> None:
 
 def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | None = None,
                 wandb_run_id: Callable[[Any, RunFolder], str | None] | None = None,
-                prepare: Callable[[Any], Any] | None = None) -> None:
+                prepare: Callable[[Any], Any] | None = None, reports: Callable[[Any], bool] | None = None) -> None:
     """Run one stage: ``fn(cfg, run_folder, wandb_run)``; exits 2 with one line on a RecipeError.
 
     ``wandb_run_id(cfg, run_folder)``, when given, names a W&B run to continue (a resumed training).
     ``prepare(cfg)`` runs right after the config is read, before W&B starts any thread (process-wide
-    settings such as the allocator and JAX's device count).
+    settings such as the allocator and JAX's device count, and joining the other JAX processes).
+    ``reports(cfg)``, asked after ``prepare``, says whether this process opens the W&B run (only the
+    first JAX process does; the others get a run that keeps nothing).
     """
     args = make_parser(description).parse_args(argv)
     setup_logging()
@@ -59,7 +62,8 @@ def recipe_main(stage: str, description: str, fn: StageFn, argv: list[str] | Non
         from tracking.wandb_run import open_run
 
         run_id = wandb_run_id(cfg, run_folder) if wandb_run_id else None
-        with open_run(cfg, run_folder, job_type=stage, run_id=run_id) as wandb_run:
+        with open_run(cfg, run_folder, job_type=stage, run_id=run_id,
+                      reports=reports(cfg) if reports else True) as wandb_run:
             fn(cfg, run_folder, wandb_run)
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)

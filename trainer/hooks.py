@@ -1,0 +1,186 @@
+"""The training loop's periodic actions, as hooks: log metrics, evaluate, checkpoint, stop on SIGTERM.
+
+A hook says when it fires (a ``Schedule``: every N steps, at the last step, on SIGTERM; derived from
+the train config) and what it does with the ``LoopContext`` after a step. The loop calls the hooks
+in list order after every step whose schedule is due; adding an action is adding a hook:
+
+    class PrintLoss:
+        def schedule(self, train_cfg: TrainConfig) -> Schedule:
+            return Schedule(every=100)
+
+        def __call__(self, ctx: LoopContext) -> None:
+            print(ctx.step, ctx.last_loss)
+
+Recipe 4 hands ``EvalHook(eval.run.evaluate_model)`` to ``trainer.train.pretrain``; the trainer
+itself does not import eval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TextIO
+
+from experiment.runfolder import RunFolder
+from experiment.sections.train import TrainConfig
+from trainer import checkpoint
+from trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch
+from trainer.reporting import log_metrics
+from trainer.step import TrainProgram
+from trainer.throughput import MetricsWindow
+
+log = logging.getLogger("trainer")
+
+
+class CheckpointSaves:
+    """Async Orbax saves, each booked in the ledger once it is known to be on disk."""
+
+    def __init__(self, manager: Any, ledger: Any) -> None:
+        self.manager, self.ledger = manager, ledger
+        self.unconfirmed: list[int] = []  # async saves not yet known to be on disk
+
+    def save(self, step: int, state: dict[str, Any], loader_state: Any, meta: dict[str, Any]) -> None:
+        with self.ledger.phase("checkpoint"):
+            # Orbax finishes the previous async save before it starts this one
+            checkpoint.save(self.manager, step, state, loader_state, self.ledger.checkpoint_record(step), meta,
+                            force=True)
+        self._confirm()
+        self.unconfirmed = [step]
+
+    def wait(self) -> None:
+        with self.ledger.phase("checkpoint"):
+            self.manager.wait_until_finished()
+        self._confirm()
+
+    def _confirm(self) -> None:
+        for done in self.unconfirmed:
+            self.ledger.mark_checkpoint(done)
+        self.unconfirmed = []
+
+
+@dataclasses.dataclass
+class LoopContext:
+    """What hooks see after a step: the run's parts and the step's results.
+
+    ``wandb_run`` is a W&B run on process 0 and a ``tracking.wandb_run.SilentRun`` elsewhere; the
+    ledger and ``train_log`` likewise keep nothing off process 0 (``trainer.reporting``).
+    """
+
+    cfg: Any
+    run_folder: RunFolder
+    program: TrainProgram
+    loader: Any
+    ledger: Any
+    wandb_run: Any
+    train_log: TextIO | None
+    saves: CheckpointSaves
+    window: MetricsWindow
+    meta: dict[str, Any]
+    tokens_per_step: int
+    start_step: int
+    state: dict[str, Any]
+    step: int = 0
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    last_loss: float = math.nan
+    preemption: PreemptionWatch | None = None
+
+    @property
+    def train_cfg(self) -> TrainConfig:
+        return self.cfg.train
+
+    @property
+    def at_end(self) -> bool:
+        return self.step == self.train_cfg.steps
+
+    @property
+    def signalled(self) -> bool:
+        return self.preemption is not None and self.preemption.requested
+
+    def log(self, record: dict[str, Any]) -> None:
+        """``record`` at this step: W&B (with the rubles spent so far), ``train_log.jsonl``, the log line."""
+        log_metrics(self.wandb_run, self.train_log, self.step, record, self.ledger.summary())
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When a hook fires after a step: every ``every`` steps (0: never), at the last step, on SIGTERM."""
+
+    every: int = 0
+    at_end: bool = False
+    on_signal: bool = False
+
+    def due(self, ctx: LoopContext) -> bool:
+        return ((self.every > 0 and ctx.step % self.every == 0) or (self.at_end and ctx.at_end)
+                or (self.on_signal and ctx.signalled))
+
+
+class Hook(Protocol):
+    def schedule(self, train_cfg: TrainConfig) -> Schedule: ...
+
+    def __call__(self, ctx: LoopContext) -> None: ...
+
+
+class LogMetrics:
+    """Loss, gradient norm, learning rate, throughput and MFU every ``train.log_every`` steps and at the end."""
+
+    def schedule(self, train_cfg: TrainConfig) -> Schedule:
+        return Schedule(every=train_cfg.log_every, at_end=True)
+
+    def __call__(self, ctx: LoopContext) -> None:
+        metrics = ctx.metrics
+        record = {"train/step": ctx.step, "train/loss": ctx.last_loss,
+                  "train/total_loss": float(metrics["total_loss"]),
+                  "train/grad_norm": float(metrics["grad_norm"]), "train/lr": float(metrics["lr"]),
+                  "train/skipped": int(not metrics["finite"]),
+                  "train/tokens_seen": ctx.step * ctx.tokens_per_step, **ctx.window.flush()}
+        if ctx.loader.skipped_records:  # shards.on_corrupt=skip; each one was logged with file and offset
+            record["data/skipped_records"] = ctx.loader.skipped_records
+            ctx.wandb_run.summary["data/skipped_at"] = [f"{f}@{o}" for f, o in ctx.loader.skipped_at]
+        ctx.log(record)
+
+
+# evaluate(model, cfg, run_folder, step) -> flat metrics such as {"eval/loss": 3.1}
+EvaluateFn = Callable[[Any, Any, RunFolder, int], Mapping[str, float]]
+
+
+class EvalHook:
+    """Eval during training every ``train.eval_every`` steps (0: never), booked as the ledger's eval phase."""
+
+    def __init__(self, evaluate: EvaluateFn) -> None:
+        self.evaluate = evaluate
+
+    def schedule(self, train_cfg: TrainConfig) -> Schedule:
+        return Schedule(every=train_cfg.eval_every)
+
+    def __call__(self, ctx: LoopContext) -> None:
+        with ctx.ledger.phase("eval"):
+            metrics = self.evaluate(ctx.program.model(ctx.state["params"]), ctx.cfg, ctx.run_folder, ctx.step)
+        ctx.log({"train/step": ctx.step, **metrics})
+
+
+class SaveCheckpoint:
+    """A checkpoint every ``train.checkpoint_every`` steps, at the end, and when SIGTERM asks for one."""
+
+    def schedule(self, train_cfg: TrainConfig) -> Schedule:
+        return Schedule(every=train_cfg.checkpoint_every, at_end=True, on_signal=True)
+
+    def __call__(self, ctx: LoopContext) -> None:
+        ctx.saves.save(ctx.step, ctx.state, ctx.loader.get_state(), ctx.meta)
+
+
+class StopOnSignal:
+    """After SIGTERM: wait for the checkpoint (``SaveCheckpoint`` runs first), then exit 143."""
+
+    def schedule(self, train_cfg: TrainConfig) -> Schedule:
+        return Schedule(on_signal=True)
+
+    def __call__(self, ctx: LoopContext) -> None:
+        ctx.saves.wait()
+        requested_at = ctx.preemption.requested_at if ctx.preemption else None
+        waited = time.monotonic() - (requested_at or time.monotonic())
+        log.warning("SIGTERM: checkpoint of step %d saved %.1f s after the signal; rerun the same "
+                    "command to resume", ctx.step, waited)
+        raise SystemExit(PREEMPTED_EXIT_CODE)

@@ -1,0 +1,73 @@
+"""What a training process reports, and where: process 0 books the ledger, writes ``train_log.jsonl``
+and logs to W&B for the whole slice; every other process gets objects that keep nothing.
+
+The choice is made once, at start-up, by ``trainer.distributed.is_primary`` (the W&B run by the
+harness's ``reports`` hook, the ledger and the log here), so the loop never asks which process it is on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, TextIO
+
+from experiment.runfolder import RunFolder
+from tracking.metrics import log_step
+from trainer.distributed import is_primary
+
+log = logging.getLogger("trainer")
+TRAIN_LOG = "train_log.jsonl"
+
+
+class OtherHostLedger:
+    """Hosts other than process 0 book nothing: process 0's ledger prices the whole slice (cost.chips)."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def add_tokens(self, step: int, tokens: int) -> None: ...
+
+    def checkpoint_record(self, step: int) -> dict[str, Any]:
+        return {}
+
+    def mark_checkpoint(self, step: int) -> None: ...
+
+    def mark_resume(self, step: int, checkpoint_item: dict[str, Any] | None = None) -> None: ...
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+    def __enter__(self) -> OtherHostLedger:
+        return self
+
+    def __exit__(self, *exc: Any) -> None: ...
+
+
+def open_ledger(cfg: Any, run_folder: RunFolder, run_id: str) -> Any:
+    from cost.ledger import Ledger
+
+    if not is_primary():
+        return OtherHostLedger()
+    return Ledger.open(run_folder.ledger, cfg.cost, run_id)
+
+
+def open_train_log(run_folder: RunFolder) -> TextIO | None:
+    """``train_log.jsonl`` for appending on process 0; None elsewhere."""
+    return (Path(run_folder.root) / TRAIN_LOG).open("a", encoding="utf-8") if is_primary() else None
+
+
+def log_metrics(wandb_run: Any, train_log: TextIO | None, step: int, record: dict[str, Any],
+                ledger_summary: dict[str, Any]) -> None:
+    """To W&B at an explicit step (a resumed run, a new local folder offline, continues the axis),
+    with the rubles spent so far; and one JSON line per log step to ``train_log.jsonl``."""
+    payload = log_step(wandb_run, step, record, ledger_summary)
+    if train_log is not None:
+        train_log.write(json.dumps(payload) + "\n")
+        train_log.flush()
+    if "train/loss" in record:
+        log.info("step %d: loss %.4f, grad norm %.3f, lr %.2e, %.0f tokens/s, %.2f RUB", step, record["train/loss"],
+                 record["train/grad_norm"], record["train/lr"], record["train/tokens_per_s"],
+                 payload.get("cost/rub_spent", math.nan))

@@ -1,0 +1,134 @@
+"""Where a training run resumes: the newest verified checkpoint, checked to belong to this run.
+
+A run can stop at any point: SIGKILL loses only the steps since the last checkpoint (and the
+resumed run retraces them bit for bit on CPU). Checkpoints made for another model or data are
+refused, damaged newer steps are set aside, and ``train_log.jsonl`` is cut back to the restored step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from experiment.errors import ConfigError, DataError
+from experiment.files import atomic_write_text
+from experiment.runfolder import RunFolder
+from trainer import checkpoint
+from trainer.step import TrainProgram
+
+log = logging.getLogger("trainer")
+WANDB_ID_FILE = "wandb_run.json"
+# how the step runs, not what it computes: a run may resume on another slice with another kernel or remat
+EXECUTION_KEYS = ("attention", "remat")
+
+
+def resume_wandb_run_id(cfg: Any, run_folder: RunFolder) -> str | None:
+    """The W&B run id of the run these checkpoints belong to, so a resumed run continues it.
+
+    Only when a finished checkpoint exists: a run killed before its first checkpoint starts over
+    from step 0, and is a new W&B run.
+    """
+    path = Path(run_folder.checkpoints) / WANDB_ID_FILE
+    if not path.is_file() or not finished_steps(Path(run_folder.checkpoints)):
+        return None
+    with contextlib.suppress(OSError, json.JSONDecodeError, KeyError):
+        return str(json.loads(path.read_text(encoding="utf-8"))["run_id"])
+    return None
+
+
+def finished_steps(checkpoint_dir: Path) -> list[int]:
+    """Steps Orbax finished and whose checksums are written (an interrupted save stays a
+    ``*.orbax-checkpoint-tmp*`` folder; a step without checksums is not resumed from), or every
+    finished step of a folder an older version wrote (``checkpoint.uses_checksums``)."""
+    if not checkpoint_dir.is_dir():
+        return []
+    verified = checkpoint.uses_checksums(checkpoint_dir)
+    return sorted(int(p.name) for p in checkpoint_dir.iterdir()
+                  if p.name.isdigit() and (not verified or (p / checkpoint.CHECKSUMS).is_file()))
+
+
+def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any],
+                    ledger: Any) -> tuple[dict[str, Any], int]:
+    """The newest checkpoint that passes its checksums, or a fresh state when there is none.
+
+    Damaged newer steps are moved aside (the run trains and saves them again); when every step
+    is damaged the run stops with one error line rather than starting over on its own.
+    """
+    if not manager.all_steps():
+        log.info("no checkpoint: starting from step 0")
+        # earlier sessions killed before their first checkpoint trained steps this one trains again:
+        # the ledger must not count their tokens too
+        ledger.mark_resume(0)
+        return program.init_state(), 0
+
+    def read(step: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        check_same_run(checkpoint.read_meta(manager, step), meta, manager.directory)
+        state, items = checkpoint.restore(manager, step, program.abstract_state)
+        loader.set_state(items["loader"])
+        return state, items
+
+    latest, (state, items), damaged = checkpoint.restore_verified(manager, read)
+    checkpoint.set_aside(manager, damaged)
+    ledger.mark_resume(latest, items["ledger"])
+    log.info("resumed from the checkpoint of step %d in %s", latest, manager.directory)
+    return state, latest
+
+
+def check_steps_left(start_step: int, steps: int, checkpoint_dir: Any) -> None:
+    """A run restored at or past ``train.steps`` has nothing to train: say so instead of logging a NaN loss."""
+    if start_step > steps:
+        raise ConfigError(f"config key 'train.steps': {steps} is below step {start_step}, which the checkpoints in "
+                          f"{checkpoint_dir} already reached: set train.steps above {start_step} to train further, "
+                          "or use another experiment.name to start over")
+    if start_step == steps:
+        log.info("the checkpoints in %s already reached train.steps=%d: nothing to train (raise train.steps to "
+                 "train further)", checkpoint_dir, steps)
+
+
+def trim_train_log(path: Path, step: int) -> float:
+    """Keep the lines of ``train_log.jsonl`` up to the restored step; the resumed run retraces the rest.
+
+    A killed session may have logged steps after its last checkpoint (and a half-written last
+    line): without this the retraced steps would get a second line. Returns the last loss kept.
+    """
+    if not path.is_file():
+        return math.nan
+    kept: list[str] = []
+    dropped = 0
+    last_loss = math.nan
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+            keep = int(record["train/step"]) <= step
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            keep = False
+        if keep:
+            kept.append(line)
+            last_loss = float(record.get("train/loss", last_loss))
+        else:
+            dropped += 1
+    if dropped:
+        atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+        log.info("%s: dropped %d line(s) after step %d, which this run trains again", path, dropped, step)
+    return last_loss
+
+
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any) -> None:
+    """Refuse to resume checkpoints made for another model or data (the parameters would not fit)."""
+    def model_of(meta: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in (meta.get("model") or {}).items() if k not in EXECUTION_KEYS}
+
+    saved, current = {**saved, "model": model_of(saved)}, {**current, "model": model_of(current)}
+    for key in ("model", "vocab_size", "tokenizer_sha256", "seq_len", "param_dtype"):
+        if saved.get(key) != current.get(key):
+            if key == "model":
+                diff = {k: (saved["model"].get(k), v) for k, v in current["model"].items() if saved["model"].get(k) != v}
+                detail = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items())
+            else:
+                detail = f"{saved.get(key)} -> {current.get(key)}"
+            raise DataError(f"checkpoints in {where} were made with a different {key} ({detail}): use another "
+                            "experiment.name, or delete the checkpoints to start over")
