@@ -16,10 +16,10 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from eval.scoring import LogitsFn, ScoreRequest, score_requests, target_logprobs
 from experiment.errors import DataError
+from experiment.progress import progress
 
 log = logging.getLogger("eval.bpb")
 
@@ -84,7 +84,7 @@ def validation_bpb(logits_fn: LogitsFn, shards_dir: Path, piece_bytes: np.ndarra
 def batches_bpb(logits_fn: LogitsFn, batches: Iterable[dict[str, np.ndarray]], piece_bytes: np.ndarray,
                 total: int | None = None) -> BitsPerByte:
     acc = BitsPerByte()
-    for batch in tqdm(batches, desc="validation bits/byte", unit="batch", total=total, leave=False):
+    for batch in progress(batches, desc="validation bits/byte", unit="batch", total=total, leave=False):
         add_batch(acc, logits_fn, batch, piece_bytes)
     if acc.tokens == 0:
         raise DataError("the validation split has no tokens: check shards.validation_percent and rerun recipe 03")

@@ -17,11 +17,11 @@ from typing import Any
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
-from tqdm.auto import tqdm
 
 from eval.bpb import text_bpb
 from eval.harness import Encode, PairEncoder
 from eval.scoring import LogitsFn, model_logits_fn, score_requests
+from experiment.progress import progress
 
 
 @register_model("ru-pretrain")
@@ -60,7 +60,7 @@ class RuPretrainLM(LM):
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         return [-text_bpb(self.logits_fn, self.encode, [("request", request.args[0])], self.eos_id, self.max_length,
                           self.batch_size, pad_id=self.pad_id).nats
-                for request in tqdm(requests, desc="lm-eval rolling", disable=disable_tqdm)]
+                for request in progress(requests, desc="lm-eval rolling", disable=disable_tqdm)]
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         raise NotImplementedError("ru-pretrain scores log-likelihoods only; use the Hugging Face export "

@@ -20,7 +20,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
+
+from experiment.progress import progress
 
 LogitsFn = Callable[[Any], Any]
 
@@ -120,7 +121,7 @@ def score_requests(logits_fn: LogitsFn, requests: Sequence[ScoreRequest], *, bat
     windows = [_window(r, max_len) for r in requests]
     results: list[Score | None] = [None] * len(windows)
     plan = plan_batches([len(row) - 1 for row, _ in windows], batch_size, max_len)
-    for chunk, rows, width in tqdm(plan, desc=desc or "scoring", unit="batch", disable=desc is None, leave=False):
+    for chunk, rows, width in progress(plan, desc=desc or "scoring", unit="batch", disable=desc is None, leave=False):
         inputs = np.full((rows, width), pad_id, dtype=np.int32)
         targets = np.full((rows, width), pad_id, dtype=np.int32)
         mask = np.zeros((rows, width), dtype=bool)

@@ -80,6 +80,9 @@ def test_recipe_chain_end_to_end_with_sigkill_resume(tmp_path, shared_data):
 
     resumed = run_recipe("04_pretrain.py", cfg)
     assert f"resumed from the checkpoint of step {killed_at}" in resumed.stdout + resumed.stderr
+    # captured output is not a terminal: plain progress lines, no carriage-return frames of a bar
+    assert "\r" not in resumed.stdout + resumed.stderr
+    assert any(line.startswith("pretrain: 40/40 step (100%), ") for line in resumed.stderr.splitlines())
     # the kernel auto picked on this platform is logged (and recorded in the W&B run's summary and config)
     assert "attention kernel: dot_product (model.attention=auto on cpu)" in resumed.stderr
     wandb_cli = Path(sys.executable).parent / "wandb"

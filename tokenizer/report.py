@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
-from tqdm import tqdm
 
 from experiment.corpus_format import iter_documents
 from experiment.files import atomic_write_json, atomic_write_text
+from experiment.progress import progress
 from experiment.sections.tokenizer import RUSSIAN_REQUIRED_CHARS
 from tokenizer.baselines import bytelevel_bpe_under_test, train_bytelevel_bpe
 from tokenizer.measured import MeasuredTokenizer, sentencepiece_under_test
@@ -91,7 +91,7 @@ def measure_tokenizer(tok: MeasuredTokenizer, heldout: dict[str, list[dict[str, 
     """All figures for one tokenizer: overall, per source (domain), coverage and piece lists."""
     counts: Counter[int] = Counter()
     by_source = {
-        source: measure_documents(tok, tqdm(docs, desc=f"measuring {tok.name} on {source or 'corpus'}",
+        source: measure_documents(tok, progress(docs, desc=f"measuring {tok.name} on {source or 'corpus'}",
                                              unit="doc", leave=False), counts)
         for source, docs in sorted(heldout.items())
     }

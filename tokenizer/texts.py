@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from experiment.corpus_format import iter_documents, read_corpus_manifest
+from experiment.progress import progress
 from experiment.split import is_validation
 
 NEWLINE = "\n"
@@ -39,7 +38,7 @@ def split_corpus(corpus_dir: Path, validation_percent: float, max_heldout_per_so
     """Count the train side and keep up to ``max_heldout_per_source`` held-out documents per source."""
     manifest = read_corpus_manifest(corpus_dir)
     split = CorpusSplit()
-    docs = tqdm(iter_documents(corpus_dir, manifest), total=manifest.get("documents"), desc="reading corpus",
+    docs = progress(iter_documents(corpus_dir, manifest), total=manifest.get("documents"), desc="reading corpus",
                 unit="doc", leave=False)
     for doc in docs:
         if is_validation(str(doc["id"]), validation_percent):

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
-from tqdm import tqdm
 
 from experiment.corpus_format import iter_documents
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
 from experiment.manifest import invalidate, write_manifest
+from experiment.progress import progress
 from experiment.schema import ExperimentConfig
 from experiment.sections.tokenizer import TokenizerConfig
 from tokenizer.report import build_report, log_report, write_report
@@ -124,7 +124,7 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
              "lines are read it fits silently, which takes minutes at 32k on a large corpus",
              tok.model_type, tok.vocab_size, split.train_documents, split.train_chars / 1e6)
     started = time.perf_counter()
-    lines = tqdm(training_lines(iter_documents(corpus_dir), validation_percent, tok.max_sentence_length),
+    lines = progress(training_lines(iter_documents(corpus_dir), validation_percent, tok.max_sentence_length),
                  desc="feeding SentencePiece", unit="line", leave=False)
     model_bytes = train_sentencepiece(lines, trainer_options(tok, cfg.experiment.seed))
     train_seconds = time.perf_counter() - started

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from tqdm import tqdm
 
 from experiment.errors import RecipeError
+from experiment.progress import progress as progress_bar
 from trainer.distributed import is_primary
 from trainer.hooks import Hook, LoopContext
 from trainer.preemption import PreemptionWatch
@@ -35,7 +35,7 @@ def run_loop(ctx: LoopContext, hooks: Sequence[Hook]) -> None:
     schedule is due. Pending checkpoint saves are finished before it returns."""
     train_cfg = ctx.train_cfg
     scheduled = [(hook, hook.schedule(train_cfg)) for hook in hooks]
-    progress = tqdm(total=train_cfg.steps, initial=ctx.step, desc="pretrain", unit="step", dynamic_ncols=True,
+    progress = progress_bar(total=train_cfg.steps, initial=ctx.step, desc="pretrain", unit="step", dynamic_ncols=True,
                     disable=not is_primary())
     try:
         with PreemptionWatch(train_cfg.preemption_grace_s) as preemption:

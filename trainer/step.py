@@ -24,6 +24,7 @@ from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
 from model.decoder import Decoder, chunked_cross_entropy, run_once_compile_options
 from model.sharding import Rules, activation_layout, batch_sharding, replicated, tree_shardings
+from trainer.schedules import make_schedule
 
 State = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -31,17 +32,11 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def make_optimizer(train_cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW on a linear-warmup + cosine-decay schedule, after global-norm clipping.
+    """AdamW on train.schedule (trainer/schedules.py), after global-norm clipping.
 
     Weight decay skips vectors (norm scales): decaying them only fights the normalisation.
     """
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=train_cfg.learning_rate,
-        warmup_steps=train_cfg.warmup_steps,
-        decay_steps=train_cfg.steps,
-        end_value=train_cfg.learning_rate * train_cfg.min_lr_ratio,
-    )
+    schedule = make_schedule(train_cfg)
     adamw = optax.adamw(
         schedule, b1=train_cfg.beta1, b2=train_cfg.beta2, weight_decay=train_cfg.weight_decay,
         mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params),

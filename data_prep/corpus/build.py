@@ -18,8 +18,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from data_prep.corpus.beam import run_beam
 from data_prep.corpus.cleaning import CleanDocument, clean_document
 from data_prep.corpus.dedup import Deduplicator
@@ -30,6 +28,7 @@ from experiment.corpus_format import CORPUS_STAGE, CorpusShardWriter, clear_corp
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
 from experiment.manifest import write_manifest
+from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.corpus import CorpusConfig
@@ -154,7 +153,7 @@ def build_corpus(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -
     else:
         workers = resolve_workers(corpus_cfg.workers)
         log.info("cleaning documents with %s", f"{workers} worker processes" if workers > 1 else "one process")
-        progress = tqdm(clean_documents(raw_docs, corpus_cfg, workers), desc="documents", unit="doc", mininterval=2)
+        progress = progress_bar(clean_documents(raw_docs, corpus_cfg, workers), desc="documents", unit="doc", mininterval=2)
         outcomes = dedup_in_order(progress, corpus_cfg)
         extra = {"runner": "local", "workers": workers}
     try:

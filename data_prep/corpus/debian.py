@@ -22,11 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
 from pathlib import Path
 
-from tqdm import tqdm
-
 from data_prep.corpus.documents import DocumentNumberer, RawDocument, pack_pieces
 from experiment.errors import DataError
 from experiment.files import atomic_write_json
+from experiment.progress import progress
 from experiment.sections.corpus import SourceConfig
 
 log = logging.getLogger("data_prep.corpus.debian")
@@ -121,7 +120,7 @@ def render_man_pages(root: Path, pages: list[Path]) -> dict[str, str | None]:
         log.info("rendering %d man pages with groff", len(pages))
     # groff runs in subprocesses, so threads render pages in parallel
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        texts = list(tqdm(pool.map(render_man_page, pages), total=len(pages), desc="man pages",
+        texts = list(progress(pool.map(render_man_page, pages), total=len(pages), desc="man pages",
                           unit="page", disable=not pages, leave=False))
     rendered = {path.relative_to(root).as_posix(): text for path, text in zip(pages, texts, strict=True)}
     atomic_write_json(cache, rendered)

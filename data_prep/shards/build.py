@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from data_prep.shards.beam import run_beam_shards
 from data_prep.shards.layout import SPLITS, feature_schema, row_tokens, shard_file_name, shard_summary, split_of
@@ -28,6 +27,7 @@ from data_prep.shards.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64
 from experiment.corpus_format import iter_documents, read_corpus_manifest
 from experiment.errors import DataError
 from experiment.manifest import MANIFEST_NAME, invalidate, write_manifest
+from experiment.progress import progress as progress_bar
 from experiment.schema import ExperimentConfig
 from tokenizer.spm import eos_and_pad_ids, load_tokenizer
 
@@ -174,7 +174,7 @@ def write_splits(documents: Any, sp: Any, out_dir: Path, shards_cfg: Any, seq_le
     pad_mask_key = "segment_ids" if shards_cfg.packing == "document" else None
     try:
         batch: list[dict[str, Any]] = []
-        with tqdm(total=total, unit="doc", desc="shards", mininterval=2.0) as progress:
+        with progress_bar(total=total, unit="doc", desc="shards", mininterval=2.0) as progress:
             for doc in documents:
                 batch.append(doc)
                 if len(batch) >= shards_cfg.encode_batch_documents:

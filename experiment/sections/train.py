@@ -63,8 +63,14 @@ class TrainConfig:
     # B x chunk x V floats instead of B x T x V, for one more forward matmul of the output head; 0: all
     loss_chunk_len: int = 1024
     learning_rate: float = 3e-4
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1  # cosine decays to learning_rate * min_lr_ratio at the last step
+    warmup_steps: int = 100  # linear warmup from 0 to learning_rate, in every schedule
+    # learning-rate schedule after the warmup (trainer/schedules.py): cosine decays over all the steps
+    # left; wsd (warmup-stable-decay) holds learning_rate, then decays over the last decay_steps;
+    # constant holds learning_rate to the end
+    schedule: Literal["cosine", "wsd", "constant"] = "cosine"
+    decay: Literal["linear", "cosine", "1-sqrt"] = "linear"  # wsd only: the shape of its decay
+    decay_steps: int = 0  # wsd only (and required there): length of the final decay, in steps
+    min_lr_ratio: float = 0.1  # cosine and wsd decay to learning_rate * min_lr_ratio at the last step
     weight_decay: float = 0.1
     grad_clip: float = 1.0  # global-norm clipping; 0 turns it off
     beta1: float = 0.9
@@ -110,6 +116,12 @@ class TrainConfig:
             raise ConfigError(f"config key '{prefix}min_lr_ratio': must be in [0, 1], got {self.min_lr_ratio}")
         if self.warmup_steps < 0 or self.warmup_steps >= self.steps:
             raise ConfigError(f"config key '{prefix}warmup_steps': must be in [0, steps={self.steps}), got {self.warmup_steps}")
+        if self.schedule == "wsd" and not 1 <= self.decay_steps <= self.steps - self.warmup_steps:
+            raise ConfigError(f"config key '{prefix}decay_steps': schedule wsd needs 1 <= decay_steps <= steps - warmup_steps "
+                              f"= {self.steps - self.warmup_steps}, got {self.decay_steps}")
+        if self.schedule != "wsd" and self.decay_steps:
+            raise ConfigError(f"config key '{prefix}decay_steps': only used by schedule wsd (schedule is {self.schedule}); "
+                              f"remove it or set train.schedule=wsd")
         for name in ("weight_decay", "grad_clip", "eval_every", "keep_checkpoints_every", "preemption_grace_s",
                      "cpu_devices", "loss_chunk_len"):
             if getattr(self, name) < 0:
