@@ -89,11 +89,11 @@ def jax_side(args: argparse.Namespace, attention: str) -> tuple[dict[str, Any], 
     import jax
     import numpy as np
 
+    from experiment.presets import PRESETS
     from experiment.sections.model import ModelConfig
     from experiment.sections.train import TrainConfig
     from model.attention import resolve_attention
     from model.flops import train_flops_per_token
-    from model.presets import PRESETS
 
     shape = {k: v for k, v in PRESETS[args.preset].items() if k != "max_seq_len"}
     model_cfg = ModelConfig(**shape, max_seq_len=args.seq_len, attention=attention, remat=args.remat)
@@ -121,7 +121,7 @@ def torch_side(args: argparse.Namespace, compiled: bool) -> tuple[dict[str, Any]
     import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from model.presets import PRESETS
+    from experiment.presets import PRESETS
 
     shape = PRESETS[args.preset]
     torch.manual_seed(0)

@@ -57,15 +57,14 @@ def bench_train_step(cfg: Any, vocab_size: int, steps: int) -> dict[str, float]:
     import jax
     import numpy as np
 
-    from model.presets import resolve
     from model.sharding import build_mesh
     from trainer.step import build_program
 
     mesh = build_mesh(cfg.train.mesh)
-    program = build_program(resolve(cfg.model), cfg.train, vocab_size, mesh, seed=0)
+    program = build_program(cfg.model, cfg.train, vocab_size, mesh, seed=0)
     state = program.init_state()
     rng = np.random.default_rng(0)
-    shape = (cfg.train.batch_size, cfg.shards.seq_len)
+    shape = (cfg.train.batch_size, cfg.model.max_seq_len)
     batch = {name: jax.device_put(rng.integers(0, vocab_size, shape, dtype=np.int32), program.batch_sharding)
              for name in ("inputs", "targets")}
     state, metrics = program.train_step(state, batch)  # compile
@@ -107,7 +106,7 @@ def bench_readers(shards: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "recipes" / "configs" / "demo.yaml"))
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. shards.seq_len=1024")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.max_seq_len=1024")
     parser.add_argument("--text-mb", type=float, default=4.0)
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--steps", type=int, default=5)
@@ -121,7 +120,7 @@ def main() -> None:
     shards = build_shards(cfg, args.workdir, args.text_mb)
     vocab_size = json.loads((shards / "manifest.json").read_text(encoding="utf-8"))["vocab_size"]
     result: dict[str, Any] = {"bench": "loader_vs_train_step", "config": Path(args.config).name,
-                              "seq_len": cfg.shards.seq_len, "batch_size": cfg.train.batch_size,
+                              "seq_len": cfg.model.max_seq_len, "batch_size": cfg.train.batch_size,
                               "cpu_cores": os.cpu_count()}
     result.update(bench_loader(shards, cfg.train.batch_size, args.batches))
     if not args.skip_train_step:

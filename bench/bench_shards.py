@@ -102,7 +102,7 @@ def main() -> None:
     sp = spm.SentencePieceProcessor(model_file=str(args.spm_model or run_folder.tokenizer / "spm.model"))
     texts = [d["text"] for d in docs]
     text_bytes = sum(len(t.encode("utf-8")) for t in texts)
-    cfg = ShardsConfig(seq_len=args.seq_len, packing=args.packing, validation_percent=1.0, records_per_shard=8192,
+    cfg = ShardsConfig(packing=args.packing, validation_percent=1.0, records_per_shard=8192,
                        encode_batch_documents=512, num_threads=1)
     tokens = sum(len(ids) + 1 for ids in sp.encode(texts, out_type=int, num_threads=os.cpu_count()))
 
@@ -113,7 +113,7 @@ def main() -> None:
         rounds.append({
             "numpy": timed(lambda: encode_only(sp, texts, cfg.encode_batch_documents, "numpy")),
             "list": timed(lambda: encode_only(sp, texts, cfg.encode_batch_documents, int)),
-            "shards": timed(lambda: write_splits(iter(docs), sp, out_dir, cfg, eos_id=sp.eos_id(),
+            "shards": timed(lambda: write_splits(iter(docs), sp, out_dir, cfg, args.seq_len, eos_id=sp.eos_id(),
                                                  pad_id=max(sp.pad_id(), 0), threads=1)),
         })
 

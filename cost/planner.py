@@ -36,7 +36,9 @@ from cost.ledger import LEDGER_FILE, summarize_ledger
 from cost.rates import UsdRubRate, resolve_usd_rub
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from experiment.errors import ConfigError, DataError
+from experiment.presets import PRESETS, preset_model_config
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.sections.model import ModelConfig
 from experiment.stages import FIT_CHECK, TOKENIZER
 from model.registry import family_of
@@ -156,21 +158,19 @@ def anchor_check(anchor: Anchor, catalog: Catalog) -> dict[str, Any]:
             "relative_error": predicted / anchor.tokens_per_s_per_chip - 1, "source": anchor.source}
 
 
-def resolve_plan_model(cfg: Any, run_folder: RunFolder | None) -> PlanModel:
+def resolve_plan_model(cfg: ExperimentConfig, run_folder: RunFolder | None) -> PlanModel:
     """``cost.plan_model``: a preset (at its own context length, with our tokenizer's vocabulary), a
-    published anchor's reference shape, or (empty) the experiment's model at the shards' length."""
-    from model.presets import PRESETS, resolve
-
+    published anchor's reference shape (at its CSV length), or (empty) the experiment's model at
+    model.max_seq_len."""
     name = cfg.cost.plan_model
     if not name:
-        model = experiment_model(cfg, run_folder)
-        return dataclasses.replace(model, seq_len=cfg.cost.plan_seq_len or model.seq_len)
+        return experiment_model(cfg, run_folder)
     if name in PRESETS:
-        model_cfg = resolve(dataclasses.replace(ModelConfig(), preset=name))
-        return PlanModel(name, model_cfg, vocab_size_of(cfg, run_folder), cfg.cost.plan_seq_len or model_cfg.max_seq_len)
+        model_cfg = preset_model_config(name)
+        return PlanModel(name, model_cfg, vocab_size_of(cfg, run_folder), model_cfg.max_seq_len)
     anchors = {anchor.model.label: anchor.model for anchor in read_anchors()}
     if name in anchors:
-        return dataclasses.replace(anchors[name], seq_len=cfg.cost.plan_seq_len or anchors[name].seq_len)
+        return anchors[name]
     raise ConfigError(f"config key 'cost.plan_model': unknown model '{name}' (known: {', '.join([*PRESETS, *anchors])})")
 
 
@@ -188,15 +188,13 @@ def planned_tokens(cfg: Any) -> int:
         return cfg.cost.plan_tokens
     if cfg.cost.token_budget:
         return cfg.cost.token_budget
-    return cfg.train.steps * cfg.train.batch_size * cfg.shards.seq_len
+    return cfg.train.steps * cfg.train.batch_size * cfg.model.max_seq_len
 
 
 def experiment_model(cfg: Any, run_folder: RunFolder | None) -> PlanModel:
     """The model this experiment trains (the one its ledger measured)."""
-    from model.presets import resolve
-
-    return PlanModel(cfg.model.preset or f"{cfg.experiment.name} model", resolve(cfg.model),
-                     vocab_size_of(cfg, run_folder), cfg.shards.seq_len)
+    return PlanModel(cfg.model.preset or f"{cfg.experiment.name} model", cfg.model,
+                     vocab_size_of(cfg, run_folder), cfg.model.max_seq_len)
 
 
 def measured_mfu(run_folder: RunFolder | None, model: PlanModel, catalog: Catalog) -> tuple[str, float] | None:
@@ -311,7 +309,7 @@ def plot_plan(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def plan(cfg: Any, run_folder: RunFolder | None, catalog: Catalog | None = None,
+def plan(cfg: ExperimentConfig, run_folder: RunFolder | None, catalog: Catalog | None = None,
          rate: UsdRubRate | None = None) -> tuple[PlanModel, int, list[dict[str, Any]], list[dict[str, Any]]]:
     """The model, token count, one row per option, and the anchor checks (no files written)."""
     catalog = catalog or Catalog.from_config(cfg.cost)
@@ -332,7 +330,7 @@ def plan(cfg: Any, run_folder: RunFolder | None, catalog: Catalog | None = None,
     return model, tokens, rows, checks
 
 
-def plan_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
+def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
     """Recipe 07: print and write the plan table (reports/plan.md, .csv) and chart (reports/plan.png)."""
     rate = resolve_usd_rub(cfg.cost)
     model, tokens, rows, checks = plan(cfg, run_folder, rate=rate)

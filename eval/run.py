@@ -26,12 +26,12 @@ from eval.harness import PairEncoder, TaskData
 from eval.loaders import SourceUnavailable
 from eval.report import render_markdown, results_rows
 from eval.scoring import LogitsFn, model_logits_fn
-from eval.tasks import get_task
-from experiment.config import expand_env
+from eval.tasks import check_task_names, get_task
 from experiment.errors import DataError
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.manifest import invalidate
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.stages import EVAL, SHARDS
 
 log = logging.getLogger("eval")
@@ -69,10 +69,8 @@ def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
     With ``eval.missing_tasks: skip`` a task whose files are absent is left out with a warning and
     its reason goes into ``skipped``; by default it is an error.
     """
-    # schema defaults are not passed through the config loader, so ${RU_SHARED_DATA} is expanded here
-    bench_dir = expand_env(eval_cfg.bench_dir, "eval.bench_dir")
-    rublimp_dir = expand_env(eval_cfg.rublimp_dir, "eval.rublimp_dir")
-    task_files = {k: expand_env(v, f"eval.task_files.{k}") for k, v in eval_cfg.task_files.items()}
+    # ${RU_SHARED_DATA} and other variables were expanded once, by the config loader
+    bench_dir, rublimp_dir, task_files = eval_cfg.bench_dir, eval_cfg.rublimp_dir, eval_cfg.task_files
     loaded = []
     for name in names:
         key = (name, bench_dir, rublimp_dir, tuple(sorted(task_files.items())), max_items, eval_cfg.seed,
@@ -117,8 +115,7 @@ def run_suite(logits_fn: LogitsFn, tok: TokenizerBits, eval_cfg: Any, run_folder
         log.info("validation: %s", bpb.describe(acc))
     if heldout_files:
         results["heldout"] = {}
-        paths = [expand_env(p, "eval.heldout_text_files") for p in heldout_files]
-        for name, text in bpb.read_text_files(paths):
+        for name, text in bpb.read_text_files(list(heldout_files)):
             acc = bpb.text_bpb(logits_fn, tok.encode, [(name, text)], tok.eos_id, max_len, eval_cfg.batch_size,
                                pad_id=tok.pad_id)
             results["heldout"][name] = acc.to_dict()
@@ -154,20 +151,20 @@ def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, flo
     return flat
 
 
-def max_len_of(cfg: Any, meta: dict[str, Any] | None = None) -> int:
-    from model.presets import resolve
+def max_len_of(cfg: ExperimentConfig, meta: dict[str, Any] | None = None) -> int:
+    """The length the model was trained on (its checkpoint's), not what the config says now."""
+    meta = meta or {}
+    return int(meta.get("seq_len") or (meta.get("model") or {}).get("max_seq_len") or cfg.model.max_seq_len)
 
-    model_meta = (meta or {}).get("model") or {}
-    return int(model_meta.get("max_seq_len") or resolve(cfg.model).max_seq_len)
 
-
-def evaluate_model(model: Any, cfg: Any, run_folder: RunFolder, step: int | None = None,
+def evaluate_model(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, step: int | None = None,
                    subset: bool = True) -> dict[str, float]:
     """Eval during training: the quick subset (``eval.train_*``) or the full suite, as flat metrics.
 
     The trainer logs the dict against its step and the rubles spent; nothing is written to disk.
     """
     eval_cfg = cfg.eval
+    check_task_names(eval_cfg)
     tok = load_tokenizer_bits(run_folder)
     started = time.perf_counter()
     results = run_suite(
@@ -230,11 +227,12 @@ def log_to_wandb(wandb_run: Any, cfg: Any, results: dict[str, Any], files: Seque
     wandb_run.log_artifact(artifact, aliases=["latest", step_name(results["step"])])
 
 
-def evaluate(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
+def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
     """Recipe 05: evaluate one checkpoint, write the results and log them."""
     from trainer.checkpoint import load_trained_model
 
     eval_cfg = cfg.eval
+    check_task_names(eval_cfg)
     tok = load_tokenizer_bits(run_folder)
     model, step, meta = load_trained_model(run_folder, step=eval_cfg.checkpoint_step)
     if meta.get("tokenizer_sha256") and tok.sha256 and meta["tokenizer_sha256"] != tok.sha256:

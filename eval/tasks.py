@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eval.loaders import Record
-from experiment.errors import DataError
+from experiment.errors import ConfigError, DataError
 
 BENCH = "{bench}"  # replaced by eval.bench_dir
 
@@ -207,6 +207,18 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     _mera("ruopenbookqa", "ruopenbookqa", "ruOpenBookQA (MERA): science questions, four answers", "{question}"),
     _mera("rummlu", "rummlu", "ruMMLU (MERA): 57 subjects, four answers", "{text}"),
 )}
+
+
+def check_task_names(eval_cfg: Any) -> None:
+    """The configured task names (``eval.tasks``, ``eval.train_tasks``, ``eval.task_files``) are known;
+    checked where the eval stage and the trainer's periodic eval start."""
+    for name in ("tasks", "train_tasks"):
+        for task in getattr(eval_cfg, name):
+            if task not in TASKS:
+                raise ConfigError(f"config key 'eval.{name}': unknown task '{task}' (known: {', '.join(sorted(TASKS))})")
+    for task in eval_cfg.task_files:
+        if task not in TASKS:
+            raise ConfigError(f"config key 'eval.task_files.{task}': unknown task (known: {', '.join(sorted(TASKS))})")
 
 
 def get_task(name: str) -> TaskSpec:

@@ -21,6 +21,9 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 import yaml
 
 from experiment.errors import ConfigError
+from experiment.presets import preset_fields
+from experiment.schema import ExperimentConfig
+from experiment.sections.model import model_section_class
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -128,8 +131,13 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
             raise ConfigError(f"unknown config key '{dotted}'{hint} (valid keys here: {', '.join(valid)})")
         kwargs[name] = _coerce(value, hints[name], dotted)
     for name, f in fields.items():  # defaults may read the environment too (e.g. the shared data folder)
+        dotted = f"{prefix}.{name}" if prefix else name
         if name not in kwargs and isinstance(f.default, str) and "${" in f.default:
-            kwargs[name] = expand_env(f.default, f"{prefix}.{name}" if prefix else name)
+            kwargs[name] = expand_env(f.default, dotted)
+        elif name not in kwargs and dataclasses.is_dataclass(hints[name]) and f.default_factory is not dataclasses.MISSING:
+            # an absent section is built here like a present one: its defaults are expanded (once, at
+            # load; no stage expands again) and validated
+            kwargs[name] = build_dataclass(hints[name], {}, dotted)
     missing = [
         n for n, f in fields.items()
         if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -181,20 +189,71 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> Any:
-    """Load an experiment YAML, apply ``key.sub=value`` overrides and type-check the result."""
-    from experiment.schema import ExperimentConfig
+# keys that no longer exist -> what to set instead (one line, not a "did you mean" guess)
+REMOVED_KEYS = {
+    "shards.seq_len": "the sequence length is model.max_seq_len (one knob for shards, training, eval and the planner)",
+    "cost.plan_seq_len": "the planner uses the planned model's own length: model.max_seq_len, a preset's or an "
+                         "anchor's",
+}
 
+
+def explicit_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    """Dotted keys the YAML and the overrides set (mappings are walked, any other value is a leaf)."""
+    keys: set[str] = set()
+    for name, value in tree.items():
+        dotted = f"{prefix}.{name}" if prefix else str(name)
+        keys.add(dotted)
+        if isinstance(value, dict):
+            keys |= explicit_keys(value, dotted)
+    return keys
+
+
+def resolve_model_tree(model_tree: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
+    """The model section with its preset's fields filled in where the user set no key."""
+    preset = model_tree.get("preset")
+    if not preset:
+        return model_tree
+    if not isinstance(preset, str):
+        raise ConfigError(f"config key 'model.preset': expected a preset name, got {preset!r}")
+    filled = {name: value for name, value in preset_fields(preset).items() if f"model.{name}" not in explicit}
+    return {**model_tree, **filled}
+
+
+def build_config(tree: dict[str, Any]) -> ExperimentConfig:
+    """The typed, resolved config of a YAML tree (overrides applied): presets merged, family's model
+    section built, every section and every cross-section rule checked."""
+    explicit = explicit_keys(tree)
+    for key, instead in REMOVED_KEYS.items():
+        if key in explicit:
+            raise ConfigError(f"config key '{key}' was removed: {instead}")
+    model_tree = tree.get("model") if tree.get("model") is not None else {}
+    if not isinstance(model_tree, dict):
+        raise ConfigError(f"config key 'model': expected a mapping, got {type(model_tree).__name__}")
+    family = model_tree.get("family", "llama")
+    if not isinstance(family, str):
+        raise ConfigError(f"config key 'model.family': expected a family name, got {family!r}")
+    model_cls = model_section_class(family)
+    model = build_dataclass(model_cls, resolve_model_tree(model_tree, explicit), "model")
+    cfg = build_dataclass(ExperimentConfig, {k: v for k, v in tree.items() if k != "model"})
+    cfg.model = model
+    check_sections(cfg)
+    return cfg
+
+
+def check_sections(cfg: ExperimentConfig) -> None:
+    """Every rule that spans two sections, checked once at load (a section's own rules are its validate)."""
+    if cfg.model.attention == "cudnn" and cfg.train.compute_dtype != "bfloat16":
+        raise ConfigError("config key 'model.attention': cudnn flash attention needs train.compute_dtype=bfloat16, "
+                          f"got {cfg.train.compute_dtype}; use auto")
+
+
+def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+    """Load an experiment YAML, apply ``key.sub=value`` overrides, resolve presets and type-check."""
     tree = load_yaml(path)
     for text in overrides:
         key_path, value = parse_override(text)
         apply_override(tree, key_path, value)
-    model = tree.get("model")
-    if isinstance(model, dict):  # read with the class its family registered
-        from experiment.sections.model import model_section_class
-
-        tree["model"] = build_dataclass(model_section_class(str(model.get("family", "llama"))), model, "model")
-    return build_dataclass(ExperimentConfig, tree)
+    return build_config(tree)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -59,9 +59,10 @@ def demo_cfg(*overrides: str):
 
 def test_worked_example_one_option() -> None:
     """7b preset, 100B tokens, 8 v6e chips at 40% MFU: hours and rubles follow the formula by hand."""
-    cfg = demo_cfg("cost.plan_model=7b", "cost.plan_tokens=100000000000", "cost.plan_seq_len=4096",
+    cfg = demo_cfg("cost.plan_model=7b", "cost.plan_tokens=100000000000",
                    "cost.plan_options=[{accelerator: tpu-v6e, chips: 8, mfu: 0.4}]")
     model, tokens, rows, _ = plan(cfg, None, rate=RATE)
+    assert model.seq_len == 4096  # the preset's own length, not the demo's model.max_seq_len
     (row,) = rows
     per_chip = 0.4 * 918e12 / model.flops_per_token
     hours = 100e9 / (per_chip * 8) / 3600
@@ -187,3 +188,17 @@ def test_a_damaged_tokenizer_manifest_is_one_error_naming_it(tmp_path: Path) -> 
     with pytest.raises(DataError, match=r"tokenizer/manifest.json is not a readable manifest .*run "
                                         r"recipes/02_train_tokenizer.py again"):
         experiment_model(cfg, folder)
+
+
+def test_planned_length_is_the_planned_models_own(tmp_path: Path) -> None:
+    """No cost.plan_model: the config's resolved model (preset plus the keys it sets) at model.max_seq_len;
+    an anchor at its CSV length, whatever the config's model says."""
+    config = tmp_path / "p.yaml"
+    config.write_text("experiment: {name: p}\nmodel: {preset: '1b', n_kv_heads: 2}\n"
+                      "cost: {plan_options: [{accelerator: tpu-v6e, chips: 8, mfu: 0.4}]}\n", encoding="utf-8")
+    model, tokens, _, _ = plan(load_config(config), None, rate=RATE)
+    assert (model.cfg.d_model, model.cfg.n_kv_heads, model.seq_len) == (2048, 2, 2048)
+    assert model.label == "1b" and tokens == 1000 * 32 * 2048  # train.steps x batch_size x model.max_seq_len
+    anchor = read_anchors()[0].model
+    model, _, _, _ = plan(load_config(config, [f"cost.plan_model={anchor.label}"]), None, rate=RATE)
+    assert model.seq_len == anchor.seq_len != 2048

@@ -7,6 +7,7 @@ its bits per byte must be what a near-uniform model gives: log2(V) bits per toke
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -41,7 +42,7 @@ def write_config(tmp_path: Path, **eval_keys: object) -> Path:
     cfg = {
         "experiment": {"name": "evaltest", "run_root": str(tmp_path / "runs")},
         "tokenizer": {"vocab_size": VOCAB, "model_type": "unigram"},
-        "shards": {"seq_len": 64, "validation_percent": 50.0, "packing": "concat"},
+        "shards": {"validation_percent": 50.0, "packing": "concat"},
         "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1, "d_ff": 64, "max_seq_len": 64},
         "eval": eval_section,
         "wandb": {"project": "eval-tests", "mode": "offline"},
@@ -62,7 +63,6 @@ def build_run_folder(cfg: Any, run_folder: RunFolder) -> None:
     from experiment.files import atomic_write_bytes, sha256_file
     from experiment.manifest import write_manifest
     from model.decoder import Decoder
-    from model.presets import resolve
     from tokenizer.train import special_ids, train_sentencepiece, trainer_options
     from trainer import checkpoint
 
@@ -80,19 +80,20 @@ def build_run_folder(cfg: Any, run_folder: RunFolder) -> None:
         "vocab_size": sp.get_piece_size(), "special_ids": ids})
 
     shards_cfg = SimpleNamespace(**vars(cfg.shards))
-    splits = write_splits(iter(docs), sp, run_folder.shards, shards_cfg, eos_id=ids["eos"], pad_id=ids["pad"],
+    seq_len = cfg.model.max_seq_len
+    splits = write_splits(iter(docs), sp, run_folder.shards, shards_cfg, seq_len, eos_id=ids["eos"], pad_id=ids["pad"],
                           threads=1)
     write_manifest(run_folder.shards, "shards", {
-        "tokenizer_sha256": sha256_file(run_folder.tokenizer / "spm.model"), "seq_len": cfg.shards.seq_len,
-        "packing": "concat", "feature_schema": feature_schema(cfg.shards.seq_len, "concat"),
+        "tokenizer_sha256": sha256_file(run_folder.tokenizer / "spm.model"), "seq_len": seq_len,
+        "packing": "concat", "feature_schema": feature_schema(seq_len, "concat"),
         "validation_percent": cfg.shards.validation_percent, "splits": splits})
 
-    model_cfg = resolve(cfg.model)
+    model_cfg = cfg.model
     with nnx.use_eager_sharding(False):
         model = nnx.jit(lambda: Decoder(model_cfg, VOCAB, nnx.Rngs(0)))()
     params = nnx.state(model, nnx.Param)
     state = {"params": params, "opt_state": {}, "step": jax.numpy.int32(7), "rng": jax.random.key_data(jax.random.key(0))}
-    meta = {"model": vars(model_cfg), "vocab_size": VOCAB, "seq_len": cfg.shards.seq_len,
+    meta = {"model": vars(model_cfg), "vocab_size": VOCAB, "seq_len": seq_len,
             "tokenizer_sha256": sha256_file(run_folder.tokenizer / "spm.model")}
     manager = checkpoint.open_manager(run_folder.checkpoints, cfg.train)
     checkpoint.save(manager, 7, state, {}, {}, meta, force=True)
@@ -112,12 +113,15 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory):
     cfg = load_config(write_config(tmp_path, heldout_text_files=[str(heldout)], export_hf=True))
     run_folder = RunFolder.for_config(cfg)
     build_run_folder(cfg, run_folder)
+    # the config now asks for a longer context than the checkpoint was trained on: eval keeps the trained one
+    longer = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, max_seq_len=2 * cfg.model.max_seq_len))
     with open_run(cfg, run_folder, job_type="eval") as wandb_run:
-        results = evaluate(cfg, run_folder, wandb_run)
+        results = evaluate(longer, run_folder, wandb_run)
     return SimpleNamespace(cfg=cfg, run_folder=run_folder, results=results, tmp_path=tmp_path)
 
 
 def test_results_files_and_manifest(evaluated) -> None:
+    assert evaluated.results["max_len"] == 64  # the checkpoint's trained length, not the config's 128
     eval_dir = evaluated.run_folder.eval
     manifest = json.loads((eval_dir / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["stage"] == "eval" and manifest["latest"] == "step_0000007.json" and manifest["steps"] == [7]

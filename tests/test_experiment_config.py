@@ -135,3 +135,91 @@ def test_run_folder_saves_resolved_config(tmp_path):
     path = folder.save_resolved_config(cfg, "corpus")
     assert path.is_file() and "name: demo" in path.read_text(encoding="utf-8")
     assert len(os.listdir(folder.root / "configs")) == 1
+
+
+# --- presets, families and the one sequence length: resolved once, at load ---------------------------------
+
+PRESET_ONLY = "experiment: {name: p}\nmodel: {preset: '1b'}\n"
+
+
+def test_preset_fills_only_the_keys_the_config_does_not_set(tmp_path):
+    path = write_yaml(tmp_path, PRESET_ONLY)
+    cfg = load_config(path, ["model.n_kv_heads=2"])
+    assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads, cfg.model.max_seq_len) == (2048, 16, 32, 2048)
+    assert cfg.model.n_kv_heads == 2
+    # a set key wins even when it equals the schema default (n_layers 4, tie_embeddings true)
+    assert load_config(path, ["model.n_layers=4"]).model.n_layers == 4
+    assert load_config(path, ["model.preset=7b", "model.tie_embeddings=true"]).model.tie_embeddings is True
+    assert load_config(path, ["model.preset=7b"]).model.tie_embeddings is False
+    # a key in the YAML wins over a preset given as an override
+    assert load_config(DEMO, ["model.preset=1b"]).model.d_model == 256
+
+
+def test_unknown_preset_is_one_line_listing_the_known(tmp_path):
+    with pytest.raises(ConfigError, match=r"^config key 'model.preset': unknown preset '2b' \(known: demo-5m, 125m"):
+        load_config(write_yaml(tmp_path, PRESET_ONLY), ["model.preset=2b"])
+
+
+def test_resolved_config_file_records_the_presets_shape(tmp_path):
+    import yaml
+
+    cfg = load_config(write_yaml(tmp_path, PRESET_ONLY), [f"experiment.run_root={tmp_path}", "model.n_kv_heads=2"])
+    path = RunFolder.for_config(cfg).save_resolved_config(cfg, "pretrain")
+    model = yaml.safe_load(path.read_text(encoding="utf-8"))["model"]
+    assert (model["preset"], model["family"], model["d_model"], model["n_layers"]) == ("1b", "llama", 2048, 16)
+    assert (model["n_kv_heads"], model["d_ff"], model["max_seq_len"]) == (2, 5632, 2048)
+
+
+def test_model_section_is_built_with_the_familys_class(tmp_path):
+    import dataclasses
+
+    from experiment.sections.model import ModelConfig, model_section_class, register_model_section
+
+    @dataclasses.dataclass
+    class NoGqaConfig(ModelConfig):
+        mlp_ratio: float = 4.0
+
+    path = write_yaml(tmp_path, PRESET_ONLY)
+    with pytest.raises(ConfigError, match=r"^config key 'model.family': unknown model family 'nogqa' \(known: llama\)$"):
+        load_config(path, ["model.family=nogqa"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'model.mlp_ratio'"):
+        load_config(path, ["model.mlp_ratio=2.5"])
+    register_model_section("nogqa", NoGqaConfig)
+    try:
+        cfg = load_config(path, ["model.family=nogqa", "model.mlp_ratio=2.5"])
+        assert type(cfg.model) is NoGqaConfig and cfg.model.mlp_ratio == 2.5 and cfg.model.d_model == 2048
+        assert model_section_class("llama") is ModelConfig
+    finally:
+        from experiment.sections import model as sections_model
+
+        sections_model._MODEL_SECTIONS.pop("nogqa")
+
+
+@pytest.mark.parametrize("key", ["shards.seq_len=64", "cost.plan_seq_len=4096"])
+def test_removed_length_keys_say_what_replaced_them(key):
+    name = key.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^config key '{name}' was removed: .*model\.max_seq_len"):
+        load_config(DEMO, [key])
+
+
+def test_cross_section_rules_are_checked_at_load():
+    with pytest.raises(ConfigError, match=r"'model.attention': cudnn .* train.compute_dtype=bfloat16"):
+        load_config(DEMO, ["model.attention=cudnn"])
+    assert load_config(DEMO, ["model.attention=cudnn", "train.compute_dtype=bfloat16"]).model.attention == "cudnn"
+
+
+def test_environment_is_expanded_once_in_absent_and_present_sections(monkeypatch, tmp_path):
+    # the variable's value itself holds "${...}": expanding twice would read NOT_SET_ANYWHERE and fail
+    monkeypatch.setenv("RU_SHARED_DATA", "/data/${NOT_SET_ANYWHERE}")
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    absent = load_config(write_yaml(tmp_path, "experiment: {name: x}\n"))
+    assert absent.eval.bench_dir == "/data/${NOT_SET_ANYWHERE}/bench"  # a default_factory section, built at load
+    assert absent.eval.rublimp_dir == "/data/${NOT_SET_ANYWHERE}/bench/rublimp"
+    present = load_config(write_yaml(tmp_path, "experiment: {name: x}\neval: {batch_size: 4, missing_tasks: skip}\n"))
+    assert present.eval.bench_dir == absent.eval.bench_dir
+
+    from eval.run import load_tasks  # the eval stage reads the loaded paths as they are
+
+    skipped: dict[str, str] = {}
+    assert load_tasks(["rublimp"], present.eval, 5, skipped) == []
+    assert "/data/${NOT_SET_ANYWHERE}/bench/rublimp" in skipped["rublimp"]

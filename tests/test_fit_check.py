@@ -38,11 +38,12 @@ def run_fit_check(tmp_path: Path, *overrides: str) -> subprocess.CompletedProces
 
 
 def test_oversized_model_gets_a_clear_error(tmp_path: Path) -> None:
-    # 7b width with 8 layers (to compile fast); the tiny shape fields go back to the schema defaults so the preset fills them
+    # 7b width with 8 layers (to compile fast); the tiny config sets the shape keys, and a key the config
+    # sets wins over the preset, so the 7b shape is restated here
     # XLA's attention: its T x T scores do not fit (splash would, see the search test)
-    proc = run_fit_check(tmp_path, "model.preset=7b", "model.d_model=256", "model.n_layers=8", "model.d_ff=688",
-                         "model.max_seq_len=4096", "model.attention=dot_product",
-                         "shards.seq_len=4096", "tokenizer.vocab_size=32000", "train.batch_size=64",
+    proc = run_fit_check(tmp_path, "model.preset=7b", "model.d_model=4096", "model.n_layers=8", "model.n_heads=32",
+                         "model.n_kv_heads=8", "model.d_ff=11008", "model.max_seq_len=4096",
+                         "model.attention=dot_product", "tokenizer.vocab_size=32000", "train.batch_size=64",
                          "train.fit_topologies=[v5e-16]")
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = error_line(proc)
@@ -78,7 +79,7 @@ def test_fit_search_table_on_v5e_16_and_v6e_8(tmp_path: Path) -> None:
     and splash fits, so the search's table shows what the kernel buys and picks the cheapest fitting setting."""
     proc = run_fit_check(tmp_path, "train.fit_search=true", "train.fit_topologies=[v5e-16, v6e-8]",
                          "model.d_model=256", "model.n_layers=1", "model.n_heads=8", "model.n_kv_heads=4",
-                         "model.d_ff=512", "model.max_seq_len=1024", "shards.seq_len=1024",
+                         "model.d_ff=512", "model.max_seq_len=1024",
                          "tokenizer.vocab_size=8000", "train.batch_size=4096", "train.loss_chunk_len=256",
                          "train.fit_search_remat=[none, full]")  # two policies of four: half the compiles
     assert proc.returncode == 0, proc.stderr[-3000:]

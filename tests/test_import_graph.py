@@ -18,15 +18,6 @@ from experiment.layers import PACKAGE_LAYERS, may_import
 
 REPO = Path(__file__).resolve().parents[1]
 
-# TODO(lead, at merge): empty this set, and delete the two xfail tests at the bottom, once the config
-# slice (experiment -> eval: the task names check) and the loop slice (trainer -> eval: the eval hook
-# handed in by the recipe) have landed. Only these two exact edges are let through.
-PENDING_ELSEWHERE: frozenset[tuple[str, str]] = frozenset({
-    ("experiment.sections.eval", "eval.tasks"),
-    ("trainer.train", "eval.run"),
-})
-
-
 @dataclass(frozen=True)
 class Edge:
     """``source`` imports ``target`` at ``file:line``."""
@@ -213,10 +204,6 @@ def layering_violations(edges: list[Edge], layers: tuple[str, ...] = PACKAGE_LAY
             if top(e.source) != top(e.target) and not may_import(top(e.source), top(e.target), layers)]
 
 
-def without_pending(edges: list[Edge]) -> list[Edge]:
-    return [e for e in edges if (e.source, e.target) not in PENDING_ELSEWHERE]
-
-
 @pytest.fixture(scope="module")
 def tree_edges() -> list[Edge]:
     edges = import_edges(REPO, PACKAGE_LAYERS)
@@ -225,7 +212,7 @@ def tree_edges() -> list[Edge]:
 
 
 def test_no_cycle_between_top_level_packages(tree_edges: list[Edge]) -> None:
-    cycles = package_cycles(without_pending(tree_edges))
+    cycles = package_cycles(tree_edges)
     assert not cycles, "\n".join(cycles)
 
 
@@ -235,34 +222,13 @@ def test_no_circle_of_modules(tree_edges: list[Edge]) -> None:
 
 
 def test_every_package_edge_follows_the_layering(tree_edges: list[Edge]) -> None:
-    violations = layering_violations(without_pending(tree_edges))
+    violations = layering_violations(tree_edges)
     assert not violations, "\n".join(violations)
 
 
 def test_every_layer_is_a_folder_of_the_tree() -> None:
     assert all((REPO / package).is_dir() for package in PACKAGE_LAYERS)
     assert len(set(PACKAGE_LAYERS)) == len(PACKAGE_LAYERS)
-
-
-def test_pending_edges_still_exist_exactly(tree_edges: list[Edge]) -> None:
-    # an entry that no longer matches an import would let a future edge of that name through unseen
-    present = {(e.source, e.target) for e in tree_edges}
-    stale = PENDING_ELSEWHERE - present
-    assert not stale, f"stale PENDING_ELSEWHERE entries: {sorted(stale)}"
-
-
-@pytest.mark.xfail(strict=True, reason="TODO(lead, at merge): experiment -> eval and trainer -> eval are removed "
-                                       "by the config and loop slices; delete this mark then")
-def test_no_package_cycle_with_pending_edges(tree_edges: list[Edge]) -> None:
-    cycles = package_cycles(tree_edges)
-    assert not cycles, "\n".join(cycles)
-
-
-@pytest.mark.xfail(strict=True, reason="TODO(lead, at merge): experiment -> eval and trainer -> eval are removed "
-                                       "by the config and loop slices; delete this mark then")
-def test_layering_with_pending_edges(tree_edges: list[Edge]) -> None:
-    violations = layering_violations(tree_edges)
-    assert not violations, "\n".join(violations)
 
 
 # ---------------------------------------------------------------- the checker itself, on a seeded tree

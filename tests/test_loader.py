@@ -171,7 +171,7 @@ def test_wrong_tokenizer_or_seq_len_is_refused(built_shards: SimpleNamespace) ->
     shards = built_shards.run_folder.shards
     with pytest.raises(DataError, match=r"made with tokenizer .* the current tokenizer is ffffffffffff.*run recipes/03_shard.py again"):
         make_train_iterator(shards, 8, 0, tokenizer_sha256="f" * 64)
-    with pytest.raises(DataError, match=r"have seq_len 32, the config asks for shards.seq_len=64"):
+    with pytest.raises(DataError, match=r"have seq_len 32, the config asks for model.max_seq_len=64"):
         next(iter_eval_batches(shards, "validation", 4, seq_len=64))
     assert read_shards_manifest(shards, tokenizer_sha256=built_shards.manifest["tokenizer_sha256"], seq_len=32)
     with pytest.raises(ConfigError, match="not a positive multiple of the 3 processes"):

@@ -11,12 +11,12 @@ import pytest
 from flax import nnx
 
 from experiment.errors import ConfigError
+from experiment.presets import preset_model_config
 from experiment.sections.model import ModelConfig
 from model.cpu_kernels import linear
 from model.decoder import Decoder, init_decoder, rope_angles
 from model.flops import forward_flops_per_token, param_count, train_flops_per_token
 from model.loss import count_params, cross_entropy
-from model.presets import PRESETS, resolve
 
 VOCAB = 97
 TINY = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=32)
@@ -50,16 +50,9 @@ def test_param_count_matches_formula(tie: bool) -> None:
 
 
 def test_preset_70b_has_llama2_70b_size() -> None:
-    cfg = resolve(ModelConfig(preset="70b"))
+    cfg = preset_model_config("70b")
     assert cfg.n_layers == 80 and cfg.d_model == 8192
     assert 68.5e9 < param_count(cfg, 32_000) < 69.5e9  # Llama-2-70B: 68.98B with a 32k vocabulary
-
-
-def test_preset_explicit_field_wins_and_unknown_is_clear() -> None:
-    cfg = resolve(ModelConfig(preset="1b", n_layers=3))
-    assert (cfg.n_layers, cfg.d_model) == (3, PRESETS["1b"]["d_model"])
-    with pytest.raises(ConfigError, match="model.preset.*unknown preset '2b'"):
-        resolve(ModelConfig(preset="2b"))
 
 
 def test_logits_shape_dtype_and_train_flops() -> None:

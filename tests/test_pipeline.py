@@ -109,7 +109,8 @@ def test_recipe_chain_end_to_end_with_sigkill_resume(tmp_path, shared_data):
     assert "RUB" in compare.stdout or "₽" in compare.stdout
     assert list((run / "reports").glob("*.png"))
 
-    # a changed seq_len against the existing shards is refused before any training
-    stale = run_recipe("04_pretrain.py", cfg, "shards.seq_len=32", "train.steps=60", check=False)
+    # a changed model.max_seq_len against the existing shards is refused before any training
+    stale = run_recipe("04_pretrain.py", cfg, "model.max_seq_len=32", "train.steps=60", check=False)
     assert stale.returncode == 2, stale.stderr[-2000:]
-    assert "seq_len 64" in stale.stderr and "run recipes/03_shard.py again" in stale.stderr
+    assert "seq_len 64" in stale.stderr and "model.max_seq_len=32" in stale.stderr
+    assert "run recipes/03_shard.py again" in stale.stderr

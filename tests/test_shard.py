@@ -49,6 +49,7 @@ def test_manifest_follows_the_contract(built_shards: SimpleNamespace) -> None:  
     for key in ("tokenizer_sha256", "seq_len", "packing", "feature_schema", "validation_percent", "splits", "config"):
         assert key in on_disk, key
     assert on_disk["tokenizer_sha256"] == sha256_file(built_shards.run_folder.tokenizer / "spm.model")
+    assert on_disk["seq_len"] == built_shards.cfg.model.max_seq_len == 32  # the model's one length, by construction
     assert on_disk["feature_schema"]["features"] == {"input_ids": {"dtype": "int64", "shape": [33]}}
     for split in ("train", "validation"):
         info = manifest["splits"][split]
@@ -182,7 +183,7 @@ def test_a_tokenizer_without_padding_pads_with_eos_in_shards_and_eval(tmp_path: 
 
 def test_corpus_too_small_for_one_row(tmp_path: Path) -> None:
     run = make_run(tmp_path, seq_len=100_000)
-    with pytest.raises(DataError, match="no full training row of 100001 tokens: lower shards.seq_len"):
+    with pytest.raises(DataError, match="no full training row of 100001 tokens: lower model.max_seq_len"):
         shard_corpus(run.cfg, run.run_folder, DisabledRun())
     assert not (run.run_folder.shards / "manifest.json").exists()
 
@@ -203,8 +204,8 @@ def test_bad_config_values_name_the_key() -> None:
     from experiment.errors import ConfigError
     from experiment.sections.shards import ShardsConfig
 
-    with pytest.raises(ConfigError, match="'shards.seq_len'"):
-        ShardsConfig(seq_len=0).validate("shards")
+    with pytest.raises(ConfigError, match="'shards.records_per_shard'"):
+        ShardsConfig(records_per_shard=0).validate("shards")
     with pytest.raises(ConfigError, match="'shards.validation_percent'"):
         ShardsConfig(validation_percent=100.0).validate("shards")
 

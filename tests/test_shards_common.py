@@ -80,7 +80,7 @@ def write_tokenizer(tokenizer_dir: Path, docs: list[dict[str, str]], vocab_size:
 def shards_cfg(**overrides: object) -> Any:
     from experiment.sections.shards import ShardsConfig
 
-    return ShardsConfig(**{"seq_len": 32, "validation_percent": 10.0, "records_per_shard": 16,
+    return ShardsConfig(**{"validation_percent": 10.0, "records_per_shard": 16,
                            "encode_batch_documents": 7, "num_threads": 1, **overrides})
 
 
@@ -98,15 +98,19 @@ class DisabledRun:
         raise TypeError("Cannot use artifact when in offline mode.")
 
 
-def make_run(tmp_path: Path, docs: list[dict[str, str]] | None = None, **cfg_overrides: object) -> SimpleNamespace:
-    """A run folder with corpus and tokenizer stages done, and a config whose shards section is small."""
+def make_run(tmp_path: Path, docs: list[dict[str, str]] | None = None, seq_len: int = 32,
+             **cfg_overrides: object) -> SimpleNamespace:
+    """A run folder with corpus and tokenizer stages done, and a config whose shards section is small;
+    the rows are ``model.max_seq_len = seq_len`` tokens long (+1)."""
     from experiment.runfolder import RunFolder
+    from experiment.sections.model import ModelConfig
 
     docs = docs if docs is not None else make_documents()
     run_folder = RunFolder(tmp_path / "runs" / "t")
     write_corpus(run_folder.corpus, docs)
     write_tokenizer(run_folder.tokenizer, docs)
-    cfg = SimpleNamespace(experiment=SimpleNamespace(name="t"), shards=shards_cfg(**cfg_overrides))
+    cfg = SimpleNamespace(experiment=SimpleNamespace(name="t"), shards=shards_cfg(**cfg_overrides),
+                          model=ModelConfig(max_seq_len=seq_len))
     return SimpleNamespace(cfg=cfg, run_folder=run_folder, docs=docs)
 
 

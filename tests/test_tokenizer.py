@@ -11,12 +11,11 @@ from typing import Any
 import pytest
 import sentencepiece as spm
 
-from experiment.config import build_dataclass
+from experiment.config import build_config
 from experiment.errors import ConfigError, DataError, MissingStageError
 from experiment.files import atomic_write_bytes
 from experiment.manifest import write_manifest
 from experiment.runfolder import RunFolder
-from experiment.schema import ExperimentConfig
 from tests.conftest import import_extra
 from tokenizer.hf_export import build_hf_tokenizer
 from tokenizer.spm import load_tokenizer, piece_byte_lengths
@@ -70,14 +69,14 @@ def write_corpus(corpus_dir: Path, docs: list[dict[str, Any]]) -> None:
                                           "sources": sorted({d["source"] for d in docs}), "counts": {}, "config": {}})
 
 
-def make_config(root: Path, **tokenizer: Any) -> Any:
+def make_config(root: Path, model: dict[str, Any] | None = None, **tokenizer: Any) -> Any:
     tree = {
         "experiment": {"name": "tok", "run_root": str(root), "seed": 0},
         "tokenizer": {"vocab_size": 600, "report_max_docs": 50, **tokenizer},
         "shards": {"validation_percent": 10.0},
-        "model": {"max_seq_len": 128},
+        "model": model or {"max_seq_len": 128},
     }
-    return build_dataclass(ExperimentConfig, tree)
+    return build_config(tree)  # what load_config returns: presets resolved
 
 
 class RecordingRun:
@@ -95,8 +94,9 @@ class RecordingRun:
         self.artifacts.append(artifact)
 
 
-def run_stage(root: Path, docs: list[dict[str, Any]], **tokenizer: Any) -> tuple[RunFolder, RecordingRun]:
-    cfg = make_config(root, **tokenizer)
+def run_stage(root: Path, docs: list[dict[str, Any]], model: dict[str, Any] | None = None,
+              **tokenizer: Any) -> tuple[RunFolder, RecordingRun]:
+    cfg = make_config(root, model, **tokenizer)
     folder = RunFolder.for_config(cfg)
     write_corpus(folder.corpus, docs)
     run = RecordingRun()
@@ -255,6 +255,13 @@ def test_transformers_loads_export_offline_with_identical_ids(trained: tuple[Run
         assert ids == sp.encode(text)
         assert hf.decode(ids) == text
     assert (hf.pad_token_id, hf.unk_token_id, hf.bos_token_id, hf.eos_token_id) == (0, 1, 2, 3)
+
+
+def test_preset_only_config_exports_the_presets_length(tmp_path: Path) -> None:
+    """model.preset alone: the export's model_max_length is the preset's, resolved at load."""
+    folder, _ = run_stage(tmp_path, fixture_documents(150), model={"preset": "125m"}, baseline_hf_bpe=False)
+    config = json.loads((folder.tokenizer / "hf" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["model_max_length"] == 2048
 
 
 def test_bpe_model_export_gives_identical_ids() -> None:

@@ -129,7 +129,7 @@ def test_kill_and_sigterm_resume_retrace_the_same_losses(data_root: Path, tmp_pa
 
     ledger = summarize_ledger(run_dir / "ledger")
     assert ledger.sessions == 3 and ledger.last_step == STEPS
-    assert ledger.tokens == STEPS * 8 * 64  # train.batch_size x shards.seq_len of the tiny config
+    assert ledger.tokens == STEPS * 8 * 64  # train.batch_size x model.max_seq_len of the tiny config
     records = [json.loads(line) for line in (run_dir / "ledger" / "ledger.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [r["clean"] for r in records if r["e"] == "close"] == [True, True]  # the SIGTERM exit closes clean
 

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 
 SEED = 20261130
 STEPS = 48
-TOKENS_PER_STEP = 8 * 64  # train.batch_size x shards.seq_len of the tiny config
+TOKENS_PER_STEP = 8 * 64  # train.batch_size x model.max_seq_len of the tiny config
 FLUSH_S = 0.05  # the ledger's fsync period: what a SIGKILL can leave unwritten
 SECTIONS = {"train": {"steps": STEPS, "log_every": 1, "checkpoint_every": 4, "keep_checkpoints": 3, "warmup_steps": 3,
                       "preemption_grace_s": 60.0},

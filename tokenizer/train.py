@@ -23,6 +23,7 @@ from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
 from experiment.manifest import invalidate
 from experiment.progress import progress
+from experiment.schema import ExperimentConfig
 from experiment.sections.tokenizer import TokenizerConfig
 from experiment.stages import TOKENIZER
 from tokenizer.report import build_report, log_report, write_report
@@ -109,7 +110,7 @@ def special_ids(tok: TokenizerConfig) -> dict[str, int]:
     return {"pad": tok.pad_id, "unk": tok.unk_id, "bos": tok.bos_id, "eos": tok.eos_id}
 
 
-def train_tokenizer(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
+def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     """Recipe 02 entry point: train, write ``tokenizer/`` and its report, log the W&B artifact."""
     tok: TokenizerConfig = cfg.tokenizer
     out_dir = Path(run_folder.tokenizer)

@@ -21,6 +21,7 @@ from typing import Any
 from experiment.errors import ConfigError, RecipeError
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.stages import FIT_CHECK, SHARDS, TOKENIZER
 
 log = logging.getLogger("trainer.fit_check")
@@ -118,11 +119,9 @@ def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, sli
 
     ``setting`` replaces the config's remat, attention and accumulation (the fit search's candidates).
     """
-    from model.presets import resolve
     from model.sharding import build_mesh
     from trainer.step import build_program
 
-    model_cfg = resolve(model_cfg)
     setting = setting or configured_setting(model_cfg, train_cfg)
     model_cfg = dataclasses.replace(model_cfg, remat=setting.remat, attention=setting.attention)
     train_cfg = dataclasses.replace(train_cfg, grad_accum_steps=setting.grad_accum_steps)
@@ -270,17 +269,17 @@ def search_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def vocab_and_seq_len(cfg: Any, run_folder: RunFolder) -> tuple[int, int]:
+def vocab_and_seq_len(cfg: ExperimentConfig, run_folder: RunFolder) -> tuple[int, int]:
     """From the tokenizer and shards manifests when they exist, else from the config (a fit check may
     come before any data is prepared)."""
     tokenizer = TOKENIZER.read_manifest_if_present(run_folder.tokenizer)
     shards = SHARDS.read_manifest_if_present(run_folder.shards)
     if tokenizer is None or shards is None:
-        return cfg.tokenizer.vocab_size, cfg.shards.seq_len
+        return cfg.tokenizer.vocab_size, cfg.model.max_seq_len
     return int(tokenizer["vocab_size"]), int(shards["seq_len"])
 
 
-def fit_check(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
+def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
     """Recipe 04b: check (or, with ``train.fit_search``, search) every slice in ``train.fit_topologies``.
 
     Writes ``reports/fit_check.json``: one report per slice, the configured setting's or the search's

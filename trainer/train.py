@@ -28,11 +28,10 @@ from typing import Any
 import jax
 
 from data_prep.shards.loader import make_train_iterator, read_shards_manifest
-from experiment.errors import ConfigError
 from experiment.files import atomic_write_json
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.stages import TOKENIZER
-from model.presets import resolve
 from model.registry import family_of
 from model.sharding import build_mesh
 from tracking.history import backfill_offline_history
@@ -56,25 +55,22 @@ class DataSpec:
     tokenizer_sha256: str
 
 
-def read_inputs(cfg: Any, run_folder: RunFolder) -> DataSpec:
+def read_inputs(cfg: ExperimentConfig, run_folder: RunFolder) -> DataSpec:
     read_shards_manifest(run_folder.shards)  # the stage right before this one is the first to ask for
     tokenizer = TOKENIZER.read_manifest(run_folder.tokenizer)
-    # the config's seq_len must be the shards' one: a changed shards.seq_len means shards to rebuild
+    # the shards were packed at model.max_seq_len: a changed length means shards to rebuild
     shards = read_shards_manifest(run_folder.shards, tokenizer_sha256=tokenizer["sha256"],
-                                  seq_len=cfg.shards.seq_len)
+                                  seq_len=cfg.model.max_seq_len)
     return DataSpec(seq_len=int(shards["seq_len"]), vocab_size=int(tokenizer["vocab_size"]),
                     tokenizer_sha256=str(tokenizer["sha256"]))
 
 
-def pretrain(cfg: Any, run_folder: RunFolder, wandb_run: Any, hooks: Sequence[Hook] = ()) -> dict[str, Any]:
+def pretrain(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any, hooks: Sequence[Hook] = ()) -> dict[str, Any]:
     """Train to ``train.steps``; ``hooks`` (the recipe's, such as eval during training) run after the
     metrics are logged and before the checkpoint of the same step."""
     train_cfg = cfg.train
-    model_cfg = resolve(cfg.model)
+    model_cfg = cfg.model
     data = read_inputs(cfg, run_folder)
-    if data.seq_len > model_cfg.max_seq_len:
-        raise ConfigError(f"config key 'model.max_seq_len': {model_cfg.max_seq_len} is shorter than the shards' "
-                          f"seq_len {data.seq_len}")
     run_id = getattr(wandb_run, "id", None) or "offline"
     ledger = open_ledger(cfg, run_folder, run_id)
     with ledger:

@@ -29,6 +29,7 @@ from experiment.errors import DataError
 from experiment.files import atomic_write_text
 from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.sections.corpus import CorpusConfig
 from experiment.stages import CORPUS
 
@@ -133,7 +134,7 @@ def cache_root_for(run_folder: RunFolder) -> Path:
     return run_folder.root.parent / ".cache"
 
 
-def build_corpus(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
+def build_corpus(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
     """Recipe 01 entry point: ``fn(cfg, run_folder, wandb_run)``; returns the manifest payload."""
     corpus_cfg: CorpusConfig = cfg.corpus
     corpus_dir = run_folder.corpus

@@ -118,9 +118,9 @@ class Tokenize:
 # ---------------------------------------------------------------- the pipeline
 
 def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], model_proto: bytes, out_dir: Path,
-                   shards_cfg: Any, eos_id: int, pad_id: int, staging: Path) -> None:
+                   shards_cfg: Any, seq_len: int, eos_id: int, pad_id: int, staging: Path) -> None:
     beam = import_beam("shards.runner")
-    row_len = shards_cfg.seq_len + 1
+    row_len = seq_len + 1
     files = [(number, shard["file"]) for number, shard in enumerate(manifest["shards"])]
     tokenized = (pipeline
                  | "CorpusFiles" >> beam.Create(files, reshuffle=True)
@@ -144,7 +144,7 @@ def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], mo
 
 
 def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], model_proto: bytes, out_dir: Path, shards_cfg: Any,
-                    *, eos_id: int, pad_id: int) -> dict[str, dict[str, Any]]:
+                    seq_len: int, *, eos_id: int, pad_id: int) -> dict[str, dict[str, Any]]:
     """Run the pipeline; returns the manifest's ``splits`` section, equal to the local path's."""
     beam = import_beam("shards.runner")
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -152,13 +152,14 @@ def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], model_proto: byt
     staging = Path(tempfile.mkdtemp(prefix="beam-shards-"))
     try:
         with beam.Pipeline(options=PipelineOptions(shards_cfg.beam_options or ["--runner=DirectRunner"])) as pipeline:
-            build_pipeline(pipeline, corpus_dir, manifest, model_proto, out_dir, shards_cfg, eos_id, pad_id, staging)
+            build_pipeline(pipeline, corpus_dir, manifest, model_proto, out_dir, shards_cfg, seq_len, eos_id, pad_id,
+                           staging)
         shard_rows = [json.loads(line) for path in sorted(staging.glob("shards*")) for line in path.read_text().splitlines()]
         layout = {row["split"]: row for path in sorted(staging.glob("layout*"))
                   for row in map(json.loads, path.read_text().splitlines())}
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    row_len = shards_cfg.seq_len + 1
+    row_len = seq_len + 1
     result = {}
     for split in SPLITS:
         shards = sorted((row for row in shard_rows if row["split"] == split), key=lambda row: row["number"])

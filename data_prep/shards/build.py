@@ -27,6 +27,7 @@ from experiment.corpus_format import iter_documents, read_corpus_manifest
 from experiment.errors import DataError
 from experiment.manifest import MANIFEST_NAME, invalidate
 from experiment.progress import progress as progress_bar
+from experiment.schema import ExperimentConfig
 from experiment.stages import SHARDS
 from tokenizer.spm import eos_and_pad_ids, load_tokenizer
 
@@ -111,29 +112,29 @@ def encode_threads(requested: int) -> int:
     return requested if requested > 0 else (os.cpu_count() or 1)
 
 
-def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
+def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     """Tokenize ``run_folder.corpus`` with ``run_folder.tokenizer`` into ``run_folder.shards``."""
-    shards_cfg = cfg.shards
+    shards_cfg, seq_len = cfg.shards, cfg.model.max_seq_len  # rows of the model's one sequence length
     sp, tok_manifest = load_tokenizer(run_folder.tokenizer)
     corpus_manifest = read_corpus_manifest(run_folder.corpus)
     eos_id, pad_id = eos_and_pad_ids(sp, tok_manifest, run_folder.tokenizer)
 
     out_dir = Path(run_folder.shards)
     out_dir.mkdir(parents=True, exist_ok=True)
-    describe_previous(out_dir, tok_manifest["sha256"], shards_cfg.seq_len)
+    describe_previous(out_dir, tok_manifest["sha256"], seq_len)
     invalidate(out_dir)
     remove_old_shards(out_dir)
 
     threads = encode_threads(shards_cfg.num_threads)
     log.info("tokenizing %d documents with %d thread(s), packing '%s' into rows of %d tokens",
-             corpus_manifest["documents"], threads, shards_cfg.packing, shards_cfg.seq_len + 1)
+             corpus_manifest["documents"], threads, shards_cfg.packing, seq_len + 1)
     started = time.perf_counter()
     if shards_cfg.runner == "beam":
         model_path = Path(run_folder.tokenizer) / tok_manifest.get("model_file", "spm.model")
         result = run_beam_shards(Path(run_folder.corpus), corpus_manifest, model_path.read_bytes(), out_dir,
-                                 shards_cfg, eos_id=eos_id, pad_id=pad_id)
+                                 shards_cfg, seq_len, eos_id=eos_id, pad_id=pad_id)
     else:
-        result = write_splits(iter_documents(run_folder.corpus, corpus_manifest), sp, out_dir, shards_cfg,
+        result = write_splits(iter_documents(run_folder.corpus, corpus_manifest), sp, out_dir, shards_cfg, seq_len,
                               eos_id=eos_id, pad_id=pad_id, threads=threads, total=corpus_manifest["documents"])
     seconds = time.perf_counter() - started
 
@@ -141,9 +142,9 @@ def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
         "tokenizer_sha256": tok_manifest["sha256"],
         "vocab_size": tok_manifest["vocab_size"],
         "special_ids": {"eos": eos_id, "pad": pad_id},
-        "seq_len": shards_cfg.seq_len,
+        "seq_len": seq_len,
         "packing": shards_cfg.packing,
-        "feature_schema": feature_schema(shards_cfg.seq_len, shards_cfg.packing),
+        "feature_schema": feature_schema(seq_len, shards_cfg.packing),
         "validation_percent": shards_cfg.validation_percent,
         "split_rule": "experiment.split.is_validation(doc_id, validation_percent): sha256 of the document id",
         "splits": result,
@@ -155,8 +156,8 @@ def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     log.info("wrote %d train and %d validation records (%d tokens) in %.1f s: %.0f tokens/s",
              result["train"]["records"], result["validation"]["records"], tokens, seconds, tokens / max(seconds, 1e-9))
     if result["train"]["records"] == 0:
-        raise DataError(f"the corpus in {run_folder.corpus} gives no full training row of {shards_cfg.seq_len + 1} "
-                        "tokens: lower shards.seq_len or add text")
+        raise DataError(f"the corpus in {run_folder.corpus} gives no full training row of {seq_len + 1} "
+                        "tokens: lower model.max_seq_len or add text")
     if result["validation"]["records"] == 0 and shards_cfg.validation_percent > 0:
         log.warning("the validation split is empty: raise shards.validation_percent or add text")
     SHARDS.write_manifest(out_dir, payload)
@@ -165,10 +166,10 @@ def shard_corpus(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     return payload
 
 
-def write_splits(documents: Any, sp: Any, out_dir: Path, shards_cfg: Any, *, eos_id: int, pad_id: int,
+def write_splits(documents: Any, sp: Any, out_dir: Path, shards_cfg: Any, seq_len: int, *, eos_id: int, pad_id: int,
                  threads: int, total: int | None = None) -> dict[str, dict[str, Any]]:
     """Encode, split, pack and write every document; returns the manifest's ``splits`` section."""
-    packers = {split: Packer(shards_cfg.seq_len, shards_cfg.packing, pad_id) for split in SPLITS}
+    packers = {split: Packer(seq_len, shards_cfg.packing, pad_id) for split in SPLITS}
     writers = {split: SplitWriter(out_dir, split, shards_cfg.records_per_shard) for split in SPLITS}
     pad_mask_key = "segment_ids" if shards_cfg.packing == "document" else None
     try:

@@ -72,8 +72,8 @@ def read_shards_manifest(shards_dir: Path | str, *, tokenizer_sha256: str | None
         )
     if seq_len is not None and manifest.get("seq_len") != seq_len:
         raise DataError(
-            f"shards in {shards_dir} have seq_len {manifest.get('seq_len')}, the config asks for shards.seq_len="
-            f"{seq_len}: {SHARDS.run_again} (or set shards.seq_len={manifest.get('seq_len')})"
+            f"shards in {shards_dir} have seq_len {manifest.get('seq_len')}, the config asks for model.max_seq_len="
+            f"{seq_len}: {SHARDS.run_again} (or set model.max_seq_len={manifest.get('seq_len')})"
         )
     return manifest
 

@@ -72,8 +72,9 @@ class CostConfig:
     flush_seconds: float = 5.0  # the ledger is fsynced at least this often
     # planner (recipe 07)
     plan_model: str = ""  # a model preset or an anchor shape (llama3.1-8b); empty: the experiment's model
-    plan_tokens: int = 0  # 0: cost.token_budget, else train.steps x batch x seq_len
-    plan_seq_len: int = 0  # 0: the preset's max_seq_len, or shards.seq_len for the experiment's model
+    # 0: cost.token_budget, else train.steps x batch x model.max_seq_len. The planned length is the
+    # planned model's: model.max_seq_len, a preset's own, or an anchor's from cost/anchors.csv
+    plan_tokens: int = 0
     plan_mfu: float = 0.4
     plan_mfu_from_anchors: bool = True  # a published MFU on the same accelerator beats plan_mfu
     plan_options: list[PlanOption] = field(default_factory=_seed_plan_options)
@@ -108,5 +109,5 @@ class CostConfig:
             raise ConfigError(f"config key '{prefix}token_budget': must be > 0")
         if not 0 < self.plan_mfu <= 1:
             raise ConfigError(f"config key '{prefix}plan_mfu': must be in (0, 1], got {self.plan_mfu}")
-        if self.plan_tokens < 0 or self.plan_seq_len < 0:
-            raise ConfigError(f"config key '{prefix}plan_tokens/plan_seq_len': must be >= 0")
+        if self.plan_tokens < 0:
+            raise ConfigError(f"config key '{prefix}plan_tokens': must be >= 0")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -8,8 +9,9 @@ from experiment.errors import ConfigError
 
 @dataclass
 class ModelConfig:
-    family: str = "llama"  # the model family (model/family.py) whose registered section class reads this section
-    preset: str = ""  # a named size from model.presets; explicit fields in the YAML override it
+    # the model family (model/ registry); a family may register a subclass of this section with its own fields
+    family: str = "llama"
+    preset: str = ""  # a named size from experiment/presets.py; keys the config sets override it
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 4
@@ -57,21 +59,22 @@ class ModelConfig:
         return self.head_dim or self.d_model // self.n_heads
 
 
-# family name -> the dataclass its ``model:`` section is read into; a model family registers its own
-# (model.family.register_family does it), so a family with other fields loads without editing the schema
-_MODEL_SECTIONS: dict[str, type[Any]] = {}
+# family name -> the class of its model section; load_config builds `model` with the class of `model.family`.
+# A family's section is ModelConfig, a subclass with its own fields, or its own dataclass with at least
+# the fields model.family.FamilyConfig names (family, max_seq_len, ...)
+_MODEL_SECTIONS: dict[str, type[Any]] = {"llama": ModelConfig}
 
 
 def register_model_section(family: str, cls: type[Any]) -> None:
-    """Read ``model:`` sections with ``family: <family>`` into ``cls`` (a dataclass with a ``family`` field)."""
+    """Make ``model.family: <family>`` build its model section as ``cls`` (a dataclass with a ``family`` field)."""
+    if not (dataclasses.is_dataclass(cls) and isinstance(cls, type) and "family" in {f.name for f in dataclasses.fields(cls)}):
+        raise TypeError(f"model section of family '{family}' must be a dataclass with a 'family' field, got {cls!r}")
     _MODEL_SECTIONS[family] = cls
 
 
 def model_section_class(family: str) -> type[Any]:
+    """The model section class registered for ``family``; an unknown family is one line listing the known."""
     if family not in _MODEL_SECTIONS:
         raise ConfigError(f"config key 'model.family': unknown model family '{family}' "
                           f"(known: {', '.join(sorted(_MODEL_SECTIONS))})")
     return _MODEL_SECTIONS[family]
-
-
-register_model_section("llama", ModelConfig)

@@ -8,7 +8,7 @@ from experiment.errors import ConfigError
 
 @dataclass
 class ShardsConfig:
-    seq_len: int = 1024
+    # rows hold model.max_seq_len + 1 tokens: the one sequence length, recorded in the shards' manifest
     packing: Literal["concat", "document"] = "concat"
     validation_percent: float = 1.0  # documents go to validation by a hash of their id
     records_per_shard: int = 8192
@@ -20,8 +20,6 @@ class ShardsConfig:
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
-        if self.seq_len < 1:
-            raise ConfigError(f"config key '{prefix}seq_len': must be at least 1, got {self.seq_len}")
         if not 0.0 <= self.validation_percent < 100.0:
             raise ConfigError(
                 f"config key '{prefix}validation_percent': must be in [0, 100), got {self.validation_percent}"

@@ -1,18 +1,17 @@
-"""Named model sizes, from the CPU demo to Llama-2-70B shapes.
+"""Named model sizes, from the CPU demo to Llama-2-70B shapes: config data the loader merges.
 
-``model.preset: 1b`` in a config fills the shape fields; any field the YAML sets to something
-other than its schema default overrides the preset (e.g. ``model.preset=1b model.n_layers=8``).
+``model.preset: 1b`` fills the shape fields the config does not set; a key the YAML or an override
+sets always wins, whatever its value (``model.preset=1b model.n_kv_heads=2`` gives 2 KV heads).
+The merge happens once, in ``experiment.config.load_config``, so every stage and the recorded
+``config.resolved.yaml`` see the same resolved shape.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from experiment.errors import ConfigError
 from experiment.sections.model import ModelConfig
-
-SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "max_seq_len", "tie_embeddings")
 
 PRESETS: dict[str, dict[str, Any]] = {
     # ~5M with a 4k vocabulary: trains in minutes on two CPU cores
@@ -30,17 +29,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def resolve(model_cfg: ModelConfig) -> ModelConfig:
-    """The config with its preset's shape filled in (explicit non-default fields win)."""
-    if not getattr(model_cfg, "preset", ""):  # a family without presets
-        return model_cfg
-    if model_cfg.preset not in PRESETS:
-        raise ConfigError(f"config key 'model.preset': unknown preset '{model_cfg.preset}' (known: {', '.join(PRESETS)})")
-    defaults = ModelConfig()
-    fields = dict(PRESETS[model_cfg.preset])
-    for name in SHAPE_FIELDS:
-        if getattr(model_cfg, name) != getattr(defaults, name):
-            fields[name] = getattr(model_cfg, name)
-    resolved = dataclasses.replace(model_cfg, **fields)
-    resolved.validate("model")
-    return resolved
+def preset_fields(name: str, key: str = "model.preset") -> dict[str, Any]:
+    """The shape fields of preset ``name``; an unknown name is one line listing the known ones."""
+    if name not in PRESETS:
+        raise ConfigError(f"config key '{key}': unknown preset '{name}' (known: {', '.join(PRESETS)})")
+    return dict(PRESETS[name])
+
+
+def preset_model_config(name: str) -> ModelConfig:
+    """The model config of preset ``name`` alone (schema defaults elsewhere), validated."""
+    cfg = ModelConfig(preset=name, **preset_fields(name))
+    cfg.validate("model")
+    return cfg
