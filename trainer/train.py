@@ -41,6 +41,7 @@ from trainer import checkpoint
 from trainer.distributed import is_primary
 from trainer.hooks import CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCheckpoint, StopOnSignal
 from trainer.loop import run_loop
+from trainer.profiling import StepTrace
 from trainer.reporting import TRAIN_LOG, open_ledger, open_train_log
 from trainer.resume import WANDB_ID_FILE, check_steps_left, restore_or_init, trim_train_log
 from trainer.step import build_program
@@ -77,9 +78,10 @@ def pretrain(cfg: Any, run_folder: RunFolder, wandb_run: Any, hooks: Sequence[Ho
                           f"seq_len {data.seq_len}")
     run_id = getattr(wandb_run, "id", None) or "offline"
     ledger = open_ledger(cfg, run_folder, run_id)
+    trace = StepTrace()  # train.profile_steps: stops first, starts last (trainer/profiling.py)
     with ledger:
         return _pretrain(cfg, model_cfg, train_cfg, data, run_folder, wandb_run, ledger, run_id,
-                         [LogMetrics(), *hooks, SaveCheckpoint(), StopOnSignal()])
+                         [trace.stop, LogMetrics(), *hooks, SaveCheckpoint(), StopOnSignal(), trace.start])
 
 
 def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_folder: RunFolder, wandb_run: Any,
