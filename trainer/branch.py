@@ -17,6 +17,7 @@ record, from ``summarize_ledger_at`` on the parent's ledger), and its W&B run na
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from pathlib import Path
@@ -61,8 +62,9 @@ def open_branch(cfg: Any, run_folder: RunFolder) -> Branch | None:
     for stage in PARENT_DATA:
         mine, theirs = Path(getattr(run_folder, stage)), Path(getattr(parent, stage))
         if not mine.exists() and not mine.is_symlink() and theirs.is_dir():
-            mine.symlink_to(theirs, target_is_directory=True)
-            log.info("branch: %s links to the parent's %s", mine, theirs)
+            with contextlib.suppress(FileExistsError):  # another JAX process of this run made it first
+                mine.symlink_to(theirs, target_is_directory=True)
+                log.info("branch: %s links to the parent's %s", mine, theirs)
     return Branch(parent, train_cfg.branch_step)
 
 
