@@ -1,4 +1,5 @@
-"""Train-step throughput: our JAX/Flax step vs PyTorch + transformers ``LlamaForCausalLM``, same CPU.
+"""Train-step throughput: our JAX/Flax step vs PyTorch + transformers ``LlamaForCausalLM``, eager and
+``torch.compile``d, same CPU.
 
 Both train the same Llama shape (RMSNorm, RoPE, SwiGLU, GQA, tied embeddings) on the same batch
 and sequence length with AdamW and gradient clipping. Each side runs in its own process (so peak
@@ -8,10 +9,14 @@ model FLOPs per second (hand-counted, ``model.flops``) over the higher of the tw
     python bench/bench_train_step.py                      # the demo shape, fp32 and bf16
     python bench/bench_train_step.py --torch-python .venvs/hf/bin/python --dtypes float32 --rounds 8
 
-Both sides stay up as worker processes and run ``--steps`` timed steps in turn, ``--rounds`` times
-(order alternating), so a slow spell of a shared machine hits both; the ratio is the median of the
-per-round ratios. Our side applies recipe 4's CPU-host settings (``trainer/cpu_host.py``) unless
-``--no-cpu-host``.
+Every side stays up as a worker process and runs ``--steps`` timed steps in turn, ``--rounds`` times
+(order rotating, ``interleave.py``), so a slow spell of a shared machine hits all of them; each ratio
+is the median of the per-round ratios. Our side applies recipe 4's CPU-host settings
+(``trainer/cpu_host.py``) unless ``--no-cpu-host``. The ``torch.compile`` peer compiles the forward
+pass and loss (inductor, default mode; backward through AOTAutograd, optimizer eager), as
+torchtitan compiles its model; its compile time is in ``compile_s``. ``--no-torch-compile`` leaves
+it out. The JSON records the CPU model and its vector/matrix flags (AMX decides PyTorch's bf16
+speed) and every side's peak RSS.
 
 The PyTorch side needs torch 2.13 and transformers 5 (the ``hf`` extra), by default from
 .venvs/hf or RU_TORCH_PYTHON. On a GPU, ``--no-torch`` runs the JAX side alone.
@@ -29,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from interleave import interleaved_rounds, median_ratio
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -117,6 +124,24 @@ def jax_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
     return facts, run, finish
 
 
+def cpu_facts() -> dict[str, Any]:
+    """The CPU model, logical CPUs and the flags that decide matmul speed (AVX-512, VNNI, AMX, ...)."""
+    model, flags = "unknown", []
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = value.split()
+    except OSError:
+        pass
+    notable = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")) or "vnni" in f
+                     or "bf16" in f)
+    return {"model": model, "logical_cpus": os.cpu_count(), "flags": notable,
+            "amx": any(f.startswith("amx") for f in flags)}
+
+
 def torch_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
     import torch
     import transformers
@@ -136,10 +161,16 @@ def torch_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     box: dict[str, float] = {}
 
-    def step() -> None:
+    def forward_loss(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
             logits = model(input_ids=inputs).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, args.vocab), targets.reshape(-1))
+        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, args.vocab), targets.reshape(-1))
+
+    compiled = args.worker == "torch-compile"
+    loss_of = torch.compile(forward_loss) if compiled else forward_loss
+
+    def step() -> None:
+        loss = loss_of(inputs, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -152,7 +183,8 @@ def torch_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
             step()
         return (time.perf_counter() - start) / steps
 
-    facts = {"framework": f"torch {torch.__version__} + transformers {transformers.__version__}",
+    facts = {"framework": f"torch {torch.__version__} + transformers {transformers.__version__}"
+                          + (" (torch.compile, inductor)" if compiled else " (eager)"),
              "dtype": args.dtype, "compile_s": run(1), "n_params": sum(p.numel() for p in model.parameters())}
 
     def finish() -> dict[str, Any]:
@@ -206,7 +238,7 @@ class Worker:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", choices=["jax", "torch"])
+    parser.add_argument("--worker", choices=["jax", "torch", "torch-compile"])
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--n-layers", type=int, default=4)
     parser.add_argument("--n-heads", type=int, default=4)
@@ -227,6 +259,8 @@ def main() -> None:
                         help="our side without trainer/cpu_host.py's settings (one device, default allocator)")
     parser.add_argument("--torch-python", default=os.environ.get("RU_TORCH_PYTHON", ".venvs/hf/bin/python"))
     parser.add_argument("--no-torch", action="store_true", help="only the JAX side (e.g. on a GPU)")
+    parser.add_argument("--no-torch-compile", dest="torch_compile", action="store_false",
+                        help="leave out the torch.compile peer (PyTorch eager only)")
     args = parser.parse_args()
     if args.worker:
         serve(args)
@@ -243,11 +277,10 @@ def main() -> None:
         sides = {"jax": Worker(sys.executable, "jax", [*shape, "--dtype", dtype])}
         if not args.no_torch:
             sides["torch"] = Worker(args.torch_python, "torch", [*shape, "--dtype", dtype])
-        times: dict[str, list[float]] = {name: [] for name in sides}
-        for round_number in range(args.rounds):
-            order = list(sides) if round_number % 2 == 0 else list(reversed(sides))  # neither side always goes first
-            for name in order:
-                times[name].append(sides[name].ask(f"RUN {args.steps}")["step_s"])
+            if args.torch_compile:
+                sides["torch_compile"] = Worker(args.torch_python, "torch-compile", [*shape, "--dtype", dtype])
+        times = interleaved_rounds({name: (lambda w=worker: w.ask(f"RUN {args.steps}")["step_s"])
+                                    for name, worker in sides.items()}, args.rounds)
         row: dict[str, Any] = {"dtype": dtype}
         for name, worker in sides.items():
             step_s = statistics.median(times[name])
@@ -258,13 +291,13 @@ def main() -> None:
             if peaks:
                 row[name]["mfu_vs_measured_matmul_peak"] = (row[name]["tokens_per_s"] * row["jax"]["flops_per_token"]
                                                             / max(peaks))
-        if "torch" in sides:
-            ratios = [t / j for j, t in zip(times["jax"], times["torch"], strict=True)]
-            row["ratio_tokens_per_s_jax_over_torch"] = statistics.median(ratios)
-            row["ratio_rounds"] = [round(r, 3) for r in ratios]
+        for name in sides:
+            if name != "jax":  # tokens/s ratio = the peer's step time over ours, round by round
+                row[f"ratio_tokens_per_s_jax_over_{name}"] = median_ratio(times[name], times["jax"])
+                row[f"ratio_peak_rss_jax_over_{name}"] = round(row["jax"]["peak_rss_gib"] / row[name]["peak_rss_gib"], 3)
         rows.append(row)
-    print(json.dumps({"shape": dict(zip(shape[0::2], shape[1::2], strict=False)), "steps_per_round": args.steps,
-                      "rounds": args.rounds, "results": rows}, indent=2))
+    print(json.dumps({"cpu": cpu_facts(), "shape": dict(zip(shape[0::2], shape[1::2], strict=False)),
+                      "steps_per_round": args.steps, "rounds": args.rounds, "results": rows}, indent=2))
 
 
 if __name__ == "__main__":

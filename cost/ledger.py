@@ -23,6 +23,12 @@ that saved it, when, and the tokens counted up to its step. A resume from it cut
 work exactly at that moment, and credits any steps up to the checkpoint that the file missed (a
 checkpoint saved before the save flushed the ledger), so every step up to the restored checkpoint
 is counted exactly once whatever the crash pattern.
+
+Decay branches: a run started from another run's checkpoint (``trainer/branch.py``) stands on the
+parent's work up to that step. Its first session writes an ``inherit`` record with the parent's
+totals when it saved that checkpoint (``summarize_ledger_at``); the branch's totals add them
+(rubles, dollars, hours and tokens, phase by phase), so a branch costs what it took to reach it
+plus its own.
 """
 
 from __future__ import annotations
@@ -288,6 +294,8 @@ def _apply(record: dict[str, Any], sessions: list[_Session]) -> None:
         saved_by, saved_at, tokens = record.get("saved_by"), record.get("saved_at"), record.get("tokens")
         session.resume = _Resume(int(record["step"]), None if saved_by is None else int(saved_by),
                                  None if saved_at is None else float(saved_at), None if tokens is None else int(tokens))
+    elif kind == "inherit":
+        session.meta["inherited"] = record  # the latest one counts: a branch that started over from its parent
     elif kind == "close":
         session.closed = True
         session.clean = bool(record.get("clean", True))
@@ -304,6 +312,13 @@ def _summarize(sessions: list[tuple[dict[str, Any], _Tally]], token_budget: int 
     usd_total = rub_total = chip_hours = 0.0
     tokens = 0
     last_step = None
+    inherited = [meta["inherited"] for meta, _ in sessions if "inherited" in meta]
+    if inherited:  # a branch: the parent's totals up to the branch step, priced as the parent paid them
+        parent = inherited[-1]
+        seconds.update(parent["seconds_by_phase"])
+        rub_by_phase.update(parent["rub_by_phase"])
+        usd_total, rub_total, chip_hours = parent["usd_total"], parent["rub_total"], parent["chip_hours"]
+        tokens, last_step = parent["tokens"], parent["step"]
     for index, (meta, tally) in enumerate(sessions):
         hourly = _hourly_usd(meta)
         rate = meta["usd_rub_rate"]
@@ -340,10 +355,43 @@ def _read_sessions(ledger_dir: str | os.PathLike[str]) -> tuple[list[_Session], 
     if not path.is_file():
         raise DataError(f"no ledger at {path}: {PRETRAIN.run_first}")
     records, _ = _read_records(path)
+    return _tallied(records, path)
+
+
+def _tallied(records: list[dict[str, Any]], path: Path) -> tuple[list[_Session], list[tuple[dict[str, Any], _Tally]]]:
     sessions = _sessions(records, path)
     if not sessions:
         raise DataError(f"{path} holds no ledger records")
     return sessions, [*_tally_finished(sessions[:-1], sessions[-1].resume), (sessions[-1].meta, sessions[-1].tally(None))]
+
+
+def _record_time(record: dict[str, Any]) -> float:
+    """When a record was written (a time record: the end of its interval; -inf for one without a time)."""
+    return float(record.get("t1", record.get("t", -math.inf)))
+
+
+def summarize_ledger_at(ledger_dir: str | os.PathLike[str], checkpoint_item: dict[str, Any]) -> CostSummary:
+    """What a run had cost when it started saving a checkpoint: its ledger cut at the session and
+    moment of that checkpoint's ledger item (``checkpoint_record``, which flushed the ledger first),
+    for a decay branch that starts from the checkpoint."""
+    path = Path(ledger_dir) / LEDGER_FILE
+    if not path.is_file():
+        raise DataError(f"no ledger at {path}: {PRETRAIN.run_first}")
+    try:
+        session, moment = int(checkpoint_item["session"]), float(checkpoint_item["t"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{path}: the checkpoint's ledger item {checkpoint_item!r} does not say when it was saved "
+                        f"({exc!r})") from exc
+    records, _ = _read_records(path)
+    kept: list[dict[str, Any]] = []
+    opened = -1
+    for record in records:
+        opened += record["e"] == "open"
+        if opened > session or (opened == session and _record_time(record) > moment):
+            break
+        kept.append(record)
+    sessions, tallies = _tallied(kept, path)
+    return _summarize(tallies, sessions[-1].meta.get("token_budget"))
 
 
 def summarize_ledger(ledger_dir: str | os.PathLike[str]) -> CostSummary:
@@ -583,6 +631,19 @@ class Ledger:
             self._current.last_step = int(step)  # the next add_tokens starts at step + 1
             self._last_step_done = self._clock()
             self._past_tallies = self._tally_past()
+            self._flush()
+
+    def inherit(self, parent: CostSummary, folder: str, step: int) -> None:
+        """This run is a branch of the run in ``folder`` at checkpoint ``step``: count ``parent``, that
+        run's totals when it saved the checkpoint (``summarize_ledger_at``), as this run's start."""
+        with self._lock:
+            self._check_open()
+            record = {"e": "inherit", "parent": folder, "run_id": parent.run_id, "step": int(step),
+                      "usd_total": parent.usd_total, "rub_total": parent.rub_total, "chip_hours": parent.chip_hours,
+                      "tokens": parent.tokens, "seconds_by_phase": dict(parent.seconds_by_phase),
+                      "rub_by_phase": dict(parent.rub_by_phase)}
+            self._write(record)
+            self.meta["inherited"] = record
             self._flush()
 
     # ----------------------------------------------------------------------------------- reading

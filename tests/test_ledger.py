@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cost.ledger import LEDGER_FILE, Ledger, summarize_ledger, summarize_sessions
+from cost.ledger import LEDGER_FILE, Ledger, summarize_ledger, summarize_ledger_at, summarize_sessions
 from cost.rates import UsdRubRate
 from experiment.errors import DataError
 from experiment.sections.cost import CostConfig, InfraItem
@@ -512,3 +512,49 @@ def test_checkpoint_item_is_the_resume_mark_and_older_items_restore_alike(tmp_pa
     assert summaries[0].tokens == summaries[1].tokens == 20 * TOKENS_PER_STEP
     assert summaries[0].rub_lost_to_restarts == pytest.approx(summaries[1].rub_lost_to_restarts)
     assert summaries[0].rub_lost_to_restarts > 0  # steps 21-25 were redone
+
+
+def test_a_branch_costs_its_parent_up_to_the_branch_step_plus_its_own(tmp_path: Path) -> None:
+    """A parent is killed after saving step 20, resumes from it and saves 30 and 40; a decay branch
+    from step 30 has its first session killed before any checkpoint, branches again, saves 35 and 40,
+    is killed, and a third session resumes from 40 to 45. The parent's cost at 30 includes its lost
+    work; the branch costs that plus its own and counts steps 1-45 once."""
+    clock = FakeClock()
+    cfg = v5e_config(flush_seconds=6.0)
+    parent = open_fake(tmp_path / "parent", clock, cfg)
+    parent_items = train_steps(parent, clock, 1, 29, checkpoint_every=20)
+    sigkill(parent)
+    again = open_fake(tmp_path / "parent", clock, cfg)
+    again.mark_resume(20, parent_items[20])
+    parent_items.update(train_steps(again, clock, 21, 40, checkpoint_every=10))
+    again.close()
+    at_30 = summarize_ledger_at(tmp_path / "parent" / "ledger", parent_items[30])
+    assert at_30.tokens == 30 * TOKENS_PER_STEP and at_30.last_step == 30
+    assert at_30.rub_lost_to_restarts > 0 and at_30.rub_total == pytest.approx(at_30.hours * RUB_PER_HOUR)
+    assert at_30.rub_total < summarize_ledger(tmp_path / "parent" / "ledger").rub_total
+
+    def branched() -> Ledger:
+        ledger = open_fake(tmp_path / "branch", clock, cfg)
+        ledger.mark_resume(30)
+        ledger.inherit(at_30, "runs/parent", 30)
+        return ledger
+
+    first = branched()
+    train_steps(first, clock, 31, 39, checkpoint_every=100)
+    sigkill(first)
+    second = branched()
+    items = train_steps(second, clock, 31, 41, checkpoint_every=5)
+    sigkill(second)
+    resumed(tmp_path / "branch", clock, cfg, items, 40, 45, checkpoint_every=5).close()
+
+    s = summarize_ledger(tmp_path / "branch" / "ledger")
+    assert s.tokens == 45 * TOKENS_PER_STEP and s.last_step == 45
+    own_lines = [line for line in (tmp_path / "branch" / "ledger" / LEDGER_FILE).read_text().splitlines()
+                 if json.loads(line)["e"] != "inherit"]
+    (tmp_path / "own" / "ledger").mkdir(parents=True)
+    (tmp_path / "own" / "ledger" / LEDGER_FILE).write_text("\n".join(own_lines) + "\n")
+    own = summarize_ledger(tmp_path / "own" / "ledger")
+    assert own.tokens == 15 * TOKENS_PER_STEP and own.rub_lost_to_restarts > 0  # the first session's steps
+    assert s.rub_total == pytest.approx(at_30.rub_total + own.rub_total, rel=1e-12)
+    assert s.hours == pytest.approx(at_30.hours + own.hours, rel=1e-12)
+    assert s.rub_lost_to_restarts == pytest.approx(at_30.rub_lost_to_restarts + own.rub_lost_to_restarts, rel=1e-12)

@@ -14,15 +14,16 @@ def artifact_name(text: str) -> str:
 
 
 def log_files(run: Any, name: str, artifact_type: str, paths: Iterable[Path], metadata: dict[str, Any] | None = None,
-              aliases: list[str] | None = None) -> Any:
-    """Log ``paths`` (files, by their base names) as one artifact of ``run``; returns the artifact, or
-    None for a disabled run."""
+              aliases: list[str] | None = None, root: Path | None = None) -> Any:
+    """Log ``paths`` (files, by their base names, or by their paths under ``root`` when given) as one
+    artifact of ``run``; returns the artifact, or None for a disabled run."""
     if run is None or getattr(run, "disabled", False):
         return None
     import wandb
 
     artifact = wandb.Artifact(artifact_name(name), type=artifact_type, metadata=metadata or {})
     for path in paths:
-        artifact.add_file(str(path), name=Path(path).name)
+        name = Path(path).relative_to(root).as_posix() if root is not None else Path(path).name
+        artifact.add_file(str(path), name=name)
     run.log_artifact(artifact, aliases=aliases)
     return artifact

@@ -41,6 +41,8 @@ class OtherHostLedger:
 
     def mark_resume(self, step: int, checkpoint_item: dict[str, Any] | None = None) -> None: ...
 
+    def inherit(self, parent: Any, folder: str, step: int) -> None: ...
+
     def summary(self) -> None:
         return None
 

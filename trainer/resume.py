@@ -125,7 +125,10 @@ def trim_train_log(path: Path, step: int) -> float:
     return last_loss
 
 
-def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any) -> None:
+RESUME_ADVICE = "use another experiment.name, or delete the checkpoints to start over"
+
+
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any, advice: str = RESUME_ADVICE) -> None:
     """Refuse to resume checkpoints made for another model or data (the parameters would not fit)."""
     def model_of(meta: dict[str, Any]) -> dict[str, Any]:  # checkpoints from before model families are Llama ones
         return {k: v for k, v in {"family": "llama", **(meta.get("model") or {})}.items() if k not in EXECUTION_KEYS}
@@ -138,5 +141,4 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any) -
                 detail = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items())
             else:
                 detail = f"{saved.get(key)} -> {current.get(key)}"
-            raise DataError(f"checkpoints in {where} were made with a different {key} ({detail}): use another "
-                            "experiment.name, or delete the checkpoints to start over")
+            raise DataError(f"checkpoints in {where} were made with a different {key} ({detail}): {advice}")

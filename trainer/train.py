@@ -37,11 +37,13 @@ from model.sharding import build_mesh
 from tracking.history import backfill_offline_history
 from tracking.metrics import define_cost_metrics
 from trainer import checkpoint
+from trainer.branch import Branch, link_wandb, open_branch, restore_or_branch
 from trainer.distributed import is_primary
 from trainer.hooks import CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCheckpoint, StopOnSignal
 from trainer.loop import run_loop
+from trainer.profiling import StepTrace
 from trainer.reporting import TRAIN_LOG, open_ledger, open_train_log
-from trainer.resume import WANDB_ID_FILE, check_steps_left, restore_or_init, trim_train_log
+from trainer.resume import WANDB_ID_FILE, check_steps_left, trim_train_log
 from trainer.step import build_program
 from trainer.throughput import MetricsWindow, peak_flops_per_device
 
@@ -70,16 +72,18 @@ def pretrain(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any, hooks
     metrics are logged and before the checkpoint of the same step."""
     train_cfg = cfg.train
     model_cfg = cfg.model
+    branch = open_branch(cfg, run_folder)  # train.branch_from: links the parent's tokenizer and shards
     data = read_inputs(cfg, run_folder)
     run_id = getattr(wandb_run, "id", None) or "offline"
     ledger = open_ledger(cfg, run_folder, run_id)
+    trace = StepTrace()  # train.profile_steps: stops first, starts last (trainer/profiling.py)
     with ledger:
-        return _pretrain(cfg, model_cfg, train_cfg, data, run_folder, wandb_run, ledger, run_id,
-                         [LogMetrics(), *hooks, SaveCheckpoint(), StopOnSignal()])
+        return _pretrain(cfg, model_cfg, train_cfg, data, run_folder, wandb_run, ledger, run_id, branch,
+                         [trace.stop, LogMetrics(), *hooks, SaveCheckpoint(), StopOnSignal(), trace.start])
 
 
 def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_folder: RunFolder, wandb_run: Any,
-              ledger: Any, run_id: str, hooks: Sequence[Hook]) -> dict[str, Any]:
+              ledger: Any, run_id: str, branch: Branch | None, hooks: Sequence[Hook]) -> dict[str, Any]:
     with ledger.phase("startup"):
         mesh = build_mesh(train_cfg.mesh)
         log.info("mesh %s over %d %s devices", dict(mesh.shape), mesh.size, jax.devices()[0].platform)
@@ -104,7 +108,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                                      on_corrupt=cfg.shards.on_corrupt)
         manager = checkpoint.open_manager(run_folder.checkpoints, train_cfg)
         try:
-            state, start_step = restore_or_init(manager, program, loader, meta, ledger)
+            state, start_step, parent_run_id = restore_or_branch(manager, program, loader, meta, ledger, branch)
             check_steps_left(start_step, train_cfg.steps, manager.directory)
         except BaseException:
             manager.close()
@@ -123,6 +127,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     wandb_run.summary["model/n_params"] = n_params
     wandb_run.config.update({"model_attention_kernel": kernel}, allow_val_change=True)
     wandb_run.summary["model/attention_kernel"] = kernel
+    link_wandb(wandb_run, branch, parent_run_id)
 
     ctx = LoopContext(cfg=cfg, run_folder=run_folder, program=program, loader=loader, ledger=ledger,
                       wandb_run=wandb_run, train_log=open_train_log(run_folder), saves=CheckpointSaves(manager, ledger),

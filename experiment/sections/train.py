@@ -99,6 +99,13 @@ class TrainConfig:
     # micro-batch splits per slice, and report the table and the best setting that fits (trainer/fit_check.py)
     fit_search: bool = False
     fit_search_remat: list[str] = field(default_factory=lambda: ["none", "save_dots", "offload", "full"])  # tried in order
+    # [first step, count]: a JAX profiler trace of those steps into <run>/profile (trainer/profiling.py),
+    # logged as a W&B artifact; [] for none. Step 1 compiles, so the first step traced is 2 or later
+    profile_steps: list[int] = field(default_factory=list)
+    # a decay branch: start from the checkpoint of step branch_step in another run folder (parameters,
+    # optimizer state, data position) and train on with this config's schedule (trainer/branch.py)
+    branch_from: str = ""
+    branch_step: int = 0
     mesh: MeshConfig = field(default_factory=MeshConfig)
 
     def validate(self, key: str) -> None:
@@ -130,5 +137,15 @@ class TrainConfig:
         if unknown or not self.fit_search_remat:
             raise ConfigError(f"config key '{prefix}fit_search_remat': give some of none, save_dots, offload, full "
                               f"(got {self.fit_search_remat})")
+        if self.profile_steps and (len(self.profile_steps) != 2 or self.profile_steps[0] < 2 or self.profile_steps[1] < 1
+                                   or sum(self.profile_steps) - 1 > self.steps):
+            raise ConfigError(f"config key '{prefix}profile_steps': give [first step, count] with first >= 2 (step 1 "
+                              f"compiles) and first + count - 1 <= steps={self.steps}, got {self.profile_steps}")
+        if bool(self.branch_from) != bool(self.branch_step):
+            raise ConfigError(f"config key '{prefix}{'branch_step' if self.branch_from else 'branch_from'}': a branch "
+                              "needs both branch_from (the parent run folder) and branch_step (its checkpoint step)")
+        if self.branch_from and not 1 <= self.branch_step < self.steps:
+            raise ConfigError(f"config key '{prefix}branch_step': must be in [1, steps={self.steps}), "
+                              f"got {self.branch_step}")
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
             raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, got {self.peak_flops_per_chip}")

@@ -1,0 +1,107 @@
+"""Decay branches: a run that starts from another run's checkpoint and trains on with its own schedule.
+
+One long run on a constant or WSD schedule saves checkpoints; each branch starts from one of them
+(parameters, optimizer state, step counter, RNG and data position) and decays over its own steps,
+so comparing token budgets costs one stable run plus short decays:
+
+    train: {schedule: wsd, decay_steps: 200, steps: 2200, branch_from: long-run, branch_step: 2000}
+
+``train.branch_from`` is the parent's run folder: an experiment name under the same
+``experiment.run_root``, or a path. The branch is its own experiment (another ``experiment.name``):
+it uses the parent's tokenizer and shards (linked into its folder when it has none), keeps the
+parent's model, and once it has saved a checkpoint of its own it resumes from that like any run.
+Its cost ledger starts with the parent's rubles up to the branch step (``cost.ledger``'s inherit
+record, from ``summarize_ledger_at`` on the parent's ledger), and its W&B run names the parent run (config ``branch_parent_run_id``, summary
+``branch/parent_run_id``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from cost.ledger import summarize_ledger_at
+from experiment.errors import ConfigError
+from experiment.runfolder import RunFolder
+from trainer import checkpoint
+from trainer.distributed import is_primary
+from trainer.resume import check_same_run, finished_steps, restore_or_init
+from trainer.step import TrainProgram
+
+log = logging.getLogger("trainer")
+PARENT_DATA = ("tokenizer", "shards")  # the stages a branch reads from its parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Branch:
+    parent: RunFolder
+    step: int
+
+
+def open_branch(cfg: Any, run_folder: RunFolder) -> Branch | None:
+    """The parent run and step of ``train.branch_from``/``branch_step`` (None for a run that is no
+    branch), checked to have that checkpoint; links the parent's tokenizer and shards into this run
+    folder where it has none."""
+    train_cfg = cfg.train
+    if not train_cfg.branch_from:
+        return None
+    parent = RunFolder((Path(cfg.experiment.run_root) / train_cfg.branch_from).resolve())
+    if parent.root == Path(run_folder.root).resolve():
+        raise ConfigError(f"config key 'train.branch_from': {parent.root} is this run's own folder: a branch is "
+                          "another experiment.name")
+    if not parent.checkpoints.is_dir():
+        raise ConfigError(f"config key 'train.branch_from': {parent.root} holds no checkpoints/ folder: give the "
+                          "folder (or experiment name) of a run of recipes/04_pretrain.py")
+    steps = finished_steps(parent.checkpoints)
+    if train_cfg.branch_step not in steps:
+        raise ConfigError(f"config key 'train.branch_step': no finished checkpoint of step {train_cfg.branch_step} in "
+                          f"{parent.checkpoints} (its steps: {', '.join(map(str, steps)) or 'none'})")
+    for stage in PARENT_DATA:
+        mine, theirs = Path(getattr(run_folder, stage)), Path(getattr(parent, stage))
+        if not mine.exists() and not mine.is_symlink() and theirs.is_dir():
+            with contextlib.suppress(FileExistsError):  # another JAX process of this run made it first
+                mine.symlink_to(theirs, target_is_directory=True)
+                log.info("branch: %s links to the parent's %s", mine, theirs)
+    return Branch(parent, train_cfg.branch_step)
+
+
+def restore_or_branch(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any], ledger: Any,
+                      branch: Branch | None) -> tuple[dict[str, Any], int, str | None]:
+    """This run's newest checkpoint when it has one (a branch resumes like any run), else the parent's
+    checkpoint of the branch step. Returns ``(state, step, parent W&B run id or None)``."""
+    if branch is None or manager.all_steps():
+        return (*restore_or_init(manager, program, loader, meta, ledger), None)
+    parent_manager = checkpoint.open_manager(branch.parent.checkpoints)  # read-only: the parent may still train
+    advice = "a branch keeps its parent's model, tokenizer and shards (train.branch_from)"
+
+    def read(step: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        check_same_run(checkpoint.read_meta(parent_manager, step), meta, parent_manager.directory, advice)
+        state, items = checkpoint.restore(parent_manager, step, program.abstract_state)
+        loader.set_state(items["loader"])
+        return state, items
+
+    try:
+        _, (state, items), _ = checkpoint.restore_verified(parent_manager, read, [branch.step])
+    finally:
+        parent_manager.close()
+    ledger.mark_resume(branch.step)  # an earlier session of this branch that saved nothing was redone
+    if is_primary():  # process 0 books the ledger for the whole slice (trainer.reporting)
+        parent_cost = summarize_ledger_at(branch.parent.ledger, items["ledger"])
+        ledger.inherit(parent_cost, str(branch.parent.root), branch.step)
+    parent_run_id = items["meta"].get("wandb_run_id")
+    log.info("branch: started from the checkpoint of step %d of %s (W&B run %s)", branch.step, branch.parent.root,
+             parent_run_id)
+    return state, branch.step, parent_run_id
+
+
+def link_wandb(wandb_run: Any, branch: Branch | None, parent_run_id: str | None) -> None:
+    """Name the parent run in the branch's W&B run (a resumed branch has them from its first session)."""
+    if branch is None or parent_run_id is None:
+        return
+    wandb_run.config.update({"branch_parent_run_id": parent_run_id, "branch_parent_folder": str(branch.parent.root),
+                             "branch_step": branch.step}, allow_val_change=True)
+    wandb_run.summary["branch/parent_run_id"] = parent_run_id
+    wandb_run.summary["branch/step"] = branch.step
