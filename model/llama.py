@@ -27,7 +27,7 @@ from experiment.sections.model import ModelConfig
 from experiment.sections.train import DEFAULT_AXIS_RULES
 from model import flops
 from model.decoder import Decoder
-from model.family import ModelFamily, register_family
+from model.family import ModelFamily, get_family, register_family
 
 
 @dataclass(frozen=True)
@@ -267,8 +267,6 @@ class LlamaShapedHF:
 
         A missing tensor, a tensor of another shape, and a tensor with no place in the model are errors
         naming the tensor and (where ``state_dict`` knows, by its ``file_of``) the file it is in."""
-        from model.registry import get_family
-
         cfg, vocab_size = self.config(hf_config)
         state = nnx.state(get_family(self.family).abstract(cfg, vocab_size), nnx.Param)
         pure = nnx.to_pure_dict(state)
