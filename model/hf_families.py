@@ -5,45 +5,22 @@
     qwen3:   an RMSNorm over each query and key head before RoPE (``qk_norm``), no biases, head_dim 128
 
 They share model/decoder.py, model/flops.py and model/llama.py's ``LlamaShapedHF``; each has its own
-``model:`` section class (ModelConfig with the family's switches as defaults) and config.json.
+``model:`` section class (experiment/sections/model.py: ModelConfig with the family's switches as
+defaults) and config.json.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from experiment.errors import ConfigError
-from experiment.sections.model import ModelConfig
+from experiment.sections.model import MistralConfig, ModelConfig, Qwen2Config, Qwen3Config
 from experiment.sections.train import DEFAULT_AXIS_RULES
 from model import flops
 from model.decoder import Decoder
 from model.family import ModelFamily, register_family
 from model.llama import LlamaShapedHF, check_plain_llama, config_from_hf, describe, llama_config
-
-
-@dataclass
-class MistralConfig(ModelConfig):
-    family: str = "mistral"
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-
-
-@dataclass
-class Qwen2Config(ModelConfig):
-    family: str = "qwen2"
-    qkv_bias: bool = True
-    rope_theta: float = 1_000_000.0
-    norm_eps: float = 1e-6
-
-
-@dataclass
-class Qwen3Config(ModelConfig):
-    family: str = "qwen3"
-    qk_norm: bool = True
-    rope_theta: float = 1_000_000.0
-    norm_eps: float = 1e-6
 
 
 def _switches(family: str, qkv_bias: bool, qk_norm: bool):  # noqa: ANN202

@@ -76,10 +76,40 @@ class ModelConfig:
         return self.head_dim or self.d_model // self.n_heads
 
 
+@dataclass
+class MistralConfig(ModelConfig):
+    """Mistral (model/hf_families.py): Llama's decoder, untied embeddings."""
+
+    family: str = "mistral"
+    tie_embeddings: bool = False
+
+
+@dataclass
+class Qwen2Config(ModelConfig):
+    """Qwen2 and Qwen2.5 (model/hf_families.py): biases on the query, key and value projections."""
+
+    family: str = "qwen2"
+    qkv_bias: bool = True
+    rope_theta: float = 1_000_000.0
+    norm_eps: float = 1e-6
+
+
+@dataclass
+class Qwen3Config(ModelConfig):
+    """Qwen3 (model/hf_families.py): an RMSNorm over each query and key head, no biases."""
+
+    family: str = "qwen3"
+    qk_norm: bool = True
+    rope_theta: float = 1_000_000.0
+    norm_eps: float = 1e-6
+
+
 # family name -> the class of its model section; load_config builds `model` with the class of `model.family`.
 # A family's section is ModelConfig, a subclass with its own fields, or its own dataclass with at least
 # the fields model.family.FamilyConfig names (family, max_seq_len, ...)
-_MODEL_SECTIONS: dict[str, type[Any]] = {"llama": ModelConfig}
+# the families that ship are known here too, so that stages which never import model/ (recipes 01-03) read them
+_MODEL_SECTIONS: dict[str, type[Any]] = {"llama": ModelConfig, "mistral": MistralConfig, "qwen2": Qwen2Config,
+                                         "qwen3": Qwen3Config}
 
 
 def register_model_section(family: str, cls: type[Any]) -> None:
