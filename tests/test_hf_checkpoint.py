@@ -55,6 +55,7 @@ def save(folder: Path, tensors: dict[str, np.ndarray], name: str = "model.safete
     ("mistral", {}),
 ])
 def test_every_family_imports_what_it_exports(tmp_path: Path, family: str, overrides: dict) -> None:
+    import jax
     import jax.numpy as jnp
 
     from model.hf_checkpoint import load_hf_checkpoint
@@ -69,6 +70,9 @@ def test_every_family_imports_what_it_exports(tmp_path: Path, family: str, overr
     assert all(len(h) == 64 for h in imported.source_files.values())
     tokens = jnp.asarray(np.arange(24, dtype=np.int32).reshape(2, 12) * 5 % VOCAB)
     np.testing.assert_array_equal(np.asarray(imported.model()(tokens)), np.asarray(model(tokens)))
+    from model.registry import get_family
+
+    assert get_family(family).param_count(cfg, VOCAB) == sum(leaf.size for leaf in jax.tree.leaves(imported.state))
 
 
 def test_bf16_weights_stay_bf16_until_cast(tmp_path: Path) -> None:
@@ -162,6 +166,24 @@ def test_unsupported_config_is_one_line(tmp_path: Path) -> None:
     qwen2 = {**config, "model_type": "qwen2", "use_sliding_window": False, "sliding_window": 16}
     family, model_cfg, vocab = hf_model_config(qwen2)
     assert (family, model_cfg.qkv_bias, vocab) == ("qwen2", True, VOCAB)
+    with pytest.raises(ConfigError, match="sliding_window=16 < max_position_embeddings=64"):
+        hf_model_config({**qwen2, "use_sliding_window": True})
+    with pytest.raises(ConfigError, match="qwen3 config: attention_bias=True is not supported"):
+        hf_model_config({**config, "model_type": "qwen3", "attention_bias": True})
+
+
+def test_pytorch_state_dict_without_torch_is_one_line(tmp_path: Path) -> None:
+    from model.hf_checkpoint import load_hf_checkpoint
+
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is installed here (tests/test_hf_import.py reads PyTorch files)")
+    except ImportError:
+        pass
+    folder, _, _ = exported(tmp_path)
+    (folder / "model.safetensors").rename(folder / "weights.pt")
+    with pytest.raises(ConfigError, match=r"weights.pt: reading a PyTorch state dict needs torch"):
+        load_hf_checkpoint(folder)
 
 
 def test_planner_reads_real_configs() -> None:
