@@ -236,3 +236,14 @@ def test_import_onto_8_devices_follows_the_axis_rules(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[0] == "ok" and int(result.stdout.split()[1]) > 10
+
+
+def test_checkpoints_from_before_the_new_model_keys_still_resume() -> None:
+    from trainer.resume import check_same_run
+
+    saved = {"model": {"family": "llama", "d_model": 64, "rope_theta": 10_000.0}, "vocab_size": 600}
+    current = {"model": {"family": "llama", "d_model": 64, "rope_theta": 10_000.0, "qkv_bias": False, "qk_norm": False,
+                         "rope_scaling": "none"}, "vocab_size": 600}
+    check_same_run(saved, current, "x")
+    with pytest.raises(DataError, match="qkv_bias: False -> True"):
+        check_same_run(saved, {**current, "model": {**current["model"], "qkv_bias": True}}, "x")
