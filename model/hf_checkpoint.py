@@ -47,6 +47,7 @@ class ImportedCheckpoint:
     vocab_size: int
     source_files: dict[str, str] = field(default_factory=dict)  # file name in the folder -> sha256 (config + weights)
     tokenizer_files: list[Path] = field(default_factory=list)  # the tokenizer files the folder has
+    hf_config: dict[str, Any] = field(default_factory=dict)  # config.json as read (bos/eos ids, torch_dtype, ...)
 
     def model(self) -> nnx.Module:
         """The module (on the devices the state is on)."""
@@ -301,5 +302,5 @@ def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: An
     hashes.update({p.name: sha256_file(p) for p in files})
     return ImportedCheckpoint(
         family=family_name, model_cfg=model_cfg, state=state, vocab_size=vocab_size, source_files=hashes,
-        tokenizer_files=[folder / name for name in TOKENIZER_FILES if (folder / name).is_file()],
+        tokenizer_files=[folder / name for name in TOKENIZER_FILES if (folder / name).is_file()], hf_config=config,
     )
