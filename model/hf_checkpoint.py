@@ -295,7 +295,8 @@ def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: An
             return jax.device_put(value)
         spec = logical_to_spec(axes[path], layout)
         check_divisible(f"parameter {'/'.join(map(str, path))} {tuple(axes[path])}", value.shape, spec, mesh)
-        return jax.device_put(value, jax.sharding.NamedSharding(mesh, spec))
+        # each process builds only the shards its own devices hold (a mesh may span hosts)
+        return jax.make_array_from_callback(value.shape, jax.sharding.NamedSharding(mesh, spec), lambda index: value[index])
 
     model_cfg, state = family.hf_adapter.import_(config, source, dtype=dtype, place=place)  # type: ignore[union-attr]
     hashes = {"config.json": sha256_file(folder / "config.json")}
