@@ -8,6 +8,7 @@ refused, damaged newer steps are set aside, and ``train_log.jsonl`` is cut back 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -17,6 +18,7 @@ from typing import Any
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_text
 from experiment.runfolder import RunFolder
+from experiment.sections.model import model_section_class
 from trainer import checkpoint
 from trainer.step import TrainProgram
 
@@ -128,10 +130,21 @@ def trim_train_log(path: Path, step: int) -> float:
 RESUME_ADVICE = "use another experiment.name, or delete the checkpoints to start over"
 
 
+def _field_defaults(family: str) -> dict[str, Any]:
+    """The defaults of a family's model section (none for a family this process does not know)."""
+    try:
+        cls = model_section_class(family)
+    except ConfigError:
+        return {}
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any, advice: str = RESUME_ADVICE) -> None:
     """Refuse to resume checkpoints made for another model or data (the parameters would not fit)."""
     def model_of(meta: dict[str, Any]) -> dict[str, Any]:  # checkpoints from before model families are Llama ones
-        return {k: v for k, v in {"family": "llama", **(meta.get("model") or {})}.items() if k not in EXECUTION_KEYS}
+        model = {"family": "llama", **(meta.get("model") or {})}
+        # a field added to the section since the checkpoint was written reads as its default (e.g. qkv_bias)
+        return {k: v for k, v in {**_field_defaults(model["family"]), **model}.items() if k not in EXECUTION_KEYS}
 
     saved, current = {**saved, "model": model_of(saved)}, {**current, "model": model_of(current)}
     for key in ("model", "vocab_size", "tokenizer_sha256", "seq_len", "param_dtype"):
