@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ log = logging.getLogger("trainer")
 WANDB_ID_FILE = "wandb_run.json"
 # how the step runs, not what it computes: a run may resume on another slice with another kernel or remat
 EXECUTION_KEYS = ("attention", "remat")
+# where the first session's weights came from: read once, at step 0 (trainer/init_from.py); a resume may
+# name the base model's folder elsewhere, or not at all
+START_KEYS = ("init_from", "vocab_adaptation")
 
 
 def resume_wandb_run_id(cfg: Any, run_folder: RunFolder) -> str | None:
@@ -52,8 +56,9 @@ def finished_steps(checkpoint_dir: Path) -> list[int]:
 
 
 def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any],
-                    ledger: Any) -> tuple[dict[str, Any], int]:
-    """The newest checkpoint that passes its checksums, or a fresh state when there is none.
+                    ledger: Any, init_state: Callable[[], dict[str, Any]] | None = None) -> tuple[dict[str, Any], int]:
+    """The newest checkpoint that passes its checksums, or, when there is none, ``init_state()``
+    (default: the program's fresh initialisation).
 
     Damaged newer steps are moved aside (the run trains and saves them again); when every step
     is damaged the run stops with one error line rather than starting over on its own.
@@ -63,7 +68,7 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
         # earlier sessions killed before their first checkpoint trained steps this one trains again:
         # the ledger must not count their tokens too
         ledger.mark_resume(0)
-        return program.init_state(), 0
+        return (init_state or program.init_state)(), 0
 
     def read(step: int) -> tuple[dict[str, Any], dict[str, Any]]:
         check_same_run(checkpoint.read_meta(manager, step), meta, manager.directory)
@@ -120,7 +125,7 @@ def trim_train_log(path: Path, step: int) -> float:
 def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any) -> None:
     """Refuse to resume checkpoints made for another model or data (the parameters would not fit)."""
     def model_of(meta: dict[str, Any]) -> dict[str, Any]:  # checkpoints from before model families are Llama ones
-        return {k: v for k, v in {"family": "llama", **(meta.get("model") or {})}.items() if k not in EXECUTION_KEYS}
+        return {k: v for k, v in {"family": "llama", **(meta.get("model") or {})}.items() if k not in EXECUTION_KEYS + START_KEYS}
 
     saved, current = {**saved, "model": model_of(saved)}, {**current, "model": model_of(current)}
     for key in ("model", "vocab_size", "tokenizer_sha256", "seq_len", "param_dtype"):
