@@ -23,7 +23,7 @@ import numpy as np
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
 from experiment.runfolder import RunFolder
-from model.hf_checkpoint import ImportedCheckpoint, load_hf_checkpoint, read_hf_config
+from model.hf_checkpoint import ImportedCheckpoint, load_hf_checkpoint, read_config
 from model.vocab_adaptation import adapt_embeddings
 from trainer import checkpoint
 from trainer.resume import finished_steps
@@ -46,7 +46,9 @@ class StartPoint:
     lineage: dict[str, Any] | None = None
 
 
-def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, param_dtype: Any) -> StartPoint:
+def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = None) -> StartPoint:
+    """The run's model: ``cfg.model``, or with ``model.init_from`` the base model's (its weights read onto
+    ``mesh`` with the run's ``train.mesh.rules`` when given, else the default device)."""
     folder = getattr(cfg.model, "init_from", "")
     if not folder:
         return StartPoint(cfg.model)
@@ -59,11 +61,11 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, param_dtype: A
             log.info("model.init_from is not read again: the run resumes from its checkpoints in %s", checkpoint_dir)
             return StartPoint(merge_model_config(cfg, base_cfg, f"the checkpoints in {checkpoint_dir}"),
                               lineage=meta.get("init_from"))
-    imported = load_hf_checkpoint(folder, param_dtype)
+    imported = load_hf_checkpoint(Path(folder), cfg.train.param_dtype, mesh=mesh, rules=cfg.train.mesh.rules)
     model_cfg = merge_model_config(cfg, imported.model_cfg, str(Path(folder) / "config.json"))
     params, adaptation = adapt_vocabulary(cfg, run_folder, imported, vocab_size)
     lineage = {"folder": str(Path(folder).resolve()), "family": imported.family, "files": imported.source_files,
-               "tokenizer_files": list(imported.tokenizer_files), "base_vocab_size": imported.vocab_size,
+               "tokenizer_files": [Path(p).name for p in imported.tokenizer_files], "base_vocab_size": imported.vocab_size,
                "vocab_adaptation": adaptation}
     log.info("model.init_from: %s (%s family, vocabulary %d); embeddings: %s", folder, imported.family,
              imported.vocab_size, describe_adaptation(adaptation))
@@ -122,7 +124,7 @@ def adapt_vocabulary(cfg: Any, run_folder: RunFolder, imported: ImportedCheckpoi
         return pure, {"mode": "none"}
     texts, special = run_token_texts(run_folder)
     encode = base_encoder(folder) if mode == "mean" else (lambda text: [])
-    base_config = read_hf_config(folder)
+    base_config = read_config(folder)
     special_map = {ours: int(base_config[key]) for name, key in SPECIAL_KEYS.items()
                    if (ours := special.get(name)) is not None and ours >= 0
                    and isinstance(base_config.get(key), int) and mode == "mean"}

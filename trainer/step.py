@@ -200,7 +200,8 @@ def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh:
         with jax.set_mesh(mesh), activation_layout(mesh, rules):
             return jitted_init.lower().compile(compiler_options=run_once_compile_options(mesh.devices.flat[0].platform))()
 
-    jitted_from = jax.jit(state_of, in_shardings=(state_shardings["params"],), out_shardings=state_shardings)
+    jitted_from = jax.jit(state_of, in_shardings=(state_shardings["params"],), out_shardings=state_shardings,
+                          donate_argnums=0)
 
     def init_state_from(pure: dict[str, Any]) -> State:
         params = nnx.state(family.abstract(model_cfg, vocab_size), nnx.Param)

@@ -44,7 +44,7 @@ from trainer.init_from import record_lineage, start_point
 from trainer.loop import run_loop
 from trainer.reporting import TRAIN_LOG, open_ledger, open_train_log
 from trainer.resume import WANDB_ID_FILE, check_steps_left, restore_or_init, trim_train_log
-from trainer.step import DTYPES, build_program
+from trainer.step import build_program
 from trainer.throughput import MetricsWindow, peak_flops_per_device
 
 log = logging.getLogger("trainer")
@@ -83,11 +83,11 @@ def pretrain(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any, hooks
 def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_folder: RunFolder, wandb_run: Any,
               ledger: Any, run_id: str, hooks: Sequence[Hook]) -> dict[str, Any]:
     with ledger.phase("startup"):
-        start = start_point(cfg, run_folder, data.vocab_size, DTYPES[train_cfg.param_dtype])
+        mesh = build_mesh(train_cfg.mesh)
+        start = start_point(cfg, run_folder, data.vocab_size, mesh)
         if start.model_cfg is not model_cfg:  # the base model's shape (model.init_from)
             model_cfg = start.model_cfg
             cfg = dataclasses.replace(cfg, model=model_cfg)
-        mesh = build_mesh(train_cfg.mesh)
         log.info("mesh %s over %d %s devices", dict(mesh.shape), mesh.size, jax.devices()[0].platform)
         program = build_program(model_cfg, train_cfg, data.vocab_size, mesh, seed=cfg.experiment.seed)
         family = family_of(model_cfg)
