@@ -128,14 +128,26 @@ def adapt_vocabulary(cfg: Any, run_folder: RunFolder, imported: ImportedCheckpoi
     special_map = {ours: int(base_config[key]) for name, key in SPECIAL_KEYS.items()
                    if (ours := special.get(name)) is not None and ours >= 0
                    and isinstance(base_config.get(key), int) and mode == "mean"}
-    tables = {"embed": np.asarray(pure["embed"])}
+    tables = {"embed": host_array(pure["embed"])}
     if "lm_head" in pure and pure["lm_head"] is not None:
-        tables["lm_head"] = np.asarray(pure["lm_head"]).T  # [D, V] -> token-major
+        tables["lm_head"] = host_array(pure["lm_head"]).T  # [D, V] -> token-major
     adapted, report = adapt_embeddings(tables, texts, encode, mode, seed=cfg.experiment.seed, special_map=special_map)
     pure["embed"] = adapted["embed"]
     if "lm_head" in adapted:
         pure["lm_head"] = np.ascontiguousarray(adapted["lm_head"].T)
     return pure, report.as_dict()
+
+
+def host_array(value: Any) -> np.ndarray:
+    """The whole of a parameter on this host (gathered from the other processes when sharded across them);
+    every process adapts the same table from it."""
+    import jax
+
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    return np.asarray(value)
 
 
 def run_token_texts(run_folder: RunFolder) -> tuple[list[str | None], dict[str, int]]:
