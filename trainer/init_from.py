@@ -23,7 +23,7 @@ import numpy as np
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
 from experiment.runfolder import RunFolder
-from model.hf_checkpoint import ImportedCheckpoint, load_hf_checkpoint, read_config
+from model.hf_checkpoint import ImportedCheckpoint, hf_model_config, load_hf_checkpoint, read_config
 from model.vocab_adaptation import adapt_embeddings
 from trainer import checkpoint
 from trainer.resume import finished_steps
@@ -61,9 +61,13 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
             log.info("model.init_from is not read again: the run resumes from its checkpoints in %s", checkpoint_dir)
             return StartPoint(merge_model_config(cfg, base_cfg, f"the checkpoints in {checkpoint_dir}"),
                               lineage=meta.get("init_from"))
+    # everything config.json and the tokenizers decide is checked before the weights are read
+    base_config = read_config(Path(folder))
+    _, base_cfg, base_vocab = hf_model_config(base_config, str(Path(folder) / "config.json"))
+    model_cfg = merge_model_config(cfg, base_cfg, str(Path(folder) / "config.json"))
+    embeddings = EmbeddingPlan.for_run(cfg, run_folder, base_config, base_vocab, vocab_size)
     imported = load_hf_checkpoint(Path(folder), cfg.train.param_dtype, mesh=mesh, rules=cfg.train.mesh.rules)
-    model_cfg = merge_model_config(cfg, imported.model_cfg, str(Path(folder) / "config.json"))
-    params, adaptation = adapt_vocabulary(cfg, run_folder, imported, vocab_size)
+    params, adaptation = embeddings.apply(imported, cfg.experiment.seed)
     lineage = {"folder": str(Path(folder).resolve()), "family": imported.family, "files": imported.source_files,
                "tokenizer_files": [Path(p).name for p in imported.tokenizer_files], "base_vocab_size": imported.vocab_size,
                "vocab_adaptation": adaptation}
@@ -107,35 +111,52 @@ def merge_model_config(cfg: Any, base_cfg: Any, source: str) -> Any:
     return dataclasses.replace(base_cfg, **kept)
 
 
-def adapt_vocabulary(cfg: Any, run_folder: RunFolder, imported: ImportedCheckpoint,
-                     vocab_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The imported parameters (a pure dict) with embeddings for the run's tokenizer, and what was done."""
-    from flax import nnx
+@dataclasses.dataclass
+class EmbeddingPlan:
+    """How the base model's embeddings become the run's: ``model.vocab_adaptation`` with what it needs
+    (the run's token texts, the base tokenizer, the special-token map), checked before weights are read."""
 
-    pure = nnx.to_pure_dict(imported.state)
-    mode = getattr(cfg.model, "vocab_adaptation", "none")
-    folder = Path(cfg.model.init_from)
-    if mode == "none":
-        if vocab_size != imported.vocab_size:
-            raise ConfigError(f"config key 'model.vocab_adaptation': none keeps the base model's token ids, but the run's "
-                              f"tokenizer ({run_folder.tokenizer}) has {vocab_size} tokens and {folder / 'config.json'} "
-                              f"has vocab_size {imported.vocab_size}: set model.vocab_adaptation to mean (or random), "
-                              "or use the base model's tokenizer")
-        return pure, {"mode": "none"}
-    texts, special = run_token_texts(run_folder)
-    encode = base_encoder(folder) if mode == "mean" else (lambda text: [])
-    base_config = read_config(folder)
-    special_map = {ours: int(base_config[key]) for name, key in SPECIAL_KEYS.items()
-                   if (ours := special.get(name)) is not None and ours >= 0
-                   and isinstance(base_config.get(key), int) and mode == "mean"}
-    tables = {"embed": host_array(pure["embed"])}
-    if "lm_head" in pure and pure["lm_head"] is not None:
-        tables["lm_head"] = host_array(pure["lm_head"]).T  # [D, V] -> token-major
-    adapted, report = adapt_embeddings(tables, texts, encode, mode, seed=cfg.experiment.seed, special_map=special_map)
-    pure["embed"] = adapted["embed"]
-    if "lm_head" in adapted:
-        pure["lm_head"] = np.ascontiguousarray(adapted["lm_head"].T)
-    return pure, report.as_dict()
+    mode: str
+    texts: list[str | None] = dataclasses.field(default_factory=list)
+    encode: Any = None
+    special_map: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def for_run(cls, cfg: Any, run_folder: RunFolder, base_config: dict[str, Any], base_vocab: int,
+                vocab_size: int) -> EmbeddingPlan:
+        mode = getattr(cfg.model, "vocab_adaptation", "none")
+        folder = Path(cfg.model.init_from)
+        if mode == "none":
+            if vocab_size != base_vocab:
+                raise ConfigError(f"config key 'model.vocab_adaptation': none keeps the base model's token ids, but the "
+                                  f"run's tokenizer ({run_folder.tokenizer}) has {vocab_size} tokens and "
+                                  f"{folder / 'config.json'} has vocab_size {base_vocab}: set model.vocab_adaptation to "
+                                  "mean (or random), or use the base model's tokenizer")
+            return cls(mode)
+        texts, special = run_token_texts(run_folder)
+        if mode == "random":
+            return cls(mode, texts, lambda text: [])
+        special_map = {ours: int(base_config[key]) for name, key in SPECIAL_KEYS.items()
+                       if (ours := special.get(name)) is not None and ours >= 0
+                       and isinstance(base_config.get(key), int) and 0 <= base_config[key] < base_vocab}
+        return cls(mode, texts, base_encoder(folder), special_map)
+
+    def apply(self, imported: ImportedCheckpoint, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The imported parameters (a pure dict) with the run's embedding rows, and what was done."""
+        from flax import nnx
+
+        pure = nnx.to_pure_dict(imported.state)
+        if self.mode == "none":
+            return pure, {"mode": "none"}
+        tables = {"embed": host_array(pure["embed"])}
+        if pure.get("lm_head") is not None:
+            tables["lm_head"] = host_array(pure["lm_head"]).T  # [D, V] -> token-major
+        adapted, report = adapt_embeddings(tables, self.texts, self.encode, self.mode, seed=seed,
+                                           special_map=self.special_map)
+        pure["embed"] = adapted["embed"]
+        if "lm_head" in adapted:
+            pure["lm_head"] = np.ascontiguousarray(adapted["lm_head"].T)
+        return pure, report.as_dict()
 
 
 def host_array(value: Any) -> np.ndarray:
