@@ -236,6 +236,21 @@ def test_resume_after_a_kill_past_the_last_checkpoint_logs_each_step_once(straig
     assert_same_training(run_dir, straight_run.parent / "runs" / "tiny")
 
 
+@pytest.mark.integration
+@pytest.mark.shared_data
+def test_a_save_killed_before_its_checksums_is_trained_again_not_called_damaged(straight_run: Path,
+                                                                              tmp_path: Path) -> None:
+    """SIGKILL between Orbax finishing step 24 and its checksums.json: the step is an interrupted save,
+    set aside, and the run resumes from step 16 and ends as the uninterrupted run did."""
+    config, run_dir = copy_of(straight_run, tmp_path)
+    (run_dir / "checkpoints" / str(STEPS) / checkpoint.CHECKSUMS).unlink()
+    proc = run_recipe("04_pretrain.py", config)
+    assert f"checkpoint step(s) {STEPS} have no checksums: their save was interrupted" in proc.stderr
+    assert f"resumed from the checkpoint of step {STEPS - 8} in" in proc.stderr
+    assert_same_training(run_dir, straight_run.parent / "runs" / "tiny")
+    assert any(p.name.startswith(f"{STEPS}-") for p in (run_dir / "checkpoints" / checkpoint.DAMAGED_DIR).iterdir())
+
+
 def damage_every_step(run_dir: Path) -> None:
     DAMAGE["deleted params manifest.ocdbt"](run_dir / "checkpoints" / "24")
     DAMAGE["truncated params data file"](run_dir / "checkpoints" / "16")

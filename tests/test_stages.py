@@ -62,7 +62,7 @@ def test_fit_check_reads_the_manifests_checked_or_falls_back_to_the_config(tmp_p
 
     from trainer.fit_check import vocab_and_seq_len
 
-    cfg = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=512), shards=SimpleNamespace(seq_len=64))
+    cfg = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=512), model=SimpleNamespace(max_seq_len=64))
     folder = RunFolder(tmp_path)
     assert vocab_and_seq_len(cfg, folder) == (512, 64)  # before any data is prepared
     TOKENIZER.write_manifest(folder.tokenizer, {"sha256": "ab", "vocab_size": 400})

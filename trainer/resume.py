@@ -63,7 +63,15 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
     Damaged newer steps are moved aside (the run trains and saves them again); when every step
     is damaged the run stops with one error line rather than starting over on its own.
     """
-    if not manager.all_steps():
+    # a step Orbax finished but whose checksums were never written is a save the kill interrupted, not
+    # a damaged checkpoint: set it aside (kept for inspection) and resume from the step before, or from 0
+    complete = finished_steps(Path(manager.directory))
+    interrupted = [step for step in manager.all_steps() if step not in complete]
+    if interrupted:
+        log.warning("checkpoint step(s) %s have no checksums: their save was interrupted; training them again",
+                    ", ".join(map(str, sorted(interrupted))))
+        checkpoint.set_aside(manager, interrupted)
+    if not complete:
         log.info("no checkpoint: starting from step 0")
         # earlier sessions killed before their first checkpoint trained steps this one trains again:
         # the ledger must not count their tokens too
@@ -76,7 +84,7 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
         loader.set_state(items["loader"])
         return state, items
 
-    latest, (state, items), damaged = checkpoint.restore_verified(manager, read)
+    latest, (state, items), damaged = checkpoint.restore_verified(manager, read, complete)
     checkpoint.set_aside(manager, damaged)
     ledger.mark_resume(latest, items["ledger"])
     log.info("resumed from the checkpoint of step %d in %s", latest, manager.directory)
