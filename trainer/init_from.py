@@ -55,7 +55,7 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
     checkpoint_dir = Path(run_folder.checkpoints)
     steps = finished_steps(checkpoint_dir)
     if steps:
-        meta = latest_meta(checkpoint_dir)
+        meta = latest_meta(checkpoint_dir, steps)
         base_cfg = checkpoint.model_config_from_meta(meta) if meta else None
         if base_cfg is not None:
             log.info("model.init_from is not read again: the run resumes from its checkpoints in %s", checkpoint_dir)
@@ -76,13 +76,14 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
     return StartPoint(model_cfg, params, lineage)
 
 
-def latest_meta(checkpoint_dir: Path) -> dict[str, Any] | None:
+def latest_meta(checkpoint_dir: Path, steps: list[int]) -> dict[str, Any] | None:
+    """The meta of the newest of ``steps`` that passes its checksums (None: none does)."""
     manager = checkpoint.open_manager(checkpoint_dir)
     try:
         def read(step: int) -> dict[str, Any]:
             return checkpoint.read_meta(manager, step)
 
-        return checkpoint.restore_verified(manager, read)[1] if manager.all_steps() else None
+        return checkpoint.restore_verified(manager, read, steps)[1]
     except checkpoint.CheckpointDamaged:
         return None  # resume reports it, with the damaged steps set aside
     finally:

@@ -43,7 +43,7 @@ from trainer.hooks import CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCh
 from trainer.init_from import record_lineage, start_point
 from trainer.loop import run_loop
 from trainer.reporting import TRAIN_LOG, open_ledger, open_train_log
-from trainer.resume import WANDB_ID_FILE, check_steps_left, restore_or_init, trim_train_log
+from trainer.resume import WANDB_ID_FILE, check_steps_left, finished_steps, restore_or_init, trim_train_log
 from trainer.step import build_program
 from trainer.throughput import MetricsWindow, peak_flops_per_device
 
@@ -111,7 +111,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                                      tokenizer_sha256=data.tokenizer_sha256, seq_len=data.seq_len,
                                      on_corrupt=cfg.shards.on_corrupt)
         manager = checkpoint.open_manager(run_folder.checkpoints, train_cfg)
-        untrained = not manager.all_steps()
+        untrained = not finished_steps(Path(manager.directory))
         from_base = None if start.params is None else functools.partial(program.init_state_from, start.params)
         try:
             state, start_step = restore_or_init(manager, program, loader, meta, ledger, from_base)
