@@ -236,6 +236,7 @@ def build_config(tree: dict[str, Any]) -> ExperimentConfig:
     model = build_dataclass(model_cls, resolve_model_tree(model_tree, explicit), "model")
     cfg = build_dataclass(ExperimentConfig, {k: v for k, v in tree.items() if k != "model"})
     cfg.model = model
+    cfg.explicit_keys = frozenset(explicit)
     check_sections(cfg)
     return cfg
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from experiment.sections.corpus import CorpusConfig, SourceConfig
 from experiment.sections.cost import CostConfig
@@ -31,3 +32,6 @@ class ExperimentConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    # the dotted keys the YAML and the overrides set (experiment.config.build_config records them on the
+    # instance; not a config key): what model.init_from checks against the base model's config.json
+    explicit_keys: ClassVar[frozenset[str]] = frozenset()

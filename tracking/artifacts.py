@@ -27,3 +27,22 @@ def log_files(run: Any, name: str, artifact_type: str, paths: Iterable[Path], me
         artifact.add_file(str(path), name=name)
     run.log_artifact(artifact, aliases=aliases)
     return artifact
+
+
+def use_reference(run: Any, name: str, artifact_type: str, folder: str | Path,
+                  metadata: dict[str, Any] | None = None) -> Any:
+    """Record ``folder`` (e.g. a base model the run starts from) as an input artifact of ``run``, by
+    reference: nothing is uploaded or hashed again (put the files' hashes in ``metadata``). W&B cannot
+    mark inputs offline: an offline run logs the reference as its own artifact. Returns the artifact,
+    or None for a disabled run."""
+    if run is None or getattr(run, "disabled", False):
+        return None
+    import wandb
+
+    artifact = wandb.Artifact(artifact_name(name), type=artifact_type, metadata=metadata or {})
+    artifact.add_reference(Path(folder).resolve().as_uri(), checksum=False)
+    if getattr(run, "offline", False):
+        run.log_artifact(artifact)
+    else:
+        run.use_artifact(artifact)
+    return artifact

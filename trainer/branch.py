@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +70,12 @@ def open_branch(cfg: Any, run_folder: RunFolder) -> Branch | None:
 
 
 def restore_or_branch(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any], ledger: Any,
-                      branch: Branch | None) -> tuple[dict[str, Any], int, str | None]:
+                      branch: Branch | None, init_state: Callable[[], dict[str, Any]] | None = None,
+                      ) -> tuple[dict[str, Any], int, str | None]:
     """This run's newest checkpoint when it has one (a branch resumes like any run), else the parent's
     checkpoint of the branch step. Returns ``(state, step, parent W&B run id or None)``."""
     if branch is None or manager.all_steps():
-        return (*restore_or_init(manager, program, loader, meta, ledger), None)
+        return (*restore_or_init(manager, program, loader, meta, ledger, init_state), None)
     parent_manager = checkpoint.open_manager(branch.parent.checkpoints)  # read-only: the parent may still train
     advice = "a branch keeps its parent's model, tokenizer and shards (train.branch_from)"
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ log = logging.getLogger("trainer")
 WANDB_ID_FILE = "wandb_run.json"
 # how the step runs, not what it computes: a run may resume on another slice with another kernel or remat
 EXECUTION_KEYS = ("attention", "remat")
+# where the first session's weights came from: read once, at step 0 (trainer/init_from.py); a resume may
+# name the base model's folder elsewhere, or not at all
+START_KEYS = ("init_from", "vocab_adaptation")
 
 
 def resume_wandb_run_id(cfg: Any, run_folder: RunFolder) -> str | None:
@@ -54,8 +58,9 @@ def finished_steps(checkpoint_dir: Path) -> list[int]:
 
 
 def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any],
-                    ledger: Any) -> tuple[dict[str, Any], int]:
-    """The newest checkpoint that passes its checksums, or a fresh state when there is none.
+                    ledger: Any, init_state: Callable[[], dict[str, Any]] | None = None) -> tuple[dict[str, Any], int]:
+    """The newest checkpoint that passes its checksums, or, when there is none, ``init_state()``
+    (default: the program's fresh initialisation).
 
     Damaged newer steps are moved aside (the run trains and saves them again); when every step
     is damaged the run stops with one error line rather than starting over on its own.
@@ -73,7 +78,7 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
         # earlier sessions killed before their first checkpoint trained steps this one trains again:
         # the ledger must not count their tokens too
         ledger.mark_resume(0)
-        return program.init_state(), 0
+        return (init_state or program.init_state)(), 0
 
     def read(step: int) -> tuple[dict[str, Any], dict[str, Any]]:
         check_same_run(checkpoint.read_meta(manager, step), meta, manager.directory)
@@ -144,7 +149,7 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any, a
     def model_of(meta: dict[str, Any]) -> dict[str, Any]:  # checkpoints from before model families are Llama ones
         model = {"family": "llama", **(meta.get("model") or {})}
         # a field added to the section since the checkpoint was written reads as its default (e.g. qkv_bias)
-        return {k: v for k, v in {**_field_defaults(model["family"]), **model}.items() if k not in EXECUTION_KEYS}
+        return {k: v for k, v in {**_field_defaults(model["family"]), **model}.items() if k not in EXECUTION_KEYS + START_KEYS}
 
     saved, current = {**saved, "model": model_of(saved)}, {**current, "model": model_of(current)}
     for key in ("model", "vocab_size", "tokenizer_sha256", "seq_len", "param_dtype"):

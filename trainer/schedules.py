@@ -27,6 +27,7 @@ DECAY_SHAPES: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 def make_schedule(train_cfg: TrainConfig) -> optax.Schedule:
     peak, warmup, steps = train_cfg.learning_rate, train_cfg.warmup_steps, train_cfg.steps
+    steps = max(steps, warmup + 1)  # train.steps=0 (write the step-0 checkpoint only) trains no step of it
     end = peak * train_cfg.min_lr_ratio
     if train_cfg.schedule == "cosine":
         return optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=peak, warmup_steps=warmup,

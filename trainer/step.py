@@ -25,6 +25,7 @@ from model.family import FamilyModel, run_once_compile_options
 from model.loss import chunked_cross_entropy
 from model.registry import family_of
 from model.sharding import Rules, activation_layout, batch_sharding, replicated, tree_shardings
+from model.vocab_adaptation import EMBEDDING_PARAMS
 from trainer.schedules import make_schedule
 
 State = dict[str, Any]
@@ -47,6 +48,27 @@ def make_optimizer(train_cfg: TrainConfig) -> tuple[optax.GradientTransformation
     return adamw, schedule
 
 
+def embedding_mask(params: Any) -> Any:
+    """True for the input embeddings and the output head (``model.vocab_adaptation.EMBEDDING_PARAMS``)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: bool(path) and getattr(path[0], "key", None) in EMBEDDING_PARAMS, params)
+
+
+def freezes_body(train_cfg: TrainConfig) -> bool:
+    return train_cfg.trainable == "embeddings" or train_cfg.embeddings_only_steps > 0
+
+
+def freeze_body(tree: Any, mask: Any, step: jax.Array, train_cfg: TrainConfig) -> Any:
+    """Zero every leaf but the embeddings' while the body is frozen: always under ``train.trainable:
+    embeddings``, the first ``train.embeddings_only_steps`` steps otherwise. Applied to the gradients
+    (so clipping and the moments see only what trains) and to the updates (AdamW's weight decay would
+    move a frozen weight otherwise). The phase is a function of the state's step, so a resumed run
+    switches at the same step."""
+    frozen = (jnp.asarray(True) if train_cfg.trainable == "embeddings"
+              else step < train_cfg.embeddings_only_steps)
+    return jax.tree.map(lambda leaf, keep: leaf if keep else jnp.where(frozen, jnp.zeros_like(leaf), leaf), tree, mask)
+
+
 @dataclasses.dataclass
 class TrainProgram:
     """Everything compiled for one model/mesh: create the state, run a step, where things live."""
@@ -59,6 +81,9 @@ class TrainProgram:
     batch_sharding: NamedSharding
     schedule: optax.Schedule
     init_state: Callable[[], State]
+    # the state of step 0 with given parameters (a pure dict of the family's module, e.g. an imported
+    # model): fresh optimizer state, step 0, the same RNG as init_state
+    init_state_from: Callable[[dict[str, Any]], State]
     train_step: Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]
 
     def model(self, params: nnx.State) -> FamilyModel:
@@ -88,11 +113,14 @@ def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh:
         with nnx.use_eager_sharding(False):
             model = family.build(model_cfg, vocab_size, nnx.Rngs(params=jax.random.fold_in(root, 0)))
         params = jax.tree.map(lambda x: x.astype(param_dtype), nnx.state(model, nnx.Param))
+        return state_of(params)
+
+    def state_of(params: nnx.State) -> State:
         return {
             "params": params,
             "opt_state": tx.init(params),
             "step": jnp.zeros((), jnp.int32),
-            "rng": jax.random.key_data(jax.random.fold_in(root, 1)),
+            "rng": jax.random.key_data(jax.random.fold_in(jax.random.key(seed), 1)),
         }
 
     graphdef = nnx.graphdef(family.abstract(model_cfg, vocab_size))
@@ -113,6 +141,7 @@ def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh:
         return nll + model_cfg.z_loss * z_term, nll
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    trainable = embedding_mask(shapes["params"]) if freezes_body(train_cfg) else None
 
     def gradients(params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array, nnx.State]:
         accum = train_cfg.grad_accum_steps
@@ -137,8 +166,12 @@ def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh:
     def train_step(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
         params, step = state["params"], state["step"]
         loss, nll, grads = gradients(params, batch)
+        if trainable is not None:
+            grads = freeze_body(grads, trainable, step, train_cfg)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
+        if trainable is not None:
+            updates = freeze_body(updates, trainable, step, train_cfg)
         new_params = optax.apply_updates(params, updates)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         if train_cfg.nan_policy == "skip":  # keep the previous weights and moments for a bad batch
@@ -167,6 +200,17 @@ def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh:
         with jax.set_mesh(mesh), activation_layout(mesh, rules):
             return jitted_init.lower().compile(compiler_options=run_once_compile_options(mesh.devices.flat[0].platform))()
 
+    jitted_from = jax.jit(state_of, in_shardings=(state_shardings["params"],), out_shardings=state_shardings,
+                          donate_argnums=0)
+
+    def init_state_from(pure: dict[str, Any]) -> State:
+        params = nnx.state(family.abstract(model_cfg, vocab_size), nnx.Param)
+        nnx.replace_by_pure_dict(params, pure)
+        params = jax.tree.map(lambda value, shape, sharding: jax.device_put(jnp.asarray(value, shape.dtype), sharding),
+                              params, shapes["params"], state_shardings["params"])
+        with jax.set_mesh(mesh), activation_layout(mesh, rules):
+            return jitted_from(params)
+
     def run_step(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
         # the layout context matters only while tracing (the first call); cheap afterwards
         with jax.set_mesh(mesh), activation_layout(mesh, rules):
@@ -174,7 +218,7 @@ def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh:
 
     run_step.jitted = jitted_step  # type: ignore[attr-defined]  # for AOT lowering and cache checks
     return TrainProgram(graphdef, mesh, rules, abstract_state, state_shardings, data_sharding, schedule,
-                        init_state, run_step)
+                        init_state, init_state_from, run_step)
 
 
 def check_batch(train_cfg: TrainConfig, data_sharding: NamedSharding) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 from collections.abc import Sequence
@@ -40,10 +41,11 @@ from trainer import checkpoint
 from trainer.branch import Branch, link_wandb, open_branch, restore_or_branch
 from trainer.distributed import is_primary
 from trainer.hooks import CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCheckpoint, StopOnSignal
+from trainer.init_from import record_lineage, start_point
 from trainer.loop import run_loop
 from trainer.profiling import StepTrace
 from trainer.reporting import TRAIN_LOG, open_ledger, open_train_log
-from trainer.resume import WANDB_ID_FILE, check_steps_left, trim_train_log
+from trainer.resume import WANDB_ID_FILE, check_steps_left, finished_steps, trim_train_log
 from trainer.step import build_program
 from trainer.throughput import MetricsWindow, peak_flops_per_device
 
@@ -86,6 +88,10 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
               ledger: Any, run_id: str, branch: Branch | None, hooks: Sequence[Hook]) -> dict[str, Any]:
     with ledger.phase("startup"):
         mesh = build_mesh(train_cfg.mesh)
+        start = start_point(cfg, run_folder, data.vocab_size, mesh)
+        if start.model_cfg is not model_cfg:  # the base model's shape (model.init_from)
+            model_cfg = start.model_cfg
+            cfg = dataclasses.replace(cfg, model=model_cfg)
         log.info("mesh %s over %d %s devices", dict(mesh.shape), mesh.size, jax.devices()[0].platform)
         program = build_program(model_cfg, train_cfg, data.vocab_size, mesh, seed=cfg.experiment.seed)
         family = family_of(model_cfg)
@@ -102,14 +108,21 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
             "tokenizer_sha256": data.tokenizer_sha256, "seq_len": data.seq_len,
             "param_dtype": train_cfg.param_dtype, "n_params": n_params, "wandb_run_id": run_id,
         }
+        if start.lineage is not None:
+            meta["init_from"] = start.lineage
         loader = make_train_iterator(run_folder.shards, train_cfg.batch_size, cfg.experiment.seed,
                                      jax.process_index(), jax.process_count(),
                                      tokenizer_sha256=data.tokenizer_sha256, seq_len=data.seq_len,
                                      on_corrupt=cfg.shards.on_corrupt)
         manager = checkpoint.open_manager(run_folder.checkpoints, train_cfg)
+        untrained = not finished_steps(Path(manager.directory))
+        from_base = None if start.params is None else functools.partial(program.init_state_from, start.params)
         try:
-            state, start_step, parent_run_id = restore_or_branch(manager, program, loader, meta, ledger, branch)
-            check_steps_left(start_step, train_cfg.steps, manager.directory)
+            state, start_step, parent_run_id = restore_or_branch(manager, program, loader, meta, ledger, branch,
+                                                                 from_base)
+            start.params = None  # on the devices now
+            if not (untrained and train_cfg.steps == 0):
+                check_steps_left(start_step, train_cfg.steps, manager.directory)
         except BaseException:
             manager.close()
             raise
@@ -128,12 +141,16 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     wandb_run.config.update({"model_attention_kernel": kernel}, allow_val_change=True)
     wandb_run.summary["model/attention_kernel"] = kernel
     link_wandb(wandb_run, branch, parent_run_id)
+    if start.lineage is not None:
+        record_lineage(wandb_run, Path(run_folder.checkpoints), start.lineage, first_session=from_base is not None and is_primary())
 
     ctx = LoopContext(cfg=cfg, run_folder=run_folder, program=program, loader=loader, ledger=ledger,
                       wandb_run=wandb_run, train_log=open_train_log(run_folder), saves=CheckpointSaves(manager, ledger),
                       window=window, meta=meta, tokens_per_step=tokens_per_step, start_step=start_step,
                       state=state, step=start_step, last_loss=last_loss)
     try:
+        if untrained and train_cfg.steps == 0:  # train.steps=0: the step-0 checkpoint alone (an imported model)
+            ctx.saves.save(0, ctx.state, loader.get_state(), meta)
         run_loop(ctx, hooks)
     except BaseException:
         # the first error is the one to report: a failed save raises again when the manager closes

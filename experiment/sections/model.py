@@ -43,6 +43,15 @@ class ModelConfig:
     # the projections' outputs, recompute attention and elementwise work), offload (save_dots with the
     # saved outputs in host memory; TPU). The recompute each costs: model.flops.recompute_flops_per_token
     remat: Literal["none", "full", "save_dots", "offload"] = "none"
+    # continued pretraining: a Hugging Face model folder (config.json, *.safetensors, tokenizer.json) the
+    # first session of recipe 04 starts from (trainer/init_from.py). Its config.json gives the family and
+    # shape: a shape key set here that disagrees is an error. Ignored once the run has a checkpoint.
+    init_from: str = ""
+    # when the run's tokenizer is not the base model's: none keeps the ids (the vocabulary sizes must
+    # match); mean starts each token's input and output embedding as the mean of the base embeddings of
+    # the pieces the base tokenizer splits its text into (a token the base has whole is copied); random
+    # starts them afresh (the control). model/vocab_adaptation.py
+    vocab_adaptation: Literal["none", "mean", "random"] = "none"
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""

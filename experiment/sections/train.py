@@ -106,11 +106,17 @@ class TrainConfig:
     # optimizer state, data position) and train on with this config's schedule (trainer/branch.py)
     branch_from: str = ""
     branch_step: int = 0
+    # which parameters train: all, or only the input embeddings and the LM head (the vocabulary-adaptation
+    # phase of RuAdapt / Vikhr); embeddings_only_steps: the first N steps train only those, then all
+    trainable: Literal["all", "embeddings"] = "all"
+    embeddings_only_steps: int = 0
     mesh: MeshConfig = field(default_factory=MeshConfig)
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
-        for name in ("steps", "batch_size", "grad_accum_steps", "checkpoint_every", "keep_checkpoints", "log_every"):
+        if self.steps < 0:  # 0: write the step-0 checkpoint (e.g. an imported model) without training
+            raise ConfigError(f"config key '{prefix}steps': must be >= 0, got {self.steps}")
+        for name in ("batch_size", "grad_accum_steps", "checkpoint_every", "keep_checkpoints", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 1, got {getattr(self, name)}")
         if self.batch_size % self.grad_accum_steps:
@@ -121,16 +127,16 @@ class TrainConfig:
             raise ConfigError(f"config key '{prefix}learning_rate': must be positive, got {self.learning_rate}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"config key '{prefix}min_lr_ratio': must be in [0, 1], got {self.min_lr_ratio}")
-        if self.warmup_steps < 0 or self.warmup_steps >= self.steps:
+        if self.warmup_steps < 0 or (self.steps and self.warmup_steps >= self.steps):
             raise ConfigError(f"config key '{prefix}warmup_steps': must be in [0, steps={self.steps}), got {self.warmup_steps}")
-        if self.schedule == "wsd" and not 1 <= self.decay_steps <= self.steps - self.warmup_steps:
+        if self.steps and self.schedule == "wsd" and not 1 <= self.decay_steps <= self.steps - self.warmup_steps:
             raise ConfigError(f"config key '{prefix}decay_steps': schedule wsd needs 1 <= decay_steps <= steps - warmup_steps "
                               f"= {self.steps - self.warmup_steps}, got {self.decay_steps}")
         if self.schedule != "wsd" and self.decay_steps:
             raise ConfigError(f"config key '{prefix}decay_steps': only used by schedule wsd (schedule is {self.schedule}); "
                               f"remove it or set train.schedule=wsd")
         for name in ("weight_decay", "grad_clip", "eval_every", "keep_checkpoints_every", "preemption_grace_s",
-                     "cpu_devices", "loss_chunk_len"):
+                     "cpu_devices", "loss_chunk_len", "embeddings_only_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 0, got {getattr(self, name)}")
         unknown = [p for p in self.fit_search_remat if p not in ("none", "save_dots", "offload", "full")]

@@ -1,0 +1,175 @@
+"""Continued pretraining: recipe 04 from a Hugging Face folder (model.init_from), vocabulary adaptation,
+the embeddings-only phase.
+
+The base "HF folder" is built without transformers: our own Llama exported by its HF adapter
+(config.json + model.safetensors) and a byte-level BPE tokenizer.json trained with the tokenizers
+library on a few Russian and English lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+from experiment.sections.model import ModelConfig
+from model.vocab_adaptation import adapt_embeddings
+from tests.fixture_run import assert_same_checkpoint, checkpoint_contents, run_copy
+from tests.recipe_runner import error_line, run_recipe
+
+BASE_VOCAB = 300
+# the tiny experiment's shape (tests/configs/tiny.yaml), so the YAML's explicit model keys agree
+BASE_MODEL = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192, max_seq_len=64,
+                         tie_embeddings=False)
+LINES = ["Мой дядя самых честных правил, когда не в шутку занемог.",
+         "Он уважать себя заставил и лучше выдумать не мог.",
+         "The quick brown fox jumps over the lazy dog.", "Капитанская дочка, Дубровский, повести Белкина."] * 20
+
+
+@pytest.fixture(scope="module")
+def base_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from safetensors.numpy import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from model.registry import get_family
+
+    folder = tmp_path_factory.mktemp("base-hf")
+    llama = get_family("llama")
+    state_dict, config = llama.hf_adapter.export(llama.init(BASE_MODEL, BASE_VOCAB, seed=7), BASE_MODEL, BASE_VOCAB,
+                                                 {"eos": 1})
+    save_file(state_dict, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(LINES, trainers.BpeTrainer(vocab_size=BASE_VOCAB, special_tokens=["<unk>", "</s>"],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    assert tokenizer.get_vocab_size() == BASE_VOCAB
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def continue_config(stages: Path, root: Path, base: Path, **train: Any) -> Path:
+    return run_copy(stages, root, model={"init_from": str(base), "vocab_adaptation": "mean"},
+                    train={"warmup_steps": 2, "checkpoint_every": 100, "log_every": 1, **train})
+
+
+def param_of(arrays: dict[str, np.ndarray], path: str) -> np.ndarray:
+    """A parameter of ``tests.fixture_run.checkpoint_contents`` by its path in the model."""
+    return arrays[f"params{path}['value']"]
+
+
+def run_texts(run_dir: Path) -> list[str | None]:
+    from experiment.runfolder import RunFolder
+    from trainer.init_from import run_token_texts
+
+    return run_token_texts(RunFolder(run_dir))[0]
+
+
+def test_mean_adaptation_step0_then_exact_resume(fixture_stages: Path, base_folder: Path, tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    config = continue_config(fixture_stages, tmp_path / "a", base_folder, steps=0)
+    run_recipe("04_pretrain.py", config)
+    run_dir = tmp_path / "a" / "runs" / "tiny"
+    arrays, items = checkpoint_contents(run_dir, 0)
+    param = functools.partial(param_of, arrays)
+    base = load_file(str(base_folder / "model.safetensors"))
+    # every weight but the embeddings is the base model's, bit for bit
+    assert np.array_equal(param("['blocks']['1']['mlp']['w_down']"), base["model.layers.1.mlp.down_proj.weight"].T)
+    assert np.array_equal(param("['final_norm']['scale']"), base["model.norm.weight"])
+    embed, head = param("['embed']"), param("['lm_head']").T
+    assert embed.shape == (600, 64)
+    encode = Tokenizer.from_file(str(base_folder / "tokenizer.json"))
+    pieces = {i: encode.encode(t, add_special_tokens=False).ids for i, t in enumerate(run_texts(run_dir)) if t}
+    whole = next(i for i, p in pieces.items() if len(p) == 1)
+    split = next(i for i, p in pieces.items() if len(p) >= 3)
+    for table, base_table in ((embed, base["model.embed_tokens.weight"]), (head, base["lm_head.weight"])):
+        assert np.array_equal(table[whole], base_table[pieces[whole][0]])  # present in both: copied exactly
+        want = base_table[pieces[split]].astype(np.float64).mean(axis=0)
+        np.testing.assert_allclose(table[split], want, rtol=1e-6, atol=1e-7)
+    lineage = items["meta"]["init_from"]
+    assert lineage["files"]["model.safetensors"] == hashlib.sha256(
+        (base_folder / "model.safetensors").read_bytes()).hexdigest()
+    assert lineage["vocab_adaptation"]["copied"] > 0 and lineage["vocab_adaptation"]["averaged"] > 0
+    assert json.loads((run_dir / "checkpoints" / "init_from.json").read_text(encoding="utf-8")) == lineage
+
+    # the next session resumes from step 0 (init_from is not read again) and trains exactly like one
+    # that starts from the base model and trains straight through
+    run_recipe("04_pretrain.py", config, "train.steps=4")
+    straight = continue_config(fixture_stages, tmp_path / "b", base_folder, steps=4)
+    run_recipe("04_pretrain.py", straight)
+    assert_same_checkpoint(run_dir, tmp_path / "b" / "runs" / "tiny", 4)
+    trained, _ = checkpoint_contents(run_dir, 4)
+    assert not np.array_equal(param_of(trained, "['final_norm']['scale']"), base["model.norm.weight"])
+
+
+def test_shape_key_against_config_json_is_one_error_line(fixture_stages: Path, base_folder: Path,
+                                                         tmp_path: Path) -> None:
+    config = continue_config(fixture_stages, tmp_path, base_folder, steps=0)
+    proc = run_recipe("04_pretrain.py", config, "model.d_ff=128", check=False)
+    assert proc.returncode == 2
+    line = error_line(proc)
+    assert "model.d_ff" in line and "128" in line and "192" in line and "config.json" in line
+    proc = run_recipe("04_pretrain.py", config, "model.vocab_adaptation=none", check=False)
+    assert proc.returncode == 2
+    line = error_line(proc)
+    assert "model.vocab_adaptation" in line and "600" in line and str(BASE_VOCAB) in line
+
+
+def test_adaptation_rules() -> None:
+    base = np.arange(12, dtype=np.float32).reshape(6, 2)
+    vocab = {"a": [0], "bc": [1, 2], "xyz": [3, 4, 5]}
+    texts = ["bc", None, "a", "xyz", "<nothing>"]
+
+    def encode(text: str) -> list[int]:
+        return vocab.get(text, [])
+
+    mean, report = adapt_embeddings({"embed": base}, texts, encode, "mean", special_map={1: 5})
+    assert np.array_equal(mean["embed"][2], base[0]) and np.array_equal(mean["embed"][1], base[5])
+    np.testing.assert_allclose(mean["embed"][0], base[1:3].mean(axis=0))
+    np.testing.assert_allclose(mean["embed"][3], base[3:6].mean(axis=0))
+    assert (report.copied, report.averaged, report.unknown) == (2, 2, 1)
+    random, report = adapt_embeddings({"embed": base}, texts, encode, "random")
+    assert (report.copied, report.averaged, report.unknown) == (0, 0, 5)
+    assert not np.isclose(random["embed"][:4], mean["embed"][:4]).any()  # the unknown row is fresh in both
+    assert random["embed"].dtype == np.float32 and random["embed"].shape == (5, 2)
+
+
+@pytest.mark.parametrize("groups", [{"embeddings_only_steps": 2}, {"trainable": "embeddings"}])
+def test_embeddings_only_steps_freeze_the_body_then_train_it(groups: dict[str, Any]) -> None:
+    """The first N steps (or every step under trainable=embeddings) change only the embeddings and head."""
+    from experiment.sections.train import TrainConfig
+    from model.sharding import build_mesh
+    from trainer.step import build_program, global_batch
+
+    model = dataclasses.replace(BASE_MODEL, d_model=32, n_layers=1, d_ff=64, max_seq_len=16)
+    train = TrainConfig(steps=10, batch_size=4, learning_rate=1e-2, warmup_steps=0, **groups)
+    prog = build_program(model, train, 64, build_mesh(train.mesh), seed=0)
+    rows = np.random.default_rng(0).integers(0, 64, (4, 17)).astype(np.int32)
+    batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, prog.batch_sharding)
+
+    def leaves(state: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(state["params"])}
+
+    state = prog.init_state()
+    start = leaves(state)
+    body = [k for k in start if not k.startswith(("['embed']", "['lm_head']"))]
+    embed, head = (next(k for k in start if k.startswith(name)) for name in ("['embed']", "['lm_head']"))
+    for _ in range(2):
+        state, _ = prog.train_step(state, batch)
+        now = leaves(state)
+        assert all(np.array_equal(now[k], start[k]) for k in body)
+        assert not np.array_equal(now[embed], start[embed]) and not np.array_equal(now[head], start[head])
+    state, _ = prog.train_step(state, batch)
+    now = leaves(state)
+    changed = [not np.array_equal(now[k], start[k]) for k in body]
+    assert all(changed) if "embeddings_only_steps" in groups else not any(changed)

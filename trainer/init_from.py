@@ -1,0 +1,227 @@
+"""Continued pretraining: the first session of recipe 04 starts from a Hugging Face model folder.
+
+``model.init_from: <folder>`` (a ``model:`` key, since it decides the model): the folder's config.json
+gives the family and the shape; the keys of the run's own (``RUN_KEYS``: sequence length, kernels,
+loss terms) stay the YAML's. A shape key the YAML sets explicitly and config.json contradicts is one
+error line naming both values. The weights come in through ``model.hf_checkpoint.load_hf_checkpoint``;
+when the run's tokenizer is not the base model's, ``model.vocab_adaptation`` rewrites the embedding
+rows (``model.vocab_adaptation``). The optimizer starts fresh, with its own warmup, at step 0.
+
+Once the run has a checkpoint, init_from is not read again: the model is the checkpoint's (its meta
+says which) and the base model's lineage (file hashes, adaptation counts) is carried over from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiment.errors import ConfigError, DataError
+from experiment.files import atomic_write_json
+from experiment.runfolder import RunFolder
+from model.hf_checkpoint import ImportedCheckpoint, hf_model_config, load_hf_checkpoint, read_config
+from model.vocab_adaptation import adapt_embeddings
+from trainer import checkpoint
+from trainer.resume import finished_steps
+
+log = logging.getLogger("trainer")
+# model keys that belong to the run, not to the base model: kept from our YAML
+RUN_KEYS = ("max_seq_len", "z_loss", "init_std", "attention", "remat", "init_from", "vocab_adaptation", "preset")
+LINEAGE_FILE = "init_from.json"  # in checkpoints/: the base model a run started from (written by its first session)
+# our tokenizer manifest's special ids -> the config.json key of the base model's counterpart
+SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "pad_token_id"}
+
+
+@dataclasses.dataclass
+class StartPoint:
+    """What a run's model is: its resolved config, the step-0 parameters when they come from a base
+    model (None: initialised afresh, or restored from a checkpoint), and the base's lineage."""
+
+    model_cfg: Any
+    params: dict[str, Any] | None = None
+    lineage: dict[str, Any] | None = None
+
+
+def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = None) -> StartPoint:
+    """The run's model: ``cfg.model``, or with ``model.init_from`` the base model's (its weights read onto
+    ``mesh`` with the run's ``train.mesh.rules`` when given, else the default device)."""
+    folder = getattr(cfg.model, "init_from", "")
+    if not folder:
+        return StartPoint(cfg.model)
+    checkpoint_dir = Path(run_folder.checkpoints)
+    steps = finished_steps(checkpoint_dir)
+    if steps:
+        meta = latest_meta(checkpoint_dir, steps)
+        base_cfg = checkpoint.model_config_from_meta(meta) if meta else None
+        if base_cfg is not None:
+            log.info("model.init_from is not read again: the run resumes from its checkpoints in %s", checkpoint_dir)
+            return StartPoint(merge_model_config(cfg, base_cfg, f"the checkpoints in {checkpoint_dir}"),
+                              lineage=meta.get("init_from"))
+    # everything config.json and the tokenizers decide is checked before the weights are read
+    base_config = read_config(Path(folder))
+    _, base_cfg, base_vocab = hf_model_config(base_config, str(Path(folder) / "config.json"))
+    model_cfg = merge_model_config(cfg, base_cfg, str(Path(folder) / "config.json"))
+    embeddings = EmbeddingPlan.for_run(cfg, run_folder, base_config, base_vocab, vocab_size)
+    imported = load_hf_checkpoint(Path(folder), cfg.train.param_dtype, mesh=mesh, rules=cfg.train.mesh.rules)
+    params, adaptation = embeddings.apply(imported, cfg.experiment.seed)
+    lineage = {"folder": str(Path(folder).resolve()), "family": imported.family, "files": imported.source_files,
+               "tokenizer_files": [Path(p).name for p in imported.tokenizer_files], "base_vocab_size": imported.vocab_size,
+               "vocab_adaptation": adaptation}
+    log.info("model.init_from: %s (%s family, vocabulary %d); embeddings: %s", folder, imported.family,
+             imported.vocab_size, describe_adaptation(adaptation))
+    return StartPoint(model_cfg, params, lineage)
+
+
+def latest_meta(checkpoint_dir: Path, steps: list[int]) -> dict[str, Any] | None:
+    """The meta of the newest of ``steps`` that passes its checksums (None: none does)."""
+    manager = checkpoint.open_manager(checkpoint_dir)
+    try:
+        def read(step: int) -> dict[str, Any]:
+            return checkpoint.read_meta(manager, step)
+
+        return checkpoint.restore_verified(manager, read, steps)[1]
+    except checkpoint.CheckpointDamaged:
+        return None  # resume reports it, with the damaged steps set aside
+    finally:
+        manager.close()
+
+
+def merge_model_config(cfg: Any, base_cfg: Any, source: str) -> Any:
+    """The base model's config with the run's own keys (``RUN_KEYS``) from the YAML; a shape key the
+    YAML sets that the base contradicts is a ConfigError naming both values and ``source``."""
+    explicit = getattr(cfg, "explicit_keys", frozenset())
+    ours = cfg.model
+    if "model.preset" in explicit and getattr(ours, "preset", ""):
+        raise ConfigError(f"config key 'model.preset': {ours.preset!r} cannot be combined with model.init_from, whose "
+                          f"shape comes from {source}: remove model.preset")
+    base_fields = {f.name for f in dataclasses.fields(base_cfg)}
+    for name in sorted(base_fields - set(RUN_KEYS)):
+        if f"model.{name}" not in explicit or not hasattr(ours, name):
+            continue
+        mine, theirs = getattr(ours, name), getattr(base_cfg, name)
+        if name == "head_dim":  # 0 stands for d_model // n_heads
+            mine, theirs = ours.resolved_head_dim, base_cfg.resolved_head_dim
+        if mine != theirs:
+            raise ConfigError(f"config key 'model.{name}': {mine!r} disagrees with {theirs!r} of {source} "
+                              f"(model.init_from takes the model's shape from there): remove the key or set it to {theirs!r}")
+    kept = {name: getattr(ours, name) for name in RUN_KEYS if name in base_fields and hasattr(ours, name)}
+    return dataclasses.replace(base_cfg, **kept)
+
+
+@dataclasses.dataclass
+class EmbeddingPlan:
+    """How the base model's embeddings become the run's: ``model.vocab_adaptation`` with what it needs
+    (the run's token texts, the base tokenizer, the special-token map), checked before weights are read."""
+
+    mode: str
+    texts: list[str | None] = dataclasses.field(default_factory=list)
+    encode: Any = None
+    special_map: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def for_run(cls, cfg: Any, run_folder: RunFolder, base_config: dict[str, Any], base_vocab: int,
+                vocab_size: int) -> EmbeddingPlan:
+        mode = getattr(cfg.model, "vocab_adaptation", "none")
+        folder = Path(cfg.model.init_from)
+        if mode == "none":
+            if vocab_size != base_vocab:
+                raise ConfigError(f"config key 'model.vocab_adaptation': none keeps the base model's token ids, but the "
+                                  f"run's tokenizer ({run_folder.tokenizer}) has {vocab_size} tokens and "
+                                  f"{folder / 'config.json'} has vocab_size {base_vocab}: set model.vocab_adaptation to "
+                                  "mean (or random), or use the base model's tokenizer")
+            return cls(mode)
+        texts, special = run_token_texts(run_folder)
+        if mode == "random":
+            return cls(mode, texts, lambda text: [])
+        special_map = {ours: int(base_config[key]) for name, key in SPECIAL_KEYS.items()
+                       if (ours := special.get(name)) is not None and ours >= 0
+                       and isinstance(base_config.get(key), int) and 0 <= base_config[key] < base_vocab}
+        return cls(mode, texts, base_encoder(folder), special_map)
+
+    def apply(self, imported: ImportedCheckpoint, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The imported parameters (a pure dict) with the run's embedding rows, and what was done."""
+        from flax import nnx
+
+        pure = nnx.to_pure_dict(imported.state)
+        if self.mode == "none":
+            return pure, {"mode": "none"}
+        tables = {"embed": host_array(pure["embed"])}
+        if pure.get("lm_head") is not None:
+            tables["lm_head"] = host_array(pure["lm_head"]).T  # [D, V] -> token-major
+        adapted, report = adapt_embeddings(tables, self.texts, self.encode, self.mode, seed=seed,
+                                           special_map=self.special_map)
+        pure["embed"] = adapted["embed"]
+        if "lm_head" in adapted:
+            pure["lm_head"] = np.ascontiguousarray(adapted["lm_head"].T)
+        return pure, report.as_dict()
+
+
+def host_array(value: Any) -> np.ndarray:
+    """The whole of a parameter on this host (gathered from the other processes when sharded across them);
+    every process adapts the same table from it."""
+    import jax
+
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    return np.asarray(value)
+
+
+def run_token_texts(run_folder: RunFolder) -> tuple[list[str | None], dict[str, int]]:
+    """Each id's text under the run's SentencePiece tokenizer (None for control pieces and for byte
+    pieces that are no character alone), and its special ids."""
+    from tokenizer.spm import load_tokenizer, piece_surface
+
+    sp, manifest = load_tokenizer(run_folder.tokenizer)
+    texts: list[str | None] = []
+    for piece_id in range(sp.get_piece_size()):
+        if sp.is_byte(piece_id):
+            byte = int(sp.id_to_piece(piece_id)[3:5], 16)  # <0xNN>
+            texts.append(chr(byte) if byte < 0x80 else None)
+        else:
+            texts.append(piece_surface(sp, piece_id) or None)
+    return texts, {k: int(v) for k, v in (manifest.get("special_ids") or {}).items() if v is not None}
+
+
+def base_encoder(folder: Path) -> Any:
+    """text -> the base tokenizer's ids (its tokenizer.json, without added special tokens)."""
+    from tokenizers import Tokenizer
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise DataError(f"{path} is missing: model.vocab_adaptation=mean splits each new token with the base model's "
+                        "tokenizer")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers library raises its own Exception types
+        raise DataError(f"{path} does not load as a Hugging Face tokenizer ({str(exc).splitlines()[0]})") from exc
+    return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def describe_adaptation(adaptation: dict[str, Any]) -> str:
+    if adaptation.get("mode") == "none":
+        return "base token ids kept (vocab_adaptation none)"
+    return (f"vocab_adaptation {adaptation['mode']}: {adaptation['new_vocab']} tokens, {adaptation['copied']} copied, "
+            f"{adaptation['averaged']} averaged, {adaptation['unknown']} started afresh")
+
+
+def record_lineage(wandb_run: Any, checkpoint_dir: Path, lineage: dict[str, Any], first_session: bool) -> None:
+    """The base model in W&B (an artifact reference the run uses, and summary counts) and, from the first
+    session, ``checkpoints/init_from.json``."""
+    from tracking.artifacts import use_reference
+
+    adaptation = lineage.get("vocab_adaptation") or {}
+    for key in ("mode", "copied", "averaged", "unknown"):
+        if key in adaptation:
+            wandb_run.summary[f"init/vocab_{key}"] = adaptation[key]
+    wandb_run.summary["init/family"] = lineage.get("family")
+    if first_session:
+        atomic_write_json(checkpoint_dir / LINEAGE_FILE, lineage)
+        use_reference(wandb_run, f"base-{Path(lineage['folder']).name}", "base-model", lineage["folder"],
+                      metadata={"files_sha256": lineage["files"], "family": lineage.get("family"),
+                                "vocab_size": lineage.get("base_vocab_size")})
