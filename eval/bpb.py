@@ -2,7 +2,7 @@
 
 Bits per byte = (sum of target-token NLL in nats) / ln 2 / (UTF-8 bytes those tokens stand for).
 It is comparable across tokenizers, unlike per-token perplexity. Bytes come from
-``tokenizer.spm.piece_byte_lengths`` (EOS and other control pieces count 0 bytes, their NLL still
+``tokenizer.loaded.RunTokenizer.piece_byte_lengths``, trained or adopted tokenizer (EOS and other control pieces count 0 bytes, their NLL still
 counts: predicting the end of a document is part of modelling the text). Sums are kept in float64.
 """
 
