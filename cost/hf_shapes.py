@@ -9,11 +9,11 @@ shipped in ``cost/hf_configs/`` (README there names their sources).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
-from experiment.errors import ConfigError
+from experiment.errors import ConfigError, DataError
+from experiment.files import read_json_object
 from experiment.sections.model import ModelConfig
 
 HF_PREFIX = "hf:"
@@ -45,12 +45,9 @@ def config_json_path(spec: str, key: str) -> Path:
 
 def read_config_json(path: Path, key: str) -> dict[str, Any]:
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"config key '{key}': {path} is not readable JSON ({exc})") from exc
-    if not isinstance(body, dict):
-        raise ConfigError(f"config key '{key}': {path} is not a JSON object")
-    return body
+        return read_json_object(path)
+    except DataError as exc:
+        raise ConfigError(f"config key '{key}': {exc}") from exc
 
 
 def llama_shape_from_hf_config(config_json: dict[str, Any], source: str) -> tuple[ModelConfig, int]:

@@ -11,15 +11,15 @@ report measures it on the same held-out documents and baselines as a trained one
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from experiment.errors import ConfigError, DataError
-from experiment.files import atomic_dir, atomic_write_bytes, sha256_file
+from experiment.files import atomic_dir, atomic_write_bytes, read_json_object, sha256_file
 from experiment.manifest import invalidate
 from experiment.schema import ExperimentConfig
 from experiment.stages import TOKENIZER
@@ -58,14 +58,11 @@ def locate_source(adopt_from: str) -> tuple[str, Path]:
     return (KIND_SENTENCEPIECE if path.suffix == ".model" else KIND_HF), path
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path} is not readable JSON ({exc})") from exc
-    if not isinstance(body, dict):
-        raise DataError(f"{path} is not a JSON object")
-    return body
+def _present(folder: Path, names: tuple[str, ...]) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """``(path, JSON object)`` of each of ``names`` that ``folder`` holds, in order."""
+    for name in names:
+        if (folder / name).is_file():
+            yield folder / name, read_json_object(folder / name)
 
 
 def _token_content(value: Any) -> str | None:
@@ -79,11 +76,7 @@ def special_ids_from_folder(folder: Path, token_to_id: Any, own: dict[str, int |
     """pad/unk/bos/eos ids: tokens named in tokenizer_config.json / special_tokens_map.json, then ids in
     config.json / generation_config.json, then the tokenizer's own (``own``, SentencePiece's ids)."""
     ids: dict[str, int | None] = {}
-    for name in _TOKEN_FILES:
-        path = folder / name
-        if not path.is_file():
-            continue
-        body = _read_json(path)
+    for path, body in _present(folder, _TOKEN_FILES):
         for special in SPECIAL_NAMES:
             token = _token_content(body.get(f"{special}_token"))
             if special in ids or token is None:
@@ -92,11 +85,7 @@ def special_ids_from_folder(folder: Path, token_to_id: Any, own: dict[str, int |
             if token_id is None:
                 raise DataError(f"{path}: {special}_token {token!r} is not in the tokenizer's vocabulary")
             ids[special] = int(token_id)
-    for name in _ID_FILES:
-        path = folder / name
-        if not path.is_file():
-            continue
-        body = _read_json(path)
+    for _, body in _present(folder, _ID_FILES):
         for special in SPECIAL_NAMES:
             value = body.get(f"{special}_token_id")
             value = value[0] if isinstance(value, list) and value else value  # several EOS ids: the first ends documents
@@ -114,7 +103,7 @@ def model_vocab_size(folder: Path) -> int | None:
     path = folder / "config.json"
     if not path.is_file():
         return None
-    body = _read_json(path)
+    body = read_json_object(path)
     value = body.get("vocab_size")
     if value is None and isinstance(body.get("text_config"), dict):  # multimodal configs nest the text model's
         value = body["text_config"].get("vocab_size")

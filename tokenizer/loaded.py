@@ -48,7 +48,7 @@ class RunTokenizer:
     """A loaded tokenizer folder. ``source`` is what a Beam worker rebuilds it from (kind, model bytes)."""
 
     kind: str
-    vocab_size: int  # the model's vocabulary (embedding rows): at least the tokenizer's own size
+    vocab_size: int  # the manifest's: the tokenizer's own ids (an adopted base model may have more embedding rows)
     eos_id: int
     pad_id: int
     sha256: str
@@ -78,12 +78,9 @@ class RunTokenizer:
         return self.hf.decode(ids, skip_special_tokens=False)
 
     def piece_byte_lengths(self) -> np.ndarray:
-        """UTF-8 bytes each id stands for, shape ``[vocab_size]`` (special pieces and padding rows 0)."""
+        """UTF-8 bytes each id stands for, one entry per id up to the largest (special pieces 0)."""
         if self._piece_bytes is None:
-            lengths = piece_byte_lengths(self.sp) if self.sp is not None else hf_piece_byte_lengths(self.hf)
-            if lengths.size < self.vocab_size:  # model rows past the tokenizer's ids are never produced
-                lengths = np.concatenate([lengths, np.zeros(self.vocab_size - lengths.size, dtype=np.int32)])
-            self._piece_bytes = lengths
+            self._piece_bytes = piece_byte_lengths(self.sp) if self.sp is not None else hf_piece_byte_lengths(self.hf)
         return self._piece_bytes
 
     @property
@@ -182,9 +179,8 @@ def load_run_tokenizer(tokenizer_dir: str | Path) -> RunTokenizer:
                         f"the file changed after recipe 02; {TOKENIZER.run_again}")
     hf = read_hf_tokenizer(model_path)
     own_size = hf.get_vocab_size(with_added_tokens=True)
-    if own_size != manifest.get("tokenizer_vocab_size", manifest["vocab_size"]):
-        raise DataError(f"{model_path} has {own_size} tokens, the manifest says "
-                        f"{manifest.get('tokenizer_vocab_size', manifest['vocab_size'])}")
+    if own_size != manifest["vocab_size"]:
+        raise DataError(f"{model_path} has {own_size} tokens, the manifest says {manifest['vocab_size']}")
     special = manifest.get("special_ids") or {}
     if special.get("eos") is None:
         raise DataError(f"{tokenizer_dir / 'manifest.json'}: the tokenizer has no EOS id (special_ids.eos); "

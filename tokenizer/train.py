@@ -137,6 +137,8 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
     train_seconds = time.perf_counter() - started
     log.info("SentencePiece trained in %.1f s", train_seconds)
 
+    for adopted in ("tokenizer.json", "tokenizer.model"):  # an earlier adoption's model (tokenizer.adopt)
+        (out_dir / adopted).unlink(missing_ok=True)
     atomic_write_bytes(out_dir / MODEL_FILE, model_bytes)
     sp = spm.SentencePieceProcessor(model_proto=model_bytes)
     atomic_write_text(out_dir / VOCAB_FILE, vocab_text(sp))
