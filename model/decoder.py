@@ -4,6 +4,10 @@
                                        RMSNorm -> SwiGLU MLP -> +residual]
            -> RMSNorm -> tied (or separate) output projection -> logits
 
+Options of the families built on it (model/hf_families.py): biases on the query/key/value
+projections (``qkv_bias``, Qwen2), an RMSNorm over each query and key head before RoPE (``qk_norm``,
+Qwen3) and Llama 3's RoPE frequency scaling (``rope_scaling: llama3``).
+
 Every parameter carries logical axis names (``out_sharding`` metadata) that ``model.sharding``
 maps onto the device mesh; key activations are pinned with ``constrain``. The model computes in
 the dtype of the parameters it is given: the trainer casts fp32 master weights to bf16 before the
@@ -11,6 +15,9 @@ forward pass when ``train.compute_dtype`` is bfloat16. Norms, softmax and the lo
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -44,9 +51,13 @@ def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], std: fl
     return nnx.Param(init(rngs.params(), shape, jnp.float32), out_sharding=axes)
 
 
+def zeros(shape: tuple[int, ...], axes: tuple[str, ...]) -> nnx.Param:
+    return nnx.Param(jnp.zeros(shape, jnp.float32), out_sharding=axes)
+
+
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float):
-        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=("norm",))
+    def __init__(self, dim: int, eps: float, axis: str = "norm"):
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=(axis,))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -55,15 +66,46 @@ class RMSNorm(nnx.Module):
         return (normed * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def rope_table(length: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class Rope:
+    """RoPE's frequencies: base ``theta``, optionally with Llama 3's scaling (``scaling="llama3"``)."""
+
+    theta: float = 10_000.0
+    scaling: str = "none"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_len: int = 8192
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> Rope:
+        return cls(cfg.rope_theta, cfg.rope_scaling, cfg.rope_factor, cfg.rope_low_freq_factor,
+                   cfg.rope_high_freq_factor, cfg.rope_original_max_len)
+
+    def frequencies(self, head_dim: int) -> np.ndarray:
+        """Inverse wavelengths [head_dim / 2] (fp32), as Transformers' ``ROPE_INIT_FUNCTIONS`` compute them."""
+        half = head_dim // 2
+        freqs = np.float32(self.theta) ** (-np.arange(half, dtype=np.float32) / np.float32(half))
+        if self.scaling == "llama3":
+            # long wavelengths (low frequencies) slowed down by ``factor``, short ones kept, a ramp between
+            wavelen = 2 * math.pi / freqs
+            scaled = np.where(wavelen > self.original_max_len / self.low_freq_factor, freqs / self.factor, freqs)
+            smooth = (self.original_max_len / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+            smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+            medium = ~(wavelen < self.original_max_len / self.high_freq_factor) & ~(
+                wavelen > self.original_max_len / self.low_freq_factor)
+            freqs = np.where(medium, smoothed, scaled).astype(np.float32)
+        return freqs
+
+
+def rope_table(length: int, head_dim: int, theta: float | Rope) -> tuple[np.ndarray, np.ndarray]:
     """sin and cos [length, head_dim / 2] of the rotary angles of positions 0..length-1 (fp32)."""
-    half = head_dim // 2
-    freqs = np.float32(theta) ** (-np.arange(half, dtype=np.float32) / np.float32(half))
-    angles = np.arange(length, dtype=np.float32)[:, None] * freqs
+    rope = theta if isinstance(theta, Rope) else Rope(theta)
+    angles = np.arange(length, dtype=np.float32)[:, None] * rope.frequencies(head_dim)
     return np.sin(angles), np.cos(angles)
 
 
-def rope_angles(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+def rope_angles(positions: jax.Array, head_dim: int, theta: float | Rope) -> tuple[jax.Array, jax.Array]:
     """sin and cos [B, T, 1, head_dim / 2] for row-local positions (< T), shared by all layers.
 
     Looked up in a table made at trace time, not computed in the graph: XLA:CPU recomputed sin and
@@ -94,10 +136,21 @@ class Attention(nnx.Module):
         self.wv = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std)
         # scaled init of the projections that write into the residual stream (GPT-2)
         self.wo = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+        # Qwen2: biases on q, k, v (not on the output projection)
+        self.bq = zeros((h, hd), ("heads", "head_dim")) if cfg.qkv_bias else None
+        self.bk = zeros((kv, hd), ("kv_heads", "head_dim")) if cfg.qkv_bias else None
+        self.bv = zeros((kv, hd), ("kv_heads", "head_dim")) if cfg.qkv_bias else None
+        # Qwen3: each query and key head RMS-normed (one scale per head dimension, shared by the heads)
+        self.q_norm = RMSNorm(hd, cfg.norm_eps, "head_dim") if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.norm_eps, "head_dim") if cfg.qk_norm else None
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], segments: Segments) -> jax.Array:
         b, t, d = x.shape
         q, k, v = (project_heads(x, w[...]) for w in (self.wq, self.wk, self.wv))
+        if self.bq is not None:
+            q, k, v = (y + bias[...].astype(y.dtype) for y, bias in ((q, self.bq), (k, self.bk), (v, self.bv)))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = constrain(rotary(q, rope), ("batch", "length", "act_heads", "head_dim"))
         k = rotary(k, rope)
         impl = resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, t)
@@ -138,7 +191,7 @@ class Block(nnx.Module):
 class Decoder(nnx.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int, rngs: nnx.Rngs):
         self.vocab_size, self.remat = vocab_size, cfg.remat
-        self.head_dim, self.rope_theta = cfg.resolved_head_dim, cfg.rope_theta
+        self.head_dim, self.rope = cfg.resolved_head_dim, Rope.of(cfg)
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -155,7 +208,7 @@ class Decoder(nnx.Module):
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        rope = rope_angles(positions, self.head_dim, self.rope_theta)
+        rope = rope_angles(positions, self.head_dim, self.rope)
         x = constrain(jnp.take(self.embed[...], tokens, axis=0), ("batch", "length", "act_embed"))
         for block in self.blocks:
             x = self.run_block(block, x, rope, segment_ids)

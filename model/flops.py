@@ -22,11 +22,13 @@ def matmul_params(cfg: ModelConfig, vocab_size: int) -> int:
 
 
 def param_count(cfg: ModelConfig, vocab_size: int) -> int:
-    """All parameters, by formula (tests check the model against it)."""
-    d = cfg.d_model
-    norms = (2 * cfg.n_layers + 1) * d
+    """All parameters, by formula (tests check the model against it). The q/k/v biases (``qkv_bias``) and
+    the per-head q/k norms (``qk_norm``) are parameters, but elementwise work: no FLOPs of their own here."""
+    d, hd = cfg.d_model, cfg.resolved_head_dim
+    norms = (2 * cfg.n_layers + 1) * d + (cfg.n_layers * 2 * hd if cfg.qk_norm else 0)
+    biases = cfg.n_layers * (cfg.n_heads + 2 * cfg.n_kv_heads) * hd if cfg.qkv_bias else 0
     embeddings = vocab_size * d * (1 if cfg.tie_embeddings else 2)
-    return matmul_params(cfg, vocab_size) - d * vocab_size + embeddings + norms
+    return matmul_params(cfg, vocab_size) - d * vocab_size + embeddings + norms + biases
 
 
 def forward_flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int) -> float:

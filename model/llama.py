@@ -4,11 +4,19 @@ The HF adapter maps our parameters onto Transformers' ``LlamaForCausalLM`` and b
 is Llama-shaped (RMSNorm, GQA attention with half-split RoPE, SwiGLU, optional tied embeddings), so
 both directions are a renaming and transposition of weights: Flax stores ``x @ W`` kernels as
 [in, out], PyTorch ``nn.Linear`` as [out, in]. Only numpy is needed here, not torch.
+
+``LlamaShapedHF`` is the adapter of every family whose Transformers model is Llama's with a few
+switches (Mistral, Qwen2, Qwen3: model/hf_families.py): one table (``hf_tensors``) names each of our
+parameters' HF tensor and layout, and both directions walk it. Importing reads one tensor at a
+time from a mapping (model/hf_checkpoint.py passes a lazy one over the safetensors files), checks its
+shape, casts it to the parameter dtype and hands it to ``place`` (which may put it straight onto its
+devices), so no second full copy of the model is made on the host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,41 +27,99 @@ from experiment.sections.model import ModelConfig
 from experiment.sections.train import DEFAULT_AXIS_RULES
 from model import flops
 from model.decoder import Decoder
-from model.family import ModelFamily, register_family
+from model.family import ModelFamily, get_family, register_family
 
 
-def _array(param: Any) -> np.ndarray:
-    return np.asarray(param[...], dtype=np.float32)
+@dataclass(frozen=True)
+class HFTensor:
+    """One parameter's place in a Transformers state dict.
+
+    ``path``: keys into ``nnx.to_pure_dict`` of our parameters; ``name``: the HF tensor name; ``n_in``:
+    for a kernel ``x @ W`` the number of our leading (input) dims, stored by PyTorch transposed as a
+    2-D [out, in] matrix; 0: the same values in the same order, flattened to 1-D where ``flat`` (biases).
+    """
+
+    path: tuple[Any, ...]
+    name: str
+    n_in: int = 0
+    flat: bool = False
+
+    def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if self.n_in:
+            return (int(np.prod(shape[self.n_in:])), int(np.prod(shape[:self.n_in])))
+        return (int(np.prod(shape)),) if self.flat else tuple(shape)
+
+    def to_ours(self, value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return (value.T if self.n_in else value).reshape(shape)
+
+    def to_hf(self, value: np.ndarray) -> np.ndarray:
+        if self.n_in:
+            return np.ascontiguousarray(value.reshape(int(np.prod(value.shape[:self.n_in])), -1).T)
+        return np.ascontiguousarray(value.reshape(self.hf_shape(value.shape)))
 
 
-def llama_state_dict(model: Any) -> dict[str, np.ndarray]:
-    """Our NNX decoder's parameters under Transformers' Llama names, in PyTorch's [out, in] layout."""
-    tensors: dict[str, np.ndarray] = {"model.embed_tokens.weight": _array(model.embed)}
-    for i, block in enumerate(model.blocks):
-        prefix = f"model.layers.{i}"
-        attn, mlp = block.attn, block.mlp
-        wq, wk, wv, wo = (_array(attn.wq), _array(attn.wk), _array(attn.wv), _array(attn.wo))
-        d = wq.shape[0]
-        tensors.update({
-            f"{prefix}.input_layernorm.weight": _array(block.attn_norm.scale),
-            f"{prefix}.self_attn.q_proj.weight": wq.reshape(d, -1).T,  # [d, heads, head_dim] -> [heads*head_dim, d]
-            f"{prefix}.self_attn.k_proj.weight": wk.reshape(d, -1).T,
-            f"{prefix}.self_attn.v_proj.weight": wv.reshape(d, -1).T,
-            f"{prefix}.self_attn.o_proj.weight": wo.reshape(-1, d).T,  # [heads, head_dim, d] -> [d, heads*head_dim]
-            f"{prefix}.post_attention_layernorm.weight": _array(block.mlp_norm.scale),
-            f"{prefix}.mlp.gate_proj.weight": _array(mlp.w_gate).T,
-            f"{prefix}.mlp.up_proj.weight": _array(mlp.w_up).T,
-            f"{prefix}.mlp.down_proj.weight": _array(mlp.w_down).T,
-        })
-    tensors["model.norm.weight"] = _array(model.final_norm.scale)
-    if model.lm_head is not None:
-        tensors["lm_head.weight"] = _array(model.lm_head).T
-    return {name: np.ascontiguousarray(t) for name, t in tensors.items()}
+def hf_tensors(cfg: ModelConfig) -> list[HFTensor]:
+    """Every parameter of a Llama-shaped decoder with ``cfg`` and its Transformers name."""
+    table = [HFTensor(("embed",), "model.embed_tokens.weight")]
+    for i in range(cfg.n_layers):
+        hf, ours = f"model.layers.{i}", ("blocks", i)
+        attn = (*ours, "attn")
+        table += [
+            HFTensor((*ours, "attn_norm", "scale"), f"{hf}.input_layernorm.weight"),
+            HFTensor((*attn, "wq"), f"{hf}.self_attn.q_proj.weight", 1),  # [d, heads, head_dim] <- [heads*head_dim, d]
+            HFTensor((*attn, "wk"), f"{hf}.self_attn.k_proj.weight", 1),
+            HFTensor((*attn, "wv"), f"{hf}.self_attn.v_proj.weight", 1),
+            HFTensor((*attn, "wo"), f"{hf}.self_attn.o_proj.weight", 2),  # [heads, head_dim, d] <- [d, heads*head_dim]
+        ]
+        if cfg.qkv_bias:
+            table += [HFTensor((*attn, f"b{x}"), f"{hf}.self_attn.{x}_proj.bias", flat=True) for x in "qkv"]
+        if cfg.qk_norm:
+            table += [HFTensor((*attn, f"{x}_norm", "scale"), f"{hf}.self_attn.{x}_norm.weight") for x in "qk"]
+        table += [
+            HFTensor((*ours, "mlp_norm", "scale"), f"{hf}.post_attention_layernorm.weight"),
+            HFTensor((*ours, "mlp", "w_gate"), f"{hf}.mlp.gate_proj.weight", 1),
+            HFTensor((*ours, "mlp", "w_up"), f"{hf}.mlp.up_proj.weight", 1),
+            HFTensor((*ours, "mlp", "w_down"), f"{hf}.mlp.down_proj.weight", 1),
+        ]
+    table.append(HFTensor(("final_norm", "scale"), "model.norm.weight"))
+    if not cfg.tie_embeddings:
+        table.append(HFTensor(("lm_head",), "lm_head.weight", 1))
+    return table
+
+
+def _get(tree: Any, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set(tree: Any, path: tuple[Any, ...], value: Any) -> None:
+    _get(tree, path[:-1])[path[-1]] = value
+
+
+def llama_state_dict(model: Any, cfg: ModelConfig | None = None) -> dict[str, np.ndarray]:
+    """Our NNX decoder's parameters under Transformers' Llama names, in PyTorch's [out, in] layout (fp32)."""
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    if cfg is None:  # the switches the module was built with
+        attn = model.blocks[0].attn
+        cfg = ModelConfig(n_layers=len(model.blocks), tie_embeddings=model.lm_head is None,
+                          qkv_bias=attn.bq is not None, qk_norm=attn.q_norm is not None)
+    return {t.name: t.to_hf(np.asarray(_get(pure, t.path), dtype=np.float32)) for t in hf_tensors(cfg)}
+
+
+def rope_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """Transformers' ``rope_parameters`` for our RoPE settings."""
+    if cfg.rope_scaling == "llama3":
+        return {"rope_type": "llama3", "rope_theta": cfg.rope_theta, "factor": cfg.rope_factor,
+                "low_freq_factor": cfg.rope_low_freq_factor, "high_freq_factor": cfg.rope_high_freq_factor,
+                "original_max_position_embeddings": cfg.rope_original_max_len}
+    return {"rope_type": "default", "rope_theta": cfg.rope_theta}
 
 
 def llama_config(model_cfg: Any, vocab_size: int, special_ids: Mapping[str, int] | None = None) -> dict[str, Any]:
     """config.json for ``LlamaForCausalLM`` with our shapes; ``model_cfg`` is a resolved ModelConfig."""
     special = special_ids or {}
+    rope = rope_hf(model_cfg)
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -67,8 +133,9 @@ def llama_config(model_cfg: Any, vocab_size: int, special_ids: Mapping[str, int]
         "hidden_act": "silu",
         "max_position_embeddings": model_cfg.max_seq_len,
         "rms_norm_eps": model_cfg.norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": model_cfg.rope_theta},
-        "rope_theta": model_cfg.rope_theta,  # the pre-5.0 key, for older Transformers
+        "rope_parameters": rope,
+        "rope_theta": model_cfg.rope_theta,  # the pre-5.0 keys, for older Transformers
+        **({"rope_scaling": rope} if rope["rope_type"] != "default" else {}),
         "attention_bias": False,
         "attention_dropout": 0.0,
         "mlp_bias": False,
@@ -81,87 +148,162 @@ def llama_config(model_cfg: Any, vocab_size: int, special_ids: Mapping[str, int]
     }
 
 
-def config_from_hf(hf_config: Mapping[str, Any]) -> ModelConfig:
-    """Our ModelConfig for a Transformers Llama config.json; features our decoder lacks are errors."""
+# rope_scaling / rope_parameters keys that are not settings of the scaling itself
+_ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+              "original_max_position_embeddings", "partial_rotary_factor"}
+
+
+def rope_from_hf(hf_config: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Our rope_* fields for a config.json's ``rope_parameters`` (Transformers 5) or ``rope_theta`` and
+    ``rope_scaling`` (earlier); a scaling other than llama3 is an error naming it."""
+    rope = dict(hf_config.get("rope_parameters") or {})
+    legacy = hf_config.get("rope_scaling") or {}
+    rope = {**legacy, **rope}
+    theta = float(rope.get("rope_theta", hf_config.get("rope_theta", 10_000.0)))
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if rope.get("partial_rotary_factor", 1.0) != 1.0 or hf_config.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ConfigError(f"{where}: partial_rotary_factor is not supported (only RoPE over the whole head)")
+    if kind == "default":
+        return {"rope_theta": theta}
+    if kind != "llama3":
+        raise ConfigError(f"{where}: rope_scaling type '{kind}' is not supported (only default and llama3)")
+    missing = [k for k in ("factor", "original_max_position_embeddings") if k not in rope]
+    if missing:
+        raise ConfigError(f"{where}: rope_scaling of type llama3 lacks '{missing[0]}'")
+    return {"rope_theta": theta, "rope_scaling": "llama3", "rope_factor": float(rope["factor"]),
+            "rope_low_freq_factor": float(rope.get("low_freq_factor", 1.0)),
+            "rope_high_freq_factor": float(rope.get("high_freq_factor", 4.0)),
+            "rope_original_max_len": int(rope["original_max_position_embeddings"])}
+
+
+def check_full_attention(hf_config: Mapping[str, Any], where: str) -> None:
+    """Sliding-window attention is not implemented: a window shorter than the model's context is an error."""
+    window, context = hf_config.get("sliding_window"), hf_config.get("max_position_embeddings") or 0
+    if window is None or window >= context:
+        return
+    uses = hf_config.get("use_sliding_window", True)
+    sliding = [t for t in hf_config.get("layer_types") or [] if t != "full_attention"]
+    if uses and (sliding or "layer_types" not in hf_config):
+        raise ConfigError(f"{where}: sliding_window={window} < max_position_embeddings={context} "
+                          "(sliding-window attention is not supported)")
+
+
+def config_from_hf(hf_config: Mapping[str, Any], model_type: str = "llama", config_cls: type = ModelConfig,
+                   family: str = "llama", **switches: Any) -> ModelConfig:
+    """Our model config for a Transformers Llama-shaped config.json; features our decoder lacks are errors.
+
+    ``switches``: the family's fixed features (``qkv_bias``, ``qk_norm``) and defaults (``head_dim``:
+    Qwen3's config default when the file has none)."""
+    where = f"Hugging Face {model_type} config"
+
     def need(key: str) -> Any:
         if key not in hf_config:
-            raise ConfigError(f"Hugging Face Llama config: key '{key}' is missing")
+            raise ConfigError(f"{where}: key '{key}' is missing")
         return hf_config[key]
 
-    if need("model_type") != "llama":
-        raise ConfigError(f"Hugging Face config: model_type '{hf_config['model_type']}' is not llama")
-    rope = hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ConfigError(f"Hugging Face Llama config: rope type '{rope.get('rope_type', rope.get('type'))}' is not "
-                          "supported (only the default RoPE)")
-    for key, supported in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
+    if need("model_type") != model_type:
+        raise ConfigError(f"{where}: model_type '{hf_config['model_type']}' is not {model_type}")
+    if hf_config.get("quantization_config"):
+        raise ConfigError(f"{where}: quantization_config is not supported (a quantized checkpoint)")
+    for key, supported in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False),
+                           ("pretraining_tp", 1)):
         if hf_config.get(key, supported) != supported:
-            raise ConfigError(f"Hugging Face Llama config: {key}={hf_config[key]!r} is not supported (only {supported!r})")
+            raise ConfigError(f"{where}: {key}={hf_config[key]!r} is not supported (only {supported!r})")
+    check_full_attention(hf_config, where)
+    default_head_dim = switches.pop("head_dim", None)
     d, heads = int(need("hidden_size")), int(need("num_attention_heads"))
-    head_dim = int(hf_config.get("head_dim") or d // heads)
-    cfg = ModelConfig(
-        d_model=d, n_layers=int(need("num_hidden_layers")), n_heads=heads,
+    head_dim = int(hf_config.get("head_dim") or default_head_dim or d // heads)
+    cfg = config_cls(
+        family=family, d_model=d, n_layers=int(need("num_hidden_layers")), n_heads=heads,
         n_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
         head_dim=0 if head_dim * heads == d else head_dim, d_ff=int(need("intermediate_size")),
-        max_seq_len=int(need("max_position_embeddings")), rope_theta=float(rope.get("rope_theta", hf_config.get("rope_theta", 10_000.0))),
+        max_seq_len=int(need("max_position_embeddings")), **rope_from_hf(hf_config, where),
         norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+        **switches,
     )
     cfg.validate("model")
     return cfg
 
 
-class LlamaHF:
-    """Export to and import from Transformers' ``LlamaForCausalLM`` (see the module docstring)."""
+Place = Callable[[tuple[Any, ...], np.ndarray], Any]  # (our parameter path, value) -> the array the state holds
 
-    architecture = "LlamaForCausalLM"
+
+def _source(state_dict: Any, name: str | None = None) -> str:
+    """Where a tensor comes from, for error lines: the mapping's file (``file_of``) if it knows one."""
+    file_of = getattr(state_dict, "file_of", None)
+    found = file_of(name) if file_of is not None and name is not None else None
+    return str(found or getattr(state_dict, "origin", None) or "state dict")
+
+
+class LlamaShapedHF:
+    """Export to and import from a Transformers model that is Llama's with switches (see the module docstring).
+
+    ``architecture``/``model_type``: what config.json names; ``hf_config``: our config -> the family's
+    config.json fields; ``from_hf``: config.json -> our config; ``family``: the registered family name
+    (set by the family's registration)."""
+
+    def __init__(self, architecture: str, model_type: str, family: str,
+                 to_config: Callable[[Any, int, Mapping[str, int] | None], dict[str, Any]],
+                 from_config: Callable[[Mapping[str, Any]], Any], check_export: Callable[[Any], None] = lambda cfg: None):
+        self.architecture, self.model_type, self.family = architecture, model_type, family
+        self.to_config, self.from_config, self.check_export = to_config, from_config, check_export
 
     def export(self, model: Any, model_cfg: Any, vocab_size: int,
                special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return llama_state_dict(model), llama_config(model_cfg, vocab_size, special_ids)
+        self.check_export(model_cfg)
+        return llama_state_dict(model, model_cfg), self.to_config(model_cfg, vocab_size, special_ids)
 
-    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any]) -> tuple[ModelConfig, nnx.State]:
-        """The inverse of ``export``: every tensor is checked against the shape the config implies."""
-        cfg = config_from_hf(hf_config)
+    def config(self, hf_config: Mapping[str, Any]) -> tuple[Any, int]:
+        """(our model config, vocabulary size) of a config.json."""
         vocab_size = int(hf_config.get("vocab_size") or 0)
-        state = nnx.state(LLAMA.abstract(cfg, vocab_size), nnx.Param)
-        used: set[str] = set()
+        if vocab_size <= 0:
+            raise ConfigError(f"Hugging Face {self.model_type} config: vocab_size is missing or not positive")
+        return self.from_config(hf_config), vocab_size
 
-        def tensor(name: str, shape: tuple[int, ...], transpose: bool = True) -> np.ndarray:
-            if name not in state_dict:
-                raise DataError(f"Hugging Face Llama weights: tensor '{name}' is missing")
-            used.add(name)
-            value = np.asarray(state_dict[name], dtype=np.float32)
-            value = value.T if transpose else value
-            if value.size != int(np.prod(shape)):
-                raise DataError(f"Hugging Face Llama weights: tensor '{name}' has shape {tuple(state_dict[name].shape)}, "
-                                f"which does not fit {shape} of the config")
-            return value.reshape(shape)
+    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
+                dtype: Any = np.float32, place: Place | None = None) -> tuple[Any, nnx.State]:
+        """The inverse of ``export``: each tensor is read once, checked against the shape the config implies,
+        cast to ``dtype`` and handed to ``place`` (default: kept as a numpy array).
 
+        A missing tensor, a tensor of another shape, and a tensor with no place in the model are errors
+        naming the tensor and (where ``state_dict`` knows, by its ``file_of``) the file it is in."""
+        cfg, vocab_size = self.config(hf_config)
+        state = nnx.state(get_family(self.family).abstract(cfg, vocab_size), nnx.Param)
         pure = nnx.to_pure_dict(state)
-        pure["embed"] = tensor("model.embed_tokens.weight", pure["embed"].shape, transpose=False)
-        for i, block in pure["blocks"].items():
-            prefix = f"model.layers.{i}"
-            attn, mlp = block["attn"], block["mlp"]
-            attn["wq"] = tensor(f"{prefix}.self_attn.q_proj.weight", attn["wq"].shape)
-            attn["wk"] = tensor(f"{prefix}.self_attn.k_proj.weight", attn["wk"].shape)
-            attn["wv"] = tensor(f"{prefix}.self_attn.v_proj.weight", attn["wv"].shape)
-            attn["wo"] = tensor(f"{prefix}.self_attn.o_proj.weight", attn["wo"].shape)
-            block["attn_norm"]["scale"] = tensor(f"{prefix}.input_layernorm.weight", (cfg.d_model,), transpose=False)
-            block["mlp_norm"]["scale"] = tensor(f"{prefix}.post_attention_layernorm.weight", (cfg.d_model,),
-                                                transpose=False)
-            mlp["w_gate"] = tensor(f"{prefix}.mlp.gate_proj.weight", mlp["w_gate"].shape)
-            mlp["w_up"] = tensor(f"{prefix}.mlp.up_proj.weight", mlp["w_up"].shape)
-            mlp["w_down"] = tensor(f"{prefix}.mlp.down_proj.weight", mlp["w_down"].shape)
-        pure["final_norm"]["scale"] = tensor("model.norm.weight", (cfg.d_model,), transpose=False)
-        if not cfg.tie_embeddings:
-            pure["lm_head"] = tensor("lm_head.weight", pure["lm_head"].shape)
-        # rotary inverse frequencies are recomputed from rope_theta; anything else would be silently lost
-        unused = sorted(k for k in state_dict if k not in used and not k.endswith("rotary_emb.inv_freq")
+        what = f"Hugging Face {self.model_type} weights"
+        table = hf_tensors(cfg)
+        for t in table:
+            if t.name not in state_dict:
+                raise DataError(f"{_source(state_dict)}: tensor '{t.name}' is missing ({what})")
+        known = {t.name for t in table}
+        # rotary inverse frequencies are recomputed from the config; anything else would be silently lost
+        unused = sorted(k for k in state_dict if k not in known and not k.endswith("rotary_emb.inv_freq")
                         and not (cfg.tie_embeddings and k == "lm_head.weight"))
         if unused:
-            raise DataError(f"Hugging Face Llama weights: {len(unused)} tensors have no place in the model, e.g. '{unused[0]}'")
+            raise DataError(f"{_source(state_dict, unused[0])}: tensor '{unused[0]}' has no place in the {self.model_type} "
+                            f"model ({len(unused)} such tensors; {what})")
+        for t in table:
+            shape = tuple(_get(pure, t.path).shape)
+            value = state_dict[t.name]
+            if tuple(value.shape) != t.hf_shape(shape):
+                raise DataError(f"{_source(state_dict, t.name)}: tensor '{t.name}' has shape {tuple(value.shape)}, "
+                                f"the config implies {t.hf_shape(shape)} ({what})")
+            value = t.to_ours(np.asarray(value), shape).astype(dtype)
+            _set(pure, t.path, value if place is None else place(t.path, value))
+            del value
         nnx.replace_by_pure_dict(state, pure)
         return cfg, state
+
+
+def check_plain_llama(cfg: Any) -> None:
+    """Transformers' Llama has no q/k/v-only biases nor q/k norms (those are the qwen2 and qwen3 families)."""
+    for key, family in (("qkv_bias", "qwen2"), ("qk_norm", "qwen3")):
+        if getattr(cfg, key, False):
+            raise ConfigError(f"config key 'model.{key}': LlamaForCausalLM has no such weights; "
+                              f"export it as model.family={family}")
+
+
+LlamaHF = LlamaShapedHF("LlamaForCausalLM", "llama", "llama", llama_config, config_from_hf, check_plain_llama)
 
 
 def describe(cfg: ModelConfig) -> str:
@@ -178,5 +320,5 @@ LLAMA = register_family(ModelFamily(
     axis_rules=DEFAULT_AXIS_RULES,
     validate=lambda cfg: cfg.validate("model"),
     describe=describe,
-    hf_adapter=LlamaHF(),
+    hf_adapter=LlamaHF,
 ))

@@ -20,6 +20,16 @@ class ModelConfig:
     d_ff: int = 688
     max_seq_len: int = 1024
     rope_theta: float = 10_000.0
+    # RoPE frequency scaling for a longer context: none, or llama3 (Llama 3.1+: wavelengths longer than
+    # rope_original_max_len / rope_low_freq_factor are divided by rope_factor, shorter than
+    # rope_original_max_len / rope_high_freq_factor kept, a smooth ramp between)
+    rope_scaling: Literal["none", "llama3"] = "none"
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
+    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2/2.5)
+    qk_norm: bool = False  # RMSNorm over each query and key head before RoPE (Qwen3)
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     z_loss: float = 0.0  # weight of log(Z)^2 in the loss (PaLM), keeps logits from drifting
@@ -51,6 +61,13 @@ class ModelConfig:
             )
         if self.resolved_head_dim % 2:
             raise ConfigError(f"config key '{prefix}head_dim': RoPE needs an even head dimension, got {self.resolved_head_dim}")
+        if self.rope_scaling == "llama3" and not (self.rope_factor >= 1 and self.rope_original_max_len > 0
+                                                  and self.rope_high_freq_factor > self.rope_low_freq_factor > 0):
+            raise ConfigError(
+                f"config key '{prefix}rope_scaling': llama3 needs rope_factor >= 1, rope_original_max_len > 0 and "
+                f"rope_high_freq_factor > rope_low_freq_factor > 0 (got {self.rope_factor}, {self.rope_original_max_len}, "
+                f"{self.rope_high_freq_factor}, {self.rope_low_freq_factor})"
+            )
         if self.z_loss < 0:
             raise ConfigError(f"config key '{prefix}z_loss': must be >= 0, got {self.z_loss}")
 

@@ -1,0 +1,300 @@
+"""Read a Hugging Face model folder (or a PyTorch state dict) into our model's parameters.
+
+    folder/config.json                    -> the family (by ``model_type``) and our model config
+    folder/model.safetensors              -> the weights, or
+    folder/model.safetensors.index.json   -> a sharded safetensors checkpoint, or
+    folder/pytorch_model.bin[.index.json] or *.pt / *.bin -> a PyTorch state dict (needs torch)
+    folder/tokenizer.json, tokenizer.model, ... -> listed in ``tokenizer_files`` for the tokenizer stage
+
+Tensors are read one at a time (safetensors' ``safe_open``, numpy): each is checked against the shape
+the config implies, cast from its stored dtype (bf16 stays bf16 until then) to the parameter dtype and,
+with a mesh, put straight onto its devices with the sharding its logical axes' rule gives
+(model/sharding.py), so the host never holds a second full copy of the model. The family's HF adapter
+(``ModelFamily.hf_adapter``, e.g. model/llama.py's ``LlamaShapedHF``) owns the names and layouts.
+
+Bad input is one line naming the file and the tensor (DataError) or the config field (ConfigError).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flax import nnx
+
+from experiment.errors import ConfigError, DataError
+from model.family import ModelFamily
+from model.registry import families, get_family
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
+SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
+TORCH_BIN, TORCH_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+
+
+@dataclass
+class ImportedCheckpoint:
+    """What ``load_hf_checkpoint`` read: merge ``state`` with the family's graphdef to get the model."""
+
+    family: str  # the registered family name (llama, qwen2, qwen3, mistral)
+    model_cfg: Any  # the family's model section, from config.json
+    state: nnx.State  # the parameters (nnx.Param), in ``param_dtype``
+    vocab_size: int
+    source_files: dict[str, str] = field(default_factory=dict)  # file name in the folder -> sha256 (config + weights)
+    tokenizer_files: list[Path] = field(default_factory=list)  # the tokenizer files the folder has
+
+    def model(self) -> nnx.Module:
+        """The module (on the devices the state is on)."""
+        abstract = get_family(self.family).abstract(self.model_cfg, self.vocab_size)
+        return nnx.merge(nnx.graphdef(abstract), self.state)
+
+
+def family_for_model_type(model_type: str, where: str = "config.json") -> ModelFamily:
+    """The registered family whose HF adapter reads ``model_type``; an unknown one is one line listing the known."""
+    known = {}
+    for name in families():
+        adapter = get_family(name).hf_adapter
+        if adapter is not None and getattr(adapter, "model_type", None):
+            known[adapter.model_type] = get_family(name)
+    if model_type not in known:
+        raise ConfigError(f"{where}: model_type '{model_type}' is not supported (supported: {', '.join(sorted(known))})")
+    return known[model_type]
+
+
+def hf_model_config(config_json: Mapping[str, Any], where: str = "config.json") -> tuple[str, Any, int]:
+    """(family name, our model config, vocabulary size) of a Hugging Face config.json (for the planner and
+    the fit check: no weights are read)."""
+    family = family_for_model_type(str(config_json.get("model_type", "")), where)
+    try:
+        model_cfg, vocab_size = family.hf_adapter.config(config_json)  # type: ignore[union-attr]
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return family.name, model_cfg, vocab_size
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise DataError(f"{path}: not found (a Hugging Face model folder has a config.json)")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise DataError(f"{path}: not a JSON object")
+    return config
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class SafetensorsSource(Mapping[str, Any]):
+    """A lazy, read-only state dict over one or more safetensors files: a tensor is read when asked for.
+
+    ``shape`` of an entry comes from the header without reading the data (``__getitem__`` returns a
+    ``LazyTensor`` whose ``np.asarray`` reads it), and ``file_of`` names the file for error lines."""
+
+    def __init__(self, files: Mapping[str, Path], origin: Path):
+        from safetensors import safe_open
+
+        self.origin = origin
+        self._file: dict[str, Path] = {}
+        self._handles: dict[Path, Any] = {}
+        for path in sorted(set(files.values())):
+            try:
+                self._handles[path] = safe_open(str(path), framework="numpy")
+            except Exception as exc:  # safetensors raises its own error types
+                raise DataError(f"{path}: not a readable safetensors file ({exc})") from None
+        for name, path in files.items():
+            if name not in set(self._handles[path].keys()):
+                raise DataError(f"{path}: tensor '{name}' is missing (the index {origin.name} lists it there)")
+            self._file[name] = path
+
+    @classmethod
+    def single(cls, path: Path) -> SafetensorsSource:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                names = list(f.keys())
+        except Exception as exc:
+            raise DataError(f"{path}: not a readable safetensors file ({exc})") from None
+        return cls({name: path for name in names}, path)
+
+    def file_of(self, name: str) -> str | None:
+        return str(self._file[name]) if name in self._file else None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._file
+
+    def __getitem__(self, name: str) -> LazyTensor:
+        if name not in self._file:
+            raise KeyError(name)
+        return LazyTensor(self._handles[self._file[name]], name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file)
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+
+class LazyTensor:
+    """One tensor of an open safetensors file: ``shape`` from the header, the data on ``np.asarray``."""
+
+    def __init__(self, handle: Any, name: str):
+        self.handle, self.name = handle, name
+        self.shape = tuple(handle.get_slice(name).get_shape())
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        value = self.handle.get_tensor(self.name)
+        return value if dtype is None else value.astype(dtype)
+
+
+class TorchSource(Mapping[str, Any]):
+    """A state dict saved with ``torch.save`` (one file or a ``pytorch_model.bin.index.json``), memory-mapped;
+    each tensor becomes numpy when asked for (bf16 as ml_dtypes' bfloat16, without an fp32 copy)."""
+
+    def __init__(self, files: Mapping[str, Path] | None, origin: Path):
+        self.origin = origin
+        self._tensors: dict[str, Any] = {}
+        self._file: dict[str, Path] = {}
+        paths = sorted(set(files.values())) if files else [origin]
+        for path in paths:
+            state = load_torch_file(path)
+            for name, tensor in state.items():
+                self._tensors[name], self._file[name] = tensor, path
+        if files:
+            for name, path in files.items():
+                if name not in self._tensors:
+                    raise DataError(f"{path}: tensor '{name}' is missing (the index {origin.name} lists it there)")
+
+    def file_of(self, name: str) -> str | None:
+        return str(self._file[name]) if name in self._file else None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return torch_to_numpy(self._tensors[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
+def load_torch_file(path: Path) -> dict[str, Any]:
+    """A ``torch.save``d state dict (tensors only, memory-mapped where the file format allows)."""
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError(f"{path}: reading a PyTorch state dict needs torch (pip install -e '.[hf]'), "
+                          "or convert it to safetensors") from None
+    try:
+        try:
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise DataError(f"{path}: not a readable PyTorch state dict ({exc})") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]  # a training checkpoint's {"state_dict": ..., ...}
+    if not isinstance(state, dict):
+        raise DataError(f"{path}: not a state dict (a dict of tensor name -> tensor), but {type(state).__name__}")
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    others = [k for k in state if k not in tensors]
+    if others:
+        raise DataError(f"{path}: entry '{others[0]}' is not a tensor ({len(others)} such entries)")
+    return tensors
+
+
+def torch_to_numpy(tensor: Any) -> np.ndarray:
+    import torch
+
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def read_index(path: Path) -> dict[str, Path]:
+    """A sharded checkpoint's index: tensor name -> the shard file in the same folder."""
+    try:
+        weight_map = json.loads(path.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: not a readable checkpoint index with a 'weight_map' ({exc})") from None
+    files = {name: path.parent / shard for name, shard in weight_map.items()}
+    for shard in sorted(set(files.values())):
+        if not shard.is_file():
+            raise DataError(f"{path}: shard '{shard.name}' is missing from the folder")
+    return files
+
+
+def weight_source(folder: Path) -> tuple[Mapping[str, Any], list[Path]]:
+    """The folder's weights as a lazy state dict, and the files they are in (safetensors preferred)."""
+    if (folder / SAFETENSORS_INDEX).is_file():
+        files = read_index(folder / SAFETENSORS_INDEX)
+        return SafetensorsSource(files, folder / SAFETENSORS_INDEX), [folder / SAFETENSORS_INDEX, *sorted(set(files.values()))]
+    if (folder / SAFETENSORS).is_file():
+        return SafetensorsSource.single(folder / SAFETENSORS), [folder / SAFETENSORS]
+    if (folder / TORCH_INDEX).is_file():
+        files = read_index(folder / TORCH_INDEX)
+        return TorchSource(files, folder / TORCH_INDEX), [folder / TORCH_INDEX, *sorted(set(files.values()))]
+    candidates = [folder / TORCH_BIN] if (folder / TORCH_BIN).is_file() else sorted(
+        [*folder.glob("*.pt"), *folder.glob("*.pth"), *folder.glob("*.bin")])
+    if len(candidates) == 1:
+        return TorchSource(None, candidates[0]), candidates
+    if len(candidates) > 1:
+        raise DataError(f"{folder}: several PyTorch files ({', '.join(p.name for p in candidates)}) and no "
+                        f"{TORCH_INDEX}: which one holds the weights?")
+    raise DataError(f"{folder}: no weights ({SAFETENSORS}, {SAFETENSORS_INDEX}, {TORCH_BIN} or a *.pt state dict)")
+
+
+def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: Any = None,
+                       rules: Mapping[str, Any] | None = None) -> ImportedCheckpoint:
+    """Read a Hugging Face model folder (see the module docstring) into our parameters.
+
+    ``param_dtype``: the dtype the parameters are cast to (default float32, our master weights).
+    ``mesh``: put each parameter onto it with the sharding its logical axes get from ``rules`` (default:
+    the family's axis rules) as it is read; without a mesh, parameters go to the default device.
+    """
+    import jax
+
+    from model.sharding import check_divisible, logical_to_spec
+
+    folder = Path(folder)
+    config = read_config(folder)
+    family_name, model_cfg, vocab_size = hf_model_config(config, str(folder / "config.json"))
+    family = get_family(family_name)
+    source, files = weight_source(folder)
+    dtype = np.dtype(jax.numpy.dtype(param_dtype or "float32"))
+
+    abstract_state = nnx.state(family.abstract(model_cfg, vocab_size), nnx.Param)
+    axes = {path: leaf.get_metadata().get("out_sharding") for path, leaf in nnx.to_flat_state(abstract_state)}
+    layout = family.mesh_rules(rules or {}) if mesh is not None else None
+
+    def place(path: tuple[Any, ...], value: np.ndarray) -> Any:
+        if mesh is None:
+            return jax.device_put(value)
+        spec = logical_to_spec(axes[path], layout)
+        check_divisible(f"parameter {'/'.join(map(str, path))} {tuple(axes[path])}", value.shape, spec, mesh)
+        return jax.device_put(value, jax.sharding.NamedSharding(mesh, spec))
+
+    model_cfg, state = family.hf_adapter.import_(config, source, dtype=dtype, place=place)  # type: ignore[union-attr]
+    hashes = {"config.json": sha256_file(folder / "config.json")}
+    hashes.update({p.name: sha256_file(p) for p in files})
+    return ImportedCheckpoint(
+        family=family_name, model_cfg=model_cfg, state=state, vocab_size=vocab_size, source_files=hashes,
+        tokenizer_files=[folder / name for name in TOKENIZER_FILES if (folder / name).is_file()],
+    )
