@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cost.hf_shapes import SHIPPED_CONFIGS, hf_model_shape, llama_shape_from_hf_config
+from cost.hf_shapes import SHIPPED_CONFIGS, hf_model_shape
 from cost.planner import plan
 from cost.rates import UsdRubRate
 from experiment.config import load_config
@@ -31,12 +31,13 @@ def demo_cfg(*overrides: str):
 
 
 # model card parameter counts: Llama-3.2-1B 1.23B; Qwen3-1.7B 1.7B of which 1.4B without embeddings
-@pytest.mark.parametrize(("name", "params", "vocab", "layers"), [
-    ("Llama-3.2-1B", 1.2358e9, 128_256, 16), ("Qwen3-1.7B", 1.7206e9, 151_936, 28)])
-def test_shipped_configs_are_priced_on_v5e_v6e_and_h100(name: str, params: float, vocab: int, layers: int) -> None:
+@pytest.mark.parametrize(("name", "family", "params", "vocab", "layers"), [
+    ("Llama-3.2-1B", "llama", 1.2358e9, 128_256, 16), ("Qwen3-1.7B", "qwen3", 1.7206e9, 151_936, 28)])
+def test_shipped_configs_are_priced_on_v5e_v6e_and_h100(name: str, family: str, params: float, vocab: int,
+                                                         layers: int) -> None:
     cfg = demo_cfg(f"cost.plan_model=hf:{SHIPPED_CONFIGS / name}", "cost.plan_tokens=10000000000", OPTIONS)
     model, tokens, rows, _ = plan(cfg, None, rate=RATE)
-    assert (model.label, model.vocab_size, model.cfg.n_layers) == (name, vocab, layers)
+    assert (model.label, model.cfg.family, model.vocab_size, model.cfg.n_layers) == (name, family, vocab, layers)
     assert model.params == pytest.approx(params, rel=1e-4)
     assert model.cfg.tie_embeddings
     assert model.seq_len == cfg.model.max_seq_len  # the experiment's training length, not the 40k/128k context
@@ -48,7 +49,9 @@ def test_shipped_configs_are_priced_on_v5e_v6e_and_h100(name: str, params: float
         assert row["fits"] == "yes"  # 16 B per parameter, fully sharded: ~2-3 GiB per chip
     if name == "Qwen3-1.7B":
         # Qwen3 sets head_dim 128 with 16 heads of a 2048 model: the query projection is 2048 x 2048
-        assert model.cfg.resolved_head_dim == 128
+        assert (model.cfg.resolved_head_dim, model.cfg.qk_norm) == (128, True)
+    else:
+        assert (model.cfg.rope_scaling, model.cfg.rope_factor) == ("llama3", 32.0)
 
 
 def test_bare_names_and_config_json_paths_find_the_same_shape() -> None:
@@ -79,9 +82,9 @@ def test_bad_hf_configs_are_one_line_naming_the_file(tmp_path: Path) -> None:
     config.write_text(json.dumps({"model_type": "gemma2", "hidden_size": 64}), encoding="utf-8")
     with pytest.raises(ConfigError, match=f"{config}: model_type 'gemma2' is not supported"):
         plan(demo_cfg(f"cost.plan_model=hf:{config.parent}"), None, rate=RATE)
-    with pytest.raises(ConfigError, match="'intermediate_size' is missing"):
-        llama_shape_from_hf_config({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
-                                    "num_hidden_layers": 2, "max_position_embeddings": 128}, "x/config.json")
+    config.write_text("{broken", encoding="utf-8")
+    with pytest.raises(ConfigError, match=f"config key 'cost.plan_model': {config} is not readable JSON"):
+        plan(demo_cfg(f"cost.plan_model=hf:{config.parent}"), None, rate=RATE)
 
 
 def test_recipe_07_prices_a_hugging_face_model_folder(tmp_path: Path) -> None:
