@@ -11,8 +11,8 @@ report measures it on the same held-out documents and baselines as a trained one
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import shutil
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -110,15 +110,15 @@ def model_vocab_size(folder: Path) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def load_source(kind: str, model_file: Path) -> tuple[MeasuredTokenizer, int, dict[str, int | None]]:
-    """Load the adopted file (one error line naming it if it does not load): what the report measures,
-    its vocabulary size and its special ids."""
+def load_source(kind: str, model_file: Path, data: bytes) -> tuple[MeasuredTokenizer, int, dict[str, int | None]]:
+    """Load the adopted file from its bytes (one error line naming it if it does not load): what the
+    report measures, its vocabulary size and its special ids."""
     folder = model_file.parent
     if kind == KIND_HF:
-        hf = read_hf_tokenizer(model_file)
+        hf = read_hf_tokenizer(model_file, data)
         special = special_ids_from_folder(folder, hf.token_to_id, {})
         return hf_tokenizer_under_test(hf, ADOPTED_NAME), hf.get_vocab_size(with_added_tokens=True), special
-    sp = read_sentencepiece(model_file)
+    sp = read_sentencepiece(model_file, data)
     own = {"pad": sp.pad_id(), "unk": sp.unk_id(), "bos": sp.bos_id(), "eos": sp.eos_id()}
 
     def piece_id(piece: str) -> int | None:  # SentencePiece answers the unknown id for a piece it lacks
@@ -129,17 +129,16 @@ def load_source(kind: str, model_file: Path) -> tuple[MeasuredTokenizer, int, di
     return sentencepiece_under_test(sp, name=ADOPTED_NAME), sp.get_piece_size(), special
 
 
-def copy_hf_files(model_file: Path, target: str, out_dir: Path) -> dict[str, str]:
-    """Copy the adopted file (as ``target``) and its folder's other tokenizer files into ``out_dir/hf``,
-    atomically as one folder; returns their sha256 by name."""
-    sources = {target: model_file}
-    for name in HF_TOKENIZER_FILES:
-        if name not in (HF_TOKENIZER_FILE, SPM_TOKENIZER_FILE) and (model_file.parent / name).is_file():
-            sources[name] = model_file.parent / name
+def copy_hf_files(model_file: Path, data: bytes, target: str, out_dir: Path) -> dict[str, str]:
+    """Write the adopted file (``data``, as ``target``) and copy its folder's other tokenizer files into
+    ``out_dir/hf``, atomically as one folder; returns their sha256 by name."""
+    names = [name for name in HF_TOKENIZER_FILES
+             if name not in (HF_TOKENIZER_FILE, SPM_TOKENIZER_FILE) and (model_file.parent / name).is_file()]
     with atomic_dir(out_dir / "hf") as staging:
-        for name, source in sources.items():
-            shutil.copyfile(source, staging / name)
-    return {name: sha256_file(out_dir / "hf" / name) for name in sources}
+        atomic_write_bytes(staging / target, data)  # fsynced before the folder is renamed into place
+        for name in names:
+            atomic_write_bytes(staging / name, (model_file.parent / name).read_bytes())
+    return {name: sha256_file(out_dir / "hf" / name) for name in [target, *names]}
 
 
 def adopt_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
@@ -148,7 +147,8 @@ def adopt_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
     out_dir = Path(run_folder.tokenizer)
     corpus_dir = Path(run_folder.corpus)
     kind, model_file = locate_source(tok.adopt_from)
-    measured, vocab_size, special = load_source(kind, model_file)
+    data = model_file.read_bytes()  # read once: what is measured is what is copied
+    measured, vocab_size, special = load_source(kind, model_file, data)
     if special.get("eos") is None:
         raise DataError(f"{model_file.parent}: the adopted tokenizer names no EOS token (eos_token in "
                         "tokenizer_config.json, or eos_token_id in config.json): documents need one to end with")
@@ -156,13 +156,12 @@ def adopt_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
     target = HF_TOKENIZER_FILE if kind == KIND_HF else SPM_TOKENIZER_FILE
     for stale in (MODEL_FILE, VOCAB_FILE, HF_TOKENIZER_FILE, SPM_TOKENIZER_FILE):  # an earlier run's model
         (out_dir / stale).unlink(missing_ok=True)
-    atomic_write_bytes(out_dir / target, model_file.read_bytes())
-    # the copy is what later stages load: check it is the file that was measured
-    digest = sha256_file(out_dir / target)
-    if digest != sha256_file(model_file):
-        raise DataError(f"{out_dir / target}: the copy of {model_file} differs from it (the source changed while "
-                        "being copied?); run again")
-    source_files = copy_hf_files(model_file, target, out_dir)
+    atomic_write_bytes(out_dir / target, data)
+    # the copy is what later stages load: read it back and check it is the file that was measured
+    digest = hashlib.sha256(data).hexdigest()
+    if sha256_file(out_dir / target) != digest:
+        raise DataError(f"{out_dir / target}: the copy of {model_file} reads back differently; run again")
+    source_files = copy_hf_files(model_file, data, target, out_dir)
     log.info("adopted the %s tokenizer %s (%d tokens, special ids %s)", kind, model_file, vocab_size, special)
 
     split = split_corpus(corpus_dir, cfg.shards.validation_percent, tok.report_max_docs)

@@ -121,24 +121,25 @@ def hf_piece_byte_lengths(tokenizer: Any) -> np.ndarray:
     return lengths
 
 
-def read_hf_tokenizer(path: Path) -> Any:
-    """A ``tokenizers.Tokenizer`` from ``tokenizer.json``; a file that does not load is one line naming it."""
+def read_hf_tokenizer(path: Path, data: bytes | None = None) -> Any:
+    """A ``tokenizers.Tokenizer`` from ``tokenizer.json`` (or its bytes, ``data``, read from ``path``); a
+    file that does not load is one line naming it."""
     from tokenizers import Tokenizer
 
     try:
-        return Tokenizer.from_file(str(path))
+        text = (path.read_bytes() if data is None else data).decode("utf-8")
+        return Tokenizer.from_str(text)
     except Exception as exc:  # tokenizers raises a bare Exception for malformed JSON or an unknown model
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DataError(f"{path} is not a readable Hugging Face tokenizer.json ({reason})") from exc
 
 
-def read_sentencepiece(path: Path) -> spm.SentencePieceProcessor:
-    processor = spm.SentencePieceProcessor()
+def read_sentencepiece(path: Path, data: bytes | None = None) -> spm.SentencePieceProcessor:
+    """A SentencePiece model from ``path`` (or its bytes, ``data``); one line naming it if it does not load."""
     try:
-        processor.Load(str(path))
+        return spm.SentencePieceProcessor(model_proto=path.read_bytes() if data is None else data)
     except (OSError, RuntimeError) as exc:
         raise DataError(f"{path} is not a readable SentencePiece model ({exc})") from exc
-    return processor
 
 
 def tokenizer_from_source(kind: str, model_bytes: bytes) -> Any:
