@@ -202,3 +202,19 @@ def test_an_adopted_sentencepiece_model_shards_like_the_trained_one(fixture_stag
     assert manifest["special_ids"]["eos"] == 3  # SentencePiece's own ids when no HF file names them
     for shard in sorted((fixture_stages / "runs" / "tiny" / "shards").glob("*.tfrecord*")):
         assert (run / "shards" / shard.name).read_bytes() == shard.read_bytes(), shard.name
+
+
+def test_special_ids_follow_the_folders_files_in_order(tmp_path: Path) -> None:
+    from experiment.errors import DataError
+    from tokenizer.adopt import special_ids_from_folder
+
+    vocab = {"<|end_of_text|>": 7, "<|begin_of_text|>": 6, "<pad>": 0}
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [9, 7], "bos_token_id": 6, "pad_token_id": 5}))
+    # config.json alone: its ids (the first of several EOS ids ends documents)
+    assert special_ids_from_folder(tmp_path, vocab.get, {}) == {"eos": 9, "bos": 6, "pad": 5, "unk": None}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|end_of_text|>"}}))
+    assert special_ids_from_folder(tmp_path, vocab.get, {"unk": 1})["eos"] == 7  # the named token wins
+    assert special_ids_from_folder(tmp_path, vocab.get, {"unk": 1})["unk"] == 1  # the tokenizer's own, last
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    with pytest.raises(DataError, match=r"tokenizer_config.json: eos_token '<\|im_end\|>' is not in the"):
+        special_ids_from_folder(tmp_path, vocab.get, {})
