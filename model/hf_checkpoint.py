@@ -101,35 +101,27 @@ def sha256_file(path: Path) -> str:
 class SafetensorsSource(Mapping[str, Any]):
     """A lazy, read-only state dict over one or more safetensors files: a tensor is read when asked for.
 
-    ``shape`` of an entry comes from the header without reading the data (``__getitem__`` returns a
-    ``LazyTensor`` whose ``np.asarray`` reads it), and ``file_of`` names the file for error lines."""
+    Entries are ``LazyTensor``s: ``shape`` from the header, the data read on ``np.asarray`` by opening
+    the file for that one tensor (the memory map is dropped again, so pages already read do not stay
+    in this process's resident memory). ``file_of`` names a tensor's file for error lines."""
 
     def __init__(self, files: Mapping[str, Path], origin: Path):
-        from safetensors import safe_open
-
         self.origin = origin
-        self._file: dict[str, Path] = {}
-        self._handles: dict[Path, Any] = {}
-        for path in sorted(set(files.values())):
-            try:
-                self._handles[path] = safe_open(str(path), framework="numpy")
-            except Exception as exc:  # safetensors raises its own error types
-                raise DataError(f"{path}: not a readable safetensors file ({exc})") from None
+        self._file: dict[str, Path] = dict(files)
+        self._shape: dict[str, tuple[int, ...]] = {}
+        by_file: dict[Path, list[str]] = {}
         for name, path in files.items():
-            if name not in set(self._handles[path].keys()):
-                raise DataError(f"{path}: tensor '{name}' is missing (the index {origin.name} lists it there)")
-            self._file[name] = path
+            by_file.setdefault(path, []).append(name)
+        for path, names in sorted(by_file.items()):
+            shapes = header_shapes(path)
+            for name in names:
+                if name not in shapes:
+                    raise DataError(f"{path}: tensor '{name}' is missing (the index {origin.name} lists it there)")
+                self._shape[name] = shapes[name]
 
     @classmethod
     def single(cls, path: Path) -> SafetensorsSource:
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(path), framework="numpy") as f:
-                names = list(f.keys())
-        except Exception as exc:
-            raise DataError(f"{path}: not a readable safetensors file ({exc})") from None
-        return cls({name: path for name in names}, path)
+        return cls({name: path for name in header_shapes(path)}, path)
 
     def file_of(self, name: str) -> str | None:
         return str(self._file[name]) if name in self._file else None
@@ -140,7 +132,7 @@ class SafetensorsSource(Mapping[str, Any]):
     def __getitem__(self, name: str) -> LazyTensor:
         if name not in self._file:
             raise KeyError(name)
-        return LazyTensor(self._handles[self._file[name]], name)
+        return LazyTensor(self._file[name], name, self._shape[name])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._file)
@@ -149,15 +141,28 @@ class SafetensorsSource(Mapping[str, Any]):
         return len(self._file)
 
 
-class LazyTensor:
-    """One tensor of an open safetensors file: ``shape`` from the header, the data on ``np.asarray``."""
+def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of a safetensors file, from its header (no tensor data is read)."""
+    from safetensors import safe_open
 
-    def __init__(self, handle: Any, name: str):
-        self.handle, self.name = handle, name
-        self.shape = tuple(handle.get_slice(name).get_shape())
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+    except Exception as exc:  # safetensors raises its own error types
+        raise DataError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+class LazyTensor:
+    """One tensor of a safetensors file: ``shape`` known, the data read (in its stored dtype) on ``np.asarray``."""
+
+    def __init__(self, path: Path, name: str, shape: tuple[int, ...]):
+        self.path, self.name, self.shape = path, name, shape
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        value = self.handle.get_tensor(self.name)
+        from safetensors import safe_open
+
+        with safe_open(str(self.path), framework="numpy") as f:
+            value = f.get_tensor(self.name)
         return value if dtype is None else value.astype(dtype)
 
 

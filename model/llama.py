@@ -288,7 +288,7 @@ class LlamaShapedHF:
             if tuple(value.shape) != t.hf_shape(shape):
                 raise DataError(f"{_source(state_dict, t.name)}: tensor '{t.name}' has shape {tuple(value.shape)}, "
                                 f"the config implies {t.hf_shape(shape)} ({what})")
-            value = t.to_ours(np.asarray(value), shape).astype(dtype)
+            value = t.to_ours(np.asarray(value), shape).astype(dtype, copy=False)
             _set(pure, t.path, value if place is None else place(t.path, value))
             del value
         nnx.replace_by_pure_dict(state, pure)
