@@ -77,8 +77,9 @@ def test_adopted_manifest_names_kind_hash_vocabulary_and_special_ids(adopted_run
     hf = Tokenizer.from_file(str(base / "tokenizer.json"))
     assert manifest["kind"] == "hf_tokenizer_json"
     assert manifest["sha256"] == sha256_file(base / "tokenizer.json") == sha256_file(run / "tokenizer" / "tokenizer.json")
-    assert manifest["vocab_size"] == hf.get_vocab_size(with_added_tokens=True)
-    assert manifest["model_vocab_size"] == MODEL_VOCAB
+    assert manifest["tokenizer_vocab_size"] == hf.get_vocab_size(with_added_tokens=True) < MODEL_VOCAB
+    # the model's rows: config.json's vocab_size, so continuing the base model keeps its embedding table
+    assert manifest["vocab_size"] == manifest["model_vocab_size"] == MODEL_VOCAB
     # tokenizer_config.json names the tokens; config.json fills nothing they name; no pad anywhere
     assert manifest["special_ids"] == {"eos": hf.token_to_id("</s>"), "bos": hf.token_to_id("<s>"), "pad": None,
                                        "unk": None}
@@ -117,6 +118,7 @@ def test_shards_decode_back_to_the_corpus_through_the_adopted_tokenizer(adopted_
     assert [tokenizer.decode(piece[:-1]) for piece in pieces] == [doc["text"] for doc in documents[:len(pieces)]]
     # bits per byte counts the text's bytes exactly: the per-id byte lengths add up to each document's size
     lengths = tokenizer.piece_byte_lengths()
+    assert lengths.shape == (MODEL_VOCAB,) and lengths[-1] == 0  # a padding row
     for piece, doc in zip(pieces, documents, strict=False):
         assert int(lengths[piece].sum()) == len(doc["text"].encode("utf-8"))
 
@@ -189,16 +191,18 @@ def test_sentencepiece_shards_hold_exactly_what_sentencepiece_encodes(fixture_st
 
 def test_an_adopted_sentencepiece_model_shards_like_the_trained_one(fixture_stages: Path, tmp_path: Path) -> None:
     """A base model folder with a SentencePiece tokenizer.model (here the fixture's own model under that
-    name) is adopted as kind sentencepiece, and recipe 03 writes the very shards the trained one gave."""
+    name, in a folder whose config.json has more embedding rows) is adopted as kind sentencepiece, and recipe 03 writes the very shards the trained one gave."""
     base = tmp_path / "base-model"
     base.mkdir()
     shutil.copyfile(fixture_stages / "runs" / "tiny" / "tokenizer" / "spm.model", base / "tokenizer.model")
+    (base / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 640}), encoding="utf-8")
     config = run_copy(fixture_stages, tmp_path / "run")
     run_recipe("02_train_tokenizer.py", config, f"tokenizer.adopt_from={base}")
     run_recipe("03_shard.py", config, f"tokenizer.adopt_from={base}")
     run = tmp_path / "run" / "runs" / "tiny"
     manifest = json.loads((run / "tokenizer" / "manifest.json").read_text(encoding="utf-8"))
     assert (manifest["kind"], manifest["model_file"]) == ("sentencepiece", "tokenizer.model")
+    assert (manifest["vocab_size"], manifest["tokenizer_vocab_size"]) == (640, 600)  # config.json's rows, its pieces
     assert manifest["special_ids"]["eos"] == 3  # SentencePiece's own ids when no HF file names them
     for shard in sorted((fixture_stages / "runs" / "tiny" / "shards").glob("*.tfrecord*")):
         assert (run / "shards" / shard.name).read_bytes() == shard.read_bytes(), shard.name

@@ -169,12 +169,16 @@ def adopt_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
     report["adopted_from"] = str(model_file)
     write_report(out_dir, report)
 
+    base_rows = model_vocab_size(model_file.parent)
     manifest = {
         "kind": kind,
         "model_file": target,
         "sha256": digest,
-        "vocab_size": vocab_size,
-        "model_vocab_size": model_vocab_size(model_file.parent),
+        # the model's embedding rows: the base model's config.json may pad past the tokenizer's ids (Qwen:
+        # 151936 rows, 151669 tokens), and continuing that model keeps its rows
+        "vocab_size": max(vocab_size, base_rows or 0),
+        "tokenizer_vocab_size": vocab_size,
+        "model_vocab_size": base_rows,
         "special_ids": special,
         "adopted_from": str(model_file.resolve()),
         "source_files": source_files,

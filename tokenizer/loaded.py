@@ -48,7 +48,7 @@ class RunTokenizer:
     """A loaded tokenizer folder. ``source`` is what a Beam worker rebuilds it from (kind, model bytes)."""
 
     kind: str
-    vocab_size: int  # the manifest's: the tokenizer's own ids (an adopted base model may have more embedding rows)
+    vocab_size: int  # the manifest's: the model's embedding rows (an adopted base model's may pass its tokenizer's ids)
     eos_id: int
     pad_id: int
     sha256: str
@@ -78,9 +78,11 @@ class RunTokenizer:
         return self.hf.decode(ids, skip_special_tokens=False)
 
     def piece_byte_lengths(self) -> np.ndarray:
-        """UTF-8 bytes each id stands for, one entry per id up to the largest (special pieces 0)."""
+        """UTF-8 bytes each id stands for, shape ``[vocab_size]`` (special pieces and the rows past the
+        tokenizer's ids 0)."""
         if self._piece_bytes is None:
-            self._piece_bytes = piece_byte_lengths(self.sp) if self.sp is not None else hf_piece_byte_lengths(self.hf)
+            lengths = piece_byte_lengths(self.sp) if self.sp is not None else hf_piece_byte_lengths(self.hf)
+            self._piece_bytes = np.pad(lengths, (0, max(self.vocab_size - lengths.size, 0)))
         return self._piece_bytes
 
     @property
@@ -179,9 +181,10 @@ def load_run_tokenizer(tokenizer_dir: str | Path) -> RunTokenizer:
         raise DataError(f"{model_path} has sha256 {digest[:12]}..., the manifest says {manifest['sha256'][:12]}...: "
                         f"the file changed after recipe 02; {TOKENIZER.run_again}")
     hf = read_hf_tokenizer(model_path)
-    own_size = hf.get_vocab_size(with_added_tokens=True)
-    if own_size != manifest["vocab_size"]:
-        raise DataError(f"{model_path} has {own_size} tokens, the manifest says {manifest['vocab_size']}")
+    own_size, recorded = hf.get_vocab_size(with_added_tokens=True), manifest.get("tokenizer_vocab_size")
+    if own_size != recorded:
+        raise DataError(f"{model_path} has {own_size} tokens, the manifest's tokenizer_vocab_size says {recorded}: "
+                        f"{TOKENIZER.run_again}")
     special = manifest.get("special_ids") or {}
     if special.get("eos") is None:
         raise DataError(f"{tokenizer_dir / 'manifest.json'}: the tokenizer has no EOS id (special_ids.eos); "
