@@ -162,11 +162,19 @@ def test_a_broken_tokenizer_json_is_one_error_line_naming_it(fixture_stages: Pat
     assert (tmp_path / "run" / "runs" / "tiny" / "tokenizer" / "manifest.json").is_file()
 
 
-def test_a_missing_source_is_one_error_line_naming_the_key(fixture_stages: Path, tmp_path: Path) -> None:
-    config = run_copy(fixture_stages, tmp_path / "run")
-    proc = run_recipe("02_train_tokenizer.py", config, f"tokenizer.adopt_from={tmp_path / 'nowhere'}", check=False)
-    assert proc.returncode == 2
-    assert "tokenizer.adopt_from" in error_line(proc) and "nowhere" in error_line(proc)
+def test_a_missing_source_names_the_key(tmp_path: Path) -> None:
+    from experiment.errors import ConfigError
+    from tokenizer.adopt import locate_source
+
+    with pytest.raises(ConfigError, match=r"config key 'tokenizer.adopt_from': .*nowhere does not exist"):
+        locate_source(str(tmp_path / "nowhere"))
+    (tmp_path / "model").mkdir()
+    with pytest.raises(ConfigError, match="has neither tokenizer.json nor tokenizer.model"):
+        locate_source(str(tmp_path / "model"))
+    (tmp_path / "model" / "tokenizer.model").write_bytes(b"")
+    (tmp_path / "model" / "tokenizer.json").write_text("{}")
+    assert locate_source(str(tmp_path / "model")) == ("hf_tokenizer_json", tmp_path / "model" / "tokenizer.json")
+    assert locate_source(str(tmp_path / "model" / "tokenizer.model"))[0] == "sentencepiece"
 
 
 def test_sentencepiece_shards_hold_exactly_what_sentencepiece_encodes(fixture_stages: Path) -> None:
