@@ -51,6 +51,7 @@ def test_beam_shards_with_an_adopted_byte_level_tokenizer_match_local(tmp_path: 
     TOKENIZER.write_manifest(folder, {"kind": "hf_tokenizer_json", "model_file": "tokenizer.json",
                                       "sha256": sha256_file(folder / "tokenizer.json"),
                                       "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
+                                      "tokenizer_vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
                                       "special_ids": {"eos": tokenizer.token_to_id("</s>"), "pad": None}})
     local = shard_corpus(run.cfg, run.run_folder, DisabledRun())
     local_bytes = {p.name: p.read_bytes() for p in sorted(run.run_folder.shards.glob("*.tfrecord*"))}
