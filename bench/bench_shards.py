@@ -97,9 +97,11 @@ def main() -> None:
 
     from data_prep.shards.build import write_splits
     from experiment.sections.shards import ShardsConfig
+    from tokenizer.loaded import sentencepiece_run_tokenizer
 
     run_folder, docs = prepare_run(args.workdir, args.text_mb, args.vocab_size)
     sp = spm.SentencePieceProcessor(model_file=str(args.spm_model or run_folder.tokenizer / "spm.model"))
+    run_tokenizer = sentencepiece_run_tokenizer(sp)
     texts = [d["text"] for d in docs]
     text_bytes = sum(len(t.encode("utf-8")) for t in texts)
     cfg = ShardsConfig(packing=args.packing, validation_percent=1.0, records_per_shard=8192,
@@ -113,7 +115,7 @@ def main() -> None:
         rounds.append({
             "numpy": timed(lambda: encode_only(sp, texts, cfg.encode_batch_documents, "numpy")),
             "list": timed(lambda: encode_only(sp, texts, cfg.encode_batch_documents, int)),
-            "shards": timed(lambda: write_splits(iter(docs), sp, out_dir, cfg, args.seq_len, eos_id=sp.eos_id(),
+            "shards": timed(lambda: write_splits(iter(docs), run_tokenizer, out_dir, cfg, args.seq_len, eos_id=sp.eos_id(),
                                                  pad_id=max(sp.pad_id(), 0), threads=1)),
         })
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cost.catalog import Catalog, CatalogError
+from cost.hf_shapes import hf_model_shape, is_hf_spec
 from cost.ledger import LEDGER_FILE, summarize_ledger
 from cost.rates import UsdRubRate, resolve_usd_rub
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
@@ -160,18 +161,23 @@ def anchor_check(anchor: Anchor, catalog: Catalog) -> dict[str, Any]:
 
 def resolve_plan_model(cfg: ExperimentConfig, run_folder: RunFolder | None) -> PlanModel:
     """``cost.plan_model``: a preset (at its own context length, with our tokenizer's vocabulary), a
-    published anchor's reference shape (at its CSV length), or (empty) the experiment's model at
+    published anchor's reference shape (at its CSV length), a Hugging Face config.json (``hf:<folder
+    or file>``, its own vocabulary, at model.max_seq_len), or (empty) the experiment's model at
     model.max_seq_len."""
     name = cfg.cost.plan_model
     if not name:
         return experiment_model(cfg, run_folder)
+    if is_hf_spec(name):
+        label, model_cfg, vocab_size = hf_model_shape(name, "cost.plan_model", cfg.model)
+        return PlanModel(label, model_cfg, vocab_size, model_cfg.max_seq_len)
     if name in PRESETS:
         model_cfg = preset_model_config(name)
         return PlanModel(name, model_cfg, vocab_size_of(cfg, run_folder), model_cfg.max_seq_len)
     anchors = {anchor.model.label: anchor.model for anchor in read_anchors()}
     if name in anchors:
         return anchors[name]
-    raise ConfigError(f"config key 'cost.plan_model': unknown model '{name}' (known: {', '.join([*PRESETS, *anchors])})")
+    raise ConfigError(f"config key 'cost.plan_model': unknown model '{name}' (known: {', '.join([*PRESETS, *anchors])}, "
+                      "or hf:<folder or config.json>)")
 
 
 def vocab_size_of(cfg: Any, run_folder: RunFolder | None) -> int:

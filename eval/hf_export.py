@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_dir, atomic_write_text
+from experiment.stages import TOKENIZER
 from model.registry import family_of
 
 log = logging.getLogger("eval.hf_export")
@@ -24,8 +26,12 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, sp: Any = None,
-                 special_ids: dict[str, int] | None = None, metadata: dict[str, str] | None = None) -> Path:
-    """Write the export into a staging folder and move it over ``out_dir`` only when complete."""
+                 special_ids: dict[str, int] | None = None, metadata: dict[str, str] | None = None,
+                 tokenizer_files: Path | None = None) -> Path:
+    """Write the export into a staging folder and move it over ``out_dir`` only when complete.
+
+    The tokenizer: ``sp`` (a trained SentencePiece model, converted by the tokenizer stage's exporter)
+    or ``tokenizer_files`` (an adopted tokenizer's folder, copied as it is)."""
     from safetensors.numpy import save_file
 
     family = family_of(model_cfg)
@@ -37,6 +43,10 @@ def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, 
             from tokenizer.hf_export import export_hf
 
             export_hf(sp, staging, special_ids or {}, model_max_length=model_cfg.max_seq_len)
+        elif tokenizer_files is not None:
+            for path in sorted(Path(tokenizer_files).iterdir()):
+                if path.is_file():
+                    shutil.copyfile(path, staging / path.name)
         tensors, config = family.hf_adapter.export(model, model_cfg, vocab_size, special_ids)
         save_file(tensors, str(staging / WEIGHTS_FILE),
                   metadata={"format": "pt", "family": family.name, **(metadata or {})})
@@ -53,7 +63,7 @@ def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, 
 def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: Any, cfg: Any) -> Path | None:
     """Export a loaded checkpoint with the run's tokenizer into ``eval/hf/step_NNNNNNN``; None (and a log
     line) when the checkpoint's model family has no Hugging Face adapter."""
-    from tokenizer.spm import load_tokenizer
+    from tokenizer.loaded import load_run_tokenizer
     from trainer.checkpoint import model_config_from_meta
 
     model_cfg = model_config_from_meta(meta)
@@ -61,11 +71,17 @@ def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: A
     if family.hf_adapter is None:
         log.info("Hugging Face export skipped: the '%s' model family has no Hugging Face adapter", family.name)
         return None
-    sp, manifest = load_tokenizer(run_folder.tokenizer)
+    tokenizer = load_run_tokenizer(run_folder.tokenizer)
+    manifest = tokenizer.manifest
     if meta.get("tokenizer_sha256") and meta["tokenizer_sha256"] != manifest.get("sha256"):
         raise DataError(f"the checkpoint was trained with tokenizer {meta['tokenizer_sha256'][:12]}..., not the one "
                         f"in {run_folder.tokenizer}: cannot export a matching tokenizer")
     out_dir = Path(run_folder.eval) / "hf" / f"step_{step:07d}"
+    # an adopted tokenizer is exported as the base model shipped it; a trained one is converted
+    adopted = Path(run_folder.tokenizer) / "hf" if manifest.get("adopted_from") else None
+    if adopted is not None and not (adopted / manifest["model_file"]).is_file():
+        raise DataError(f"{adopted} lacks the adopted {manifest['model_file']}: {TOKENIZER.run_again}")
+    special_ids = {name: i for name, i in (manifest.get("special_ids") or {}).items() if i is not None}
     return write_export(model, model_cfg, meta["vocab_size"], out_dir,
-                        sp=sp, special_ids=manifest.get("special_ids"),
+                        sp=None if adopted else tokenizer.sp, tokenizer_files=adopted, special_ids=special_ids,
                         metadata={"experiment": cfg.experiment.name, "tokenizer_sha256": manifest.get("sha256", "")})

@@ -50,12 +50,12 @@ class TokenizerBits:
 
 
 def load_tokenizer_bits(run_folder: RunFolder) -> TokenizerBits:
-    from tokenizer.spm import eos_and_pad_ids, load_tokenizer, piece_byte_lengths
+    """The run's tokenizer, trained or adopted (``tokenizer.loaded``)."""
+    from tokenizer.loaded import load_run_tokenizer
 
-    sp, manifest = load_tokenizer(run_folder.tokenizer)
-    eos, pad = eos_and_pad_ids(sp, manifest, run_folder.tokenizer)
-    return TokenizerBits(encode=lambda text: sp.encode(text, out_type=int), piece_bytes=piece_byte_lengths(sp),
-                         eos_id=eos, pad_id=pad, sha256=str(manifest.get("sha256", "")))
+    tokenizer = load_run_tokenizer(run_folder.tokenizer)
+    return TokenizerBits(encode=tokenizer.encode, piece_bytes=tokenizer.piece_byte_lengths(),
+                         eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, sha256=tokenizer.sha256)
 
 
 _TASK_CACHE: dict[tuple[Any, ...], TaskData] = {}

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from experiment.errors import WriteError
+from experiment.errors import DataError, WriteError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -108,6 +108,17 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A JSON object from a file someone else wrote (a model's config.json); anything else is one DataError naming it."""
+    try:
+        body = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path} is not readable JSON ({exc})") from exc
+    if not isinstance(body, dict):
+        raise DataError(f"{path} is not a JSON object")
+    return body
 
 
 def sha256_text(text: str) -> str:

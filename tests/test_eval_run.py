@@ -63,6 +63,7 @@ def build_run_folder(cfg: Any, run_folder: RunFolder) -> None:
     from experiment.files import atomic_write_bytes, sha256_file
     from experiment.manifest import write_manifest
     from model.decoder import Decoder
+    from tokenizer.loaded import sentencepiece_run_tokenizer
     from tokenizer.train import special_ids, train_sentencepiece, trainer_options
     from trainer import checkpoint
 
@@ -81,7 +82,7 @@ def build_run_folder(cfg: Any, run_folder: RunFolder) -> None:
 
     shards_cfg = SimpleNamespace(**vars(cfg.shards))
     seq_len = cfg.model.max_seq_len
-    splits = write_splits(iter(docs), sp, run_folder.shards, shards_cfg, seq_len, eos_id=ids["eos"], pad_id=ids["pad"],
+    splits = write_splits(iter(docs), sentencepiece_run_tokenizer(sp), run_folder.shards, shards_cfg, seq_len, eos_id=ids["eos"], pad_id=ids["pad"],
                           threads=1)
     write_manifest(run_folder.shards, "shards", {
         "tokenizer_sha256": sha256_file(run_folder.tokenizer / "spm.model"), "seq_len": seq_len,

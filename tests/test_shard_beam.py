@@ -36,3 +36,27 @@ def test_pieces_tile_each_shard() -> None:
     pieces = list(shard_pieces(("train", (0, 1), np.arange(12)), {split: layout}, shard_tokens=8))
     assert [(key, start, ordinal, ids.tolist()) for key, (start, ordinal, ids) in pieces] == [
         (("train", 0), 5, 1, [0, 1, 2]), (("train", 1), 0, 1, [3, 4, 5, 6, 7, 8, 9, 10]), (("train", 2), 0, 1, [11])]
+
+
+def test_beam_shards_with_an_adopted_byte_level_tokenizer_match_local(tmp_path: Path) -> None:
+    """Workers rebuild an adopted tokenizer.json from its bytes and write the local runner's shards."""
+    from experiment.files import sha256_file
+    from experiment.stages import TOKENIZER
+    from tokenizer.baselines import train_bytelevel_bpe
+
+    run = make_run(tmp_path, docs=make_documents(40), packing="document", records_per_shard=9)
+    tokenizer = train_bytelevel_bpe([doc["text"] for doc in run.docs], 300)
+    folder = run.run_folder.tokenizer
+    tokenizer.save(str(folder / "tokenizer.json"))
+    TOKENIZER.write_manifest(folder, {"kind": "hf_tokenizer_json", "model_file": "tokenizer.json",
+                                      "sha256": sha256_file(folder / "tokenizer.json"),
+                                      "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
+                                      "tokenizer_vocab_size": tokenizer.get_vocab_size(with_added_tokens=True),
+                                      "special_ids": {"eos": tokenizer.token_to_id("</s>"), "pad": None}})
+    local = shard_corpus(run.cfg, run.run_folder, DisabledRun())
+    local_bytes = {p.name: p.read_bytes() for p in sorted(run.run_folder.shards.glob("*.tfrecord*"))}
+    run.cfg.shards.runner, run.cfg.shards.beam_options = "beam", ["--runner=DirectRunner"]
+    beam = shard_corpus(run.cfg, run.run_folder, DisabledRun())
+    assert local["tokenizer_kind"] == "hf_tokenizer_json"
+    assert {p.name: p.read_bytes() for p in sorted(run.run_folder.shards.glob("*.tfrecord*"))} == local_bytes
+    assert beam["splits"] == local["splits"] and len(local_bytes) > 2

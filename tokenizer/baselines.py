@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tokenizer.measured import MeasuredTokenizer
+from tokenizer.measured import MeasuredTokenizer, hf_tokenizer_under_test
 
 BASELINE_SPECIAL_TOKENS = ["<pad>", "<unk>", "<s>", "</s>"]
 
@@ -27,14 +27,4 @@ def train_bytelevel_bpe(lines: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def bytelevel_bpe_under_test(tokenizer: Tokenizer, train_seconds: float | None = None) -> MeasuredTokenizer:
-    unk_id = tokenizer.token_to_id("<unk>")
-    return MeasuredTokenizer(
-        name="hf_bytelevel_bpe",
-        vocab_size=tokenizer.get_vocab_size(),
-        encode=lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
-        is_byte_fallback=None,  # byte-level: every byte is an ordinary token, there is no fallback
-        is_unknown=lambda i: i == unk_id,
-        surface=lambda i: tokenizer.decode([i], skip_special_tokens=False),
-        train_seconds=train_seconds,
-    )
+    return hf_tokenizer_under_test(tokenizer, "hf_bytelevel_bpe", unk_token="<unk>", train_seconds=train_seconds)

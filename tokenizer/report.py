@@ -14,14 +14,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import sentencepiece as spm
-
 from experiment.corpus_format import iter_documents
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.progress import progress
 from experiment.sections.tokenizer import RUSSIAN_REQUIRED_CHARS
 from tokenizer.baselines import bytelevel_bpe_under_test, train_bytelevel_bpe
-from tokenizer.measured import MeasuredTokenizer, sentencepiece_under_test
+from tokenizer.measured import MeasuredTokenizer
 from tokenizer.texts import training_texts
 
 log = logging.getLogger("tokenizer")
@@ -106,14 +104,14 @@ def measure_tokenizer(tok: MeasuredTokenizer, heldout: dict[str, list[dict[str, 
     }
 
 
-def build_report(cfg: Any, sp: spm.SentencePieceProcessor, split: Any, corpus_dir: Path,
-                 train_seconds: float) -> dict[str, Any]:
-    """Measure the trained model and, if configured, the baselines on the same held-out documents."""
+def build_report(cfg: Any, run_tokenizer: MeasuredTokenizer, split: Any, corpus_dir: Path) -> dict[str, Any]:
+    """Measure the run's tokenizer (trained or adopted) and, if configured, the baselines on the same
+    held-out documents; the run's tokenizer is the first entry of ``tokenizers``."""
     tok_cfg = cfg.tokenizer
     if not split.heldout_docs():
         log.warning("no held-out documents (validation_percent=%s): the report has no held-out figures",
                     cfg.shards.validation_percent)
-    tokenizers = [sentencepiece_under_test(sp, train_seconds)]
+    tokenizers = [run_tokenizer]
     if tok_cfg.baseline_hf_bpe:
         log.info("training the Hugging Face byte-level BPE baseline at vocabulary %d", tok_cfg.vocab_size)
         started = time.perf_counter()
@@ -195,7 +193,7 @@ def log_report(wandb_run: Any, report: dict[str, Any], out_dir: Path, artifact_n
     for name, result in report["tokenizers"].items():
         for source, metrics in [("all", result["overall"]), *result["by_source"].items()]:
             rows.append([name, source, metrics["documents"], *(metrics[m] for m in _TABLE_METRICS)])
-    sp_overall = report["tokenizers"]["sentencepiece"]["overall"]
+    sp_overall = next(iter(report["tokenizers"].values()))["overall"]  # the run's tokenizer comes first
     wandb_run.log({"tokenizer/report": wandb.Table(columns=columns, data=rows)})
     for metric in _TABLE_METRICS:
         wandb_run.summary[f"tokenizer/{metric}"] = sp_overall[metric]

@@ -42,10 +42,10 @@ def load_tokenizer(tokenizer_dir: str | Path) -> tuple[spm.SentencePieceProcesso
         processor.Load(str(model_path))
     except (OSError, RuntimeError) as exc:
         raise DataError(f"{model_path} is not a readable SentencePiece model ({exc})") from exc
-    if processor.get_piece_size() != manifest.get("vocab_size"):
-        raise DataError(
-            f"{model_path} has {processor.get_piece_size()} pieces, the manifest says {manifest.get('vocab_size')}"
-        )
+    # an adopted model's manifest keeps its pieces apart from the base model's (larger) embedding rows
+    pieces = manifest.get("tokenizer_vocab_size", manifest.get("vocab_size"))
+    if processor.get_piece_size() != pieces:
+        raise DataError(f"{model_path} has {processor.get_piece_size()} pieces, the manifest says {pieces}")
     return processor, manifest
 
 

@@ -26,6 +26,7 @@ from experiment.progress import progress
 from experiment.schema import ExperimentConfig
 from experiment.sections.tokenizer import TokenizerConfig
 from experiment.stages import TOKENIZER
+from tokenizer.measured import sentencepiece_under_test
 from tokenizer.report import build_report, log_report, write_report
 from tokenizer.spm import MODEL_FILE, VOCAB_FILE
 from tokenizer.texts import NEWLINE, CorpusSplit, split_corpus, training_lines
@@ -111,8 +112,13 @@ def special_ids(tok: TokenizerConfig) -> dict[str, int]:
 
 
 def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
-    """Recipe 02 entry point: train, write ``tokenizer/`` and its report, log the W&B artifact."""
+    """Recipe 02 entry point: train (or, with ``tokenizer.adopt_from``, adopt a base model's), write
+    ``tokenizer/`` and its report, log the W&B artifact."""
     tok: TokenizerConfig = cfg.tokenizer
+    if tok.adopt_from:
+        from tokenizer.adopt import adopt_tokenizer
+
+        return adopt_tokenizer(cfg, run_folder, wandb_run)
     out_dir = Path(run_folder.tokenizer)
     corpus_dir = Path(run_folder.corpus)
     validation_percent = cfg.shards.validation_percent
@@ -131,11 +137,13 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
     train_seconds = time.perf_counter() - started
     log.info("SentencePiece trained in %.1f s", train_seconds)
 
+    for adopted in ("tokenizer.json", "tokenizer.model"):  # an earlier adoption's model (tokenizer.adopt)
+        (out_dir / adopted).unlink(missing_ok=True)
     atomic_write_bytes(out_dir / MODEL_FILE, model_bytes)
     sp = spm.SentencePieceProcessor(model_proto=model_bytes)
     atomic_write_text(out_dir / VOCAB_FILE, vocab_text(sp))
 
-    report = build_report(cfg, sp, split, corpus_dir, train_seconds)
+    report = build_report(cfg, sentencepiece_under_test(sp, train_seconds), split, corpus_dir)
     write_report(out_dir, report)
 
     if tok.hf_export:

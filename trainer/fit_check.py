@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cost.hf_shapes import hf_model_shape
 from experiment.errors import ConfigError, RecipeError
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.runfolder import RunFolder
@@ -279,6 +280,16 @@ def vocab_and_seq_len(cfg: ExperimentConfig, run_folder: RunFolder) -> tuple[int
     return int(tokenizer["vocab_size"]), int(shards["seq_len"])
 
 
+def fit_model(cfg: ExperimentConfig, run_folder: RunFolder) -> tuple[Any, int, int]:
+    """``(model section, vocab_size, seq_len)`` to compile: ``train.fit_model``'s Hugging Face shape (its
+    own vocabulary, model.max_seq_len), else the experiment's model with its tokenizer and shards."""
+    if cfg.train.fit_model:
+        _, model_cfg, vocab = hf_model_shape(cfg.train.fit_model, "train.fit_model", cfg.model)
+        return model_cfg, vocab, model_cfg.max_seq_len
+    vocab, seq_len = vocab_and_seq_len(cfg, run_folder)
+    return cfg.model, vocab, seq_len
+
+
 def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
     """Recipe 04b: check (or, with ``train.fit_search``, search) every slice in ``train.fit_topologies``.
 
@@ -288,14 +299,14 @@ def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> l
     where nothing fits.
     """
     require_libtpu()
-    vocab, seq_len = vocab_and_seq_len(cfg, run_folder)
+    model_cfg, vocab, seq_len = fit_model(cfg, run_folder)
     packed = cfg.shards.packing == "document"
     reports, searched = [], {}
     for slice_name in cfg.train.fit_topologies:
         log.info("compiling the train step for %s (vocab %d, seq_len %d, batch %d)", slice_name, vocab, seq_len,
                  cfg.train.batch_size)
         if cfg.train.fit_search:
-            rows = search_fit(cfg.model, cfg.train, vocab, seq_len, slice_name, packed)
+            rows = search_fit(model_cfg, cfg.train, vocab, seq_len, slice_name, packed)
             searched[slice_name] = rows
             best = best_setting(rows)
             report = best if best is not None else min(rows, key=lambda r: r.get("needed_gib", float("inf")))
@@ -305,7 +316,7 @@ def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> l
                 log.info("best setting on %s: %s", slice_name, overrides)
                 report = {**report, "overrides": overrides}
         else:
-            report = check_fit(cfg.model, cfg.train, vocab, seq_len, slice_name, packed)
+            report = check_fit(model_cfg, cfg.train, vocab, seq_len, slice_name, packed)
         log.info("%s", describe(report))
         reports.append(report)
         if wandb_run is not None:

@@ -36,6 +36,7 @@ from data_prep.shards.layout import SPLITS, row_tokens, shard_file_name, shard_s
 from data_prep.shards.packing import rows_from_stream
 from data_prep.shards.tfrecord import TFRecordWriter, encode_int64_rows
 from experiment.corpus_format import iter_documents
+from tokenizer.loaded import encode_one, tokenizer_from_source
 
 OrderKey = tuple[int, int]  # (corpus file number, line number)
 
@@ -99,25 +100,24 @@ def write_shard(element: tuple[tuple[str, int], Iterable[tuple[int, int, np.ndar
 
 
 class Tokenize:
-    """Beam DoFn body: SentencePiece is loaded once per worker from the model's bytes."""
+    """Beam DoFn body: the run's tokenizer (SentencePiece or an adopted tokenizer.json) is rebuilt once
+    per worker from ``source``, its (kind, model bytes) (``tokenizer.loaded.RunTokenizer.source``)."""
 
-    def __init__(self, model_proto: bytes, eos_id: int, validation_percent: float) -> None:
-        self.model_proto, self.eos_id, self.validation_percent = model_proto, eos_id, validation_percent
-        self._sp: Any = None
+    def __init__(self, source: tuple[str, bytes], eos_id: int, validation_percent: float) -> None:
+        self.source, self.eos_id, self.validation_percent = source, eos_id, validation_percent
+        self._tokenizer: Any = None
 
     def __call__(self, element: tuple[OrderKey, Any, str]) -> tuple[str, OrderKey, np.ndarray]:
-        if self._sp is None:
-            import sentencepiece as spm
-
-            self._sp = spm.SentencePieceProcessor(model_proto=self.model_proto)
+        if self._tokenizer is None:
+            self._tokenizer = tokenizer_from_source(*self.source)
         order, doc_id, text = element
-        ids = np.concatenate((self._sp.encode(text, out_type="numpy"), np.array([self.eos_id], dtype=np.int32)))
+        ids = np.concatenate((encode_one(self._tokenizer, text), np.array([self.eos_id], dtype=np.int32)))
         return split_of(doc_id, self.validation_percent), order, ids
 
 
 # ---------------------------------------------------------------- the pipeline
 
-def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], model_proto: bytes, out_dir: Path,
+def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], source: tuple[str, bytes], out_dir: Path,
                    shards_cfg: Any, seq_len: int, eos_id: int, pad_id: int, staging: Path) -> None:
     beam = import_beam("shards.runner")
     row_len = seq_len + 1
@@ -125,7 +125,7 @@ def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], mo
     tokenized = (pipeline
                  | "CorpusFiles" >> beam.Create(files, reshuffle=True)
                  | "ReadDocuments" >> beam.FlatMap(read_corpus_file, str(corpus_dir), manifest)
-                 | "Tokenize" >> beam.Map(Tokenize(model_proto, eos_id, shards_cfg.validation_percent)))
+                 | "Tokenize" >> beam.Map(Tokenize(source, eos_id, shards_cfg.validation_percent)))
     layout = (tokenized
               | "Lengths" >> beam.Map(lambda t: (t[0], (t[1], int(t[2].size))))
               | "GroupLengths" >> beam.GroupByKey()
@@ -143,7 +143,7 @@ def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], mo
      | "StageLayout" >> beam.io.WriteToText(str(staging / "layout"), file_name_suffix=".jsonl"))
 
 
-def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], model_proto: bytes, out_dir: Path, shards_cfg: Any,
+def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], source: tuple[str, bytes], out_dir: Path, shards_cfg: Any,
                     seq_len: int, *, eos_id: int, pad_id: int) -> dict[str, dict[str, Any]]:
     """Run the pipeline; returns the manifest's ``splits`` section, equal to the local path's."""
     beam = import_beam("shards.runner")
@@ -152,7 +152,7 @@ def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], model_proto: byt
     staging = Path(tempfile.mkdtemp(prefix="beam-shards-"))
     try:
         with beam.Pipeline(options=PipelineOptions(shards_cfg.beam_options or ["--runner=DirectRunner"])) as pipeline:
-            build_pipeline(pipeline, corpus_dir, manifest, model_proto, out_dir, shards_cfg, seq_len, eos_id, pad_id,
+            build_pipeline(pipeline, corpus_dir, manifest, source, out_dir, shards_cfg, seq_len, eos_id, pad_id,
                            staging)
         shard_rows = [json.loads(line) for path in sorted(staging.glob("shards*")) for line in path.read_text().splitlines()]
         layout = {row["split"]: row for path in sorted(staging.glob("layout*"))

@@ -1,7 +1,8 @@
 """Recipe 3: tokenize the cleaned corpus and write TFRecord shards with index sidecars and a manifest.
 
 Documents are read in corpus order, encoded in batches by SentencePiece's own thread pool (the
-local worker pool; the output does not depend on the thread count), given an EOS, routed to
+local worker pool; the output does not depend on the thread count) with the run's tokenizer,
+trained or adopted (``tokenizer.loaded``), given an EOS, routed to
 train or validation by a hash of their id, packed into rows of ``seq_len + 1`` and written as
 ``tf.train.Example`` records. The manifest is written last; a crash leaves a folder without one,
 which the loader refuses.
@@ -29,7 +30,7 @@ from experiment.manifest import MANIFEST_NAME, invalidate
 from experiment.progress import progress as progress_bar
 from experiment.schema import ExperimentConfig
 from experiment.stages import SHARDS
-from tokenizer.spm import eos_and_pad_ids, load_tokenizer
+from tokenizer.loaded import RunTokenizer, load_run_tokenizer
 
 log = logging.getLogger("data_prep.shards.build")
 
@@ -115,9 +116,10 @@ def encode_threads(requested: int) -> int:
 def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     """Tokenize ``run_folder.corpus`` with ``run_folder.tokenizer`` into ``run_folder.shards``."""
     shards_cfg, seq_len = cfg.shards, cfg.model.max_seq_len  # rows of the model's one sequence length
-    sp, tok_manifest = load_tokenizer(run_folder.tokenizer)
+    tokenizer = load_run_tokenizer(run_folder.tokenizer)
+    tok_manifest = tokenizer.manifest
     corpus_manifest = read_corpus_manifest(run_folder.corpus)
-    eos_id, pad_id = eos_and_pad_ids(sp, tok_manifest, run_folder.tokenizer)
+    eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
 
     out_dir = Path(run_folder.shards)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -130,16 +132,16 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
              corpus_manifest["documents"], threads, shards_cfg.packing, seq_len + 1)
     started = time.perf_counter()
     if shards_cfg.runner == "beam":
-        model_path = Path(run_folder.tokenizer) / tok_manifest.get("model_file", "spm.model")
-        result = run_beam_shards(Path(run_folder.corpus), corpus_manifest, model_path.read_bytes(), out_dir,
+        result = run_beam_shards(Path(run_folder.corpus), corpus_manifest, tokenizer.source, out_dir,
                                  shards_cfg, seq_len, eos_id=eos_id, pad_id=pad_id)
     else:
-        result = write_splits(iter_documents(run_folder.corpus, corpus_manifest), sp, out_dir, shards_cfg, seq_len,
+        result = write_splits(iter_documents(run_folder.corpus, corpus_manifest), tokenizer, out_dir, shards_cfg, seq_len,
                               eos_id=eos_id, pad_id=pad_id, threads=threads, total=corpus_manifest["documents"])
     seconds = time.perf_counter() - started
 
     payload = {
         "tokenizer_sha256": tok_manifest["sha256"],
+        "tokenizer_kind": tokenizer.kind,
         "vocab_size": tok_manifest["vocab_size"],
         "special_ids": {"eos": eos_id, "pad": pad_id},
         "seq_len": seq_len,
@@ -166,7 +168,7 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
     return payload
 
 
-def write_splits(documents: Any, sp: Any, out_dir: Path, shards_cfg: Any, seq_len: int, *, eos_id: int, pad_id: int,
+def write_splits(documents: Any, tokenizer: RunTokenizer, out_dir: Path, shards_cfg: Any, seq_len: int, *, eos_id: int, pad_id: int,
                  threads: int, total: int | None = None) -> dict[str, dict[str, Any]]:
     """Encode, split, pack and write every document; returns the manifest's ``splits`` section."""
     packers = {split: Packer(seq_len, shards_cfg.packing, pad_id) for split in SPLITS}
@@ -178,11 +180,11 @@ def write_splits(documents: Any, sp: Any, out_dir: Path, shards_cfg: Any, seq_le
             for doc in documents:
                 batch.append(doc)
                 if len(batch) >= shards_cfg.encode_batch_documents:
-                    _encode_batch(batch, sp, packers, writers, shards_cfg, eos_id, threads, pad_mask_key)
+                    _encode_batch(batch, tokenizer, packers, writers, shards_cfg, eos_id, threads, pad_mask_key)
                     progress.update(len(batch))
                     batch = []
             if batch:
-                _encode_batch(batch, sp, packers, writers, shards_cfg, eos_id, threads, pad_mask_key)
+                _encode_batch(batch, tokenizer, packers, writers, shards_cfg, eos_id, threads, pad_mask_key)
                 progress.update(len(batch))
         for split in SPLITS:
             writers[split].write_rows(packers[split].finish(), pad_mask_key)
@@ -194,11 +196,9 @@ def write_splits(documents: Any, sp: Any, out_dir: Path, shards_cfg: Any, seq_le
     return {split: writers[split].summary(packers[split].stats) for split in SPLITS}
 
 
-def _encode_batch(batch: list[dict[str, Any]], sp: Any, packers: dict[str, Packer], writers: dict[str, SplitWriter],
+def _encode_batch(batch: list[dict[str, Any]], tokenizer: RunTokenizer, packers: dict[str, Packer], writers: dict[str, SplitWriter],
                   shards_cfg: Any, eos_id: int, threads: int, pad_mask_key: str | None) -> None:
-    # numpy output: SentencePiece hands back its C++ id buffers as int32 arrays, which skips
-    # building (and then converting) a Python int per token
-    encoded = sp.encode([doc["text"] for doc in batch], out_type="numpy", num_threads=threads)
+    encoded = tokenizer.encode_batch([doc["text"] for doc in batch], threads=threads)
     eos = np.array([eos_id], dtype=np.int32)
     by_split: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
     for doc, ids in zip(batch, encoded, strict=True):

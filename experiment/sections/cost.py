@@ -71,7 +71,9 @@ class CostConfig:
     token_budget: int | None = None  # tokens planned for the run, for the projection
     flush_seconds: float = 5.0  # the ledger is fsynced at least this often
     # planner (recipe 07)
-    plan_model: str = ""  # a model preset or an anchor shape (llama3.1-8b); empty: the experiment's model
+    # a model preset, an anchor shape (llama3.1-8b), or a Hugging Face config.json: hf:<folder or file>
+    # (hf:Qwen3-1.7B and hf:Llama-3.2-1B are shipped in cost/hf_configs/); empty: the experiment's model
+    plan_model: str = ""
     # 0: cost.token_budget, else train.steps x batch x model.max_seq_len. The planned length is the
     # planned model's: model.max_seq_len, a preset's own, or an anchor's from cost/anchors.csv
     plan_tokens: int = 0

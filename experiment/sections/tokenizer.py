@@ -43,6 +43,10 @@ class TokenizerConfig:
     report_max_docs: int = 2_000  # held-out documents measured in the report (per source)
     baseline_hf_bpe: bool = True  # train a Hugging Face byte-level BPE at the same size for the report
     hf_export: bool = True  # write tokenizer/hf/, loadable by transformers
+    # Adopt a base model's tokenizer instead of training one: a Hugging Face model folder (its
+    # tokenizer.json, else its SentencePiece tokenizer.model) or one of those files. The training keys
+    # above then only size the report's baseline; the special ids come from the folder's own files.
+    adopt_from: str = ""
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""

@@ -95,6 +95,9 @@ class TrainConfig:
     cpu_keep_freed_memory: bool = True
     peak_flops_per_chip: float | None = None  # for MFU; None: the cost catalog's bf16 peak for cost.accelerator
     fit_topologies: list[str] = field(default_factory=lambda: ["v5e-16", "v6e-8"])  # for recipes/04b_tpu_fit_check.py
+    # recipe 04b: check another model's shape, hf:<folder or config.json> of a Hugging Face model (its
+    # vocabulary; model.max_seq_len, remat and attention from this config); empty: the experiment's model
+    fit_model: str = ""
     # recipe 04b: instead of checking the configured setting, try remat policies, attention kernels and
     # micro-batch splits per slice, and report the table and the best setting that fits (trainer/fit_check.py)
     fit_search: bool = False
@@ -153,5 +156,7 @@ class TrainConfig:
         if self.branch_from and not 1 <= self.branch_step < self.steps:
             raise ConfigError(f"config key '{prefix}branch_step': must be in [1, steps={self.steps}), "
                               f"got {self.branch_step}")
+        if self.fit_model and not self.fit_model.startswith("hf:"):
+            raise ConfigError(f"config key '{prefix}fit_model': give hf:<model folder or config.json>, got {self.fit_model!r}")
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
             raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, got {self.peak_flops_per_chip}")
