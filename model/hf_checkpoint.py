@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from experiment.errors import ConfigError, DataError
+from experiment.files import read_json_object
 from model.family import ModelFamily
 from model.registry import families, get_family
 
@@ -82,13 +83,7 @@ def read_config(folder: Path) -> dict[str, Any]:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise DataError(f"{path}: not found (a Hugging Face model folder has a config.json)")
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise DataError(f"{path}: not a JSON object")
-    return config
+    return read_json_object(path)
 
 
 def sha256_file(path: Path) -> str:
