@@ -20,10 +20,9 @@ import numpy as np
 import sentencepiece as spm
 
 from experiment.errors import DataError
-from experiment.files import sha256_file
 from experiment.stages import TOKENIZER
 from tokenizer.measured import BYTE_PIECE
-from tokenizer.spm import MODEL_FILE, eos_and_pad_ids, load_tokenizer, piece_byte_lengths
+from tokenizer.spm import MODEL_FILE, eos_and_pad_ids, load_tokenizer, piece_byte_lengths, verified_model_file
 
 KIND_SENTENCEPIECE = "sentencepiece"
 KIND_HF = "hf_tokenizer_json"
@@ -166,20 +165,14 @@ def load_run_tokenizer(tokenizer_dir: str | Path) -> RunTokenizer:
     manifest = TOKENIZER.read_manifest(tokenizer_dir)
     kind = manifest.get("kind", KIND_SENTENCEPIECE)  # manifests written before adoption existed: SentencePiece
     if kind == KIND_SENTENCEPIECE:
-        sp, manifest = load_tokenizer(tokenizer_dir)
+        sp, manifest = load_tokenizer(tokenizer_dir, manifest)
         eos, pad = eos_and_pad_ids(sp, manifest, tokenizer_dir)
         return RunTokenizer(kind, int(manifest["vocab_size"]), eos, pad, str(manifest["sha256"]), manifest,
                             tokenizer_dir / manifest.get("model_file", MODEL_FILE), sp=sp)
     if kind != KIND_HF:
         raise DataError(f"{tokenizer_dir / 'manifest.json'}: unknown tokenizer kind '{kind}' (known: {', '.join(KINDS)}); "
                         f"{TOKENIZER.run_again}")
-    model_path = tokenizer_dir / str(manifest.get("model_file", "tokenizer.json"))
-    if not model_path.is_file():
-        raise DataError(f"{model_path} is listed in the tokenizer manifest but missing: {TOKENIZER.run_again}")
-    digest = sha256_file(model_path)
-    if digest != manifest["sha256"]:
-        raise DataError(f"{model_path} has sha256 {digest[:12]}..., the manifest says {manifest['sha256'][:12]}...: "
-                        f"the file changed after recipe 02; {TOKENIZER.run_again}")
+    model_path, digest = verified_model_file(tokenizer_dir, manifest, "tokenizer.json")
     hf = read_hf_tokenizer(model_path)
     own_size, recorded = hf.get_vocab_size(with_added_tokens=True), manifest.get("tokenizer_vocab_size")
     if own_size != recorded:

@@ -24,19 +24,28 @@ VOCAB_FILE = "spm.vocab"
 WHITESPACE_MARK = "\u2581"
 
 
-def load_tokenizer(tokenizer_dir: str | Path) -> tuple[spm.SentencePieceProcessor, dict[str, Any]]:
-    """Load a finished tokenizer folder: ``(SentencePieceProcessor, manifest)``."""
-    tokenizer_dir = Path(tokenizer_dir)
-    manifest = TOKENIZER.read_manifest(tokenizer_dir)
-    model_path = tokenizer_dir / manifest.get("model_file", MODEL_FILE)
+def verified_model_file(tokenizer_dir: Path, manifest: dict[str, Any], default_name: str = MODEL_FILE) -> tuple[Path, str]:
+    """``(path, sha256)`` of the model file a tokenizer manifest lists, refused when it is missing or its
+    bytes do not match the manifest's hash (hashed once, here, for every tokenizer kind)."""
+    model_path = tokenizer_dir / str(manifest.get("model_file", default_name))
     if not model_path.is_file():
         raise DataError(f"{model_path} is listed in the tokenizer manifest but missing: {TOKENIZER.run_again}")
     digest = sha256_file(model_path)
     if digest != manifest.get("sha256"):
         raise DataError(
             f"{model_path} has sha256 {digest[:12]}..., the manifest says {str(manifest.get('sha256'))[:12]}...: "
-            f"the model changed after training; {TOKENIZER.run_again}"
+            f"the model changed after recipe 02; {TOKENIZER.run_again}"
         )
+    return model_path, digest
+
+
+def load_tokenizer(tokenizer_dir: str | Path, manifest: dict[str, Any] | None = None
+                   ) -> tuple[spm.SentencePieceProcessor, dict[str, Any]]:
+    """Load a finished tokenizer folder: ``(SentencePieceProcessor, manifest)``; ``manifest``: the folder's,
+    when the caller has already read it."""
+    tokenizer_dir = Path(tokenizer_dir)
+    manifest = TOKENIZER.read_manifest(tokenizer_dir) if manifest is None else manifest
+    model_path, _ = verified_model_file(tokenizer_dir, manifest)
     processor = spm.SentencePieceProcessor()
     try:
         processor.Load(str(model_path))
