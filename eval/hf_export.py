@@ -13,12 +13,15 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_dir, atomic_write_text
 from experiment.stages import TOKENIZER
 from model.registry import family_of
+
+if TYPE_CHECKING:
+    from tokenizer.loaded import RunTokenizer
 
 log = logging.getLogger("eval.hf_export")
 
@@ -60,10 +63,11 @@ def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, 
     return out_dir
 
 
-def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: Any, cfg: Any) -> Path | None:
-    """Export a loaded checkpoint with the run's tokenizer into ``eval/hf/step_NNNNNNN``; None (and a log
-    line) when the checkpoint's model family has no Hugging Face adapter."""
-    from tokenizer.loaded import load_run_tokenizer
+def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: Any, cfg: Any,
+                      tokenizer: RunTokenizer) -> Path | None:
+    """Export a loaded checkpoint with the run's tokenizer (loaded by the caller, from ``run_folder.tokenizer``)
+    into ``eval/hf/step_NNNNNNN``; None (and a log line) when the checkpoint's model family has no Hugging
+    Face adapter."""
     from trainer.checkpoint import model_config_from_meta
 
     model_cfg = model_config_from_meta(meta)
@@ -71,7 +75,6 @@ def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: A
     if family.hf_adapter is None:
         log.info("Hugging Face export skipped: the '%s' model family has no Hugging Face adapter", family.name)
         return None
-    tokenizer = load_run_tokenizer(run_folder.tokenizer)
     manifest = tokenizer.manifest
     if meta.get("tokenizer_sha256") and meta["tokenizer_sha256"] != manifest.get("sha256"):
         raise DataError(f"the checkpoint was trained with tokenizer {meta['tokenizer_sha256'][:12]}..., not the one "

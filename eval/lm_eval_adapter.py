@@ -35,13 +35,13 @@ class RuPretrainLM(LM):
         if logits_fn is None:
             if run_folder is None:
                 raise ValueError("RuPretrainLM needs run_folder=... (or logits_fn, encode and eos_id)")
-            from eval.run import load_tokenizer_bits
             from experiment.runfolder import RunFolder
+            from tokenizer.loaded import load_run_tokenizer
             from trainer.checkpoint import load_trained_model
 
             folder = RunFolder(Path(run_folder))
             model, _, meta = load_trained_model(folder, step=None if step in (None, "") else int(step))
-            tok = load_tokenizer_bits(folder)
+            tok = load_run_tokenizer(folder.tokenizer)
             logits_fn, encode, eos_id, pad_id = model_logits_fn(model), tok.encode, tok.eos_id, tok.pad_id
             max_length = max_length or meta["model"]["max_seq_len"]
         if encode is None or eos_id is None or max_length is None:

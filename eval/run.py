@@ -15,11 +15,8 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from eval import bpb, harness
 from eval.harness import PairEncoder, TaskData
@@ -33,29 +30,9 @@ from experiment.manifest import invalidate
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import EVAL, SHARDS
+from tokenizer.loaded import RunTokenizer, load_run_tokenizer
 
 log = logging.getLogger("eval")
-
-
-
-@dataclass(frozen=True)
-class TokenizerBits:
-    """What scoring needs from the tokenizer."""
-
-    encode: harness.Encode
-    piece_bytes: np.ndarray
-    eos_id: int
-    pad_id: int
-    sha256: str
-
-
-def load_tokenizer_bits(run_folder: RunFolder) -> TokenizerBits:
-    """The run's tokenizer, trained or adopted (``tokenizer.loaded``)."""
-    from tokenizer.loaded import load_run_tokenizer
-
-    tokenizer = load_run_tokenizer(run_folder.tokenizer)
-    return TokenizerBits(encode=tokenizer.encode, piece_bytes=tokenizer.piece_byte_lengths(),
-                         eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, sha256=tokenizer.sha256)
 
 
 _TASK_CACHE: dict[tuple[Any, ...], TaskData] = {}
@@ -93,7 +70,7 @@ def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
     return loaded
 
 
-def run_suite(logits_fn: LogitsFn, tok: TokenizerBits, eval_cfg: Any, run_folder: RunFolder, *, max_len: int,
+def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder: RunFolder, *, max_len: int,
               tasks: Sequence[str], max_items: int | None, validation_batches: int | None,
               heldout_files: Sequence[str] = ()) -> dict[str, Any]:
     """Bits per byte (validation shards, held-out files) and task scores: the results body."""
@@ -109,7 +86,7 @@ def run_suite(logits_fn: LogitsFn, tok: TokenizerBits, eval_cfg: Any, run_folder
     else:
         log.info("bits per byte on the validation shards (%s batches)", validation_batches or "all")
         started = time.perf_counter()
-        acc = bpb.validation_bpb(logits_fn, run_folder.shards, tok.piece_bytes, eval_cfg.batch_size,
+        acc = bpb.validation_bpb(logits_fn, run_folder.shards, tok.piece_byte_lengths(), eval_cfg.batch_size,
                                  max_batches=validation_batches, tokenizer_sha256=tok.sha256 or None)
         results["validation"] = {**acc.to_dict(), "seconds": round(time.perf_counter() - started, 2)}
         log.info("validation: %s", bpb.describe(acc))
@@ -165,7 +142,7 @@ def evaluate_model(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, ste
     """
     eval_cfg = cfg.eval
     check_task_names(eval_cfg)
-    tok = load_tokenizer_bits(run_folder)
+    tok = load_run_tokenizer(run_folder.tokenizer)
     started = time.perf_counter()
     results = run_suite(
         model_logits_fn(model), tok, eval_cfg, run_folder, max_len=max_len_of(cfg),
@@ -233,7 +210,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
 
     eval_cfg = cfg.eval
     check_task_names(eval_cfg)
-    tok = load_tokenizer_bits(run_folder)
+    tok = load_run_tokenizer(run_folder.tokenizer)
     model, step, meta = load_trained_model(run_folder, step=eval_cfg.checkpoint_step)
     if meta.get("tokenizer_sha256") and tok.sha256 and meta["tokenizer_sha256"] != tok.sha256:
         raise DataError(f"checkpoint step {step} was trained with tokenizer {meta['tokenizer_sha256'][:12]}..., "
@@ -255,7 +232,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
     if eval_cfg.export_hf:
         from eval.hf_export import export_checkpoint
 
-        exported = export_checkpoint(model, int(step), meta, run_folder, cfg)
+        exported = export_checkpoint(model, int(step), meta, run_folder, cfg, tok)
         if exported is not None:  # None: the model family has no Hugging Face adapter
             results["hf_export"] = str(exported)
     json_path, md_path = write_results(run_folder.eval, results)

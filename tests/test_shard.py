@@ -171,12 +171,12 @@ def test_missing_tokenizer_is_one_clear_error(tmp_path: Path) -> None:
 
 
 def test_a_tokenizer_without_padding_pads_with_eos_in_shards_and_eval(tmp_path: Path) -> None:
-    from eval.run import load_tokenizer_bits
+    from eval.run import load_run_tokenizer
 
     run = make_run(tmp_path, packing="document")
     write_tokenizer(run.run_folder.tokenizer, run.docs, special={"pad": -1, "unk": 0, "bos": 1, "eos": 2})
     manifest = shard_corpus(run.cfg, run.run_folder, DisabledRun())
-    bits = load_tokenizer_bits(run.run_folder)
+    bits = load_run_tokenizer(run.run_folder.tokenizer)
     assert manifest["special_ids"] == {"eos": 2, "pad": 2}
     assert (bits.eos_id, bits.pad_id) == (2, 2)
 

@@ -124,15 +124,15 @@ def test_shards_decode_back_to_the_corpus_through_the_adopted_tokenizer(adopted_
 
 
 def test_eval_reads_the_adopted_tokenizer(adopted_run: tuple[Path, Path]) -> None:
-    from eval.run import load_tokenizer_bits
+    from eval.run import load_run_tokenizer  # what recipe 05 encodes and counts bytes with
     from experiment.runfolder import RunFolder
 
     run, _ = adopted_run
-    bits = load_tokenizer_bits(RunFolder(run))
+    bits = load_run_tokenizer(RunFolder(run).tokenizer)
     text = "Капитанская дочка, глава I.\n\nСержант гвардии."
     ids = bits.encode(text)
-    assert int(bits.piece_bytes[ids].sum()) == len(text.encode("utf-8"))
-    assert bits.piece_bytes[bits.eos_id] == 0
+    assert int(bits.piece_byte_lengths()[ids].sum()) == len(text.encode("utf-8"))
+    assert bits.piece_byte_lengths()[bits.eos_id] == 0
 
 
 def test_hf_export_ships_the_adopted_tokenizer_as_it_is(adopted_run: tuple[Path, Path], tmp_path: Path) -> None:
