@@ -195,6 +195,15 @@ def test_model_section_is_built_with_the_familys_class(tmp_path):
         sections_model._MODEL_SECTIONS.pop("nogqa")
 
 
+def test_explicit_keys_belong_to_each_loaded_config_not_the_class(tmp_path):
+    path = write_yaml(tmp_path, PRESET_ONLY)
+    first = load_config(path, ["model.d_model=512"])
+    second = load_config(path)
+    assert "model.d_model" in first.explicit_keys and "model.d_model" not in second.explicit_keys
+    assert "model.preset" in second.explicit_keys
+    assert ExperimentConfig.explicit_keys == frozenset()  # nothing a load set stays on the class
+
+
 @pytest.mark.parametrize("key", ["shards.seq_len=64", "cost.plan_seq_len=4096"])
 def test_removed_length_keys_say_what_replaced_them(key):
     name = key.split("=")[0]
