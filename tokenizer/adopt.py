@@ -134,11 +134,12 @@ def copy_hf_files(model_file: Path, data: bytes, target: str, out_dir: Path) -> 
     ``out_dir/hf``, atomically as one folder; returns their sha256 by name."""
     names = [name for name in HF_TOKENIZER_FILES
              if name not in (HF_TOKENIZER_FILE, SPM_TOKENIZER_FILE) and (model_file.parent / name).is_file()]
+    files = {target: data, **{name: (model_file.parent / name).read_bytes() for name in names}}
     with atomic_dir(out_dir / "hf") as staging:
-        atomic_write_bytes(staging / target, data)  # fsynced before the folder is renamed into place
-        for name in names:
-            atomic_write_bytes(staging / name, (model_file.parent / name).read_bytes())
-    return {name: sha256_file(out_dir / "hf" / name) for name in [target, *names]}
+        for name, body in files.items():
+            atomic_write_bytes(staging / name, body)  # fsynced before the folder is renamed into place
+    # hashed from the bytes written (the adopted file's own copy at the top is the one read back)
+    return {name: hashlib.sha256(body).hexdigest() for name, body in files.items()}
 
 
 def adopt_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
