@@ -121,10 +121,6 @@ def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     return body
 
 
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Build a folder under a hidden temporary name beside ``path``; it replaces ``path`` only on success."""
