@@ -73,8 +73,6 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"config key '{key}': {value!r} is not one of {list(allowed)}{hint}")
         return value
     if dataclasses.is_dataclass(tp):
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return value  # a section already built with its own class (a model family's ``model:``)
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}': expected a mapping, got {type(value).__name__}")
         return build_dataclass(tp, value, key)
