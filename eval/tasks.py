@@ -211,7 +211,7 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
 
 def check_task_names(eval_cfg: Any) -> None:
     """The configured task names (``eval.tasks``, ``eval.train_tasks``, ``eval.task_files``) are known;
-    checked where the eval stage and the trainer's periodic eval start."""
+    checked where recipe 05 starts and, before the first step, where recipe 04 starts."""
     for name in ("tasks", "train_tasks"):
         for task in getattr(eval_cfg, name):
             if task not in TASKS:

@@ -1,8 +1,10 @@
 """Recipe 04: pretrain the decoder on the shards (resumes from the latest checkpoint)."""
 
 import functools
+from typing import Any
 
 from eval.run import evaluate_model
+from eval.tasks import check_task_names
 from experiment.stages import PRETRAIN
 from tracking.harness import recipe_main
 from trainer.distributed import prepare_processes, reports
@@ -10,7 +12,13 @@ from trainer.hooks import EvalHook
 from trainer.resume import resume_wandb_run_id
 from trainer.train import pretrain
 
+
+def prepare(cfg: Any) -> None:
+    check_task_names(cfg.eval)  # a misspelled eval task stops the run now, not at its first eval hours in
+    prepare_processes(cfg)
+
+
 if __name__ == "__main__":
     recipe_main(PRETRAIN, "Pretrain the Flax decoder; rerun the same command to resume",
                 functools.partial(pretrain, hooks=[EvalHook(evaluate_model)]),
-                wandb_run_id=resume_wandb_run_id, prepare=prepare_processes, reports=reports)
+                wandb_run_id=resume_wandb_run_id, prepare=prepare, reports=reports)
