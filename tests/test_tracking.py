@@ -127,6 +127,16 @@ def test_artifact_helper_names_and_skips_disabled(tmp_path: Path) -> None:
     assert log_files(None, "x", "report", [tmp_path]) is None
 
 
+def test_a_silent_run_builds_no_artifact(tmp_path: Path) -> None:
+    from tracking.artifacts import log_files, use_reference
+    from tracking.wandb_run import SilentRun
+
+    trace = tmp_path / "trace.json.gz"
+    trace.write_bytes(b"x" * 1024)
+    assert log_files(SilentRun(), "profile", "profile", [trace], root=tmp_path) is None
+    assert use_reference(SilentRun(), "base", "base-model", tmp_path) is None
+
+
 def test_auto_mode_falls_back_to_offline_when_wandb_is_unreachable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """An API key but no W&B server (a closed loopback port): offline within seconds, with a warning."""

@@ -86,6 +86,7 @@ class SilentRun:
 
     id: str | None = None
     offline = False
+    disabled = True  # as a disabled W&B run: artifact helpers (tracking.artifacts) skip building, hashing files
 
     def __init__(self) -> None:
         self.summary: dict[str, Any] = {}
