@@ -77,13 +77,14 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
 
 
 def latest_meta(checkpoint_dir: Path, steps: list[int]) -> dict[str, Any] | None:
-    """The meta of the newest of ``steps`` that passes its checksums (None: none does)."""
+    """The meta of the newest of ``steps`` whose meta passes its checksums (None: none does); the step's
+    other files are verified once, by the restore that follows (trainer.resume)."""
     manager = checkpoint.open_manager(checkpoint_dir)
     try:
         def read(step: int) -> dict[str, Any]:
             return checkpoint.read_meta(manager, step)
 
-        return checkpoint.restore_verified(manager, read, steps)[1]
+        return checkpoint.restore_verified(manager, read, steps, item="meta")[1]
     except checkpoint.CheckpointDamaged:
         return None  # resume reports it, with the damaged steps set aside
     finally:
