@@ -348,17 +348,17 @@ def _summarize(sessions: list[tuple[dict[str, Any], _Tally]], token_budget: int 
     )
 
 
-def _read_sessions(ledger_dir: str | os.PathLike[str]) -> tuple[list[_Session], list[tuple[dict[str, Any], _Tally]]]:
+def _read_sessions(ledger_dir: str | os.PathLike[str], checkpoint_item: dict[str, Any] | None = None,
+                   ) -> tuple[list[_Session], list[tuple[dict[str, Any], _Tally]]]:
     """The sessions of a ledger on disk and their tallies (the last one taken as it is: a crash in
-    it is only known once a later session resumes)."""
+    it is only known once a later session resumes); with ``checkpoint_item``, only the records up to
+    the session and moment of that checkpoint's ledger item (``checkpoint_record``)."""
     path = Path(ledger_dir) / LEDGER_FILE
     if not path.is_file():
         raise DataError(f"no ledger at {path}: {PRETRAIN.run_first}")
     records, _ = _read_records(path)
-    return _tallied(records, path)
-
-
-def _tallied(records: list[dict[str, Any]], path: Path) -> tuple[list[_Session], list[tuple[dict[str, Any], _Tally]]]:
+    if checkpoint_item is not None:
+        records = _records_until(records, checkpoint_item, path)
     sessions = _sessions(records, path)
     if not sessions:
         raise DataError(f"{path} holds no ledger records")
@@ -370,19 +370,12 @@ def _record_time(record: dict[str, Any]) -> float:
     return float(record.get("t1", record.get("t", -math.inf)))
 
 
-def summarize_ledger_at(ledger_dir: str | os.PathLike[str], checkpoint_item: dict[str, Any]) -> CostSummary:
-    """What a run had cost when it started saving a checkpoint: its ledger cut at the session and
-    moment of that checkpoint's ledger item (``checkpoint_record``, which flushed the ledger first),
-    for a decay branch that starts from the checkpoint."""
-    path = Path(ledger_dir) / LEDGER_FILE
-    if not path.is_file():
-        raise DataError(f"no ledger at {path}: {PRETRAIN.run_first}")
+def _records_until(records: list[dict[str, Any]], checkpoint_item: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     try:
         session, moment = int(checkpoint_item["session"]), float(checkpoint_item["t"])
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"{path}: the checkpoint's ledger item {checkpoint_item!r} does not say when it was saved "
                         f"({exc!r})") from exc
-    records, _ = _read_records(path)
     kept: list[dict[str, Any]] = []
     opened = -1
     for record in records:
@@ -390,7 +383,14 @@ def summarize_ledger_at(ledger_dir: str | os.PathLike[str], checkpoint_item: dic
         if opened > session or (opened == session and _record_time(record) > moment):
             break
         kept.append(record)
-    sessions, tallies = _tallied(kept, path)
+    return kept
+
+
+def summarize_ledger_at(ledger_dir: str | os.PathLike[str], checkpoint_item: dict[str, Any]) -> CostSummary:
+    """What a run had cost when it started saving a checkpoint: its ledger cut at the session and
+    moment of that checkpoint's ledger item (``checkpoint_record``, which flushed the ledger first),
+    for a decay branch that starts from the checkpoint."""
+    sessions, tallies = _read_sessions(ledger_dir, checkpoint_item)
     return _summarize(tallies, sessions[-1].meta.get("token_budget"))
 
 

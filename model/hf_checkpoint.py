@@ -17,7 +17,6 @@ Bad input is one line naming the file and the tensor (DataError) or the config f
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from experiment.errors import ConfigError, DataError
-from experiment.files import read_json_object
+from experiment.files import read_json_object, sha256_file
 from model.family import ModelFamily
 from model.registry import families, get_family
 
@@ -84,14 +83,6 @@ def read_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DataError(f"{path}: not found (a Hugging Face model folder has a config.json)")
     return read_json_object(path)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class SafetensorsSource(Mapping[str, Any]):

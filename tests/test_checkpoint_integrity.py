@@ -100,6 +100,21 @@ def test_every_committed_step_has_checksums_that_verify(tmp_path: Path) -> None:
     np.testing.assert_array_equal(state["params"]["w"], tiny_state(2)["params"]["w"])
 
 
+def test_meta_alone_is_verified_without_hashing_the_parameters(tmp_path: Path) -> None:
+    """trainer.init_from reads the meta before the restore verifies the whole step: a damaged params file
+    is the restore's to find, a damaged meta file is found here."""
+    from trainer.init_from import latest_meta
+
+    save_steps(tmp_path / "ckpt", [1, 2])
+    DAMAGE["bit flip in a params data file"](tmp_path / "ckpt" / "2")
+    checkpoint.verify_checksums(tmp_path / "ckpt" / "2", "meta")
+    with pytest.raises(checkpoint.CheckpointDamaged):
+        checkpoint.verify_checksums(tmp_path / "ckpt" / "2")
+    assert latest_meta(tmp_path / "ckpt", [1, 2]) == {"model": {}, "step": 2}
+    flip_bit(tmp_path / "ckpt" / "2" / "meta" / "metadata")
+    assert latest_meta(tmp_path / "ckpt", [1, 2]) == {"model": {}, "step": 1}
+
+
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_damaged_latest_step_falls_back_to_the_previous_one(tmp_path: Path, damage: str,
                                                             caplog: pytest.LogCaptureFixture) -> None:

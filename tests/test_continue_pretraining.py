@@ -112,6 +112,23 @@ def test_mean_adaptation_step0_then_exact_resume(fixture_stages: Path, base_fold
     assert not np.array_equal(param_of(trained, "['final_norm']['scale']"), base["model.norm.weight"])
 
 
+def test_a_branch_of_a_continued_run_takes_its_model_from_the_parent_checkpoint(
+        fixture_stages: Path, base_folder: Path, tmp_path: Path) -> None:
+    """A branch's YAML is its parent's, model.init_from included: its first session restores the parent's
+    checkpoint and must not read (or need) the base model again."""
+    import shutil
+
+    base = shutil.copytree(base_folder, tmp_path / "base")
+    config = continue_config(fixture_stages, tmp_path / "a", base, steps=2, checkpoint_every=1, warmup_steps=1)
+    run_recipe("04_pretrain.py", config)
+    shutil.rmtree(base)
+    run_recipe("04_pretrain.py", config, "experiment.name=branch", "train.branch_from=tiny", "train.branch_step=1")
+    runs = tmp_path / "a" / "runs"
+    _, parent = checkpoint_contents(runs / "tiny", 1)
+    _, branch = checkpoint_contents(runs / "branch", 2)
+    assert branch["meta"]["init_from"] == parent["meta"]["init_from"]
+
+
 def test_shape_key_against_config_json_is_one_error_line(fixture_stages: Path, base_folder: Path,
                                                          tmp_path: Path) -> None:
     config = continue_config(fixture_stages, tmp_path, base_folder, steps=0)

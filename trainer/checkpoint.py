@@ -109,8 +109,9 @@ def mark_checksummed(directory: Path) -> None:
         atomic_write_text(directory / CHECKSUMMED, "every step of this folder has checksums.json\n")
 
 
-def verify_checksums(step_dir: Path) -> None:
-    """Raise CheckpointDamaged naming the first file of ``step_dir`` that differs from its checksum."""
+def verify_checksums(step_dir: Path, item: str | None = None) -> None:
+    """Raise CheckpointDamaged naming the first file of ``step_dir`` (of its ``item`` folder alone when
+    given, e.g. ``meta``) that differs from its checksum."""
     path = step_dir / CHECKSUMS
     try:
         recorded = json.loads(path.read_text(encoding="utf-8"))["files"]
@@ -122,6 +123,8 @@ def verify_checksums(step_dir: Path) -> None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointDamaged(f"{path} is unreadable ({exc})") from exc
     for name, expected in recorded.items():
+        if item is not None and not name.startswith(f"{item}/"):
+            continue
         file = step_dir / name
         try:
             size = file.stat().st_size
@@ -352,8 +355,9 @@ READ_ERRORS = (ValueError, KeyError, TypeError, OSError)
 
 
 def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
-                     steps: Sequence[int] | None = None) -> tuple[int, Any, list[int]]:
-    """``read(step)`` of the newest step that passes its checksums and reads back.
+                     steps: Sequence[int] | None = None, item: str | None = None) -> tuple[int, Any, list[int]]:
+    """``read(step)`` of the newest step that passes its checksums and reads back (``item``: the checksums
+    of that item's files alone, for a ``read`` that reads nothing else, such as ``read_meta``).
 
     Each damaged step is logged as a warning naming the file, and the previous one is tried.
     Returns ``(step, read(step), damaged steps)``; raises CheckpointDamaged naming the checkpoint
@@ -373,7 +377,7 @@ def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
     for step in candidates:
         try:
             if not legacy:
-                verify_checksums(directory / str(step))
+                verify_checksums(directory / str(step), item)
             try:
                 return step, read(step), damaged
             except READ_ERRORS as exc:

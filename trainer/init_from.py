@@ -26,6 +26,7 @@ from experiment.runfolder import RunFolder
 from model.hf_checkpoint import ImportedCheckpoint, hf_model_config, load_hf_checkpoint, read_config
 from model.vocab_adaptation import adapt_embeddings
 from trainer import checkpoint
+from trainer.branch import Branch
 from trainer.resume import finished_steps
 
 log = logging.getLogger("trainer")
@@ -46,19 +47,24 @@ class StartPoint:
     lineage: dict[str, Any] | None = None
 
 
-def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = None) -> StartPoint:
+def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = None,
+                branch: Branch | None = None) -> StartPoint:
     """The run's model: ``cfg.model``, or with ``model.init_from`` the base model's (its weights read onto
-    ``mesh`` with the run's ``train.mesh.rules`` when given, else the default device)."""
+    ``mesh`` with the run's ``train.mesh.rules`` when given, else the default device). Once there is a
+    checkpoint to start from (the run's own, else a branch's parent's at the branch step), the model is
+    that checkpoint's and the base model is not read."""
     folder = getattr(cfg.model, "init_from", "")
     if not folder:
         return StartPoint(cfg.model)
     checkpoint_dir = Path(run_folder.checkpoints)
     steps = finished_steps(checkpoint_dir)
+    if not steps and branch is not None:  # the branch's first session restores its parent's checkpoint
+        checkpoint_dir, steps = Path(branch.parent.checkpoints), [branch.step]
     if steps:
         meta = latest_meta(checkpoint_dir, steps)
         base_cfg = checkpoint.model_config_from_meta(meta) if meta else None
         if base_cfg is not None:
-            log.info("model.init_from is not read again: the run resumes from its checkpoints in %s", checkpoint_dir)
+            log.info("model.init_from is not read again: the run starts from the checkpoints in %s", checkpoint_dir)
             return StartPoint(merge_model_config(cfg, base_cfg, f"the checkpoints in {checkpoint_dir}"),
                               lineage=meta.get("init_from"))
     # everything config.json and the tokenizers decide is checked before the weights are read
@@ -77,13 +83,14 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
 
 
 def latest_meta(checkpoint_dir: Path, steps: list[int]) -> dict[str, Any] | None:
-    """The meta of the newest of ``steps`` that passes its checksums (None: none does)."""
+    """The meta of the newest of ``steps`` whose meta passes its checksums (None: none does); the step's
+    other files are verified once, by the restore that follows (trainer.resume)."""
     manager = checkpoint.open_manager(checkpoint_dir)
     try:
         def read(step: int) -> dict[str, Any]:
             return checkpoint.read_meta(manager, step)
 
-        return checkpoint.restore_verified(manager, read, steps)[1]
+        return checkpoint.restore_verified(manager, read, steps, item="meta")[1]
     except checkpoint.CheckpointDamaged:
         return None  # resume reports it, with the damaged steps set aside
     finally:

@@ -88,7 +88,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
               ledger: Any, run_id: str, branch: Branch | None, hooks: Sequence[Hook]) -> dict[str, Any]:
     with ledger.phase("startup"):
         mesh = build_mesh(train_cfg.mesh)
-        start = start_point(cfg, run_folder, data.vocab_size, mesh)
+        start = start_point(cfg, run_folder, data.vocab_size, mesh, branch)
         if start.model_cfg is not model_cfg:  # the base model's shape (model.init_from)
             model_cfg = start.model_cfg
             cfg = dataclasses.replace(cfg, model=model_cfg)
