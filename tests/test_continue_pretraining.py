@@ -190,3 +190,17 @@ def test_embeddings_only_steps_freeze_the_body_then_train_it(groups: dict[str, A
     now = leaves(state)
     changed = [not np.array_equal(now[k], start[k]) for k in body]
     assert all(changed) if "embeddings_only_steps" in groups else not any(changed)
+
+
+def test_adapting_to_an_adopted_tokenizer_json_is_one_error_line(tmp_path: Path) -> None:
+    """An adopted tokenizer.json is the base's own vocabulary: mean/random say to use none, naming the folder."""
+    from experiment.errors import ConfigError
+    from experiment.runfolder import RunFolder
+    from experiment.stages import TOKENIZER
+    from trainer.init_from import run_token_texts
+
+    folder = RunFolder(tmp_path)
+    TOKENIZER.write_manifest(folder.tokenizer, {"sha256": "ab", "vocab_size": 300, "kind": "hf_tokenizer_json"})
+    with pytest.raises(ConfigError, match=r"^config key 'model.vocab_adaptation': .* holds an adopted "
+                                          r"hf_tokenizer_json tokenizer: use model.vocab_adaptation=none with it$"):
+        run_token_texts(folder)

@@ -182,9 +182,17 @@ def host_array(value: Any) -> np.ndarray:
 def run_token_texts(run_folder: RunFolder) -> tuple[list[str | None], dict[str, int]]:
     """Each id's text under the run's SentencePiece tokenizer (None for control pieces and for byte
     pieces that are no character alone), and its special ids."""
+    from experiment.stages import TOKENIZER
+    from tokenizer.loaded import KIND_SENTENCEPIECE
     from tokenizer.spm import load_tokenizer, piece_surface
 
-    sp, manifest = load_tokenizer(run_folder.tokenizer)
+    manifest = TOKENIZER.read_manifest(run_folder.tokenizer)
+    if manifest.get("kind", KIND_SENTENCEPIECE) != KIND_SENTENCEPIECE:
+        # an adopted tokenizer.json is the base model's own vocabulary: there is nothing to adapt
+        raise ConfigError(f"config key 'model.vocab_adaptation': mean and random adapt the base model to a Russian "
+                          f"SentencePiece tokenizer trained by recipe 02, but {run_folder.tokenizer} holds an adopted "
+                          f"{manifest.get('kind')} tokenizer: use model.vocab_adaptation=none with it")
+    sp, manifest = load_tokenizer(run_folder.tokenizer, manifest)
     texts: list[str | None] = []
     for piece_id in range(sp.get_piece_size()):
         if sp.is_byte(piece_id):
