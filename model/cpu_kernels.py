@@ -8,8 +8,31 @@ TPUs and GPUs ``linear`` computes exactly what autodiff of the einsum would.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
 import jax
 import jax.numpy as jnp
+
+# set while a step is traced for quantized training (trainer/quantization.py): Qwix must see each
+# projection as one dot_general against the parameter itself, and differentiate it with its own VJP
+_PLAIN_PROJECTIONS: ContextVar[bool] = ContextVar("plain_projections", default=False)
+
+
+@contextlib.contextmanager
+def plain_projections() -> Iterator[None]:
+    """Within: the model's projections are plain ``dot_general``s of the parameter (autodiff backward),
+    not ``linear`` (whose custom VJP keeps the backward out of reach of a quantization library)."""
+    token = _PLAIN_PROJECTIONS.set(True)
+    try:
+        yield
+    finally:
+        _PLAIN_PROJECTIONS.reset(token)
+
+
+def projections_plain() -> bool:
+    return _PLAIN_PROJECTIONS.get()
 
 
 @jax.custom_vjp

@@ -26,7 +26,7 @@ from flax import nnx
 
 from experiment.sections.model import ModelConfig
 from model.attention import attend, resolve_attention
-from model.cpu_kernels import linear
+from model.cpu_kernels import linear, projections_plain
 from model.family import init_module
 from model.loss import output_logits
 from model.sharding import compiled_platform, constrain
@@ -39,10 +39,29 @@ REMAT_POLICIES = {
     "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
 }
 
+# the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules):
+# attention's and the MLP's projections; attention's score and value einsums (activation x activation)
+# and the output head (in the loss, outside ``hidden``) stay in the compute dtype
+QUANTIZED_MODULES = r"blocks/\d+/(attn|mlp)"
 
-def project_heads(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [B, T, D] @ w [D, H, K] -> [B, T, H, K] (query, key or value heads), through ``linear``."""
-    return linear(x, w.astype(x.dtype).reshape(w.shape[0], -1)).reshape(*x.shape[:-1], *w.shape[1:])
+
+def project(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+    """x [..., in dims] @ w [in dims, out dims] -> [..., out dims]: the last ``n_in`` dims of ``x``
+    contract with the first ``n_in`` of ``w`` (every projection: q/k/v [D] @ [D, H, K], o [H, K] @
+    [H, K, D], the MLP's [D] @ [D, F]).
+
+    Normally through ``linear`` (the XLA:CPU-tuned backward) on 2-D views. For quantized training
+    (``model.cpu_kernels.plain_projections``) one ``dot_general`` of the parameter array itself, cast
+    only if its dtype differs: Qwix recognises a weight operand by identity with a module's
+    ``nnx.Param`` value, and quantizes the backward of dots whose VJP it owns.
+    """
+    if projections_plain():
+        w = w if w.dtype == x.dtype else w.astype(x.dtype)
+        contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+        return jax.lax.dot_general(x, w, (contract, ((), ())))
+    in_size = math.prod(w.shape[:n_in])
+    y = linear(x.reshape(*x.shape[:x.ndim - n_in], in_size), w.astype(x.dtype).reshape(in_size, -1))
+    return y.reshape(*x.shape[:x.ndim - n_in], *w.shape[n_in:])
 
 
 def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], std: float) -> nnx.Param:
@@ -145,8 +164,8 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(hd, cfg.norm_eps, "head_dim") if cfg.qk_norm else None
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], segments: Segments) -> jax.Array:
-        b, t, d = x.shape
-        q, k, v = (project_heads(x, w[...]) for w in (self.wq, self.wk, self.wv))
+        t = x.shape[1]
+        q, k, v = (project(x, w[...]) for w in (self.wq, self.wk, self.wv))
         if self.bq is not None:
             q, k, v = (y + bias[...].astype(y.dtype) for y, bias in ((q, self.bq), (k, self.bk), (v, self.bv)))
         if self.q_norm is not None:
@@ -155,7 +174,7 @@ class Attention(nnx.Module):
         k = rotary(k, rope)
         impl = resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, t)
         out = constrain(attend(impl, q, k, v, segments), ("batch", "length", "act_heads", "head_dim"))
-        return linear(out.reshape(b, t, -1), self.wo[...].astype(x.dtype).reshape(-1, d))
+        return project(out, self.wo[...], n_in=2)
 
 
 class MLP(nnx.Module):
@@ -168,11 +187,10 @@ class MLP(nnx.Module):
         self.w_down = param(rngs, (f, d), ("mlp", "embed"), cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        dtype = x.dtype
-        gate = linear(x, self.w_gate[...].astype(dtype))
-        up = linear(x, self.w_up[...].astype(dtype))
+        gate = project(x, self.w_gate[...])
+        up = project(x, self.w_up[...])
         hidden = constrain(jax.nn.silu(gate) * up, ("batch", "length", "act_mlp"))
-        return linear(hidden, self.w_down[...].astype(dtype))
+        return project(hidden, self.w_down[...])
 
 
 class Block(nnx.Module):

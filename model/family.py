@@ -97,6 +97,9 @@ class ModelFamily:
     validate: Callable[[Any], None] = lambda model_cfg: None  # family-specific checks; ConfigError, one line
     describe: Callable[[Any], str] = lambda model_cfg: ""  # its shape in a few words, for log lines
     hf_adapter: HFAdapter | None = None
+    # regex over the paths of its submodules (e.g. "blocks/0/mlp") inside which ``train.quantization``
+    # quantizes the matmuls against a parameter (trainer/quantization.py); "": int8/fp8 not supported
+    quantized_modules: str = ""
 
     def mesh_rules(self, configured: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
         """The rules a run lays this family out with: its defaults, with the config's rules

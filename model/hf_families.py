@@ -18,7 +18,7 @@ from experiment.errors import ConfigError
 from experiment.sections.model import MistralConfig, ModelConfig, Qwen2Config, Qwen3Config
 from experiment.sections.train import DEFAULT_AXIS_RULES
 from model import flops
-from model.decoder import Decoder
+from model.decoder import QUANTIZED_MODULES, Decoder
 from model.family import ModelFamily, register_family
 from model.llama import LlamaShapedHF, check_plain_llama, config_from_hf, describe, llama_config
 
@@ -48,7 +48,7 @@ def _family(name: str, config_cls: type, architecture: str, validate: Any, to_co
     return register_family(ModelFamily(
         name=name, config_cls=config_cls, build=Decoder, flops=flops.train_flops_per_token,
         train_costs=flops.train_costs, param_count=flops.param_count, axis_rules=DEFAULT_AXIS_RULES,
-        validate=validate, describe=describe, hf_adapter=adapter,
+        validate=validate, describe=describe, hf_adapter=adapter, quantized_modules=QUANTIZED_MODULES,
     ))
 
 

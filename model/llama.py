@@ -26,7 +26,7 @@ from experiment.errors import ConfigError, DataError
 from experiment.sections.model import ModelConfig
 from experiment.sections.train import DEFAULT_AXIS_RULES
 from model import flops
-from model.decoder import Decoder
+from model.decoder import QUANTIZED_MODULES, Decoder
 from model.family import ModelFamily, get_family, register_family
 
 
@@ -321,4 +321,5 @@ LLAMA = register_family(ModelFamily(
     validate=lambda cfg: cfg.validate("model"),
     describe=describe,
     hf_adapter=LlamaHF,
+    quantized_modules=QUANTIZED_MODULES,
 ))

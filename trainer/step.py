@@ -26,6 +26,7 @@ from model.loss import chunked_cross_entropy
 from model.registry import family_of
 from model.sharding import Rules, activation_layout, batch_sharding, replicated, tree_shardings
 from model.vocab_adaptation import EMBEDDING_PARAMS
+from trainer.quantization import quantize_module, tracing
 from trainer.schedules import make_schedule
 
 State = dict[str, Any]
@@ -124,6 +125,11 @@ def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh:
         }
 
     graphdef = nnx.graphdef(family.abstract(model_cfg, vocab_size))
+    # the step's own model: the same parameters, its matmuls quantized by Qwix under train.quantization;
+    # eval and export merge the float ``graphdef``
+    quantizing = train_cfg.quantization != "none"
+    step_graphdef = (nnx.graphdef(quantize_module(family.abstract(model_cfg, vocab_size), family, train_cfg.quantization))
+                     if quantizing else graphdef)
     shapes = jax.eval_shape(create_state)
     tree_shardings(shapes["params"], mesh, rules)  # checked alone first so an error names the parameter
     state_shardings = tree_shardings(shapes, mesh, rules)
@@ -133,8 +139,9 @@ def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh:
     check_batch(train_cfg, data_sharding)
 
     def loss_fn(params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array]:
-        model = nnx.merge(graphdef, jax.tree.map(lambda p: p.astype(compute_dtype), params))
-        hidden = model.hidden(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
+        model = nnx.merge(step_graphdef, jax.tree.map(lambda p: p.astype(compute_dtype), params))
+        with tracing(train_cfg.quantization):
+            hidden = model.hidden(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
         # loss_weights (shards.on_corrupt=skip): the row standing in for a corrupt record trains nothing
         nll, z_term = chunked_cross_entropy(hidden, model.output_weight(), batch["targets"], train_cfg.loss_chunk_len,
                                             weights=batch.get("loss_weights"))

@@ -77,6 +77,9 @@ class TrainConfig:
     beta2: float = 0.95
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     param_dtype: Literal["float32", "bfloat16"] = "float32"  # master weights and optimizer state
+    # quantized training through Qwix (trainer/quantization.py): the projections' and MLP's matmuls in
+    # int8 (TPU v5e/v6e) or fp8 (H100/B200), forward and backward; parameters and checkpoints stay float
+    quantization: Literal["none", "int8", "fp8"] = "none"
     checkpoint_every: int = 100
     keep_checkpoints: int = 2  # the latest N are kept ...
     keep_checkpoints_every: int = 0  # ... plus every K-th step forever (0: none)
