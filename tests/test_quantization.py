@@ -1,0 +1,101 @@
+"""Quantized training through Qwix (``train.quantization``): exactly the projections' and MLP's
+matmuls run in int8 / fp8 (forward and both backward dots), the loss moves but stays close to the float
+one, bad settings are one error line, and a quantized run resumes from its (float) checkpoint exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from experiment.config import load_config
+from experiment.errors import ConfigError
+from experiment.sections.model import ModelConfig
+from experiment.sections.train import TrainConfig
+from model.sharding import build_mesh
+from tests.fixture_run import log_records, run_copy
+from tests.recipe_runner import REPO, run_recipe
+from trainer.step import TrainProgram, build_program, global_batch
+
+VOCAB, SEQ, BATCH, LAYERS = 64, 16, 4, 2
+MODEL = ModelConfig(d_model=32, n_layers=LAYERS, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=SEQ)
+TRAIN = TrainConfig(steps=50, batch_size=BATCH, learning_rate=1e-2, warmup_steps=1, checkpoint_every=10)
+# per layer: q, k, v, o and the MLP's gate, up, down
+PROJECTIONS = 7
+QUANTIZED_TYPE = {"int8": "i8", "fp8": "f8E4M3FN|f8E5M2"}
+
+
+def program(quantization: str, model: ModelConfig = MODEL) -> TrainProgram:
+    train_cfg = dataclasses.replace(TRAIN, quantization=quantization)
+    return build_program(model, train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
+
+
+def dots(prog: TrainProgram) -> tuple[int, int]:
+    """(all dot_generals, those with a quantized operand) in the lowered train step."""
+    lines = [line for line in prog.lower_step(prog.abstract_batch(BATCH, SEQ)).as_text().splitlines()
+             if "stablehlo.dot_general" in line]
+    quantized = [line for line in lines if re.search(r"tensor<[0-9x]*x(i8|f8E4M3FN|f8E5M2)>", line)]
+    return len(lines), len(quantized)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_exactly_the_projection_matmuls_are_quantized(quantization: str) -> None:
+    """Forward, input-gradient and weight-gradient dot of each projection: 3 x 7 per layer; attention's
+    einsums and the output head stay float (the step has as many dots as the float step)."""
+    total, quantized = dots(program(quantization))
+    assert quantized == 3 * PROJECTIONS * LAYERS
+    float_total, float_quantized = dots(program("none"))
+    assert (total, float_quantized) == (float_total, 0)
+    text = program(quantization).lower_step(program(quantization).abstract_batch(BATCH, SEQ)).as_text()
+    assert re.search(QUANTIZED_TYPE[quantization], text)
+
+
+def losses(prog: TrainProgram, steps: int = 3) -> list[float]:
+    rows = np.random.default_rng(0).integers(0, VOCAB, (BATCH, SEQ + 1)).astype(np.int32)
+    batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, prog.batch_sharding)
+    state, out = prog.init_state(), []
+    for _ in range(steps):
+        state, metrics = prog.train_step(state, batch)
+        out.append(float(metrics["loss"]))
+    assert all(a.dtype == np.float32 for a in jax.tree.leaves(state["params"]))  # the master weights stay float
+    return out
+
+
+def test_a_quantized_step_moves_the_loss_a_little() -> None:
+    reference = losses(program("none"))
+    for quantization in ("int8", "fp8"):
+        quantized = losses(program(quantization))
+        assert all(q != r for q, r in zip(quantized, reference, strict=True)), "quantization changed nothing"
+        np.testing.assert_allclose(quantized, reference, rtol=2e-3)
+
+
+def test_bad_settings_are_one_error_line() -> None:
+    with pytest.raises(ConfigError, match=r"train\.quantization.*int4") as info:
+        load_config(REPO / "recipes" / "configs" / "demo.yaml", ["train.quantization=int4"])
+    assert "\n" not in str(info.value)
+    from tests.toy_family import ToyConfig  # a family that names no modules to quantize
+
+    toy = ToyConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=SEQ)
+    with pytest.raises(ConfigError, match=r"^config key 'train\.quantization': model family 'toy_mha' names no "):
+        program("int8", toy)
+
+
+@pytest.mark.integration
+def test_a_quantized_run_resumes_exactly(fixture_stages: Path, tmp_path: Path) -> None:
+    """Recipe 04 with int8: 2 steps, then resumed to 4 (a constant schedule does not depend on
+    train.steps), retraces an uninterrupted 4-step run's losses bitwise."""
+    train = {"steps": 2, "checkpoint_every": 2, "warmup_steps": 1, "log_every": 1, "schedule": "constant",
+             "quantization": "int8"}
+    resumed = run_copy(fixture_stages, tmp_path / "resumed", train=train, wandb={"mode": "disabled"})
+    run_recipe("04_pretrain.py", resumed)
+    run_recipe("04_pretrain.py", resumed, "train.steps=4")
+    whole = run_copy(fixture_stages, tmp_path / "whole", train={**train, "steps": 4}, wandb={"mode": "disabled"})
+    run_recipe("04_pretrain.py", whole)
+    got = {r["train/step"]: r["train/loss"] for r in log_records(resumed.parent / "runs" / "tiny")}
+    want = {r["train/step"]: r["train/loss"] for r in log_records(whole.parent / "runs" / "tiny")}
+    assert sorted(got) == [1, 2, 3, 4]
+    assert got == want  # floats from JSON: equal means bitwise
