@@ -24,6 +24,7 @@ quantization is exact in its numerics but slower than float: there it checks cor
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,12 +68,25 @@ def quantize_module(module: nnx.Module, family: ModelFamily, mode: str) -> nnx.M
     provider = qwix.QtProvider([quantization_rule(mode, family.quantized_modules)])
     # the inputs are not run (skip_nnx_init): QT creates no variables, only the interception is installed
     tokens = jnp.zeros((1, 1), jnp.int32)
-    return qwix.quantize_model(module, provider, tokens, methods=("hidden",), skip_nnx_init=True)
+    with qwix_quiet():
+        return qwix.quantize_model(module, provider, tokens, methods=("hidden",), skip_nnx_init=True)
 
 
 @contextlib.contextmanager
 def tracing(mode: str) -> Iterator[None]:
     """Around the traced forward pass of a quantized step: projections as plain ``dot_general``s of
     their parameters (model/cpu_kernels.py), so that Qwix sees the weights and owns the backward."""
-    with plain_projections() if mode != "none" else contextlib.nullcontext():
+    if mode == "none":
+        yield
+        return
+    with plain_projections(), qwix_quiet():
+        yield
+
+
+@contextlib.contextmanager
+def qwix_quiet() -> Iterator[None]:
+    """Qwix 0.1.8 reads ``Variable.value`` and ``Module.iter_modules``, which Flax 0.12 deprecates: one
+    warning per matmul per trace, none of them ours to act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"qwix\.")
         yield
