@@ -4,6 +4,7 @@ one, bad settings are one error line, and a quantized run resumes from its (floa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from pathlib import Path
@@ -11,11 +12,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from experiment.config import load_config
 from experiment.errors import ConfigError
 from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
+from model.cpu_kernels import plain_projections
+from model.decoder import init_decoder
 from model.sharding import build_mesh
 from tests.fixture_run import log_records, run_copy
 from tests.recipe_runner import REPO, run_recipe
@@ -40,6 +44,24 @@ def dots(prog: TrainProgram) -> tuple[int, int, str]:
     lines = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
     quantized = [line for line in lines if re.search(r"tensor<[0-9x]*x(i8|f8E4M3FN|f8E5M2)>", line)]
     return len(lines), len(quantized), text
+
+
+def test_plain_projections_compute_what_the_cpu_kernel_does() -> None:
+    """The dot_general path a quantized step traces is the same function as ``linear``'s 2-D views, with
+    its gradients (only the CPU-tuned backward is left out)."""
+    model = init_decoder(dataclasses.replace(MODEL, qkv_bias=True), VOCAB)
+    tokens = jax.numpy.asarray(np.random.default_rng(0).integers(0, VOCAB, (2, SEQ)), jax.numpy.int32)
+
+    def value_and_grads(plain: bool) -> tuple[jax.Array, object]:
+        def loss(m: nnx.Module) -> jax.Array:
+            with plain_projections() if plain else contextlib.nullcontext():
+                return (m.hidden(tokens) ** 2).mean()
+        return nnx.value_and_grad(loss)(model)
+
+    (ref, ref_grads), (got, got_grads) = value_and_grads(False), value_and_grads(True)
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(ref_grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("quantization", ["int8", "fp8"])
