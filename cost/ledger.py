@@ -54,11 +54,11 @@ from experiment.stages import PRETRAIN
 log = logging.getLogger("cost.ledger")
 
 LEDGER_FILE = "ledger.jsonl"
-PHASES = ("startup", "compile", "train", "eval", "checkpoint", "idle")
+PHASES = ("startup", "compile", "train", "data", "eval", "checkpoint", "idle")  # "data": waiting for a batch
 # Phases whose time after the last surviving step is redone after a crash. Start-up and compilation
 # are paid again by every session anyway and stay visible under their own names; checkpoint time
 # after that step is mostly the save of that very step (which the next session resumed from).
-REDONE_PHASES = frozenset({"train", "eval", "idle"})
+REDONE_PHASES = frozenset({"train", "data", "eval", "idle"})
 HOURS_PER_MONTH = 730.0  # the cloud billing convention for GB-month prices
 
 
