@@ -1,7 +1,8 @@
 """A run that moves between hardware: each session priced at its own catalog row and rate, one ledger.
 
-The first test is arithmetic on a fake clock; the second runs recipe 04 for real: 2 CPU devices priced as
-TPU v5e, SIGTERM, then resumed on 1 CPU device priced as an AWS H100, with the data order unchanged."""
+The first test is arithmetic on a fake clock; the second runs recipe 04 for real: 4 CPU devices (a 2 x 2
+data x fsdp mesh: parameters sharded) priced as TPU v5e, SIGTERM, then resumed on 1 CPU device priced as an
+AWS H100, with the data order unchanged."""
 
 from __future__ import annotations
 
@@ -59,16 +60,16 @@ def test_two_sessions_on_two_price_rows_sum_to_the_hand_sum(tmp_path: Path) -> N
 STEPS = 12
 TRAIN = {"steps": STEPS, "log_every": 1, "checkpoint_every": 4, "keep_checkpoints": 2, "warmup_steps": 2,
          "preemption_grace_s": 60.0}
-FIRST = ["train.cpu_devices=2", "cost.accelerator=tpu-v5e", "cost.chips=2"]
+FIRST = ["train.cpu_devices=4", "train.mesh.fsdp=2", "cost.accelerator=tpu-v5e", "cost.chips=2"]  # data 2 x fsdp 2
 SECOND = ["train.cpu_devices=1", "cost.accelerator=nvidia-h100", "cost.cloud=aws", "cost.pricing=spot", "cost.chips=1",
           "cost.usd_rub_rate=90.0"]
 
 
 @pytest.mark.integration
 def test_resume_on_another_device_count_and_price_row(fixture_stages: Path, tmp_path: Path) -> None:
-    """2 CPU devices priced as TPU v5e, SIGTERM, resumed on 1 CPU device priced as an AWS H100 (spot, another
+    """4 CPU devices (data 2 x fsdp 2) priced as TPU v5e, SIGTERM, resumed on 1 CPU device priced as an AWS H100 (spot, another
     rate): one ledger priced session by session, every token once, the data order of an uninterrupted run, and
-    the loss after the mesh change close to (not bitwise) the uninterrupted 2-device run's."""
+    the loss after the mesh change close to (not bitwise) the uninterrupted 4-device run's."""
     from tests.fixture_run import log_records, run_copy, start_pretrain
     from tests.recipe_runner import run_recipe
 
@@ -100,11 +101,11 @@ def test_resume_on_another_device_count_and_price_row(fixture_stages: Path, tmp_
 
     assert checkpoint_contents(run_dir, STEPS)[1]["loader"] == checkpoint_contents(
         straight.parent / "runs" / "tiny", STEPS)[1]["loader"]
-    # up to the SIGTERM the same 2-device program ran: bitwise; after it, 1 device: close, not bitwise
+    # up to the SIGTERM the same 4-device program ran: bitwise; after it, 1 device: close, not bitwise
     assert all(records[s]["train/loss"] == reference[s]["train/loss"] for s in range(1, stopped + 1))
     after = {s: abs(records[s]["train/loss"] - reference[s]["train/loss"]) / reference[s]["train/loss"]
              for s in range(stopped + 1, STEPS + 1)}
-    print(f"relative loss difference after the 2 -> 1 device resume at step {stopped}: max {max(after.values()):.2e}",
+    print(f"relative loss difference after the 4 -> 1 device resume at step {stopped}: max {max(after.values()):.2e}",
           {s: f"{d:.1e}" for s, d in after.items()})
     assert max(after.values()) < 1e-3
 
@@ -113,7 +114,7 @@ def test_resume_on_another_device_count_and_price_row(fixture_stages: Path, tmp_
     total = summarize_ledger(ledger_dir)
     sessions = summarize_sessions(ledger_dir)
     assert [(s["accelerator"], s["pricing"], s["chips"], s["usd_rub_rate"], s["devices"]) for s in sessions] == [
-        ("tpu-v5e", "on-demand", 2, 101.6797, "2 x cpu"), ("nvidia-h100", "spot", 1, 90.0, "1 x cpu")]
+        ("tpu-v5e", "on-demand", 2, 101.6797, "4 x cpu"), ("nvidia-h100", "spot", 1, 90.0, "1 x cpu")]
     by_hand = [sum(s["seconds_by_phase"].values()) / 3600 * s["chips"] * s["usd_per_chip_hour"] * s["usd_rub_rate"]
                for s in sessions]
     assert total.rub_total == pytest.approx(sum(by_hand), rel=1e-9)
@@ -121,4 +122,4 @@ def test_resume_on_another_device_count_and_price_row(fixture_stages: Path, tmp_
     assert total.tokens == STEPS * 8 * 64 and [s["tokens"] for s in sessions] == [stopped * 512, (STEPS - stopped) * 512]
     assert total.rub_lost_to_restarts == 0  # the SIGTERM save kept every step
     report = (ledger_dir / REPORT_FILE).read_text(encoding="utf-8")
-    assert "2 x cpu" in report and "1 x cpu" in report and "nvidia-h100" in report and "badput" in report
+    assert "4 x cpu" in report and "1 x cpu" in report and "nvidia-h100" in report and "badput" in report
