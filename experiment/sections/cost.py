@@ -11,7 +11,7 @@ from experiment.errors import ConfigError
 class InfraItem:
     """An infrastructure row of the catalog billed beside the accelerators (CPU host, disk, egress)."""
 
-    name: str  # a catalog row of kind 'infra', e.g. gcs-standard-storage
+    name: str  # a catalog row of kind 'infra', e.g. cpu-host-e2-standard-16
     quantity: float = 1.0  # hosts for 'hour' rows, GB for 'gb-month' and 'gb' rows
     cloud: str = ""
     region: str = ""
