@@ -2,9 +2,11 @@
 
 ``cost/catalog.csv`` holds prices: accelerators in USD per chip-hour by cloud, region and pricing
 mode (on-demand, spot, 1y, 3y), and infrastructure rows (CPU hosts per hour, storage per GB-month,
-egress per GB). ``cost/hardware.csv`` holds peak dense bf16 TFLOP/s and HBM per chip. A cell we
-have no published figure for stays empty: asking for it is an error, never a silent zero. A user
-catalog with the same columns extends the bundled one; a row with the same key replaces it.
+egress per GB). ``cost/hardware.csv`` holds peak dense bf16 TFLOP/s and HBM per chip. Every price
+row, with a figure or without, names where it was read (a page or a machine-readable catalog with
+its version and row) and the day it was read. A cell we have no published figure for stays empty:
+asking for it is an error naming the missing figure, never a silent zero. A user catalog with the
+same columns extends the bundled one; a row with the same key replaces it.
 """
 
 from __future__ import annotations
@@ -98,10 +100,12 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str,
 
 
 def _check_sourced(path: Path, line: int, has_number: bool, source: str, date: str) -> None:
-    if has_number and not source:
-        raise DataError(f"{path} line {line}: a figure without a source (fill the 'source' column)")
-    if has_number and not date:
-        raise DataError(f"{path} line {line}: a figure without a date (fill the 'date' column)")
+    """A figure needs a source and a date; so does a price row without one (where we looked, and when)."""
+    what = "a figure" if has_number else "a row"
+    if not source:
+        raise DataError(f"{path} line {line}: {what} without a source (fill the 'source' column)")
+    if not date:
+        raise DataError(f"{path} line {line}: {what} without a date (fill the 'date' column)")
     if date and not _DATE.match(date):
         raise DataError(f"{path} line {line}: date {date!r} is not YYYY, YYYY-MM or YYYY-MM-DD")
 
@@ -121,7 +125,7 @@ def read_prices(path: Path) -> list[PriceRow]:
         if not raw["name"]:
             raise DataError(f"{path} line {line}: empty 'name'")
         usd = _number(raw["usd"], path, line, "usd")
-        _check_sourced(path, line, usd is not None, raw["source"], raw["date"])
+        _check_sourced(path, line, usd is not None, raw["source"], raw["date"])  # every row, priced or not
         rows.append(PriceRow(kind=kind, name=raw["name"], cloud=raw["cloud"], region=raw["region"],
                              pricing=raw["pricing"], usd=usd, unit=raw["unit"], source=raw["source"],
                              date=raw["date"], note=raw.get("note", ""), origin=str(path)))
@@ -133,7 +137,8 @@ def read_hardware(path: Path) -> list[HardwareRow]:
     for line, raw in _read_csv(path, HARDWARE_COLUMNS):
         peak = _number(raw["peak_bf16_tflops"], path, line, "peak_bf16_tflops")
         hbm = _number(raw["hbm_gib"], path, line, "hbm_gib")
-        _check_sourced(path, line, peak is not None or hbm is not None, raw["source"], raw["date"])
+        if peak is not None or hbm is not None:
+            _check_sourced(path, line, True, raw["source"], raw["date"])
         rows.append(HardwareRow(name=raw["name"], vendor=raw["vendor"], peak_bf16_tflops=peak, hbm_gib=hbm,
                                 source=raw["source"], date=raw["date"], note=raw.get("note", "")))
     return rows
@@ -187,8 +192,9 @@ class Catalog:
         if not priced:
             row = moded[0]
             why = f": {row.note}" if row.note else ""
-            raise CatalogError(f"config key '{key}': the catalog has no published {pricing} price for "
-                               f"{row.describe()}{why}; give one in a user catalog (cost.catalog_path)")
+            raise CatalogError(f"config key '{key}': the catalog has no published {pricing} price (USD per "
+                               f"{row.unit}) for {row.describe()}{why}; give one in a user catalog "
+                               "(cost.catalog_path)")
         if len(priced) > 1:
             options = "; ".join(f"cloud={r.cloud} region={r.region} ({r.usd} USD/{r.unit})" for r in priced)
             raise CatalogError(f"config key '{key}': {name} {pricing} is sold by several clouds/regions, choose "

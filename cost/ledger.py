@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,18 +48,29 @@ from typing import Any
 
 from cost.catalog import Catalog, PriceRow
 from cost.rates import UsdRubRate, resolve_usd_rub
-from cost.summary import LOST, CostSummary, price_dict
+from cost.report import SIG, Column, to_csv, to_markdown
+from cost.summary import LOST, PHASE_COLUMNS, CostSummary, price_dict
 from experiment.errors import DataError
+from experiment.files import atomic_write_text
 from experiment.stages import PRETRAIN
 
 log = logging.getLogger("cost.ledger")
 
 LEDGER_FILE = "ledger.jsonl"
-PHASES = ("startup", "compile", "train", "eval", "checkpoint", "idle")
+REPORT_FILE = "cost_report.md"  # rewritten at every close: sessions with their hardware, then goodput/badput
+SESSIONS_CSV = "cost_sessions.csv"
+SESSION_COLUMNS = (
+    Column("session", "session", "{:d}"), Column("devices", "devices"), Column("accelerator", "priced as"),
+    Column("pricing", "pricing"), Column("where", "cloud/region"), Column("usd_per_chip_hour", "USD / chip-hour"),
+    Column("chips", "chips priced", "{:d}"), Column("resumed_from", "resumed from step"),
+    Column("tokens", "tokens", "{:,.0f}"), Column("hours", "hours", SIG), Column("rub", "rubles", SIG),
+    Column("usd", "USD", SIG), Column("rate_label", "RUB per USD (date)"),
+)
+PHASES = ("startup", "compile", "train", "data", "eval", "checkpoint", "idle")  # "data": waiting for a batch
 # Phases whose time after the last surviving step is redone after a crash. Start-up and compilation
 # are paid again by every session anyway and stay visible under their own names; checkpoint time
 # after that step is mostly the save of that very step (which the next session resumed from).
-REDONE_PHASES = frozenset({"train", "eval", "idle"})
+REDONE_PHASES = frozenset({"train", "data", "eval", "idle"})
 HOURS_PER_MONTH = 730.0  # the cloud billing convention for GB-month prices
 
 
@@ -243,6 +255,27 @@ def _one_off_usd(meta: dict[str, Any]) -> float:
     return sum(item["quantity"] * item["usd"] for item in meta.get("infra", []) if item["unit"] == "gb")
 
 
+def _usd_by_phase(meta: dict[str, Any], tally: _Tally, first: bool) -> dict[str, float]:
+    """A session's dollars by phase at its own price row (and, for the first session, per-GB charges)."""
+    hourly = _hourly_usd(meta)
+    usd = {phase: secs / 3600 * hourly for phase, secs in tally.seconds.items()}
+    if first and _one_off_usd(meta):
+        usd["one_off"] = _one_off_usd(meta)
+    return usd
+
+
+def _device_description() -> str | None:
+    """The JAX devices this process sees (``8 x tpu``), when the process uses JAX at all: a resumed
+    run may continue on another slice, and the cost report lists each session's hardware."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    try:
+        return f"{jax.device_count()} x {jax.devices()[0].platform}"
+    except RuntimeError:  # no backend could start
+        return None
+
+
 def _read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
     """All complete records and the byte length they span (a torn last line after a crash is dropped)."""
     data = path.read_bytes()
@@ -320,19 +353,14 @@ def _summarize(sessions: list[tuple[dict[str, Any], _Tally]], token_budget: int 
         usd_total, rub_total, chip_hours = parent["usd_total"], parent["rub_total"], parent["chip_hours"]
         tokens, last_step = parent["tokens"], parent["step"]
     for index, (meta, tally) in enumerate(sessions):
-        hourly = _hourly_usd(meta)
         rate = meta["usd_rub_rate"]
+        for phase, usd in _usd_by_phase(meta, tally, first=index == 0).items():
+            rub_by_phase[phase] = rub_by_phase.get(phase, 0.0) + usd * rate
+            usd_total += usd
+            rub_total += usd * rate
         for phase, secs in tally.seconds.items():
             seconds[phase] = seconds.get(phase, 0.0) + secs
-            rub_by_phase[phase] = rub_by_phase.get(phase, 0.0) + secs / 3600 * hourly * rate
-            usd_total += secs / 3600 * hourly
-            rub_total += secs / 3600 * hourly * rate
             chip_hours += secs / 3600 * meta["chips"]
-        if index == 0 and _one_off_usd(meta):
-            one_off = _one_off_usd(meta)
-            rub_by_phase["one_off"] = one_off * rate
-            usd_total += one_off
-            rub_total += one_off * rate
         tokens += tally.tokens
         if tally.last_step is not None:
             last_step = tally.last_step if last_step is None else max(last_step, tally.last_step)
@@ -403,12 +431,44 @@ def summarize_ledger(ledger_dir: str | os.PathLike[str]) -> CostSummary:
 def summarize_sessions(ledger_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """What each session of a ledger on disk counts for, in order: its seconds by phase (``lost``:
     work a later session redid), the tokens and last step credited to it, the checkpoint step it
-    resumed from, and whether it closed (``clean``: None when it has no close record, e.g. SIGKILL)."""
+    resumed from, and whether it closed (``clean``: None when it has no close record, e.g. SIGKILL);
+    and what it ran on and paid: its price row, chips priced and devices seen, its own dated rate,
+    its USD and RUB (a run that moved between hardware is priced session by session)."""
     sessions, tallies = _read_sessions(ledger_dir)
-    return [{"session": index, "seconds_by_phase": dict(tally.seconds), "tokens": tally.tokens,
-             "last_step": tally.last_step, "resumed_from": session.resume_step, "closed": session.closed,
-             "clean": session.clean if session.closed else None}
-            for index, (session, (_, tally)) in enumerate(zip(sessions, tallies, strict=True))]
+    return [session_row(index, session, tally) for index, (session, (_, tally)) in enumerate(zip(sessions, tallies,
+                                                                                                    strict=True))]
+
+
+def session_row(index: int, session: _Session, tally: _Tally) -> dict[str, Any]:
+    meta = session.meta
+    usd = sum(_usd_by_phase(meta, tally, first=index == 0).values())
+    price = meta["price"]
+    return {"session": index, "seconds_by_phase": dict(tally.seconds), "tokens": tally.tokens,
+            "last_step": tally.last_step, "resumed_from": session.resume_step, "closed": session.closed,
+            "clean": session.clean if session.closed else None,
+            "accelerator": price["name"], "pricing": price["pricing"],
+            "where": "/".join(p for p in (price.get("cloud", ""), price.get("region", "")) if p),
+            "usd_per_chip_hour": price["usd"], "chips": meta["chips"], "chips_in_use": meta.get("chips_in_use"),
+            "devices": meta.get("devices"), "hours": sum(tally.seconds.values()) / 3600, "usd": usd,
+            "usd_rub_rate": meta["usd_rub_rate"], "rate_date": meta["rate_date"], "rub": usd * meta["usd_rub_rate"],
+            "rate_label": f"{meta['usd_rub_rate']:.4f} ({meta['rate_date']})"}
+
+
+def write_report(ledger_dir: str | os.PathLike[str]) -> Path:
+    """``cost_report.md`` (each session with its hardware, price row and dated rate, then goodput and
+    badput by phase in RUB, USD and share) and ``cost_sessions.csv`` beside the ledger, atomically."""
+    ledger_dir = Path(ledger_dir)
+    sessions = summarize_sessions(ledger_dir)
+    summary = summarize_ledger(ledger_dir)
+    rates = sorted({row["rate_label"] for row in sessions})
+    text = (f"# Cost of run {summary.run_id}\n\n{summary.rub_total:,.2f} RUB = {summary.usd_total:,.2f} USD at "
+            f"USD->RUB {', '.join(rates)} (each session at its own rate); {summary.tokens:,} tokens.\n\n"
+            f"## Sessions\n\n{to_markdown(sessions, SESSION_COLUMNS)}\n"
+            f"## Goodput and badput\n\n{to_markdown(summary.badput_rows(), PHASE_COLUMNS)}")
+    path = ledger_dir / REPORT_FILE
+    atomic_write_text(path, text)
+    atomic_write_text(ledger_dir / SESSIONS_CSV, to_csv(sessions, SESSION_COLUMNS))
+    return path
 
 
 def _process_start_time() -> float | None:
@@ -484,7 +544,8 @@ class Ledger:
         begin = min(started, now) if started is not None else now
         meta = {
             "e": "open", "session": len(past), "run_id": run_id, "t": begin, "opened": now, "pid": os.getpid(),
-            "chips": cost_cfg.chips, "chips_in_use": chips_in_use, "price": price_dict(price), "infra": infra,
+            "chips": cost_cfg.chips, "chips_in_use": chips_in_use, "devices": _device_description(),
+            "price": price_dict(price), "infra": infra,
             **rate.as_dict(), "token_budget": cost_cfg.token_budget,
         }
         ledger = cls(path, meta, past, clock, cost_cfg.flush_seconds, background)
@@ -680,6 +741,10 @@ class Ledger:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        try:  # a report that cannot be written never keeps a run from ending: the ledger itself is on disk
+            write_report(self.path.parent)
+        except (OSError, DataError, KeyError, ValueError) as exc:
+            log.warning("could not write the cost report beside %s: %s", self.path, exc)
 
     def __enter__(self) -> Ledger:
         return self

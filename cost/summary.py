@@ -5,6 +5,12 @@ written and read everywhere else: its W&B names (``step_metrics`` at every log s
 for the run summary and config, ``from_wandb`` to read a run back), its columns in the cost
 comparison (``COMPARE_COLUMNS`` / ``compare_row``) and its rows by phase (``phase_rows``).
 
+Goodput and badput in rubles, after MaxText's goodput: the phase ``train`` (steps that survived)
+is goodput; every other phase is badput (start-up, compilation, data waits, checkpoint stalls,
+evaluation, idle time, and work lost to restarts), reported as rubles and as a share of the run's
+rubles (``badput_rows``; summed over the runs of an experiment by ``experiment_badput_rows``).
+Every money column comes in RUB with the USD figure and the dated USD->RUB rate beside it.
+
 W&B names: one table, ``WANDB_NAMES``. A figure logged at every step has a history name; the run
 summary holds the final value. The running total's history name, ``cost/rub_spent``, is the
 x-axis of the ``by_rub/*`` plots, and W&B keeps a ``{"max": ...}`` aggregate of it in the summary,
@@ -15,7 +21,7 @@ The price row, chips priced and the dated rate go to the run config, and only th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +30,10 @@ from cost.report import SIG, Column
 from tracking.metrics import RUB_SPENT
 
 LOST = "lost"  # the phase of work a later session redid
-STEADY_PHASES = ("train", "eval", "checkpoint", "idle")  # phases that scale with tokens, for projections
+STEADY_PHASES = ("train", "data", "eval", "checkpoint", "idle")  # phases that scale with tokens, for projections
+GOODPUT_PHASE = "train"  # steps that survived: the only time that bought progress
+# badput in the order a run meets it; "one_off" (per-GB charges) is neither: it is not time
+BADPUT_PHASES = ("startup", "compile", "data", "checkpoint", "eval", "idle", LOST)
 
 RUB_TOTAL = "cost/rub_total"  # the final total in the run summary
 # field -> (W&B name at every log step or None, name in the run summary)
@@ -42,8 +51,12 @@ WANDB_NAMES: dict[str, tuple[str | None, str]] = {
     "last_step": (None, "cost/last_step"),
     "token_budget": (None, "cost/token_budget"),
     "chips_in_use": (None, "cost/chips_in_use"),
+    "rub_badput": ("cost/rub_badput", "cost/rub_badput"),
+    "badput_share": ("cost/badput_share", "cost/badput_share"),
+    "goodput_share": (None, "cost/goodput_share"),
 }
 PHASE_PREFIXES = {"rub_by_phase": "cost/rub_by_phase/", "seconds_by_phase": "cost/seconds_by_phase/"}
+SHARE_PREFIX = "cost/share_by_phase/"  # each phase's share of the run's rubles (derived: written, not read back)
 # field -> W&B run config key (what the run was priced at: known from its start)
 CONFIG_NAMES = {"price": "cost_price_row", "chips": "cost_chips", "usd_rub_rate": "cost_usd_rub_rate",
                 "rate_date": "cost_rate_date", "rate_source": "cost_rate_source"}
@@ -54,11 +67,15 @@ COMPARE_COLUMNS = (
     Column("tokens", "tokens", "{:,.0f}"),
     Column("hours", "hours", SIG),
     Column("rub_total", "rubles", SIG),
+    Column("usd_total", "USD", SIG),
+    Column("rate_label", "RUB per USD (date)"),
     Column("rub_per_1b_tokens", "RUB / 1B tokens", SIG),
     Column("rub_lost_to_restarts", "RUB lost to restarts", SIG),
+    Column("rub_badput", "RUB badput", SIG),
+    Column("badput_share", "badput share", "{:.1%}"),
 )
-PHASE_COLUMNS = (Column("phase", "phase"), Column("hours", "hours", SIG), Column("rub", "rubles", SIG),
-                 Column("share", "share", "{:.1%}"))
+PHASE_COLUMNS = (Column("phase", "phase"), Column("kind", "goodput / badput"), Column("hours", "hours", SIG),
+                 Column("rub", "rubles", SIG), Column("usd", "USD", SIG), Column("share", "share of rubles", "{:.1%}"))
 
 
 @dataclass(frozen=True)
@@ -104,6 +121,34 @@ class CostSummary:
         return self.seconds_by_phase.get(LOST, 0.0) / 3600
 
     @property
+    def rub_badput(self) -> float:
+        """Rubles of every phase but ``train``: what the run paid for no surviving progress."""
+        return sum(self.rub_by_phase.get(phase, 0.0) for phase in BADPUT_PHASES)
+
+    @property
+    def badput_share(self) -> float | None:
+        return self.rub_badput / self.rub_total if self.rub_total else None
+
+    @property
+    def goodput_share(self) -> float | None:
+        return self.rub_by_phase.get(GOODPUT_PHASE, 0.0) / self.rub_total if self.rub_total else None
+
+    @property
+    def share_by_phase(self) -> dict[str, float]:
+        total = self.rub_total
+        return {phase: rub / total for phase, rub in self.rub_by_phase.items()} if total else {}
+
+    @property
+    def usd_per_rub(self) -> float:
+        """USD per ruble over every session (sessions may have been priced at different rates)."""
+        return self.usd_total / self.rub_total if self.rub_total else 1.0 / self.usd_rub_rate if self.usd_rub_rate else 0.0
+
+    @property
+    def rate_label(self) -> str:
+        """The USD->RUB rate and its date, one glance from a ruble figure (the latest session's)."""
+        return f"{self.usd_rub_rate:.4f} ({self.rate_date})" if self.usd_rub_rate else "—"
+
+    @property
     def projected_rub_total(self) -> float | None:
         return None if self.projected_rub_to_budget is None else self.rub_total + self.projected_rub_to_budget
 
@@ -127,6 +172,7 @@ class CostSummary:
                                    if getattr(self, field) is not None}
         for field, prefix in PHASE_PREFIXES.items():
             summary.update({f"{prefix}{phase}": value for phase, value in getattr(self, field).items()})
+        summary.update({f"{SHARE_PREFIX}{phase}": share for phase, share in self.share_by_phase.items()})
         config = {name: getattr(self, field) for field, name in CONFIG_NAMES.items()}
         config[CONFIG_NAMES["price"]] = price_dict(self.price)
         return summary, config
@@ -188,12 +234,54 @@ class CostSummary:
 
     def phase_rows(self) -> list[dict[str, Any]]:
         """Rows by phase, most rubles first, plus the total (``PHASE_COLUMNS``)."""
-        total = self.rub_total or 0.0
-        rows = [{"phase": phase, "hours": self.seconds_by_phase.get(phase, 0.0) / 3600, "rub": rub,
-                 "share": rub / total if total else None}
-                for phase, rub in sorted(self.rub_by_phase.items(), key=lambda item: -item[1])]
-        rows.append({"phase": "total", "hours": self.hours, "rub": total, "share": 1.0 if total else None})
-        return rows
+        return phase_table(self.rub_by_phase, self.seconds_by_phase, self.usd_per_rub, sort=True)
+
+    def badput_rows(self) -> list[dict[str, Any]]:
+        """Goodput, then each badput phase in the order a run meets it, then badput and the total:
+        rubles, USD and share of the run's rubles (``PHASE_COLUMNS``), MaxText-goodput style."""
+        return phase_table(self.rub_by_phase, self.seconds_by_phase, self.usd_per_rub, sort=False)
+
+
+def phase_kind(phase: str) -> str:
+    return "goodput" if phase == GOODPUT_PHASE else "badput" if phase in BADPUT_PHASES else "other"
+
+
+def phase_table(rub_by_phase: Mapping[str, float], seconds_by_phase: Mapping[str, float], usd_per_rub: float,
+                sort: bool) -> list[dict[str, Any]]:
+    """Rows of ``PHASE_COLUMNS``; ``sort``: most rubles first, else goodput, the badput phases, a
+    badput subtotal, then anything else (per-GB charges)."""
+    total = sum(rub_by_phase.values())
+
+    def row(phase: str, rub: float, seconds: float | None, kind: str) -> dict[str, Any]:
+        return {"phase": phase, "kind": kind, "hours": None if seconds is None else seconds / 3600, "rub": rub,
+                "usd": rub * usd_per_rub, "share": rub / total if total else None}
+
+    if sort:
+        phases = sorted(rub_by_phase, key=lambda phase: -rub_by_phase[phase])
+        rows = [row(p, rub_by_phase[p], seconds_by_phase.get(p, 0.0), phase_kind(p)) for p in phases]
+    else:
+        ordered = [GOODPUT_PHASE, *BADPUT_PHASES]
+        rows = [row(p, rub_by_phase.get(p, 0.0), seconds_by_phase.get(p, 0.0), phase_kind(p)) for p in ordered]
+        rows.insert(len(ordered), row("badput", sum(rub_by_phase.get(p, 0.0) for p in BADPUT_PHASES),
+                                      sum(seconds_by_phase.get(p, 0.0) for p in BADPUT_PHASES), "badput"))
+        rows += [row(p, rub, seconds_by_phase.get(p), "other") for p, rub in rub_by_phase.items() if p not in ordered]
+    rows.append(row("total", total, sum(seconds_by_phase.values()), ""))
+    return rows
+
+
+def experiment_badput_rows(summaries: Sequence[CostSummary]) -> list[dict[str, Any]]:
+    """``badput_rows`` of the runs of one experiment added up (each run's rubles as it paid them)."""
+    rub: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    usd = 0.0
+    for summary in summaries:
+        for phase, value in summary.rub_by_phase.items():
+            rub[phase] = rub.get(phase, 0.0) + value
+        for phase, value in summary.seconds_by_phase.items():
+            seconds[phase] = seconds.get(phase, 0.0) + value
+        usd += summary.usd_total
+    total = sum(rub.values())
+    return phase_table(rub, seconds, usd / total if total else 0.0, sort=False)
 
 
 def price_dict(row: PriceRow) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def test_our_h200_measurement_is_an_anchor_an_h200_plan_uses() -> None:
     and a plan on H200s takes its MFU (recompute-adjusted) instead of cost.plan_mfu."""
     anchor = next(a for a in read_anchors() if a.accelerator == "nvidia-h200")
     assert abs(anchor_check(anchor, Catalog.load())["relative_error"]) < 0.5 / 92147 + 0.000005 / 0.51497
-    _, _, (row,), _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_options=[{accelerator: nvidia-h200, chips: 8}]"),
+    _, _, (row,), _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_options=[{accelerator: nvidia-h200, chips: 8, cloud: aws}]"),
                            None, rate=RATE)
     assert row["mfu_source"].startswith("anchor ru-pretrain-1b")
     assert row["mfu"] == pytest.approx(0.51497 * anchor.recompute / row["recompute"])
@@ -78,7 +78,7 @@ def test_worked_example_one_option() -> None:
 def test_seed_comparison_set_is_planned_by_default() -> None:
     _, _, rows, _ = plan(demo_cfg("cost.plan_model=1b"), None, rate=RATE)
     assert [r["accelerator"] for r in rows] == ["tpu-v5e", "tpu-v5p", "tpu-v6e", "nvidia-h100", "nvidia-b200",
-                                                "aws-trainium2"]
+                                                "aws-trainium1"]
     assert all(r["rub"] > 0 and r["hours"] > 0 for r in rows)
     by_source = {r["accelerator"]: (r["mfu"], r["mfu_source"]) for r in rows}
     v6e = next(r for r in rows if r["accelerator"] == "tpu-v6e")

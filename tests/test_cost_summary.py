@@ -11,7 +11,7 @@ import pytest
 
 from cost.ledger import Ledger
 from cost.rates import UsdRubRate
-from cost.summary import COMPARE_COLUMNS, WANDB_NAMES, CostSummary
+from cost.summary import COMPARE_COLUMNS, WANDB_NAMES, CostSummary, experiment_badput_rows
 from experiment.sections.cost import CostConfig
 from tracking.metrics import RUB_SPENT
 
@@ -92,3 +92,50 @@ def test_the_ledger_records_the_chips_in_use_beside_the_priced_ones(tmp_path: Pa
     summary = two_hour_summary(tmp_path)
     assert (summary.chips, summary.chips_in_use) == (8, 8)
     assert summary.chip_hours == pytest.approx(16.0)  # priced chips x hours: what the bill counts
+
+
+def test_badput_in_rubles_by_phase_per_run_and_per_experiment(tmp_path: Path) -> None:
+    """A worked run: 0.5 h start-up, 0.25 h compile, 2 h train with 0.25 h of data waits inside it, 0.5 h eval,
+    0.25 h checkpoint, 0.25 h idle (3.75 h, 2 h of them badput), on 8 v5e chips (1.2 USD/chip-hour) at 100 RUB/USD:
+    960 RUB per hour."""
+    t = [1_000_000.0]
+    cfg = CostConfig(accelerator="tpu-v5e", pricing="on-demand", chips=8, usd_rub_rate=100.0,
+                     usd_rub_date=dt.date.today().isoformat())
+    ledger = Ledger.open(tmp_path / "ledger", cfg, "run-1", rate=UsdRubRate(100.0, dt.date.today(), "test"),
+                         clock=lambda: t[0], started_at=t[0] - 0.5 * HOUR, background=False)
+    for phase, hours in (("compile", 0.25), ("train", 1.75)):
+        with ledger.phase(phase):
+            t[0] += hours * HOUR
+    with ledger.phase("train"), ledger.phase("data"):
+        t[0] += 0.25 * HOUR
+    ledger.add_tokens(100, 1_000_000)
+    for phase, hours in (("eval", 0.5), ("checkpoint", 0.25)):
+        with ledger.phase(phase):
+            t[0] += hours * HOUR
+    t[0] += 0.25 * HOUR  # idle
+    ledger.close()
+    summary = ledger.summary()
+    assert summary.rub_total == pytest.approx(3.75 * 960)
+    rows = {row["phase"]: row for row in summary.badput_rows()}
+    assert rows["train"]["kind"] == "goodput" and rows["train"]["rub"] == pytest.approx(1.75 * 960)
+    assert rows["data"]["rub"] == pytest.approx(0.25 * 960) and rows["data"]["kind"] == "badput"
+    assert rows["badput"]["rub"] == pytest.approx(2 * 960) and rows["badput"]["share"] == pytest.approx(2 / 3.75)
+    assert rows["total"]["usd"] == pytest.approx(3.75 * 9.6) and rows["startup"]["usd"] == pytest.approx(0.5 * 9.6)
+    assert [r["phase"] for r in summary.badput_rows()][:9] == ["train", "startup", "compile", "data", "checkpoint",
+                                                               "eval", "idle", "lost", "badput"]
+    assert summary.rub_badput == pytest.approx(2 * 960) and summary.badput_share == pytest.approx(2 / 3.75)
+    assert summary.goodput_share == pytest.approx(1.75 / 3.75)
+    run = FakeRun()
+    summary.log_to(run)
+    assert run.summary["cost/rub_badput"] == pytest.approx(1920.0)
+    assert run.summary["cost/badput_share"] == pytest.approx(2 / 3.75)
+    assert run.summary["cost/share_by_phase/eval"] == pytest.approx(0.5 / 3.75)
+    assert summary.step_metrics()["cost/badput_share"] == pytest.approx(2 / 3.75)
+    row = summary.compare_row()
+    assert row["rub_badput"] == pytest.approx(1920.0) and row["usd_total"] == pytest.approx(36.0)
+    assert row["rate_label"] == f"100.0000 ({dt.date.today().isoformat()})"
+    # an experiment of two such runs, one read back from W&B: the phases add up, the shares stay
+    back = CostSummary.from_wandb(run.summary, run.config_values, "run-1")
+    combined = {r["phase"]: r for r in experiment_badput_rows([summary, back])}
+    assert combined["total"]["rub"] == pytest.approx(7.5 * 960) and combined["badput"]["share"] == pytest.approx(2 / 3.75)
+    assert combined["data"]["hours"] == pytest.approx(0.5) and combined["total"]["usd"] == pytest.approx(72.0)

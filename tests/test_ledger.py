@@ -158,14 +158,19 @@ def test_nested_phases_and_live_summary(tmp_path: Path) -> None:
 
 def test_infrastructure_rows_are_added(tmp_path: Path) -> None:
     clock = FakeClock()
-    cfg = v5e_config(infrastructure=[InfraItem("cpu-host-n2-standard-8", 2), InfraItem("gcs-standard-storage", 730)])
+    storage = tmp_path / "storage.csv"  # the bundled catalog holds no storage price: a user catalog gives one
+    storage.write_text("kind,name,cloud,region,pricing,usd,unit,source,date,note\n"
+                       "infra,my-storage,gcp,us-central1,on-demand,0.020,gb-month,our contract,2026-11-01,\n",
+                       encoding="utf-8")
+    cfg = v5e_config(infrastructure=[InfraItem("cpu-host-e2-standard-16", 2), InfraItem("my-storage", 730)],
+                     catalog_path=str(storage))
     ledger = open_fake(tmp_path, clock, cfg)
     with ledger.phase("train"):
         clock.advance(1.0)
     s = ledger.summary()
     ledger.close()
-    # per hour: 8 x 1.20 chips + 2 x 0.388472 hosts + 730 GB x 0.020 / 730 h storage
-    assert s.usd_total == pytest.approx(9.6 + 2 * 0.388472 + 0.020)
+    # per hour: 8 x 1.20 chips + 2 x 0.53609 hosts + 730 GB x 0.020 / 730 h storage
+    assert s.usd_total == pytest.approx(9.6 + 2 * 0.53609 + 0.020)
 
 
 def test_torn_last_line_is_dropped_and_bad_records_named(tmp_path: Path) -> None:
@@ -309,8 +314,8 @@ def test_bad_cost_config_is_refused_before_any_record(tmp_path: Path) -> None:
     from experiment.errors import ConfigError
 
     demo = REPO / "recipes" / "configs" / "demo.yaml"
-    cfg = load_config(demo, ["cost.infrastructure=[{name: gcs-standrd-storage, quantity: 10}]"])
-    with pytest.raises(CatalogError, match=r"cost.infrastructure\[0\].name.*did you mean 'gcs-standard-storage'"):
+    cfg = load_config(demo, ["cost.infrastructure=[{name: cpu-host-e2-standrd-16, quantity: 1}]"])
+    with pytest.raises(CatalogError, match=r"cost.infrastructure\[0\].name.*did you mean 'cpu-host-e2-standard-16'"):
         Ledger.open(tmp_path / "ledger", cfg.cost, "r", rate=RATE, background=False)
     with pytest.raises(CatalogError, match=r"cost.accelerator.*unknown accelerator 'tpu-v9'"):
         Ledger.open(tmp_path / "ledger", v5e_config(accelerator="tpu-v9"), "r", rate=RATE, background=False)

@@ -56,7 +56,9 @@ def train_one_step(ctx: LoopContext) -> None:
     """One optimizer step, booked in the ledger (the first one of a session as compilation)."""
     phase = "compile" if ctx.step == ctx.start_step else "train"
     with ctx.ledger.phase(phase):
-        batch = global_batch(next(ctx.loader), ctx.program.batch_sharding)
+        with ctx.ledger.phase("data"):  # waiting for the loader is badput of its own, not training
+            host_batch = next(ctx.loader)
+        batch = global_batch(host_batch, ctx.program.batch_sharding)
         ctx.state, metrics = ctx.program.train_step(ctx.state, batch)
         ctx.metrics = jax.device_get(metrics)  # tiny; also where a NaN is caught before any save
     ctx.step += 1

@@ -11,7 +11,7 @@ from experiment.errors import ConfigError
 class InfraItem:
     """An infrastructure row of the catalog billed beside the accelerators (CPU host, disk, egress)."""
 
-    name: str  # a catalog row of kind 'infra', e.g. gcs-standard-storage
+    name: str  # a catalog row of kind 'infra', e.g. cpu-host-e2-standard-16
     quantity: float = 1.0  # hosts for 'hour' rows, GB for 'gb-month' and 'gb' rows
     cloud: str = ""
     region: str = ""
@@ -40,14 +40,15 @@ class PlanOption:
 
 
 def _seed_plan_options() -> list[PlanOption]:
-    # The comparison set the project was started for: three TPU generations, two NVIDIA GPUs, Trainium2.
+    # The comparison set the project was started for: three TPU generations, two NVIDIA GPUs, Trainium (the
+    # first generation: no public Trainium2 price in cost/catalog.csv's sources).
     return [
         PlanOption("tpu-v5e", 8, "on-demand"),
         PlanOption("tpu-v5p", 8, "on-demand"),
         PlanOption("tpu-v6e", 8, "on-demand"),
         PlanOption("nvidia-h100", 8, "on-demand", cloud="aws"),
         PlanOption("nvidia-b200", 8, "on-demand", cloud="aws"),
-        PlanOption("aws-trainium2", 16, "spot"),
+        PlanOption("aws-trainium1", 16, "on-demand"),
     ]
 
 
