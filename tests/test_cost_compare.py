@@ -99,7 +99,7 @@ def test_compare_recipe_offline_runs_and_ledger_fallback(tmp_path: Path, restore
     assert summarize_ledger(RunFolder.for_config(cheap).ledger).tokens == 1_000_000
     assert "Experiment costs in rubles" in proc.stdout and "main" in proc.stdout
     md = (reports / "costs.md").read_text(encoding="utf-8")
-    assert "| experiment | run | accelerator |" in md and "eval/rublimp/acc" in md
+    assert "| experiment | variant | run | accelerator |" in md and "eval/rublimp/acc" in md
     for png in ("loss_vs_rubles.png", "eval_vs_rubles.png"):
         assert (reports / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
