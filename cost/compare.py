@@ -54,7 +54,7 @@ LATER_COST_COLUMNS = tuple(c for c in COMPARE_COLUMNS if c.key not in {b.key for
 TARGET_COLUMNS = (
     Column("target_status", "target"),
     Column("rub_to_target", "RUB to target", SIG),
-    Column("chip_hours_to_target", "chip-hours to target", SIG),
+    Column("chip_hours_to_target", "chip-hours to target", SIG, terminal=False),
     Column("hours_to_target", "hours to target", SIG),
     Column("tokens_to_target", "tokens to target", "{:,.0f}", terminal=False),
     Column("best_value", "best value", "{:.4f}", terminal=False),

@@ -73,8 +73,7 @@ class TargetCrossing:
         if self.best is None:
             return f"no eval point with {target.metric}"
         if self.reached:
-            how = "interpolated" if self.interpolated else "at the first eval"
-            return f"reached at step {self.step:,.0f} ({how})"
+            return f"at step {self.step:,.0f} ({'interpolated' if self.interpolated else 'first eval'})"
         return f"not reached (best {self.best:.4g})"
 
 
