@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(TEST_EXTRAS))
 export JAX_PLATFORMS ?= cpu
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test test-base test-extras lint clean-demo
+.PHONY: setup demo demo-sweep test test-base test-extras lint clean-demo
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ demo: setup
 	$(PY) recipes/05_evaluate.py --config $(CONFIG)
 	$(PY) recipes/06_compare_costs.py --config $(CONFIG)
 	$(PY) recipes/07_plan_costs.py --config $(CONFIG)
+
+# Three widths of the demo decoder compared by rubles to a target quality (reuses runs/demo's data)
+demo-sweep: setup
+	$(PY) recipes/08_sweep.py --config recipes/configs/demo_sweep.yaml
 
 # The README's test command: the base suite, then each optional extra in its own venv (Beam pins
 # protobuf below 7 and TensorFlow is 1.4 GB, so they never share the base environment).

@@ -19,27 +19,53 @@ from typing import Any
 from cost.ledger import LEDGER_FILE, summarize_ledger
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from cost.summary import COMPARE_COLUMNS, CostSummary
+from cost.target import (
+    Target,
+    TargetCrossing,
+    best_so_far,
+    cost_to_target,
+    eval_points,
+    read_train_log,
+    target_of,
+)
 from experiment.errors import MissingStageError
 from experiment.runfolder import RunFolder
 from experiment.stages import EVAL, PRETRAIN
+from experiment.sweep import sweep_name, sweep_variants, variant_experiment_name
 from tracking.metrics import RUB_SPENT
 from tracking.readback import RunRecord, read_offline_runs, read_online_runs
-from tracking.wandb_run import resolve_mode
+from tracking.wandb_run import VARIANT_CONFIG_KEY, resolve_mode
 
 log = logging.getLogger("cost.compare")
 
 ACCURACY_NAMES = ("acc", "accuracy", "acc_norm")
 _COST = {column.key: column for column in COMPARE_COLUMNS}
-COLUMNS = (
+BASE_COLUMNS = (
     Column("experiment", "experiment"),
-    Column("run", "run"),
+    Column("variant", "variant"),
+    Column("run", "run", terminal=False),
     *(_COST[key] for key in ("accelerator", "chips", "tokens", "hours", "rub_total", "rub_per_1b_tokens")),
     Column("final_loss", "final loss", "{:.4f}"),
     Column("eval_score", "eval score", "{:.4f}"),
     Column("rub_per_eval_point", "RUB / eval point", SIG),
-    _COST["rub_lost_to_restarts"],
-    Column("cost_source", "cost from"),
 )
+# the cost summary's columns the table has not shown yet (e.g. rubles lost to restarts), in its order
+LATER_COST_COLUMNS = tuple(c for c in COMPARE_COLUMNS if c.key not in {b.key for b in BASE_COLUMNS})
+TARGET_COLUMNS = (
+    Column("target_status", "target"),
+    Column("rub_to_target", "RUB to target", SIG),
+    Column("chip_hours_to_target", "chip-hours to target", SIG, terminal=False),
+    Column("hours_to_target", "hours to target", SIG),
+    Column("tokens_to_target", "tokens to target", "{:,.0f}", terminal=False),
+    Column("best_value", "best value", "{:.4f}", terminal=False),
+)
+SOURCE_COLUMNS = (Column("cost_source", "cost from", terminal=False),)
+COLUMNS = (*BASE_COLUMNS, *LATER_COST_COLUMNS, *SOURCE_COLUMNS)
+
+
+def columns_for(target: Target | None) -> tuple[Column, ...]:
+    """The table's columns: with a target, what reaching it cost."""
+    return (*BASE_COLUMNS, *LATER_COST_COLUMNS, *(TARGET_COLUMNS if target else ()), *SOURCE_COLUMNS)
 
 
 def run_order(run: RunRecord) -> tuple[str, str]:
@@ -64,17 +90,66 @@ class ExperimentRuns:
         return sorted((r for r in self.runs if r.job_type == "eval"), key=run_order)
 
 
-def read_runs(cfg: Any, folder: RunFolder, group: str, exclude_id: str | None) -> list[RunRecord]:
-    """The group's runs: the W&B API when online (falling back on failure), else the offline run folders."""
+def history_keys(cfg: Any, target: Target | None) -> list[list[str]]:
+    """The history series the comparison reads online: the loss, and the target metric's eval points."""
+    keys = [[cfg.cost.loss_metric, RUB_SPENT]]
+    if target is not None:
+        keys.append([target.metric, RUB_SPENT, "cost/hours", "cost/tokens", "train/step"])
+    return keys
+
+
+def known_target(cfg: Any) -> Target | None:
+    """The target when it is known before any run is read (an eval metric found in the runs comes later)."""
+    named = cfg.cost.target_metric or cfg.cost.eval_metric
+    return target_of(cfg.cost, named) if cfg.cost.target_bpb is not None or named else None
+
+
+def read_runs(cfg: Any, folder: RunFolder, group: str, exclude_id: str | None, experiment: str | None = None,
+              target: Target | None = None) -> list[RunRecord]:
+    """The group's runs (of ``experiment`` only, when given: a sweep's variants share a group): the W&B
+    API when online (falling back on failure), else the offline run folders."""
     runs: list[RunRecord] | None = None
     if resolve_mode(cfg.wandb.mode) == "online":
         try:
-            runs = read_online_runs(cfg.wandb.project, cfg.wandb.entity, group, [cfg.cost.loss_metric, RUB_SPENT])
+            runs = read_online_runs(cfg.wandb.project, cfg.wandb.entity, group, history_keys(cfg, target))
         except Exception as exc:  # network, auth: any API failure falls back to the local runs
             log.warning("W&B API unavailable (%s): reading the local offline runs instead", str(exc).splitlines()[0])
     if runs is None:
         runs = read_offline_runs(folder.wandb, group=group, exclude_ids=(exclude_id,) if exclude_id else ())
-    return [r for r in runs if r.run_id != exclude_id]
+    return [r for r in runs if r.run_id != exclude_id and (experiment is None or run_experiment(r) in (None, experiment))]
+
+
+def run_experiment(run: RunRecord) -> str | None:
+    """The experiment name a run's W&B config holds (None: not recorded)."""
+    section = run.config.get("experiment")
+    return section.get("name") if isinstance(section, dict) else None
+
+
+def compared_experiments(cfg: Any) -> list[tuple[str, str]]:
+    """(experiment name, its W&B group) of every experiment compared: a sweep's variants (the config
+    declares experiment.variants or .grid), else this experiment; then ``cost.compare_experiments``."""
+    variants = [] if cfg.experiment.variant else sweep_variants(cfg.experiment)
+    sweep = sweep_name(cfg.experiment)
+    found = [(variant_experiment_name(sweep, v.name), sweep) for v in variants] or [(cfg.experiment.name, sweep)]
+    for name in cfg.cost.compare_experiments:
+        if name not in {f[0] for f in found}:
+            found.append((name, name))
+    return found
+
+
+def folder_group(folder: RunFolder, default: str) -> str:
+    """The W&B group an experiment's stages logged under (its resolved config's; a sweep variant's is
+    the sweep's), else ``default``."""
+    path = folder.root / "config.resolved.yaml"
+    if path.is_file():
+        import yaml
+
+        try:
+            experiment = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("experiment") or {}
+        except yaml.YAMLError:
+            return default
+        return str(experiment.get("group") or experiment.get("name") or default)
+    return default
 
 
 def pick_eval_metric(cfg: Any, summaries: list[dict[str, Any]]) -> str | None:
@@ -108,10 +183,38 @@ def rub_per_eval_point(rub: float | None, score: float | None) -> float | None:
     return rub / (score * 100 if score <= 1 else score)
 
 
-def cost_row(cfg: Any, exp: ExperimentRuns, metric: str | None) -> dict[str, Any]:
+def variant_text(exp: ExperimentRuns) -> str | None:
+    """What this sweep variant changes, e.g. ``model.d_model=128`` (None: not a variant)."""
+    for run in reversed(exp.runs):
+        variant = run.config.get(VARIANT_CONFIG_KEY)
+        if isinstance(variant, dict):
+            return ", ".join(f"{k}={v}" for k, v in variant.items() if k != "name") or str(variant.get("name"))
+    return None
+
+
+def target_history(exp: ExperimentRuns, metric: str) -> list[dict[str, Any]]:
+    """The pretrain runs' logged rows, or the run folder's ``train_log.jsonl`` when W&B has no eval point."""
+    history = [h for r in exp.cost_runs for h in r.history]
+    if eval_points(history, metric):
+        return history
+    return read_train_log(exp.folder.root)
+
+
+def target_cells(exp: ExperimentRuns, target: Target, cost: CostSummary) -> dict[str, Any]:
+    """The run's rubles, chip-hours, hours and tokens when it first reached the target (else its best)."""
+    points = eval_points(target_history(exp, target.metric), target.metric)
+    crossing: TargetCrossing = cost_to_target(points, target)
+    chips_per_hour = cost.chip_hours / cost.hours if cost.hours else float(cost.chips)
+    return {"target_status": crossing.status(target), "rub_to_target": crossing.rub,
+            "hours_to_target": crossing.hours,
+            "chip_hours_to_target": None if crossing.hours is None else crossing.hours * chips_per_hour,
+            "tokens_to_target": crossing.tokens, "best_value": crossing.best, "_points": points}
+
+
+def cost_row(cfg: Any, exp: ExperimentRuns, metric: str | None, target: Target | None = None) -> dict[str, Any]:
     """One table row: cost from the latest pretrain run's summary, else from the ledger."""
     ledger_dir = exp.folder.ledger
-    row: dict[str, Any] = {"experiment": exp.name}
+    row: dict[str, Any] = {"experiment": exp.name, "variant": variant_text(exp)}
     cost_runs = exp.cost_runs
     latest = cost_runs[-1] if cost_runs else None
     if latest is not None and CostSummary.logged_in(latest.summary):
@@ -131,6 +234,8 @@ def cost_row(cfg: Any, exp: ExperimentRuns, metric: str | None) -> dict[str, Any
     row["final_loss"] = loss
     row["eval_score"] = eval_score(exp, metric)
     row["rub_per_eval_point"] = rub_per_eval_point(row.get("rub_total"), row["eval_score"])
+    if target is not None:
+        row.update(target_cells(exp, target, cost))
     return row
 
 
@@ -183,19 +288,55 @@ def plot_eval_vs_rubles(rows: list[dict[str, Any]], metric: str | None, path: Pa
     return save_figure(fig, path)
 
 
+def plot_frontier(rows: list[dict[str, Any]], target: Target, path: Path) -> Path | None:
+    """Best quality reached against rubles: each run's best-so-far curve, the group's frontier (the best any
+    run had reached for that money) and the target line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {r["experiment"]: best_so_far(r.get("_points") or [], target.lower_is_better) for r in rows}
+    curves = {name: curve for name, curve in curves.items() if curve}
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, curve in curves.items():
+        ax.step([c[0] for c in curve], [c[1] for c in curve], where="post", marker=".", alpha=0.7, label=name)
+    pick = min if target.lower_is_better else max
+    frontier: list[tuple[float, float]] = []
+    for rub, value in sorted(point for curve in curves.values() for point in curve):
+        frontier.append((rub, value if not frontier else pick(frontier[-1][1], value)))
+    ax.step([f[0] for f in frontier], [f[1] for f in frontier], where="post", color="black", linewidth=2,
+            label="frontier (best of the group)")
+    ax.axhline(target.value, color="tab:red", linestyle="--", label=f"target {target.label}")
+    for row in rows:
+        if row.get("rub_to_target") is not None:
+            ax.plot([row["rub_to_target"]], [target.value], marker="x", color="tab:red")
+    ax.set_xlabel("rubles spent")
+    ax.set_ylabel(f"best {target.metric} so far")
+    ax.set_title("Best quality reached against rubles")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return save_figure(fig, path)
+
+
 def compare_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
     """Recipe 06: the cost table and plots of this experiment and ``cost.compare_experiments``."""
-    names = [cfg.experiment.name, *[n for n in cfg.cost.compare_experiments if n != cfg.experiment.name]]
     exclude = getattr(wandb_run, "id", None)
     experiments = []
-    for name in names:
+    for name, group in compared_experiments(cfg):
         folder = RunFolder(run_folder.root.parent / name)
         if not folder.root.is_dir():
-            raise MissingStageError(f"config key 'cost.compare_experiments': no run folder {folder.root} for "
-                                    f"experiment '{name}'")
-        experiments.append(ExperimentRuns(name, folder, read_runs(cfg, folder, name, exclude)))
+            key = "cost.compare_experiments" if name in cfg.cost.compare_experiments else "experiment.variants"
+            raise MissingStageError(f"config key '{key}': no run folder {folder.root} for experiment '{name}'"
+                                    + ("" if key == "cost.compare_experiments" else ": run recipes/08_sweep.py"))
+        runs = read_runs(cfg, folder, folder_group(folder, group), exclude, experiment=name,
+                         target=known_target(cfg))
+        experiments.append(ExperimentRuns(name, folder, runs))
     metric = pick_eval_metric(cfg, [r.summary for e in experiments for r in [*e.cost_runs, *e.eval_runs]])
-    rows = [cost_row(cfg, exp, metric) for exp in experiments]
+    target = target_of(cfg.cost, metric)
+    rows = [cost_row(cfg, exp, metric, target) for exp in experiments]
 
     reports = run_folder.reports
     reports.mkdir(parents=True, exist_ok=True)
@@ -211,7 +352,16 @@ def compare_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[
     eval_png = plot_eval_vs_rubles(rows, metric, reports / "eval_vs_rubles.png")
     if eval_png:
         images["eval_vs_rubles"] = eval_png
+    if target is not None:
+        notes.append(f"target: {target.label}; rubles, chip-hours, hours and tokens when the run first reached it, "
+                     "interpolated linearly between the eval points around the crossing (train.eval_every)")
+        frontier_png = plot_frontier(rows, target, reports / "frontier.png")
+        if frontier_png:
+            images["frontier"] = frontier_png
+        else:
+            notes.append(f"no frontier plot: no run logged '{target.metric}' during training (train.eval_every)")
     log.info("compared %d experiment(s): %s", len(rows), ", ".join(f"{r['experiment']} ({r['cost_source']})" for r in rows))
-    files = write_table(rows, COLUMNS, reports / "costs", "Experiment costs in rubles", notes=notes)
-    log_to_wandb(wandb_run, "costs", rows, COLUMNS, images, files, artifact_type="cost-report")
+    columns = columns_for(target)
+    files = write_table(rows, columns, reports / "costs", "Experiment costs in rubles", notes=notes)
+    log_to_wandb(wandb_run, "costs", rows, columns, images, files, artifact_type="cost-report")
     return rows

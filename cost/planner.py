@@ -36,6 +36,8 @@ from cost.hf_shapes import hf_model_shape, is_hf_spec
 from cost.ledger import LEDGER_FILE, summarize_ledger
 from cost.rates import UsdRubRate, resolve_usd_rub
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
+from cost.target import Target, TargetCrossing, cost_to_target, eval_points, read_train_log, target_of
+from experiment.config import load_config
 from experiment.errors import ConfigError, DataError
 from experiment.presets import PRESETS, preset_model_config
 from experiment.runfolder import RunFolder
@@ -71,6 +73,8 @@ COLUMNS = (
     Column("rub", "rubles", SIG),
     Column("rub_per_1b_tokens", "RUB / 1B tokens", SIG),
     Column("state_gib_per_chip", "state GiB/chip", "{:,.1f}", terminal=False),
+    Column("hours_to_target", "hours to target", SIG),  # with cost.plan_target_from only
+    Column("rub_to_target", "RUB to target", SIG),
     Column("fits", "state fits HBM"),
     Column("price_date", "price date"),
 )
@@ -315,15 +319,55 @@ def plot_plan(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+@dataclass(frozen=True)
+class MeasuredTarget:
+    """A run of ours that reached the target: its folder, config, and the tokens it trained to get there."""
+
+    folder: RunFolder
+    cfg: ExperimentConfig
+    target: Target
+    crossing: TargetCrossing
+
+    @property
+    def tokens(self) -> float:
+        return float(self.crossing.tokens or 0.0)
+
+
+def measured_target_run(cfg: ExperimentConfig, run_folder: RunFolder | None) -> MeasuredTarget | None:
+    """``cost.plan_target_from``: that run's tokens to ``cost.target_bpb`` / ``target_score`` (its
+    ``train_log.jsonl`` eval points, interpolated as in the comparison); None when not asked."""
+    name = cfg.cost.plan_target_from
+    if not name:
+        return None
+    key = "config key 'cost.plan_target_from'"
+    folder = RunFolder(Path(cfg.experiment.run_root) / name)
+    resolved = folder.root / "config.resolved.yaml"
+    if not resolved.is_file():
+        raise ConfigError(f"{key}: {folder.root} holds no run (no config.resolved.yaml): run recipes/04_pretrain.py "
+                          f"for experiment '{name}' first")
+    target = target_of(cfg.cost, cfg.cost.target_metric or cfg.cost.eval_metric or None)
+    assert target is not None  # the cost section requires a target with plan_target_from
+    crossing = cost_to_target(eval_points(read_train_log(folder.root), target.metric), target)
+    if not crossing.reached or not crossing.tokens:
+        raise DataError(f"{key}: experiment '{name}' {crossing.status(target)} for {target.label} in "
+                        f"{folder.root / 'train_log.jsonl'}: pick a run that reached it, or another target")
+    return MeasuredTarget(folder, load_config(resolved), target, crossing)
+
+
 def plan(cfg: ExperimentConfig, run_folder: RunFolder | None, catalog: Catalog | None = None,
          rate: UsdRubRate | None = None) -> tuple[PlanModel, int, list[dict[str, Any]], list[dict[str, Any]]]:
     """The model, token count, one row per option, and the anchor checks (no files written)."""
     catalog = catalog or Catalog.from_config(cfg.cost)
     rate = rate or resolve_usd_rub(cfg.cost)
-    model = resolve_plan_model(cfg, run_folder)
+    measured = measured_target_run(cfg, run_folder)
+    if measured is not None:  # the measured run's own model, at the MFU its ledger measured where it ran
+        model = measured_model = experiment_model(measured.cfg, measured.folder)
+        mfu_folder: RunFolder | None = measured.folder
+    else:
+        model, measured_model, mfu_folder = resolve_plan_model(cfg, run_folder), experiment_model(cfg, run_folder), run_folder
     tokens = planned_tokens(cfg)
     anchors = tuple(read_anchors())
-    mfu_choices = MfuChoices(cfg.cost.plan_mfu, measured_mfu(run_folder, experiment_model(cfg, run_folder), catalog),
+    mfu_choices = MfuChoices(cfg.cost.plan_mfu, measured_mfu(mfu_folder, measured_model, catalog),
                              anchors if cfg.cost.plan_mfu_from_anchors else ())
     chosen = fit_settings(run_folder)
     configured = RunSetting(cfg.model.remat, cfg.train.grad_accum_steps, "config")
@@ -332,6 +376,10 @@ def plan(cfg: ExperimentConfig, run_folder: RunFolder | None, catalog: Catalog |
             for i, option in enumerate(cfg.cost.plan_options)]
     if not rows:
         raise ConfigError("config key 'cost.plan_options': give at least one accelerator option")
+    if measured is not None:  # time and money are linear in tokens: the measured tokens-to-target's share
+        for row in rows:
+            row.update(tokens_to_target=measured.tokens, hours_to_target=row["hours"] * measured.tokens / tokens,
+                       rub_to_target=row["rub"] * measured.tokens / tokens)
     checks = [anchor_check(anchor, catalog) for anchor in anchors]
     return model, tokens, rows, checks
 
@@ -352,12 +400,18 @@ def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> 
                  "divided by it; 'setting from' says whether recipe 04b's fit check or the config chose the setting")
     notes.append(f"state = {STATE_BYTES_PER_PARAM} bytes/parameter (fp32 weights, gradients, Adam moments) "
                  "sharded over the slice; activations are not included, so 'yes' is necessary, not sufficient")
+    measured = measured_target_run(cfg, run_folder)
+    if measured is not None:
+        notes.append(f"to target: experiment '{measured.folder.root.name}' reached {measured.target.label} after "
+                     f"{measured.tokens:,.0f} tokens ({measured.crossing.status(measured.target)}; its rubles "
+                     f"{measured.crossing.rub:.4g}); hours to target = those tokens / the option's projected tokens/s")
     notes.extend(rate.notes)
     reports = run_folder.reports
     reports.mkdir(parents=True, exist_ok=True)
-    files = write_table(rows, COLUMNS, reports / "plan", title, preamble=preamble, notes=notes)
+    columns = COLUMNS if measured is not None else tuple(c for c in COLUMNS if not c.key.endswith("_to_target"))
+    files = write_table(rows, columns, reports / "plan", title, preamble=preamble, notes=notes)
     chart = plot_plan(rows, title, reports / "plan.png")
-    log_to_wandb(wandb_run, "plan", rows, COLUMNS, {"chart": chart}, files, artifact_type="cost-plan")
+    log_to_wandb(wandb_run, "plan", rows, columns, {"chart": chart}, files, artifact_type="cost-plan")
     if wandb_run is not None and not getattr(wandb_run, "disabled", False):
         wandb_run.config.update({f"cost_{k}": v for k, v in rate.as_dict().items()}, allow_val_change=True)
         wandb_run.summary.update({f"plan/anchor/{c['model']}/{c['accelerator']}/relative_error": c["relative_error"]

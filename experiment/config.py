@@ -8,6 +8,7 @@ paths such as the shared benchmark folder can come from the environment.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import difflib
@@ -24,6 +25,7 @@ from experiment.errors import ConfigError
 from experiment.presets import preset_fields
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import model_section_class
+from experiment.sweep import select_variant, variant_experiment_name
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -217,9 +219,25 @@ def resolve_model_tree(model_tree: dict[str, Any], explicit: set[str]) -> dict[s
     return {**model_tree, **filled}
 
 
+def apply_variant(tree: dict[str, Any]) -> dict[str, Any]:
+    """The tree of the variant ``experiment.variant`` names (experiment.sweep): its overrides applied, its
+    name ``<sweep>-<variant>`` and its W&B group the sweep's (the same when a resolved config is reloaded)."""
+    experiment = tree.get("experiment")
+    variant = select_variant(experiment) if isinstance(experiment, dict) else None
+    if variant is None:
+        return tree
+    tree = copy.deepcopy(tree)
+    for key, value in variant.overrides.items():
+        apply_override(tree, key.split("."), value)
+    sweep = str(experiment.get("group") or experiment.get("name") or "")
+    tree["experiment"].update(group=sweep, name=variant_experiment_name(sweep, variant.name))
+    return tree
+
+
 def build_config(tree: dict[str, Any]) -> ExperimentConfig:
     """The typed, resolved config of a YAML tree (overrides applied): presets merged, family's model
     section built, every section and every cross-section rule checked."""
+    tree = apply_variant(tree)
     explicit = explicit_keys(tree)
     for key, instead in REMOVED_KEYS.items():
         if key in explicit:

@@ -3,7 +3,6 @@ runs started in the background to be killed, and every array of a checkpoint rea
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from cost.target import read_train_log
 from tests.recipe_runner import REPO, recipe_env, run_recipe, tiny_config
 
 FIXTURE_TEXTS = Path(__file__).parent / "fixtures" / "corpus"
@@ -57,16 +57,7 @@ def start_pretrain(config: Path, stderr: Path, *overrides: str, env: dict[str, s
 
 def log_records(run_dir: Path) -> list[dict[str, Any]]:
     """The complete lines of ``train_log.jsonl`` (a line cut by a kill is not one)."""
-    path = run_dir / "train_log.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    return read_train_log(run_dir)
 
 
 def assert_same_log(run_dir: Path, reference_dir: Path, steps: int) -> None:

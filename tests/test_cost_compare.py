@@ -99,7 +99,7 @@ def test_compare_recipe_offline_runs_and_ledger_fallback(tmp_path: Path, restore
     assert summarize_ledger(RunFolder.for_config(cheap).ledger).tokens == 1_000_000
     assert "Experiment costs in rubles" in proc.stdout and "main" in proc.stdout
     md = (reports / "costs.md").read_text(encoding="utf-8")
-    assert "| experiment | run | accelerator |" in md and "eval/rublimp/acc" in md
+    assert "| experiment | variant | run | accelerator |" in md and "eval/rublimp/acc" in md
     for png in ("loss_vs_rubles.png", "eval_vs_rubles.png"):
         assert (reports / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -130,3 +130,109 @@ def test_online_failure_falls_back_to_offline_runs(tmp_path: Path, monkeypatch: 
         runs = compare.read_runs(cfg, RunFolder.for_config(cfg), "x", exclude_id="me")
     assert [r.run_id for r in runs] == ["a"]
     assert "W&B API unavailable (api.wandb.ai unreachable)" in caplog.text
+
+
+# ------------------------------------------------------------------------------ rubles to a target quality
+def test_rubles_to_target_hand_worked() -> None:
+    """4 v5e chips at 1.20 USD x 100 RUB = 480 RUB per hour, 1M tokens per hour; eval every 2 hours:
+    bits per byte 2.4 (2 h), 2.0 (4 h), 1.7 (6 h). Target 1.8 is crossed 2/3 of the way from the 4 h eval
+    to the 6 h one: 4 h + 2/3 x 2 h = 5 h 20 min, 1920 + 2/3 x 960 = 2560 RUB, 5.333M tokens."""
+    from cost.target import EvalPoint, Target, cost_to_target
+
+    points = [EvalPoint(2, 2.4, 960.0, 2.0, 2e6), EvalPoint(4, 2.0, 1920.0, 4.0, 4e6), EvalPoint(6, 1.7, 2880.0, 6.0, 6e6)]
+    crossing = cost_to_target(points, Target("eval/val_bpb", 1.8, lower_is_better=True))
+    assert crossing.reached and crossing.interpolated
+    assert crossing.rub == pytest.approx(2560.0)
+    assert crossing.hours == pytest.approx(16 / 3) and crossing.tokens == pytest.approx(16e6 / 3)
+    assert crossing.step == pytest.approx(16 / 3) and crossing.best == 1.7
+    missed = cost_to_target(points, Target("eval/val_bpb", 1.5, lower_is_better=True))
+    assert not missed.reached and missed.rub is None and missed.best == 1.7
+    assert missed.status(Target("eval/val_bpb", 1.5, True)) == "not reached (best 1.7)"
+    first = cost_to_target(points, Target("eval/val_bpb", 2.5, lower_is_better=True))
+    assert first.rub == 960.0 and not first.interpolated  # the first eval is past it: nothing earlier measured
+    # a score target (higher is better) the same way: 0.5 -> 0.7 crosses 0.65 three quarters of the way
+    scores = [EvalPoint(10, 0.5, 100.0, 1.0, 1e6), EvalPoint(20, 0.7, 300.0, 3.0, 3e6)]
+    assert cost_to_target(scores, Target("eval/rublimp/acc", 0.65, False)).rub == pytest.approx(250.0)
+
+
+def sweep_yaml(tmp_path: Path, **cost: object) -> Path:
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump({
+        "experiment": {"name": "sw", "run_root": str(tmp_path / "runs"),
+                       "variants": [{"name": "fast", "train.learning_rate": 1e-2}, {"train.learning_rate": 1e-3}]},
+        "cost": {"accelerator": "tpu-v5e", "chips": 4, "usd_rub_rate": 100.0,
+                 "usd_rub_date": dt.date.today().isoformat(), **cost},
+        "wandb": {"mode": "offline", "project": "cmp"},
+    }), encoding="utf-8")
+    return config
+
+
+def fake_training_with_evals(cfg: ExperimentConfig, bpb: dict[int, float]) -> None:
+    """``fake_training``'s hours, with eval points logged as the trainer's eval hook does (same step, running cost)."""
+    clock = FakeClock()
+    folder = RunFolder.for_config(cfg)
+    with open_run(cfg, folder, job_type="pretrain") as run:
+        ledger = Ledger.open(folder.ledger, cfg.cost, run.id, clock=clock, started_at=clock(), background=False,
+                             rate=UsdRubRate(100.0, dt.date.today(), "test"))
+        define_cost_metrics(run)
+        for step in range(1, max(bpb) + 1):
+            with ledger.phase("train"):
+                clock.t += HOUR
+                ledger.add_tokens(step, 1_000_000)
+            log_step(run, step, {"train/step": step, "train/loss": 6.0 - step / 10}, ledger.summary().step_metrics())
+            if step in bpb:
+                log_step(run, step, {"train/step": step, "eval/val_bpb": bpb[step]}, ledger.summary().step_metrics())
+        summary = ledger.summary()
+        ledger.close()
+        summary.log_to(run)
+
+
+def test_sweep_comparison_rubles_to_target_frontier_and_wandb_table(tmp_path: Path, restore_wandb_env: None) -> None:
+    """Recipe 06 on a sweep's config compares its variants (one W&B group), with the rubles when each first
+    reached cost.target_bpb, a frontier plot, and a W&B table read back from the offline run with wandb's CLI."""
+    import json
+    import subprocess
+    import sys
+
+    from experiment.config import load_config
+    from tracking.readback import find_offline_runs, read_offline_run
+
+    config = sweep_yaml(tmp_path, target_bpb=1.8)
+    fast = load_config(config, ["experiment.variant=fast"])
+    slow = load_config(config, ["experiment.variant=learning_rate-0.001"])
+    assert (fast.experiment.name, fast.experiment.group, fast.train.learning_rate) == ("sw-fast", "sw", 1e-2)
+    fake_training_with_evals(fast, {2: 2.4, 4: 2.0, 6: 1.7})  # the hand-worked example above
+    fake_training_with_evals(slow, {2: 2.6, 4: 2.3})
+    (tmp_path / "runs" / "sw").mkdir(parents=True)
+    run_recipe("06_compare_costs.py", config, timeout=240)
+
+    reports = tmp_path / "runs" / "sw" / "reports"
+    rows = {r["experiment"]: r for r in csv.DictReader((reports / "costs.csv").open(encoding="utf-8"))}
+    assert list(rows) == ["sw-fast", "sw-learning_rate-0.001"]
+    assert float(rows["sw-fast"]["rub_to_target"]) == pytest.approx(2560.0)
+    assert float(rows["sw-fast"]["chip_hours_to_target"]) == pytest.approx(4 * 16 / 3)
+    assert float(rows["sw-fast"]["hours_to_target"]) == pytest.approx(16 / 3)
+    assert rows["sw-fast"]["variant"] == "train.learning_rate=0.01"
+    assert rows["sw-learning_rate-0.001"]["rub_to_target"] == ""
+    assert rows["sw-learning_rate-0.001"]["target_status"] == "not reached (best 2.3)"
+    assert (reports / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "RUB to target" in (reports / "costs.md").read_text(encoding="utf-8")
+
+    runs = [read_offline_run(d) for name in ("sw", "sw-fast", "sw-learning_rate-0.001")
+            for d in find_offline_runs(tmp_path / "runs" / name / "wandb")]
+    assert {r.group for r in runs} == {"sw"}  # one W&B group: the variants and the comparison
+    pretrain = {r.name: r for r in runs if r.job_type == "pretrain"}
+    assert pretrain["sw-fast-pretrain"].config["variant"] == {"name": "fast", "train.learning_rate": 0.01}
+    bpb_by_rub = [(h["cost/rub_spent"], h["by_rub/eval/val_bpb"]) for h in pretrain["sw-fast-pretrain"].history
+                  if "by_rub/eval/val_bpb" in h]  # eval scores against rubles
+    assert [b for _, b in bpb_by_rub] == [2.4, 2.0, 1.7]
+    assert [r for r, _ in bpb_by_rub] == pytest.approx([960.0, 1920.0, 2880.0])
+    (compare_dir,) = find_offline_runs(tmp_path / "runs" / "sw" / "wandb")
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    summary = json.loads(subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(compare_dir)],
+                                        capture_output=True, text=True, check=True).stdout)["summary"]
+    assert summary["costs/table"]["_type"] == "table-file" and summary["costs/table"]["nrows"] == 2
+    assert summary["costs/frontier"]["_type"] == "image-file"
+    table = json.loads((compare_dir / "files" / summary["costs/table"]["path"]).read_text(encoding="utf-8"))
+    column = table["columns"].index("rub_to_target")
+    assert sorted(r[column] is None for r in table["data"]) == [False, True]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,21 +158,27 @@ def test_recipe_07_unknown_accelerator_is_one_line(tmp_path: Path) -> None:
     assert error_line(proc).startswith("error: config key 'cost.plan_options[0].accelerator': unknown accelerator")
 
 
-def test_mfu_calibrated_from_our_own_ledger(tmp_path: Path) -> None:
-    """A run of ours on v5e trained 1.2e9 tokens in 1 h of train phase on 8 chips: the plan uses its MFU."""
+def one_train_hour(cfg: Any, tokens: int) -> RunFolder:
+    """The experiment's ledger: one hour of train phase that trained ``tokens`` by step 100."""
     from cost.ledger import Ledger
-    from experiment.runfolder import RunFolder
 
-    cfg = demo_cfg("cost.plan_model=1b", f"experiment.run_root={tmp_path}", "cost.accelerator=tpu-v5e", "cost.chips=8",
-                   "cost.plan_options=[{accelerator: tpu-v5e, chips: 16}, {accelerator: tpu-v6e, chips: 8}]")
     folder = RunFolder.for_config(cfg)
     clock = [1000.0]
     ledger = Ledger.open(folder.ledger, cfg.cost, "r", rate=RATE, clock=lambda: clock[0], started_at=1000.0,
                          background=False)
     with ledger.phase("train"):
         clock[0] += 3600.0
-        ledger.add_tokens(100, 1_200_000_000)
+        ledger.add_tokens(100, tokens)
     ledger.close()
+    return folder
+
+
+def test_mfu_calibrated_from_our_own_ledger(tmp_path: Path) -> None:
+    """A run of ours on v5e trained 1.2e9 tokens in 1 h of train phase on 8 chips: the plan uses its MFU."""
+
+    cfg = demo_cfg("cost.plan_model=1b", f"experiment.run_root={tmp_path}", "cost.accelerator=tpu-v5e", "cost.chips=8",
+                   "cost.plan_options=[{accelerator: tpu-v5e, chips: 16}, {accelerator: tpu-v6e, chips: 8}]")
+    folder = one_train_hour(cfg, 1_200_000_000)
     _, _, rows, _ = plan(cfg, folder, rate=RATE)
     trained = experiment_model(cfg, folder)  # the demo model measured by the ledger, not the planned 1b
     expected = 1.2e9 / 3600 / 8 * trained.flops_per_token / 197e12
@@ -202,3 +209,31 @@ def test_planned_length_is_the_planned_models_own(tmp_path: Path) -> None:
     anchor = read_anchors()[0].model
     model, _, _, _ = plan(load_config(config, [f"cost.plan_model={anchor.label}"]), None, rate=RATE)
     assert model.seq_len == anchor.seq_len != 2048
+
+
+def test_measured_rubles_to_target_projected_onto_each_option(tmp_path: Path) -> None:
+    """Our run on 8 v5e chips trained 1.2e9 tokens per train hour and logged bits per byte 2.0 at 0.4e9 tokens and
+    1.6 at 0.8e9: target 1.7 is 3/4 of the way, 0.7e9 tokens. At its own measured 41,667 tokens/s/chip, 16 v5e chips
+    take 0.7e9 / (41,667 x 16) s = 0.2917 h to reach it: 0.2917 h x 16 chips x 1.20 USD x 100 RUB = 560 RUB."""
+
+    measured = demo_cfg(f"experiment.run_root={tmp_path}", "experiment.name=measured", "cost.accelerator=tpu-v5e",
+                        "cost.chips=8")
+    folder = one_train_hour(measured, 1_200_000_000)
+    folder.save_resolved_config(measured, "pretrain")
+    log = [{"train/step": 10, "eval/val_bpb": 2.0, "cost/rub_spent": 400.0, "cost/tokens": 4e8, "cost/hours": 0.33},
+           {"train/step": 15, "train/loss": 3.0, "cost/rub_spent": 500.0},
+           {"train/step": 20, "eval/val_bpb": 1.6, "cost/rub_spent": 800.0, "cost/tokens": 8e8, "cost/hours": 0.67}]
+    (folder.root / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log), encoding="utf-8")
+
+    cfg = demo_cfg(f"experiment.run_root={tmp_path}", "cost.target_bpb=1.7", "cost.plan_target_from=measured",
+                   "cost.plan_options=[{accelerator: tpu-v5e, chips: 16}]")
+    model, _, (row,), _ = plan(cfg, None, rate=RATE)
+    assert model.cfg.d_model == measured.model.d_model  # the measured run's model, not cost.plan_model's 1b
+    assert row["mfu_source"] == "our run" and row["tokens_per_s_per_chip"] == pytest.approx(1.2e9 / 3600 / 8)
+    assert row["tokens_to_target"] == pytest.approx(7e8)
+    assert row["hours_to_target"] == pytest.approx(7e8 / (1.2e9 / 3600 / 8 * 16) / 3600)
+    assert row["rub_to_target"] == pytest.approx(row["hours_to_target"] * 16 * 1.20 * 100.0) == pytest.approx(560.0)
+
+    missed = demo_cfg(f"experiment.run_root={tmp_path}", "cost.target_bpb=1.5", "cost.plan_target_from=measured")
+    with pytest.raises(DataError, match=r"'measured' not reached \(best 1.6\)"):
+        plan(missed, None, rate=RATE)

@@ -45,9 +45,13 @@ def test_helpers_define_and_log() -> None:
     define_cost_metrics(run)
     assert (RUB_SPENT, {"summary": "max"}) in run.metrics
     assert ("by_rub/*", {"step_metric": RUB_SPENT}) in run.metrics
-    payload = log_step(run, 30, {"train/loss": 2.5, "train/lr": 1e-3}, COST)
+    payload = log_step(run, 30, {"train/step": 30, "train/loss": 2.5, "train/lr": 1e-3, "eval/val_bpb": 1.9}, COST)
     assert run.logged == [(30, payload)]
-    assert payload[RUB_SPENT] == 12.5 and payload["by_rub/train/loss"] == 2.5 and "by_rub/train/lr" not in payload
+    # every series has a copy against rubles; the step counter and the cost itself do not
+    assert payload[RUB_SPENT] == 12.5 and payload["by_rub/train/loss"] == 2.5 and payload["by_rub/train/lr"] == 1e-3
+    assert payload["by_rub/eval/val_bpb"] == 1.9
+    assert not {"by_rub/train/step", "by_rub/cost/tokens"} & set(payload)
+    assert "by_rub/train/loss" not in log_step(run, 31, {"train/loss": 2.4}, {})  # no rubles yet: no copy
     assert payload["cost/tokens"] == 1000.0
     assert by_rubles({"eval/loss": 3.0}) == {"by_rub/eval/loss": 3.0}
 

@@ -128,15 +128,22 @@ def read_offline_runs(wandb_dir: str | Path, group: str | None = None, workers: 
     return [run for run in runs if group is None or run.group == group]
 
 
-def read_online_runs(project: str, entity: str, group: str, history_keys: list[str]) -> list[RunRecord]:
-    """The group's runs through the W&B API (needs an API key and network)."""
+def read_online_runs(project: str, entity: str, group: str,
+                     history_keys: list[str] | list[list[str]]) -> list[RunRecord]:
+    """The group's runs through the W&B API (needs an API key and network). ``history_keys``: one list of
+    keys, or several (W&B returns only rows holding every key of a scan: one scan per list, rows merged by step)."""
     import wandb
 
     api = wandb.Api(timeout=20)
     path = f"{entity}/{project}" if entity else project
+    scans = [list(k) for k in history_keys] if history_keys and isinstance(history_keys[0], list) else [history_keys]
     runs = []
     for run in api.runs(path, filters={"group": group}):
-        history = [dict(row) for row in run.scan_history(keys=history_keys)] if history_keys else []
+        rows: dict[Any, dict[str, Any]] = {}
+        for keys in (k for k in scans if k):
+            for row in run.scan_history(keys=keys):
+                rows.setdefault(row.get("_step", len(rows)), {}).update(row)
+        history = [rows[step] for step in sorted(rows, key=lambda s: (not isinstance(s, (int, float)), s))]
         runs.append(RunRecord(run_id=run.id, name=run.name, group=run.group or "", job_type=run.job_type or "",
                               state=run.state, config=dict(run.config), summary=dict(run.summary_metrics),
                               history=history, start_time=str(run.created_at), source="wandb-api"))

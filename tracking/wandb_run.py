@@ -1,6 +1,6 @@
 """Open W&B runs with every file inside the experiment's run folder.
 
-One run per recipe invocation, grouped by experiment, ``job_type`` = stage. Without an API key the
+One run per recipe invocation, grouped by experiment (the variants of a sweep by the sweep), ``job_type`` = stage. Without an API key the
 run is offline, so the demo and the tests work on a machine with no network. ``mode: auto`` with a
 key also goes offline, with a warning, when the W&B server cannot be reached within a few seconds
 or refuses to start the run (``wandb sync`` uploads the run folder later). Secrets never reach
@@ -21,9 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from experiment.sweep import sweep_name, variant_of
+
 log = logging.getLogger("tracking")
 
 REACH_TIMEOUT_S = 3.0  # how long mode=auto waits for the W&B server before it logs offline
+VARIANT_CONFIG_KEY = "variant"  # a sweep variant's name and overrides in its runs' W&B config
 AUTO_INIT_TIMEOUT_S = 30.0  # mode=auto: a reachable server that does not start the run in time (wandb waits 90 s)
 
 
@@ -122,6 +125,9 @@ def open_run(cfg: Any, run_folder: Any, job_type: str, run_id: str | None = None
     mode = resolve_mode(cfg.wandb.mode)
     point_wandb_at(Path(run_folder.wandb))
     config = dataclasses.asdict(cfg)
+    variant = variant_of(cfg.experiment)
+    if variant is not None:  # what this run of a sweep changes, as W&B config keys to group and filter by
+        config[VARIANT_CONFIG_KEY] = {"name": variant.name, **variant.overrides}
     if extra_config:
         config.update(extra_config)
     auto_online = cfg.wandb.mode == "auto" and mode == "online"
@@ -131,7 +137,7 @@ def open_run(cfg: Any, run_folder: Any, job_type: str, run_id: str | None = None
         return wandb.init(
             project=cfg.wandb.project,
             entity=cfg.wandb.entity or None,
-            group=cfg.experiment.name,
+            group=sweep_name(cfg.experiment),
             job_type=job_type,
             name=f"{cfg.experiment.name}-{job_type}",
             id=run_id,

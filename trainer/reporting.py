@@ -17,13 +17,13 @@ from typing import Any, TextIO
 import jax
 
 from cost.summary import CostSummary
+from cost.target import TRAIN_LOG
 from experiment.runfolder import RunFolder
 from tracking.metrics import log_step
 from trainer.distributed import is_primary
 from trainer.throughput import chips_in_use
 
 log = logging.getLogger("trainer")
-TRAIN_LOG = "train_log.jsonl"
 
 
 class OtherHostLedger:

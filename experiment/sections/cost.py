@@ -85,6 +85,14 @@ class CostConfig:
     compare_experiments: list[str] = field(default_factory=list)  # more experiments under the same run_root
     loss_metric: str = "train/loss"
     eval_metric: str = ""  # summary key of the eval score; empty: eval/<first eval task>/acc, else any eval/*/acc
+    # rubles to reach a quality (recipes 06, 07; needs eval during training, train.eval_every): validation bits
+    # per byte (eval/val_bpb) at most target_bpb, or target_metric (empty: eval_metric's) at least target_score
+    target_bpb: float | None = None
+    target_score: float | None = None
+    target_metric: str = ""
+    # recipe 07: project this experiment's measured tokens-to-target (a run under the same run_root) onto each
+    # plan option; its model is the one planned
+    plan_target_from: str = ""
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
@@ -112,5 +120,12 @@ class CostConfig:
             raise ConfigError(f"config key '{prefix}token_budget': must be > 0")
         if not 0 < self.plan_mfu <= 1:
             raise ConfigError(f"config key '{prefix}plan_mfu': must be in (0, 1], got {self.plan_mfu}")
+        if self.target_bpb is not None and self.target_bpb <= 0:
+            raise ConfigError(f"config key '{prefix}target_bpb': must be > 0 bits per byte, got {self.target_bpb}")
+        if self.target_bpb is not None and self.target_score is not None:
+            raise ConfigError(f"config key '{prefix}target_score': set one target, target_bpb or target_score")
+        if self.plan_target_from and self.target_bpb is None and self.target_score is None:
+            raise ConfigError(f"config key '{prefix}plan_target_from': needs a target (cost.target_bpb or "
+                              "cost.target_score) to project")
         if self.plan_tokens < 0:
             raise ConfigError(f"config key '{prefix}plan_tokens': must be >= 0")

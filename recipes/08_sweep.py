@@ -1,0 +1,7 @@
+"""Recipe 08: run every variant of an experiment (recipes 04-05 each, one W&B group), then compare them
+(recipe 06); rerun the same command to resume (see tracking/sweep.py)."""
+
+from tracking.sweep import sweep_main
+
+if __name__ == "__main__":
+    sweep_main()

@@ -1,0 +1,128 @@
+"""Recipe 08: run every variant of an experiment (``experiment.variants`` / ``experiment.grid``), then compare them.
+
+Each variant is a run of recipes 04 (pretrain) and 05 (evaluate) with ``experiment.variant=<name>``:
+its own run folder ``<run_root>/<sweep>-<variant>``, its W&B runs in the sweep's group with the
+variant's keys in their config (``experiment.config`` applies the overrides, ``tracking.wandb_run``
+names the group). Variants run one after another, each in its own processes as a user would run
+them. Rerunning the same command resumes: a variant whose eval of its last step exists is skipped,
+an interrupted one continues from its checkpoint (recipe 04 resumes). Then recipe 06 compares the
+group from the sweep's folder ``<run_root>/<sweep>``.
+
+The variants share one corpus, tokenizer and shards: those of ``experiment.data_from`` (an
+experiment under the same run root, e.g. the demo's), else the sweep's own folder; recipes 01-03 run
+there first when its shards are missing, and each variant's folder links to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from experiment.config import load_config
+from experiment.errors import RecipeError
+from experiment.runfolder import RunFolder
+from experiment.stages import COMPARE, CORPUS, EVAL, PRETRAIN, SHARDS, TOKENIZER, Stage
+from experiment.sweep import Variant, sweep_name, sweep_variants
+from tracking.harness import make_parser, setup_logging
+
+log = logging.getLogger("tracking.sweep")
+REPO = Path(__file__).resolve().parents[1]
+DATA_STAGES = (CORPUS, TOKENIZER, SHARDS)  # made once, shared by every variant
+VARIANT_STAGES = (PRETRAIN, EVAL)
+
+
+def run_stage(stage: Stage, config: str, overrides: list[str]) -> None:
+    """One recipe in its own process (its output goes to ours); a failure is one error line naming it."""
+    cmd = [sys.executable, str(REPO / stage.recipe), "--config", config, *overrides]
+    log.info("sweep: %s %s", stage.recipe, " ".join(overrides))
+    code = subprocess.run(cmd, check=False).returncode
+    if code != 0:
+        raise RecipeError(f"{stage.recipe} {' '.join(overrides)} exited {code}; rerun recipes/08_sweep.py with the "
+                          "same arguments to resume")
+
+
+def data_folder(cfg: Any) -> RunFolder:
+    """Where the variants' corpus, tokenizer and shards live."""
+    return RunFolder(Path(cfg.experiment.run_root) / (cfg.experiment.data_from or sweep_name(cfg.experiment)))
+
+
+def ensure_data(cfg: Any, config: str, overrides: list[str]) -> RunFolder:
+    """The shared data folder, made with recipes 01-03 when its shards are missing."""
+    folder = data_folder(cfg)
+    if SHARDS.read_manifest_if_present(folder.shards) is None:
+        name = folder.root.name
+        log.info("sweep: no shards in %s yet: running recipes 01-03 for experiment '%s'", folder.root, name)
+        for stage in DATA_STAGES:
+            run_stage(stage, config, [*overrides, f"experiment.name={name}"])
+    return folder
+
+
+def link_data(variant_folder: RunFolder, data: RunFolder) -> None:
+    """The variant's corpus/, tokenizer/ and shards/ link to the shared ones (where it has none of its own)."""
+    variant_folder.root.mkdir(parents=True, exist_ok=True)
+    for stage in DATA_STAGES:
+        mine, shared = stage.dir(variant_folder), stage.dir(data).resolve()
+        if not mine.exists() and not mine.is_symlink() and shared.is_dir():
+            with contextlib.suppress(FileExistsError):
+                mine.symlink_to(shared, target_is_directory=True)
+
+
+def finished(cfg: Any) -> bool:
+    """Whether the variant trained all its steps and its last step was evaluated."""
+    manifest = EVAL.read_manifest_if_present(RunFolder.for_config(cfg).eval)
+    return manifest is not None and manifest["latest_step"] == cfg.train.steps
+
+
+def run_variant(variant: Variant, index: int, total: int, config: str, overrides: list[str], data: RunFolder) -> str:
+    """Recipes 04 and 05 for one variant unless it is done; returns what happened."""
+    variant_overrides = [*overrides, f"experiment.variant={variant.name}"]
+    cfg = load_config(config, variant_overrides)
+    what = ", ".join(f"{k}={v}" for k, v in variant.overrides.items())
+    if finished(cfg):
+        log.info("sweep: variant %d/%d '%s' (%s) is done: skipped", index, total, variant.name, what)
+        return "skipped"
+    log.info("sweep: variant %d/%d '%s' (%s) in %s", index, total, variant.name, what, RunFolder.for_config(cfg).root)
+    link_data(RunFolder.for_config(cfg), data)
+    started = time.monotonic()
+    for stage in VARIANT_STAGES:
+        run_stage(stage, config, variant_overrides)
+    log.info("sweep: variant %d/%d '%s' done in %.0f s", index, total, variant.name, time.monotonic() - started)
+    return "ran"
+
+
+def run_sweep(config: str, overrides: list[str], compare: bool = True) -> dict[str, str]:
+    """Every variant in order (resumable), then recipe 06 on the group; returns variant name -> ran/skipped."""
+    cfg = load_config(config, overrides)
+    if cfg.experiment.variant:
+        raise RecipeError(f"config key 'experiment.variant': {cfg.experiment.variant!r} selects one variant; "
+                          "recipe 08 runs them all: leave it unset")
+    variants = sweep_variants(cfg.experiment)
+    if not variants:
+        raise RecipeError(f"{config}: declares no variants: add experiment.variants (a list of overrides) or "
+                          "experiment.grid (key: [values])")
+    data = ensure_data(cfg, config, overrides)
+    done = {v.name: run_variant(v, i, len(variants), config, overrides, data) for i, v in enumerate(variants, 1)}
+    if compare:
+        run_stage(COMPARE, config, overrides)
+    return done
+
+
+def sweep_main(argv: list[str] | None = None) -> None:
+    """The recipe's command line; problems the user can fix end in one ``error:`` line and exit code 2."""
+    parser = make_parser("Run every variant of an experiment (recipes 04-05 each), then compare them (recipe 06)")
+    parser.add_argument("--no-compare", action="store_true", help="train and evaluate only")
+    args = parser.parse_args(argv)
+    setup_logging()
+    try:
+        run_sweep(args.config, args.overrides, compare=not args.no_compare)
+    except RecipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("error: sweep interrupted (rerun the same command to resume)", file=sys.stderr)
+        sys.exit(130)
