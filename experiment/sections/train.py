@@ -172,7 +172,7 @@ class TrainConfig:
             raise ConfigError(f"config key '{prefix}fit_model': give hf:<model folder or config.json>, got {self.fit_model!r}")
         names = [m.name for m in self.mixture]
         for i, m in enumerate(self.mixture):
-            if not m.name.strip() or names.count(m.name) > 1:
+            if not m.name.strip() or m.name in names[:i]:
                 raise ConfigError(f"config key '{prefix}mixture[{i}].name': {m.name!r} must be a non-empty name "
                                   "that no other set has")
             if not m.weight > 0:
