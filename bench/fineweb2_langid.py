@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gettext
-import json
 import os
 import random
 from pathlib import Path
