@@ -33,6 +33,7 @@ from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.corpus import CorpusConfig
 from experiment.stages import CORPUS
+from tracking.artifacts import log_reference
 
 log = logging.getLogger("data_prep.corpus.build")
 
@@ -128,6 +129,10 @@ def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Pat
         "config": dataclasses.asdict(cfg),
     }
     CORPUS.write_manifest(corpus_dir, payload)
+    # the corpus by reference (each file's path, size and checksum), never a second copy of its bytes
+    log_reference(wandb_run, f"{corpus_dir.parent.name}-corpus", "corpus", corpus_dir,
+                  {"documents": payload["documents"], "bytes": payload["bytes"],
+                   "shards_sha256": [shard["sha256"] for shard in writer.shards]})
     log.info("corpus: %d of %d documents kept (%.1f MB) in %d shard(s), %.0f s; report: %s",
              counts.kept, counts.documents_in, counts.bytes_kept / 1e6, len(writer.shards), seconds,
              corpus_dir / "report.md")
