@@ -126,3 +126,25 @@ def test_mixture_keys_are_validated() -> None:
         TrainConfig(mixture=[MixtureSetConfig("a"), MixtureSetConfig("a", "y")]).validate("train")
     with pytest.raises(ConfigError, match=r"train.mixture\[0\].weight"):
         TrainConfig(mixture=[MixtureSetConfig("a", weight=0.0)]).validate("train")
+
+
+def test_recipe_04_trains_on_a_mixture_and_logs_its_weights(fixture_stages: Path, tmp_path: Path) -> None:
+    """The wiring: train.mixture reaches the loader (its state in the checkpoint names the mixture) and W&B."""
+    import shutil
+
+    from tests.fixture_run import checkpoint_contents, run_copy
+    from tests.recipe_runner import run_recipe
+    from tracking.readback import find_offline_runs, read_offline_run
+
+    other = tmp_path / "other-shards"
+    shutil.copytree(fixture_stages / "runs" / "tiny" / "shards", other)
+    config = run_copy(fixture_stages, tmp_path, train={
+        "steps": 2, "checkpoint_every": 2, "warmup_steps": 1, "log_every": 1,
+        "mixture": [{"name": "own", "weight": 3.0}, {"name": "other", "shards": str(other), "weight": 1.0}]})
+    run_recipe("04_pretrain.py", config)
+    run_dir = tmp_path / "runs" / "tiny"
+    _, items = checkpoint_contents(run_dir, 2)
+    assert items["loader"]["mixture"] == {"own": 3.0, "other": 1.0}
+    runs = [read_offline_run(d) for d in find_offline_runs(run_dir / "wandb")]
+    (pretrain,) = [r for r in runs if "data/mixture/own" in r.summary]
+    assert pretrain.summary["data/mixture/own"] == 0.75 and pretrain.config["data_mixture"] == {"own": 3.0, "other": 1.0}
