@@ -148,3 +148,10 @@ def test_recipe_04_trains_on_a_mixture_and_logs_its_weights(fixture_stages: Path
     runs = [read_offline_run(d) for d in find_offline_runs(run_dir / "wandb")]
     (pretrain,) = [r for r in runs if "data/mixture/own" in r.summary]
     assert pretrain.summary["data/mixture/own"] == 0.75 and pretrain.config["data_mixture"] == {"own": 3.0, "other": 1.0}
+
+
+def test_per_set_bits_per_byte_are_flat_metrics() -> None:
+    from eval.run import flat_metrics
+
+    flat = flat_metrics({"validation_by_set": {"web": {"bits_per_byte": 1.25}, "books": {"bits_per_byte": 0.5}}})
+    assert flat == {"eval/mixture/web/val_bpb": 1.25, "eval/mixture/books/val_bpb": 0.5}
