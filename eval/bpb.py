@@ -81,6 +81,25 @@ def validation_bpb(logits_fn: LogitsFn, shards_dir: Path, piece_bytes: np.ndarra
     return batches_bpb(logits_fn, batches, piece_bytes, total=max_batches)
 
 
+def sets_validation_bpb(logits_fn: LogitsFn, sets: Sequence[tuple[str, Path, float]], piece_bytes: np.ndarray,
+                        batch_size: int, max_batches: int | None = None,
+                        tokenizer_sha256: str | None = None) -> dict[str, BitsPerByte]:
+    """Validation bits per byte of each shard set ``(name, shards folder, weight)`` of a training mixture,
+    apart: the mixed average hides the source the model is worse on. A set with an empty validation
+    split is left out with a warning (it has nothing to score)."""
+    from data_prep.shards.loader import read_shards_manifest
+
+    by_set = {}
+    for name, shards_dir, _weight in sets:
+        manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256)
+        if not manifest["splits"].get("validation", {}).get("records"):
+            log.warning("mixture set %s (%s) has no validation records: no bits per byte for it", name, shards_dir)
+            continue
+        by_set[name] = validation_bpb(logits_fn, Path(shards_dir), piece_bytes, batch_size, max_batches=max_batches,
+                                      tokenizer_sha256=tokenizer_sha256)
+    return by_set
+
+
 def batches_bpb(logits_fn: LogitsFn, batches: Iterable[dict[str, np.ndarray]], piece_bytes: np.ndarray,
                 total: int | None = None) -> BitsPerByte:
     acc = BitsPerByte()
@@ -128,4 +147,5 @@ def describe(acc: BitsPerByte) -> str:
     return f"{acc.bits_per_byte:.4f} bits/byte, perplexity {acc.perplexity:.2f} over {acc.tokens} tokens"
 
 
-__all__ = ["BitsPerByte", "add_batch", "batches_bpb", "describe", "read_text_files", "text_bpb", "validation_bpb"]
+__all__ = ["BitsPerByte", "add_batch", "batches_bpb", "describe", "read_text_files", "sets_validation_bpb", "text_bpb",
+           "validation_bpb"]

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from data_prep.shards.loader import mixture_sets
 from eval import bpb, harness
 from eval.harness import PairEncoder, TaskData
 from eval.loaders import SourceUnavailable
@@ -72,8 +73,8 @@ def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
 
 def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder: RunFolder, *, max_len: int,
               tasks: Sequence[str], max_items: int | None, validation_batches: int | None,
-              heldout_files: Sequence[str] = ()) -> dict[str, Any]:
-    """Bits per byte (validation shards, held-out files) and task scores: the results body."""
+              heldout_files: Sequence[str] = (), mixture: Sequence[tuple[str, Path, float]] = ()) -> dict[str, Any]:
+    """Bits per byte (validation shards, each ``mixture`` set's, held-out files) and task scores: the results body."""
     results: dict[str, Any] = {}
     shards_manifest = SHARDS.read_manifest_if_present(run_folder.shards)
     if shards_manifest is None:
@@ -90,6 +91,12 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder:
                                  max_batches=validation_batches, tokenizer_sha256=tok.sha256 or None)
         results["validation"] = {**acc.to_dict(), "seconds": round(time.perf_counter() - started, 2)}
         log.info("validation: %s", bpb.describe(acc))
+    if mixture:
+        by_set = bpb.sets_validation_bpb(logits_fn, mixture, tok.piece_byte_lengths(), eval_cfg.batch_size,
+                                         max_batches=validation_batches, tokenizer_sha256=tok.sha256 or None)
+        results["validation_by_set"] = {name: acc.to_dict() for name, acc in by_set.items()}
+        for name, acc in by_set.items():
+            log.info("validation of mixture set %s: %s", name, bpb.describe(acc))
     if heldout_files:
         results["heldout"] = {}
         for name, text in bpb.read_text_files(list(heldout_files)):
@@ -120,6 +127,8 @@ def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, flo
     if "validation" in results:
         flat[f"{prefix}/val_bpb"] = results["validation"]["bits_per_byte"]
         flat[f"{prefix}/val_ppl"] = results["validation"]["perplexity"]
+    for name, acc in results.get("validation_by_set", {}).items():
+        flat[f"{prefix}/mixture/{name}/val_bpb"] = acc["bits_per_byte"]
     for name, acc in results.get("heldout", {}).items():
         flat[f"{prefix}/heldout/{Path(name).stem}/bpb"] = acc["bits_per_byte"]
     for task, result in results.get("tasks", {}).items():
@@ -149,6 +158,7 @@ def evaluate_model(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, ste
         tasks=eval_cfg.train_tasks if subset else eval_cfg.tasks,
         max_items=eval_cfg.train_max_items_per_task if subset else eval_cfg.max_items_per_task,
         validation_batches=eval_cfg.train_validation_batches if subset else eval_cfg.max_validation_batches,
+        mixture=mixture_sets(cfg.train.mixture, run_folder.shards),
     )
     flat = flat_metrics(results)
     flat["eval/seconds"] = time.perf_counter() - started
@@ -227,7 +237,8 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
     results.update(run_suite(model_logits_fn(model), tok, eval_cfg, run_folder, max_len=max_len,
                              tasks=eval_cfg.tasks, max_items=eval_cfg.max_items_per_task,
                              validation_batches=eval_cfg.max_validation_batches,
-                             heldout_files=eval_cfg.heldout_text_files))
+                             heldout_files=eval_cfg.heldout_text_files,
+                             mixture=mixture_sets(cfg.train.mixture, run_folder.shards)))
     results["seconds"] = round(time.perf_counter() - started, 2)
     if eval_cfg.export_hf:
         from eval.hf_export import export_checkpoint

@@ -89,6 +89,10 @@ class CorpusShardWriter:
         if self._documents >= self.docs_per_shard:
             self._close_shard()
 
+    def finish_shard(self) -> None:
+        """Put the shard being written in place now, so it can be read back; the next write starts another."""
+        self._close_shard()
+
     def _close_shard(self) -> None:
         if self._handle is None:
             return

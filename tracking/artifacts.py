@@ -29,6 +29,30 @@ def log_files(run: Any, name: str, artifact_type: str, paths: Iterable[Path], me
     return artifact
 
 
+def log_reference(run: Any, name: str, artifact_type: str, folder: str | Path,
+                  metadata: dict[str, Any] | None = None) -> Any:
+    """Log a large output folder (a corpus, shards) as an artifact of ``run`` by reference: a ``file://``
+    URI per file with its size and checksum (W&B's MD5, which reads each file once), never a copy, so the
+    bytes stay where the stage wrote them and W&B (offline too) keeps no second copy on disk. On a bucket
+    the same call takes ``gs://``/``s3://`` folders, whose checksums are the stores' own. Returns the
+    artifact, or None for a disabled run."""
+    if run is None or getattr(run, "disabled", False):
+        return None
+    artifact = _reference_artifact(name, artifact_type, folder, metadata, checksum=True)
+    run.log_artifact(artifact)
+    return artifact
+
+
+def _reference_artifact(name: str, artifact_type: str, folder: str | Path, metadata: dict[str, Any] | None,
+                        checksum: bool) -> Any:
+    import wandb
+
+    artifact = wandb.Artifact(artifact_name(name), type=artifact_type, metadata=metadata or {})
+    uri = folder if "://" in str(folder) else Path(folder).resolve().as_uri()
+    artifact.add_reference(str(uri), checksum=checksum)
+    return artifact
+
+
 def use_reference(run: Any, name: str, artifact_type: str, folder: str | Path,
                   metadata: dict[str, Any] | None = None) -> Any:
     """Record ``folder`` (e.g. a base model the run starts from) as an input artifact of ``run``, by
@@ -37,10 +61,7 @@ def use_reference(run: Any, name: str, artifact_type: str, folder: str | Path,
     or None for a disabled run."""
     if run is None or getattr(run, "disabled", False):
         return None
-    import wandb
-
-    artifact = wandb.Artifact(artifact_name(name), type=artifact_type, metadata=metadata or {})
-    artifact.add_reference(Path(folder).resolve().as_uri(), checksum=False)
+    artifact = _reference_artifact(name, artifact_type, folder, metadata, checksum=False)
     if getattr(run, "offline", False):
         run.log_artifact(artifact)
     else:

@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from data_prep.shards.loader import make_train_iterator, read_shards_manifest
+from data_prep.shards.loader import log_mixture, make_train_iterator, mixture_sets, read_shards_manifest
 from experiment.files import atomic_write_json
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
@@ -113,7 +113,8 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         loader = make_train_iterator(run_folder.shards, train_cfg.batch_size, cfg.experiment.seed,
                                      jax.process_index(), jax.process_count(),
                                      tokenizer_sha256=data.tokenizer_sha256, seq_len=data.seq_len,
-                                     on_corrupt=cfg.shards.on_corrupt)
+                                     on_corrupt=cfg.shards.on_corrupt,
+                                     mixture=mixture_sets(train_cfg.mixture, run_folder.shards))
         manager = checkpoint.open_manager(run_folder.checkpoints, train_cfg)
         untrained = not finished_steps(Path(manager.directory))
         from_base = None if start.params is None else functools.partial(program.init_state_from, start.params)
@@ -140,6 +141,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     wandb_run.summary["model/n_params"] = n_params
     wandb_run.config.update({"model_attention_kernel": kernel}, allow_val_change=True)
     wandb_run.summary["model/attention_kernel"] = kernel
+    log_mixture(wandb_run, loader.mixture)
     link_wandb(wandb_run, branch, parent_run_id)
     if start.lineage is not None:
         record_lineage(wandb_run, Path(run_folder.checkpoints), start.lineage, first_session=from_base is not None and is_primary())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 import multiprocessing
 import os
@@ -20,7 +21,7 @@ from typing import Any
 
 from data_prep.corpus.beam import run_beam
 from data_prep.corpus.cleaning import CleanDocument, clean_document
-from data_prep.corpus.dedup import Deduplicator
+from data_prep.corpus.dedup import ClusterSizes, Deduplicator
 from data_prep.corpus.documents import RawDocument
 from data_prep.corpus.report import CorpusCounts, log_to_wandb, render_report
 from data_prep.corpus.sources import iter_raw_documents
@@ -32,6 +33,7 @@ from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.corpus import CorpusConfig
 from experiment.stages import CORPUS
+from tracking.artifacts import log_reference
 
 log = logging.getLogger("data_prep.corpus.build")
 
@@ -91,15 +93,18 @@ def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Pat
                  started: float, extra_manifest: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write kept documents to shards, count every outcome, then the report and the manifest (last)."""
     counts = CorpusCounts(max_examples=cfg.report_examples)
+    clusters = ClusterSizes()
     with CorpusShardWriter(corpus_dir, cfg.docs_per_shard) as writer:
         for doc, duplicate_kind, duplicate_of in outcomes:
             if doc.reject is not None:
                 counts.add_rejected(doc)
             elif duplicate_kind is not None:
                 counts.add_duplicate(doc, duplicate_kind, duplicate_of or "")
+                clusters.add_duplicate(doc.id, duplicate_of or "")
             else:
                 counts.add_kept(doc)
                 writer.write(doc.id, doc.source, doc.text or "")
+        extra_copies = write_rehydrated_copies(writer, clusters) if cfg.dedup.rehydrate else 0
     counts.check()
     if counts.kept == 0:
         top = ", ".join(f"{reason} {n}" for reason, n in counts.rejected.most_common(3)) or "no input documents"
@@ -111,7 +116,8 @@ def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Pat
         log_to_wandb(wandb_run, counts)
     payload = {
         "shards": writer.shards,
-        "documents": counts.kept,
+        "documents": counts.kept + extra_copies,  # what the shards hold
+        "rehydrated_copies": extra_copies,  # corpus.dedup.rehydrate: copies beyond the first of each document
         "bytes": sum(shard["bytes"] for shard in writer.shards),
         "sources": [
             {"name": s.label, "kind": s.kind, **dataclasses.asdict(counts.per_source[s.label])} for s in cfg.sources
@@ -123,10 +129,33 @@ def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Pat
         "config": dataclasses.asdict(cfg),
     }
     CORPUS.write_manifest(corpus_dir, payload)
+    # the corpus by reference (each file's path, size and checksum), never a second copy of its bytes
+    log_reference(wandb_run, f"{corpus_dir.parent.name}-corpus", "corpus", corpus_dir,
+                  {"documents": payload["documents"], "bytes": payload["bytes"],
+                   "shards_sha256": [shard["sha256"] for shard in writer.shards]})
     log.info("corpus: %d of %d documents kept (%.1f MB) in %d shard(s), %.0f s; report: %s",
              counts.kept, counts.documents_in, counts.bytes_kept / 1e6, len(writer.shards), seconds,
              corpus_dir / "report.md")
     return payload
+
+
+def write_rehydrated_copies(writer: CorpusShardWriter, clusters: ClusterSizes) -> int:
+    """FineWeb-2's rehydration: each kept document of a duplicate cluster written again until it appears
+    ``rehydration_copies(cluster size)`` times; the copies (same id, so the same split) go to the shards
+    after the deduplicated ones, and recipe 03's loader shuffles rows anyway. Returns the copies added."""
+    if not clusters.sizes:
+        return 0
+    writer.finish_shard()
+    added = 0
+    for shard in list(writer.shards):
+        with open(writer.corpus_dir / shard["file"], encoding="utf-8") as handle:
+            for line in handle:
+                record = json.loads(line)
+                for _ in range(clusters.copies(record["id"]) - 1):
+                    writer.write(record["id"], record["source"], record["text"])
+                    added += 1
+    log.info("rehydration: %d copies of %d duplicated documents added", added, len(clusters.sizes))
+    return added
 
 
 def cache_root_for(run_folder: RunFolder) -> Path:

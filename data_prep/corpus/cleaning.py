@@ -15,7 +15,7 @@ from data_prep.corpus.dedup import exact_key, minhash_signature
 from data_prep.corpus.documents import RawDocument
 from data_prep.corpus.langid import cyrillic_share, detect_language
 from data_prep.corpus.normalize import normalize_text
-from data_prep.corpus.quality import quality_rejection, replace_pii
+from data_prep.corpus.quality import FINEWEB2_RUS, fineweb2_rejection, quality_rejection, replace_pii
 from experiment.sections.corpus import CorpusConfig
 
 PREVIEW_CHARS = 300
@@ -56,8 +56,11 @@ def filter_rejection(text: str, cfg: CorpusConfig) -> str | None:
         language, confidence = detect_language(text, tuple(langid.languages), langid.sample_chars)
         if language != langid.target:
             return f"language_{language}"
-        if confidence < langid.min_confidence:
+        fineweb2 = cfg.filters == "fineweb2-rus"
+        if confidence < (FINEWEB2_RUS.lingua_min_confidence if fineweb2 else langid.min_confidence):
             return "language_low_confidence"
+    if cfg.filters == "fineweb2-rus":
+        return fineweb2_rejection(text)
     if cfg.quality.enabled:
         return quality_rejection(text, cfg.quality)
     return None

@@ -102,3 +102,33 @@ class Deduplicator:
         if matches:
             return "near", matches[0]
         return None, None
+
+
+# FineWeb-2's upsampling by near-duplicate cluster size (its README, "re-hydration"): (smallest cluster size,
+# copies), read by the last row whose size the cluster reaches. Clusters of 1,000+ are assumed to be boilerplate.
+FINEWEB2_REHYDRATION: tuple[tuple[int, int], ...] = ((1, 1), (2, 2), (3, 3), (4, 3), (5, 5), (100, 8), (1000, 1))
+
+
+def rehydration_copies(cluster_size: int) -> int:
+    """How many times a kept document whose cluster (itself and its duplicates) has ``cluster_size``
+    documents is written: a pure function, for the local writer and the Beam workers alike."""
+    if cluster_size < 1:
+        raise ValueError(f"a cluster has at least one document, got {cluster_size}")
+    return [copies for size, copies in FINEWEB2_REHYDRATION if cluster_size >= size][-1]
+
+
+class ClusterSizes:
+    """Cluster sizes from the duplicate links the dedup step gives (``duplicate_of`` may itself be a
+    duplicate: each document joins the cluster of the kept document its chain ends at)."""
+
+    def __init__(self) -> None:
+        self._root: dict[str, str] = {}
+        self.sizes: dict[str, int] = {}  # kept document id -> cluster size, for clusters of 2 or more
+
+    def add_duplicate(self, doc_id: str, duplicate_of: str) -> None:
+        root = self._root.get(duplicate_of, duplicate_of)
+        self._root[doc_id] = root
+        self.sizes[root] = self.sizes.get(root, 1) + 1
+
+    def copies(self, doc_id: str) -> int:
+        return rehydration_copies(self.sizes.get(doc_id, 1))

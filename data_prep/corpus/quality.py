@@ -8,8 +8,10 @@ that a test can check it alone.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from experiment.sections.corpus import QualityConfig
 
@@ -156,3 +158,150 @@ def quality_rejection(text: str, cfg: QualityConfig) -> str | None:
         if not passes(stats, cfg):
             return reason
     return None
+
+
+# ------------------------------------------------------------------ FineWeb-2 rus_Cyrl preset
+# The filter set of FineWeb-2 (github.com/huggingface/fineweb-2, fineweb-2-pipeline.py) with the Russian
+# thresholds of its configs/rus_Cyrl.yml, each metric as datatrove 0.10.1 defines it (GopherRepetitionFilter
+# with the paragraph rules and dup_line_char_frac off, FineWebQualityFilter with the short-line rule off and
+# char_duplicates_ratio 0.1, GopherQualityFilter). Words: FineWeb-2 splits Russian with spaCy's blank "ru"
+# tokenizer, which is not installed here; FINEWEB2_WORD approximates it (runs of letters/digits, decimal
+# numbers kept whole, "..." one token, every other punctuation mark a token of its own).
+
+FINEWEB2_WORD = re.compile(r"\d+(?:[.,]\d+)+|\w+|\.\.\.|[^\w\s]")
+# datatrove's terminal punctuation set, restricted to the marks that end lines of Cyrillic text
+FINEWEB2_TERMINAL = (".", "!", "?", "‼", "‽", "⁇", "⁈", "⁉")
+_FINEWEB2_RUS_STOP_WORDS_TEXT = "в и на с года по году из был к не от что за для его как а он также до после"
+FINEWEB2_RUS_STOP_WORDS = frozenset(_FINEWEB2_RUS_STOP_WORDS_TEXT.split())
+
+
+@dataclass(frozen=True)
+class FineWeb2Thresholds:
+    """FineWeb-2's per-language thresholds (configs/<lang>.yml) and the pipeline's fixed settings."""
+
+    dup_line_frac: float = 0.322
+    top_n_grams: tuple[tuple[int, float], ...] = ((2, 0.184), (3, 0.164), (4, 0.146))
+    dup_n_grams: tuple[tuple[int, float], ...] = ((5, 0.168), (6, 0.156), (7, 0.145), (8, 0.133), (9, 0.121),
+                                                  (10, 0.109))
+    line_punct_thr: float = 0.231
+    char_dup_ratio: float = 0.1  # FineWeb-2's global change (FineWeb: 0.01)
+    new_line_ratio: float = 0.139
+    min_doc_words: int = 50
+    max_doc_words: int = 100_000
+    min_avg_word_length: float = 3
+    max_avg_word_length: float = 11
+    max_symbol_word_ratio: float = 0.1
+    max_bullet_lines_ratio: float = 0.9
+    max_ellipsis_lines_ratio: float = 0.3
+    max_non_alpha_words_ratio: float = 0.713  # (datatrove's name) the least share of words with a letter
+    min_stop_words: int = 2
+    stop_words: frozenset[str] = FINEWEB2_RUS_STOP_WORDS
+    language_score: float = 0.9  # GlotLID's confidence; lingua's equivalent is lingua_min_confidence
+    # lingua's confidence that rejects as much non-Russian Cyrillic text as GlotLID >= 0.9 is meant to while
+    # keeping Russian prose: measured in bench/fineweb2_langid.py (bench/README.md, "FineWeb-2 language score")
+    lingua_min_confidence: float = 0.9
+
+
+FINEWEB2_RUS = FineWeb2Thresholds()
+
+
+def fineweb2_words(text: str) -> list[str]:
+    return FINEWEB2_WORD.findall(text)
+
+
+def _duplicates(items: list[str]) -> tuple[int, int]:
+    """(items seen before, their characters), as Gopher counts repeated lines."""
+    seen: set[str] = set()
+    count = chars = 0
+    for item in items:
+        if item in seen:
+            count += 1
+            chars += len(item)
+        else:
+            seen.add(item)
+    return count, chars
+
+
+def top_ngram_chars(words: list[str], n: int) -> int:
+    """Characters of the most frequent word n-gram (joined by spaces) times its count; 0 without n-grams."""
+    grams = Counter(" ".join(words[i:i + n]) for i in range(len(words) - n + 1))
+    if not grams:
+        return 0
+    gram, count = grams.most_common(1)[0]
+    return len(gram) * count
+
+
+def duplicated_ngram_chars(words: list[str], n: int) -> int:
+    """Characters of word n-grams (joined without spaces) that repeat an earlier one, not counting the
+    words of a repeat twice: after a repeat the scan jumps past it."""
+    seen: set[str] = set()
+    chars = i = 0
+    while i <= len(words) - n:
+        gram = "".join(words[i:i + n])
+        if gram in seen:
+            chars += len(gram)
+            i += n
+        else:
+            seen.add(gram)
+            i += 1
+    return chars
+
+
+def _is_symbol_word(word: str) -> bool:
+    return all(unicodedata.category(ch)[0] in "PSC" for ch in word)
+
+
+def fineweb2_rejection(text: str, t: FineWeb2Thresholds = FINEWEB2_RUS) -> str | None:
+    """The first FineWeb-2 rule ``text`` breaks (in the pipeline's order), or None: a plain function of one
+    document, for the local pool and the Beam workers alike. The language score is checked apart
+    (``cleaning.filter_rejection``), as FineWeb-2 checks it before dedup."""
+    if not text.strip():
+        return "fw2_empty"
+    n_chars = len(text)
+    # GopherRepetitionFilter
+    lines = re.split(r"\n+", text)
+    if _duplicates(lines)[0] / len(lines) > t.dup_line_frac:
+        return "fw2_dup_line_frac"
+    words = fineweb2_words(text)
+    for n, share in t.top_n_grams:
+        if top_ngram_chars(words, n) / n_chars > share:
+            return f"fw2_top_{n}gram"
+    for n, share in t.dup_n_grams:
+        if duplicated_ngram_chars(words, n) / n_chars > share:
+            return f"fw2_dup_{n}gram"
+    # FineWebQualityFilter
+    filled = [line for line in text.split("\n") if line.strip()]
+    if sum(line.endswith(FINEWEB2_TERMINAL) for line in filled) / len(filled) < t.line_punct_thr:
+        return "fw2_line_punct"
+    if _duplicates(filled)[1] / max(len(text.replace("\n", "")), 1) > t.char_dup_ratio:
+        return "fw2_char_dup"
+    if not words or text.count("\n") / len(words) > t.new_line_ratio:
+        return "fw2_new_lines"
+    # GopherQualityFilter
+    real_words = [w for w in words if not _is_symbol_word(w)]
+    if len(real_words) < t.min_doc_words:
+        return "fw2_short_doc"
+    if len(real_words) > t.max_doc_words:
+        return "fw2_long_doc"
+    mean_length = sum(map(len, real_words)) / len(real_words)
+    if not t.min_avg_word_length <= mean_length <= t.max_avg_word_length:
+        return "fw2_avg_word_length"
+    if (text.count("#") / len(words) > t.max_symbol_word_ratio
+            or (text.count("...") + text.count("…")) / len(words) > t.max_symbol_word_ratio):
+        return "fw2_symbols"
+    all_lines = text.splitlines()
+    if sum(line.lstrip().startswith(("•", "-")) for line in all_lines) / len(all_lines) > t.max_bullet_lines_ratio:
+        return "fw2_bullets"
+    if sum(line.rstrip().endswith(("...", "…")) for line in all_lines) / len(all_lines) > t.max_ellipsis_lines_ratio:
+        return "fw2_ellipsis_lines"
+    if sum(any(ch.isalpha() for ch in w) for w in words) / len(words) < t.max_non_alpha_words_ratio:
+        return "fw2_alpha_words"
+    if len(t.stop_words & set(words)) < t.min_stop_words:
+        return "fw2_stop_words"
+    return None
+
+
+FINEWEB2_REASONS = ["fw2_empty", "fw2_dup_line_frac", *(f"fw2_top_{n}gram" for n, _ in FINEWEB2_RUS.top_n_grams),
+                    *(f"fw2_dup_{n}gram" for n, _ in FINEWEB2_RUS.dup_n_grams), "fw2_line_punct", "fw2_char_dup",
+                    "fw2_new_lines", "fw2_short_doc", "fw2_long_doc", "fw2_avg_word_length", "fw2_symbols",
+                    "fw2_bullets", "fw2_ellipsis_lines", "fw2_alpha_words", "fw2_stop_words"]

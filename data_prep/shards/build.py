@@ -31,6 +31,7 @@ from experiment.progress import progress as progress_bar
 from experiment.schema import ExperimentConfig
 from experiment.stages import SHARDS
 from tokenizer.loaded import RunTokenizer, load_run_tokenizer
+from tracking.artifacts import log_reference
 
 log = logging.getLogger("data_prep.shards.build")
 
@@ -231,8 +232,6 @@ def log_to_wandb(wandb_run: Any, cfg: Any, run_folder: Any, payload: dict[str, A
             wandb_run.use_artifact(used)
         except TypeError as exc:
             log.info("W&B lineage to %s kept in metadata only (%s)", tokenizer_artifact, exc)
-    artifact = wandb.Artifact(f"{cfg.experiment.name}-shards", type="shards", metadata=metadata)
     # a reference (path, size and checksum of each file), not a staged copy: a real corpus's shards
     # would otherwise take their size again on disk; the shards' own manifest holds their sha256
-    artifact.add_reference(Path(run_folder.shards).resolve().as_uri(), checksum=True)
-    wandb_run.log_artifact(artifact)
+    log_reference(wandb_run, f"{cfg.experiment.name}-shards", "shards", run_folder.shards, metadata)

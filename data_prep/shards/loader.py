@@ -21,6 +21,16 @@ unchanged up to float summation order. A different global batch size resumes at 
 record position when that position is a whole number of new batches, and is refused otherwise;
 a different seed or rebuilt shards are refused, because either would replay or skip data.
 
+Mixtures
+--------
+``make_mixture_iterator`` mixes several finished shard sets (made with the same tokenizer and
+``seq_len``) by weight without re-tokenizing, as Levanter and MaxText do: each set is its own endless
+seeded stream (set ``i`` shuffled with ``mixture_seed(seed, i)``), and Grain's ``MapDataset.mix``
+interleaves them deterministically, stream position ``n`` -> (set, position in that set) in closed
+form, so a set's share of any window of rows is its weight to within a row per set. Everything above
+(process slices, the resume rule) applies to the mixed stream unchanged; the state also records the
+sets and weights, and restoring it with other weights is refused.
+
 Damaged shards
 --------------
 Every shard is hashed once per process against the manifest's sha256, in a background thread
@@ -39,7 +49,7 @@ import hashlib
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,25 +255,34 @@ class ShardSource:
 class TrainIterator:
     """Endless iterator of this process's training batches with ``get_state``/``set_state``."""
 
-    def __init__(self, source: ShardSource, global_batch_size: int, seed: int, process_index: int,
-                 process_count: int, read_threads: int) -> None:
+    def __init__(self, source: ShardSource | Sequence[ShardSource], global_batch_size: int, seed: int,
+                 process_index: int, process_count: int, read_threads: int,
+                 weights: Sequence[float] | None = None, names: Sequence[str] | None = None) -> None:
+        self.sources = [source] if isinstance(source, ShardSource) else list(source)
+        self.weights = [float(w) for w in weights] if weights is not None else [1.0] * len(self.sources)
+        self.names = list(names) if names is not None else [str(s.shards_dir) for s in self.sources]
+        if not self.sources or len(self.weights) != len(self.sources) or len(self.names) != len(self.sources):
+            raise ConfigError(f"a mixture needs one weight and one name per shard set, got {len(self.sources)} sets, "
+                              f"{len(self.weights)} weights, {len(self.names)} names")
         if process_count < 1 or not 0 <= process_index < process_count:
             raise ConfigError(f"process_index {process_index} is not in [0, process_count={process_count})")
         if global_batch_size < 1 or global_batch_size % process_count:
             raise ConfigError(f"global batch size {global_batch_size} is not a positive multiple of the "
                               f"{process_count} processes")
-        if len(source) == 0:
-            raise DataError(f"{source.shards_dir}: the train split has no records: run {SHARDS.recipe} with more text")
-        self.source = source
+        for part in self.sources:
+            if len(part) == 0:
+                raise DataError(f"{part.shards_dir}: the train split has no records: run {SHARDS.recipe} with more text")
+        self.source = self.sources[0]
         self.global_batch_size = global_batch_size
         self.seed = int(seed)
         self.process_index = process_index
         self.process_count = process_count
         self.batch_size = global_batch_size // process_count
         self._read_options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=max(2 * read_threads, 2))
-        records = (grain.MapDataset.source(source)
-                   .shuffle(seed=self.seed % 2**32)  # index shuffle: a new permutation per epoch
-                   .repeat(None))
+        streams = [grain.MapDataset.source(part)
+                   .shuffle(seed=mixture_seed(self.seed, i))  # index shuffle: a new permutation per epoch
+                   .repeat(None) for i, part in enumerate(self.sources)]
+        records = streams[0] if len(streams) == 1 else grain.MapDataset.mix(streams, self.weights)
         self._batches = (records[process_index::process_count]
                          .batch(self.batch_size, drop_remainder=True)
                          .map(_to_model_batch))
@@ -274,7 +293,8 @@ class TrainIterator:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        self.source.check_shards()
+        for part in self.sources:
+            part.check_shards()
         if self._iterator is None:
             self._iterator = iter(self._batches[self._next_batch:].to_iter_dataset(self._read_options))
         batch = next(self._iterator)
@@ -284,14 +304,22 @@ class TrainIterator:
     @property
     def fingerprint(self) -> str:
         """Identifies the shard set the order was made for (rebuilt shards get new hashes)."""
-        shards = self.source.manifest["splits"][self.source.split]["shards"]
-        return hashlib.sha256("".join(s["sha256"] for s in shards).encode()).hexdigest()[:16]
+        hashes = ["".join(s["sha256"] for s in part.manifest["splits"][part.split]["shards"]) for part in self.sources]
+        return hashlib.sha256("/".join(hashes).encode()).hexdigest()[:16]
+
+    @property
+    def mixture(self) -> dict[str, float] | None:
+        """``{set name: weight}`` of a mixture (None for one shard set): what the state records and W&B logs."""
+        return dict(zip(self.names, self.weights, strict=True)) if len(self.sources) > 1 else None
 
     def get_state(self) -> dict[str, Any]:
         """JSON-serialisable position; identical on every process for the same step."""
-        return {"version": STATE_VERSION, "next_global_batch": self._next_batch, "seed": self.seed,
-                "global_batch_size": self.global_batch_size, "records": len(self.source),
-                "shards_fingerprint": self.fingerprint, "process_count": self.process_count}
+        state = {"version": STATE_VERSION, "next_global_batch": self._next_batch, "seed": self.seed,
+                 "global_batch_size": self.global_batch_size, "records": sum(len(s) for s in self.sources),
+                 "shards_fingerprint": self.fingerprint, "process_count": self.process_count}
+        if self.mixture is not None:
+            state["mixture"] = self.mixture
+        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` was taken (see the module's resume rule)."""
@@ -300,9 +328,14 @@ class TrainIterator:
         if state["seed"] != self.seed:
             raise DataError(f"loader state was saved with seed {state['seed']}, this run uses {self.seed}: "
                             "resuming would replay or skip data")
-        if state["records"] != len(self.source) or state["shards_fingerprint"] != self.fingerprint:
+        if state.get("mixture") != self.mixture:
+            raise DataError(f"loader state was saved for the mixture {state.get('mixture') or 'of one shard set'}, this "
+                            f"run mixes {self.mixture or 'one shard set'}: resuming would replay or skip data "
+                            "(keep train.mixture as it was, or start a new run)")
+        records = sum(len(s) for s in self.sources)
+        if state["records"] != records or state["shards_fingerprint"] != self.fingerprint:
             raise DataError(f"loader state was saved for other shards ({state['records']} train records, "
-                            f"fingerprint {state['shards_fingerprint']}), these have {len(self.source)} "
+                            f"fingerprint {state['shards_fingerprint']}), these have {records} "
                             f"({self.fingerprint}): the shards were rebuilt since the checkpoint")
         consumed = int(state["next_global_batch"]) * int(state["global_batch_size"])
         if consumed % self.global_batch_size:
@@ -326,24 +359,71 @@ class TrainIterator:
 
     @property
     def skipped_records(self) -> int:
-        return self.source.skipped
+        return sum(s.skipped for s in self.sources)
 
     @property
     def skipped_at(self) -> list[tuple[str, int]]:
-        return self.source.skipped_at
+        return [where for s in self.sources for where in s.skipped_at]
+
+
+def mixture_seed(seed: int, index: int) -> int:
+    """The shuffle seed of mixture set ``index``: set 0 keeps the run's seed (one set reads as before), the
+    others get their own permutations."""
+    if index == 0:
+        return int(seed) % 2**32
+    digest = hashlib.sha256(f"{int(seed)}/{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 def make_train_iterator(shards_dir: Path | str, global_batch_size: int, seed: int, process_index: int = 0,
                         process_count: int = 1, *, tokenizer_sha256: str | None = None, seq_len: int | None = None,
-                        on_corrupt: OnCorrupt | None = None, read_threads: int = 4) -> TrainIterator:
+                        on_corrupt: OnCorrupt | None = None, read_threads: int = 4,
+                        mixture: Sequence[tuple[str, Path | str, float]] = ()) -> TrainIterator:
     """The training batches of process ``process_index`` (see the module docstring for the order).
 
-    ``tokenizer_sha256`` and ``seq_len``, when given, are checked against the shards' manifest."""
+    ``tokenizer_sha256`` and ``seq_len``, when given, are checked against the shards' manifest. A
+    ``mixture`` of ``(name, shards folder, weight)`` reads those sets instead (``make_mixture_iterator``)."""
+    if mixture:
+        return make_mixture_iterator(mixture, global_batch_size, seed, process_index, process_count,
+                                     tokenizer_sha256=tokenizer_sha256, seq_len=seq_len, on_corrupt=on_corrupt,
+                                     read_threads=read_threads)
     manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
     source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt)
     log.info("train loader: %d records, global batch %d = %d processes x %d, seed %d",
              len(source), global_batch_size, process_count, global_batch_size // max(process_count, 1), seed)
     return TrainIterator(source, global_batch_size, seed, process_index, process_count, read_threads)
+
+
+def make_mixture_iterator(sets: Sequence[tuple[str, Path | str, float]], global_batch_size: int, seed: int,
+                          process_index: int = 0, process_count: int = 1, *, tokenizer_sha256: str | None = None,
+                          seq_len: int | None = None, on_corrupt: OnCorrupt | None = None,
+                          read_threads: int = 4) -> TrainIterator:
+    """The training batches of a weighted mixture of shard sets ``(name, shards folder, weight)``.
+
+    Every set must have the same tokenizer, ``seq_len`` and features (rows are mixed, never re-tokenized);
+    a set that differs is one error naming it. One set reads exactly as ``make_train_iterator``."""
+    if not sets:
+        raise ConfigError("a mixture needs at least one shard set")
+    sources = []
+    for name, shards_dir, weight in sets:
+        if not weight > 0:
+            raise ConfigError(f"mixture set '{name}': weight {weight} must be positive")
+        manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
+        if tokenizer_sha256 is None:  # no tokenizer given: the sets must at least agree with each other
+            tokenizer_sha256, seq_len = manifest["tokenizer_sha256"], manifest["seq_len"]
+        source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt)
+        if sources and source.features != sources[0].features:
+            raise DataError(f"mixture set '{name}' ({shards_dir}) has features {source.features}, set "
+                            f"'{sets[0][0]}' has {sources[0].features}: make both with the same shards.packing")
+        sources.append(source)
+    names = [name for name, _, _ in sets]
+    weights = [float(weight) for _, _, weight in sets]
+    log.info("train loader: mixture of %s, global batch %d, seed %d",
+             ", ".join(f"{n} {w / sum(weights):.1%} ({len(s)} records)" for n, w, s in zip(names, weights, sources,
+                                                                                          strict=True)),
+             global_batch_size, seed)
+    return TrainIterator(sources, global_batch_size, seed, process_index, process_count, read_threads,
+                         weights=weights, names=names)
 
 
 def iter_eval_batches(shards_dir: Path | str, split: str, batch_size: int, max_batches: int | None = None, *,
@@ -364,3 +444,19 @@ def iter_eval_batches(shards_dir: Path | str, split: str, batch_size: int, max_b
         source.check_shards()
         yield batch
     source.check_shards(wait=True)  # a short pass: every shard it read is checked before it ends
+
+
+def mixture_sets(mixture: Sequence[Any], own_shards: Path | str) -> list[tuple[str, Path, float]]:
+    """``train.mixture`` entries as ``(name, shards folder, weight)``; an empty ``shards`` is this run's folder."""
+    return [(m.name, Path(m.shards) if m.shards else Path(own_shards), float(m.weight)) for m in mixture]
+
+
+def log_mixture(wandb_run: Any, mixture: dict[str, float] | None) -> None:
+    """The mixture's weights in the W&B config (``data_mixture``) and each set's share of the rows in the
+    summary (``data/mixture/<set>``); nothing for one shard set or a disabled run."""
+    if not mixture or wandb_run is None or getattr(wandb_run, "disabled", False):
+        return
+    total = sum(mixture.values())
+    wandb_run.config.update({"data_mixture": mixture}, allow_val_change=True)
+    for name, weight in mixture.items():
+        wandb_run.summary[f"data/mixture/{name}"] = weight / total

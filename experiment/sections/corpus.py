@@ -133,6 +133,9 @@ class DedupConfig:
     # (0 trusts the buckets alone, as FineWeb does)
     min_jaccard: float = 0.0
     seed: int = 1
+    # FineWeb-2's rehydration: each kept document written again by the size of the near-duplicate cluster
+    # it stands for (data_prep.corpus.dedup.rehydration_copies: 1, 2, 3, 3, 5 for 5-99, 8 for 100-999, 1 from 1000)
+    rehydrate: bool = False
 
     @property
     def num_perm(self) -> int:
@@ -158,6 +161,9 @@ class CorpusConfig:
     langid: LangIdConfig = field(default_factory=LangIdConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
+    # the document filters: ours (the quality: section), or FineWeb-2's Russian set with its published
+    # thresholds (data_prep.corpus.quality.FINEWEB2_RUS; its lingua threshold replaces langid.min_confidence)
+    filters: Literal["default", "fineweb2-rus"] = "default"
     runner: Literal["local", "beam"] = "local"
     workers: int = 0  # local pool size; 0 = one per CPU core, 1 = a plain loop in this process
     beam_options: list[str] = field(default_factory=list)  # e.g. ["--runner=DataflowRunner", "--project=..."]

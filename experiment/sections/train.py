@@ -55,6 +55,15 @@ class MeshConfig:
 
 
 @dataclass
+class MixtureSetConfig:
+    """One shard set of a training mixture: recipe 03's output, mixed by weight without re-tokenizing."""
+
+    name: str
+    shards: str = ""  # a finished shards folder made with this run's tokenizer and seq_len; "" = this run's shards/
+    weight: float = 1.0  # relative: the loader normalises the weights to shares of the rows
+
+
+@dataclass
 class TrainConfig:
     steps: int = 1000
     batch_size: int = 32  # global batch, in sequences
@@ -117,6 +126,9 @@ class TrainConfig:
     trainable: Literal["all", "embeddings"] = "all"
     embeddings_only_steps: int = 0
     mesh: MeshConfig = field(default_factory=MeshConfig)
+    # several shard sets mixed by weight at train time (data_prep.shards.loader.make_mixture_iterator);
+    # [] trains on this run's shards alone
+    mixture: list[MixtureSetConfig] = field(default_factory=list)
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
@@ -161,5 +173,12 @@ class TrainConfig:
                               f"got {self.branch_step}")
         if self.fit_model and not self.fit_model.startswith("hf:"):
             raise ConfigError(f"config key '{prefix}fit_model': give hf:<model folder or config.json>, got {self.fit_model!r}")
+        names = [m.name for m in self.mixture]
+        for i, m in enumerate(self.mixture):
+            if not m.name.strip() or m.name in names[:i]:
+                raise ConfigError(f"config key '{prefix}mixture[{i}].name': {m.name!r} must be a non-empty name "
+                                  "that no other set has")
+            if not m.weight > 0:
+                raise ConfigError(f"config key '{prefix}mixture[{i}].weight': must be positive, got {m.weight}")
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
             raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, got {self.peak_flops_per_chip}")
