@@ -1,7 +1,9 @@
-"""What the corpus and shard Beam pipelines share: importing the optional extra with a clear error."""
+"""What the corpus and shard Beam pipelines share: importing the optional extra with a clear error,
+and reading back the small summary records the workers staged for the driver."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from experiment.errors import ConfigError
@@ -15,3 +17,18 @@ def import_beam(config_key: str) -> Any:
         raise ConfigError(f"config key '{config_key}': 'beam' needs the beam extra "
                           "(pip install 'ru-pretrain[beam]'; it pins protobuf below 7, so use its own venv)") from exc
     return beam
+
+
+def read_staged_json(pattern: str) -> list[Any]:
+    """Every JSON line of the files matching ``pattern`` (local or a Beam filesystem such as gs://).
+
+    Only summaries are staged this way (one line per shard, one for the counts): the driver's memory
+    and disk stay independent of the corpus size.
+    """
+    from apache_beam.io.filesystems import FileSystems
+
+    rows: list[Any] = []
+    for match in FileSystems.match([pattern])[0].metadata_list:
+        with FileSystems.open(match.path) as handle:
+            rows.extend(json.loads(line) for line in handle.read().decode("utf-8").splitlines() if line.strip())
+    return rows

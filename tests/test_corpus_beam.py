@@ -31,8 +31,8 @@ def test_exact_group_keeps_the_lowest_order() -> None:
 def test_bucket_matches_compare_with_lower_orders_only() -> None:
     a, b, c = np.zeros(4, np.uint32), np.zeros(4, np.uint32), np.arange(4, dtype=np.uint32)
     members = [(2, "b", b), (1, "a", a), (3, "c", c)]
-    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.0))) == [("b", "a"), ("c", "a"), ("c", "b")]
-    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.9))) == [("b", "a")]
+    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.0))) == [(2, "a"), (3, "a"), (3, "b")]
+    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.9))) == [(2, "a")]
 
 
 def test_beam_direct_runner_equals_local_pool(tmp_path: Path, inputs: Path) -> None:  # noqa: F811
