@@ -65,33 +65,47 @@ def run_recipe(cfg: Any) -> dict[str, Any]:
 
 
 def speed(args: argparse.Namespace) -> dict[str, Any]:
+    """Each runner on the full slice and on a tiny one (its fixed start-up: spawning, imports, pipeline
+    set-up); the marginal figures (full minus tiny, per round) are the per-document work's cost."""
     work = Path(tempfile.mkdtemp(prefix="bench-beam-speed-"))
-    sources = [ruslit_source(max_bytes=int(args.mb * 1e6))]
-    documents = sum(1 for _ in iter_raw_documents(sources, work))
-    configs = {  # corpus.workers 1 is the plain loop in this process: the local runner's one-worker form
-        "local x1": recipe_config(work / "local1", sources, workers=1),
-        "local pool x2": recipe_config(work / "pool2", sources, workers=2),
-        "beam x1": recipe_config(work / "beam1", sources, runner="beam", beam_options=direct_options(1)),
-        "beam x2": recipe_config(work / "beam2", sources, runner="beam", beam_options=direct_options(2)),
+    sizes = {"full": args.mb, "tiny": args.tiny_mb}
+    documents = {size: sum(1 for _ in iter_raw_documents([ruslit_source(max_bytes=int(mb * 1e6))], work))
+                 for size, mb in sizes.items()}
+    runners = {  # corpus.workers 1 is the plain loop in this process: the local runner's one-worker form
+        "local x1": {"workers": 1}, "local pool x2": {"workers": 2},
+        "beam x1": {"runner": "beam", "beam_options": direct_options(1)},
+        "beam x2": {"runner": "beam", "beam_options": direct_options(2)},
     }
-    rounds = interleaved_rounds({name: lambda cfg=cfg: run_recipe(cfg) for name, cfg in configs.items()}, args.rounds)
-    shards = {name: rows[0]["shards_sha256"] for name, rows in rounds.items()}
+    configs = {(name, size): recipe_config(work / f"{name}-{size}".replace(" ", "_"),
+                                           [ruslit_source(max_bytes=int(mb * 1e6))], **corpus)
+               for name, corpus in runners.items() for size, mb in sizes.items()}
+    rounds = interleaved_rounds({f"{name} {size}": lambda cfg=cfg: run_recipe(cfg)
+                                 for (name, size), cfg in configs.items()}, args.rounds)
+    same = len({tuple(rounds[f"{name} full"][0]["shards_sha256"]) for name in runners}) == 1
+    marginal = {name: [{key: full[key] - tiny[key] for key in ("seconds", "cpu_seconds")}
+                       for full, tiny in zip(rounds[f"{name} full"], rounds[f"{name} tiny"], strict=True)]
+                for name in runners}
     results = []
-    for name, rows in rounds.items():
-        row = medians({key: [r[key] for r in rows] for key in ("seconds", "cpu_seconds")}, digits=2)
-        results.append({"runner": name, **row, "seconds_rounds": [round(r["seconds"], 2) for r in rows],
-                        "docs_per_s": round(documents / row["seconds"], 1)})
+    for name in runners:
+        row: dict[str, Any] = {"runner": name}
+        for size in sizes:
+            rows = rounds[f"{name} {size}"]
+            row[size] = {**medians({key: [r[key] for r in rows] for key in ("seconds", "cpu_seconds")}, digits=2),
+                         "seconds_rounds": [round(r["seconds"], 2) for r in rows]}
+        row["marginal"] = medians({key: [r[key] for r in marginal[name]] for key in ("seconds", "cpu_seconds")},
+                                  digits=2)
+        results.append(row)
 
-    def ratio(slow: str, fast: str) -> float:
-        return median_ratio([r["seconds"] for r in rounds[slow]], [r["seconds"] for r in rounds[fast]], 2)
+    def ratio(slow: str, fast: str, key: str) -> dict[str, Any]:
+        return median_ratio([r[key] for r in marginal[slow]], [r[key] for r in marginal[fast]], 2)
 
-    return {"bench": "corpus recipe, Beam vs local pool", "documents": documents, "mb": args.mb,
+    pairs = {"beam x2 vs beam x1": ("beam x1", "beam x2"), "local x2 vs local x1": ("local x1", "local pool x2"),
+             "beam x1 vs local x1": ("local x1", "beam x1"), "beam x2 vs local x2": ("local pool x2", "beam x2")}
+    return {"bench": "corpus recipe, Beam vs local runner", "documents": documents, "mb": sizes,
             "rounds": args.rounds, "cpu_count": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2),
-            "same_shards_everywhere": len({tuple(s) for s in shards.values()}) == 1, "results": results,
-            "ratios": {"beam x2 vs beam x1": ratio("beam x1", "beam x2"),
-                       "local x2 vs local x1": ratio("local x1", "local pool x2"),
-                       "beam x1 vs local x1": ratio("local x1", "beam x1"),
-                       "beam x2 vs local x2": ratio("local pool x2", "beam x2")}}
+            "same_shards_everywhere": same, "results": results,
+            "marginal_wall_ratios": {label: ratio(*pair, "seconds") for label, pair in pairs.items()},
+            "marginal_cpu_efficiency": {label: ratio(*pair, "cpu_seconds") for label, pair in pairs.items()}}
 
 
 # ---------------------------------------------------------------- driver memory
@@ -183,6 +197,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     sp = sub.add_parser("speed")
     sp.add_argument("--mb", type=float, default=3.0, help="MB of ruslit text to process")
+    sp.add_argument("--tiny-mb", type=float, default=0.05, help="the start-up run's input, MB")
     sp.add_argument("--rounds", type=int, default=3)
     dr = sub.add_parser("driver")
     dr.add_argument("--mb", type=float, default=2.0, help="the small corpus, MB")

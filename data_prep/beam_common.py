@@ -4,9 +4,13 @@ and reading back the small summary records the workers staged for the driver."""
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from typing import Any
 
-from experiment.errors import ConfigError
+from experiment.errors import ConfigError, DataError
+
+_WORKER_ERROR = re.compile(r"\b(DataError|ConfigError): (.+)")
 
 
 def import_beam(config_key: str) -> Any:
@@ -32,3 +36,25 @@ def read_staged_json(pattern: str) -> list[Any]:
         with FileSystems.open(match.path) as handle:
             rows.extend(json.loads(line) for line in handle.read().decode("utf-8").splitlines() if line.strip())
     return rows
+
+
+def run_pipeline(beam: Any, options: list[str], build: Callable[[Any], None]) -> None:
+    """Build and run a pipeline; a DataError/ConfigError raised on a worker comes back as that error,
+    one line (runners wrap worker exceptions in their own, with the remote traceback as text)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    try:
+        with beam.Pipeline(options=PipelineOptions(options or ["--runner=DirectRunner"])) as pipeline:
+            build(pipeline)
+    except (DataError, ConfigError) as exc:  # in-process runners re-raise it with the step's name appended
+        raise type(exc)(_without_step(str(exc))) from exc
+    except Exception as exc:
+        found = _WORKER_ERROR.search(str(exc))
+        if found is None:
+            raise
+        kind = DataError if found.group(1) == "DataError" else ConfigError
+        raise kind(_without_step(found.group(2))) from exc
+
+
+def _without_step(message: str) -> str:
+    return re.sub(r"\s*\[while running .*$", "", message.strip().splitlines()[0]).strip()

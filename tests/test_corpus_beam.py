@@ -104,3 +104,17 @@ def test_beam_on_two_worker_processes_equals_local_and_driver_opens_no_data(tmp_
     data_opens = [p for p in opened if p.startswith(str(inputs)) or Path(p).name.startswith("docs-")]
     assert data_opens == [], f"the driver opened data files: {data_opens}"
     assert any("report.md" in p for p in opened)  # the guard sees what this process opens
+
+
+def test_a_data_error_on_a_worker_comes_back_as_one_line(tmp_path: Path) -> None:
+    import_extra("apache_beam", "beam")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import pytest
+
+    from experiment.errors import DataError
+
+    pq.write_table(pa.table({"body": ["текст"]}), tmp_path / "rows.parquet")
+    cfg = make_cfg(tmp_path, [{"kind": "files", "paths": [str(tmp_path / "rows.parquet")]}], runner="beam")
+    with pytest.raises(DataError, match=r"rows.parquet: no column 'text' \(columns: body\); set the source's text_field$"):
+        build_corpus(cfg, RunFolder.for_config(cfg), None)

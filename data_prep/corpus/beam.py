@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.beam_common import import_beam, read_staged_json
+from data_prep.beam_common import import_beam, read_staged_json, run_pipeline
 from data_prep.corpus.cleaning import CleanDocument, clean_document
 from data_prep.corpus.dedup import band_keys, estimated_jaccard
 from data_prep.corpus.documents import DocumentNumberer, RawDocument
@@ -351,17 +351,14 @@ def run_beam(cfg: CorpusConfig, corpus_dir: Path, cache_root: Path) -> tuple[Cor
     """Run the pipeline (DirectRunner unless ``cfg.beam_options`` say otherwise): the workers write the
     shards; returns the merged counts and the shards' manifest entries, in shard order."""
     beam = import_beam("corpus.runner")
-    from apache_beam.options.pipeline_options import PipelineOptions
-
     units = plan_units(cfg)
-    options = PipelineOptions(cfg.beam_options or ["--runner=DirectRunner"])
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # its INFO lines drown the recipe's own
     staging = tempfile.mkdtemp(prefix=".beam-summaries-", dir=corpus_dir)  # next to the output: workers see it
     try:
         log.info("running the corpus pipeline on Beam (%s) over %d input unit(s)",
                  " ".join(cfg.beam_options) or "DirectRunner", len(units))
-        with beam.Pipeline(options=options) as pipeline:
-            build_pipeline(pipeline, units, cfg, corpus_dir, cache_root, staging)
+        run_pipeline(beam, cfg.beam_options,
+                     lambda pipeline: build_pipeline(pipeline, units, cfg, corpus_dir, cache_root, staging))
         numbered = sorted(read_staged_json(f"{staging}/shards*"), key=lambda row: row["number"])
         shards = [{k: v for k, v in row.items() if k != "number"} for row in numbered]
         (counts_row,) = read_staged_json(f"{staging}/counts*")

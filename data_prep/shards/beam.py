@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.beam_common import import_beam, read_staged_json
+from data_prep.beam_common import import_beam, read_staged_json, run_pipeline
 from data_prep.shards.layout import SPLITS, row_tokens, shard_file_name, shard_summary, split_of
 from data_prep.shards.packing import rows_from_stream
 from data_prep.shards.tfrecord import TFRecordWriter, encode_int64_rows
@@ -165,13 +165,11 @@ def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], source: tuple[st
                     seq_len: int, *, eos_id: int, pad_id: int) -> dict[str, dict[str, Any]]:
     """Run the pipeline; returns the manifest's ``splits`` section, equal to the local path's."""
     beam = import_beam("shards.runner")
-    from apache_beam.options.pipeline_options import PipelineOptions
-
     staging = tempfile.mkdtemp(prefix=".beam-summaries-", dir=out_dir)  # next to the output: workers see it
     try:
-        with beam.Pipeline(options=PipelineOptions(shards_cfg.beam_options or ["--runner=DirectRunner"])) as pipeline:
-            build_pipeline(pipeline, corpus_dir, manifest, source, out_dir, shards_cfg, seq_len, eos_id, pad_id,
-                           staging)
+        run_pipeline(beam, shards_cfg.beam_options,
+                     lambda pipeline: build_pipeline(pipeline, corpus_dir, manifest, source, out_dir, shards_cfg,
+                                                     seq_len, eos_id, pad_id, staging))
         shard_rows = read_staged_json(f"{staging}/shards*")
         layout = {row["split"]: row for row in read_staged_json(f"{staging}/layout*")}
     finally:
