@@ -57,8 +57,9 @@ class CorpusShardWriter:
     Use as a context manager; ``shards`` lists ``{"file", "documents", "bytes", "sha256"}``.
     """
 
-    def __init__(self, corpus_dir: Path, docs_per_shard: int) -> None:
+    def __init__(self, corpus_dir: Path, docs_per_shard: int, first_index: int = 0) -> None:
         self.corpus_dir = Path(corpus_dir)
+        self.first_index = first_index  # a Beam worker writes shard N alone
         self.docs_per_shard = docs_per_shard
         self.shards: list[dict[str, Any]] = []
         self._stack = contextlib.ExitStack()
@@ -78,7 +79,7 @@ class CorpusShardWriter:
     def write(self, doc_id: str, source: str, text: str) -> None:
         if self._handle is None:
             self._handle = self._stack.enter_context(
-                atomic_open(self.corpus_dir / shard_name(len(self.shards)), "wb", encoding=None)
+                atomic_open(self.corpus_dir / shard_name(self.first_index + len(self.shards)), "wb", encoding=None)
             )
             self._digest, self._documents, self._bytes = hashlib.sha256(), 0, 0
         line = (json.dumps({"id": doc_id, "source": source, "text": text}, ensure_ascii=False) + "\n").encode("utf-8")
@@ -97,7 +98,7 @@ class CorpusShardWriter:
         if self._handle is None:
             return
         self._stack.close()  # renames the finished shard into place
-        self.shards.append({"file": shard_name(len(self.shards)), "documents": self._documents,
+        self.shards.append({"file": shard_name(self.first_index + len(self.shards)), "documents": self._documents,
                             "bytes": self._bytes, "sha256": self._digest.hexdigest()})
         self._handle = None
 

@@ -1,21 +1,47 @@
-"""The Beam path gives the same corpus as the local pool (needs the beam extra; skipped without it).
-
-Run it in a venv with the extra: ``pip install -e '.[beam,test]'`` (Beam pins protobuf below 7, so
-keep it out of the main environment), then ``pytest tests/test_corpus_beam.py``.
-"""
+"""The Beam path gives the same corpus as the local pool, with the data work on the workers
+(needs the beam extra: ``make test-extra-beam``, or its venv with RU_REQUIRE_EXTRAS=beam)."""
 
 from __future__ import annotations
 
 import random
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from data_prep.corpus.beam import bucket_matches, exact_group_outcomes
+from data_prep.corpus.beam import bucket_matches, exact_group_outcomes, rank_offsets
+from data_prep.corpus.build import build_corpus
 from data_prep.corpus.cleaning import CleanDocument
+from data_prep.corpus.sources import select_parquet_files
+from experiment.corpus_format import iter_documents, read_corpus_manifest
+from experiment.runfolder import RunFolder
 from experiment.sections.corpus import DedupConfig
 from tests.conftest import import_extra
 from tests.test_corpus_build import inputs, make_cfg, run, sources_for  # noqa: F401  (inputs is a fixture)
+
+TWO_WORKERS = ["--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+_opened: list[str] | None = None  # files this process opens while a guard is on (an audit hook stays for good)
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    if _opened is not None and event == "open" and isinstance(args[0], str | bytes | Path):
+        _opened.append(str(args[0]))
+
+
+@contextmanager
+def opened_files() -> Iterator[list[str]]:
+    """Every path this process opens inside the block (Python's ``open`` audit event)."""
+    global _opened
+    if _audit not in getattr(sys, "_ru_audit_hooks", []):
+        sys.addaudithook(_audit)
+        sys._ru_audit_hooks = [*getattr(sys, "_ru_audit_hooks", []), _audit]  # type: ignore[attr-defined]
+    _opened = []
+    try:
+        yield _opened
+    finally:
+        _opened = None
 
 
 def _doc(order: int) -> CleanDocument:
@@ -31,11 +57,21 @@ def test_exact_group_keeps_the_lowest_order() -> None:
 def test_bucket_matches_compare_with_lower_orders_only() -> None:
     a, b, c = np.zeros(4, np.uint32), np.zeros(4, np.uint32), np.arange(4, dtype=np.uint32)
     members = [(2, "b", b), (1, "a", a), (3, "c", c)]
-    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.0))) == [("b", "a"), ("c", "a"), ("c", "b")]
-    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.9))) == [("b", "a")]
+    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.0))) == [(2, "a"), (3, "a"), (3, "b")]
+    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.9))) == [(2, "a")]
 
 
-def test_beam_direct_runner_equals_local_pool(tmp_path: Path, inputs: Path) -> None:  # noqa: F811
+def test_rank_offsets_and_hub_parquet_selection() -> None:
+    assert rank_offsets([(3, 5), (0, 2), (1, 0)]) == {0: 0, 1: 2, 3: 2}
+    names = ["README.md", "data/rus_Cyrl/train/000_00001.parquet", "data/rus_Cyrl/train/000_00000.parquet",
+             "data/rus_Cyrl/test/000_00000.parquet", "data/ukr_Cyrl/train/000_00000.parquet",
+             "default/train-00000-of-00002.parquet"]
+    assert select_parquet_files(names, "rus_Cyrl", "train") == [
+        "data/rus_Cyrl/train/000_00000.parquet", "data/rus_Cyrl/train/000_00001.parquet"]
+    assert select_parquet_files(names, "default", "train") == ["default/train-00000-of-00002.parquet"]
+
+
+def test_beam_on_two_worker_processes_equals_local_and_driver_opens_no_data(tmp_path: Path, inputs: Path) -> None:  # noqa: F811
     import_extra("apache_beam", "beam")
     # plant near-copies of the same text so dedup chains and buckets with several members are exercised
     words = (Path(__file__).parent / "fixtures" / "corpus" / "ru_letter.txt").read_text(encoding="utf-8").split(" ")
@@ -46,11 +82,39 @@ def test_beam_direct_runner_equals_local_pool(tmp_path: Path, inputs: Path) -> N
             j = rng.randrange(1, len(copy) - 1)
             copy[j], copy[j + 1] = copy[j + 1], copy[j]
         (inputs / "txt" / f"y_letter_{i}.txt").write_text(" ".join(copy), encoding="utf-8")
-    local = run(make_cfg(tmp_path / "local", sources_for(inputs), workers=1))
-    beam = run(make_cfg(tmp_path / "beam", sources_for(inputs), runner="beam",
-                        beam_options=["--runner=DirectRunner", "--direct_num_workers=1"]))
+    sources = sources_for(inputs)
+    sources[0]["max_bytes"] = 14_000  # a cap that stops the source before its last file
+    sources[1]["max_documents"] = 5
+    # tiny shards: several workers write several shards, whose names and bytes must still match
+    local = run(make_cfg(tmp_path / "local", sources, workers=1, docs_per_shard=2))
+    beam_cfg = make_cfg(tmp_path / "beam", sources, runner="beam", beam_options=TWO_WORKERS, docs_per_shard=2)
+    with opened_files() as opened:
+        build_corpus(beam_cfg, RunFolder.for_config(beam_cfg), None)
+    beam = read_corpus_manifest(RunFolder.for_config(beam_cfg).corpus), list(iter_documents(RunFolder.for_config(beam_cfg).corpus))
+    beam_corpus = RunFolder.for_config(beam_cfg).corpus
     assert beam[1] == local[1]
-    assert beam[0]["counts"] == local[0]["counts"]
-    assert beam[0]["counts"]["duplicates"]["near"] >= 4
+    assert beam[0]["counts"] == local[0]["counts"] and beam[0]["sources"] == local[0]["sources"]
+    assert beam[0]["counts"]["duplicates"]["near"] >= 2 and len(beam[0]["shards"]) >= 2
+    assert local[0]["counts"]["in"] < 20  # the caps cut both sources
     assert beam[0]["runner"] == "beam" and local[0]["runner"] == "local"
-    assert [s["sha256"] for s in beam[0]["shards"]] == [s["sha256"] for s in local[0]["shards"]]
+    assert beam[0]["shards"] == local[0]["shards"]
+    report = (beam_corpus / "report.md").read_text(encoding="utf-8")
+    local_report = (RunFolder.for_config(make_cfg(tmp_path / "local", sources)).corpus / "report.md").read_text("utf-8")
+    assert report.split("## Sources")[1] == local_report.split("## Sources")[1]  # same counts and examples
+    data_opens = [p for p in opened if p.startswith(str(inputs)) or Path(p).name.startswith("docs-")]
+    assert data_opens == [], f"the driver opened data files: {data_opens}"
+    assert any("report.md" in p for p in opened)  # the guard sees what this process opens
+
+
+def test_a_data_error_on_a_worker_comes_back_as_one_line(tmp_path: Path) -> None:
+    import_extra("apache_beam", "beam")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import pytest
+
+    from experiment.errors import DataError
+
+    pq.write_table(pa.table({"body": ["текст"]}), tmp_path / "rows.parquet")
+    cfg = make_cfg(tmp_path, [{"kind": "files", "paths": [str(tmp_path / "rows.parquet")]}], runner="beam")
+    with pytest.raises(DataError, match=r"rows.parquet: no column 'text' \(columns: body\); set the source's text_field$"):
+        build_corpus(cfg, RunFolder.for_config(cfg), None)

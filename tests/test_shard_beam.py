@@ -12,8 +12,9 @@ from tests.conftest import import_extra
 
 import_extra("apache_beam", "beam")  # its own venv: Beam pins protobuf below 7
 
-from data_prep.shards.beam import document_starts, shard_pieces  # noqa: E402
+from data_prep.shards.beam import file_offsets, shard_pieces  # noqa: E402
 from data_prep.shards.build import shard_corpus  # noqa: E402
+from tests.test_corpus_beam import TWO_WORKERS, opened_files  # noqa: E402
 from tests.test_shards_common import DisabledRun, make_documents, make_run  # noqa: E402
 
 
@@ -29,13 +30,30 @@ def test_beam_and_local_shards_are_byte_identical(tmp_path: Path, packing: str) 
     assert beam["splits"] == local["splits"]
 
 
+def test_two_worker_processes_write_the_local_shards_and_the_driver_opens_no_data(tmp_path: Path) -> None:
+    """Workers read the corpus, tokenize and write whole shards; this process reads summaries only."""
+    run = make_run(tmp_path, docs=make_documents(70), packing="document", records_per_shard=9)
+    local = shard_corpus(run.cfg, run.run_folder, DisabledRun())
+    local_bytes = {p.name: p.read_bytes() for p in sorted(run.run_folder.shards.glob("*.tfrecord*"))}
+    run.cfg.shards.runner, run.cfg.shards.beam_options = "beam", TWO_WORKERS
+    with opened_files() as opened:  # no W&B run: its reference artifact checksums every shard file here
+        beam = shard_corpus(run.cfg, run.run_folder, None)
+    assert {p.name: p.read_bytes() for p in sorted(run.run_folder.shards.glob("*.tfrecord*"))} == local_bytes
+    assert beam["splits"] == local["splits"] and len(local_bytes) > 6
+    data_opens = [p for p in opened if ".tfrecord" in p or Path(p).name.startswith("docs-")]
+    assert data_opens == [], f"the driver opened data files: {data_opens}"
+    assert any("manifest" in p for p in opened)  # the guard sees what this process opens
+
+
 def test_pieces_tile_each_shard() -> None:
-    lengths = {"train": [((0, 0), 5), ((0, 1), 12), ((1, 0), 3)]}
-    split, layout = document_starts(("train", lengths["train"]))
-    assert layout["total"] == 20 and layout["starts"][(0, 1)] == (5, 1)
-    pieces = list(shard_pieces(("train", (0, 1), np.arange(12)), {split: layout}, shard_tokens=8))
+    layout = file_offsets([(("train", 1), (3, 1)), (("train", 0), (17, 2)), (("validation", 0), (4, 1))])
+    assert layout["train"] == {"files": {0: (0, 0), 1: (17, 2)}, "total": 20, "documents": 3}
+    # the second document of file 0 starts 5 tokens into the file: position 5, ordinal 1
+    pieces = list(shard_pieces(("train", 0, 5, 1, np.arange(12)), layout, shard_tokens=8))
     assert [(key, start, ordinal, ids.tolist()) for key, (start, ordinal, ids) in pieces] == [
         (("train", 0), 5, 1, [0, 1, 2]), (("train", 1), 0, 1, [3, 4, 5, 6, 7, 8, 9, 10]), (("train", 2), 0, 1, [11])]
+    pieces = list(shard_pieces(("train", 1, 0, 0, np.arange(3)), layout, shard_tokens=8))
+    assert [(key, start, ordinal) for key, (start, ordinal, _ids) in pieces] == [(("train", 2), 1, 2)]
 
 
 def test_beam_shards_with_an_adopted_byte_level_tokenizer_match_local(tmp_path: Path) -> None:

@@ -1,48 +1,145 @@
-"""The corpus pipeline on Apache Beam (optional ``beam`` extra): same per-document code, same result.
+"""The corpus pipeline on Apache Beam (optional ``beam`` extra): same per-document code, same corpus.
+
+Every step that touches data runs on the workers; the driver lists the input files (names only),
+builds the graph, and at the end reads back two kinds of small records: one summary per written
+corpus shard and the merged outcome counts. Nothing it holds grows with the corpus.
 
 Stages (each a Beam transform, so Dataflow/Flink/Spark spread them over workers):
 
-1. ``clean_document`` on every raw document (normalize, filter, anonymise, MinHash).
-2. Exact dedup: group kept documents by the hash of their text; the lowest input order survives.
-3. Near dedup at scale: each survivor emits one ``(band key, document)`` pair per LSH band; grouping
-   by band key forms the buckets; inside a bucket every document is compared with the lower-ordered
-   members (verified by estimated Jaccard if ``dedup.min_jaccard`` is set); a document matched in any
-   bucket is a near duplicate. This is the local rule ("an earlier document shares a bucket")
-   computed per bucket instead of in one pass, so both runners mark the same documents.
-4. Outcomes are staged as JSON lines and written by ``write_corpus`` like the local path's.
+1. Read, twice, one input file per element (``ReadUnit``; a source that is not a list of files, such
+   as the Debian demo or a hub dataset without parquet files, is one element read whole). The first
+   pass only counts each file's documents and bytes; a prefix sum over those counts (one number per
+   file: a small side input) gives each file its first global order, source position and source bytes,
+   so the second pass numbers documents exactly as the local reader does (same ids, same caps).
+   Reading twice costs one more read of the input; shuffling the raw text instead would cost its size.
+2. ``clean_document`` on every raw document (normalize, filters, anonymise, MinHash): the local code.
+3. Exact dedup: group kept documents by the hash of their text; the lowest input order survives.
+4. Near dedup: each survivor emits one ``(band key, document)`` pair per LSH band; grouping by band
+   key forms the buckets; inside a bucket every document is compared with the lower-ordered members
+   (verified by estimated Jaccard if ``dedup.min_jaccard`` is set); a document matched in any bucket
+   is a near duplicate: the local rule ("an earlier document shares a bucket") computed per bucket.
+5. Shards: survivors and their matches are joined per block of ``BLOCK_DOCS`` input orders; the kept
+   count per block (survivors minus matched ones, a small side input) gives each kept document its
+   rank in the corpus, hence its shard, ``rank // docs_per_shard``. Each shard's worker writes the
+   whole ``docs-NNNNN.jsonl`` (the local runner's names and bytes) and returns its summary.
+6. Counts for the manifest and report: a combine over every outcome (combined on the workers first).
 
 Runners: ``corpus.beam_options`` are ordinary Beam flags, e.g. ``["--runner=DirectRunner",
 "--direct_num_workers=2", "--direct_running_mode=multi_processing"]``; on Dataflow add
 ``--runner=DataflowRunner --project=... --region=... --temp_location=gs://...`` and ship the
-package with ``--setup_file=./setup.py`` or a container image (see docs/corpus.md).
+package with ``--setup_file=./setup.py`` or a container image (see docs/corpus.md). Workers read
+the inputs and write the corpus folder by path, so they need the same filesystem paths as the
+driver (one machine, or a shared mount such as Filestore/NFS or GCS FUSE on every worker).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
 import tempfile
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from data_prep.beam_common import import_beam
+from data_prep.beam_common import import_beam, read_staged_json, run_pipeline
 from data_prep.corpus.cleaning import CleanDocument, clean_document
 from data_prep.corpus.dedup import band_keys, estimated_jaccard
-from data_prep.corpus.documents import RawDocument
+from data_prep.corpus.documents import DocumentNumberer, RawDocument
+from data_prep.corpus.report import CorpusCounts, SourceCounts
+from data_prep.corpus.sources import expand_paths, hub_parquet_files, read_one_file, source_reader
+from experiment.corpus_format import CorpusShardWriter
 from experiment.sections.corpus import CorpusConfig, DedupConfig
 
 log = logging.getLogger("data_prep.corpus.beam")
 
 Outcome = tuple[CleanDocument, str | None, str | None]
+BLOCK_DOCS = 8192  # input orders per join block: bounds one group's memory; blocks/corpus = side-input size
 
 
-# ---------------------------------------------------------------- per-group functions (pure, testable)
+@dataclasses.dataclass(frozen=True)
+class ReadUnit:
+    """One element of the read stage: one input file of a source, or (``path`` None) a whole source."""
 
-def exact_group_outcomes(docs: Iterable[CleanDocument]) -> Iterator[tuple[CleanDocument, str | None, str | None]]:
+    index: int  # position in the local reader's order (sources in config order, files sorted)
+    source_index: int
+    path: str | None
+
+
+# ---------------------------------------------------------------- reading (driver lists, workers read)
+
+def plan_units(cfg: CorpusConfig) -> list[ReadUnit]:
+    """The read stage's elements, in the local reader's order; lists files, opens none."""
+    units: list[ReadUnit] = []
+    for source_index, source in enumerate(cfg.sources):
+        key = f"corpus.sources[{source_index}]"
+        source_reader(source, key)  # an unknown kind fails here, on the driver
+        if source.kind == "files":
+            paths: list[str | None] = [str(p) for p in expand_paths(source.paths, f"{key}.paths")]
+        elif source.kind == "hub" and not source.paths:
+            paths = list(hub_parquet_files(source)) or [None]
+        else:
+            paths = [None]
+        first = len(units)
+        units.extend([ReadUnit(first + i, source_index, path) for i, path in enumerate(paths)])
+    return units
+
+
+def read_unit(unit: ReadUnit, cfg: CorpusConfig, numberer: DocumentNumberer, cache_root: str) -> Iterator[RawDocument]:
+    source = cfg.sources[unit.source_index]
+    key = f"corpus.sources[{unit.source_index}]"
+    if unit.path is None:
+        yield from source_reader(source, key)(source, numberer, key, Path(cache_root))
+    else:
+        yield from read_one_file(unit.path, numberer)
+
+
+def count_unit(unit: ReadUnit, cfg: CorpusConfig, cache_root: str) -> tuple[int, int, int]:
+    """``(unit index, documents, bytes)`` of one unit, caps not applied (the first read)."""
+    numberer = DocumentNumberer(cfg.sources[unit.source_index], 0)
+    for _ in read_unit(unit, cfg, numberer, cache_root):
+        pass
+    return unit.index, numberer.position, numberer.bytes
+
+
+def unit_offsets(counts: Iterable[tuple[int, int, int]], units: list[ReadUnit]) -> dict[int, tuple[int, int, int]]:
+    """Per unit: (first global order, first position in its source, bytes of its source before it).
+
+    Orders skip what caps will drop, so they can differ from the local run's numbers, never from its
+    order; positions and bytes within a source are exact, so ids and caps match the local reader.
+    """
+    by_unit = {index: (docs, size) for index, docs, size in counts}
+    offsets, order, position, size, source = {}, 0, 0, 0, -1
+    for unit in units:
+        if unit.source_index != source:
+            position, size, source = 0, 0, unit.source_index
+        offsets[unit.index] = (order, position, size)
+        docs, unit_bytes = by_unit[unit.index]
+        order, position, size = order + docs, position + docs, size + unit_bytes
+    return offsets
+
+
+def numbered_documents(unit: ReadUnit, offsets: dict[int, tuple[int, int, int]], cfg: CorpusConfig,
+                       cache_root: str) -> Iterator[RawDocument]:
+    """The unit's documents numbered as the local reader numbers them, its caps applied (the second read)."""
+    order, position, size = offsets[unit.index]
+    numberer = DocumentNumberer(cfg.sources[unit.source_index], order)
+    numberer.position, numberer.bytes = position, size
+    if numberer.capped:  # the local reader stopped this source in an earlier file
+        return
+    for doc in read_unit(unit, cfg, numberer, cache_root):
+        yield doc
+        if numberer.capped:
+            return
+
+
+# ---------------------------------------------------------------- dedup and shard layout (pure, testable)
+
+def exact_group_outcomes(docs: Iterable[CleanDocument]) -> Iterator[Outcome]:
     """In one exact-key group the lowest order survives; the rest are exact duplicates of it."""
     ordered = sorted(docs, key=lambda d: d.order)
     yield ordered[0], None, None
@@ -50,44 +147,157 @@ def exact_group_outcomes(docs: Iterable[CleanDocument]) -> Iterator[tuple[CleanD
         yield doc, "exact", ordered[0].id
 
 
-def bucket_matches(members: Iterable[tuple[int, str, np.ndarray]], cfg: DedupConfig) -> Iterator[tuple[str, str]]:
-    """``(id, earlier id)`` for each bucket member that matches a lower-ordered member."""
+def bucket_matches(members: Iterable[tuple[int, str, np.ndarray]], cfg: DedupConfig) -> Iterator[tuple[int, str]]:
+    """``(order, earlier id)`` for each bucket member that matches a lower-ordered member."""
     ordered = sorted(members, key=lambda m: m[0])
-    for i, (_order, doc_id, signature) in enumerate(ordered[1:], 1):
+    for i, (order, _doc_id, signature) in enumerate(ordered[1:], 1):
         for _, earlier_id, earlier_signature in ordered[:i]:
             if cfg.min_jaccard <= 0 or estimated_jaccard(signature, earlier_signature) >= cfg.min_jaccard:
-                yield doc_id, earlier_id
+                yield order, earlier_id
 
 
-def outcome_to_json(outcome: Outcome) -> str:
-    doc, kind, earlier = outcome
-    return json.dumps({
-        "order": doc.order, "id": doc.id, "source": doc.source, "origin": doc.origin, "bytes_in": doc.bytes_in,
-        "text": doc.text, "reject": doc.reject, "preview": doc.preview, "duplicate": kind, "duplicate_of": earlier,
-    }, ensure_ascii=False)
+def block_of(order: int) -> int:
+    return order // BLOCK_DOCS
 
 
-def outcome_from_json(line: str) -> Outcome:
-    row = json.loads(line)
-    doc = CleanDocument(row["order"], row["id"], row["source"], row["origin"], row["bytes_in"], row["text"],
-                        row["reject"], row["preview"])
-    return doc, row["duplicate"], row["duplicate_of"]
+def rank_offsets(kept_per_block: Iterable[tuple[int, int]]) -> dict[int, int]:
+    """Per block: how many kept documents come before it (a prefix sum over the blocks in order)."""
+    offsets, total = {}, 0
+    for block, kept in sorted(kept_per_block):
+        offsets[block] = total
+        total += kept
+    return offsets
+
+
+def block_outcomes(element: tuple[int, dict[str, list[Any]]], offsets: dict[int, int],
+                   docs_per_shard: int) -> Iterator[Any]:
+    """One block's survivors in order: near duplicates as outcomes, kept ones also as shard rows.
+
+    Main output: outcomes (for the counts). Tagged ``rows``: ``(shard, (rank, id, source, text))``.
+    """
+    beam = import_beam("corpus.runner")
+    block, grouped = element
+    earliest: dict[int, str] = {}
+    for order, earlier_id in grouped["match"]:
+        earliest[order] = min(earlier_id, earliest.get(order, earlier_id))  # the local rule: lowest id
+    rank = offsets.get(block, 0)
+    for doc in sorted(grouped["doc"], key=lambda d: d.order):
+        if doc.order in earliest:
+            yield _without_text((doc, "near", earliest[doc.order]))
+            continue
+        yield beam.pvalue.TaggedOutput("rows", (rank // docs_per_shard, (rank, doc.id, doc.source, doc.text)))
+        yield dataclasses.replace(doc, text=None, signature=None), None, doc.bytes_out
+        rank += 1
+
+
+def write_shard(element: tuple[int, Iterable[tuple[int, str, str, str]]], corpus_dir: str,
+                docs_per_shard: int) -> Iterator[dict[str, Any]]:
+    """Write one whole corpus shard (atomically, by the local writer) and yield its manifest entry."""
+    number, rows = element
+    with CorpusShardWriter(Path(corpus_dir), docs_per_shard, first_index=number) as writer:
+        for _rank, doc_id, source, text in sorted(rows):
+            writer.write(doc_id, source, text)
+    (summary,) = writer.shards
+    yield {"number": number, **summary}
+
+
+# ---------------------------------------------------------------- counts (combined on the workers)
+
+def merge_counts(into: CorpusCounts, other: CorpusCounts) -> CorpusCounts:
+    for name in ("documents_in", "bytes_in", "kept", "bytes_kept"):
+        setattr(into, name, getattr(into, name) + getattr(other, name))
+    for name in ("rejected", "rejected_bytes", "duplicates", "duplicate_bytes"):
+        getattr(into, name).update(getattr(other, name))
+    for source, counts in other.per_source.items():
+        mine = into.per_source[source]
+        for field in dataclasses.fields(SourceCounts):
+            setattr(mine, field.name, getattr(mine, field.name) + getattr(counts, field.name))
+    for bucket, examples in other.examples.items():
+        # the lowest input orders, as the local runner (which sees documents in order) keeps
+        into.examples[bucket] = sorted(into.examples[bucket] + examples, key=lambda e: e["order"])[:into.max_examples]
+    return into
+
+
+def count_outcome(counts: CorpusCounts, outcome: tuple[CleanDocument, str | None, Any]) -> CorpusCounts:
+    """Add one outcome through ``CorpusCounts``' own methods; examples carry their order for merging."""
+    doc, kind, detail = outcome
+    before = {bucket: len(items) for bucket, items in counts.examples.items()}
+    if doc.reject is not None:
+        counts.add_rejected(doc)
+    elif kind is not None:
+        counts.add_duplicate(doc, kind, detail or "")
+    else:
+        counts.add_kept(doc)
+        counts.bytes_kept += detail - doc.bytes_out  # the text stayed with the shard rows; its size came along
+        counts.per_source[doc.source].bytes_kept += detail - doc.bytes_out
+    for bucket, items in counts.examples.items():
+        if len(items) > before.get(bucket, 0):
+            items[-1]["order"] = doc.order
+    return counts
+
+
+def counts_to_json(counts: CorpusCounts) -> dict[str, Any]:
+    row = {field.name: getattr(counts, field.name) for field in dataclasses.fields(counts)}
+    row["per_source"] = {name: dataclasses.asdict(c) for name, c in counts.per_source.items()}
+    row["examples"] = dict(counts.examples)
+    return row
+
+
+def counts_from_json(row: dict[str, Any], source_order: list[str]) -> CorpusCounts:
+    counts = CorpusCounts(max_examples=row["max_examples"])
+    for name in ("documents_in", "bytes_in", "kept", "bytes_kept"):
+        setattr(counts, name, row[name])
+    for name in ("rejected", "rejected_bytes", "duplicates", "duplicate_bytes"):
+        setattr(counts, name, Counter(row[name]))
+    for name in sorted(row["per_source"], key=lambda n: source_order.index(n) if n in source_order else len(source_order)):
+        counts.per_source[name] = SourceCounts(**row["per_source"][name])
+    counts.examples = defaultdict(list, {bucket: [{k: v for k, v in e.items() if k != "order"} for e in items]
+                                         for bucket, items in row["examples"].items()})
+    return counts
+
+
+def _counts_combine_fn(max_examples: int) -> Any:
+    beam = import_beam("corpus.runner")
+
+    class CountOutcomes(beam.CombineFn):  # type: ignore[misc,name-defined]
+        def create_accumulator(self) -> CorpusCounts:
+            return CorpusCounts(max_examples=max_examples)
+
+        def add_input(self, counts: CorpusCounts, outcome: Any) -> CorpusCounts:
+            return count_outcome(counts, outcome)
+
+        def merge_accumulators(self, accumulators: Iterable[CorpusCounts]) -> CorpusCounts:
+            merged = self.create_accumulator()
+            for counts in accumulators:
+                merge_counts(merged, counts)
+            return merged
+
+        def extract_output(self, counts: CorpusCounts) -> str:
+            return json.dumps(counts_to_json(counts), ensure_ascii=False)
+
+    return CountOutcomes()
 
 
 # ---------------------------------------------------------------- the pipeline
 
-def _join_near(element: tuple[str, dict[str, list[Any]]]) -> Outcome:
-    _doc_id, grouped = element
-    (doc,) = grouped["doc"]
-    matches = sorted(grouped["match"])
-    return (doc, "near", matches[0]) if matches else (doc, None, None)
+def _without_text(outcome: Outcome) -> Outcome:
+    doc, kind, earlier = outcome
+    return dataclasses.replace(doc, text=None, signature=None), kind, earlier
 
 
-def build_pipeline(pipeline: Any, raw_docs: Iterable[RawDocument], cfg: CorpusConfig, staging: Path) -> None:
+def build_pipeline(pipeline: Any, units: list[ReadUnit], cfg: CorpusConfig, corpus_dir: Path, cache_root: Path,
+                   staging: str) -> None:
     beam = import_beam("corpus.runner")
     dedup = cfg.dedup
-    cleaned = (pipeline
-               | "Read" >> beam.Create(list(raw_docs), reshuffle=True)
+    root = str(cache_root)
+    unit_elements = pipeline | "Units" >> beam.Create(units, reshuffle=True)
+    offsets = (unit_elements
+               | "CountUnits" >> beam.Map(count_unit, cfg, root)
+               | "AllCounts" >> beam.combiners.ToList()
+               | "UnitOffsets" >> beam.Map(unit_offsets, units))
+    cleaned = (unit_elements
+               | "ReadUnits" >> beam.FlatMap(numbered_documents, beam.pvalue.AsSingleton(offsets), cfg, root)
+               | "SpreadDocuments" >> beam.Reshuffle()  # one big file must not stay on one worker
                | "Clean" >> beam.Map(clean_document, cfg))
     rejected = (cleaned
                 | "Rejected" >> beam.Filter(lambda d: d.reject is not None)
@@ -98,7 +308,7 @@ def build_pipeline(pipeline: Any, raw_docs: Iterable[RawDocument], cfg: CorpusCo
                  | "ByExactKey" >> beam.Map(lambda d: (d.exact_key, d))
                  | "GroupExact" >> beam.GroupByKey()
                  | "ExactOutcomes" >> beam.FlatMap(lambda kv: exact_group_outcomes(kv[1])))
-        exact_dups = exact | "ExactDups" >> beam.Filter(lambda o: o[1] is not None)
+        exact_dups = exact | "ExactDups" >> beam.Filter(lambda o: o[1] is not None) | "DropText" >> beam.Map(_without_text)
         survivors = exact | "Survivors" >> beam.FlatMap(lambda o: [o[0]] if o[1] is None else [])
     else:
         exact_dups = pipeline | "NoExactDups" >> beam.Create([])
@@ -109,35 +319,49 @@ def build_pipeline(pipeline: Any, raw_docs: Iterable[RawDocument], cfg: CorpusCo
                        lambda d: [(key, (d.order, d.id, d.signature)) for key in band_keys(d.signature, dedup)])
                    | "GroupBuckets" >> beam.GroupByKey()
                    | "BucketMatches" >> beam.FlatMap(lambda kv: bucket_matches(kv[1], dedup)))
-        by_id = survivors | "ById" >> beam.Map(lambda d: (d.id, d))
-        final = ({"doc": by_id, "match": matches}
-                 | "JoinMatches" >> beam.CoGroupByKey()
-                 | "NearOutcomes" >> beam.Map(_join_near))
     else:
-        final = survivors | "KeptOutcome" >> beam.Map(lambda d: (d, None, None))
-    ((rejected, exact_dups, final)
-     | "All" >> beam.Flatten()
-     | "ToJson" >> beam.Map(outcome_to_json)
-     | "Stage" >> beam.io.WriteToText(str(staging / "outcomes"), file_name_suffix=".jsonl"))
+        matches = pipeline | "NoMatches" >> beam.Create([])
+    matched_per_block = (matches
+                         | "MatchedOrders" >> beam.Map(lambda m: m[0])
+                         | "OncePerDocument" >> beam.Distinct()
+                         | "MatchedBlock" >> beam.Map(lambda order: (block_of(order), -1)))
+    survivors_per_block = survivors | "SurvivorBlock" >> beam.Map(lambda d: (block_of(d.order), 1))
+    ranks = ((survivors_per_block, matched_per_block)
+             | "BlockTallies" >> beam.Flatten()
+             | "KeptPerBlock" >> beam.CombinePerKey(sum)
+             | "AllBlocks" >> beam.combiners.ToList()
+             | "RankOffsets" >> beam.Map(rank_offsets))
+    joined = ({"doc": survivors | "DocBlock" >> beam.Map(lambda d: (block_of(d.order), d)),
+               "match": matches | "MatchBlock" >> beam.Map(lambda m: (block_of(m[0]), m))}
+              | "JoinBlocks" >> beam.CoGroupByKey()
+              | "BlockOutcomes" >> beam.FlatMap(block_outcomes, beam.pvalue.AsSingleton(ranks),
+                                                cfg.docs_per_shard).with_outputs("rows", main="outcomes"))
+    (joined.rows
+     | "GroupShards" >> beam.GroupByKey()
+     | "WriteShards" >> beam.FlatMap(write_shard, str(corpus_dir), cfg.docs_per_shard)
+     | "ShardJson" >> beam.Map(json.dumps)
+     | "StageShards" >> beam.io.WriteToText(f"{staging}/shards", file_name_suffix=".jsonl"))
+    ((rejected, exact_dups, joined.outcomes)
+     | "AllOutcomes" >> beam.Flatten()
+     | "Counts" >> beam.CombineGlobally(_counts_combine_fn(cfg.report_examples))
+     | "StageCounts" >> beam.io.WriteToText(f"{staging}/counts", file_name_suffix=".jsonl"))
 
 
-def run_beam(raw_docs: Iterable[RawDocument], cfg: CorpusConfig, staging_parent: Path | None = None) -> list[Outcome]:
-    """Run the pipeline (DirectRunner unless ``cfg.beam_options`` say otherwise); outcomes in input order."""
+def run_beam(cfg: CorpusConfig, corpus_dir: Path, cache_root: Path) -> tuple[CorpusCounts, list[dict[str, Any]]]:
+    """Run the pipeline (DirectRunner unless ``cfg.beam_options`` say otherwise): the workers write the
+    shards; returns the merged counts and the shards' manifest entries, in shard order."""
     beam = import_beam("corpus.runner")
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    options = PipelineOptions(cfg.beam_options or ["--runner=DirectRunner"])
+    units = plan_units(cfg)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # its INFO lines drown the recipe's own
-    staging = Path(tempfile.mkdtemp(prefix="beam-corpus-", dir=staging_parent))
+    staging = tempfile.mkdtemp(prefix=".beam-summaries-", dir=corpus_dir)  # next to the output: workers see it
     try:
-        log.info("running the corpus pipeline on Beam (%s)", " ".join(cfg.beam_options) or "DirectRunner")
-        with beam.Pipeline(options=options) as pipeline:
-            build_pipeline(pipeline, raw_docs, cfg, staging)
-        outcomes = []
-        for path in sorted(staging.glob("outcomes*.jsonl")):
-            with path.open(encoding="utf-8") as handle:
-                outcomes.extend(outcome_from_json(line) for line in handle if line.strip())
+        log.info("running the corpus pipeline on Beam (%s) over %d input unit(s)",
+                 " ".join(cfg.beam_options) or "DirectRunner", len(units))
+        run_pipeline(beam, cfg.beam_options,
+                     lambda pipeline: build_pipeline(pipeline, units, cfg, corpus_dir, cache_root, staging))
+        numbered = sorted(read_staged_json(f"{staging}/shards*"), key=lambda row: row["number"])
+        shards = [{k: v for k, v in row.items() if k != "number"} for row in numbered]
+        (counts_row,) = read_staged_json(f"{staging}/counts*")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    outcomes.sort(key=lambda outcome: outcome[0].order)
-    return outcomes
+    return counts_from_json(counts_row, [s.label for s in cfg.sources]), shards

@@ -3,7 +3,8 @@
 Flow: sources -> raw documents in a global order -> ``clean_document`` in worker processes (normalize,
 filter, anonymise, fingerprint) -> back in order, dedup across the whole corpus in this process ->
 shards written atomically -> report -> manifest last. The Beam runner (``data_prep.corpus.beam``)
-replaces the middle part and returns the same outcomes.
+replaces everything up to the report: its workers read, clean, dedup and write the same shards,
+and this process gets back only the counts and one summary per shard.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from data_prep.corpus.documents import RawDocument
 from data_prep.corpus.report import CorpusCounts, log_to_wandb, render_report
 from data_prep.corpus.sources import iter_raw_documents
 from experiment.corpus_format import CorpusShardWriter, clear_corpus_folder
-from experiment.errors import DataError
+from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_text
 from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
@@ -105,20 +106,27 @@ def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Pat
                 counts.add_kept(doc)
                 writer.write(doc.id, doc.source, doc.text or "")
         extra_copies = write_rehydrated_copies(writer, clusters) if cfg.dedup.rehydrate else 0
+    return finish_corpus(counts, writer.shards, cfg, corpus_dir, wandb_run, started, extra_manifest, extra_copies)
+
+
+def finish_corpus(counts: CorpusCounts, shards: list[dict[str, Any]], cfg: CorpusConfig, corpus_dir: Path,
+                  wandb_run: Any, started: float, extra_manifest: dict[str, Any] | None = None,
+                  extra_copies: int = 0) -> dict[str, Any]:
+    """Check the counts, then write the report and the manifest (last); the shards are written."""
     counts.check()
     if counts.kept == 0:
         top = ", ".join(f"{reason} {n}" for reason, n in counts.rejected.most_common(3)) or "no input documents"
         raise DataError(f"the corpus is empty after filtering ({counts.documents_in} documents in; "
                         f"top reasons: {top}): check corpus.sources and the filter thresholds")
     seconds = time.perf_counter() - started
-    atomic_write_text(corpus_dir / "report.md", render_report(counts, writer.shards, seconds))
+    atomic_write_text(corpus_dir / "report.md", render_report(counts, shards, seconds))
     if wandb_run is not None:
         log_to_wandb(wandb_run, counts)
     payload = {
-        "shards": writer.shards,
+        "shards": shards,
         "documents": counts.kept + extra_copies,  # what the shards hold
         "rehydrated_copies": extra_copies,  # corpus.dedup.rehydrate: copies beyond the first of each document
-        "bytes": sum(shard["bytes"] for shard in writer.shards),
+        "bytes": sum(shard["bytes"] for shard in shards),
         "sources": [
             {"name": s.label, "kind": s.kind, **dataclasses.asdict(counts.per_source[s.label])} for s in cfg.sources
         ],
@@ -132,9 +140,9 @@ def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Pat
     # the corpus by reference (each file's path, size and checksum), never a second copy of its bytes
     log_reference(wandb_run, f"{corpus_dir.parent.name}-corpus", "corpus", corpus_dir,
                   {"documents": payload["documents"], "bytes": payload["bytes"],
-                   "shards_sha256": [shard["sha256"] for shard in writer.shards]})
+                   "shards_sha256": [shard["sha256"] for shard in shards]})
     log.info("corpus: %d of %d documents kept (%.1f MB) in %d shard(s), %.0f s; report: %s",
-             counts.kept, counts.documents_in, counts.bytes_kept / 1e6, len(writer.shards), seconds,
+             counts.kept, counts.documents_in, counts.bytes_kept / 1e6, len(shards), seconds,
              corpus_dir / "report.md")
     return payload
 
@@ -169,24 +177,24 @@ def build_corpus(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -
     corpus_dir = run_folder.corpus
     started = time.perf_counter()
     clear_corpus_folder(corpus_dir)
+    if corpus_cfg.runner == "beam":  # workers read the inputs and write the shards; this process plans
+        if corpus_cfg.dedup.rehydrate:  # the copies are written by the local writer only, so far
+            raise ConfigError("corpus.dedup.rehydrate runs with corpus.runner=local only: set one of them differently")
+        counts, shards = run_beam(corpus_cfg, corpus_dir, cache_root_for(run_folder))
+        if counts.documents_in == 0:
+            raise DataError("corpus.sources gave no documents at all: check the paths and datasets")
+        return finish_corpus(counts, shards, corpus_cfg, corpus_dir, wandb_run, started, {"runner": "beam"})
     raw_docs = iter_raw_documents(corpus_cfg.sources, cache_root_for(run_folder))
     # read the first document here, so a bad source fails before any worker starts
     first = next(raw_docs, None)
     if first is None:
         raise DataError("corpus.sources gave no documents at all: check the paths and datasets")
     raw_docs = itertools.chain([first], raw_docs)
-    progress = None
-    if corpus_cfg.runner == "beam":
-        outcomes: Iterable[Outcome] = run_beam(raw_docs, corpus_cfg)
-        extra = {"runner": "beam"}
-    else:
-        workers = resolve_workers(corpus_cfg.workers)
-        log.info("cleaning documents with %s", f"{workers} worker processes" if workers > 1 else "one process")
-        progress = progress_bar(clean_documents(raw_docs, corpus_cfg, workers), desc="documents", unit="doc", mininterval=2)
-        outcomes = dedup_in_order(progress, corpus_cfg)
-        extra = {"runner": "local", "workers": workers}
+    workers = resolve_workers(corpus_cfg.workers)
+    log.info("cleaning documents with %s", f"{workers} worker processes" if workers > 1 else "one process")
+    progress = progress_bar(clean_documents(raw_docs, corpus_cfg, workers), desc="documents", unit="doc", mininterval=2)
     try:
-        return write_corpus(outcomes, corpus_cfg, corpus_dir, wandb_run, started, extra)
+        return write_corpus(dedup_in_order(progress, corpus_cfg), corpus_cfg, corpus_dir, wandb_run, started,
+                            {"runner": "local", "workers": workers})
     finally:
-        if progress is not None:
-            progress.close()  # now, so that an error line is the last thing on the terminal
+        progress.close()  # now, so that an error line is the last thing on the terminal

@@ -138,12 +138,19 @@ def _read_jsonl(path: Path, numberer: DocumentNumberer) -> Iterator[RawDocument]
         yield numberer.make(None, str(path), "unreadable")
 
 
+def _open_url(url: str) -> Any:
+    import fsspec
+
+    return fsspec.open(url, "rb").open()
+
+
 def _read_parquet(path: Path, numberer: DocumentNumberer) -> Iterator[RawDocument]:
     import pyarrow.parquet as pq
 
     field = numberer.cfg.text_field
     try:
-        parquet = pq.ParquetFile(path)
+        # a hub dataset's parquet file (hf://datasets/...) is opened through fsspec on a Beam worker
+        parquet = pq.ParquetFile(_open_url(str(path)) if "://" in str(path) else path)
     except Exception as exc:  # pyarrow raises its own error types for a corrupt file
         log.warning("cannot read %s: %s", path, exc)
         yield numberer.make(None, str(path), "unreadable")
@@ -166,14 +173,17 @@ def iter_file_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str,
                      cache_root: Path | None = None) -> Iterator[RawDocument]:
     """Local files (``cache_root`` is unused: every reader takes the same arguments)."""
     for path in expand_paths(cfg.paths, f"{key}.paths"):
-        name = path.name.lower()
-        if name.endswith(JSONL_SUFFIXES):
-            reader = _read_jsonl
-        elif name.endswith(PARQUET_SUFFIXES):
-            reader = _read_parquet
-        else:  # .txt and anything else: read as text, and binary files are rejected with a reason
-            reader = _read_txt
-        yield from reader(path, numberer)
+        yield from read_one_file(path, numberer)
+
+
+def read_one_file(path: Path | str, numberer: DocumentNumberer) -> Iterator[RawDocument]:
+    """One input file's documents (a Beam worker reads one file per element through this)."""
+    name = str(path).lower()
+    if name.endswith(JSONL_SUFFIXES):
+        return _read_jsonl(Path(path), numberer)
+    if name.endswith(PARQUET_SUFFIXES):
+        return _read_parquet(path if "://" in str(path) else Path(path), numberer)  # type: ignore[arg-type]
+    return _read_txt(Path(path), numberer)  # .txt and anything else: binary files are rejected with a reason
 
 
 # ---------------------------------------------------------------- Hugging Face datasets
@@ -205,6 +215,32 @@ def iter_hub_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str,
                             f"(fields: {', '.join(row)})")
         origin = f"{cfg.dataset}#{row_no}"
         yield numberer.make(text, origin) if isinstance(text, str) else numberer.make(None, origin, "bad_record")
+
+
+def hub_parquet_files(cfg: SourceConfig) -> list[str]:
+    """``hf://`` URLs of a hub dataset's parquet files for ``config_name``/``split``, sorted (Beam reads
+    one per worker element); empty when the hub cannot be listed or the dataset has none."""
+    try:
+        from huggingface_hub import HfApi
+
+        names = HfApi().list_repo_files(cfg.dataset, repo_type="dataset")
+    except Exception as exc:  # offline, unknown dataset, no huggingface_hub: the whole source is one element
+        log.info("hub dataset %s: no parquet file list (%s); one worker reads it whole", cfg.dataset, exc)
+        return []
+    return [f"hf://datasets/{cfg.dataset}/{name}" for name in select_parquet_files(names, cfg.config_name, cfg.split)]
+
+
+def select_parquet_files(names: list[str], config_name: str, split: str) -> list[str]:
+    """The parquet files of one config and split, as hub datasets lay them out (``data/<config>/<split>/``
+    as FineWeb-2 does, or ``<config>/<split>-NNNNN-of-NNNNN.parquet``), in sorted order."""
+    chosen = []
+    for name in names:
+        parts = name.split("/")
+        if not name.endswith(".parquet") or (config_name and config_name not in parts[:-1]):
+            continue
+        if split in parts[:-1] or parts[-1].startswith(f"{split}-") or parts[-1].startswith(f"{split}."):
+            chosen.append(name)
+    return sorted(chosen)
 
 
 # ---------------------------------------------------------------- all sources

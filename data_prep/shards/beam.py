@@ -5,17 +5,19 @@ workers without funnelling every token through one of them, the pipeline compute
 document's tokens land in that stream:
 
 1. Read the corpus files (one element per file) and tokenize each document (+ EOS) on the workers;
-   its order key is (corpus file number, line number), which is the local path's order.
-2. Per split, gather only (order key, token count) pairs and turn them into each document's start
-   offset in the split's stream (a prefix sum) and its ordinal: a small side input.
+   each document knows its start and ordinal within its file's part of its split.
+2. Per split and corpus file, combine only (token count, document count); a prefix sum over the
+   files in corpus order gives each file's start offset and first ordinal in the split's stream:
+   a side input of one entry per corpus file, whatever the number of documents.
 3. Each document cuts its tokens into pieces at shard boundaries (``records_per_shard`` rows of
    ``seq_len + 1`` tokens) and sends each piece to its (split, shard number).
 4. Each shard's worker orders its pieces, rebuilds the rows with ``rows_from_stream`` (the local
    packer's code), handles the split's tail as the local path does (dropped in concat mode, padded
    in document mode), and writes ``<split>-NNNNN.tfrecord`` and its index with our writer.
 
-Shards are written straight into the shards folder, so workers need a shared filesystem with the
-driver (DirectRunner, or a cluster with one mounted). ``shards.beam_options`` are ordinary Beam
+Every step that touches tokens runs on the workers; the driver reads back one summary line per
+shard and per split. Shards are written straight into the shards folder, so workers need a shared
+filesystem with the driver (DirectRunner, or a cluster with one mounted). ``shards.beam_options`` are ordinary Beam
 flags, e.g. ``["--runner=DirectRunner", "--direct_num_workers=2",
 "--direct_running_mode=multi_processing"]``.
 """
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.beam_common import import_beam
+from data_prep.beam_common import import_beam, read_staged_json, run_pipeline
 from data_prep.shards.layout import SPLITS, row_tokens, shard_file_name, shard_summary, split_of
 from data_prep.shards.packing import rows_from_stream
 from data_prep.shards.tfrecord import TFRecordWriter, encode_int64_rows
@@ -43,29 +45,34 @@ OrderKey = tuple[int, int]  # (corpus file number, line number)
 
 # ---------------------------------------------------------------- per-element functions (pure, testable)
 
-def read_corpus_file(element: tuple[int, str], corpus_dir: str, manifest: dict[str, Any]) -> Iterator[tuple[OrderKey, Any, str]]:
-    """``(order key, id, text)`` for every document of one corpus file, checked like the local reader."""
-    file_number, _name = element
-    one_file = {**manifest, "shards": [manifest["shards"][file_number]]}
-    for line_number, doc in enumerate(iter_documents(Path(corpus_dir), one_file)):
-        yield (file_number, line_number), doc["id"], doc["text"]
+def file_offsets(totals: Iterable[tuple[tuple[str, int], tuple[int, int]]]) -> dict[str, dict[str, Any]]:
+    """Per split: each corpus file's first token offset and document ordinal in the split's stream
+    (a prefix sum over the files in corpus order), and the split's totals: one entry per file."""
+    layout: dict[str, dict[str, Any]] = {}
+    for (split, file_number), (tokens, documents) in sorted(totals):
+        entry = layout.setdefault(split, {"files": {}, "total": 0, "documents": 0})
+        entry["files"][file_number] = (entry["total"], entry["documents"])
+        entry["total"] += tokens
+        entry["documents"] += documents
+    return layout
 
 
-def document_starts(element: tuple[str, Iterable[tuple[OrderKey, int]]]) -> tuple[str, dict[str, Any]]:
-    """Per split: each document's (start offset, ordinal) in the split's stream, and the total."""
-    split, lengths = element
-    starts, position = {}, 0
-    for ordinal, (order, length) in enumerate(sorted(lengths)):
-        starts[order] = (position, ordinal)
-        position += length
-    return split, {"starts": starts, "total": position, "documents": len(starts)}
+def add_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    tokens, documents = 0, 0
+    for more_tokens, more_documents in pairs:
+        tokens, documents = tokens + more_tokens, documents + more_documents
+    return tokens, documents
 
 
-def shard_pieces(element: tuple[str, OrderKey, np.ndarray], layout: dict[str, dict[str, Any]],
+def shard_pieces(element: tuple[str, int, int, int, np.ndarray], layout: dict[str, dict[str, Any]],
                  shard_tokens: int) -> Iterator[tuple[tuple[str, int], tuple[int, int, np.ndarray]]]:
-    """Cut one document at shard boundaries: ``((split, shard), (start in shard, ordinal, tokens))``."""
-    split, order, ids = element
-    position, ordinal = layout[split]["starts"][order]
+    """Cut one document at shard boundaries: ``((split, shard), (start in shard, ordinal, tokens))``.
+
+    ``element`` is ``(split, corpus file, start in that file's part of the split, ordinal there, tokens)``.
+    """
+    split, file_number, start_in_file, ordinal_in_file, ids = element
+    first_token, first_ordinal = layout[split]["files"][file_number]
+    position, ordinal = first_token + start_in_file, first_ordinal + ordinal_in_file
     done = 0
     while done < ids.size:
         shard = position // shard_tokens
@@ -99,64 +106,72 @@ def write_shard(element: tuple[tuple[str, int], Iterable[tuple[int, int, np.ndar
     yield json.dumps({"split": split, "number": shard, **shard_summary(writer, sum(row_tokens(rows, pad_mask_key)))})
 
 
-class Tokenize:
-    """Beam DoFn body: the run's tokenizer (SentencePiece or an adopted tokenizer.json) is rebuilt once
-    per worker from ``source``, its (kind, model bytes) (``tokenizer.loaded.RunTokenizer.source``)."""
+class TokenizeFile:
+    """Beam DoFn body: one corpus file's documents, tokenized (+ EOS) and routed to their split, with
+    their start and ordinal within the file's part of each split. The run's tokenizer (SentencePiece
+    or an adopted tokenizer.json) is rebuilt once per worker from ``source``, its (kind, model bytes)
+    (``tokenizer.loaded.RunTokenizer.source``)."""
 
-    def __init__(self, source: tuple[str, bytes], eos_id: int, validation_percent: float) -> None:
+    def __init__(self, corpus_dir: str, manifest: dict[str, Any], source: tuple[str, bytes], eos_id: int,
+                 validation_percent: float) -> None:
+        self.corpus_dir, self.manifest = corpus_dir, manifest
         self.source, self.eos_id, self.validation_percent = source, eos_id, validation_percent
         self._tokenizer: Any = None
 
-    def __call__(self, element: tuple[OrderKey, Any, str]) -> tuple[str, OrderKey, np.ndarray]:
+    def __call__(self, file_number: int) -> Iterator[tuple[str, int, int, int, np.ndarray]]:
         if self._tokenizer is None:
             self._tokenizer = tokenizer_from_source(*self.source)
-        order, doc_id, text = element
-        ids = np.concatenate((encode_one(self._tokenizer, text), np.array([self.eos_id], dtype=np.int32)))
-        return split_of(doc_id, self.validation_percent), order, ids
+        one_file = {**self.manifest, "shards": [self.manifest["shards"][file_number]]}
+        starts = dict.fromkeys(SPLITS, 0)
+        ordinals = dict.fromkeys(SPLITS, 0)
+        eos = np.array([self.eos_id], dtype=np.int32)
+        for doc in iter_documents(Path(self.corpus_dir), one_file):  # checked like the local reader
+            ids = np.concatenate((encode_one(self._tokenizer, doc["text"]), eos))
+            split = split_of(doc["id"], self.validation_percent)
+            yield split, file_number, starts[split], ordinals[split], ids
+            starts[split] += ids.size
+            ordinals[split] += 1
 
 
 # ---------------------------------------------------------------- the pipeline
 
 def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], source: tuple[str, bytes], out_dir: Path,
-                   shards_cfg: Any, seq_len: int, eos_id: int, pad_id: int, staging: Path) -> None:
+                   shards_cfg: Any, seq_len: int, eos_id: int, pad_id: int, staging: str) -> None:
     beam = import_beam("shards.runner")
     row_len = seq_len + 1
-    files = [(number, shard["file"]) for number, shard in enumerate(manifest["shards"])]
     tokenized = (pipeline
-                 | "CorpusFiles" >> beam.Create(files, reshuffle=True)
-                 | "ReadDocuments" >> beam.FlatMap(read_corpus_file, str(corpus_dir), manifest)
-                 | "Tokenize" >> beam.Map(Tokenize(source, eos_id, shards_cfg.validation_percent)))
+                 | "CorpusFiles" >> beam.Create(list(range(len(manifest["shards"]))), reshuffle=True)
+                 | "TokenizeFiles" >> beam.FlatMap(TokenizeFile(str(corpus_dir), manifest, source, eos_id,
+                                                                shards_cfg.validation_percent)))
     layout = (tokenized
-              | "Lengths" >> beam.Map(lambda t: (t[0], (t[1], int(t[2].size))))
-              | "GroupLengths" >> beam.GroupByKey()
-              | "Starts" >> beam.Map(document_starts))
-    layout_side = beam.pvalue.AsDict(layout)
+              | "FileLengths" >> beam.Map(lambda t: ((t[0], t[1]), (int(t[4].size), 1)))
+              | "FileTotals" >> beam.CombinePerKey(add_pairs)
+              | "AllFiles" >> beam.combiners.ToList()
+              | "FileOffsets" >> beam.Map(file_offsets))
     (tokenized
-     | "Pieces" >> beam.FlatMap(shard_pieces, layout_side, shards_cfg.records_per_shard * row_len)
+     | "Pieces" >> beam.FlatMap(shard_pieces, beam.pvalue.AsSingleton(layout), shards_cfg.records_per_shard * row_len)
      | "GroupShards" >> beam.GroupByKey()
      | "WriteShards" >> beam.FlatMap(write_shard, str(out_dir), row_len, shards_cfg.records_per_shard,
                                      shards_cfg.packing, pad_id)
-     | "Stage" >> beam.io.WriteToText(str(staging / "shards"), file_name_suffix=".jsonl"))
+     | "Stage" >> beam.io.WriteToText(f"{staging}/shards", file_name_suffix=".jsonl"))
     (layout
-     | "LayoutSummary" >> beam.Map(lambda kv: json.dumps({"split": kv[0], "total": kv[1]["total"],
-                                                           "documents": kv[1]["documents"]}))
-     | "StageLayout" >> beam.io.WriteToText(str(staging / "layout"), file_name_suffix=".jsonl"))
+     | "LayoutSummary" >> beam.FlatMap(lambda splits: [json.dumps({"split": split, "total": entry["total"],
+                                                                    "documents": entry["documents"]})
+                                                        for split, entry in splits.items()])
+     | "StageLayout" >> beam.io.WriteToText(f"{staging}/layout", file_name_suffix=".jsonl"))
 
 
 def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], source: tuple[str, bytes], out_dir: Path, shards_cfg: Any,
                     seq_len: int, *, eos_id: int, pad_id: int) -> dict[str, dict[str, Any]]:
     """Run the pipeline; returns the manifest's ``splits`` section, equal to the local path's."""
     beam = import_beam("shards.runner")
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    staging = Path(tempfile.mkdtemp(prefix="beam-shards-"))
+    staging = tempfile.mkdtemp(prefix=".beam-summaries-", dir=out_dir)  # next to the output: workers see it
     try:
-        with beam.Pipeline(options=PipelineOptions(shards_cfg.beam_options or ["--runner=DirectRunner"])) as pipeline:
-            build_pipeline(pipeline, corpus_dir, manifest, source, out_dir, shards_cfg, seq_len, eos_id, pad_id,
-                           staging)
-        shard_rows = [json.loads(line) for path in sorted(staging.glob("shards*")) for line in path.read_text().splitlines()]
-        layout = {row["split"]: row for path in sorted(staging.glob("layout*"))
-                  for row in map(json.loads, path.read_text().splitlines())}
+        run_pipeline(beam, shards_cfg.beam_options,
+                     lambda pipeline: build_pipeline(pipeline, corpus_dir, manifest, source, out_dir, shards_cfg,
+                                                     seq_len, eos_id, pad_id, staging))
+        shard_rows = read_staged_json(f"{staging}/shards*")
+        layout = {row["split"]: row for row in read_staged_json(f"{staging}/layout*")}
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     row_len = seq_len + 1
