@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 BASELINE_NAMES = {"chance": "chance", "majority": "majority", "fewer_tokens": "fewer tokens wins",
-                  "fewer_bytes": "fewer bytes wins"}
+                  "fewer_bytes": "fewer bytes wins", "random_init": "random init"}
 
 
 def results_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -78,18 +78,20 @@ def _headline(results: dict[str, Any]) -> list[str]:
              "every item offers the same answers), fewer tokens wins and fewer bytes wins (the shorter answer: "
              "summed log-likelihood favours it). 'above' / 'below': the score's 95% interval excludes the "
              "baseline's score. Random init: the same architecture untrained (the experiment's seed), the "
-             "run's step 0.", "",
+             "run's step 0; it counts as a baseline too.", "",
              "| task | acc | 95% interval | strongest baseline | its score | random init | verdict | items | labels |",
              "|---|---:|---|---|---|---|---|---:|---|"]
     for task, r in results["tasks"].items():
         if "vs_strongest_baseline" not in r:
             continue
         m, versus = r["metrics"]["acc"], r["vs_strongest_baseline"]
+        flag = " (one answer throughout)" if r.get("answers", {}).get("one_answer") else ""
         random_acc = r.get("random_init", {}).get("metrics", {}).get("acc")
         lines.append(f"| {task} | {_fmt(m['value'])} | {_interval(m['ci95'])} | "
                      f"{BASELINE_NAMES.get(versus['baseline'], versus['baseline'])} | "
                      f"{_fmt(versus['baseline_value'])} {_interval(versus['baseline_ci95'])} | "
-                     f"{_with_interval(random_acc) or 'not run'} | {versus['verdict']} | {m['n']} | {r['labels']} |")
+                     f"{_with_interval(random_acc) or 'not run'} | {versus['verdict']}{flag} | {m['n']} | "
+                     f"{r['labels']} |")
     return lines
 
 

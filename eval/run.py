@@ -140,16 +140,30 @@ def random_init_model(cfg: ExperimentConfig, meta: dict[str, Any]) -> Any:
 
 
 def add_random_init(results: dict[str, Any], scored: dict[str, Any], seed: int) -> None:
-    """Put the random-init model's accuracies (and per group) beside each task's own."""
+    """Put the random-init model's accuracies (and per group) beside each task's own; its ``acc`` joins
+    the baselines, so the headline is against it where it beats every no-model rule."""
     for task, result in scored.items():
         if task not in results["tasks"]:
             continue
-        entry: dict[str, Any] = {"seed": seed, "metrics": {k: v for k, v in result["metrics"].items()},
-                                 "answers": result["answers"]}
+        target = results["tasks"][task]
+        entry: dict[str, Any] = {"seed": seed, "metrics": dict(result["metrics"]), "answers": result["answers"]}
+        join_baselines(target, result["metrics"]["acc"])
         if "groups" in result:
             entry["groups"] = {g: {"value": m["value"], "ci95": m["ci95"], "n": m["n"]}
                                for g, m in result["groups"].items()}
-        results["tasks"][task]["random_init"] = entry
+            for g, m in target.get("groups", {}).items():
+                if g in result["groups"]:
+                    join_baselines(m, result["groups"][g], own=m)
+        target["random_init"] = entry
+
+
+def join_baselines(target: dict[str, Any], random_acc: dict[str, Any], own: dict[str, Any] | None = None) -> None:
+    """Add the random-init accuracy to ``target['baselines']`` and redo the headline comparison."""
+    baselines = target["baselines"]
+    baselines["random_init"] = {"value": random_acc["value"], "ci95": random_acc["ci95"]}
+    if random_acc["value"] > baselines[baselines["strongest"]]["value"]:
+        baselines["strongest"] = "random_init"
+    target["vs_strongest_baseline"] = harness.versus_baseline(own or target["metrics"]["acc"], baselines)
 
 
 def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, float]:

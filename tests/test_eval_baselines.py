@@ -9,27 +9,18 @@ task's local and hub schemas and XWinograd's original release.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from pathlib import Path
-
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
 from eval.harness import load_task, task_metrics
 from eval.tasks import TASKS, Item, TaskSpec
 from experiment.errors import DataError
+from tests.test_eval_tasks import BENCH, REPO, SHARED, needs_shared, write_jsonl
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("RU_SHARED_DATA", REPO.parent / "shared" / "data"))
-BENCH = SHARED / "bench"
 PUSHKIN = SHARED / "text" / "ruslit" / "prose" / "Pushkin" / "Капитанская дочка.txt"
 LOCAL_TASKS = ["rublimp", "parus", "terra", "rcb", "rucola", "ruworldtree"]
-needs_shared = pytest.mark.shared_data(BENCH)
 
 
 def yes_no_items(golds: list[int]) -> list[Item]:
@@ -76,11 +67,6 @@ def test_minimal_pairs_always_first_are_not_flagged_and_length_baselines_count()
 
 def load(name: str, path: Path):
     return load_task(TASKS[name], bench_dir="/nonexistent", task_files={name: str(path)})
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 # each local task in its local schema and in its hub schema: (records, expected gold of each)
