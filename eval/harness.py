@@ -4,8 +4,12 @@ Metrics per task:
 - ``acc``: the gold choice has the highest total log-likelihood (ties share the credit);
 - ``acc_norm_chars`` / ``acc_norm_bytes``: the same after dividing by the continuation's length in
   characters / UTF-8 bytes (lm-evaluation-harness's acc_norm is the character one);
+- ``acc_per_token``: the same per token of the continuation (minimal pairs: RuBLiMP);
 - ``mcc``: Matthews correlation of the argmax prediction with the gold label (binary tasks).
-Each comes with its chance level and a 95% interval (Wilson for accuracies, bootstrap for MCC).
+Each comes with its chance level and a 95% interval (Wilson for accuracies, bootstrap for MCC; an
+MCC of constant predictions is undefined). Beside them: the no-model baselines (chance, majority,
+fewer tokens wins, fewer bytes wins) with intervals, the headline against the strongest of them,
+and the distribution of predicted answers (a task answered with one label throughout is flagged).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 from eval import stats
 from eval.loaders import Record, SourceUnavailable, read_file, read_hub
 from eval.scoring import LogitsFn, ScoreRequest, score_requests
-from eval.tasks import Item, Source, TaskSpec, build_item
+from eval.tasks import Item, Source, TaskSpec, build_item, schema_of
 from experiment.errors import DataError
 
 log = logging.getLogger("eval.harness")
@@ -42,7 +46,9 @@ class TaskData:
 
 
 def _expand(path: str, bench_dir: str, rublimp_dir: str) -> str:
-    return path.replace("{bench}", bench_dir).replace("{rublimp_dir}", rublimp_dir)
+    """A source path with ``{bench}`` and ``{rublimp_dir}`` filled in; RuBLiMP lives under the bench
+    folder unless ``rublimp_dir`` names another one, so ``eval.bench_dir`` alone moves every local task."""
+    return path.replace("{bench}", bench_dir).replace("{rublimp_dir}", rublimp_dir or f"{bench_dir}/rublimp")
 
 
 def _directory_records(folder: Path) -> list[tuple[str, list[Record]]]:
@@ -76,24 +82,26 @@ def cap_items(items: list[Item], max_items: int | None, seed: int, balance: bool
 
 def load_task(spec: TaskSpec, *, bench_dir: str, rublimp_dir: str = "", task_files: dict[str, str] | None = None,
               max_items: int | None = None, seed: int = 0, balance: bool = False) -> TaskData:
-    """Items of a task from, in order: ``task_files[name]``, the first local source that exists, the hub."""
+    """Items of a task from, in order: ``task_files[name]`` (in any of the task's schemas, see
+    ``eval.tasks.schema_of``), the first local source that exists, the hub."""
     override = (task_files or {}).get(spec.name)
     if override:
-        source = next((s for s in spec.sources if s.hub), spec.sources[0])
-        candidates = [(source, override, False)]
+        candidates = [(spec.sources[0], override, False)]
     else:
         candidates = [(s, _expand(s.path, bench_dir, rublimp_dir), s.hub) for s in spec.sources]
     chosen = next(((s, p, hub) for s, p, hub in candidates if hub or Path(p).exists()), None)
     if chosen is None:
         paths = ", ".join(p for _, p, _ in candidates)
         raise SourceUnavailable(f"task '{spec.name}': no source found ({paths}); set eval.task_files.{spec.name} "
-                                "or RU_SHARED_DATA")
+                                "or eval.bench_dir")
     source, path, hub = chosen
     if spec.directory:
         grouped = _directory_records(Path(path))
         items = [build_item(spec, source, r, group=stem) for stem, records in grouped for r in records]
     else:
         records = read_hub(source.path, source.config, source.split) if hub else read_file(path)
+        if override:
+            source = schema_of(spec, records[0])
         items = [build_item(spec, source, r, group=str(r.fields.get(spec.group_field)) if spec.group_field else None)
                  for r in records]
     where = f"hub:{source.path}/{source.config}[{source.split}]" if hub else path
@@ -136,6 +144,11 @@ class PairEncoder:
         return ScoreRequest(context=[self.start_id, *self._ids(stripped)], continuation=list(self.encode(continuation)))
 
 
+# a task where one answer takes at least this share of the predictions (and of no more than this share
+# of the gold labels) is flagged: the model answers one label throughout, whatever its accuracy says
+ONE_ANSWER_SHARE = 0.95
+
+
 def metric_summary(values: Sequence[float], chance: float, majority: float | None = None) -> dict[str, Any]:
     """Mean of per-item credits with its Wilson interval, the chance level and the majority baseline
     (the score of always giving the most common gold answer; above chance when labels are skewed)."""
@@ -148,47 +161,166 @@ def metric_summary(values: Sequence[float], chance: float, majority: float | Non
     return summary
 
 
+def same_answers(items: Sequence[Item]) -> bool:
+    """Every item offers the same answers (TERRa, RCB, RuCoLA): a scorer can favour one of them."""
+    return bool(items) and len({it.continuations for it in items}) == 1
+
+
 def majority_share(items: Sequence[Item]) -> float | None:
     """Share of the most common gold answer where every item offers the same answers (TERRa, RCB,
     RuCoLA); None where the answers differ per item (a scorer cannot favour a position there)."""
-    if not items or len({it.continuations for it in items}) > 1:
+    if not same_answers(items):
         return None
     counts = Counter(it.gold for it in items)
     return max(counts.values()) / len(items)
 
 
-def task_metrics(spec: TaskSpec, items: Sequence[Item], loglik: Sequence[Sequence[float]],
-                 seed: int = 0) -> dict[str, Any]:
-    """Metrics of a scored task: per metric value, 95% interval, chance level; per group accuracy."""
-    chance_acc = stats.chance_accuracy([len(it.continuations) for it in items])
-    per_item: dict[str, list[float]] = {"acc": [], "acc_norm_chars": [], "acc_norm_bytes": []}
+def answer_names(items: Sequence[Item]) -> list[str]:
+    """A name per choice position: the answer text where every item offers the same answers, else
+    'choice 1', 'choice 2', ... (Winograd options, PARus alternatives differ per item)."""
+    width = max(len(it.continuations) for it in items)
+    if same_answers(items):
+        return [c.strip() for c in items[0].continuations]
+    return [f"choice {i + 1}" for i in range(width)]
+
+
+def answer_distribution(items: Sequence[Item], loglik: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Share of each predicted answer (a tie splits its vote) beside the gold share of each, and a flag
+    when one answer takes almost every prediction although the gold labels are not that one-sided
+    (RuBLiMP's gold is always the first sentence: a good model predicts 'choice 1' throughout, unflagged)."""
+    names = answer_names(items)
+    predicted, gold = np.zeros(len(names)), np.zeros(len(names))
     for item, ll in zip(items, loglik, strict=True):
+        best = [i for i, v in enumerate(ll) if v == max(ll)]
+        predicted[best] += 1.0 / len(best)
+        gold[item.gold] += 1.0
+    predicted, gold = predicted / len(items), gold / len(items)
+    top = int(np.argmax(predicted))
+    return {"predicted": {n: round(float(v), 6) for n, v in zip(names, predicted, strict=True)},
+            "gold": {n: round(float(v), 6) for n, v in zip(names, gold, strict=True)},
+            "top": names[top], "top_share": float(predicted[top]),
+            "one_answer": bool(predicted[top] >= ONE_ANSWER_SHARE and gold[top] < ONE_ANSWER_SHARE)}
+
+
+def baseline_credits(items: Sequence[Item], tokens: Sequence[Sequence[int]] | None) -> dict[str, list[float]]:
+    """Per-item credit of each no-model baseline: chance (uniform guessing), majority (always the most
+    common gold answer, where every item offers the same answers), and the length rules 'the answer
+    with fewer tokens wins' / 'fewer UTF-8 bytes wins' (ties share the credit, as for a model): summed
+    log-likelihood favours short answers, so a model must beat these, not just chance."""
+    credits: dict[str, list[float]] = {"chance": [1.0 / len(it.continuations) for it in items]}
+    if same_answers(items):
+        majority = Counter(it.gold for it in items).most_common(1)[0][0]
+        credits["majority"] = [float(it.gold == majority) for it in items]
+    if tokens is not None:
+        credits["fewer_tokens"] = [stats.tie_aware_correct([-float(n) for n in t], it.gold)
+                                   for it, t in zip(items, tokens, strict=True)]
+    credits["fewer_bytes"] = [stats.tie_aware_correct([-float(len(c.encode("utf-8"))) for c in it.continuations],
+                                                      it.gold) for it in items]
+    return credits
+
+
+def baselines_summary(credits: dict[str, list[float]], indices: Sequence[int] | None = None) -> dict[str, Any]:
+    """Each baseline's score with its Wilson interval (where a uniform guesser or a length rule lands on
+    these items), and ``strongest``: the name of the highest, the one a model's headline is compared to."""
+    out: dict[str, Any] = {}
+    for name, values in credits.items():
+        picked = values if indices is None else [values[i] for i in indices]
+        total = float(np.sum(picked))
+        out[name] = {"value": total / len(picked), "ci95": list(stats.wilson_interval(total, len(picked)))}
+    out["strongest"] = max(credits, key=lambda name: out[name]["value"])  # first listed wins a tie
+    return out
+
+
+def versus_baseline(summary: dict[str, Any], baselines: dict[str, Any]) -> dict[str, Any]:
+    """The headline comparison: the score against the strongest baseline. 'above' / 'below' when the
+    score's 95% interval excludes the baseline's value, else 'not distinguishable'."""
+    name = baselines["strongest"]
+    value = baselines[name]["value"]
+    lo, hi = summary["ci95"]
+    verdict = "above" if lo > value else "below" if hi < value else "not distinguishable"
+    return {"baseline": name, "baseline_value": value, "baseline_ci95": baselines[name]["ci95"],
+            "margin": summary["value"] - value, "verdict": verdict}
+
+
+def mcc_summary(items: Sequence[Item], loglik: Sequence[Sequence[float]], seed: int) -> dict[str, Any]:
+    """MCC of the argmax prediction with its bootstrap interval; undefined (``ci95`` None, with the reason)
+    when the predictions or the labels take one value throughout or the interval collapses to a point:
+    MCC is 0/0 there (0 by convention), and an interval of [0, 0] would look precise."""
+    gold = [it.gold for it in items]
+    pred = [int(np.argmax(ll)) for ll in loglik]
+    out: dict[str, Any] = {"value": stats.matthews_corrcoef(gold, pred), "ci95": None, "chance": 0.0, "n": len(items)}
+    if len(set(pred)) < 2:
+        out["undefined"] = "one answer predicted throughout"
+    elif len(set(gold)) < 2:
+        out["undefined"] = "one gold answer throughout"
+    else:
+        lo, hi = stats.bootstrap_mcc_interval(gold, pred, seed=seed)
+        if lo == hi:
+            out["undefined"] = "the bootstrap interval collapses to a point"
+        else:
+            out["ci95"] = [lo, hi]
+    return out
+
+
+def _per_item_credits(items: Sequence[Item], loglik: Sequence[Sequence[float]],
+                      tokens: Sequence[Sequence[int]] | None) -> dict[str, list[float]]:
+    """Per-item credit of each accuracy: summed log-likelihood, and its means per character, per UTF-8
+    byte and (with token counts) per token, reported side by side, never one for another."""
+    per_item: dict[str, list[float]] = {"acc": [], "acc_norm_chars": [], "acc_norm_bytes": []}
+    if tokens is not None:
+        per_item["acc_per_token"] = []
+    for i, (item, ll) in enumerate(zip(items, loglik, strict=True)):
         per_item["acc"].append(stats.tie_aware_correct(list(ll), item.gold))
-        chars = [max(1, len(c)) for c in item.continuations]
-        n_bytes = [max(1, len(c.encode("utf-8"))) for c in item.continuations]
-        per_item["acc_norm_chars"].append(stats.tie_aware_correct([s / n for s, n in zip(ll, chars, strict=True)], item.gold))
-        per_item["acc_norm_bytes"].append(stats.tie_aware_correct([s / n for s, n in zip(ll, n_bytes, strict=True)], item.gold))
+        lengths = {"acc_norm_chars": [max(1, len(c)) for c in item.continuations],
+                   "acc_norm_bytes": [max(1, len(c.encode("utf-8"))) for c in item.continuations]}
+        if tokens is not None:
+            lengths["acc_per_token"] = [max(1, n) for n in tokens[i]]
+        for name, length in lengths.items():
+            per_item[name].append(stats.tie_aware_correct([s / n for s, n in zip(ll, length, strict=True)], item.gold))
+    return per_item
+
+
+def task_metrics(spec: TaskSpec, items: Sequence[Item], loglik: Sequence[Sequence[float]],
+                 seed: int = 0, tokens: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+    """Metrics of a scored task: per metric value, 95% interval, chance level; the no-model baselines
+    (``tokens``: each continuation's token count, for the fewer-tokens rule and per-token means) and the
+    headline against the strongest; the answer distribution; per group accuracy with its baselines."""
+    chance_acc = stats.chance_accuracy([len(it.continuations) for it in items])
+    per_item = _per_item_credits(items, loglik, tokens)
     metrics: dict[str, Any] = {}
     for name in spec.metrics:
         if name == "mcc":
-            gold = [it.gold for it in items]
-            pred = [int(np.argmax(ll)) for ll in loglik]
-            metrics["mcc"] = {"value": stats.matthews_corrcoef(gold, pred),
-                              "ci95": list(stats.bootstrap_mcc_interval(gold, pred, seed=seed)),
-                              "chance": 0.0, "n": len(items)}
-        else:
+            metrics["mcc"] = mcc_summary(items, loglik, seed)
+        elif name in per_item:
             metrics[name] = metric_summary(per_item[name], chance_acc, majority_share(items))
-    result: dict[str, Any] = {"metrics": metrics}
+        else:
+            raise ValueError(f"task {spec.name}: metric {name} needs token counts (pass tokens=)")
+    credits = baseline_credits(items, tokens)
+    baselines = baselines_summary(credits)
+    result: dict[str, Any] = {"metrics": metrics, "baselines": baselines,
+                              "vs_strongest_baseline": versus_baseline(metrics["acc"], baselines),
+                              "answers": answer_distribution(items, loglik)}
     if any(it.group is not None for it in items):
         groups: dict[str, list[int]] = {}
         for i, it in enumerate(items):
             groups.setdefault(str(it.group), []).append(i)
-        result["groups"] = {
-            g: metric_summary([per_item["acc"][i] for i in idx],
-                              stats.chance_accuracy([len(items[i].continuations) for i in idx]))
-            for g, idx in sorted(groups.items())
-        }
+        result["groups"] = {}
+        for g, idx in sorted(groups.items()):
+            summary = metric_summary([per_item["acc"][i] for i in idx],
+                                     stats.chance_accuracy([len(items[i].continuations) for i in idx]))
+            summary["baselines"] = baselines_summary(credits, idx)
+            summary["vs_strongest_baseline"] = versus_baseline(summary, summary["baselines"])
+            for name in spec.metrics:
+                if name != "acc" and name in per_item:
+                    summary[name] = float(np.mean([per_item[name][i] for i in idx]))
+            result["groups"][g] = summary
     return result
+
+
+def continuation_tokens(items: Sequence[Item], encoder: PairEncoder) -> list[list[int]]:
+    """Each choice's continuation length in tokens, as scored (a few-shot prefix does not change it)."""
+    return [[len(encoder(ctx, cont).continuation) for ctx, cont in zip(it.contexts, it.continuations, strict=True)]
+            for it in items]
 
 
 def score_items(logits_fn: LogitsFn, items: Sequence[Item], pool: Sequence[Item], encoder: PairEncoder, *,
@@ -216,5 +348,7 @@ def evaluate_task(data: TaskData, logits_fn: LogitsFn, encoder: PairEncoder, *, 
              data.source.labels, k)
     loglik = score_items(logits_fn, data.items, data.pool, encoder, batch_size=batch_size, max_len=max_len,
                          num_fewshot=k, seed=seed, pad_id=pad_id, desc=spec.name)
+    tokens = continuation_tokens(data.items, encoder)
     return {"task": spec.name, "description": spec.description, "source": data.where, "labels": data.source.labels,
-            "items": len(data.items), "num_fewshot": k, **task_metrics(spec, data.items, loglik, seed=seed)}
+            "items": len(data.items), "num_fewshot": k,
+            **task_metrics(spec, data.items, loglik, seed=seed, tokens=tokens)}

@@ -1,19 +1,25 @@
-"""Results as rows (for the W&B table) and as a Markdown report, chance and interval beside each score."""
+"""Results as rows (for the W&B table) and as a Markdown report: every score beside its interval, the
+no-model baselines and the random-init model, and the distribution of the answers it gave."""
 
 from __future__ import annotations
 
 from typing import Any
 
+BASELINE_NAMES = {"chance": "chance", "majority": "majority", "fewer_tokens": "fewer tokens wins",
+                  "fewer_bytes": "fewer bytes wins", "random_init": "random init"}
+
 
 def results_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (task, metric), plus per-group accuracy rows (RuBLiMP phenomena) and bits per byte."""
+    """One row per (task, metric), per baseline (``baseline:<name>``), random-init score
+    (``random_init:<metric>``) and predicted-answer share (``answer_share:<answer>``), per group too
+    (RuBLiMP phenomena), and bits per byte; ``note`` flags one answer given throughout or an undefined MCC."""
     rows: list[dict[str, Any]] = []
 
-    def add(task: str, group: str, metric: str, value: float, ci: tuple[float, float] | None, chance: float | None,
-            items: int, labels: str, majority: float | None = None) -> None:
+    def add(task: str, group: str, metric: str, value: float | None, ci: Any, chance: float | None,
+            items: int, labels: str, majority: float | None = None, note: str = "") -> None:
         rows.append({"task": task, "group": group, "metric": metric, "value": value,
                      "ci95_low": None if ci is None else ci[0], "ci95_high": None if ci is None else ci[1],
-                     "chance": chance, "majority": majority, "items": items, "labels": labels})
+                     "chance": chance, "majority": majority, "items": items, "labels": labels, "note": note})
 
     if "validation" in results:
         v = results["validation"]
@@ -22,15 +28,117 @@ def results_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     for name, v in results.get("heldout", {}).items():
         add("heldout", name, "bits_per_byte", v["bits_per_byte"], None, None, v["tokens"], "")
     for task, r in results.get("tasks", {}).items():
+        one_answer = r.get("answers", {}).get("one_answer", False)
+        flag = f"one answer ('{r['answers']['top']}') throughout" if one_answer else ""
         for metric, m in r["metrics"].items():
-            add(task, "", metric, m["value"], tuple(m["ci95"]), m["chance"], m["n"], r["labels"], m.get("majority"))
+            add(task, "", metric, m["value"], m["ci95"], m["chance"], m["n"], r["labels"], m.get("majority"),
+                m.get("undefined", flag))
+        for name, b in _baselines(r.get("baselines", {})):
+            add(task, "", f"baseline:{name}", b["value"], b["ci95"], None, r["items"], r["labels"],
+                note="strongest" if name == r["baselines"]["strongest"] else "")
+        for metric, m in r.get("random_init", {}).get("metrics", {}).items():
+            add(task, "", f"random_init:{metric}", m["value"], m["ci95"], m["chance"], m["n"], r["labels"],
+                note=m.get("undefined", ""))
+        for answer, share in r.get("answers", {}).get("predicted", {}).items():
+            add(task, "", f"answer_share:{answer}", share, None, None, r["items"], r["labels"], note=flag)
         for group, m in r.get("groups", {}).items():
-            add(task, group, "acc", m["value"], tuple(m["ci95"]), m["chance"], m["n"], r["labels"])
+            add(task, group, "acc", m["value"], m["ci95"], m["chance"], m["n"], r["labels"])
+            for name, b in _baselines(m.get("baselines", {})):
+                add(task, group, f"baseline:{name}", b["value"], b["ci95"], None, m["n"], r["labels"],
+                    note="strongest" if name == m["baselines"]["strongest"] else "")
+            random_group = r.get("random_init", {}).get("groups", {}).get(group)
+            if random_group:
+                add(task, group, "random_init:acc", random_group["value"], random_group["ci95"], m["chance"],
+                    m["n"], r["labels"])
     return rows
+
+
+def _baselines(baselines: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(name, b) for name, b in baselines.items() if name != "strongest"]
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
     return "" if x is None else f"{x:.{digits}f}"
+
+
+def _interval(ci: Any, undefined: str | None = None) -> str:
+    if ci is None:
+        return f"undefined ({undefined})" if undefined else "undefined"
+    return f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
+
+
+def _with_interval(summary: dict[str, Any] | None) -> str:
+    return "" if summary is None else f"{_fmt(summary['value'])} {_interval(summary['ci95'])}"
+
+
+def _headline(results: dict[str, Any]) -> list[str]:
+    lines = ["## Against the strongest baseline", "",
+             "Each task's accuracy (summed log-likelihood) against the strongest of its no-model baselines on "
+             "the same items: chance (uniform guessing), majority (always the most common gold answer, where "
+             "every item offers the same answers), fewer tokens wins and fewer bytes wins (the shorter answer: "
+             "summed log-likelihood favours it). 'above' / 'below': the score's 95% interval excludes the "
+             "baseline's score. Random init: the same architecture untrained (the experiment's seed), the "
+             "run's step 0; it counts as a baseline too.", "",
+             "| task | acc | 95% interval | strongest baseline | its score | random init | verdict | items | labels |",
+             "|---|---:|---|---|---|---|---|---:|---|"]
+    for task, r in results["tasks"].items():
+        if "vs_strongest_baseline" not in r:
+            continue
+        m, versus = r["metrics"]["acc"], r["vs_strongest_baseline"]
+        flag = " (one answer throughout)" if r.get("answers", {}).get("one_answer") else ""
+        random_acc = r.get("random_init", {}).get("metrics", {}).get("acc")
+        lines.append(f"| {task} | {_fmt(m['value'])} | {_interval(m['ci95'])} | "
+                     f"{BASELINE_NAMES.get(versus['baseline'], versus['baseline'])} | "
+                     f"{_fmt(versus['baseline_value'])} {_interval(versus['baseline_ci95'])} | "
+                     f"{_with_interval(random_acc) or 'not run'} | {versus['verdict']}{flag} | {m['n']} | "
+                     f"{r['labels']} |")
+    return lines
+
+
+def _baseline_table(results: dict[str, Any]) -> list[str]:
+    lines = ["", "## Baselines (accuracy, 95% Wilson interval)", "",
+             "| task | " + " | ".join(BASELINE_NAMES.values()) + " |", "|---|" + "---|" * len(BASELINE_NAMES)]
+    for task, r in results["tasks"].items():
+        if "baselines" in r:
+            lines.append(f"| {task} | " + " | ".join(_with_interval(r["baselines"].get(name)) or "n/a"
+                                                      for name in BASELINE_NAMES) + " |")
+    return lines
+
+
+def _answers_table(results: dict[str, Any]) -> list[str]:
+    lines = ["", "## Answers given", "",
+             "Share of each predicted answer (a tie splits its vote) and of each gold answer. A task is flagged "
+             "when one answer takes 95% or more of the predictions while the gold labels are not that one-sided.",
+             "", "| task | predicted | gold | flag |", "|---|---|---|---|"]
+    for task, r in results["tasks"].items():
+        a = r.get("answers")
+        if not a:
+            continue
+
+        def shares(d: dict[str, float]) -> str:
+            return ", ".join(f"{name} {share:.2f}" for name, share in d.items())
+
+        flag = f"**one answer ('{a['top']}') throughout**" if a["one_answer"] else ""
+        lines.append(f"| {task} | {shares(a['predicted'])} | {shares(a['gold'])} | {flag} |")
+    return lines
+
+
+def _group_table(task: str, r: dict[str, Any]) -> list[str]:
+    extra = [name for name in ("acc_per_token", "acc_norm_bytes") if name in r["metrics"]]
+    header = ["group", "acc", "95% interval", *extra, "fewer tokens", "fewer bytes", "strongest baseline",
+              "random init", "verdict", "items"]
+    lines = ["", f"## {task} by group", "", "| " + " | ".join(header) + " |",
+             "|---|---:|---|" + "---:|" * len(extra) + "---|---|---|---|---|---:|"]
+    random_groups = r.get("random_init", {}).get("groups", {})
+    for group, m in r["groups"].items():
+        b = m.get("baselines", {})
+        versus = m.get("vs_strongest_baseline", {})
+        cells = [group, _fmt(m["value"]), _interval(m["ci95"]), *(_fmt(m.get(name)) for name in extra),
+                 _with_interval(b.get("fewer_tokens")), _with_interval(b.get("fewer_bytes")),
+                 BASELINE_NAMES.get(b.get("strongest", ""), ""), _with_interval(random_groups.get(group)),
+                 versus.get("verdict", ""), str(m["n"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def render_markdown(results: dict[str, Any]) -> str:
@@ -43,26 +151,24 @@ def render_markdown(results: dict[str, Any]) -> str:
                   for name, v in texts]
         lines.append("")
     if results.get("tasks"):
-        lines += [f"Tasks ({results.get('num_fewshot', 0)}-shot where the task has a prompt); 95% intervals: "
-                  "Wilson for accuracies, bootstrap for MCC. Chance: uniform guessing; majority: always giving "
-                  "the most common answer (tasks with the same answers on every item). Silver labels are crowd "
+        lines += _headline(results)
+        lines += ["", "## Scores", "",
+                  f"Tasks ({results.get('num_fewshot', 0)}-shot where the task has a prompt); 95% intervals: "
+                  "Wilson for accuracies, bootstrap for MCC (undefined when one answer is predicted throughout). "
+                  "acc sums the answer's log-likelihood; acc_norm_chars / acc_norm_bytes / acc_per_token divide it "
+                  "by the answer's characters / UTF-8 bytes / tokens, side by side. Silver labels are crowd "
                   "majority votes, not gold.", "",
                   "| task | metric | score | 95% interval | chance | majority | items | labels |",
                   "|---|---|---:|---|---:|---:|---:|---|"]
         for task, r in results["tasks"].items():
             for metric, m in r["metrics"].items():
-                lo, hi = m["ci95"]
-                lines.append(f"| {task} | {metric} | {_fmt(m['value'])} | [{_fmt(lo)}, {_fmt(hi)}] | "
+                lines.append(f"| {task} | {metric} | {_fmt(m['value'])} | {_interval(m['ci95'], m.get('undefined'))} | "
                              f"{_fmt(m['chance'])} | {_fmt(m.get('majority'))} | {m['n']} | {r['labels']} |")
+        lines += _baseline_table(results)
+        lines += _answers_table(results)
         for task, r in results["tasks"].items():
-            if not r.get("groups"):
-                continue
-            lines += ["", f"## {task} by group", "", "| group | acc | 95% interval | chance | items |",
-                      "|---|---:|---|---:|---:|"]
-            for group, m in r["groups"].items():
-                lo, hi = m["ci95"]
-                lines.append(f"| {group} | {_fmt(m['value'])} | [{_fmt(lo)}, {_fmt(hi)}] | {_fmt(m['chance'])} | "
-                             f"{m['n']} |")
+            if r.get("groups"):
+                lines += _group_table(task, r)
     if results.get("tasks_skipped"):
         lines += ["", "Skipped (eval.missing_tasks: skip):", ""]
         lines += [f"- {task}: {reason}" for task, reason in results["tasks_skipped"].items()]

@@ -104,21 +104,73 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder:
                                pad_id=tok.pad_id)
             results["heldout"][name] = acc.to_dict()
             log.info("held-out %s: %s", name, bpb.describe(acc))
+    results["tasks"], skipped = score_tasks(logits_fn, tok, eval_cfg, tasks=tasks, max_items=max_items,
+                                            max_len=max_len)
+    if skipped:
+        results["tasks_skipped"] = skipped
+    return results
+
+
+def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, *, tasks: Sequence[str],
+                max_items: int | None, max_len: int, quiet: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every task's result (see ``harness.evaluate_task``) and the tasks skipped for missing files."""
     encoder = PairEncoder(tok.encode, tok.eos_id)
-    results["tasks"] = {}
+    scored: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for data in load_tasks(tasks, eval_cfg, max_items, skipped):
         started = time.perf_counter()
         result = harness.evaluate_task(data, logits_fn, encoder, batch_size=eval_cfg.batch_size, max_len=max_len,
                                        num_fewshot=eval_cfg.num_fewshot, seed=eval_cfg.seed, pad_id=tok.pad_id)
         result["seconds"] = round(time.perf_counter() - started, 2)
-        results["tasks"][data.spec.name] = result
-        acc_metric = result["metrics"]["acc"]
-        log.info("%s: acc %.3f [%.3f, %.3f] (chance %.3f, %d items, %s labels)", data.spec.name, acc_metric["value"],
-                 *acc_metric["ci95"], acc_metric["chance"], result["items"], result["labels"])
-    if skipped:
-        results["tasks_skipped"] = skipped
-    return results
+        scored[data.spec.name] = result
+        if quiet:
+            continue
+        acc, versus = result["metrics"]["acc"], result["vs_strongest_baseline"]
+        log.info("%s: acc %.3f [%.3f, %.3f] (strongest baseline %s %.3f: %s; chance %.3f, %d items, %s labels)",
+                 data.spec.name, acc["value"], *acc["ci95"], versus["baseline"], versus["baseline_value"],
+                 versus["verdict"], acc["chance"], result["items"], result["labels"])
+        if result["answers"]["one_answer"]:
+            log.warning("%s: one answer ('%s') takes %.0f%% of the predictions", data.spec.name,
+                        result["answers"]["top"], 100 * result["answers"]["top_share"])
+    return scored, skipped
+
+
+def random_init_model(cfg: ExperimentConfig, meta: dict[str, Any]) -> Any:
+    """The checkpoint's architecture freshly initialised with the experiment's seed: what training starts
+    from (the same family initialisers and seed number; the trainer derives its key from the seed in its
+    own way, so the weights are another draw of the same distribution, not the step-0 bytes)."""
+    from model.family import get_family
+    from trainer.checkpoint import model_config_from_meta
+
+    model_cfg = model_config_from_meta(meta)
+    return get_family(model_cfg.family).init(model_cfg, int(meta["vocab_size"]), seed=cfg.experiment.seed)
+
+
+def add_random_init(results: dict[str, Any], scored: dict[str, Any], seed: int) -> None:
+    """Put the random-init model's accuracies (and per group) beside each task's own; its ``acc`` joins
+    the baselines, so the headline is against it where it beats every no-model rule."""
+    for task, result in scored.items():
+        if task not in results["tasks"]:
+            continue
+        target = results["tasks"][task]
+        entry: dict[str, Any] = {"seed": seed, "metrics": dict(result["metrics"]), "answers": result["answers"]}
+        join_baselines(target, result["metrics"]["acc"])
+        if "groups" in result:
+            entry["groups"] = {g: {"value": m["value"], "ci95": m["ci95"], "n": m["n"]}
+                               for g, m in result["groups"].items()}
+            for g, m in target.get("groups", {}).items():
+                if g in result["groups"]:
+                    join_baselines(m, result["groups"][g], own=m)
+        target["random_init"] = entry
+
+
+def join_baselines(target: dict[str, Any], random_acc: dict[str, Any], own: dict[str, Any] | None = None) -> None:
+    """Add the random-init accuracy to ``target['baselines']`` and redo the headline comparison."""
+    baselines = target["baselines"]
+    baselines["random_init"] = {"value": random_acc["value"], "ci95": random_acc["ci95"]}
+    if random_acc["value"] > baselines[baselines["strongest"]]["value"]:
+        baselines["strongest"] = "random_init"
+    target["vs_strongest_baseline"] = harness.versus_baseline(own or target["metrics"]["acc"], baselines)
 
 
 def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, float]:
@@ -134,6 +186,17 @@ def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, flo
     for task, result in results.get("tasks", {}).items():
         for metric, summary in result["metrics"].items():
             flat[f"{prefix}/{task}/{metric}"] = summary["value"]
+        if "baselines" in result:
+            versus = result["vs_strongest_baseline"]
+            flat[f"{prefix}/{task}/baseline_strongest"] = versus["baseline_value"]
+            flat[f"{prefix}/{task}/acc_minus_strongest_baseline"] = versus["margin"]
+            for name, baseline in result["baselines"].items():
+                if name != "strongest":
+                    flat[f"{prefix}/{task}/baseline_{name}"] = baseline["value"]
+            flat[f"{prefix}/{task}/answer_top_share"] = result["answers"]["top_share"]
+            flat[f"{prefix}/{task}/one_answer"] = float(result["answers"]["one_answer"])
+        if "random_init" in result:
+            flat[f"{prefix}/{task}/random_init_acc"] = result["random_init"]["metrics"]["acc"]["value"]
     return flat
 
 
@@ -239,6 +302,15 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
                              validation_batches=eval_cfg.max_validation_batches,
                              heldout_files=eval_cfg.heldout_text_files,
                              mixture=mixture_sets(cfg.train.mixture, run_folder.shards)))
+    if eval_cfg.random_init_baseline and results["tasks"]:
+        # the run's step 0: the same items scored by the untrained model (tasks only, no bits per byte)
+        log.info("scoring the same items with the random-init model (seed %d)", cfg.experiment.seed)
+        random_started = time.perf_counter()
+        scored, _ = score_tasks(model_logits_fn(random_init_model(cfg, meta)), tok, eval_cfg,
+                                tasks=list(results["tasks"]), max_items=eval_cfg.max_items_per_task,
+                                max_len=max_len, quiet=True)
+        add_random_init(results, scored, cfg.experiment.seed)
+        results["random_init_seconds"] = round(time.perf_counter() - random_started, 2)
     results["seconds"] = round(time.perf_counter() - started, 2)
     if eval_cfg.export_hf:
         from eval.hf_export import export_checkpoint

@@ -9,15 +9,19 @@ score the shared rest of the sentence. Every item starts a new document (EOS bef
 Templates are ``str.format`` strings over a record's fields. Answers are scored as text (the
 FineTasks way, where small base models rise above chance), never as letters.
 
-A source is a local file or a hub split. Local file schemas = the fields each template names plus
-``gold_field``; hub tasks read any local file with the hub record's fields via
-``eval.task_files.<task>``. Labels are ``gold`` or ``silver`` (crowd majority); silver is reported.
+A source is a local file or a hub split; each source is also a record schema (the fields its
+templates name plus ``gold_field`` with its ``gold_values``). A file given as ``eval.task_files.<task>``
+may be in any of its task's schemas: the one its first record fits is used (``schema_of``), and a
+record that fits none is named with every schema's fields. Labels are ``gold`` or ``silver`` (crowd
+majority); silver is reported.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +42,10 @@ class Source:
     config: str | None = None
     split: str = "test"
     labels: str = "gold"  # "gold" or "silver" (crowd majority vote)
+    schema: str = ""  # the schema's name in errors and docs ("" : "local" or "hub")
+
+    def schema_name(self) -> str:
+        return self.schema or ("hub" if self.hub else "local")
 
 
 @dataclass(frozen=True)
@@ -83,12 +91,68 @@ def _prepare_parus(fields: dict[str, Any]) -> dict[str, Any]:
             "choice2_text": _lower_first(str(fields["sent2" if "sent2" in fields else "choice2"]))}
 
 
+_EDGE_PUNCTUATION = "\"'«»„“”.,;:!?…()[]-—– "
+
+
+def _json_field(value: Any) -> Any:
+    """A list field as the JSON text a CSV or TSV copy stores it in."""
+    if isinstance(value, str) and value.strip()[:1] == "[":
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise KeyError(f"{value[:30]!r} (not valid JSON: {exc.msg})") from exc
+    return value
+
+
+def _spec_text(spec: Any) -> str:
+    """The raw text of an XWinograd release span: a string, or ``[raw text, token range, tokens, ...]``."""
+    return str(spec[0] if isinstance(spec, list) and spec else spec)
+
+
+def _locate_pronoun(text: str, pronoun: str, candidates: Sequence[str]) -> tuple[int, int]:
+    """Where the pronoun stands in the text: its first whole-word occurrence after both candidates were
+    first mentioned (the pronoun refers back to them), else its last occurrence."""
+    hits = [m.span() for m in re.finditer(rf"(?<!\w){re.escape(pronoun)}(?!\w)", text)]
+    if not hits:
+        raise KeyError(f"pronoun ({pronoun!r} does not occur in 'text')")
+    mentions = [text.find(c) for c in candidates]
+    after = max(mentions) if all(m >= 0 for m in mentions) else -1
+    return next((span for span in hits if span[0] > after), hits[-1])
+
+
+def _prepare_winograd_release(fields: dict[str, Any]) -> dict[str, Any]:
+    """XWinograd's original release (``text``, ``pronoun``, ``candidates``, ``label``) as the hub's
+    sentence with a blank: the pronoun's span becomes ``_``. The pronoun loses the punctuation a span
+    may carry ("его."), which stays in the sentence: otherwise nothing after the blank is left to score."""
+    candidates = _json_field(fields["candidates"])
+    if not isinstance(candidates, list) or len(candidates) != 2:
+        raise KeyError("candidates (a list of two answers)")
+    options = [_spec_text(c).strip(_EDGE_PUNCTUATION) for c in candidates]
+    pronoun = _spec_text(_json_field(fields["pronoun"])).strip(_EDGE_PUNCTUATION)
+    if not pronoun or not all(options):
+        raise KeyError("pronoun (empty after trimming punctuation)" if not pronoun else "candidates (an empty answer)")
+    text = str(fields["text"])
+    start, end = _locate_pronoun(text, pronoun, options)
+    label = fields.get("label")
+    if label in (None, ""):  # the release marks the right candidate inside its spec: [text, range, tokens, true]
+        flags = [bool(c[-1]) if isinstance(c, list) and len(c) >= 4 else None for c in candidates]
+        if flags.count(True) != 1:
+            raise KeyError("label")
+        label = flags.index(True)
+    return {**fields, "sentence": f"{text[:start]}_{text[end:]}", "option1": options[0], "option2": options[1],
+            "label": str(label)}
+
+
 def _prepare_winograd(fields: dict[str, Any]) -> dict[str, Any]:
     """Split the sentence at '_': each option fills the blank, the rest of the sentence is scored."""
+    if "sentence" not in fields and "text" in fields:
+        fields = _prepare_winograd_release(fields)
     sentence = str(fields["sentence"])
     if "_" not in sentence:
         raise KeyError("sentence (no '_' blank in it)")
     head, tail = sentence.split("_", 1)
+    if not tail.strip():
+        raise KeyError("sentence (nothing after the '_' blank to score)")
     return {**fields, "head": head, "tail": tail.strip()}
 
 
@@ -114,6 +178,13 @@ def _prepare_hellaswag(fields: dict[str, Any]) -> dict[str, Any]:
 PREPARERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "parus": _prepare_parus, "winograd": _prepare_winograd, "story": _prepare_story, "hellaswag": _prepare_hellaswag,
 }
+# the record fields each preparer reads ('a|b': either), for errors that say what a schema expects
+PREPARED_FROM: dict[str, tuple[str, ...]] = {
+    "parus": ("premise", "question", "sent1|choice1", "sent2|choice2"),
+    "winograd": ("sentence (with '_')", "option1", "option2"),
+    "story": ("input_sentence_1", "input_sentence_2", "input_sentence_3", "input_sentence_4"),
+    "hellaswag": ("ctx|ctx_a+ctx_b",),
+}
 
 _MC4_CHOICES = (" {option_a}", " {option_b}", " {option_c}", " {option_d}")
 _LETTERS = ("A", "B", "C", "D")
@@ -130,7 +201,9 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
     TaskSpec(
         name="rublimp", description="RuBLiMP minimal pairs: the grammatical sentence must score higher",
         sources=(Source("{rublimp_dir}", "", ("",)),), directory=True,
-        choices=("{source_sentence}", "{target_sentence}"), metrics=("acc",), group_field="PID", fewshot_ok=False,
+        # summed log-likelihood favours the shorter sentence; per-token and per-byte means are reported beside it
+        choices=("{source_sentence}", "{target_sentence}"), metrics=("acc", "acc_per_token", "acc_norm_bytes"),
+        group_field="PID", fewshot_ok=False,
     ),
     TaskSpec(
         name="parus", description="PARus (Russian COPA): the more plausible cause or effect",
@@ -169,7 +242,9 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
         name="xwinograd_ru", description="XWinograd (ru): the option that makes the rest of the sentence likely",
         contexts=("{head}{option1}", "{head}{option2}"), choices=(" {tail}", " {tail}"), prepare="winograd",
         metrics=("acc",),
-        sources=(Source("Muennighoff/xwinograd", "answer", ("1", "2"), hub=True, config="ru", split="test"),),
+        # the original release's records (text, pronoun, candidates, label) are read too: see _prepare_winograd
+        sources=(Source(f"{BENCH}/xwinograd/ru.jsonl", "label", ("0", "1"), schema="release"),
+                 Source("Muennighoff/xwinograd", "answer", ("1", "2"), hub=True, config="ru", split="test")),
     ),
     TaskSpec(
         name="xstorycloze_ru", description="XStoryCloze (ru): the right ending of a four-sentence story",
@@ -262,9 +337,9 @@ def build_item(spec: TaskSpec, source: Source, record: Record, group: str | None
     if not source.gold_field:  # minimal pairs: the first choice is the right one by construction
         gold = 0
     else:
-        if source.gold_field not in record.fields or record.fields[source.gold_field] in (None, ""):
+        if source.gold_field not in fields or fields[source.gold_field] in (None, ""):  # a preparer may derive it
             raise DataError(f"{record.at()}: missing field '{source.gold_field}' (the gold answer)")
-        value = str(record.fields[source.gold_field])
+        value = str(fields[source.gold_field])
         if value not in source.gold_values[:len(continuations)]:
             raise DataError(f"{record.at()}: field '{source.gold_field}' has {value!r}, not one of "
                             f"{list(source.gold_values[:len(continuations)])}")
@@ -276,4 +351,33 @@ def build_item(spec: TaskSpec, source: Source, record: Record, group: str | None
                 gold=gold, group=group)
 
 
-__all__ = ["TASKS", "Item", "Source", "TaskSpec", "build_item", "get_task", "template_fields"]
+def expected_fields(spec: TaskSpec, source: Source) -> str:
+    """What a record of this schema holds, in words: its fields and where the answer is."""
+    derived = {"stem", "choice1_text", "choice2_text", "head", "tail", "story", "query"}
+    names = [n for n in template_fields(spec) if n not in derived]
+    if spec.prepare:
+        names = [*PREPARED_FROM[spec.prepare], *(n for n in names if n not in PREPARED_FROM[spec.prepare])]
+        if source.schema == "release":
+            names = ["text", "pronoun", "candidates"]
+    if spec.choices_field:
+        names.append(f"{spec.choices_field} (list)")
+    gold = f"; gold '{source.gold_field}' in {list(source.gold_values)}" if source.gold_field else ""
+    return f"{source.schema_name()}: {', '.join(names)}{gold}"
+
+
+def schema_of(spec: TaskSpec, record: Record) -> Source:
+    """The task's schema (one of its sources) a record fits: the first whose fields and gold values it
+    has. A record that fits none is one error line naming what every schema expects and why it failed."""
+    reasons = []
+    for source in spec.sources:
+        try:
+            build_item(spec, source, record)
+        except DataError as exc:
+            reasons.append(f"{expected_fields(spec, source)} ({str(exc).removeprefix(record.at() + ': ')})")
+            continue
+        return source
+    raise DataError(f"{record.at()}: fits no schema of task '{spec.name}': {' | '.join(reasons)}")
+
+
+__all__ = ["TASKS", "Item", "Source", "TaskSpec", "build_item", "expected_fields", "get_task", "schema_of",
+           "template_fields"]

@@ -223,7 +223,7 @@ def test_environment_is_expanded_once_in_absent_and_present_sections(monkeypatch
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
     absent = load_config(write_yaml(tmp_path, "experiment: {name: x}\n"))
     assert absent.eval.bench_dir == "/data/${NOT_SET_ANYWHERE}/bench"  # a default_factory section, built at load
-    assert absent.eval.rublimp_dir == "/data/${NOT_SET_ANYWHERE}/bench/rublimp"
+    assert absent.eval.rublimp_dir == ""  # RuBLiMP follows eval.bench_dir
     present = load_config(write_yaml(tmp_path, "experiment: {name: x}\neval: {batch_size: 4, missing_tasks: skip}\n"))
     assert present.eval.bench_dir == absent.eval.bench_dir
 

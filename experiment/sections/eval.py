@@ -16,8 +16,8 @@ class EvalConfig:
     # names in eval.tasks.TASKS (checked where the eval starts: eval.tasks.check_task_names); the default: every task with local files in the shared bench folder
     tasks: list[str] = field(default_factory=lambda: ["rublimp", "parus", "terra", "rcb", "rucola", "ruworldtree"])
     bench_dir: str = SHARED_BENCH  # local benchmark files ({bench} in eval.tasks sources)
-    rublimp_dir: str = f"{SHARED_BENCH}/rublimp"
-    task_files: dict[str, str] = field(default_factory=dict)  # task -> local file in the hub record schema
+    rublimp_dir: str = ""  # RuBLiMP's folder of per-phenomenon CSVs; "": <bench_dir>/rublimp
+    task_files: dict[str, str] = field(default_factory=dict)  # task -> local file in any of the task's schemas
     missing_tasks: Literal["error", "skip"] = "error"  # a task whose files are absent: stop, or warn and skip
     max_items_per_task: int | None = None  # per phenomenon for RuBLiMP; None: all items
     balance_labels: bool = False  # draw capped items evenly over gold answers (chance = 1/choices exactly)
@@ -28,6 +28,7 @@ class EvalConfig:
     train_tasks: list[str] = field(default_factory=lambda: ["rublimp"])
     train_max_items_per_task: int = 10
     train_validation_batches: int = 5
+    random_init_baseline: bool = True  # recipe 05 also scores the tasks with the untrained model (the run's step 0)
     export_hf: bool = False  # also write a Hugging Face (Llama) export of the checkpoint to eval/hf/
 
     def validate(self, key: str) -> None:
