@@ -93,11 +93,11 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder:
     if heldout_files:
         results["heldout"] = {}
         for name, text in bpb.read_text_files(list(heldout_files)):
-            acc = bpb.text_bpb(logits_fn, tok.encode, [(name, text)], tok.eos_id, max_len, eval_cfg.batch_size,
+            acc = bpb.text_bpb(logits_fn, tok.encode, [(name, tok.normalize(text))], tok.eos_id, max_len, eval_cfg.batch_size,
                                pad_id=tok.pad_id)
             results["heldout"][name] = acc.to_dict()
             log.info("held-out %s: %s", name, bpb.describe(acc))
-    encoder = PairEncoder(tok.encode, tok.eos_id)
+    encoder = PairEncoder(tok.encode, tok.eos_id, tok.normalize)
     results["tasks"] = {}
     skipped: dict[str, str] = {}
     for data in load_tasks(tasks, eval_cfg, max_items, skipped):

@@ -67,7 +67,10 @@ def build_hf_tokenizer(sp: spm.SentencePieceProcessor) -> Tokenizer:
     else:
         raise ConfigError("config key 'tokenizer.hf_export': the Hugging Face export supports model_type unigram "
                           "or bpe; set tokenizer.hf_export=false for other models")
-    tokenizer.normalizer = normalizers.Replace(" ", WHITESPACE_MARK)
+    spaces = normalizers.Replace(" ", WHITESPACE_MARK)
+    charsmap = proto.normalizer_spec.precompiled_charsmap
+    # the character rules the model carries (tokenizer.normalization), compiled as SentencePiece has them
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Precompiled(charsmap), spaces]) if charsmap else spaces
     tokenizer.decoder = decoders.Sequence([decoders.Replace(WHITESPACE_MARK, " "), decoders.ByteFallback(),
                                            decoders.Fuse()])
     user_defined = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
