@@ -75,7 +75,8 @@ def build_hf_tokenizer(sp: spm.SentencePieceProcessor) -> Tokenizer:
                                            decoders.Fuse()])
     user_defined = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
                     if proto.pieces[i].type == model_pb2.ModelProto.SentencePiece.USER_DEFINED]
-    tokenizer.add_tokens([AddedToken(p, normalized=False, special=False) for p in user_defined])
+    # matched after the normalizer, as SentencePiece matches them in normalized text ("\r\n" is one "\n")
+    tokenizer.add_tokens([AddedToken(p, normalized=True, special=False) for p in user_defined])
     controls = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.is_control(i) or sp.is_unknown(i)]
     tokenizer.add_special_tokens([AddedToken(p, normalized=False, special=True) for p in controls])
     return tokenizer

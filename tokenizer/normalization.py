@@ -11,7 +11,7 @@ matching at each position: exactly how SentencePiece applies a compiled ``normal
 Decided on purpose, for Russian text:
 
 - no-break and other fixed-width spaces (U+00A0, U+2007, U+202F, U+2000-U+200A, U+205F, U+3000,
-  U+1680) and the tab become a plain space: typesetters insert them ("т.\u00a0е.", "1\u00a0000") where
+  U+1680) become a plain space (a tab stays: like runs of spaces it is layout, which corpus building collapses): typesetters insert them ("т.\u00a0е.", "1\u00a0000") where
   other texts of the same words have a space, so keeping them would split the vocabulary in two and a
   model trained on cleaned text would meet them only as byte pieces;
 - U+2028/U+2029 and a carriage return (alone or before a newline) become a newline;
@@ -25,7 +25,7 @@ Decided on purpose, for Russian text:
   letters are kept (their composed forms match first);
 - ё stays ё (never folded to е) and й stays й; a decomposed ё or й (е + U+0308, и + U+0306) is composed,
   as is every other character with a canonical composition (NFC);
-- control characters (but the newline), format characters (soft hyphen, zero-width spaces and joiners,
+- control characters (but the newline and NUL), format characters (soft hyphen, zero-width spaces and joiners,
   BOM, bidi marks), BMP private-use characters, tag characters and the musical formatting marks are
   dropped.
 
@@ -45,7 +45,7 @@ from pathlib import Path
 # is a new name, so a model trained under the old rules is recognisably different.
 NORMALIZATION_NAME = "ru_text_v1"
 
-SPECIAL_SPACES = "\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000\t"
+SPECIAL_SPACES = "\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
 STRESS_MARKS = "\u0301\u0300\u0341\u0340"
 _EXPLICIT: dict[str, str] = {
     "\r\n": "\n", "\r": "\n", "\u2028": "\n", "\u2029": "\n",
@@ -61,8 +61,9 @@ _EXPLICIT: dict[str, str] = {
 
 
 def _dropped_characters() -> list[str]:
-    """Control (not the newline), format, BMP private-use, tag and musical formatting characters."""
-    dropped = [chr(c) for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)] if chr(c) not in "\n\t\r"]
+    """Control (not the newline), format, BMP private-use, tag and musical formatting characters. NUL is
+    left out: SentencePiece's rule table cannot hold it as a source (corpus building still drops it)."""
+    dropped = [chr(c) for c in [*range(0x01, 0x20), *range(0x7F, 0xA0)] if chr(c) not in "\n\t\r"]
     dropped += [chr(c) for c in range(0x10000) if unicodedata.category(chr(c)) == "Cf"]
     dropped += [chr(c) for c in [*range(0xE000, 0xF900), *range(0xE0000, 0xE0080), *range(0x1D173, 0x1D17B)]]
     return dropped
