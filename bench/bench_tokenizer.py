@@ -186,14 +186,38 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+class NoRun:
+    """Stands in for W&B: the benchmark keeps its numbers in report.json."""
+
+    summary: dict[str, Any] = {}
+
+    def log(self, _data: dict[str, Any]) -> None: ...
+
+    def log_artifact(self, _artifact: Any) -> None: ...
+
+
+def run_stage_on(cfg: Any, folder: Any, docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write ``docs`` as a finished corpus folder, run the recipe-02 stage, return its report.json."""
+    from experiment.files import atomic_write_bytes
+    from experiment.manifest import write_manifest
+    from tokenizer.train import train_tokenizer
+
+    data = "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs).encode("utf-8")
+    atomic_write_bytes(folder.corpus / "docs-00000.jsonl", data)
+    write_manifest(folder.corpus, "corpus", {
+        "shards": [{"file": "docs-00000.jsonl", "documents": len(docs), "bytes": len(data), "sha256": ""}],
+        "documents": len(docs), "bytes": len(data), "sources": sorted({d["source"] for d in docs}), "counts": {},
+        "config": {},
+    })
+    train_tokenizer(cfg, folder, NoRun())
+    return json.loads((folder.tokenizer / "report.json").read_text(encoding="utf-8"))
+
+
 def stage_report(args: argparse.Namespace) -> dict[str, Any]:
     """Run the real recipe-02 stage on ruslit and return its headline figures."""
     from experiment.config import build_dataclass
-    from experiment.files import atomic_write_bytes
-    from experiment.manifest import write_manifest
     from experiment.runfolder import RunFolder
     from experiment.schema import ExperimentConfig
-    from tokenizer.train import train_tokenizer
 
     cfg = build_dataclass(ExperimentConfig, {
         "experiment": {"name": "ruslit-tokenizer", "run_root": str(args.stage_report), "seed": 0},
@@ -202,24 +226,8 @@ def stage_report(args: argparse.Namespace) -> dict[str, Any]:
         "shards": {"validation_percent": VALIDATION_PERCENT},
     })
     folder = RunFolder.for_config(cfg)
-    docs = ruslit_documents(args.max_mb)
-    data = "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs).encode("utf-8")
-    atomic_write_bytes(folder.corpus / "docs-00000.jsonl", data)
-    write_manifest(folder.corpus, "corpus", {
-        "shards": [{"file": "docs-00000.jsonl", "documents": len(docs), "bytes": len(data), "sha256": ""}],
-        "documents": len(docs), "bytes": len(data), "sources": ["ruslit"], "counts": {}, "config": {},
-    })
-
-    class NoRun:  # the benchmark keeps its numbers in report.json, not W&B
-        summary: dict[str, Any] = {}
-
-        def log(self, _data: dict[str, Any]) -> None: ...
-
-        def log_artifact(self, _artifact: Any) -> None: ...
-
     started = time.perf_counter()
-    train_tokenizer(cfg, folder, NoRun())
-    report = json.loads((folder.tokenizer / "report.json").read_text(encoding="utf-8"))
+    report = run_stage_on(cfg, folder, ruslit_documents(args.max_mb))
     headline = {}
     for name, result in report["tokenizers"].items():
         headline[name] = {
@@ -285,13 +293,10 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
     """Recipe 02 with whole authors and two outside samples held out, then LLM tokenizers on the same text."""
     from data_prep.corpus.normalize import normalize_text
     from experiment.config import build_dataclass
-    from experiment.files import atomic_write_bytes
-    from experiment.manifest import write_manifest
     from experiment.runfolder import RunFolder
     from experiment.schema import ExperimentConfig
     from tokenizer.report import measure_tokenizer
     from tokenizer.texts import split_corpus
-    from tokenizer.train import train_tokenizer
 
     docs = []
     for doc in ruslit_documents(args.max_mb):
@@ -312,24 +317,8 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
         "shards": {"validation_percent": VALIDATION_PERCENT},
     })
     folder = RunFolder.for_config(cfg)
-    data = "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs).encode("utf-8")
-    atomic_write_bytes(folder.corpus / "docs-00000.jsonl", data)
-    write_manifest(folder.corpus, "corpus", {
-        "shards": [{"file": "docs-00000.jsonl", "documents": len(docs), "bytes": len(data), "sha256": ""}],
-        "documents": len(docs), "bytes": len(data), "sources": sorted({d["source"] for d in docs}), "counts": {},
-        "config": {},
-    })
-
-    class NoRun:  # the benchmark keeps its numbers in report.json, not W&B
-        summary: dict[str, Any] = {}
-
-        def log(self, _data: dict[str, Any]) -> None: ...
-
-        def log_artifact(self, _artifact: Any) -> None: ...
-
     started = time.perf_counter()
-    train_tokenizer(cfg, folder, NoRun())
-    report = json.loads((folder.tokenizer / "report.json").read_text(encoding="utf-8"))
+    report = run_stage_on(cfg, folder, docs)
     results = report["tokenizers"]
     split = split_corpus(folder.corpus, VALIDATION_PERCENT, 100_000, unseen)
     for tok in llm_tokenizers(args.llm_dir):
