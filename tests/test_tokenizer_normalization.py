@@ -127,5 +127,15 @@ def test_heldout_sources_are_never_trained_on_and_are_reported(tmp_path: Path) -
     assert "wiki (never trained on)" in (folder.tokenizer / "report.md").read_text(encoding="utf-8")
 
 
+def test_bad_normalization_keys_name_the_key(tmp_path: Path) -> None:
+    from experiment.errors import ConfigError
+    from tests.test_tokenizer import make_config
+
+    with pytest.raises(ConfigError, match=r"tokenizer\.heldout_sources\[1\]"):
+        make_config(tmp_path, heldout_sources=["wiki", ""])
+    with pytest.raises(ConfigError, match=r"tokenizer\.normalization"):
+        make_config(tmp_path, normalization="nfkc")
+
+
 def test_stress_marked_word_counts_as_the_plain_word() -> None:
     assert normalize_characters(unicodedata.normalize("NFD", "Ёлка́")) == "Ёлка"

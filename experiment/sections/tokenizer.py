@@ -72,6 +72,9 @@ class TokenizerConfig:
                 raise ConfigError(f"config key '{prefix}{name}': {value} must be in [0, vocab_size)")
         if len(set(special.values())) != len(special):
             raise ConfigError(f"config key '{prefix}pad_id/unk_id/bos_id/eos_id': special ids must differ, got {special}")
+        for i, source in enumerate(self.heldout_sources):
+            if not source:
+                raise ConfigError(f"config key '{prefix}heldout_sources[{i}]': empty source name")
         for i, symbol in enumerate(self.user_defined_symbols):
             if not symbol:
                 raise ConfigError(f"config key '{prefix}user_defined_symbols[{i}]': empty symbol")
