@@ -313,7 +313,8 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
         "experiment": {"name": "ruslit-unseen", "run_root": str(args.unseen), "seed": 0},
         "tokenizer": {"vocab_size": args.vocab_size, "model_type": args.model_type, "report_max_docs": 100_000,
                       "split_digits": not args.no_split_digits, "normalization": args.normalization,
-                      "heldout_sources": unseen, "hf_export": False, "num_threads": os.cpu_count() or 1},
+                      "heldout_sources": unseen, "hf_export": False, "num_threads": os.cpu_count() or 1,
+                      "baseline_hf_bpe": not args.no_hf_baseline},
         "shards": {"validation_percent": VALIDATION_PERCENT},
     })
     folder = RunFolder.for_config(cfg)
@@ -348,6 +349,7 @@ def main() -> None:
     parser.add_argument("--unseen-authors", nargs="+", default=["Herzen", "Lermontov"])
     parser.add_argument("--extra-train", nargs="*", default=[], help="Debian packages whose text joins training")
     parser.add_argument("--no-split-digits", action="store_true", help="tokenizer.split_digits=false")
+    parser.add_argument("--no-hf-baseline", action="store_true", help="skip the HF byte-level BPE baseline (--unseen)")
     parser.add_argument("--normalization", default="ru_text_v1", choices=["ru_text_v1", "identity"])
     parser.add_argument("--debian-cache", type=Path, default=Path("/tmp/bench-debian"))
     parser.add_argument("--llm-dir", type=Path, default=None,
