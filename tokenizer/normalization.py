@@ -11,9 +11,10 @@ matching at each position: exactly how SentencePiece applies a compiled ``normal
 Decided on purpose, for Russian text:
 
 - no-break and other fixed-width spaces (U+00A0, U+2007, U+202F, U+2000-U+200A, U+205F, U+3000,
-  U+1680) become a plain space (a tab stays: like runs of spaces it is layout, which corpus building collapses): typesetters insert them ("т.\u00a0е.", "1\u00a0000") where
-  other texts of the same words have a space, so keeping them would split the vocabulary in two and a
-  model trained on cleaned text would meet them only as byte pieces;
+  U+1680) become a plain space: typesetters insert them ("т.\u00a0е.", "1\u00a0000") where other texts
+  of the same words have a space, so keeping them would split the vocabulary in two and a model trained
+  on cleaned text would meet them only as byte pieces. A tab stays: like runs of spaces it is layout,
+  which corpus building collapses;
 - U+2028/U+2029 and a carriage return (alone or before a newline) become a newline;
 - typographic quotes «» „ “ ” stay (the Russian norm, learned as pieces); the single quotes ‘ ’ ‚ ‛
   become the apostrophe ' and ‟ becomes " (rare variants of the same marks);
@@ -25,7 +26,7 @@ Decided on purpose, for Russian text:
   letters are kept (their composed forms match first);
 - ё stays ё (never folded to е) and й stays й; a decomposed ё or й (е + U+0308, и + U+0306) is composed,
   as is every other character with a canonical composition (NFC);
-- control characters (but the newline and NUL), format characters (soft hyphen, zero-width spaces and joiners,
+- control characters (but the newline, the tab and NUL), format characters (soft hyphen, zero-width spaces and joiners,
   BOM, bidi marks), BMP private-use characters, tag characters and the musical formatting marks are
   dropped.
 
