@@ -26,9 +26,9 @@ Decided on purpose, for Russian text:
   letters are kept (their composed forms match first);
 - ё stays ё (never folded to е) and й stays й; a decomposed ё or й (е + U+0308, и + U+0306) is composed,
   as is every other character with a canonical composition (NFC);
-- control characters (but the newline, the tab and NUL), format characters (soft hyphen, zero-width spaces and joiners,
-  BOM, bidi marks), BMP private-use characters, tag characters and the musical formatting marks are
-  dropped.
+- control characters (but the newline, the tab and NUL), format characters (soft hyphen, zero-width
+  spaces and joiners, BOM, bidi marks), BMP private-use characters, tag characters and the musical
+  formatting marks are dropped.
 
 Whitespace runs and blank lines are a document's layout, not characters: corpus building collapses
 them (``data_prep.corpus.normalize``), evaluation inputs keep them.
