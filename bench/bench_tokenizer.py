@@ -11,6 +11,18 @@ ratio is the median of the per-round ratios. Prints one JSON object.
 ``--stage-report DIR`` instead builds a corpus folder from ruslit under DIR and runs the real
 recipe-02 stage on it (report.json with the baseline beside SentencePiece, round-trip on every
 held-out document), printing the headline figures.
+
+``--unseen DIR`` measures text the tokenizer never saw: the corpus folder (every document through recipe
+01's ``normalize_text``) holds ruslit with whole authors held out (``--unseen-authors``, sources
+``unseen-<genre>``), a wiki-style sample (Debian's ``debian-faq-ru``, the Debian FAQ in Russian, HTML
+prose) and a social-style sample (``fortunes-ru``: Russian jokes, chat and forum quotes), both held out
+whole (``tokenizer.heldout_sources``), plus the usual 5% of the seen authors' documents. The recipe-02
+stage trains on the rest (``--extra-train`` adds Debian packages' text to training) and writes its report;
+the same held-out documents are then measured with widely used LLM tokenizers from the files a registry
+package ships (``--llm-dir``: ``mistral_common/data`` of the ``mistral-common`` wheel, fetched with
+``pip download --no-deps mistral-common``: Mistral 7B's SentencePiece ``tokenizer.model.v1`` and
+Tekken ``tekken_240911.json``, read with ``tiktoken``). Debian packages are fetched with ``apt-get
+download`` into ``--debian-cache``.
 """
 
 from __future__ import annotations
@@ -174,14 +186,38 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+class NoRun:
+    """Stands in for W&B: the benchmark keeps its numbers in report.json."""
+
+    summary: dict[str, Any] = {}
+
+    def log(self, _data: dict[str, Any]) -> None: ...
+
+    def log_artifact(self, _artifact: Any) -> None: ...
+
+
+def run_stage_on(cfg: Any, folder: Any, docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write ``docs`` as a finished corpus folder, run the recipe-02 stage, return its report.json."""
+    from experiment.files import atomic_write_bytes
+    from experiment.manifest import write_manifest
+    from tokenizer.train import train_tokenizer
+
+    data = "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs).encode("utf-8")
+    atomic_write_bytes(folder.corpus / "docs-00000.jsonl", data)
+    write_manifest(folder.corpus, "corpus", {
+        "shards": [{"file": "docs-00000.jsonl", "documents": len(docs), "bytes": len(data), "sha256": ""}],
+        "documents": len(docs), "bytes": len(data), "sources": sorted({d["source"] for d in docs}), "counts": {},
+        "config": {},
+    })
+    train_tokenizer(cfg, folder, NoRun())
+    return json.loads((folder.tokenizer / "report.json").read_text(encoding="utf-8"))
+
+
 def stage_report(args: argparse.Namespace) -> dict[str, Any]:
     """Run the real recipe-02 stage on ruslit and return its headline figures."""
     from experiment.config import build_dataclass
-    from experiment.files import atomic_write_bytes
-    from experiment.manifest import write_manifest
     from experiment.runfolder import RunFolder
     from experiment.schema import ExperimentConfig
-    from tokenizer.train import train_tokenizer
 
     cfg = build_dataclass(ExperimentConfig, {
         "experiment": {"name": "ruslit-tokenizer", "run_root": str(args.stage_report), "seed": 0},
@@ -190,24 +226,8 @@ def stage_report(args: argparse.Namespace) -> dict[str, Any]:
         "shards": {"validation_percent": VALIDATION_PERCENT},
     })
     folder = RunFolder.for_config(cfg)
-    docs = ruslit_documents(args.max_mb)
-    data = "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs).encode("utf-8")
-    atomic_write_bytes(folder.corpus / "docs-00000.jsonl", data)
-    write_manifest(folder.corpus, "corpus", {
-        "shards": [{"file": "docs-00000.jsonl", "documents": len(docs), "bytes": len(data), "sha256": ""}],
-        "documents": len(docs), "bytes": len(data), "sources": ["ruslit"], "counts": {}, "config": {},
-    })
-
-    class NoRun:  # the benchmark keeps its numbers in report.json, not W&B
-        summary: dict[str, Any] = {}
-
-        def log(self, _data: dict[str, Any]) -> None: ...
-
-        def log_artifact(self, _artifact: Any) -> None: ...
-
     started = time.perf_counter()
-    train_tokenizer(cfg, folder, NoRun())
-    report = json.loads((folder.tokenizer / "report.json").read_text(encoding="utf-8"))
+    report = run_stage_on(cfg, folder, ruslit_documents(args.max_mb))
     headline = {}
     for name, result in report["tokenizers"].items():
         headline[name] = {
@@ -222,6 +242,99 @@ def stage_report(args: argparse.Namespace) -> dict[str, Any]:
             **headline}
 
 
+UNSEEN_SAMPLES = {"wiki-debian-faq": ["debian-faq-ru"], "social-fortunes": ["fortunes-ru"]}
+
+
+def debian_documents(packages: list[str], source: str, cache: Path) -> list[dict[str, Any]]:
+    """Documents of Debian packages as recipe 01 reads them (its reader and its normalization)."""
+    from data_prep.corpus.debian import iter_debian_source
+    from data_prep.corpus.documents import DocumentNumberer
+    from data_prep.corpus.normalize import normalize_text
+    from experiment.sections.corpus import SourceConfig
+
+    cfg = SourceConfig(kind="debian", name=source, packages=packages, cache_dir=str(cache))
+    docs = []
+    for raw in iter_debian_source(cfg, DocumentNumberer(cfg, 0), source, cache):
+        text = normalize_text(raw.text) if raw.text else ""
+        if len(text) >= 200:
+            docs.append({"id": raw.id, "source": source, "text": text})
+    return docs
+
+
+def llm_tokenizers(llm_dir: Path | None) -> list[Any]:
+    """Mistral 7B's SentencePiece (32k) and Tekken (Mistral NeMo, 131k) from the mistral-common wheel."""
+    if llm_dir is None:
+        return []
+    import base64
+
+    import sentencepiece as spm
+    import tiktoken
+
+    from tokenizer.measured import MeasuredTokenizer, sentencepiece_under_test
+
+    sp = spm.SentencePieceProcessor(model_file=str(llm_dir / "tokenizer.model.v1"))
+    # Llama-style SentencePiece adds a dummy prefix: a word in running text is measured as "▁word" either way
+    found = [sentencepiece_under_test(sp, name="mistral_7b_sentencepiece")]
+    tekken = json.loads((llm_dir / "tekken_240911.json").read_text(encoding="utf-8"))
+    config = tekken["config"]
+    # as mistral-common loads it: the first vocabulary ranks, after the special tokens' ids
+    inner = config["default_vocab_size"] - config["default_num_special_tokens"]
+    ranks = {base64.b64decode(t["token_bytes"]): t["rank"] for t in tekken["vocab"][:inner]}
+    enc = tiktoken.Encoding(name="tekken", pat_str=config["pattern"], mergeable_ranks=ranks, special_tokens={})
+    found.append(MeasuredTokenizer(
+        name="mistral_tekken", vocab_size=len(ranks),
+        encode=lambda text: enc.encode(text, disallowed_special=()), decode=enc.decode,
+        is_byte_fallback=None, is_unknown=lambda _i: False,
+        surface=lambda i: enc.decode_single_token_bytes(i).decode("utf-8", "replace")))
+    return found
+
+
+def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
+    """Recipe 02 with whole authors and two outside samples held out, then LLM tokenizers on the same text."""
+    from data_prep.corpus.normalize import normalize_text
+    from experiment.config import build_dataclass
+    from experiment.runfolder import RunFolder
+    from experiment.schema import ExperimentConfig
+    from tokenizer.report import measure_tokenizer
+    from tokenizer.texts import split_corpus
+
+    docs = []
+    for doc in ruslit_documents(args.max_mb):
+        author = doc["id"].split("/")[2]
+        source = f"unseen-{doc['source']}" if author in args.unseen_authors else doc["source"]
+        docs.append({**doc, "source": source, "text": normalize_text(doc["text"])})
+    unseen = sorted({d["source"] for d in docs if d["source"].startswith("unseen-")})
+    for source, packages in UNSEEN_SAMPLES.items():
+        docs += debian_documents(packages, source, args.debian_cache)
+        unseen.append(source)
+    if args.extra_train:
+        docs += debian_documents(args.extra_train, "debian-train", args.debian_cache)
+    cfg = build_dataclass(ExperimentConfig, {
+        "experiment": {"name": "ruslit-unseen", "run_root": str(args.unseen), "seed": 0},
+        "tokenizer": {"vocab_size": args.vocab_size, "model_type": args.model_type, "report_max_docs": 100_000,
+                      "split_digits": not args.no_split_digits, "normalization": args.normalization,
+                      "heldout_sources": unseen, "hf_export": False, "num_threads": os.cpu_count() or 1,
+                      "baseline_hf_bpe": not args.no_hf_baseline},
+        "shards": {"validation_percent": VALIDATION_PERCENT},
+    })
+    folder = RunFolder.for_config(cfg)
+    started = time.perf_counter()
+    report = run_stage_on(cfg, folder, docs)
+    results = report["tokenizers"]
+    split = split_corpus(folder.corpus, VALIDATION_PERCENT, 100_000, unseen)
+    for tok in llm_tokenizers(args.llm_dir):
+        results[tok.name] = measure_tokenizer(tok, split.heldout)
+    metrics = ("chars_per_token", "bytes_per_token", "byte_fallback_share", "words_within_two_tokens")
+    table = {name: {source: {"documents": m["documents"], "chars": m["chars"], **{k: m[k] for k in metrics}}
+                    for source, m in result["by_source"].items()}
+             for name, result in results.items()}
+    return {"bench": "tokenizer-unseen", "vocab_size": args.vocab_size, "model_type": args.model_type,
+            "split_digits": not args.no_split_digits, "normalization": args.normalization,
+            "unseen_authors": args.unseen_authors, "unseen_sources": unseen, "extra_train": args.extra_train,
+            "train": report["train"], "stage_seconds": round(time.perf_counter() - started, 1),
+            "report": str(folder.tokenizer / "report.md"), "by_source": table}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab-size", type=int, default=32_000)
@@ -231,8 +344,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (a fresh process per side each)")
     parser.add_argument("--stage-report", type=Path, default=None,
                         help="run the recipe-02 stage on ruslit with its run root here instead")
+    parser.add_argument("--unseen", type=Path, default=None,
+                        help="run the recipe-02 stage with whole authors and outside samples held out (run root here)")
+    parser.add_argument("--unseen-authors", nargs="+", default=["Herzen", "Lermontov"])
+    parser.add_argument("--extra-train", nargs="*", default=[], help="Debian packages whose text joins training")
+    parser.add_argument("--no-split-digits", action="store_true", help="tokenizer.split_digits=false")
+    parser.add_argument("--no-hf-baseline", action="store_true", help="skip the HF byte-level BPE baseline (--unseen)")
+    parser.add_argument("--normalization", default="ru_text_v1", choices=["ru_text_v1", "identity"])
+    parser.add_argument("--debian-cache", type=Path, default=Path("/tmp/bench-debian"))
+    parser.add_argument("--llm-dir", type=Path, default=None,
+                        help="mistral_common/data of the mistral-common wheel (LLM tokenizers measured beside)")
     args = parser.parse_args()
-    result = stage_report(args) if args.stage_report else compare(args)
+    result = unseen_report(args) if args.unseen else stage_report(args) if args.stage_report else compare(args)
     print(json.dumps(result, ensure_ascii=False, indent=2))
 
 

@@ -128,9 +128,10 @@ class PairEncoder:
     ' Да' whatever the template did. Contexts repeat across choices: they are encoded once.
     """
 
-    def __init__(self, encode: Encode, start_id: int) -> None:
+    def __init__(self, encode: Encode, start_id: int, normalize: Callable[[str], str] | None = None) -> None:
         self.encode = encode
         self.start_id = start_id
+        self.normalize = normalize  # the tokenizer's text normalization (RunTokenizer.normalize), before the split
         self._cache: dict[str, list[int]] = {}
 
     def _ids(self, text: str) -> list[int]:
@@ -139,6 +140,8 @@ class PairEncoder:
         return self._cache[text]
 
     def __call__(self, context: str, continuation: str) -> ScoreRequest:
+        if self.normalize is not None:
+            context, continuation = self.normalize(context), self.normalize(continuation)
         stripped = context.rstrip(" ")
         continuation = context[len(stripped):] + continuation
         return ScoreRequest(context=[self.start_id, *self._ids(stripped)], continuation=list(self.encode(continuation)))

@@ -100,7 +100,7 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder:
     if heldout_files:
         results["heldout"] = {}
         for name, text in bpb.read_text_files(list(heldout_files)):
-            acc = bpb.text_bpb(logits_fn, tok.encode, [(name, text)], tok.eos_id, max_len, eval_cfg.batch_size,
+            acc = bpb.text_bpb(logits_fn, tok.encode, [(name, tok.normalize(text))], tok.eos_id, max_len, eval_cfg.batch_size,
                                pad_id=tok.pad_id)
             results["heldout"][name] = acc.to_dict()
             log.info("held-out %s: %s", name, bpb.describe(acc))
@@ -114,7 +114,7 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder:
 def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, *, tasks: Sequence[str],
                 max_items: int | None, max_len: int, quiet: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
     """Every task's result (see ``harness.evaluate_task``) and the tasks skipped for missing files."""
-    encoder = PairEncoder(tok.encode, tok.eos_id)
+    encoder = PairEncoder(tok.encode, tok.eos_id, tok.normalize)
     scored: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for data in load_tasks(tasks, eval_cfg, max_items, skipped):

@@ -165,7 +165,7 @@ def adopt_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
     source_files = copy_hf_files(model_file, data, target, out_dir)
     log.info("adopted the %s tokenizer %s (%d tokens, special ids %s)", kind, model_file, vocab_size, special)
 
-    split = split_corpus(corpus_dir, cfg.shards.validation_percent, tok.report_max_docs)
+    split = split_corpus(corpus_dir, cfg.shards.validation_percent, tok.report_max_docs, tok.heldout_sources)
     report = build_report(cfg, measured, split, corpus_dir)
     report["adopted_from"] = str(model_file)
     write_report(out_dir, report)

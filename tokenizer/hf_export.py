@@ -67,12 +67,16 @@ def build_hf_tokenizer(sp: spm.SentencePieceProcessor) -> Tokenizer:
     else:
         raise ConfigError("config key 'tokenizer.hf_export': the Hugging Face export supports model_type unigram "
                           "or bpe; set tokenizer.hf_export=false for other models")
-    tokenizer.normalizer = normalizers.Replace(" ", WHITESPACE_MARK)
+    spaces = normalizers.Replace(" ", WHITESPACE_MARK)
+    charsmap = proto.normalizer_spec.precompiled_charsmap
+    # the character rules the model carries (tokenizer.normalization), compiled as SentencePiece has them
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Precompiled(charsmap), spaces]) if charsmap else spaces
     tokenizer.decoder = decoders.Sequence([decoders.Replace(WHITESPACE_MARK, " "), decoders.ByteFallback(),
                                            decoders.Fuse()])
     user_defined = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
                     if proto.pieces[i].type == model_pb2.ModelProto.SentencePiece.USER_DEFINED]
-    tokenizer.add_tokens([AddedToken(p, normalized=False, special=False) for p in user_defined])
+    # matched after the normalizer, as SentencePiece matches them in normalized text ("\r\n" is one "\n")
+    tokenizer.add_tokens([AddedToken(p, normalized=True, special=False) for p in user_defined])
     controls = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.is_control(i) or sp.is_unknown(i)]
     tokenizer.add_special_tokens([AddedToken(p, normalized=False, special=True) for p in controls])
     return tokenizer

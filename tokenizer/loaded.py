@@ -22,6 +22,7 @@ import sentencepiece as spm
 from experiment.errors import DataError
 from experiment.stages import TOKENIZER
 from tokenizer.measured import BYTE_PIECE
+from tokenizer.normalization import normalize_characters
 from tokenizer.spm import MODEL_FILE, eos_and_pad_ids, load_tokenizer, piece_byte_lengths, verified_model_file
 
 KIND_SENTENCEPIECE = "sentencepiece"
@@ -56,6 +57,12 @@ class RunTokenizer:
     sp: spm.SentencePieceProcessor | None = None  # the SentencePiece kind
     hf: Any = None  # the tokenizers.Tokenizer of the HF kind
     _piece_bytes: np.ndarray | None = field(default=None, init=False, repr=False)
+
+    def normalize(self, text: str) -> str:
+        """``text`` as the corpus and this tokenizer's training saw it (``tokenizer.normalization``): what an
+        evaluation input is scored and counted in bytes as. The trained model applies the same rules
+        itself, so its ids do not change; an adopted tokenizer then also meets text in the corpus's form."""
+        return normalize_characters(text)
 
     def encode(self, text: str) -> list[int]:
         if self.sp is not None:

@@ -35,13 +35,22 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return round(numerator / denominator, 4) if denominator else None
 
 
+def short_word_share(tok: MeasuredTokenizer, words: Counter[str]) -> float | None:
+    """Share of running words (``\\w+``, counted with repeats) that take at most two tokens, each word
+    encoded as it stands in text, after a space (the T-pro 2.0 report's measure of fit to a language)."""
+    short = sum(n for word, n in words.items() if len(tok.encode(" " + word)) <= 2)
+    return _ratio(short, sum(words.values()))
+
+
 def measure_documents(tok: MeasuredTokenizer, docs: Iterable[dict[str, Any]], counts: Counter[int]) -> dict[str, Any]:
-    """Compression, fertility, fallback, unknown and round-trip figures over ``docs``."""
+    """Compression, fertility, fallback, unknown, short-word and round-trip figures over ``docs``."""
     documents = chars = n_bytes = words = tokens = fallback = unknown = exact = 0
     failures: list[str] = []
+    word_counts: Counter[str] = Counter()
     for doc in docs:
         text = doc["text"]
         ids = tok.encode(text)
+        word_counts.update(_WORD.findall(text))
         counts.update(ids)
         documents += 1
         chars += len(text)
@@ -58,7 +67,7 @@ def measure_documents(tok: MeasuredTokenizer, docs: Iterable[dict[str, Any]], co
     return {
         "documents": documents, "chars": chars, "bytes": n_bytes, "words": words, "tokens": tokens,
         "chars_per_token": _ratio(chars, tokens), "bytes_per_token": _ratio(n_bytes, tokens),
-        "tokens_per_word": _ratio(tokens, words),
+        "tokens_per_word": _ratio(tokens, words), "words_within_two_tokens": short_word_share(tok, word_counts),
         "byte_fallback_share": None if tok.is_byte_fallback is None else _ratio(fallback, tokens),
         "unk_rate": _ratio(unknown, tokens), "roundtrip_exact": _ratio(exact, documents),
         "roundtrip_exact_documents": exact, "roundtrip_failures": failures,
@@ -116,7 +125,7 @@ def build_report(cfg: Any, run_tokenizer: MeasuredTokenizer, split: Any, corpus_
         log.info("training the Hugging Face byte-level BPE baseline at vocabulary %d", tok_cfg.vocab_size)
         started = time.perf_counter()
         # Whole documents, as this baseline is normally trained: its pre-tokenizer splits them itself.
-        texts = training_texts(iter_documents(corpus_dir), cfg.shards.validation_percent)
+        texts = training_texts(iter_documents(corpus_dir), cfg.shards.validation_percent, tok_cfg.heldout_sources)
         baseline = train_bytelevel_bpe(texts, tok_cfg.vocab_size)
         tokenizers.append(bytelevel_bpe_under_test(baseline, time.perf_counter() - started))
     log.info("measuring %d tokenizer(s) on %d held-out documents", len(tokenizers), len(split.heldout_docs()))
@@ -126,14 +135,17 @@ def build_report(cfg: Any, run_tokenizer: MeasuredTokenizer, split: Any, corpus_
             "documents_total": split.heldout_documents,
             "sources": {source: len(docs) for source, docs in sorted(split.heldout.items())},
             "validation_percent": cfg.shards.validation_percent,
+            "unseen_sources": sorted(tok_cfg.heldout_sources),
         },
         "train": {"documents": split.train_documents, "chars": split.train_chars},
         "tokenizers": {tok.name: measure_tokenizer(tok, split.heldout) for tok in tokenizers},
     }
 
 
-_TABLE_METRICS = ("chars_per_token", "bytes_per_token", "tokens_per_word", "byte_fallback_share", "unk_rate",
-                  "roundtrip_exact")
+_TABLE_METRICS = ("chars_per_token", "bytes_per_token", "tokens_per_word", "words_within_two_tokens",
+                  "byte_fallback_share", "unk_rate", "roundtrip_exact")
+# per source (one table each): what says how a tokenizer fits text it has or has not seen
+_SOURCE_METRICS = ("chars_per_token", "bytes_per_token", "byte_fallback_share", "words_within_two_tokens")
 
 
 def _cell(value: Any) -> str:
@@ -151,7 +163,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         "# Tokenizer report", "",
         f"Held-out documents measured: {held['documents_measured']} of {held['documents_total']} "
-        f"({held['validation_percent']}% of the corpus by id hash); training documents: {report['train']['documents']}.",
+        f"({held['validation_percent']}% of the corpus by id hash"
+        + (f", and sources never trained on: {', '.join(held['unseen_sources'])}" if held.get("unseen_sources") else "")
+        + f"); training documents: {report['train']['documents']}.",
         "", "## Overall", "",
         "| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
     ]
@@ -162,11 +176,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     for kind in ("cyrillic", "punctuation"):
         lines.append(f"| {kind} coverage | " + " | ".join(_cell(results[n]["coverage"][kind]["share"]) for n in names)
                      + " |")
-    lines += ["", "## Chars per token by source", "", "| source | documents | " + " | ".join(names) + " |",
-              "|---|---|" + "---|" * len(names)]
-    for source, count in held["sources"].items():
-        cells = [_cell(results[n]["by_source"][source]["chars_per_token"]) for n in names]
-        lines.append(f"| {source or '(none)'} | {count} | " + " | ".join(cells) + " |")
+    unseen = set(held.get("unseen_sources", []))
+    for metric in _SOURCE_METRICS:
+        lines += ["", f"## {metric} by source", "", "| source | documents | " + " | ".join(names) + " |",
+                  "|---|---|" + "---|" * len(names)]
+        for source, count in held["sources"].items():
+            cells = [_cell(results[n]["by_source"][source].get(metric)) for n in names]
+            label = (source or "(none)") + (" (never trained on)" if source in unseen else "")
+            lines.append(f"| {label} | {count} | " + " | ".join(cells) + " |")
     for name in names:
         pieces = results[name]["pieces"]
         lines += ["", f"## {name}: pieces", "",

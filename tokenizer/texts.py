@@ -9,7 +9,7 @@ paragraph under ``max_sentence_length``. Over-long lines are cut at spaces rathe
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,14 +34,21 @@ class CorpusSplit:
         return [doc for docs in self.heldout.values() for doc in docs]
 
 
-def split_corpus(corpus_dir: Path, validation_percent: float, max_heldout_per_source: int) -> CorpusSplit:
-    """Count the train side and keep up to ``max_heldout_per_source`` held-out documents per source."""
+def is_heldout(doc: dict[str, Any], validation_percent: float, heldout_sources: Collection[str] = ()) -> bool:
+    """A document the tokenizer never trains on: the validation split, or a source held out whole."""
+    return str(doc.get("source", "")) in heldout_sources or is_validation(str(doc["id"]), validation_percent)
+
+
+def split_corpus(corpus_dir: Path, validation_percent: float, max_heldout_per_source: int,
+                 heldout_sources: Collection[str] = ()) -> CorpusSplit:
+    """Count the train side and keep up to ``max_heldout_per_source`` held-out documents per source
+    (``heldout_sources``: sources held out whole, measured as text unlike anything trained on)."""
     manifest = read_corpus_manifest(corpus_dir)
     split = CorpusSplit()
     docs = progress(iter_documents(corpus_dir, manifest), total=manifest.get("documents"), desc="reading corpus",
                 unit="doc", leave=False)
     for doc in docs:
-        if is_validation(str(doc["id"]), validation_percent):
+        if is_heldout(doc, validation_percent, heldout_sources):
             split.heldout_documents += 1
             kept = split.heldout.setdefault(str(doc.get("source", "")), [])
             if len(kept) < max_heldout_per_source:
@@ -75,16 +82,18 @@ def cut_long_line(line: str, max_bytes: int) -> Iterator[str]:
         yield "".join(chunk)
 
 
-def training_texts(documents: Iterable[dict[str, Any]], validation_percent: float) -> Iterator[str]:
+def training_texts(documents: Iterable[dict[str, Any]], validation_percent: float,
+                   heldout_sources: Collection[str] = ()) -> Iterator[str]:
     """The text of every train-side document (held-out ones are never trained on)."""
     for doc in documents:
-        if not is_validation(str(doc["id"]), validation_percent):
+        if not is_heldout(doc, validation_percent, heldout_sources):
             yield doc["text"]
 
 
-def training_lines(documents: Iterable[dict[str, Any]], validation_percent: float, max_bytes: int) -> Iterator[str]:
+def training_lines(documents: Iterable[dict[str, Any]], validation_percent: float, max_bytes: int,
+                   heldout_sources: Collection[str] = ()) -> Iterator[str]:
     """Non-empty lines of the train-side documents, each at most ``max_bytes`` bytes."""
-    for text in training_texts(documents, validation_percent):
+    for text in training_texts(documents, validation_percent, heldout_sources):
         for line in text.split(NEWLINE):
             if line:
                 yield from cut_long_line(line, max_bytes)

@@ -10,6 +10,7 @@ import io
 import logging
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import asdict
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from experiment.corpus_format import iter_documents
 from experiment.errors import ConfigError, DataError
@@ -27,6 +29,7 @@ from experiment.schema import ExperimentConfig
 from experiment.sections.tokenizer import TokenizerConfig
 from experiment.stages import TOKENIZER
 from tokenizer.measured import sentencepiece_under_test
+from tokenizer.normalization import NORMALIZATION_NAME, normalization_record, write_rules_tsv
 from tokenizer.report import build_report, log_report, write_report
 from tokenizer.spm import MODEL_FILE, VOCAB_FILE
 from tokenizer.texts import NEWLINE, CorpusSplit, split_corpus, training_lines
@@ -51,7 +54,9 @@ def trainer_options(tok: TokenizerConfig, seed: int) -> dict[str, Any]:
         "character_coverage": tok.character_coverage,
         "byte_fallback": tok.byte_fallback,
         "split_digits": tok.split_digits,
-        "normalization_rule_name": "identity",  # we NFC ourselves; nmt_nfkc maps \n to space and № to No
+        # tokenizer.normalization's rules compiled into the model (nmt_nfkc would map \n to space and № to
+        # No); "identity" only to measure a model without them
+        "normalization": tok.normalization,
         "add_dummy_prefix": False,
         "remove_extra_whitespaces": False,
         "allow_whitespace_only_pieces": True,  # runs of spaces (indentation) get their own pieces
@@ -72,13 +77,22 @@ def trainer_options(tok: TokenizerConfig, seed: int) -> dict[str, Any]:
 
 
 def train_sentencepiece(lines: Iterable[str], options: dict[str, Any]) -> bytes:
-    """Train and return the serialized model; SentencePiece's internal errors become one clear line."""
+    """Train and return the serialized model; SentencePiece's internal errors become one clear line.
+
+    ``options["normalization"]``: ``NORMALIZATION_NAME`` compiles ``tokenizer.normalization``'s rules into
+    the model (named so in its normalizer spec), ``"identity"`` leaves text as it is."""
     options = dict(options)
     seed = options.pop("random_seed")
+    normalization = options.pop("normalization", NORMALIZATION_NAME)
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     try:
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, **options)
+        with tempfile.TemporaryDirectory() as tmp:
+            if normalization == NORMALIZATION_NAME:
+                options["normalization_rule_tsv"] = str(write_rules_tsv(Path(tmp) / "rules.tsv"))
+            else:
+                options["normalization_rule_name"] = normalization
+            spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, **options)
     except RuntimeError as exc:
         message = str(exc)
         too_high = _VOCAB_TOO_HIGH.search(message)
@@ -90,7 +104,17 @@ def train_sentencepiece(lines: Iterable[str], options: dict[str, Any]) -> bytes:
         if "sentences_.empty()" in message:
             raise DataError("the corpus has no training text left after the held-out split") from exc
         raise DataError(f"SentencePiece training failed: {message.strip().splitlines()[0]}") from exc
-    return model.getvalue()
+    return named_normalization(model.getvalue(), normalization)
+
+
+def named_normalization(model_bytes: bytes, name: str) -> bytes:
+    """The model with its normalizer spec named after the rules it carries (SentencePiece names any
+    rules file "user_defined" and keeps the temporary file's path, which means nothing later)."""
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString(model_bytes)
+    proto.normalizer_spec.name = name
+    proto.normalizer_spec.normalization_rule_tsv = ""
+    return proto.SerializeToString()
 
 
 def vocab_text(sp: spm.SentencePieceProcessor) -> str:
@@ -125,13 +149,14 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
     invalidate(out_dir)
 
     log.info("reading the corpus in %s (held-out share %.1f%%)", corpus_dir, validation_percent)
-    split = split_corpus(corpus_dir, validation_percent, tok.report_max_docs)
+    split = split_corpus(corpus_dir, validation_percent, tok.report_max_docs, tok.heldout_sources)
     check_trainable(split, corpus_dir)
     log.info("training a %s SentencePiece model, vocabulary %d, on %d documents (%.1f M characters); after the "
              "lines are read it fits silently, which takes minutes at 32k on a large corpus",
              tok.model_type, tok.vocab_size, split.train_documents, split.train_chars / 1e6)
     started = time.perf_counter()
-    lines = progress(training_lines(iter_documents(corpus_dir), validation_percent, tok.max_sentence_length),
+    lines = progress(training_lines(iter_documents(corpus_dir), validation_percent, tok.max_sentence_length,
+                                    tok.heldout_sources),
                  desc="feeding SentencePiece", unit="line", leave=False)
     model_bytes = train_sentencepiece(lines, trainer_options(tok, cfg.experiment.seed))
     train_seconds = time.perf_counter() - started
@@ -159,6 +184,7 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
         "vocab_size": sp.get_piece_size(),
         "special_ids": special_ids(tok),
         "model_type": tok.model_type,
+        "normalization": normalization_record() if tok.normalization == NORMALIZATION_NAME else {"name": tok.normalization},
         "user_defined_symbols": user_symbols(tok),
         "train_documents": split.train_documents,
         "train_chars": split.train_chars,

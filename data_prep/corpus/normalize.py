@@ -12,6 +12,8 @@ import unicodedata
 import ftfy
 import ftfy.badness
 
+from tokenizer.normalization import normalize_characters
+
 # ftfy with the settings a pretraining corpus needs: NFC (so a decomposed й or ё composes), curly
 # quotes and «ёлочки» kept, HTML entities left to the HTML reader, full-width forms untouched.
 _FTFY_CONFIG = ftfy.TextFixerConfig(
@@ -121,12 +123,13 @@ def normalize_whitespace(text: str) -> str:
 
 
 def normalize_text(text: str, repair_mojibake: bool = True) -> str:
-    """The canonical form of a document: repaired, NFC, ё kept, no control characters, clean spacing."""
+    """The canonical form of a document: repaired, NFC, ё kept, the tokenizer's character rules (special
+    spaces, quotes, dashes, stress marks: ``tokenizer.normalization``), no control characters, clean spacing."""
     if repair_mojibake:
         # ftfy's own cheap detector first: fixing is slow and clean text is the common case
         if ftfy.badness.is_bad(text):
             text = ftfy.fix_text(text, config=_FTFY_CONFIG)
         text = repair_legacy_mojibake(text)
-    text = unicodedata.normalize("NFC", text)
+    text = normalize_characters(text)  # NFC and the rules the tokenizer carries (tokenizer.normalization)
     text = strip_control_characters(text)
     return normalize_whitespace(text)

@@ -27,6 +27,12 @@ class TokenizerConfig:
     character_coverage: float = 0.9995
     byte_fallback: bool = True
     split_digits: bool = True
+    # The character rules compiled into the model (tokenizer/normalization.py: special spaces, quotes,
+    # dashes, stress marks); "identity" trains a model that leaves text as it is (for comparisons).
+    normalization: Literal["ru_text_v1", "identity"] = "ru_text_v1"
+    # Corpus sources never trained on: the report measures them as unseen text (another author, another
+    # kind of text) beside the usual held-out split.
+    heldout_sources: list[str] = field(default_factory=list)
     input_sentence_size: int = 2_000_000  # lines sampled (shuffled, seeded) from multi-GB corpora
     max_sentence_length: int = 65_536  # bytes; SentencePiece's default 4192 drops long paragraphs
     max_piece_length: int = 16  # characters, counting the leading space; long Russian words hit 16
@@ -66,6 +72,9 @@ class TokenizerConfig:
                 raise ConfigError(f"config key '{prefix}{name}': {value} must be in [0, vocab_size)")
         if len(set(special.values())) != len(special):
             raise ConfigError(f"config key '{prefix}pad_id/unk_id/bos_id/eos_id': special ids must differ, got {special}")
+        for i, source in enumerate(self.heldout_sources):
+            if not source:
+                raise ConfigError(f"config key '{prefix}heldout_sources[{i}]': empty source name")
         for i, symbol in enumerate(self.user_defined_symbols):
             if not symbol:
                 raise ConfigError(f"config key '{prefix}user_defined_symbols[{i}]': empty symbol")
