@@ -15,9 +15,17 @@ from experiment.stages import SHARDS, STAGES, TOKENIZER, stage_named
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# recipes that run other recipes (each through its registered stage) rather than a stage of their own
+ORCHESTRATORS = {"recipes/08_sweep.py": "tracking/sweep.py"}
+
+
 def test_every_recipe_runs_a_registered_stage_and_every_stage_has_its_recipe() -> None:
     recipes = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "recipes").glob("[0-9]*.py"))
-    assert sorted(s.recipe for s in STAGES.values()) == recipes
+    assert sorted([s.recipe for s in STAGES.values()] + list(ORCHESTRATORS)) == recipes
+    for orchestrator in ORCHESTRATORS.values():
+        # it names the recipes it runs by their stage records, never by a path of its own
+        text = (ROOT / orchestrator).read_text(encoding="utf-8")
+        assert "stage.recipe" in text and "recipes/0" not in text.replace("recipes/08_sweep.py", ""), orchestrator
     for stage in STAGES.values():
         text = (ROOT / stage.recipe).read_text(encoding="utf-8")
         # the recipe hands the harness the registry's record, not a name of its own
