@@ -11,6 +11,8 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(TEST_EXTRAS))
 
 export JAX_PLATFORMS ?= cpu
 export PYTHONUNBUFFERED := 1
+# five venvs are built from the same wheels: a pip cache would only hold a second copy of them on disk
+export PIP_NO_CACHE_DIR := 1
 
 .PHONY: setup demo demo-sweep test test-base test-extras lint clean-demo
 

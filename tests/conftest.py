@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +32,11 @@ for _var, _sub in (("WANDB_DIR", "runs"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_
                    ("WANDB_DATA_DIR", "data")):
     os.environ[_var] = str(_WANDB_HOME / _sub)
 os.environ.setdefault("RU_SHARED_DATA", str((REPO_ROOT.parent / "shared" / "data").resolve()))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the offline W&B home: hundreds of offline runs would otherwise pile up in /tmp across CI runs."""
+    shutil.rmtree(_WANDB_HOME, ignore_errors=True)
 
 
 def shared_data_dir() -> Path:
