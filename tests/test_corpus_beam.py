@@ -3,19 +3,27 @@
 
 from __future__ import annotations
 
+import json
+import os
+import posixpath
 import random
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
+import pytest
 
 from data_prep.corpus.beam import bucket_matches, exact_group_outcomes, rank_offsets
 from data_prep.corpus.build import build_corpus
 from data_prep.corpus.cleaning import CleanDocument
 from data_prep.corpus.sources import select_parquet_files
 from experiment.corpus_format import iter_documents, read_corpus_manifest
+from experiment.errors import DataError
 from experiment.runfolder import RunFolder
 from experiment.sections.corpus import DedupConfig
 from tests.conftest import import_extra
@@ -110,11 +118,122 @@ def test_a_data_error_on_a_worker_comes_back_as_one_line(tmp_path: Path) -> None
     import_extra("apache_beam", "beam")
     import pyarrow as pa
     import pyarrow.parquet as pq
-    import pytest
-
-    from experiment.errors import DataError
 
     pq.write_table(pa.table({"body": ["текст"]}), tmp_path / "rows.parquet")
     cfg = make_cfg(tmp_path, [{"kind": "files", "paths": [str(tmp_path / "rows.parquet")]}], runner="beam")
     with pytest.raises(DataError, match=r"rows.parquet: no column 'text' \(columns: body\); set the source's text_field$"):
         build_corpus(cfg, RunFolder.for_config(cfg), None)
+
+
+def local_folder_filesystem(root: Path) -> type:
+    """A Beam FileSystem for the scheme ``testfs://`` over a local folder: a non-local scheme, as gs://
+    is to the pipelines, without a network. Registered by being defined (Beam finds subclasses)."""
+    from apache_beam.io.filesystem import FileMetadata
+    from apache_beam.io.localfilesystem import LocalFileSystem
+
+    prefix = "testfs://"
+
+    def local(uri: str) -> str:  # the base class calls its own methods with local paths too
+        return str(root / uri[len(prefix):]) if uri.startswith(prefix) else uri
+
+    def remote(metadata: Any) -> Any:
+        return FileMetadata(prefix + os.path.relpath(metadata.path, root), metadata.size_in_bytes,
+                            metadata.last_updated_in_seconds)
+
+    class LocalFolderFileSystem(LocalFileSystem):  # type: ignore[misc]
+        @classmethod
+        def scheme(cls) -> str:
+            return "testfs"
+
+        def join(self, basepath: str, *paths: str) -> str:  # the local one makes the base absolute
+            return posixpath.join(basepath, *paths)
+
+        def split(self, path: str) -> tuple[str, str]:
+            return posixpath.split(path)
+
+        def mkdirs(self, path: str) -> None:
+            super().mkdirs(local(path))
+
+        def _list(self, dir_or_prefix: str) -> Iterator[Any]:
+            return (remote(m) for m in super()._list(local(dir_or_prefix)))
+
+        def create(self, path: str, *args: Any, **kwargs: Any) -> Any:
+            return super().create(local(path), *args, **kwargs)
+
+        def open(self, path: str, *args: Any, **kwargs: Any) -> Any:
+            return super().open(local(path), *args, **kwargs)
+
+        def copy(self, sources: list[str], destinations: list[str]) -> None:
+            super().copy([local(p) for p in sources], [local(p) for p in destinations])
+
+        def rename(self, sources: list[str], destinations: list[str]) -> None:
+            super().rename([local(p) for p in sources], [local(p) for p in destinations])
+
+        def exists(self, path: str) -> bool:
+            return bool(super().exists(local(path)))
+
+        def size(self, path: str) -> int:
+            return int(super().size(local(path)))
+
+        def metadata(self, path: str) -> Any:
+            return remote(super().metadata(local(path)))
+
+        def delete(self, paths: list[str]) -> None:
+            for path in map(local, paths):
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+    return LocalFolderFileSystem
+
+
+def test_recipes_01_and_03_on_beam_read_and_write_a_remote_scheme_like_local(tmp_path: Path, inputs: Path) -> None:  # noqa: F811
+    """Inputs (with a .zst) and outputs of both Beam paths on ``testfs://`` give the local runner's corpus
+    and shards, byte for byte; the run folders keep only manifests and reports."""
+    import_extra("apache_beam", "beam")
+    zstandard = import_extra("zstandard", "zstd")
+    from data_prep.shards.build import shard_corpus
+    from experiment.sections.model import ModelConfig
+    from tests.test_corpus_build import fixture
+    from tests.test_shards_common import DisabledRun, shards_cfg, write_tokenizer
+
+    lines = [json.dumps({"text": fixture("ru_recipe.txt")[::-1]}, ensure_ascii=False), "{not json"]
+    (inputs / "packed.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(("\n".join(lines) + "\n").encode()))
+    filesystem = local_folder_filesystem(tmp_path)
+    try:
+        def on_testfs(sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [{**s, "paths": [f"testfs://{Path(p).relative_to(tmp_path)}" for p in s["paths"]]} for s in sources]
+
+        sources = sources_for(inputs)
+        sources[1]["paths"].append(str(inputs / "*.jsonl.zst"))
+        local_cfg = make_cfg(tmp_path / "local", sources, workers=1, docs_per_shard=2)
+        local = run(local_cfg)
+        beam_cfg = make_cfg(tmp_path / "beam", on_testfs(sources), runner="beam", docs_per_shard=2,
+                            beam_options=["--direct_num_workers=2", "--direct_running_mode=multi_threading"],
+                            output_uri="testfs://bucket/corpus")
+        beam_folder = RunFolder.for_config(beam_cfg)
+        build_corpus(beam_cfg, beam_folder, None)
+        manifest = read_corpus_manifest(beam_folder.corpus)
+        assert manifest["data_uri"] == "testfs://bucket/corpus" and not list(beam_folder.corpus.glob("docs-*"))
+        written = {p.name: p.read_bytes() for p in (tmp_path / "bucket" / "corpus").glob("docs-*.jsonl")}
+        local_folder = RunFolder.for_config(local_cfg)
+        assert written == {p.name: p.read_bytes() for p in local_folder.corpus.glob("docs-*.jsonl")}
+        assert manifest["shards"] == local[0]["shards"] and manifest["counts"] == local[0]["counts"]
+        assert local[0]["counts"]["rejected"]["bad_record"] == 3  # the .zst's bad line was read too
+        with pytest.raises(DataError, match="is in testfs://bucket/corpus, not in"):
+            next(iter_documents(beam_folder.corpus))
+
+        # recipe 03: the local runner on the local corpus, Beam reading the testfs corpus, writing to testfs
+        write_tokenizer(local_folder.tokenizer, local[1])
+        shutil.copytree(local_folder.tokenizer, beam_folder.tokenizer)
+        shards = {"packing": "document", "records_per_shard": 3, "validation_percent": 40.0}
+        cfg = SimpleNamespace(experiment=SimpleNamespace(name="t"), shards=shards_cfg(**shards),
+                              model=ModelConfig(max_seq_len=32))
+        local_shards = shard_corpus(cfg, local_folder, DisabledRun())
+        cfg.shards = shards_cfg(**shards, runner="beam", output_uri="testfs://bucket/shards")
+        beam_shards = shard_corpus(cfg, beam_folder, DisabledRun())
+        assert beam_shards["splits"] == local_shards["splits"] and beam_shards["data_uri"] == "testfs://bucket/shards"
+        local_bytes = {p.name: p.read_bytes() for p in local_folder.shards.glob("*.tfrecord*")}
+        assert len(local_bytes) >= 4 and not list(beam_folder.shards.glob("*.tfrecord*"))
+        assert {p.name: p.read_bytes() for p in (tmp_path / "bucket" / "shards").glob("*.tfrecord*")} == local_bytes
+        assert not [p for p in (tmp_path / "bucket").rglob(".*")]  # no temporary files or summaries left
+    finally:
+        filesystem.scheme = classmethod(lambda cls: "testfs-retired")  # unregister for later tests

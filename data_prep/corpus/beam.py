@@ -28,17 +28,17 @@ Runners: ``corpus.beam_options`` are ordinary Beam flags, e.g. ``["--runner=Dire
 "--direct_num_workers=2", "--direct_running_mode=multi_processing"]``; on Dataflow add
 ``--runner=DataflowRunner --project=... --region=... --temp_location=gs://...`` and ship the
 package with ``--setup_file=./setup.py`` or a container image (see docs/corpus.md). Workers read
-the inputs and write the corpus folder by path, so they need the same filesystem paths as the
-driver (one machine, or a shared mount such as Filestore/NFS or GCS FUSE on every worker).
+the inputs and write the shards through Beam's FileSystems, so inputs (``corpus.sources[].paths``)
+and the shards (``corpus.output_uri``) may be local paths or ``gs://``/``s3://``/``hdfs://`` URLs;
+each shard is written under a temporary name and renamed into place under its deterministic name.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
-import shutil
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -46,13 +46,21 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.beam_common import import_beam, read_staged_json, run_pipeline
+from data_prep.beam_common import (
+    delete_folder,
+    import_beam,
+    join_uri,
+    read_staged_json,
+    recording_opener,
+    run_pipeline,
+    staging_folder,
+)
 from data_prep.corpus.cleaning import CleanDocument, clean_document
 from data_prep.corpus.dedup import band_keys, estimated_jaccard
 from data_prep.corpus.documents import DocumentNumberer, RawDocument
 from data_prep.corpus.report import CorpusCounts, SourceCounts
 from data_prep.corpus.sources import expand_paths, hub_parquet_files, read_one_file, source_reader
-from experiment.corpus_format import CorpusShardWriter
+from experiment.corpus_format import document_line, shard_name
 from experiment.sections.corpus import CorpusConfig, DedupConfig
 
 log = logging.getLogger("data_prep.corpus.beam")
@@ -190,15 +198,20 @@ def block_outcomes(element: tuple[int, dict[str, list[Any]]], offsets: dict[int,
         rank += 1
 
 
-def write_shard(element: tuple[int, Iterable[tuple[int, str, str, str]]], corpus_dir: str,
-                docs_per_shard: int) -> Iterator[dict[str, Any]]:
-    """Write one whole corpus shard (atomically, by the local writer) and yield its manifest entry."""
+def write_shard(element: tuple[int, Iterable[tuple[int, str, str, str]]], data_dir: str) -> Iterator[dict[str, Any]]:
+    """Write one whole corpus shard through Beam's filesystems (temporary name, then renamed into
+    place) and yield its manifest entry, with its W&B reference entry (size, MD5) under ``reference``."""
     number, rows = element
-    with CorpusShardWriter(Path(corpus_dir), docs_per_shard, first_index=number) as writer:
+    name, digest, documents = shard_name(number), hashlib.sha256(), 0
+    references: list[dict[str, Any]] = []
+    with recording_opener(references)(join_uri(data_dir, name)) as handle:
         for _rank, doc_id, source, text in sorted(rows):
-            writer.write(doc_id, source, text)
-    (summary,) = writer.shards
-    yield {"number": number, **summary}
+            line = document_line(doc_id, source, text)
+            handle.write(line)
+            digest.update(line)
+            documents += 1
+    yield {"number": number, "file": name, "documents": documents, "bytes": references[0]["size"],
+           "sha256": digest.hexdigest(), "reference": references[0]}
 
 
 # ---------------------------------------------------------------- counts (combined on the workers)
@@ -285,7 +298,7 @@ def _without_text(outcome: Outcome) -> Outcome:
     return dataclasses.replace(doc, text=None, signature=None), kind, earlier
 
 
-def build_pipeline(pipeline: Any, units: list[ReadUnit], cfg: CorpusConfig, corpus_dir: Path, cache_root: Path,
+def build_pipeline(pipeline: Any, units: list[ReadUnit], cfg: CorpusConfig, data_dir: str, cache_root: Path,
                    staging: str) -> None:
     beam = import_beam("corpus.runner")
     dedup = cfg.dedup
@@ -338,30 +351,33 @@ def build_pipeline(pipeline: Any, units: list[ReadUnit], cfg: CorpusConfig, corp
                                                 cfg.docs_per_shard).with_outputs("rows", main="outcomes"))
     (joined.rows
      | "GroupShards" >> beam.GroupByKey()
-     | "WriteShards" >> beam.FlatMap(write_shard, str(corpus_dir), cfg.docs_per_shard)
+     | "WriteShards" >> beam.FlatMap(write_shard, data_dir)
      | "ShardJson" >> beam.Map(json.dumps)
-     | "StageShards" >> beam.io.WriteToText(f"{staging}/shards", file_name_suffix=".jsonl"))
+     | "StageShards" >> beam.io.WriteToText(join_uri(staging, "shards"), file_name_suffix=".jsonl"))
     ((rejected, exact_dups, joined.outcomes)
      | "AllOutcomes" >> beam.Flatten()
      | "Counts" >> beam.CombineGlobally(_counts_combine_fn(cfg.report_examples))
-     | "StageCounts" >> beam.io.WriteToText(f"{staging}/counts", file_name_suffix=".jsonl"))
+     | "StageCounts" >> beam.io.WriteToText(join_uri(staging, "counts"), file_name_suffix=".jsonl"))
 
 
-def run_beam(cfg: CorpusConfig, corpus_dir: Path, cache_root: Path) -> tuple[CorpusCounts, list[dict[str, Any]]]:
+def run_beam(cfg: CorpusConfig, corpus_dir: Path,
+             cache_root: Path) -> tuple[CorpusCounts, list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the pipeline (DirectRunner unless ``cfg.beam_options`` say otherwise): the workers write the
-    shards; returns the merged counts and the shards' manifest entries, in shard order."""
+    shards into ``cfg.output_uri`` (or ``corpus_dir``); returns the merged counts, the shards' manifest
+    entries in shard order, and their W&B reference entries (``beam_common.file_reference``)."""
     beam = import_beam("corpus.runner")
     units = plan_units(cfg)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # its INFO lines drown the recipe's own
-    staging = tempfile.mkdtemp(prefix=".beam-summaries-", dir=corpus_dir)  # next to the output: workers see it
+    data_dir = cfg.output_uri or str(corpus_dir)
+    staging = staging_folder(data_dir)  # beside the output: the workers can write there
     try:
-        log.info("running the corpus pipeline on Beam (%s) over %d input unit(s)",
-                 " ".join(cfg.beam_options) or "DirectRunner", len(units))
+        log.info("running the corpus pipeline on Beam (%s) over %d input unit(s), shards to %s",
+                 " ".join(cfg.beam_options) or "DirectRunner", len(units), data_dir)
         run_pipeline(beam, cfg.beam_options,
-                     lambda pipeline: build_pipeline(pipeline, units, cfg, corpus_dir, cache_root, staging))
-        numbered = sorted(read_staged_json(f"{staging}/shards*"), key=lambda row: row["number"])
-        shards = [{k: v for k, v in row.items() if k != "number"} for row in numbered]
-        (counts_row,) = read_staged_json(f"{staging}/counts*")
+                     lambda pipeline: build_pipeline(pipeline, units, cfg, data_dir, cache_root, staging))
+        numbered = sorted(read_staged_json(join_uri(staging, "shards*")), key=lambda row: row["number"])
+        (counts_row,) = read_staged_json(join_uri(staging, "counts*"))
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return counts_from_json(counts_row, [s.label for s in cfg.sources]), shards
+        delete_folder(staging)
+    shards = [{k: v for k, v in row.items() if k not in ("number", "reference")} for row in numbered]
+    return counts_from_json(counts_row, [s.label for s in cfg.sources]), shards, [row["reference"] for row in numbered]
