@@ -52,6 +52,35 @@ def opened_files() -> Iterator[list[str]]:
         _opened = None
 
 
+class RecordingRun:
+    """Stands in for a W&B run: keeps the artifacts logged (and accepts the corpus tables)."""
+
+    def __init__(self) -> None:
+        self.summary: dict[str, object] = {}
+        self.artifacts: list[Any] = []
+
+    def log(self, data: dict[str, Any], step: int | None = None) -> None:
+        pass
+
+    def log_artifact(self, artifact: Any, aliases: list[str] | None = None) -> None:
+        self.artifacts.append(artifact)
+
+    def use_artifact(self, artifact: Any) -> None:
+        raise TypeError("Cannot use artifact when in offline mode.")
+
+
+def assert_same_entries_as_wandb_reads(artifact: Any, folder: Path) -> None:
+    """The reference built from the workers' measurements equals W&B's own reference of the folder,
+    which reads every file for its MD5 (done here, outside the guard)."""
+    from tracking.artifacts import _reference_artifact
+
+    def entries(art: Any) -> dict[str, tuple[Any, ...]]:
+        return {str(e.path): (e.ref, e.digest, e.size) for e in art.manifest.entries.values()}
+
+    expected = entries(_reference_artifact("x", "x", folder, None, checksum=True))
+    assert entries(artifact) == expected and len(expected) > 3
+
+
 def _doc(order: int) -> CleanDocument:
     return CleanDocument(order, f"s:{order:09d}:x", "s", "o", 10, text="t")
 
@@ -96,8 +125,9 @@ def test_beam_on_two_worker_processes_equals_local_and_driver_opens_no_data(tmp_
     # tiny shards: several workers write several shards, whose names and bytes must still match
     local = run(make_cfg(tmp_path / "local", sources, workers=1, docs_per_shard=2))
     beam_cfg = make_cfg(tmp_path / "beam", sources, runner="beam", beam_options=TWO_WORKERS, docs_per_shard=2)
-    with opened_files() as opened:
-        build_corpus(beam_cfg, RunFolder.for_config(beam_cfg), None)
+    wandb_run = RecordingRun()
+    with opened_files() as opened:  # W&B too: its corpus reference takes the workers' checksums
+        build_corpus(beam_cfg, RunFolder.for_config(beam_cfg), wandb_run)
     beam = read_corpus_manifest(RunFolder.for_config(beam_cfg).corpus), list(iter_documents(RunFolder.for_config(beam_cfg).corpus))
     beam_corpus = RunFolder.for_config(beam_cfg).corpus
     assert beam[1] == local[1]
@@ -112,6 +142,7 @@ def test_beam_on_two_worker_processes_equals_local_and_driver_opens_no_data(tmp_
     data_opens = [p for p in opened if p.startswith(str(inputs)) or Path(p).name.startswith("docs-")]
     assert data_opens == [], f"the driver opened data files: {data_opens}"
     assert any("report.md" in p for p in opened)  # the guard sees what this process opens
+    assert_same_entries_as_wandb_reads(wandb_run.artifacts[-1], beam_corpus)
 
 
 def test_a_data_error_on_a_worker_comes_back_as_one_line(tmp_path: Path) -> None:
