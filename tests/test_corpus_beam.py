@@ -23,7 +23,7 @@ from data_prep.corpus.build import build_corpus
 from data_prep.corpus.cleaning import CleanDocument
 from data_prep.corpus.sources import select_parquet_files
 from experiment.corpus_format import iter_documents, read_corpus_manifest
-from experiment.errors import DataError
+from experiment.errors import ConfigError, DataError
 from experiment.runfolder import RunFolder
 from experiment.sections.corpus import DedupConfig
 from tests.conftest import import_extra
@@ -226,6 +226,10 @@ def test_recipes_01_and_03_on_beam_read_and_write_a_remote_scheme_like_local(tmp
     from tests.test_corpus_build import fixture
     from tests.test_shards_common import DisabledRun, shards_cfg, write_tokenizer
 
+    with pytest.raises(ConfigError, match="corpus.output_uri': is written by Beam workers"):
+        make_cfg(tmp_path, sources_for(inputs), output_uri="testfs://bucket/corpus")  # the local runner
+    with pytest.raises(ConfigError, match="shards.output_uri': is written by Beam workers"):
+        shards_cfg(output_uri="testfs://bucket/shards").validate("shards")
     lines = [json.dumps({"text": fixture("ru_recipe.txt")[::-1]}, ensure_ascii=False), "{not json"]
     (inputs / "packed.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(("\n".join(lines) + "\n").encode()))
     filesystem = local_folder_filesystem(tmp_path)
