@@ -222,6 +222,7 @@ def test_recipes_01_and_03_on_beam_read_and_write_a_remote_scheme_like_local(tmp
     import_extra("apache_beam", "beam")
     zstandard = import_extra("zstandard", "zstd")
     from data_prep.shards.build import shard_corpus
+    from data_prep.shards.loader import iter_eval_batches
     from experiment.sections.model import ModelConfig
     from tests.test_corpus_build import fixture
     from tests.test_shards_common import DisabledRun, shards_cfg, write_tokenizer
@@ -270,5 +271,11 @@ def test_recipes_01_and_03_on_beam_read_and_write_a_remote_scheme_like_local(tmp
         assert len(local_bytes) >= 4 and not list(beam_folder.shards.glob("*.tfrecord*"))
         assert {p.name: p.read_bytes() for p in (tmp_path / "bucket" / "shards").glob("*.tfrecord*")} == local_bytes
         assert not [p for p in (tmp_path / "bucket").rglob(".*")]  # no temporary files or summaries left
+        with pytest.raises(DataError, match="is in testfs://bucket/shards .shards.output_uri., not in"):
+            next(iter_eval_batches(beam_folder.shards, "train", 2))
+        for path in (tmp_path / "bucket" / "shards").iterdir():  # copied next to the manifest, the loader reads them
+            shutil.copy(path, beam_folder.shards)
+        beam_batch, local_batch = (next(iter_eval_batches(f.shards, "train", 2)) for f in (beam_folder, local_folder))
+        assert all(np.array_equal(beam_batch[k], local_batch[k]) for k in local_batch)
     finally:
         filesystem.scheme = classmethod(lambda cls: "testfs-retired")  # unregister for later tests
