@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from data_prep.corpus.beam import bucket_matches, exact_group_outcomes, rank_offsets
+from data_prep.corpus.beam import bucket_matches, cluster_extras, copy_rows, exact_group_outcomes, rank_offsets
 from data_prep.corpus.build import build_corpus
 from data_prep.corpus.cleaning import CleanDocument
 from data_prep.corpus.sources import select_parquet_files
@@ -94,8 +94,16 @@ def test_exact_group_keeps_the_lowest_order() -> None:
 def test_bucket_matches_compare_with_lower_orders_only() -> None:
     a, b, c = np.zeros(4, np.uint32), np.zeros(4, np.uint32), np.arange(4, dtype=np.uint32)
     members = [(2, "b", b), (1, "a", a), (3, "c", c)]
-    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.0))) == [(2, "a"), (3, "a"), (3, "b")]
-    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.9))) == [(2, "a")]
+    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.0))) == [(2, "a", 1), (3, "a", 1), (3, "b", 2)]
+    assert sorted(bucket_matches(members, DedupConfig(min_jaccard=0.9))) == [(2, "a", 1)]
+
+
+def test_rehydration_clusters_follow_chains_and_copies_continue_the_shards() -> None:
+    # 5 -> 3 -> 1 is one cluster of 3 (3 copies: 2 extra), 9 -> 7 a cluster of 2 (1 extra)
+    assert sorted(cluster_extras([(5, 3), (9, 7), (3, 1)])) == [(1, 2), (7, 1)]
+    rows = list(copy_rows((0, [(4, 1, (4, "b", "s", "B")), (0, 2, (0, "a", "s", "A"))]), {}, kept_total=5,
+                          docs_per_shard=2))  # 5 kept documents fill shards 0-2: copies start in shard 3
+    assert rows == [(3, (5, "a", "s", "A")), (3, (6, "a", "s", "A")), (4, (7, "b", "s", "B"))]
 
 
 def test_rank_offsets_and_hub_parquet_selection() -> None:
@@ -123,8 +131,10 @@ def test_beam_on_two_worker_processes_equals_local_and_driver_opens_no_data(tmp_
     sources[0]["max_bytes"] = 14_000  # a cap that stops the source before its last file
     sources[1]["max_documents"] = 5
     # tiny shards: several workers write several shards, whose names and bytes must still match
-    local = run(make_cfg(tmp_path / "local", sources, workers=1, docs_per_shard=2))
-    beam_cfg = make_cfg(tmp_path / "beam", sources, runner="beam", beam_options=TWO_WORKERS, docs_per_shard=2)
+    # rehydration too: the copies of each cluster's kept document follow the deduplicated shards
+    local = run(make_cfg(tmp_path / "local", sources, workers=1, docs_per_shard=2, dedup={"rehydrate": True}))
+    beam_cfg = make_cfg(tmp_path / "beam", sources, runner="beam", beam_options=TWO_WORKERS, docs_per_shard=2,
+                        dedup={"rehydrate": True})
     wandb_run = RecordingRun()
     with opened_files() as opened:  # W&B too: its corpus reference takes the workers' checksums
         build_corpus(beam_cfg, RunFolder.for_config(beam_cfg), wandb_run)
@@ -136,6 +146,7 @@ def test_beam_on_two_worker_processes_equals_local_and_driver_opens_no_data(tmp_
     assert local[0]["counts"]["in"] < 20  # the caps cut both sources
     assert beam[0]["runner"] == "beam" and local[0]["runner"] == "local"
     assert beam[0]["shards"] == local[0]["shards"]
+    assert beam[0]["rehydrated_copies"] == local[0]["rehydrated_copies"] >= 3
     report = (beam_corpus / "report.md").read_text(encoding="utf-8")
     local_report = (RunFolder.for_config(make_cfg(tmp_path / "local", sources)).corpus / "report.md").read_text("utf-8")
     assert report.split("## Sources")[1] == local_report.split("## Sources")[1]  # same counts and examples

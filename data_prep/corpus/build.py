@@ -27,7 +27,7 @@ from data_prep.corpus.documents import RawDocument
 from data_prep.corpus.report import CorpusCounts, log_to_wandb, render_report
 from data_prep.corpus.sources import iter_raw_documents
 from experiment.corpus_format import CorpusShardWriter, clear_corpus_folder
-from experiment.errors import ConfigError, DataError
+from experiment.errors import DataError
 from experiment.files import atomic_write_text
 from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
@@ -179,14 +179,13 @@ def build_corpus(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -
     started = time.perf_counter()
     clear_corpus_folder(corpus_dir)
     if corpus_cfg.runner == "beam":  # workers read the inputs and write the shards; this process plans
-        if corpus_cfg.dedup.rehydrate:  # the copies are written by the local writer only, so far
-            raise ConfigError("corpus.dedup.rehydrate runs with corpus.runner=local only: set one of them differently")
         counts, shards, references = run_beam(corpus_cfg, corpus_dir, cache_root_for(run_folder))
         if counts.documents_in == 0:
             raise DataError("corpus.sources gave no documents at all: check the paths and datasets")
         # data_uri: where the workers wrote the shards when not here (iter_documents names it if they are missing)
         extra = {"runner": "beam", **({"data_uri": corpus_cfg.output_uri} if corpus_cfg.output_uri else {})}
-        return finish_corpus(counts, shards, corpus_cfg, corpus_dir, wandb_run, started, extra, references=references)
+        copies = sum(shard["documents"] for shard in shards) - counts.kept  # corpus.dedup.rehydrate's
+        return finish_corpus(counts, shards, corpus_cfg, corpus_dir, wandb_run, started, extra, copies, references)
     raw_docs = iter_raw_documents(corpus_cfg.sources, cache_root_for(run_folder))
     # read the first document here, so a bad source fails before any worker starts
     first = next(raw_docs, None)
