@@ -111,6 +111,19 @@ def delete_folder(uri: str) -> None:
         FileSystems.delete([uri])
 
 
+def run_staged(beam: Any, options: list[str], output: str, build: Callable[[Any, str], None],
+               names: tuple[str, ...]) -> dict[str, list[Any]]:
+    """Run a pipeline whose ``build(pipeline, staging)`` stages its summaries as ``<staging>/<name>*``
+    text files (a fresh folder beside ``output``, on the workers' filesystem); returns each name's
+    JSON rows and deletes the folder."""
+    staging = staging_folder(output)
+    try:
+        run_pipeline(beam, options, lambda pipeline: build(pipeline, staging))
+        return {name: read_staged_json(join_uri(staging, f"{name}*")) for name in names}
+    finally:
+        delete_folder(staging)
+
+
 def read_staged_json(pattern: str) -> list[Any]:
     """Every JSON line of the files matching ``pattern`` (local or a Beam filesystem such as gs://).
 

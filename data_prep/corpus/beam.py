@@ -46,15 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.beam_common import (
-    delete_folder,
-    import_beam,
-    join_uri,
-    read_staged_json,
-    recording_opener,
-    run_pipeline,
-    staging_folder,
-)
+from data_prep.beam_common import import_beam, join_uri, recording_opener, run_staged
 from data_prep.corpus.cleaning import CleanDocument, clean_document
 from data_prep.corpus.dedup import ClusterSizes, band_keys, estimated_jaccard
 from data_prep.corpus.documents import DocumentNumberer, RawDocument
@@ -442,15 +434,11 @@ def run_beam(cfg: CorpusConfig, corpus_dir: Path,
     units = plan_units(cfg)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # its INFO lines drown the recipe's own
     data_dir = cfg.output_uri or str(corpus_dir)
-    staging = staging_folder(data_dir)  # beside the output: the workers can write there
-    try:
-        log.info("running the corpus pipeline on Beam (%s) over %d input unit(s), shards to %s",
-                 " ".join(cfg.beam_options) or "DirectRunner", len(units), data_dir)
-        run_pipeline(beam, cfg.beam_options,
-                     lambda pipeline: build_pipeline(pipeline, units, cfg, data_dir, cache_root, staging))
-        numbered = sorted(read_staged_json(join_uri(staging, "shards*")), key=lambda row: row["number"])
-        (counts_row,) = read_staged_json(join_uri(staging, "counts*"))
-    finally:
-        delete_folder(staging)
+    log.info("running the corpus pipeline on Beam (%s) over %d input unit(s), shards to %s",
+             " ".join(cfg.beam_options) or "DirectRunner", len(units), data_dir)
+    staged = run_staged(beam, cfg.beam_options, data_dir, lambda pipeline, staging: build_pipeline(
+        pipeline, units, cfg, data_dir, cache_root, staging), ("shards", "counts"))
+    numbered = sorted(staged["shards"], key=lambda row: row["number"])
+    (counts_row,) = staged["counts"]
     shards = [{k: v for k, v in row.items() if k not in ("number", "reference")} for row in numbered]
     return counts_from_json(counts_row, [s.label for s in cfg.sources]), shards, [row["reference"] for row in numbered]

@@ -33,15 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.beam_common import (
-    delete_folder,
-    import_beam,
-    join_uri,
-    read_staged_json,
-    recording_opener,
-    run_pipeline,
-    staging_folder,
-)
+from data_prep.beam_common import import_beam, join_uri, recording_opener, run_staged
 from data_prep.shards.layout import SPLITS, row_tokens, shard_file_name, shard_summary, split_of
 from data_prep.shards.packing import rows_from_stream
 from data_prep.shards.tfrecord import TFRecordWriter, encode_int64_rows
@@ -200,15 +192,11 @@ def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], source: tuple[st
     file the workers wrote (``beam_common.file_reference``)."""
     beam = import_beam("shards.runner")
     data_dir = shards_cfg.output_uri or str(out_dir)
-    staging = staging_folder(data_dir)  # beside the output: the workers can write there
-    try:
-        run_pipeline(beam, shards_cfg.beam_options,
-                     lambda pipeline: build_pipeline(pipeline, corpus_dir, manifest, source, data_dir, shards_cfg,
-                                                     seq_len, eos_id, pad_id, staging))
-        shard_rows = read_staged_json(join_uri(staging, "shards*"))
-        layout = {row["split"]: row for row in read_staged_json(join_uri(staging, "layout*"))}
-    finally:
-        delete_folder(staging)
+    staged = run_staged(beam, shards_cfg.beam_options, data_dir, lambda pipeline, staging: build_pipeline(
+        pipeline, corpus_dir, manifest, source, data_dir, shards_cfg, seq_len, eos_id, pad_id, staging),
+        ("shards", "layout"))
+    shard_rows = staged["shards"]
+    layout = {row["split"]: row for row in staged["layout"]}
     row_len = seq_len + 1
     result = {}
     for split in SPLITS:
