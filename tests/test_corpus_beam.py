@@ -156,6 +156,26 @@ def test_beam_on_two_worker_processes_equals_local_and_driver_opens_no_data(tmp_
     assert_same_entries_as_wandb_reads(wandb_run.artifacts[-1], beam_corpus)
 
 
+def test_atomic_create_puts_a_file_in_place_only_when_complete(tmp_path: Path) -> None:
+    import_extra("apache_beam", "beam")
+    import base64
+    import hashlib
+
+    from data_prep.beam_common import atomic_create, file_reference
+
+    target = str(tmp_path / "out" / "docs-00000.jsonl")
+    with pytest.raises(RuntimeError), atomic_create(target) as handle:
+        handle.write(b"half")
+        raise RuntimeError("worker died")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())  # no file, no temporary
+    for data in (b"first", b"second"):  # a retried bundle rewrites the same name
+        with atomic_create(target) as handle:
+            handle.write(data)
+    assert Path(target).read_bytes() == b"second" and [p.name for p in (tmp_path / "out").iterdir()] == ["docs-00000.jsonl"]
+    assert file_reference(target, handle) == {"name": "docs-00000.jsonl", "uri": target, "size": 6,
+                                              "md5": base64.b64encode(hashlib.md5(b"second").digest()).decode()}
+
+
 def test_a_data_error_on_a_worker_comes_back_as_one_line(tmp_path: Path) -> None:
     import_extra("apache_beam", "beam")
     import pyarrow as pa
