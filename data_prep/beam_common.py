@@ -1,11 +1,16 @@
 """What the corpus and shard Beam pipelines share: importing the optional extra with a clear error,
-and reading back the small summary records the workers staged for the driver."""
+writing data files atomically through Beam's filesystems (local paths, gs://, s3://, hdfs://: whatever
+the workers can reach), and reading back the small summary records the workers staged for the driver."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
 import json
 import re
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from experiment.errors import ConfigError, DataError
@@ -21,6 +26,102 @@ def import_beam(config_key: str) -> Any:
         raise ConfigError(f"config key '{config_key}': 'beam' needs the beam extra "
                           "(pip install 'ru-pretrain[beam]'; it pins protobuf below 7, so use its own venv)") from exc
     return beam
+
+
+class HashingWriter:
+    """A binary file handle that also counts the bytes written and their MD5, W&B's reference digest,
+    so a worker that writes a shard also says what W&B would otherwise read the whole file for."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle, self._md5, self.bytes = handle, hashlib.md5(usedforsecurity=False), 0
+
+    def write(self, data: bytes) -> int:
+        self._md5.update(data)
+        self.bytes += len(data)
+        return self._handle.write(data)
+
+    @property
+    def md5_b64(self) -> str:
+        return base64.b64encode(self._md5.digest()).decode("ascii")
+
+
+def join_uri(base: str, name: str) -> str:
+    """``base/name`` for a local folder or any Beam filesystem URI (``Path`` would fold ``gs://`` to ``gs:/``)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.join(base, name)
+
+
+@contextlib.contextmanager
+def atomic_create(uri: str) -> Iterator[HashingWriter]:
+    """Write ``uri`` through Beam's FileSystems under a hidden temporary name beside it, renamed into
+    place only when complete (a retried bundle rewrites the same name); on error the temporary is deleted."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    folder, name = FileSystems.split(uri)
+    temporary = FileSystems.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
+    handle = FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED)
+    try:
+        writer = HashingWriter(handle)
+        yield writer
+        handle.close()
+        if FileSystems.exists(uri):  # the local filesystem renames over a file; object stores need room
+            FileSystems.delete([uri])
+        FileSystems.rename([temporary], [uri])
+    except BaseException:
+        handle.close()
+        with contextlib.suppress(Exception):
+            FileSystems.delete([temporary])
+        raise
+
+
+def file_reference(uri: str, writer: HashingWriter) -> dict[str, Any]:
+    """A written file as W&B's reference entry wants it: name, URI, size and base64 MD5."""
+    return {"name": uri.rstrip("/").rsplit("/", 1)[-1], "uri": uri, "size": writer.bytes, "md5": writer.md5_b64}
+
+
+def recording_opener(references: list[dict[str, Any]]) -> Callable[[str], Any]:
+    """``atomic_create`` that appends each finished file's ``file_reference`` to ``references``."""
+
+    @contextlib.contextmanager
+    def opener(uri: str) -> Iterator[HashingWriter]:
+        with atomic_create(uri) as writer:
+            yield writer
+        references.append(file_reference(uri, writer))
+
+    return opener
+
+
+def staging_folder(output: str) -> str:
+    """A fresh folder for the workers' summaries beside the output, on the same filesystem as the data."""
+    return join_uri(output, f".beam-summaries-{uuid.uuid4().hex}")
+
+
+def delete_folder(uri: str) -> None:
+    """Delete a staging folder's files, then the folder where the filesystem has folders (object stores
+    only have the files); summaries already read, a leftover would cost nothing but its few bytes."""
+    from apache_beam.io.filesystems import FileSystems
+
+    with contextlib.suppress(Exception):
+        files = [m.path for m in FileSystems.match([join_uri(uri, "*")])[0].metadata_list]
+        if files:
+            FileSystems.delete(files)
+    with contextlib.suppress(Exception):
+        FileSystems.delete([uri])
+
+
+def run_staged(beam: Any, options: list[str], output: str, build: Callable[[Any, str], None],
+               names: tuple[str, ...]) -> dict[str, list[Any]]:
+    """Run a pipeline whose ``build(pipeline, staging)`` stages its summaries as ``<staging>/<name>*``
+    text files (a fresh folder beside ``output``, on the workers' filesystem); returns each name's
+    JSON rows and deletes the folder."""
+    staging = staging_folder(output)
+    try:
+        run_pipeline(beam, options, lambda pipeline: build(pipeline, staging))
+        return {name: read_staged_json(join_uri(staging, f"{name}*")) for name in names}
+    finally:
+        delete_folder(staging)
 
 
 def read_staged_json(pattern: str) -> list[Any]:

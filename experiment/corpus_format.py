@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +35,32 @@ def iter_documents(corpus_dir: Path, manifest: dict[str, Any] | None = None) -> 
     manifest = manifest or read_corpus_manifest(corpus_dir)
     for shard in manifest["shards"]:
         path = corpus_dir / shard["file"]
+        if not path.is_file() and manifest.get("data_uri"):  # written by Beam workers elsewhere (corpus.output_uri)
+            raise DataError(f"corpus shard {shard['file']} is in {manifest['data_uri']}, not in {corpus_dir}: copy "
+                            "the shards into that folder or mount that storage there (recipe 03 on Beam reads them in place)")
         if not path.is_file():
             raise DataError(f"corpus shard {path} listed in the manifest is missing: {CORPUS.run_again}")
         if path.stat().st_size != shard["bytes"]:
             raise DataError(f"corpus shard {path} has {path.stat().st_size} bytes, the manifest says {shard['bytes']}")
         with path.open(encoding="utf-8") as handle:
-            for line_no, line in enumerate(handle, 1):
-                try:
-                    doc = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path} line {line_no}: not valid JSON ({exc.msg})") from exc
-                if not isinstance(doc, dict) or not isinstance(doc.get("text"), str) or "id" not in doc:
-                    raise DataError(f"{path} line {line_no}: a document needs 'id' and a string 'text'")
-                yield doc
+            yield from parse_document_lines(handle, str(path))
+
+
+def parse_document_lines(lines: Iterable[str], name: str) -> Iterator[dict[str, Any]]:
+    """The documents of one shard's lines, each checked; ``name`` is the shard's path or URI for errors."""
+    for line_no, line in enumerate(lines, 1):
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{name} line {line_no}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(doc, dict) or not isinstance(doc.get("text"), str) or "id" not in doc:
+            raise DataError(f"{name} line {line_no}: a document needs 'id' and a string 'text'")
+        yield doc
+
+
+def document_line(doc_id: str, source: str, text: str) -> bytes:
+    """One document as its shard line (UTF-8 JSON, ``ensure_ascii=False``, newline-terminated)."""
+    return (json.dumps({"id": doc_id, "source": source, "text": text}, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 class CorpusShardWriter:
@@ -82,7 +95,7 @@ class CorpusShardWriter:
                 atomic_open(self.corpus_dir / shard_name(self.first_index + len(self.shards)), "wb", encoding=None)
             )
             self._digest, self._documents, self._bytes = hashlib.sha256(), 0, 0
-        line = (json.dumps({"id": doc_id, "source": source, "text": text}, ensure_ascii=False) + "\n").encode("utf-8")
+        line = document_line(doc_id, source, text)
         self._handle.write(line)
         self._digest.update(line)
         self._documents += 1

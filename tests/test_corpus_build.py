@@ -13,6 +13,7 @@ from typing import Any, get_args
 import pytest
 
 from data_prep.corpus import build as corpus_module
+from data_prep.corpus import sources
 from data_prep.corpus.build import build_corpus
 from data_prep.corpus.documents import DocumentNumberer
 from data_prep.corpus.normalize import normalize_text
@@ -184,10 +185,10 @@ def test_unreadable_file_is_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     path = tmp_path / "locked.txt"
     path.write_text(fixture("ru_prose.txt"), encoding="utf-8")
 
-    def refuse(self: Path) -> bytes:
+    def refuse(path: object) -> bytes:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)
+    monkeypatch.setattr(sources, "open_input", refuse)  # every reader opens local paths and URLs through it
     numberer = DocumentNumberer(SourceConfig(kind="files", paths=[str(path)]), 0)
     [doc] = list(_read_txt(path, numberer))
     assert doc.reject == "unreadable" and doc.text is None

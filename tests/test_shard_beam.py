@@ -14,7 +14,7 @@ import_extra("apache_beam", "beam")  # its own venv: Beam pins protobuf below 7
 
 from data_prep.shards.beam import file_offsets, shard_pieces  # noqa: E402
 from data_prep.shards.build import shard_corpus  # noqa: E402
-from tests.test_corpus_beam import TWO_WORKERS, opened_files  # noqa: E402
+from tests.test_corpus_beam import TWO_WORKERS, assert_same_entries_as_wandb_reads, opened_files  # noqa: E402
 from tests.test_shards_common import DisabledRun, make_documents, make_run  # noqa: E402
 
 
@@ -36,13 +36,15 @@ def test_two_worker_processes_write_the_local_shards_and_the_driver_opens_no_dat
     local = shard_corpus(run.cfg, run.run_folder, DisabledRun())
     local_bytes = {p.name: p.read_bytes() for p in sorted(run.run_folder.shards.glob("*.tfrecord*"))}
     run.cfg.shards.runner, run.cfg.shards.beam_options = "beam", TWO_WORKERS
-    with opened_files() as opened:  # no W&B run: its reference artifact checksums every shard file here
-        beam = shard_corpus(run.cfg, run.run_folder, None)
+    wandb_run = DisabledRun()
+    with opened_files() as opened:  # W&B too: its reference takes the checksums the workers computed
+        beam = shard_corpus(run.cfg, run.run_folder, wandb_run)
     assert {p.name: p.read_bytes() for p in sorted(run.run_folder.shards.glob("*.tfrecord*"))} == local_bytes
     assert beam["splits"] == local["splits"] and len(local_bytes) > 6
     data_opens = [p for p in opened if ".tfrecord" in p or Path(p).name.startswith("docs-")]
     assert data_opens == [], f"the driver opened data files: {data_opens}"
     assert any("manifest" in p for p in opened)  # the guard sees what this process opens
+    assert_same_entries_as_wandb_reads(wandb_run.artifacts[-1], run.run_folder.shards)
 
 
 def test_pieces_tile_each_shard() -> None:

@@ -30,16 +30,40 @@ def log_files(run: Any, name: str, artifact_type: str, paths: Iterable[Path], me
 
 
 def log_reference(run: Any, name: str, artifact_type: str, folder: str | Path,
-                  metadata: dict[str, Any] | None = None) -> Any:
+                  metadata: dict[str, Any] | None = None, files: list[dict[str, Any]] | None = None) -> Any:
     """Log a large output folder (a corpus, shards) as an artifact of ``run`` by reference: a ``file://``
     URI per file with its size and checksum (W&B's MD5, which reads each file once), never a copy, so the
     bytes stay where the stage wrote them and W&B (offline too) keeps no second copy on disk. On a bucket
-    the same call takes ``gs://``/``s3://`` folders, whose checksums are the stores' own. Returns the
-    artifact, or None for a disabled run."""
+    the same call takes ``gs://``/``s3://`` folders, whose checksums are the stores' own.
+
+    ``files``: data files already measured where they were written (Beam workers), as
+    ``{"name", "uri", "size", "md5"}`` (MD5 in W&B's base64): entered as they are, nothing read here;
+    the folder's other files (its manifest and report) are referenced and checksummed as usual.
+    Returns the artifact, or None for a disabled run."""
     if run is None or getattr(run, "disabled", False):
         return None
-    artifact = _reference_artifact(name, artifact_type, folder, metadata, checksum=True)
+    if files is None:
+        artifact = _reference_artifact(name, artifact_type, folder, metadata, checksum=True)
+    else:
+        artifact = _measured_reference_artifact(name, artifact_type, Path(folder), metadata, files)
     run.log_artifact(artifact)
+    return artifact
+
+
+def _measured_reference_artifact(name: str, artifact_type: str, folder: Path, metadata: dict[str, Any] | None,
+                                 files: list[dict[str, Any]]) -> Any:
+    import wandb
+    from wandb.sdk.artifacts.artifact_manifest_entry import ArtifactManifestEntry
+
+    artifact = wandb.Artifact(artifact_name(name), type=artifact_type, metadata=metadata or {})
+    measured = {entry["name"] for entry in files}
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.name not in measured and not path.name.startswith("."):
+            artifact.add_reference(path.resolve().as_uri(), name=path.name, checksum=True)
+    for entry in files:  # the entries W&B's own file handler makes, with the digests the writers computed
+        uri = entry["uri"] if "://" in entry["uri"] else Path(entry["uri"]).resolve().as_uri()
+        artifact.manifest.add_entry(ArtifactManifestEntry(path=entry["name"], ref=uri, digest=entry["md5"],
+                                                          size=entry["size"]))
     return artifact
 
 

@@ -28,17 +28,17 @@ Runners: ``corpus.beam_options`` are ordinary Beam flags, e.g. ``["--runner=Dire
 "--direct_num_workers=2", "--direct_running_mode=multi_processing"]``; on Dataflow add
 ``--runner=DataflowRunner --project=... --region=... --temp_location=gs://...`` and ship the
 package with ``--setup_file=./setup.py`` or a container image (see docs/corpus.md). Workers read
-the inputs and write the corpus folder by path, so they need the same filesystem paths as the
-driver (one machine, or a shared mount such as Filestore/NFS or GCS FUSE on every worker).
+the inputs and write the shards through Beam's FileSystems, so inputs (``corpus.sources[].paths``)
+and the shards (``corpus.output_uri``) may be local paths or ``gs://``/``s3://``/``hdfs://`` URLs;
+each shard is written under a temporary name and renamed into place under its deterministic name.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
-import shutil
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -46,13 +46,13 @@ from typing import Any
 
 import numpy as np
 
-from data_prep.beam_common import import_beam, read_staged_json, run_pipeline
+from data_prep.beam_common import import_beam, join_uri, recording_opener, run_staged
 from data_prep.corpus.cleaning import CleanDocument, clean_document
-from data_prep.corpus.dedup import band_keys, estimated_jaccard
+from data_prep.corpus.dedup import ClusterSizes, band_keys, estimated_jaccard
 from data_prep.corpus.documents import DocumentNumberer, RawDocument
 from data_prep.corpus.report import CorpusCounts, SourceCounts
 from data_prep.corpus.sources import expand_paths, hub_parquet_files, read_one_file, source_reader
-from experiment.corpus_format import CorpusShardWriter
+from experiment.corpus_format import document_line, shard_name
 from experiment.sections.corpus import CorpusConfig, DedupConfig
 
 log = logging.getLogger("data_prep.corpus.beam")
@@ -147,13 +147,45 @@ def exact_group_outcomes(docs: Iterable[CleanDocument]) -> Iterator[Outcome]:
         yield doc, "exact", ordered[0].id
 
 
-def bucket_matches(members: Iterable[tuple[int, str, np.ndarray]], cfg: DedupConfig) -> Iterator[tuple[int, str]]:
-    """``(order, earlier id)`` for each bucket member that matches a lower-ordered member."""
+def bucket_matches(members: Iterable[tuple[int, str, np.ndarray]],
+                   cfg: DedupConfig) -> Iterator[tuple[int, str, int]]:
+    """``(order, earlier id, earlier order)`` for each bucket member that matches a lower-ordered member."""
     ordered = sorted(members, key=lambda m: m[0])
     for i, (order, _doc_id, signature) in enumerate(ordered[1:], 1):
-        for _, earlier_id, earlier_signature in ordered[:i]:
+        for earlier_order, earlier_id, earlier_signature in ordered[:i]:
             if cfg.min_jaccard <= 0 or estimated_jaccard(signature, earlier_signature) >= cfg.min_jaccard:
-                yield order, earlier_id
+                yield order, earlier_id, earlier_order
+
+
+def exact_links(docs: Iterable[CleanDocument]) -> Iterator[tuple[int, int]]:
+    """``(order, order of the document it duplicates)`` inside one exact-key group (rehydration's links)."""
+    orders = sorted(doc.order for doc in docs)
+    for order in orders[1:]:
+        yield order, orders[0]
+
+
+def cluster_extras(links: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """``(order of a kept document, copies beyond its first)`` for every duplicate cluster that rehydration
+    grows: the local ``ClusterSizes`` fed the links in input order (a link's target comes before it)."""
+    clusters = ClusterSizes()
+    for order, earlier in sorted(links):
+        clusters.add_duplicate(order, earlier)  # type: ignore[arg-type]  (orders stand for ids: both unique)
+    for root in clusters.sizes:
+        if clusters.copies(root) > 1:
+            yield root, clusters.copies(root) - 1  # type: ignore[misc]
+
+
+def copy_rows(element: tuple[int, Iterable[tuple[int, int, tuple[int, str, str, str]]]], offsets: dict[int, int],
+              kept_total: int, docs_per_shard: int) -> Iterator[tuple[int, tuple[int, str, str, str]]]:
+    """One rank block's rehydration copies as shard rows: the local writer's order (after every
+    deduplicated document, in a new shard; each document's copies together, documents in rank order)."""
+    block, items = element
+    position = offsets.get(block, 0)  # copies written before this block's
+    first_shard = -(-kept_total // docs_per_shard)
+    for _rank, extra, (_, doc_id, source, text) in sorted(items, key=lambda item: item[0]):
+        for _ in range(extra):
+            yield first_shard + position // docs_per_shard, (kept_total + position, doc_id, source, text)
+            position += 1
 
 
 def block_of(order: int) -> int:
@@ -170,35 +202,48 @@ def rank_offsets(kept_per_block: Iterable[tuple[int, int]]) -> dict[int, int]:
 
 
 def block_outcomes(element: tuple[int, dict[str, list[Any]]], offsets: dict[int, int],
-                   docs_per_shard: int) -> Iterator[Any]:
+                   docs_per_shard: int, rehydrate: bool = False) -> Iterator[Any]:
     """One block's survivors in order: near duplicates as outcomes, kept ones also as shard rows.
 
-    Main output: outcomes (for the counts). Tagged ``rows``: ``(shard, (rank, id, source, text))``.
+    Main output: outcomes (for the counts). Tagged ``rows``: ``(shard, (rank, id, source, text))``; with
+    ``rehydrate`` also ``links`` (``(order, earlier order)`` per near duplicate) and ``kept``
+    (``(order, row)``), for the copies.
     """
     beam = import_beam("corpus.runner")
     block, grouped = element
-    earliest: dict[int, str] = {}
-    for order, earlier_id in grouped["match"]:
-        earliest[order] = min(earlier_id, earliest.get(order, earlier_id))  # the local rule: lowest id
+    earliest: dict[int, tuple[str, int]] = {}
+    for order, earlier_id, earlier_order in grouped["match"]:
+        # the local rule: lowest id
+        earliest[order] = min((earlier_id, earlier_order), earliest.get(order, (earlier_id, earlier_order)))
     rank = offsets.get(block, 0)
     for doc in sorted(grouped["doc"], key=lambda d: d.order):
         if doc.order in earliest:
-            yield _without_text((doc, "near", earliest[doc.order]))
+            yield _without_text((doc, "near", earliest[doc.order][0]))
+            if rehydrate:
+                yield beam.pvalue.TaggedOutput("links", (doc.order, earliest[doc.order][1]))
             continue
-        yield beam.pvalue.TaggedOutput("rows", (rank // docs_per_shard, (rank, doc.id, doc.source, doc.text)))
+        row = (rank, doc.id, doc.source, doc.text)
+        yield beam.pvalue.TaggedOutput("rows", (rank // docs_per_shard, row))
+        if rehydrate:
+            yield beam.pvalue.TaggedOutput("kept", (doc.order, row))
         yield dataclasses.replace(doc, text=None, signature=None), None, doc.bytes_out
         rank += 1
 
 
-def write_shard(element: tuple[int, Iterable[tuple[int, str, str, str]]], corpus_dir: str,
-                docs_per_shard: int) -> Iterator[dict[str, Any]]:
-    """Write one whole corpus shard (atomically, by the local writer) and yield its manifest entry."""
+def write_shard(element: tuple[int, Iterable[tuple[int, str, str, str]]], data_dir: str) -> Iterator[dict[str, Any]]:
+    """Write one whole corpus shard through Beam's filesystems (temporary name, then renamed into
+    place) and yield its manifest entry, with its W&B reference entry (size, MD5) under ``reference``."""
     number, rows = element
-    with CorpusShardWriter(Path(corpus_dir), docs_per_shard, first_index=number) as writer:
+    name, digest, documents = shard_name(number), hashlib.sha256(), 0
+    references: list[dict[str, Any]] = []
+    with recording_opener(references)(join_uri(data_dir, name)) as handle:
         for _rank, doc_id, source, text in sorted(rows):
-            writer.write(doc_id, source, text)
-    (summary,) = writer.shards
-    yield {"number": number, **summary}
+            line = document_line(doc_id, source, text)
+            handle.write(line)
+            digest.update(line)
+            documents += 1
+    yield {"number": number, "file": name, "documents": documents, "bytes": references[0]["size"],
+           "sha256": digest.hexdigest(), "reference": references[0]}
 
 
 # ---------------------------------------------------------------- counts (combined on the workers)
@@ -285,7 +330,7 @@ def _without_text(outcome: Outcome) -> Outcome:
     return dataclasses.replace(doc, text=None, signature=None), kind, earlier
 
 
-def build_pipeline(pipeline: Any, units: list[ReadUnit], cfg: CorpusConfig, corpus_dir: Path, cache_root: Path,
+def build_pipeline(pipeline: Any, units: list[ReadUnit], cfg: CorpusConfig, data_dir: str, cache_root: Path,
                    staging: str) -> None:
     beam = import_beam("corpus.runner")
     dedup = cfg.dedup
@@ -303,11 +348,14 @@ def build_pipeline(pipeline: Any, units: list[ReadUnit], cfg: CorpusConfig, corp
                 | "Rejected" >> beam.Filter(lambda d: d.reject is not None)
                 | "AsOutcome" >> beam.Map(lambda d: (d, None, None)))
     kept = cleaned | "Kept" >> beam.Filter(lambda d: d.reject is None)
+    links = []  # (order, earlier order) of every duplicate, for rehydration
     if dedup.exact:
-        exact = (kept
-                 | "ByExactKey" >> beam.Map(lambda d: (d.exact_key, d))
-                 | "GroupExact" >> beam.GroupByKey()
-                 | "ExactOutcomes" >> beam.FlatMap(lambda kv: exact_group_outcomes(kv[1])))
+        exact_groups = (kept
+                        | "ByExactKey" >> beam.Map(lambda d: (d.exact_key, d))
+                        | "GroupExact" >> beam.GroupByKey())
+        exact = exact_groups | "ExactOutcomes" >> beam.FlatMap(lambda kv: exact_group_outcomes(kv[1]))
+        if dedup.rehydrate:
+            links.append(exact_groups | "ExactLinks" >> beam.FlatMap(lambda kv: exact_links(kv[1])))
         exact_dups = exact | "ExactDups" >> beam.Filter(lambda o: o[1] is not None) | "DropText" >> beam.Map(_without_text)
         survivors = exact | "Survivors" >> beam.FlatMap(lambda o: [o[0]] if o[1] is None else [])
     else:
@@ -326,42 +374,71 @@ def build_pipeline(pipeline: Any, units: list[ReadUnit], cfg: CorpusConfig, corp
                          | "OncePerDocument" >> beam.Distinct()
                          | "MatchedBlock" >> beam.Map(lambda order: (block_of(order), -1)))
     survivors_per_block = survivors | "SurvivorBlock" >> beam.Map(lambda d: (block_of(d.order), 1))
-    ranks = ((survivors_per_block, matched_per_block)
-             | "BlockTallies" >> beam.Flatten()
-             | "KeptPerBlock" >> beam.CombinePerKey(sum)
-             | "AllBlocks" >> beam.combiners.ToList()
-             | "RankOffsets" >> beam.Map(rank_offsets))
+    kept_per_block = ((survivors_per_block, matched_per_block)
+                      | "BlockTallies" >> beam.Flatten()
+                      | "KeptPerBlock" >> beam.CombinePerKey(sum)
+                      | "AllBlocks" >> beam.combiners.ToList())
+    ranks = kept_per_block | "RankOffsets" >> beam.Map(rank_offsets)
     joined = ({"doc": survivors | "DocBlock" >> beam.Map(lambda d: (block_of(d.order), d)),
                "match": matches | "MatchBlock" >> beam.Map(lambda m: (block_of(m[0]), m))}
               | "JoinBlocks" >> beam.CoGroupByKey()
-              | "BlockOutcomes" >> beam.FlatMap(block_outcomes, beam.pvalue.AsSingleton(ranks),
-                                                cfg.docs_per_shard).with_outputs("rows", main="outcomes"))
-    (joined.rows
+              | "BlockOutcomes" >> beam.FlatMap(block_outcomes, beam.pvalue.AsSingleton(ranks), cfg.docs_per_shard,
+                                                dedup.rehydrate).with_outputs("rows", "links", "kept", main="outcomes"))
+    rows = joined.rows
+    if dedup.rehydrate:
+        rows = (rows, _rehydration_rows(beam, [*links, joined.links], joined.kept, kept_per_block, cfg)) | (
+            "WithCopies" >> beam.Flatten())
+    (rows
      | "GroupShards" >> beam.GroupByKey()
-     | "WriteShards" >> beam.FlatMap(write_shard, str(corpus_dir), cfg.docs_per_shard)
+     | "WriteShards" >> beam.FlatMap(write_shard, data_dir)
      | "ShardJson" >> beam.Map(json.dumps)
-     | "StageShards" >> beam.io.WriteToText(f"{staging}/shards", file_name_suffix=".jsonl"))
+     | "StageShards" >> beam.io.WriteToText(join_uri(staging, "shards"), file_name_suffix=".jsonl"))
     ((rejected, exact_dups, joined.outcomes)
      | "AllOutcomes" >> beam.Flatten()
      | "Counts" >> beam.CombineGlobally(_counts_combine_fn(cfg.report_examples))
-     | "StageCounts" >> beam.io.WriteToText(f"{staging}/counts", file_name_suffix=".jsonl"))
+     | "StageCounts" >> beam.io.WriteToText(join_uri(staging, "counts"), file_name_suffix=".jsonl"))
 
 
-def run_beam(cfg: CorpusConfig, corpus_dir: Path, cache_root: Path) -> tuple[CorpusCounts, list[dict[str, Any]]]:
+def _rehydration_rows(beam: Any, links: list[Any], kept: Any, kept_per_block: Any, cfg: CorpusConfig) -> Any:
+    """FineWeb-2's rehydration on the workers: the copies of each kept document of a duplicate cluster,
+    as shard rows after the deduplicated ones. Cluster sizes need every duplicate link (two numbers
+    each) on one worker, in input order; the copies' positions are a prefix sum over rank blocks."""
+    extras = (links
+              | "AllLinks" >> beam.Flatten()
+              | "OneKey" >> beam.Map(lambda link: (0, link))
+              | "GroupLinks" >> beam.GroupByKey()
+              | "ClusterExtras" >> beam.FlatMap(lambda kv: cluster_extras(kv[1])))
+    with_extra = ({"row": kept, "extra": extras}
+                  | "JoinExtras" >> beam.CoGroupByKey()
+                  | "KeptWithExtra" >> beam.FlatMap(
+                      lambda kv: [(row[0], extra, row) for row in kv[1]["row"] for extra in kv[1]["extra"]]))
+    copy_offsets = (with_extra
+                    | "ExtraBlock" >> beam.Map(lambda item: (block_of(item[0]), item[1]))
+                    | "ExtrasPerBlock" >> beam.CombinePerKey(sum)
+                    | "AllExtraBlocks" >> beam.combiners.ToList()
+                    | "CopyOffsets" >> beam.Map(rank_offsets))
+    kept_total = kept_per_block | "KeptTotal" >> beam.Map(lambda blocks: sum(kept for _, kept in blocks))
+    return (with_extra
+            | "ByRankBlock" >> beam.Map(lambda item: (block_of(item[0]), item))
+            | "GroupRankBlocks" >> beam.GroupByKey()
+            | "CopyRows" >> beam.FlatMap(copy_rows, beam.pvalue.AsSingleton(copy_offsets),
+                                         beam.pvalue.AsSingleton(kept_total), cfg.docs_per_shard))
+
+
+def run_beam(cfg: CorpusConfig, corpus_dir: Path,
+             cache_root: Path) -> tuple[CorpusCounts, list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the pipeline (DirectRunner unless ``cfg.beam_options`` say otherwise): the workers write the
-    shards; returns the merged counts and the shards' manifest entries, in shard order."""
+    shards into ``cfg.output_uri`` (or ``corpus_dir``); returns the merged counts, the shards' manifest
+    entries in shard order, and their W&B reference entries (``beam_common.file_reference``)."""
     beam = import_beam("corpus.runner")
     units = plan_units(cfg)
     logging.getLogger("apache_beam").setLevel(logging.WARNING)  # its INFO lines drown the recipe's own
-    staging = tempfile.mkdtemp(prefix=".beam-summaries-", dir=corpus_dir)  # next to the output: workers see it
-    try:
-        log.info("running the corpus pipeline on Beam (%s) over %d input unit(s)",
-                 " ".join(cfg.beam_options) or "DirectRunner", len(units))
-        run_pipeline(beam, cfg.beam_options,
-                     lambda pipeline: build_pipeline(pipeline, units, cfg, corpus_dir, cache_root, staging))
-        numbered = sorted(read_staged_json(f"{staging}/shards*"), key=lambda row: row["number"])
-        shards = [{k: v for k, v in row.items() if k != "number"} for row in numbered]
-        (counts_row,) = read_staged_json(f"{staging}/counts*")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return counts_from_json(counts_row, [s.label for s in cfg.sources]), shards
+    data_dir = cfg.output_uri or str(corpus_dir)
+    log.info("running the corpus pipeline on Beam (%s) over %d input unit(s), shards to %s",
+             " ".join(cfg.beam_options) or "DirectRunner", len(units), data_dir)
+    staged = run_staged(beam, cfg.beam_options, data_dir, lambda pipeline, staging: build_pipeline(
+        pipeline, units, cfg, data_dir, cache_root, staging), ("shards", "counts"))
+    numbered = sorted(staged["shards"], key=lambda row: row["number"])
+    (counts_row,) = staged["counts"]
+    shards = [{k: v for k, v in row.items() if k not in ("number", "reference")} for row in numbered]
+    return counts_from_json(counts_row, [s.label for s in cfg.sources]), shards, [row["reference"] for row in numbered]

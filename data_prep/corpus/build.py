@@ -27,7 +27,7 @@ from data_prep.corpus.documents import RawDocument
 from data_prep.corpus.report import CorpusCounts, log_to_wandb, render_report
 from data_prep.corpus.sources import iter_raw_documents
 from experiment.corpus_format import CorpusShardWriter, clear_corpus_folder
-from experiment.errors import ConfigError, DataError
+from experiment.errors import DataError
 from experiment.files import atomic_write_text
 from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
@@ -111,8 +111,9 @@ def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Pat
 
 def finish_corpus(counts: CorpusCounts, shards: list[dict[str, Any]], cfg: CorpusConfig, corpus_dir: Path,
                   wandb_run: Any, started: float, extra_manifest: dict[str, Any] | None = None,
-                  extra_copies: int = 0) -> dict[str, Any]:
-    """Check the counts, then write the report and the manifest (last); the shards are written."""
+                  extra_copies: int = 0, references: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Check the counts, then write the report and the manifest (last); the shards are written.
+    ``references``: the shards' W&B entries measured by the Beam workers that wrote them (none read here)."""
     counts.check()
     if counts.kept == 0:
         top = ", ".join(f"{reason} {n}" for reason, n in counts.rejected.most_common(3)) or "no input documents"
@@ -140,7 +141,7 @@ def finish_corpus(counts: CorpusCounts, shards: list[dict[str, Any]], cfg: Corpu
     # the corpus by reference (each file's path, size and checksum), never a second copy of its bytes
     log_reference(wandb_run, f"{corpus_dir.parent.name}-corpus", "corpus", corpus_dir,
                   {"documents": payload["documents"], "bytes": payload["bytes"],
-                   "shards_sha256": [shard["sha256"] for shard in shards]})
+                   "shards_sha256": [shard["sha256"] for shard in shards]}, files=references)
     log.info("corpus: %d of %d documents kept (%.1f MB) in %d shard(s), %.0f s; report: %s",
              counts.kept, counts.documents_in, counts.bytes_kept / 1e6, len(shards), seconds,
              corpus_dir / "report.md")
@@ -178,12 +179,13 @@ def build_corpus(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -
     started = time.perf_counter()
     clear_corpus_folder(corpus_dir)
     if corpus_cfg.runner == "beam":  # workers read the inputs and write the shards; this process plans
-        if corpus_cfg.dedup.rehydrate:  # the copies are written by the local writer only, so far
-            raise ConfigError("corpus.dedup.rehydrate runs with corpus.runner=local only: set one of them differently")
-        counts, shards = run_beam(corpus_cfg, corpus_dir, cache_root_for(run_folder))
+        counts, shards, references = run_beam(corpus_cfg, corpus_dir, cache_root_for(run_folder))
         if counts.documents_in == 0:
             raise DataError("corpus.sources gave no documents at all: check the paths and datasets")
-        return finish_corpus(counts, shards, corpus_cfg, corpus_dir, wandb_run, started, {"runner": "beam"})
+        # data_uri: where the workers wrote the shards when not here (iter_documents names it if they are missing)
+        extra = {"runner": "beam", **({"data_uri": corpus_cfg.output_uri} if corpus_cfg.output_uri else {})}
+        copies = sum(shard["documents"] for shard in shards) - counts.kept  # corpus.dedup.rehydrate's
+        return finish_corpus(counts, shards, corpus_cfg, corpus_dir, wandb_run, started, extra, copies, references)
     raw_docs = iter_raw_documents(corpus_cfg.sources, cache_root_for(run_folder))
     # read the first document here, so a bad source fails before any worker starts
     first = next(raw_docs, None)

@@ -64,11 +64,17 @@ def split_text(text: str, rule: str, chunk_chars: int) -> list[str]:
 
 # ---------------------------------------------------------------- local files
 
-def expand_paths(patterns: list[str], key: str) -> list[Path]:
-    """Globs and folders to a sorted list of files; a pattern that matches nothing is an error."""
-    files: list[Path] = []
+def expand_paths(patterns: list[str], key: str) -> list[Path | str]:
+    """Globs and folders to a sorted list of files; a pattern that matches nothing is an error.
+
+    A URL (``gs://bucket/dir/*.jsonl.zst``, ``s3://...``) is listed through Beam's FileSystems (names and
+    sizes only, nothing read): such inputs are for the Beam runner, whose workers read them."""
+    files: list[Path | str] = []
     for pattern in patterns:
         expanded = os.path.expanduser(pattern)
+        if "://" in expanded:
+            files.extend(_match_urls(expanded, key))
+            continue
         if os.path.isdir(expanded):
             matches = sorted(p for p in Path(expanded).rglob("*.txt") if p.is_file())
             if not matches:
@@ -82,22 +88,60 @@ def expand_paths(patterns: list[str], key: str) -> list[Path]:
     return files
 
 
-def _open_compressed(path: Path) -> io.BufferedIOBase:
-    name = path.name.lower()
+def _match_urls(pattern: str, key: str) -> list[str]:
+    """A URL glob's files, sorted; a URL without glob characters that names no file is read as a folder of .txt."""
+    try:
+        from apache_beam.io.filesystems import FileSystems
+    except ImportError as exc:
+        raise ConfigError(f"{key}: {pattern}: URL inputs are listed and read through Beam's filesystems "
+                          "(corpus.runner=beam with the beam extra)") from exc
+    try:
+        found: list[str] = []
+        if not any(ch in pattern for ch in "*?["):  # a folder (a prefix, on object stores) of .txt files?
+            found = sorted(m.path for m in FileSystems.match([f"{pattern.rstrip('/')}/**.txt"])[0].metadata_list)
+        found = found or sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    except (ValueError, OSError) as exc:  # an unknown scheme, a missing bucket or credentials
+        raise DataError(f"{key}: cannot list {pattern}: {str(exc).splitlines()[0]}") from exc
+    if not found:
+        raise DataError(f"{key}: {pattern} matches no files (give existing files, folders or globs)")
+    return found
+
+
+def open_input(path: str | Path) -> io.BufferedIOBase:
+    """An input file's raw bytes: a local path, a URL of a Beam filesystem (gs://, s3://, hdfs://:
+    read on the Beam worker that handles the file), or any other URL through fsspec (hf://)."""
+    path = str(path)
+    if "://" not in path:
+        return open(path, "rb")  # noqa: SIM115  (the caller closes it)
+    try:
+        from apache_beam.io.filesystem import CompressionTypes
+        from apache_beam.io.filesystems import FileSystems
+
+        FileSystems.get_filesystem(path)  # ValueError: not a scheme Beam knows
+    except (ImportError, ValueError):
+        return _open_url(path)
+    # uncompressed: .gz and .zst are decompressed below, the same way for every filesystem
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def _decompressed(raw: Any, path: str) -> Any:
+    """``raw`` (closed by the caller) decompressed by the file's suffix: .gz, .zst, or as it is."""
+    name = path.lower()
     if name.endswith(".gz"):
-        return gzip.open(path, "rb")
+        return gzip.GzipFile(fileobj=raw, mode="rb")
     if name.endswith(".zst"):
         try:
             import zstandard
         except ImportError as exc:
             raise DataError(f"{path}: reading .zst needs the zstd extra (pip install 'ru-pretrain[zstd]')") from exc
-        return zstandard.ZstdDecompressor().stream_reader(path.open("rb"))
-    return path.open("rb")
+        return zstandard.ZstdDecompressor().stream_reader(raw, closefd=False)
+    return raw
 
 
-def _read_txt(path: Path, numberer: DocumentNumberer) -> Iterator[RawDocument]:
+def _read_txt(path: str | Path, numberer: DocumentNumberer) -> Iterator[RawDocument]:
     try:
-        data = path.read_bytes()
+        with open_input(path) as handle:
+            data = handle.read()
     except OSError as exc:
         yield numberer.make(None, str(path), "unreadable")
         log.warning("cannot read %s: %s", path, exc.strerror or exc)
@@ -113,11 +157,11 @@ def _read_txt(path: Path, numberer: DocumentNumberer) -> Iterator[RawDocument]:
         yield numberer.make(piece, f"{path}#{i}")
 
 
-def _read_jsonl(path: Path, numberer: DocumentNumberer) -> Iterator[RawDocument]:
+def _read_jsonl(path: str, numberer: DocumentNumberer) -> Iterator[RawDocument]:
     field = numberer.cfg.text_field
     try:
-        with _open_compressed(path) as raw:
-            for line_no, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", errors="strict"), 1):
+        with open_input(path) as raw, _decompressed(raw, path) as stream:
+            for line_no, line in enumerate(io.TextIOWrapper(stream, encoding="utf-8", errors="strict"), 1):
                 if not line.strip():
                     continue
                 origin = f"{path}:{line_no}"
@@ -144,13 +188,13 @@ def _open_url(url: str) -> Any:
     return fsspec.open(url, "rb").open()
 
 
-def _read_parquet(path: Path, numberer: DocumentNumberer) -> Iterator[RawDocument]:
+def _read_parquet(path: str, numberer: DocumentNumberer) -> Iterator[RawDocument]:
     import pyarrow.parquet as pq
 
     field = numberer.cfg.text_field
     try:
-        # a hub dataset's parquet file (hf://datasets/...) is opened through fsspec on a Beam worker
-        parquet = pq.ParquetFile(_open_url(str(path)) if "://" in str(path) else path)
+        # a URL (gs://..., a hub dataset's hf://datasets/...) is opened on the Beam worker that reads it
+        parquet = pq.ParquetFile(open_input(path) if "://" in path else path)
     except Exception as exc:  # pyarrow raises its own error types for a corrupt file
         log.warning("cannot read %s: %s", path, exc)
         yield numberer.make(None, str(path), "unreadable")
@@ -178,12 +222,13 @@ def iter_file_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str,
 
 def read_one_file(path: Path | str, numberer: DocumentNumberer) -> Iterator[RawDocument]:
     """One input file's documents (a Beam worker reads one file per element through this)."""
-    name = str(path).lower()
+    path = str(path)  # a URL stays as it is (Path would fold gs:// to gs:/)
+    name = path.lower()
     if name.endswith(JSONL_SUFFIXES):
-        return _read_jsonl(Path(path), numberer)
+        return _read_jsonl(path, numberer)
     if name.endswith(PARQUET_SUFFIXES):
-        return _read_parquet(path if "://" in str(path) else Path(path), numberer)  # type: ignore[arg-type]
-    return _read_txt(Path(path), numberer)  # .txt and anything else: binary files are rejected with a reason
+        return _read_parquet(path, numberer)
+    return _read_txt(path, numberer)  # .txt and anything else: binary files are rejected with a reason
 
 
 # ---------------------------------------------------------------- Hugging Face datasets

@@ -24,20 +24,22 @@ flags, e.g. ``["--runner=DirectRunner", "--direct_num_workers=2",
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from data_prep.beam_common import import_beam, read_staged_json, run_pipeline
+from data_prep.beam_common import import_beam, join_uri, recording_opener, run_staged
 from data_prep.shards.layout import SPLITS, row_tokens, shard_file_name, shard_summary, split_of
 from data_prep.shards.packing import rows_from_stream
 from data_prep.shards.tfrecord import TFRecordWriter, encode_int64_rows
-from experiment.corpus_format import iter_documents
+from experiment.corpus_format import parse_document_lines
+from experiment.errors import DataError
+from experiment.stages import CORPUS
 from tokenizer.loaded import encode_one, tokenizer_from_source
 
 OrderKey = tuple[int, int]  # (corpus file number, line number)
@@ -84,7 +86,9 @@ def shard_pieces(element: tuple[str, int, int, int, np.ndarray], layout: dict[st
 
 def write_shard(element: tuple[tuple[str, int], Iterable[tuple[int, int, np.ndarray]]], out_dir: str,
                 row_len: int, records_per_shard: int, packing: str, pad_id: int) -> Iterator[str]:
-    """Rebuild one shard's rows from its pieces and write it; yields its manifest entry as JSON."""
+    """Rebuild one shard's rows from its pieces and write it through Beam's filesystems (``out_dir``: a
+    folder or a gs://... URL; temporary names renamed into place); yields its manifest entry as JSON,
+    with the W&B reference entries of the shard and its index (size, MD5) under ``references``."""
     (split, shard), pieces = element
     ordered = sorted(pieces, key=lambda piece: piece[0])
     tokens = np.concatenate([piece[2] for piece in ordered])
@@ -100,10 +104,12 @@ def write_shard(element: tuple[tuple[str, int], Iterable[tuple[int, int, np.ndar
     if tokens.size == 0:
         return
     rows = rows_from_stream(tokens, doc_index if packing == "document" else None, row_len)
-    with TFRecordWriter(Path(out_dir) / shard_file_name(split, shard)) as writer:
+    references: list[dict[str, Any]] = []
+    with TFRecordWriter(join_uri(out_dir, shard_file_name(split, shard)), recording_opener(references)) as writer:
         writer.write_many(encode_int64_rows(rows))
     pad_mask_key = "segment_ids" if packing == "document" else None
-    yield json.dumps({"split": split, "number": shard, **shard_summary(writer, sum(row_tokens(rows, pad_mask_key)))})
+    yield json.dumps({"split": split, "number": shard, **shard_summary(writer, sum(row_tokens(rows, pad_mask_key))),
+                      "references": references})
 
 
 class TokenizeFile:
@@ -114,18 +120,17 @@ class TokenizeFile:
 
     def __init__(self, corpus_dir: str, manifest: dict[str, Any], source: tuple[str, bytes], eos_id: int,
                  validation_percent: float) -> None:
-        self.corpus_dir, self.manifest = corpus_dir, manifest
+        self.corpus_dir, self.manifest = manifest.get("data_uri") or corpus_dir, manifest  # where recipe 01 wrote them
         self.source, self.eos_id, self.validation_percent = source, eos_id, validation_percent
         self._tokenizer: Any = None
 
     def __call__(self, file_number: int) -> Iterator[tuple[str, int, int, int, np.ndarray]]:
         if self._tokenizer is None:
             self._tokenizer = tokenizer_from_source(*self.source)
-        one_file = {**self.manifest, "shards": [self.manifest["shards"][file_number]]}
         starts = dict.fromkeys(SPLITS, 0)
         ordinals = dict.fromkeys(SPLITS, 0)
         eos = np.array([self.eos_id], dtype=np.int32)
-        for doc in iter_documents(Path(self.corpus_dir), one_file):  # checked like the local reader
+        for doc in read_corpus_shard(self.corpus_dir, self.manifest["shards"][file_number]):
             ids = np.concatenate((encode_one(self._tokenizer, doc["text"]), eos))
             split = split_of(doc["id"], self.validation_percent)
             yield split, file_number, starts[split], ordinals[split], ids
@@ -133,9 +138,28 @@ class TokenizeFile:
             ordinals[split] += 1
 
 
+def read_corpus_shard(corpus_dir: str, shard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """One corpus shard's documents, read through Beam's filesystems (a folder or a gs://... URL) whole,
+    its size and SHA-256 checked against the corpus manifest before any document is used."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    uri = join_uri(corpus_dir, shard["file"])
+    try:
+        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise DataError(f"corpus shard {uri} listed in the manifest cannot be read ({str(exc).splitlines()[0]}): "
+                        f"{CORPUS.run_again}") from exc
+    if len(data) != shard["bytes"] or hashlib.sha256(data).hexdigest() != shard["sha256"]:
+        raise DataError(f"corpus shard {uri} has {len(data)} bytes and another SHA-256 than the manifest says "
+                        f"({shard['bytes']} bytes): {CORPUS.run_again}")
+    yield from parse_document_lines(io.StringIO(data.decode("utf-8"), newline="\n"), uri)
+
+
 # ---------------------------------------------------------------- the pipeline
 
-def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], source: tuple[str, bytes], out_dir: Path,
+def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], source: tuple[str, bytes], out_dir: str,
                    shards_cfg: Any, seq_len: int, eos_id: int, pad_id: int, staging: str) -> None:
     beam = import_beam("shards.runner")
     row_len = seq_len + 1
@@ -151,29 +175,28 @@ def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], so
     (tokenized
      | "Pieces" >> beam.FlatMap(shard_pieces, beam.pvalue.AsSingleton(layout), shards_cfg.records_per_shard * row_len)
      | "GroupShards" >> beam.GroupByKey()
-     | "WriteShards" >> beam.FlatMap(write_shard, str(out_dir), row_len, shards_cfg.records_per_shard,
+     | "WriteShards" >> beam.FlatMap(write_shard, out_dir, row_len, shards_cfg.records_per_shard,
                                      shards_cfg.packing, pad_id)
-     | "Stage" >> beam.io.WriteToText(f"{staging}/shards", file_name_suffix=".jsonl"))
+     | "Stage" >> beam.io.WriteToText(join_uri(staging, "shards"), file_name_suffix=".jsonl"))
     (layout
      | "LayoutSummary" >> beam.FlatMap(lambda splits: [json.dumps({"split": split, "total": entry["total"],
                                                                     "documents": entry["documents"]})
                                                         for split, entry in splits.items()])
-     | "StageLayout" >> beam.io.WriteToText(f"{staging}/layout", file_name_suffix=".jsonl"))
+     | "StageLayout" >> beam.io.WriteToText(join_uri(staging, "layout"), file_name_suffix=".jsonl"))
 
 
 def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], source: tuple[str, bytes], out_dir: Path, shards_cfg: Any,
-                    seq_len: int, *, eos_id: int, pad_id: int) -> dict[str, dict[str, Any]]:
-    """Run the pipeline; returns the manifest's ``splits`` section, equal to the local path's."""
+                    seq_len: int, *, eos_id: int, pad_id: int) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Run the pipeline; the workers write into ``shards_cfg.output_uri`` (or ``out_dir``). Returns the
+    manifest's ``splits`` section, equal to the local path's, and the W&B reference entries of every
+    file the workers wrote (``beam_common.file_reference``)."""
     beam = import_beam("shards.runner")
-    staging = tempfile.mkdtemp(prefix=".beam-summaries-", dir=out_dir)  # next to the output: workers see it
-    try:
-        run_pipeline(beam, shards_cfg.beam_options,
-                     lambda pipeline: build_pipeline(pipeline, corpus_dir, manifest, source, out_dir, shards_cfg,
-                                                     seq_len, eos_id, pad_id, staging))
-        shard_rows = read_staged_json(f"{staging}/shards*")
-        layout = {row["split"]: row for row in read_staged_json(f"{staging}/layout*")}
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    data_dir = shards_cfg.output_uri or str(out_dir)
+    staged = run_staged(beam, shards_cfg.beam_options, data_dir, lambda pipeline, staging: build_pipeline(
+        pipeline, corpus_dir, manifest, source, data_dir, shards_cfg, seq_len, eos_id, pad_id, staging),
+        ("shards", "layout"))
+    shard_rows = staged["shards"]
+    layout = {row["split"]: row for row in staged["layout"]}
     row_len = seq_len + 1
     result = {}
     for split in SPLITS:
@@ -181,10 +204,11 @@ def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], source: tuple[st
         total = layout.get(split, {}).get("total", 0)
         tail = total % row_len
         result[split] = {
-            "shards": [{k: v for k, v in row.items() if k not in ("split", "number")} for row in shards],
+            "shards": [{k: v for k, v in row.items() if k not in ("split", "number", "references")} for row in shards],
             "records": sum(row["records"] for row in shards), "tokens": sum(row["tokens"] for row in shards),
             "documents": layout.get(split, {}).get("documents", 0),
             "padding_tokens": (row_len - tail) if tail and shards_cfg.packing == "document" else 0,
             "dropped_tokens": tail if shards_cfg.packing == "concat" else 0,
         }
-    return result
+    ordered = sorted(shard_rows, key=lambda row: (SPLITS.index(row["split"]), row["number"]))
+    return result, [reference for row in ordered for reference in row["references"]]

@@ -133,9 +133,10 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
              corpus_manifest["documents"], threads, shards_cfg.packing, seq_len + 1)
     started = time.perf_counter()
     if shards_cfg.runner == "beam":
-        result = run_beam_shards(Path(run_folder.corpus), corpus_manifest, tokenizer.source, out_dir,
-                                 shards_cfg, seq_len, eos_id=eos_id, pad_id=pad_id)
+        result, references = run_beam_shards(Path(run_folder.corpus), corpus_manifest, tokenizer.source, out_dir,
+                                             shards_cfg, seq_len, eos_id=eos_id, pad_id=pad_id)
     else:
+        references = None  # W&B checksums the local shards itself
         result = write_splits(iter_documents(run_folder.corpus, corpus_manifest), tokenizer, out_dir, shards_cfg, seq_len,
                               eos_id=eos_id, pad_id=pad_id, threads=threads, total=corpus_manifest["documents"])
     seconds = time.perf_counter() - started
@@ -154,6 +155,7 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
         "corpus": {"documents": corpus_manifest["documents"], "bytes": corpus_manifest.get("bytes"),
                    "shards_sha256": [s.get("sha256") for s in corpus_manifest["shards"]]},
         "config": dataclasses.asdict(shards_cfg),
+        **({"data_uri": shards_cfg.output_uri} if shards_cfg.output_uri else {}),  # Beam wrote the files there
     }
     tokens = sum(split["tokens"] for split in result.values())
     log.info("wrote %d train and %d validation records (%d tokens) in %.1f s: %.0f tokens/s",
@@ -165,7 +167,7 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
         log.warning("the validation split is empty: raise shards.validation_percent or add text")
     SHARDS.write_manifest(out_dir, payload)
     if wandb_run is not None:  # None: library use without tracking (benchmarks)
-        log_to_wandb(wandb_run, cfg, run_folder, payload, seconds)
+        log_to_wandb(wandb_run, cfg, run_folder, payload, seconds, references)
     return payload
 
 
@@ -209,8 +211,10 @@ def _encode_batch(batch: list[dict[str, Any]], tokenizer: RunTokenizer, packers:
             writers[split].write_rows(packers[split].add(docs), pad_mask_key)
 
 
-def log_to_wandb(wandb_run: Any, cfg: Any, run_folder: Any, payload: dict[str, Any], seconds: float) -> None:
-    """Summary numbers, and the shards folder as an artifact that names its tokenizer."""
+def log_to_wandb(wandb_run: Any, cfg: Any, run_folder: Any, payload: dict[str, Any], seconds: float,
+                 references: list[dict[str, Any]] | None = None) -> None:
+    """Summary numbers, and the shards folder as an artifact that names its tokenizer (``references``:
+    the shard files' entries measured by the Beam workers that wrote them, so none is read here)."""
     import wandb
 
     splits = payload["splits"]
@@ -234,4 +238,4 @@ def log_to_wandb(wandb_run: Any, cfg: Any, run_folder: Any, payload: dict[str, A
             log.info("W&B lineage to %s kept in metadata only (%s)", tokenizer_artifact, exc)
     # a reference (path, size and checksum of each file), not a staged copy: a real corpus's shards
     # would otherwise take their size again on disk; the shards' own manifest holds their sha256
-    log_reference(wandb_run, f"{cfg.experiment.name}-shards", "shards", run_folder.shards, metadata)
+    log_reference(wandb_run, f"{cfg.experiment.name}-shards", "shards", run_folder.shards, metadata, files=references)

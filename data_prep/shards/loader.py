@@ -170,6 +170,9 @@ class ShardSource:
         self.files: list[TFRecordFile] = []
         for shard in self.manifest["splits"][split]["shards"]:
             path = self.shards_dir / shard["file"]
+            if not path.is_file() and self.manifest.get("data_uri"):  # Beam workers wrote them elsewhere
+                raise DataError(f"shard {shard['file']} is in {self.manifest['data_uri']} (shards.output_uri), not in "
+                                f"{self.shards_dir}: copy the shards and indexes there, or mount that storage there")
             if not path.is_file():
                 raise DataError(f"shard {path} listed in the manifest is missing: {SHARDS.run_again}")
             if "bytes" in shard and path.stat().st_size != shard["bytes"]:

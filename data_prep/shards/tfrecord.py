@@ -31,13 +31,13 @@ import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 import google_crc32c
 import numpy as np
 
 from experiment.errors import DataError
-from experiment.files import atomic_open, atomic_write_bytes
+from experiment.files import atomic_open
 from experiment.stages import SHARDS
 
 log = logging.getLogger("data_prep.shards.tfrecord")
@@ -341,10 +341,14 @@ class TFRecordWriter:
     Nothing appears under the final names until ``close()`` (or a clean ``with`` exit); an
     exception inside the ``with`` block leaves neither file behind."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, opener: Callable[[str], Any] | None = None) -> None:
+        """``opener(uri)``: a context manager giving a binary handle that puts the file in place on a clean
+        exit (a Beam worker's ``data_prep.beam_common.atomic_create``, for gs:// and the like); default: a
+        local ``atomic_open``. ``path`` stays a string for it, since ``Path`` folds ``gs://`` to ``gs:/``."""
         self.path = Path(path)
+        self._uri, self._opener = str(path), opener or (lambda uri: atomic_open(uri, "wb"))
         self._stack = contextlib.ExitStack()
-        self._handle = self._stack.enter_context(atomic_open(self.path, "wb"))
+        self._handle = self._stack.enter_context(self._opener(self._uri))
         self._offsets: list[int] = []
         self._position = 0
         self._digest = hashlib.sha256()
@@ -384,7 +388,8 @@ class TFRecordWriter:
 
     def close(self) -> None:
         self._stack.close()  # renames the shard into place
-        atomic_write_bytes(index_path(self.path), np.asarray(self._offsets, dtype="<u8").tobytes())
+        with self._opener(f"{self._uri}{INDEX_SUFFIX}") as handle:
+            handle.write(np.asarray(self._offsets, dtype="<u8").tobytes())
 
     def abort(self, exc: BaseException) -> None:
         self._stack.__exit__(type(exc), exc, exc.__traceback__)

@@ -167,6 +167,9 @@ class CorpusConfig:
     runner: Literal["local", "beam"] = "local"
     workers: int = 0  # local pool size; 0 = one per CPU core, 1 = a plain loop in this process
     beam_options: list[str] = field(default_factory=list)  # e.g. ["--runner=DataflowRunner", "--project=..."]
+    # where Beam workers write the docs-NNNNN.jsonl shards (gs://bucket/run/corpus, s3://...); "" = the run's
+    # corpus/ folder. report.md and manifest.json (naming it as data_uri) stay in the run folder.
+    output_uri: str = ""
     report_examples: int = 3  # rejected examples per reason in report.md and W&B
 
     def validate(self, key: str) -> None:
@@ -181,3 +184,5 @@ class CorpusConfig:
         _require(self.docs_per_shard >= 1, f"{key}.docs_per_shard", f"{self.docs_per_shard} must be at least 1")
         _require(self.workers >= 0, f"{key}.workers", f"{self.workers} must be 0 (all cores) or more")
         _require(self.report_examples >= 0, f"{key}.report_examples", "must not be negative")
+        _require(not self.output_uri or self.runner == "beam", f"{key}.output_uri",
+                 "is written by Beam workers: set corpus.runner=beam, or leave it empty")

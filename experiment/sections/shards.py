@@ -17,6 +17,9 @@ class ShardsConfig:
     on_corrupt: Literal["error", "skip"] = "error"  # a corrupt record stops the loader, or is logged, counted and trains nothing
     runner: Literal["local", "beam"] = "local"  # "beam" needs the optional `beam` extra; same bytes as local
     beam_options: list[str] = field(default_factory=list)  # Beam flags, e.g. ["--runner=DirectRunner"]
+    # where Beam workers write the TFRecord shards and indexes (gs://..., s3://...); "" = the run's shards/
+    # folder, which the loader reads (a bucket needs a mount or a copy there); the manifest names it as data_uri
+    output_uri: str = ""
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
@@ -32,3 +35,6 @@ class ShardsConfig:
             )
         if self.num_threads < 0:
             raise ConfigError(f"config key '{prefix}num_threads': must be 0 (all cores) or more, got {self.num_threads}")
+        if self.output_uri and self.runner != "beam":
+            raise ConfigError(f"config key '{prefix}output_uri': is written by Beam workers: set shards.runner=beam, "
+                              "or leave it empty")
