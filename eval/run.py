@@ -51,15 +51,16 @@ def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
     bench_dir, rublimp_dir, task_files = eval_cfg.bench_dir, eval_cfg.rublimp_dir, eval_cfg.task_files
     loaded = []
     for name in names:
-        key = (name, bench_dir, rublimp_dir, tuple(sorted(task_files.items())), max_items, eval_cfg.seed,
-               eval_cfg.balance_labels)
+        key = (name, bench_dir, rublimp_dir, tuple(sorted(task_files.items())),
+               tuple(sorted(eval_cfg.task_schemas.items())), max_items, eval_cfg.seed, eval_cfg.balance_labels)
         if key in _SKIPPED_CACHE and eval_cfg.missing_tasks == "skip" and skipped is not None:
             skipped[name] = _SKIPPED_CACHE[key]  # eval during training: do not retry an unreachable hub every time
             continue
         if key not in _TASK_CACHE:
             try:
                 _TASK_CACHE[key] = harness.load_task(get_task(name), bench_dir=bench_dir, rublimp_dir=rublimp_dir,
-                                                     task_files=task_files, max_items=max_items,
+                                                     task_files=task_files, task_schemas=eval_cfg.task_schemas,
+                                                     max_items=max_items,
                                                      seed=eval_cfg.seed, balance=eval_cfg.balance_labels)
             except SourceUnavailable as exc:
                 if eval_cfg.missing_tasks != "skip" or skipped is None:

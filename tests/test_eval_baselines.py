@@ -112,6 +112,56 @@ def test_a_record_that_fits_no_schema_names_every_schema(tmp_path: Path) -> None
     assert "hub: premise, hypothesis; gold 'label' in ['0', '1']" in message
 
 
+def test_a_named_schema_skips_detection_and_a_record_outside_it_is_named(tmp_path: Path) -> None:
+    """``eval.task_schemas.<task>`` names the file's schema: a record of another schema is then one line
+    naming the file, the row and the named schema's fields; without the key the first record decides."""
+    local, hub = SCHEMAS["terra"]["local"][0][0], SCHEMAS["terra"]["hub"][0][0]
+    path = write_jsonl(tmp_path / "terra.jsonl", [local, local])
+    named = load_task(TASKS["terra"], bench_dir="/nonexistent", task_files={"terra": str(path)},
+                      task_schemas={"terra": "local"})
+    assert named.source.schema_name() == "local" and [it.gold for it in named.items] == [1, 1]
+    from eval.run import load_tasks
+    from experiment.sections.eval import EvalConfig
+
+    with pytest.raises(DataError) as info:  # the records fit 'local' only: naming 'hub' is not overruled
+        load_tasks(["terra"], EvalConfig(task_files={"terra": str(path)}, task_schemas={"terra": "hub"}), None)
+    message = str(info.value)
+    assert message.startswith(f"{path}: row 1: field 'label' has 'not_entailment', not one of ['0', '1']")
+    assert "schema hub: premise, hypothesis; gold 'label' in ['0', '1'], named by eval.task_schemas.terra" in message
+    assert "\n" not in message
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [local, hub])  # detected from row 1, row 2 is the hub's
+    with pytest.raises(DataError, match=r"mixed\.jsonl: row 2: field 'label' has '0'.*schema local: premise, "
+                                        r"hypothesis; gold 'label' in \['entailment', 'not_entailment'\], "
+                                        r"detected from .*mixed\.jsonl: row 1\)$"):
+        load("terra", mixed)
+    # XWinograd's original release and its hub copy, each read in the schema named for it
+    release = write_jsonl(tmp_path / "xwino.jsonl", [RELEASE])
+    assert load_task(TASKS["xwinograd_ru"], bench_dir="", task_files={"xwinograd_ru": str(release)},
+                     task_schemas={"xwinograd_ru": "release"}).items[0].gold == 0
+    with pytest.raises(DataError, match=r"missing field 'answer' \(the gold answer\).*schema hub: sentence \(with '_'\), option1, "
+                                        r"option2; gold 'answer' in \['1', '2'\], named by"):
+        load_task(TASKS["xwinograd_ru"], bench_dir="", task_files={"xwinograd_ru": str(release)},
+                  task_schemas={"xwinograd_ru": "hub"})
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["eval.task_files.terra=/x.jsonl", "eval.task_schemas.terra=csv"],
+     "config key 'eval.task_schemas.terra': task 'terra' has no schema 'csv' (its schemas: local, hub)"),
+    (["eval.task_schemas.terra=local"],
+     "config key 'eval.task_schemas.terra': names the schema of 'eval.task_files.terra', which is not set"),
+    (["eval.task_files.terra=/x.jsonl", "eval.task_schemas.terra=' '"],
+     "config key 'eval.task_schemas.terra': must name a schema, got ' '"),
+])
+def test_bad_task_schemas_name_the_key(overrides: list[str], message: str) -> None:
+    from eval.tasks import check_task_names
+    from experiment.config import load_config
+    from experiment.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        check_task_names(load_config(REPO / "recipes" / "configs" / "demo.yaml", overrides).eval)
+    assert str(info.value) == message
+
+
 RELEASE = {"text": "Кубок не влез в чемодан, потому что он был слишком большой.", "pronoun": "он",
            "candidates": ["кубок", "чемодан"], "label": 0}
 
