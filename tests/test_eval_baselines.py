@@ -243,27 +243,54 @@ def test_oracle_and_anti_oracle_give_one_and_zero(name: str) -> None:
 
 @pytest.fixture(scope="module")
 def random_model():
-    """A tiny untrained decoder and a small SentencePiece tokenizer trained on Pushkin."""
-    import sentencepiece as spm
-    from flax import nnx
+    """A tiny decoder as recipe 05 initialises its random-init baseline (the trainer's step 0) and a small
+    SentencePiece tokenizer trained on Pushkin."""
+    import dataclasses
 
+    import sentencepiece as spm
+
+    from eval.run import random_init_model
     from eval.scoring import model_logits_fn
     from experiment.config import load_config
-    from model.decoder import Decoder
-    from tokenizer.train import trainer_options
+    from tokenizer.train import special_ids, train_sentencepiece, trainer_options
 
     if not PUSHKIN.is_file():
         pytest.fail(f"shared text missing: {PUSHKIN}")  # marked shared_data: the marker decides skipping
     cfg = load_config(REPO / "recipes" / "configs" / "demo.yaml",
                       ["tokenizer.vocab_size=800", "tokenizer.model_type=bpe", "model.d_model=32", "model.n_layers=1",
-                       "model.n_heads=2", "model.n_kv_heads=1", "model.d_ff=64", "model.max_seq_len=256"])
-    from tokenizer.train import special_ids, train_sentencepiece
-
+                       "model.n_heads=2", "model.n_kv_heads=1", "model.d_ff=64", "model.max_seq_len=256",
+                       "experiment.seed=3"])
     lines = [line for line in PUSHKIN.read_text(encoding="utf-8").splitlines() if line.strip()][:3000]
     sp = spm.SentencePieceProcessor(model_proto=train_sentencepiece(iter(lines), trainer_options(cfg.tokenizer, 0)))
-    with nnx.use_eager_sharding(False):
-        model = nnx.jit(lambda: Decoder(cfg.model, sp.get_piece_size(), nnx.Rngs(0)))()
-    return model_logits_fn(model), sp, special_ids(cfg.tokenizer)
+    # what the trainer's checkpoint meta says (the seed left out: the config's is used then)
+    meta = {"family": "llama", "model": dataclasses.asdict(cfg.model), "vocab_size": sp.get_piece_size(),
+            "param_dtype": cfg.train.param_dtype}
+    model, init = random_init_model(cfg, meta)
+    assert init["seed"] == 3 and init["seed_from"] == "experiment.seed" and init["run_step0"]
+    return model_logits_fn(model), sp, special_ids(cfg.tokenizer), model, cfg
+
+
+@needs_shared
+@pytest.mark.shared_data(PUSHKIN)
+def test_random_init_is_the_trainers_step_0(random_model) -> None:
+    """Recipe 05's random-init model has exactly the parameters the trainer's state init gives step 0."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from model.sharding import build_mesh
+    from trainer.step import build_program
+
+    _, sp, _, model, cfg = random_model
+    program = build_program(cfg.model, cfg.train, sp.get_piece_size(), build_mesh(cfg.train.mesh), seed=3)
+    step0 = jax.tree.leaves_with_path(program.init_state()["params"])
+    ours = jax.tree.leaves_with_path(nnx.state(model, nnx.Param))
+    assert [path for path, _ in ours] == [path for path, _ in step0]
+    for (path, mine), (_, theirs) in zip(ours, step0, strict=True):
+        assert mine.dtype == theirs.dtype and np.array_equal(np.asarray(mine), np.asarray(theirs)), path
+    other = build_program(cfg.model, cfg.train, sp.get_piece_size(), build_mesh(cfg.train.mesh), seed=4)
+    assert not np.array_equal(np.asarray(jax.tree.leaves(other.init_state()["params"])[0]),
+                              np.asarray(ours[0][1]))  # the seed matters: the equality above is not vacuous
 
 
 @needs_shared
@@ -274,7 +301,7 @@ def test_random_init_lands_on_the_strongest_baseline(random_model, name: str) ->
     no-model rule, and its interval holds the untrained model's score."""
     from eval.harness import PairEncoder, evaluate_task
 
-    logits_fn, sp, ids = random_model
+    logits_fn, sp, ids, _, _ = random_model
     data = load_task(TASKS[name], bench_dir=str(BENCH), max_items=4 if name == "rublimp" else 150, seed=0)
     encoder = PairEncoder(lambda text: sp.encode(text), ids["eos"])
     result = evaluate_task(data, logits_fn, encoder, batch_size=8, max_len=256, pad_id=ids["pad"])

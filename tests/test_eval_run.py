@@ -248,6 +248,9 @@ def test_baselines_random_init_and_answers_are_reported(evaluated) -> None:
         assert {"chance", "fewer_bytes", "fewer_tokens", "strongest"} <= set(baselines), task
         assert result["vs_strongest_baseline"]["baseline"] == baselines["strongest"]
         random_acc = result["random_init"]["metrics"]["acc"]
+        # the trainer's step-0 init (trainer.step.initial_params), the config's seed: the checkpoint names none
+        assert result["random_init"]["seed"] == evaluated.cfg.experiment.seed, task
+        assert result["random_init"]["init"] == "trainer.step.initial_params" and result["random_init"]["run_step0"]
         assert random_acc["n"] == result["metrics"]["acc"]["n"] and 0.0 <= random_acc["value"] <= 1.0
         assert abs(sum(result["answers"]["predicted"].values()) - 1.0) < 1e-5
     rublimp = evaluated.results["tasks"]["rublimp"]
@@ -256,6 +259,7 @@ def test_baselines_random_init_and_answers_are_reported(evaluated) -> None:
     assert set(rublimp["random_init"]["groups"]) == set(rublimp["groups"])
     markdown = (evaluated.run_folder.eval / "step_0000007.md").read_text(encoding="utf-8")
     assert "## Against the strongest baseline" in markdown and "## Answers given" in markdown
+    assert f"initialised by the trainer's own code with seed {evaluated.cfg.experiment.seed};" in markdown
     from eval.run import flat_metrics
 
     flat = flat_metrics(evaluated.results)
