@@ -226,19 +226,48 @@ def oracle(items: list[Item], sign: float) -> list[list[float]]:
     return [[sign * (0.0 if i == it.gold else -1.0) for i in range(len(it.continuations))] for it in items]
 
 
-@needs_shared
-@pytest.mark.parametrize("name", LOCAL_TASKS)
-def test_oracle_and_anti_oracle_give_one_and_zero(name: str) -> None:
-    data = load_task(TASKS[name], bench_dir=str(BENCH), max_items=20, seed=3)
+def assert_oracles(data) -> None:
+    """An oracle scorer (the gold answer likeliest) gets 1 on every metric and MCC 1, beating every
+    baseline; an anti-oracle 0 and MCC -1, below them; a constant scorer is flagged."""
+    tokens = [[1] * len(it.continuations) for it in data.items]
     for sign, expected in ((1.0, 1.0), (-1.0, 0.0)):
-        result = task_metrics(data.spec, data.items, oracle(data.items, sign), tokens=[[1] * len(it.continuations)
-                                                                                         for it in data.items])
+        result = task_metrics(data.spec, data.items, oracle(data.items, sign), tokens=tokens)
         for metric, summary in result["metrics"].items():
             if metric == "mcc":
                 assert summary["value"] == pytest.approx(2 * expected - 1)
             else:
                 assert summary["value"] == pytest.approx(expected), metric
         assert result["vs_strongest_baseline"]["verdict"] == ("above" if expected else "below")
+        assert not result["answers"]["one_answer"] or not expected  # an oracle answers as the gold does
+    # a constant scorer (always the first answer) is flagged unless the gold answer is the first throughout
+    constant = task_metrics(data.spec, data.items, [[0.0] + [-1.0] * (len(it.continuations) - 1) for it in data.items],
+                            tokens=tokens)
+    answers = constant["answers"]
+    assert answers["top_share"] == 1.0
+    assert answers["one_answer"] == (answers["gold"][answers["top"]] < 0.95), answers
+    if "mcc" in constant["metrics"]:
+        assert constant["metrics"]["mcc"]["ci95"] is None and constant["metrics"]["mcc"]["undefined"]
+
+
+@needs_shared
+@pytest.mark.parametrize("name", LOCAL_TASKS)
+def test_oracle_and_anti_oracle_give_one_and_zero(name: str) -> None:
+    assert_oracles(load_task(TASKS[name], bench_dir=str(BENCH), max_items=20, seed=3))
+
+
+HUB_ONLY_TASKS = sorted(set(TASKS) - set(LOCAL_TASKS))
+
+
+@pytest.mark.parametrize("name", HUB_ONLY_TASKS)
+def test_oracle_and_anti_oracle_on_the_hub_only_tasks(tmp_path: Path, name: str) -> None:
+    """The tasks without shared files, from a local copy in their hub schema, every gold answer in turn."""
+    from tests.test_eval_tasks import HUB_RECORDS
+
+    source = next(s for s in TASKS[name].sources if s.hub)
+    rows = [{**HUB_RECORDS[name], source.gold_field: value} for value in source.gold_values] * 6
+    data = load(name, write_jsonl(tmp_path / f"{name}.jsonl", rows))
+    assert len({it.gold for it in data.items}) == len(source.gold_values) >= 2
+    assert_oracles(data)
 
 
 @pytest.fixture(scope="module")
