@@ -31,6 +31,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.shared_data,
               pytest.mark.shared_data(PUSHKIN)]
 
 VOCAB = 600
+# typeset prose: no-break spaces after initials, in numbers and before dashes, a stress mark, curly quotes
+TYPESET = " ".join(["В 1812\u00a0г. А.\u00a0С.\u00a0Пушкин писал:\u00a0— Москва\u0301 и т.\u00a0д. — «ёлка» "
+                    "стоила 1\u202f000\u00a0руб.; it\u2019s the ‘book’."] * 6)
 LOCAL_TASKS = ["rublimp", "parus", "terra", "rcb", "rucola", "ruworldtree"]
 
 
@@ -111,7 +114,9 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory):
     tmp_path = tmp_path_factory.mktemp("evalrun")
     heldout = tmp_path / "heldout.txt"
     heldout.write_text(PUSHKIN.read_text(encoding="utf-8")[-3000:], encoding="utf-8")
-    cfg = load_config(write_config(tmp_path, heldout_text_files=[str(heldout)], export_hf=True))
+    typeset = tmp_path / "typeset.txt"
+    typeset.write_text(TYPESET, encoding="utf-8")
+    cfg = load_config(write_config(tmp_path, heldout_text_files=[str(heldout), str(typeset)], export_hf=True))
     run_folder = RunFolder.for_config(cfg)
     build_run_folder(cfg, run_folder)
     # the config now asks for a longer context than the checkpoint was trained on: eval keeps the trained one
@@ -149,6 +154,20 @@ def test_random_model_bits_per_byte_is_log2_vocab_per_token(evaluated) -> None:
         expected = acc["nats_per_token"] * acc["tokens"] / math.log(2) / acc["bytes"]
         assert acc["bits_per_byte"] == pytest.approx(expected, rel=1e-9)
         assert acc["perplexity"] == pytest.approx(VOCAB, rel=0.05)
+
+
+def test_heldout_text_is_scored_as_recipes_01_and_03_would_shard_it(evaluated) -> None:
+    """A no-break-space-rich held-out file is normalized as recipe 01 normalizes the corpus and counted in
+    the tokens recipe 03 would write for it: the same tokens and UTF-8 bytes either way."""
+    from data_prep.corpus.normalize import normalize_text
+    from tokenizer.loaded import load_run_tokenizer
+
+    tok = load_run_tokenizer(evaluated.run_folder.tokenizer)
+    corpus_text = normalize_text(TYPESET)  # recipe 01
+    assert "\u00a0" in TYPESET and "\u00a0" not in corpus_text
+    sharded = tok.encode_batch([corpus_text])[0]  # recipe 03
+    scored = evaluated.results["heldout"][str(evaluated.tmp_path / "typeset.txt")]
+    assert scored["bytes"] == len(corpus_text.encode("utf-8")) and scored["tokens"] == len(sharded)
 
 
 def bonferroni_z(results: dict[str, Any]) -> float:
