@@ -9,6 +9,7 @@ task's local and hub schemas and XWinograd's original release.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -274,8 +275,6 @@ def test_oracle_and_anti_oracle_on_the_hub_only_tasks(tmp_path: Path, name: str)
 def random_model():
     """A tiny decoder as recipe 05 initialises its random-init baseline (the trainer's step 0) and a small
     SentencePiece tokenizer trained on Pushkin."""
-    import dataclasses
-
     import sentencepiece as spm
 
     from eval.run import random_init_model
@@ -302,24 +301,34 @@ def random_model():
 @needs_shared
 @pytest.mark.shared_data(PUSHKIN)
 def test_random_init_is_the_trainers_step_0(random_model) -> None:
-    """Recipe 05's random-init model has exactly the parameters the trainer's state init gives step 0."""
+    """Recipe 05's random-init model has exactly the parameters the trainer's state init gives step 0:
+    with the config's seed, and with the seed a checkpoint records where it records one."""
     import jax
     import numpy as np
     from flax import nnx
 
+    from eval.run import random_init_model
     from model.sharding import build_mesh
     from trainer.step import build_program
 
     _, sp, _, model, cfg = random_model
-    program = build_program(cfg.model, cfg.train, sp.get_piece_size(), build_mesh(cfg.train.mesh), seed=3)
-    step0 = jax.tree.leaves_with_path(program.init_state()["params"])
-    ours = jax.tree.leaves_with_path(nnx.state(model, nnx.Param))
-    assert [path for path, _ in ours] == [path for path, _ in step0]
-    for (path, mine), (_, theirs) in zip(ours, step0, strict=True):
-        assert mine.dtype == theirs.dtype and np.array_equal(np.asarray(mine), np.asarray(theirs)), path
-    other = build_program(cfg.model, cfg.train, sp.get_piece_size(), build_mesh(cfg.train.mesh), seed=4)
-    assert not np.array_equal(np.asarray(jax.tree.leaves(other.init_state()["params"])[0]),
-                              np.asarray(ours[0][1]))  # the seed matters: the equality above is not vacuous
+
+    def assert_step0(module, seed: int) -> None:
+        program = build_program(cfg.model, cfg.train, sp.get_piece_size(), build_mesh(cfg.train.mesh), seed=seed)
+        step0 = jax.tree.leaves_with_path(program.init_state()["params"])
+        ours = jax.tree.leaves_with_path(nnx.state(module, nnx.Param))
+        assert [path for path, _ in ours] == [path for path, _ in step0]
+        for (path, mine), (_, theirs) in zip(ours, step0, strict=True):
+            assert mine.dtype == theirs.dtype and np.array_equal(np.asarray(mine), np.asarray(theirs)), path
+
+    assert_step0(model, 3)
+    meta = {"family": "llama", "model": dataclasses.asdict(cfg.model), "vocab_size": sp.get_piece_size(),
+            "param_dtype": cfg.train.param_dtype, "seed": 4}
+    recorded, init = random_init_model(cfg, meta)
+    assert init["seed"] == 4 and init["seed_from"] == "checkpoint"
+    assert_step0(recorded, 4)
+    first = jax.tree.leaves(nnx.state(model, nnx.Param))[0]  # the seed matters: the equalities are not vacuous
+    assert not np.array_equal(np.asarray(first), np.asarray(jax.tree.leaves(nnx.state(recorded, nnx.Param))[0]))
 
 
 @needs_shared
