@@ -96,6 +96,18 @@ def test_task_files_read_local_and_hub_schemas(tmp_path: Path, name: str, schema
     assert [it.gold for it in data.items] == golds and data.source.schema_name() == schema
 
 
+def test_rublimp_task_file_is_a_folder_of_published_csvs(tmp_path: Path) -> None:
+    folder = tmp_path / "rublimp"  # RussianNLP/RuBLiMP's columns, one CSV per phenomenon
+    folder.mkdir()
+    (folder / "negative_concord.csv").write_text(
+        "id,source_sentence,target_sentence,source_word,target_word,level,phenomenon,PID,subtype,domain,tree_depth\n"
+        "1,Никто не пришёл.,Никто пришёл не.,не,не,Syntax,Negation,negative_concord,negative_concord,x,1\n",
+        encoding="utf-8")
+    data = load("rublimp", folder)
+    assert data.where == str(folder) and [(it.group, it.gold) for it in data.items] == [("negative_concord", 0)]
+    assert data.items[0].continuations == ("Никто не пришёл.", "Никто пришёл не.")
+
+
 def test_task_files_in_csv_with_the_published_columns(tmp_path: Path) -> None:
     path = tmp_path / "in_domain_dev.csv"  # RuCoLA's release columns
     path.write_text("id,sentence,acceptable,error_type,detailed_source\n0,Иван пришёл.,1,0,x\n"
