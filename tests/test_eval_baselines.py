@@ -335,9 +335,11 @@ def test_random_init_is_the_trainers_step_0(random_model) -> None:
 
     assert_step0(model, 3)
     meta = {"family": "llama", "model": dataclasses.asdict(cfg.model), "vocab_size": sp.get_piece_size(),
-            "param_dtype": cfg.train.param_dtype, "seed": 4}
+            "param_dtype": cfg.train.param_dtype, "seed": 4, "init_from": {"folder": "/models/base"}}
     recorded, init = random_init_model(cfg, meta)
     assert init["seed"] == 4 and init["seed_from"] == "checkpoint"
+    # a run started from another model did not start from these weights: the results say so
+    assert not init["run_step0"] and "/models/base" in init["note"]
     assert_step0(recorded, 4)
     first = jax.tree.leaves(nnx.state(model, nnx.Param))[0]  # the seed matters: the equalities are not vacuous
     assert not np.array_equal(np.asarray(first), np.asarray(jax.tree.leaves(nnx.state(recorded, nnx.Param))[0]))
