@@ -1,10 +1,11 @@
 """Baselines a model must beat, answers given, local files in every published schema.
 
 The no-model baselines (chance, majority, fewer tokens wins, fewer bytes wins) and the headline against
-the strongest; an untrained model lands on that strongest baseline (on the shared files, labels as they
-are); a constant scorer is flagged and its MCC interval undefined; oracle and anti-oracle scorers give 1
-and 0 on every task; ``eval.bench_dir`` alone moves every local task; ``eval.task_files`` reads each
-task's local and hub schemas and XWinograd's original release.
+the strongest; the random-init model is the trainer's step 0 bit for bit and lands on that strongest
+baseline (on the shared files, labels as they are); a constant scorer is flagged and its MCC interval
+undefined; oracle and anti-oracle scorers give 1 and 0 on every task; ``eval.bench_dir`` alone moves
+every local task; ``eval.task_files`` reads each task's local and hub schemas and XWinograd's original
+release, in the schema ``eval.task_schemas`` names or the one detected.
 """
 
 from __future__ import annotations
