@@ -27,7 +27,7 @@ import numpy as np
 from eval import stats
 from eval.loaders import Record, SourceUnavailable, read_file, read_hub
 from eval.scoring import LogitsFn, ScoreRequest, score_requests
-from eval.tasks import Item, Source, TaskSpec, build_item, schema_of
+from eval.tasks import Item, Source, TaskSpec, build_in_schema, named_schema, schema_of
 from experiment.errors import DataError
 
 log = logging.getLogger("eval.harness")
@@ -81,9 +81,11 @@ def cap_items(items: list[Item], max_items: int | None, seed: int, balance: bool
 
 
 def load_task(spec: TaskSpec, *, bench_dir: str, rublimp_dir: str = "", task_files: dict[str, str] | None = None,
-              max_items: int | None = None, seed: int = 0, balance: bool = False) -> TaskData:
-    """Items of a task from, in order: ``task_files[name]`` (in any of the task's schemas, see
-    ``eval.tasks.schema_of``), the first local source that exists, the hub."""
+              max_items: int | None = None, seed: int = 0, balance: bool = False,
+              task_schemas: dict[str, str] | None = None) -> TaskData:
+    """Items of a task from, in order: ``task_files[name]`` (in the schema ``task_schemas[name]`` names,
+    else in the one its first record fits: ``eval.tasks.schema_of``), the first local source that
+    exists, the hub."""
     override = (task_files or {}).get(spec.name)
     if override:
         candidates = [(spec.sources[0], override, False)]
@@ -97,12 +99,17 @@ def load_task(spec: TaskSpec, *, bench_dir: str, rublimp_dir: str = "", task_fil
     source, path, hub = chosen
     if spec.directory:
         grouped = _directory_records(Path(path))
-        items = [build_item(spec, source, r, group=stem) for stem, records in grouped for r in records]
+        items = [build_in_schema(spec, source, r, "its own source", group=stem) for stem, records in grouped for r in records]
     else:
         records = read_hub(source.path, source.config, source.split) if hub else read_file(path)
+        how = "its own source"
         if override:
-            source = schema_of(spec, records[0])
-        items = [build_item(spec, source, r, group=str(r.fields.get(spec.group_field)) if spec.group_field else None)
+            named = (task_schemas or {}).get(spec.name)
+            source = named_schema(spec, named) if named else schema_of(spec, records[0])
+            how = (f"named by eval.task_schemas.{spec.name}" if named
+                   else f"detected from {records[0].at()}")
+        items = [build_in_schema(spec, source, r, how,
+                                 group=str(r.fields.get(spec.group_field)) if spec.group_field else None)
                  for r in records]
     where = f"hub:{source.path}/{source.config}[{source.split}]" if hub else path
     return TaskData(spec=spec, source=source, where=where, items=cap_items(items, max_items, seed, balance), pool=items)

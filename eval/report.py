@@ -71,14 +71,22 @@ def _with_interval(summary: dict[str, Any] | None) -> str:
     return "" if summary is None else f"{_fmt(summary['value'])} {_interval(summary['ci95'])}"
 
 
+def _random_init_origin(results: dict[str, Any]) -> str:
+    """'seed N' and, for a run that started from another model, that this is not where it started."""
+    init = next((r["random_init"] for r in results["tasks"].values() if "random_init" in r), None)
+    if init is None:
+        return "the run's seed (not run here)"
+    return f"seed {init['seed']}" + (f" ({init['note']})" if init.get("note") else "")
+
+
 def _headline(results: dict[str, Any]) -> list[str]:
     lines = ["## Against the strongest baseline", "",
              "Each task's accuracy (summed log-likelihood) against the strongest of its no-model baselines on "
              "the same items: chance (uniform guessing), majority (always the most common gold answer, where "
              "every item offers the same answers), fewer tokens wins and fewer bytes wins (the shorter answer: "
              "summed log-likelihood favours it). 'above' / 'below': the score's 95% interval excludes the "
-             "baseline's score. Random init: the same architecture untrained (the experiment's seed), the "
-             "run's step 0; it counts as a baseline too.", "",
+             "baseline's score. Random init: the run's step-0 weights, initialised by the trainer's own code "
+             f"with {_random_init_origin(results)}; it counts as a baseline too.", "",
              "| task | acc | 95% interval | strongest baseline | its score | random init | verdict | items | labels |",
              "|---|---:|---|---|---|---|---|---:|---|"]
     for task, r in results["tasks"].items():

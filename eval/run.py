@@ -51,15 +51,16 @@ def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
     bench_dir, rublimp_dir, task_files = eval_cfg.bench_dir, eval_cfg.rublimp_dir, eval_cfg.task_files
     loaded = []
     for name in names:
-        key = (name, bench_dir, rublimp_dir, tuple(sorted(task_files.items())), max_items, eval_cfg.seed,
-               eval_cfg.balance_labels)
+        key = (name, bench_dir, rublimp_dir, tuple(sorted(task_files.items())),
+               tuple(sorted(eval_cfg.task_schemas.items())), max_items, eval_cfg.seed, eval_cfg.balance_labels)
         if key in _SKIPPED_CACHE and eval_cfg.missing_tasks == "skip" and skipped is not None:
             skipped[name] = _SKIPPED_CACHE[key]  # eval during training: do not retry an unreachable hub every time
             continue
         if key not in _TASK_CACHE:
             try:
                 _TASK_CACHE[key] = harness.load_task(get_task(name), bench_dir=bench_dir, rublimp_dir=rublimp_dir,
-                                                     task_files=task_files, max_items=max_items,
+                                                     task_files=task_files, task_schemas=eval_cfg.task_schemas,
+                                                     max_items=max_items,
                                                      seed=eval_cfg.seed, balance=eval_cfg.balance_labels)
             except SourceUnavailable as exc:
                 if eval_cfg.missing_tasks != "skip" or skipped is None:
@@ -135,25 +136,40 @@ def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, *, tasks:
     return scored, skipped
 
 
-def random_init_model(cfg: ExperimentConfig, meta: dict[str, Any]) -> Any:
-    """The checkpoint's architecture freshly initialised with the experiment's seed: what training starts
-    from (the same family initialisers and seed number; the trainer derives its key from the seed in its
-    own way, so the weights are another draw of the same distribution, not the step-0 bytes)."""
-    from model.family import get_family
+def random_init_model(cfg: ExperimentConfig, meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The checkpoint's model as the trainer initialises it at step 0 (``trainer.step.initial_params``,
+    the code the trainer's own state init runs): the run's seed (recorded in the checkpoint, else
+    ``experiment.seed``) and parameter dtype. Returns the model and what it is, for the results: a run
+    that started from another model (``model.init_from``) did not start from these weights."""
+    import jax
+    from flax import nnx
+
+    from model.family import get_family, run_once_compile_options
     from trainer.checkpoint import model_config_from_meta
+    from trainer.step import DTYPES, initial_params
 
     model_cfg = model_config_from_meta(meta)
-    return get_family(model_cfg.family).init(model_cfg, int(meta["vocab_size"]), seed=cfg.experiment.seed)
+    vocab_size, seed = int(meta["vocab_size"]), int(meta.get("seed", cfg.experiment.seed))
+    param_dtype = DTYPES[meta.get("param_dtype", "float32")]
+    graphdef = nnx.graphdef(get_family(model_cfg.family).abstract(model_cfg, vocab_size))
+    init = jax.jit(lambda: initial_params(model_cfg, vocab_size, seed, param_dtype)).lower()
+    params = init.compile(compiler_options=run_once_compile_options(jax.devices()[0].platform))()
+    info: dict[str, Any] = {"seed": seed, "seed_from": "checkpoint" if "seed" in meta else "experiment.seed",
+                            "param_dtype": str(jax.numpy.dtype(param_dtype)), "init": "trainer.step.initial_params",
+                            "run_step0": "init_from" not in meta}
+    if "init_from" in meta:
+        info["note"] = f"this run started from {meta['init_from'].get('folder')}, not from this initialisation"
+    return nnx.merge(graphdef, params), info
 
 
-def add_random_init(results: dict[str, Any], scored: dict[str, Any], seed: int) -> None:
+def add_random_init(results: dict[str, Any], scored: dict[str, Any], init: dict[str, Any]) -> None:
     """Put the random-init model's accuracies (and per group) beside each task's own; its ``acc`` joins
     the baselines, so the headline is against it where it beats every no-model rule."""
     for task, result in scored.items():
         if task not in results["tasks"]:
             continue
         target = results["tasks"][task]
-        entry: dict[str, Any] = {"seed": seed, "metrics": dict(result["metrics"]), "answers": result["answers"]}
+        entry: dict[str, Any] = {**init, "metrics": dict(result["metrics"]), "answers": result["answers"]}
         join_baselines(target, result["metrics"]["acc"])
         if "groups" in result:
             entry["groups"] = {g: {"value": m["value"], "ci95": m["ci95"], "n": m["n"]}
@@ -304,12 +320,13 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
                              mixture=mixture_sets(cfg.train.mixture, run_folder.shards)))
     if eval_cfg.random_init_baseline and results["tasks"]:
         # the run's step 0: the same items scored by the untrained model (tasks only, no bits per byte)
-        log.info("scoring the same items with the random-init model (seed %d)", cfg.experiment.seed)
         random_started = time.perf_counter()
-        scored, _ = score_tasks(model_logits_fn(random_init_model(cfg, meta)), tok, eval_cfg,
+        random_model, init = random_init_model(cfg, meta)
+        log.info("scoring the same items with the step-0 model (seed %d from %s)", init["seed"], init["seed_from"])
+        scored, _ = score_tasks(model_logits_fn(random_model), tok, eval_cfg,
                                 tasks=list(results["tasks"]), max_items=eval_cfg.max_items_per_task,
                                 max_len=max_len, quiet=True)
-        add_random_init(results, scored, cfg.experiment.seed)
+        add_random_init(results, scored, init)
         results["random_init_seconds"] = round(time.perf_counter() - random_started, 2)
     results["seconds"] = round(time.perf_counter() - started, 2)
     if eval_cfg.export_hf:

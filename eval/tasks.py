@@ -11,8 +11,9 @@ FineTasks way, where small base models rise above chance), never as letters.
 
 A source is a local file or a hub split; each source is also a record schema (the fields its
 templates name plus ``gold_field`` with its ``gold_values``). A file given as ``eval.task_files.<task>``
-may be in any of its task's schemas: the one its first record fits is used (``schema_of``), and a
-record that fits none is named with every schema's fields. Labels are ``gold`` or ``silver`` (crowd
+may be in any of its task's schemas: the one named by ``eval.task_schemas.<task>``, else the one its
+first record fits (``schema_of``); a record that fits none is named with every schema's fields, and a
+later record that does not fit the file's schema with that schema's fields. Labels are ``gold`` or ``silver`` (crowd
 majority); silver is reported.
 """
 
@@ -291,9 +292,21 @@ def check_task_names(eval_cfg: Any) -> None:
         for task in getattr(eval_cfg, name):
             if task not in TASKS:
                 raise ConfigError(f"config key 'eval.{name}': unknown task '{task}' (known: {', '.join(sorted(TASKS))})")
-    for task in eval_cfg.task_files:
-        if task not in TASKS:
-            raise ConfigError(f"config key 'eval.task_files.{task}': unknown task (known: {', '.join(sorted(TASKS))})")
+    for key in ("task_files", "task_schemas"):
+        for task in getattr(eval_cfg, key):
+            if task not in TASKS:
+                raise ConfigError(f"config key 'eval.{key}.{task}': unknown task (known: {', '.join(sorted(TASKS))})")
+    for task, schema in eval_cfg.task_schemas.items():
+        named_schema(TASKS[task], schema)
+
+
+def named_schema(spec: TaskSpec, name: str) -> Source:
+    """The task's source whose schema is called ``name`` (``eval.task_schemas.<task>``)."""
+    for source in spec.sources:
+        if source.schema_name() == name:
+            return source
+    raise ConfigError(f"config key 'eval.task_schemas.{spec.name}': task '{spec.name}' has no schema '{name}' "
+                      f"(its schemas: {', '.join(s.schema_name() for s in spec.sources)})")
 
 
 def get_task(name: str) -> TaskSpec:
@@ -365,6 +378,16 @@ def expected_fields(spec: TaskSpec, source: Source) -> str:
     return f"{source.schema_name()}: {', '.join(names)}{gold}"
 
 
+def build_in_schema(spec: TaskSpec, source: Source, record: Record, how: str, group: str | None = None) -> Item:
+    """``build_item`` for a record of a file read in one schema (``how``: why that schema); a record that
+    does not fit it is one line naming the file, the row, what failed and the fields that schema expects."""
+    try:
+        return build_item(spec, source, record, group)
+    except DataError as exc:
+        raise DataError(f"{exc} (task '{spec.name}' reads this file in schema {expected_fields(spec, source)}, "
+                        f"{how})") from exc
+
+
 def schema_of(spec: TaskSpec, record: Record) -> Source:
     """The task's schema (one of its sources) a record fits: the first whose fields and gold values it
     has. A record that fits none is one error line naming what every schema expects and why it failed."""
@@ -379,5 +402,5 @@ def schema_of(spec: TaskSpec, record: Record) -> Source:
     raise DataError(f"{record.at()}: fits no schema of task '{spec.name}': {' | '.join(reasons)}")
 
 
-__all__ = ["TASKS", "Item", "Source", "TaskSpec", "build_item", "expected_fields", "get_task", "schema_of",
-           "template_fields"]
+__all__ = ["TASKS", "Item", "Source", "TaskSpec", "build_in_schema", "build_item", "expected_fields", "get_task",
+           "named_schema", "schema_of", "template_fields"]

@@ -31,6 +31,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.shared_data,
               pytest.mark.shared_data(PUSHKIN)]
 
 VOCAB = 600
+# typeset prose: no-break spaces after initials, in numbers and before dashes, a stress mark, curly quotes
+TYPESET = " ".join(["В 1812\u00a0г. А.\u00a0С.\u00a0Пушкин писал:\u00a0— Москва\u0301 и т.\u00a0д. — «ёлка» "
+                    "стоила 1\u202f000\u00a0руб.; it\u2019s the ‘book’."] * 6)
 LOCAL_TASKS = ["rublimp", "parus", "terra", "rcb", "rucola", "ruworldtree"]
 
 
@@ -111,7 +114,9 @@ def evaluated(tmp_path_factory: pytest.TempPathFactory):
     tmp_path = tmp_path_factory.mktemp("evalrun")
     heldout = tmp_path / "heldout.txt"
     heldout.write_text(PUSHKIN.read_text(encoding="utf-8")[-3000:], encoding="utf-8")
-    cfg = load_config(write_config(tmp_path, heldout_text_files=[str(heldout)], export_hf=True))
+    typeset = tmp_path / "typeset.txt"
+    typeset.write_text(TYPESET, encoding="utf-8")
+    cfg = load_config(write_config(tmp_path, heldout_text_files=[str(heldout), str(typeset)], export_hf=True))
     run_folder = RunFolder.for_config(cfg)
     build_run_folder(cfg, run_folder)
     # the config now asks for a longer context than the checkpoint was trained on: eval keeps the trained one
@@ -149,6 +154,20 @@ def test_random_model_bits_per_byte_is_log2_vocab_per_token(evaluated) -> None:
         expected = acc["nats_per_token"] * acc["tokens"] / math.log(2) / acc["bytes"]
         assert acc["bits_per_byte"] == pytest.approx(expected, rel=1e-9)
         assert acc["perplexity"] == pytest.approx(VOCAB, rel=0.05)
+
+
+def test_heldout_text_is_scored_as_recipes_01_and_03_would_shard_it(evaluated) -> None:
+    """A no-break-space-rich held-out file is normalized as recipe 01 normalizes the corpus and counted in
+    the tokens recipe 03 would write for it: the same tokens and UTF-8 bytes either way."""
+    from data_prep.corpus.normalize import normalize_text
+    from tokenizer.loaded import load_run_tokenizer
+
+    tok = load_run_tokenizer(evaluated.run_folder.tokenizer)
+    corpus_text = normalize_text(TYPESET)  # recipe 01
+    assert "\u00a0" in TYPESET and "\u00a0" not in corpus_text
+    sharded = tok.encode_batch([corpus_text])[0]  # recipe 03
+    scored = evaluated.results["heldout"][str(evaluated.tmp_path / "typeset.txt")]
+    assert scored["bytes"] == len(corpus_text.encode("utf-8")) and scored["tokens"] == len(sharded)
 
 
 def bonferroni_z(results: dict[str, Any]) -> float:
@@ -248,6 +267,9 @@ def test_baselines_random_init_and_answers_are_reported(evaluated) -> None:
         assert {"chance", "fewer_bytes", "fewer_tokens", "strongest"} <= set(baselines), task
         assert result["vs_strongest_baseline"]["baseline"] == baselines["strongest"]
         random_acc = result["random_init"]["metrics"]["acc"]
+        # the trainer's step-0 init (trainer.step.initial_params), the config's seed: the checkpoint names none
+        assert result["random_init"]["seed"] == evaluated.cfg.experiment.seed, task
+        assert result["random_init"]["init"] == "trainer.step.initial_params" and result["random_init"]["run_step0"]
         assert random_acc["n"] == result["metrics"]["acc"]["n"] and 0.0 <= random_acc["value"] <= 1.0
         assert abs(sum(result["answers"]["predicted"].values()) - 1.0) < 1e-5
     rublimp = evaluated.results["tasks"]["rublimp"]
@@ -256,6 +278,7 @@ def test_baselines_random_init_and_answers_are_reported(evaluated) -> None:
     assert set(rublimp["random_init"]["groups"]) == set(rublimp["groups"])
     markdown = (evaluated.run_folder.eval / "step_0000007.md").read_text(encoding="utf-8")
     assert "## Against the strongest baseline" in markdown and "## Answers given" in markdown
+    assert f"initialised by the trainer's own code with seed {evaluated.cfg.experiment.seed};" in markdown
     from eval.run import flat_metrics
 
     flat = flat_metrics(evaluated.results)

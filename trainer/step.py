@@ -70,6 +70,16 @@ def freeze_body(tree: Any, mask: Any, step: jax.Array, train_cfg: TrainConfig) -
     return jax.tree.map(lambda leaf, keep: leaf if keep else jnp.where(frozen, jnp.zeros_like(leaf), leaf), tree, mask)
 
 
+def initial_params(model_cfg: Any, vocab_size: int, seed: int, param_dtype: Any) -> nnx.State:
+    """The parameters of step 0 of a run that starts afresh: the family's initialisers drawn from
+    ``fold_in(key(seed), 0)``, cast to ``train.param_dtype``. Traced inside the trainer's state init and
+    by eval's random-init baseline (``eval.run.random_init_model``), so both get the same values."""
+    with nnx.use_eager_sharding(False):
+        model = family_of(model_cfg).build(model_cfg, vocab_size,
+                                           nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), 0)))
+    return jax.tree.map(lambda x: x.astype(param_dtype), nnx.state(model, nnx.Param))
+
+
 @dataclasses.dataclass
 class TrainProgram:
     """Everything compiled for one model/mesh: create the state, run a step, where things live."""
@@ -110,11 +120,7 @@ def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh:
     param_dtype, compute_dtype = DTYPES[train_cfg.param_dtype], DTYPES[train_cfg.compute_dtype]
 
     def create_state() -> State:
-        root = jax.random.key(seed)
-        with nnx.use_eager_sharding(False):
-            model = family.build(model_cfg, vocab_size, nnx.Rngs(params=jax.random.fold_in(root, 0)))
-        params = jax.tree.map(lambda x: x.astype(param_dtype), nnx.state(model, nnx.Param))
-        return state_of(params)
+        return state_of(initial_params(model_cfg, vocab_size, seed, param_dtype))
 
     def state_of(params: nnx.State) -> State:
         return {

@@ -107,6 +107,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
             "family": family.name, "model": dataclasses.asdict(model_cfg), "vocab_size": data.vocab_size,
             "tokenizer_sha256": data.tokenizer_sha256, "seq_len": data.seq_len,
             "param_dtype": train_cfg.param_dtype, "n_params": n_params, "wandb_run_id": run_id,
+            "seed": cfg.experiment.seed,  # step 0's parameters (trainer.step.initial_params): eval's random init
         }
         if start.lineage is not None:
             meta["init_from"] = start.lineage

@@ -18,6 +18,9 @@ class EvalConfig:
     bench_dir: str = SHARED_BENCH  # local benchmark files ({bench} in eval.tasks sources)
     rublimp_dir: str = ""  # RuBLiMP's folder of per-phenomenon CSVs; "": <bench_dir>/rublimp
     task_files: dict[str, str] = field(default_factory=dict)  # task -> local file in any of the task's schemas
+    # task -> the schema its eval.task_files file is in (a source's name in eval/tasks.py: local, hub,
+    # release), instead of detecting it from the first record; checked against the task where the eval starts
+    task_schemas: dict[str, str] = field(default_factory=dict)
     missing_tasks: Literal["error", "skip"] = "error"  # a task whose files are absent: stop, or warn and skip
     max_items_per_task: int | None = None  # per phenomenon for RuBLiMP; None: all items
     balance_labels: bool = False  # draw capped items evenly over gold answers (chance = 1/choices exactly)
@@ -40,5 +43,11 @@ class EvalConfig:
             value = getattr(self, name)
             if value is not None and value < (0 if name == "checkpoint_step" else 1):
                 raise ConfigError(f"config key '{prefix}{name}': must be positive, got {value}")
+        for task, schema in self.task_schemas.items():
+            if not isinstance(schema, str) or not schema.strip():
+                raise ConfigError(f"config key '{prefix}task_schemas.{task}': must name a schema, got {schema!r}")
+            if task not in self.task_files:
+                raise ConfigError(f"config key '{prefix}task_schemas.{task}': names the schema of "
+                                  f"'{prefix}task_files.{task}', which is not set")
         if self.num_fewshot < 0:
             raise ConfigError(f"config key '{prefix}num_fewshot': must be 0 or more, got {self.num_fewshot}")
