@@ -338,7 +338,7 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab-size", type=int, default=32_000)
-    parser.add_argument("--model-type", choices=["unigram", "bpe"], default="unigram")
+    parser.add_argument("--model-type", choices=["unigram", "bpe"], default="bpe")
     parser.add_argument("--max-piece-length", type=int, default=16, help="SentencePiece max_piece_length")
     parser.add_argument("--max-mb", type=float, default=None, help="cap the ruslit text used (MB of UTF-8)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (a fresh process per side each)")
