@@ -17,7 +17,8 @@ held-out document), printing the headline figures.
 ``unseen-<genre>``), a wiki-style sample (Debian's ``debian-faq-ru``, the Debian FAQ in Russian, HTML
 prose) and a social-style sample (``fortunes-ru``: Russian jokes, chat and forum quotes), both held out
 whole (``tokenizer.heldout_sources``), plus the usual 5% of the seen authors' documents. The recipe-02
-stage trains on the rest (``--extra-train`` adds Debian packages' text to training) and writes its report;
+stage trains on the rest (``--extra-train`` adds Debian packages' text to training, ``--exclude-authors``
+leaves authors out entirely) and writes its report;
 the same held-out documents are then measured with widely used LLM tokenizers from the files a registry
 package ships (``--llm-dir``: ``mistral_common/data`` of the ``mistral-common`` wheel, fetched with
 ``pip download --no-deps mistral-common``: Mistral 7B's SentencePiece ``tokenizer.model.v1`` and
@@ -301,6 +302,8 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
     docs = []
     for doc in ruslit_documents(args.max_mb):
         author = doc["id"].split("/")[2]
+        if author in args.exclude_authors:
+            continue
         source = f"unseen-{doc['source']}" if author in args.unseen_authors else doc["source"]
         docs.append({**doc, "source": source, "text": normalize_text(doc["text"])})
     unseen = sorted({d["source"] for d in docs if d["source"].startswith("unseen-")})
@@ -330,7 +333,7 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
              for name, result in results.items()}
     return {"bench": "tokenizer-unseen", "vocab_size": args.vocab_size, "model_type": args.model_type,
             "split_digits": not args.no_split_digits, "normalization": args.normalization,
-            "unseen_authors": args.unseen_authors, "unseen_sources": unseen, "extra_train": args.extra_train,
+            "unseen_authors": args.unseen_authors, "excluded_authors": args.exclude_authors, "unseen_sources": unseen, "extra_train": args.extra_train,
             "train": report["train"], "stage_seconds": round(time.perf_counter() - started, 1),
             "report": str(folder.tokenizer / "report.md"), "by_source": table}
 
@@ -347,6 +350,8 @@ def main() -> None:
     parser.add_argument("--unseen", type=Path, default=None,
                         help="run the recipe-02 stage with whole authors and outside samples held out (run root here)")
     parser.add_argument("--unseen-authors", nargs="+", default=["Herzen", "Lermontov"])
+    parser.add_argument("--exclude-authors", nargs="*", default=[],
+                        help="ruslit authors left out entirely (what less training prose costs on the unseen authors)")
     parser.add_argument("--extra-train", nargs="*", default=[], help="Debian packages whose text joins training")
     parser.add_argument("--no-split-digits", action="store_true", help="tokenizer.split_digits=false")
     parser.add_argument("--no-hf-baseline", action="store_true", help="skip the HF byte-level BPE baseline (--unseen)")
