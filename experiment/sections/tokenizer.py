@@ -26,8 +26,8 @@ class TokenizerConfig:
     vocab_size: int = 32_000
     # BPE: at 32k on ruslit it compresses text the tokenizer never saw better than unigram (unseen authors'
     # prose 3.92 vs 3.83 chars/token, Debian FAQ 2.55 vs 2.44, where unigram falls below the HF byte-level
-    # BPE baseline) and SentencePiece trains it about 15x faster (bench/README.md, "Tokenizer on text it
-    # never saw").
+    # BPE baseline) and SentencePiece trains it about 15x faster; unigram encodes about 3x faster, which
+    # sharding (recipe 03) feels most (bench/README.md, "Tokenizer on text it never saw").
     model_type: Literal["unigram", "bpe"] = "bpe"
     character_coverage: float = 0.9995
     byte_fallback: bool = True
