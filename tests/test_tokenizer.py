@@ -325,6 +325,8 @@ def test_recipe_runs_offline_and_logs_the_artifact(tmp_path: Path, trained: tupl
     # read as recipe 01 reads it: one document, the no-break spaces normalized
     normalized = extra.read_text(encoding="utf-8").replace("\u00a0", " ")
     assert (manifest["extra_documents"], manifest["extra_chars"]) == (1, len(normalized))
+    assert f"and {len(normalized):,} characters (1 documents) of tokenizer.extra_train_sources" in (
+        run_root / "tokenizer" / "report.md").read_text(encoding="utf-8")
     without, _ = load_tokenizer(trained[0].tokenizer)
     assert len(sp.encode(" дистрибутив")) <= 2 < len(without.encode(" дистрибутив"))
 

@@ -171,7 +171,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"Held-out documents measured: {held['documents_measured']} of {held['documents_total']} "
         f"({held['validation_percent']}% of the corpus by id hash"
         + (f", and sources never trained on: {', '.join(held['unseen_sources'])}" if held.get("unseen_sources") else "")
-        + f"); training documents: {report['train']['documents']}.",
+        + f"); training documents: {report['train']['documents']}"
+        + (f", and {report['train']['extra_chars']:,} characters ({report['train']['extra_documents']} documents) of "
+           "tokenizer.extra_train_sources" if "extra_chars" in report["train"] else "") + ".",
         "", "## Overall", "",
         "| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
     ]
