@@ -17,12 +17,12 @@ held-out document), printing the headline figures.
 ``unseen-<genre>``), a wiki-style sample (Debian's ``debian-faq-ru``, the Debian FAQ in Russian, HTML
 prose) and a social-style sample (``fortunes-ru``: Russian jokes, chat and forum quotes), both held out
 whole (``tokenizer.heldout_sources``), plus the usual 5% of the seen authors' documents. The recipe-02
-stage trains on the rest (``--extra-train`` adds Debian packages' text to training) and writes its report;
-the same held-out documents are then measured with widely used LLM tokenizers from the files a registry
-package ships (``--llm-dir``: ``mistral_common/data`` of the ``mistral-common`` wheel, fetched with
-``pip download --no-deps mistral-common``: Mistral 7B's SentencePiece ``tokenizer.model.v1`` and
-Tekken ``tekken_240911.json``, read with ``tiktoken``). Debian packages are fetched with ``apt-get
-download`` into ``--debian-cache``.
+stage trains on the rest (``--extra-train``: Debian packages' text in ``tokenizer.extra_train_sources``;
+``--exclude-authors`` leaves authors out entirely) and writes its report; the same held-out documents are
+then measured with widely used LLM tokenizers from the files a registry package ships (``--llm-dir``:
+``mistral_common/data`` of the ``mistral-common`` wheel, fetched with ``pip download --no-deps
+mistral-common``: Mistral 7B's SentencePiece ``tokenizer.model.v1`` and Tekken ``tekken_240911.json``,
+read with ``tiktoken``). Debian packages are fetched with ``apt-get download`` into ``--debian-cache``.
 """
 
 from __future__ import annotations
@@ -209,7 +209,12 @@ def run_stage_on(cfg: Any, folder: Any, docs: list[dict[str, Any]]) -> dict[str,
         "documents": len(docs), "bytes": len(data), "sources": sorted({d["source"] for d in docs}), "counts": {},
         "config": {},
     })
-    train_tokenizer(cfg, folder, NoRun())
+    extra = None
+    if cfg.tokenizer.extra_train_sources:  # read as recipe 02 reads them
+        from data_prep.corpus.sources import normalized_texts
+
+        extra = normalized_texts(cfg.tokenizer.extra_train_sources, folder.root, "tokenizer.extra_train_sources")
+    train_tokenizer(cfg, folder, NoRun(), extra)
     return json.loads((folder.tokenizer / "report.json").read_text(encoding="utf-8"))
 
 
@@ -301,19 +306,21 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
     docs = []
     for doc in ruslit_documents(args.max_mb):
         author = doc["id"].split("/")[2]
+        if author in args.exclude_authors:
+            continue
         source = f"unseen-{doc['source']}" if author in args.unseen_authors else doc["source"]
         docs.append({**doc, "source": source, "text": normalize_text(doc["text"])})
     unseen = sorted({d["source"] for d in docs if d["source"].startswith("unseen-")})
     for source, packages in UNSEEN_SAMPLES.items():
         docs += debian_documents(packages, source, args.debian_cache)
         unseen.append(source)
-    if args.extra_train:
-        docs += debian_documents(args.extra_train, "debian-train", args.debian_cache)
+    extra_sources = [{"kind": "debian", "name": "debian-train", "packages": args.extra_train,
+                      "cache_dir": str(args.debian_cache)}] if args.extra_train else []
     cfg = build_dataclass(ExperimentConfig, {
         "experiment": {"name": "ruslit-unseen", "run_root": str(args.unseen), "seed": 0},
         "tokenizer": {"vocab_size": args.vocab_size, "model_type": args.model_type, "report_max_docs": 100_000,
                       "split_digits": not args.no_split_digits, "normalization": args.normalization,
-                      "heldout_sources": unseen, "hf_export": False, "num_threads": os.cpu_count() or 1,
+                      "heldout_sources": unseen, "extra_train_sources": extra_sources, "hf_export": False, "num_threads": os.cpu_count() or 1,
                       "baseline_hf_bpe": not args.no_hf_baseline},
         "shards": {"validation_percent": VALIDATION_PERCENT},
     })
@@ -330,7 +337,7 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
              for name, result in results.items()}
     return {"bench": "tokenizer-unseen", "vocab_size": args.vocab_size, "model_type": args.model_type,
             "split_digits": not args.no_split_digits, "normalization": args.normalization,
-            "unseen_authors": args.unseen_authors, "unseen_sources": unseen, "extra_train": args.extra_train,
+            "unseen_authors": args.unseen_authors, "excluded_authors": args.exclude_authors, "unseen_sources": unseen, "extra_train": args.extra_train,
             "train": report["train"], "stage_seconds": round(time.perf_counter() - started, 1),
             "report": str(folder.tokenizer / "report.md"), "by_source": table}
 
@@ -338,7 +345,7 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab-size", type=int, default=32_000)
-    parser.add_argument("--model-type", choices=["unigram", "bpe"], default="unigram")
+    parser.add_argument("--model-type", choices=["unigram", "bpe"], default="bpe")
     parser.add_argument("--max-piece-length", type=int, default=16, help="SentencePiece max_piece_length")
     parser.add_argument("--max-mb", type=float, default=None, help="cap the ruslit text used (MB of UTF-8)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (a fresh process per side each)")
@@ -347,6 +354,8 @@ def main() -> None:
     parser.add_argument("--unseen", type=Path, default=None,
                         help="run the recipe-02 stage with whole authors and outside samples held out (run root here)")
     parser.add_argument("--unseen-authors", nargs="+", default=["Herzen", "Lermontov"])
+    parser.add_argument("--exclude-authors", nargs="*", default=[],
+                        help="ruslit authors left out entirely (what less training prose costs on the unseen authors)")
     parser.add_argument("--extra-train", nargs="*", default=[], help="Debian packages whose text joins training")
     parser.add_argument("--no-split-digits", action="store_true", help="tokenizer.split_digits=false")
     parser.add_argument("--no-hf-baseline", action="store_true", help="skip the HF byte-level BPE baseline (--unseen)")

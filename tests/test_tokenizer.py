@@ -218,6 +218,9 @@ def test_long_lines_are_cut_not_dropped() -> None:
         ([], {}, DataError, "no training documents"),
         ([{"id": "a", "source": "s", "text": "Короткий текст."}], {}, DataError, "too small"),
         (None, {"vocab_size": 20_000}, ConfigError, r"tokenizer\.vocab_size.*larger than this corpus allows"),
+        # a caller that does not read the extra sources must not train without them silently
+        (None, {"extra_train_sources": [{"kind": "files", "paths": ["extra.txt"]}]}, ConfigError,
+         r"tokenizer\.extra_train_sources.*run recipes/02_train_tokenizer\.py"),
     ],
 )
 def test_bad_input_gives_one_clear_error(tmp_path: Path, docs: Any, overrides: dict[str, Any],
@@ -233,6 +236,24 @@ def test_bad_config_values_name_the_key(tmp_path: Path) -> None:
         make_config(tmp_path, vocab_size=100)
     with pytest.raises(ConfigError, match=r"tokenizer\.pad_id/unk_id/bos_id/eos_id"):
         make_config(tmp_path, pad_id=1)
+    with pytest.raises(ConfigError, match=r"tokenizer\.extra_train_sources\[0\]\.paths"):
+        make_config(tmp_path, extra_train_sources=[{"kind": "files"}])
+
+
+def test_extra_train_sources_that_give_nothing_are_one_clear_error(tmp_path: Path) -> None:
+    from data_prep.corpus.sources import normalized_texts
+    from experiment.sections.corpus import SourceConfig
+
+    missing = [SourceConfig(kind="files", paths=[str(tmp_path / "nowhere.txt")])]
+    with pytest.raises(DataError, match=r"^tokenizer\.extra_train_sources\[0\]\.paths: .*nowhere\.txt does not exist"):
+        normalized_texts(missing, tmp_path, "tokenizer.extra_train_sources")  # now, before the corpus is read
+    cfg = make_config(tmp_path, baseline_hf_bpe=False, hf_export=False,
+                      extra_train_sources=[{"kind": "files", "paths": ["empty.txt"]}])
+    folder = RunFolder.for_config(cfg)
+    write_corpus(folder.corpus, fixture_documents(60))
+    with pytest.raises(DataError, match=r"tokenizer\.extra_train_sources': the sources gave no text"):
+        train_tokenizer(cfg, folder, RecordingRun(), lambda: iter(()))
+    assert not (folder.tokenizer / "manifest.json").exists()
 
 
 def test_hf_tokenizers_export_gives_identical_ids(trained: tuple[RunFolder, RecordingRun]) -> None:
@@ -277,16 +298,21 @@ def test_bpe_model_export_gives_identical_ids() -> None:
         assert hf.decode(ids, skip_special_tokens=False) == text
 
 
-def test_recipe_runs_offline_and_logs_the_artifact(tmp_path: Path) -> None:
-    """The thin CLI end to end: config file, offline W&B run, tokenizer folder, artifact on disk."""
+def test_recipe_runs_offline_and_logs_the_artifact(tmp_path: Path, trained: tuple[RunFolder, RecordingRun]) -> None:
+    """The thin CLI end to end: config file, offline W&B run, tokenizer folder, artifact on disk; a
+    tokenizer.extra_train_sources text trains the tokenizer beside the corpus."""
     import yaml
 
     from tests.recipe_runner import error_line, run_recipe
 
+    extra = tmp_path / "extra.txt"  # the corpus never says "дистрибутив": without this text it is many pieces
+    extra.write_text("\n".join(f"Дистрибутив\u00a0номер {i} собран, дистрибутив проверен." for i in range(300)),
+                     encoding="utf-8")
     config = tmp_path / "tok.yaml"
     config.write_text(yaml.safe_dump({
         "experiment": {"name": "cli", "run_root": str(tmp_path / "runs")},
-        "tokenizer": {"vocab_size": 600, "report_max_docs": 20, "baseline_hf_bpe": False},
+        "tokenizer": {"vocab_size": 600, "report_max_docs": 20, "baseline_hf_bpe": False,
+                      "extra_train_sources": [{"kind": "files", "paths": [str(extra)]}]},
         "shards": {"validation_percent": 10.0},
         "wandb": {"mode": "offline"},
     }), encoding="utf-8")
@@ -296,6 +322,13 @@ def test_recipe_runs_offline_and_logs_the_artifact(tmp_path: Path) -> None:
     sp, manifest = load_tokenizer(run_root / "tokenizer")
     assert manifest["vocab_size"] == 600
     assert list((run_root / "wandb").rglob("*.wandb")), "no offline W&B run was written"
+    # read as recipe 01 reads it: one document, the no-break spaces normalized
+    normalized = extra.read_text(encoding="utf-8").replace("\u00a0", " ")
+    assert (manifest["extra_documents"], manifest["extra_chars"]) == (1, len(normalized))
+    assert f"and {len(normalized):,} characters (1 documents) of tokenizer.extra_train_sources" in (
+        run_root / "tokenizer" / "report.md").read_text(encoding="utf-8")
+    without, _ = load_tokenizer(trained[0].tokenizer)
+    assert len(sp.encode(" дистрибутив")) <= 2 < len(without.encode(" дистрибутив"))
 
     failed = run_recipe("02_train_tokenizer.py", config, "tokenizer.vocab_size=50000", check=False, timeout=120)
     assert failed.returncode == 2

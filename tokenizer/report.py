@@ -6,11 +6,12 @@ the baselines get identical figures side by side in ``report.json``, ``report.md
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +114,12 @@ def measure_tokenizer(tok: MeasuredTokenizer, heldout: dict[str, list[dict[str, 
     }
 
 
-def build_report(cfg: Any, run_tokenizer: MeasuredTokenizer, split: Any, corpus_dir: Path) -> dict[str, Any]:
+def build_report(cfg: Any, run_tokenizer: MeasuredTokenizer, split: Any, corpus_dir: Path,
+                 extra_texts: Callable[[], Iterable[str]] | None = None,
+                 extra_train: dict[str, int] | None = None) -> dict[str, Any]:
     """Measure the run's tokenizer (trained or adopted) and, if configured, the baselines on the same
-    held-out documents; the run's tokenizer is the first entry of ``tokenizers``."""
+    held-out documents; the run's tokenizer is the first entry of ``tokenizers``. ``extra_texts`` (text
+    that trained the run's tokenizer beside the corpus, counted in ``extra_train``) trains the baseline too."""
     tok_cfg = cfg.tokenizer
     if not split.heldout_docs():
         log.warning("no held-out documents (validation_percent=%s): the report has no held-out figures",
@@ -126,6 +130,8 @@ def build_report(cfg: Any, run_tokenizer: MeasuredTokenizer, split: Any, corpus_
         started = time.perf_counter()
         # Whole documents, as this baseline is normally trained: its pre-tokenizer splits them itself.
         texts = training_texts(iter_documents(corpus_dir), cfg.shards.validation_percent, tok_cfg.heldout_sources)
+        if extra_texts is not None:
+            texts = itertools.chain(texts, extra_texts())
         baseline = train_bytelevel_bpe(texts, tok_cfg.vocab_size)
         tokenizers.append(bytelevel_bpe_under_test(baseline, time.perf_counter() - started))
     log.info("measuring %d tokenizer(s) on %d held-out documents", len(tokenizers), len(split.heldout_docs()))
@@ -137,7 +143,7 @@ def build_report(cfg: Any, run_tokenizer: MeasuredTokenizer, split: Any, corpus_
             "validation_percent": cfg.shards.validation_percent,
             "unseen_sources": sorted(tok_cfg.heldout_sources),
         },
-        "train": {"documents": split.train_documents, "chars": split.train_chars},
+        "train": {"documents": split.train_documents, "chars": split.train_chars, **(extra_train or {})},
         "tokenizers": {tok.name: measure_tokenizer(tok, split.heldout) for tok in tokenizers},
     }
 
@@ -165,7 +171,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"Held-out documents measured: {held['documents_measured']} of {held['documents_total']} "
         f"({held['validation_percent']}% of the corpus by id hash"
         + (f", and sources never trained on: {', '.join(held['unseen_sources'])}" if held.get("unseen_sources") else "")
-        + f"); training documents: {report['train']['documents']}.",
+        + f"); training documents: {report['train']['documents']}"
+        + (f", and {report['train']['extra_chars']:,} characters ({report['train']['extra_documents']} documents) of "
+           "tokenizer.extra_train_sources" if "extra_chars" in report["train"] else "") + ".",
         "", "## Overall", "",
         "| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
     ]

@@ -90,10 +90,15 @@ def training_texts(documents: Iterable[dict[str, Any]], validation_percent: floa
             yield doc["text"]
 
 
-def training_lines(documents: Iterable[dict[str, Any]], validation_percent: float, max_bytes: int,
-                   heldout_sources: Collection[str] = ()) -> Iterator[str]:
-    """Non-empty lines of the train-side documents, each at most ``max_bytes`` bytes."""
-    for text in training_texts(documents, validation_percent, heldout_sources):
+def text_lines(texts: Iterable[str], max_bytes: int) -> Iterator[str]:
+    """Non-empty lines of ``texts``, each at most ``max_bytes`` bytes."""
+    for text in texts:
         for line in text.split(NEWLINE):
             if line:
                 yield from cut_long_line(line, max_bytes)
+
+
+def training_lines(documents: Iterable[dict[str, Any]], validation_percent: float, max_bytes: int,
+                   heldout_sources: Collection[str] = ()) -> Iterator[str]:
+    """Non-empty lines of the train-side documents, each at most ``max_bytes`` bytes."""
+    return text_lines(training_texts(documents, validation_percent, heldout_sources), max_bytes)

@@ -7,12 +7,13 @@ sample of ``input_sentence_size`` lines, so a multi-GB corpus never sits in memo
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from tokenizer.measured import sentencepiece_under_test
 from tokenizer.normalization import NORMALIZATION_NAME, normalization_record, write_rules_tsv
 from tokenizer.report import build_report, log_report, write_report
 from tokenizer.spm import MODEL_FILE, VOCAB_FILE
-from tokenizer.texts import NEWLINE, CorpusSplit, split_corpus, training_lines
+from tokenizer.texts import NEWLINE, CorpusSplit, split_corpus, text_lines, training_lines
 
 log = logging.getLogger("tokenizer")
 
@@ -135,10 +136,15 @@ def special_ids(tok: TokenizerConfig) -> dict[str, int]:
     return {"pad": tok.pad_id, "unk": tok.unk_id, "bos": tok.bos_id, "eos": tok.eos_id}
 
 
-def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
+def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any,
+                    extra_texts: Callable[[], Iterable[str]] | None = None) -> dict[str, Any]:
     """Recipe 02 entry point: train (or, with ``tokenizer.adopt_from``, adopt a base model's), write
-    ``tokenizer/`` and its report, log the W&B artifact."""
+    ``tokenizer/`` and its report, log the W&B artifact. ``extra_texts`` returns a fresh stream of
+    ``tokenizer.extra_train_sources``' texts (read by the recipe: the readers live in ``data_prep``)."""
     tok: TokenizerConfig = cfg.tokenizer
+    if tok.extra_train_sources and extra_texts is None and not tok.adopt_from:
+        raise ConfigError("config key 'tokenizer.extra_train_sources': this caller does not read them; "
+                          "run recipes/02_train_tokenizer.py")
     if tok.adopt_from:
         from tokenizer.adopt import adopt_tokenizer
 
@@ -155,12 +161,25 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
              "lines are read it fits silently, which takes minutes at 32k on a large corpus",
              tok.model_type, tok.vocab_size, split.train_documents, split.train_chars / 1e6)
     started = time.perf_counter()
-    lines = progress(training_lines(iter_documents(corpus_dir), validation_percent, tok.max_sentence_length,
-                                    tok.heldout_sources),
-                 desc="feeding SentencePiece", unit="line", leave=False)
+    extra_train = {"extra_documents": 0, "extra_chars": 0}
+
+    def counted_extra() -> Iterator[str]:
+        for text in extra_texts() if extra_texts is not None else ():
+            extra_train["extra_documents"] += 1
+            extra_train["extra_chars"] += len(text)
+            yield text
+
+    lines = progress(itertools.chain(
+        training_lines(iter_documents(corpus_dir), validation_percent, tok.max_sentence_length, tok.heldout_sources),
+        text_lines(counted_extra(), tok.max_sentence_length)), desc="feeding SentencePiece", unit="line", leave=False)
     model_bytes = train_sentencepiece(lines, trainer_options(tok, cfg.experiment.seed))
     train_seconds = time.perf_counter() - started
     log.info("SentencePiece trained in %.1f s", train_seconds)
+    if extra_texts is not None:
+        log.info("of which tokenizer.extra_train_sources: %d documents, %.1f M characters",
+                 extra_train["extra_documents"], extra_train["extra_chars"] / 1e6)
+        if not extra_train["extra_chars"]:
+            raise DataError("config key 'tokenizer.extra_train_sources': the sources gave no text")
 
     for adopted in ("tokenizer.json", "tokenizer.model"):  # an earlier adoption's model (tokenizer.adopt)
         (out_dir / adopted).unlink(missing_ok=True)
@@ -168,7 +187,8 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
     sp = spm.SentencePieceProcessor(model_proto=model_bytes)
     atomic_write_text(out_dir / VOCAB_FILE, vocab_text(sp))
 
-    report = build_report(cfg, sentencepiece_under_test(sp, train_seconds), split, corpus_dir)
+    report = build_report(cfg, sentencepiece_under_test(sp, train_seconds), split, corpus_dir, extra_texts,
+                          extra_train if extra_texts is not None else None)
     write_report(out_dir, report)
 
     if tok.hf_export:
@@ -188,6 +208,7 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
         "user_defined_symbols": user_symbols(tok),
         "train_documents": split.train_documents,
         "train_chars": split.train_chars,
+        **(extra_train if extra_texts is not None else {}),
         "heldout_documents_measured": len(split.heldout_docs()),
         "hf_export": "hf" if tok.hf_export else None,
         "config": {**asdict(tok), "seed": cfg.experiment.seed, "validation_percent": validation_percent},

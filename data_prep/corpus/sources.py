@@ -21,7 +21,7 @@ from typing import Any
 
 from data_prep.corpus.debian import iter_debian_source
 from data_prep.corpus.documents import DocumentNumberer, RawDocument, pack_pieces
-from data_prep.corpus.normalize import decode_bytes
+from data_prep.corpus.normalize import decode_bytes, normalize_text
 from experiment.errors import ConfigError, DataError
 from experiment.sections.corpus import SourceConfig
 
@@ -309,15 +309,22 @@ def source_reader(cfg: SourceConfig, key: str) -> SourceReader:
     return reader
 
 
-def iter_raw_documents(sources: list[SourceConfig], cache_root: Path) -> Iterator[RawDocument]:
-    """All sources in config order, numbered with one global order (the dedup order)."""
-    readers = [source_reader(cfg, f"corpus.sources[{index}]") for index, cfg in enumerate(sources)]
-    for index, cfg in enumerate(sources):  # a missing path fails now, not after the sources before it
+def check_sources(sources: list[SourceConfig], key: str) -> list[SourceReader]:
+    """Each source's reader; an unknown kind or a missing path fails now, not after the sources before it."""
+    readers = [source_reader(cfg, f"{key}[{index}]") for index, cfg in enumerate(sources)]
+    for index, cfg in enumerate(sources):
         if cfg.paths:
-            expand_paths(cfg.paths, f"corpus.sources[{index}].paths")
+            expand_paths(cfg.paths, f"{key}[{index}].paths")
+    return readers
+
+
+def iter_raw_documents(sources: list[SourceConfig], cache_root: Path,
+                       sources_key: str = "corpus.sources") -> Iterator[RawDocument]:
+    """All sources in config order, numbered with one global order (the dedup order)."""
+    readers = check_sources(sources, sources_key)
     order = 0
     for index, (cfg, reader) in enumerate(zip(sources, readers, strict=True)):
-        key = f"corpus.sources[{index}]"
+        key = f"{sources_key}[{index}]"
         numberer = DocumentNumberer(cfg, order)
         docs = reader(cfg, numberer, key, cache_root)
         log.info("reading source %s (%s)", cfg.label, cfg.kind)
@@ -327,3 +334,19 @@ def iter_raw_documents(sources: list[SourceConfig], cache_root: Path) -> Iterato
                 log.info("source %s reached its cap after %d documents", cfg.label, numberer.position)
                 break
         order = numberer.order
+
+
+def normalized_texts(sources: list[SourceConfig], cache_root: Path, sources_key: str) -> Callable[[], Iterator[str]]:
+    """A re-readable stream of the sources' texts in recipe 01's normalization (inputs it would reject
+    skipped, no other filter): text that trains the tokenizer only (``tokenizer.extra_train_sources``).
+    The sources are checked now, so a missing path fails before the corpus is read."""
+    check_sources(sources, sources_key)
+
+    def texts() -> Iterator[str]:
+        for raw in iter_raw_documents(sources, cache_root, sources_key):
+            if raw.text:
+                text = normalize_text(raw.text)
+                if text:
+                    yield text
+
+    return texts

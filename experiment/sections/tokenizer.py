@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from experiment.errors import ConfigError
+from experiment.sections.corpus import SourceConfig
 
 # Letters and punctuation a Russian tokenizer must represent without byte fallback even when they
 # are rare in the training text (ё is often printed as е, so character_coverage alone drops it).
@@ -23,7 +24,11 @@ BYTE_PIECES = 256
 @dataclass
 class TokenizerConfig:
     vocab_size: int = 32_000
-    model_type: Literal["unigram", "bpe"] = "unigram"
+    # BPE: at 32k on ruslit it compresses text the tokenizer never saw better than unigram (unseen authors'
+    # prose 3.92 vs 3.83 chars/token, Debian FAQ 2.55 vs 2.44, where unigram falls below the HF byte-level
+    # BPE baseline) and SentencePiece trains it about 15x faster; unigram encodes about 3x faster, which
+    # sharding (recipe 03) feels most (bench/README.md, "Tokenizer on text it never saw").
+    model_type: Literal["unigram", "bpe"] = "bpe"
     character_coverage: float = 0.9995
     byte_fallback: bool = True
     split_digits: bool = True
@@ -33,6 +38,11 @@ class TokenizerConfig:
     # Corpus sources never trained on: the report measures them as unseen text (another author, another
     # kind of text) beside the usual held-out split.
     heldout_sources: list[str] = field(default_factory=list)
+    # Text that trains the tokenizer only, never the model (recipe 03 shards the corpus alone): sources in
+    # corpus.sources' schema (kind files / debian / hub), read and normalized as recipe 01 does. A corpus of
+    # literature leaves technical words in many pieces; 3.3 M characters of Debian documentation lift
+    # wiki-style text by half (bench/README.md, "Tokenizer on text it never saw").
+    extra_train_sources: list[SourceConfig] = field(default_factory=list)
     input_sentence_size: int = 2_000_000  # lines sampled (shuffled, seeded) from multi-GB corpora
     max_sentence_length: int = 65_536  # bytes; SentencePiece's default 4192 drops long paragraphs
     max_piece_length: int = 16  # characters, counting the leading space; long Russian words hit 16
@@ -75,6 +85,8 @@ class TokenizerConfig:
         for i, source in enumerate(self.heldout_sources):
             if not source:
                 raise ConfigError(f"config key '{prefix}heldout_sources[{i}]': empty source name")
+        for i, source in enumerate(self.extra_train_sources):
+            source.validate(f"{prefix}extra_train_sources[{i}]")
         for i, symbol in enumerate(self.user_defined_symbols):
             if not symbol:
                 raise ConfigError(f"config key '{prefix}user_defined_symbols[{i}]': empty symbol")
