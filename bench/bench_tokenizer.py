@@ -294,6 +294,37 @@ def llm_tokenizers(llm_dir: Path | None) -> list[Any]:
     return found
 
 
+def single_char_pieces(tokenizer_dir: Path) -> dict[str, Any]:
+    """Vocabulary slots that single characters take (learned, not byte pieces): what coverage 1.0 costs."""
+    import sentencepiece as spm
+
+    from tokenizer.spm import MODEL_FILE
+
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_dir / MODEL_FILE))
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+              if not (sp.is_byte(i) or sp.is_control(i) or sp.is_unknown(i))]
+    single = [p for p in pieces if len(p.replace("\u2581", " ")) == 1]
+    other = "".join(p for p in single if not ("а" <= p.lower() <= "я" or p.lower() == "ё" or "a" <= p.lower() <= "z"))
+    return {"single_char": len(single), "other_than_cyrillic_latin": len(other), "other_chars": other}
+
+
+def digit_dense_lines(tokenizer_dir: Path, docs: list[dict[str, Any]], sources: list[str],
+                      min_digits: int = 4) -> dict[str, Any]:
+    """Chars/token of the SentencePiece model on the unseen samples' lines with at least ``min_digits`` digits
+    (what ``split_digits`` costs where numbers are dense)."""
+    import sentencepiece as spm
+
+    from tokenizer.spm import MODEL_FILE
+
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_dir / MODEL_FILE))
+    lines = [line for d in docs if d["source"] in sources for line in d["text"].split("\n")
+             if sum(c.isdigit() for c in line) >= min_digits]
+    chars = sum(len(line) for line in lines)
+    tokens = sum(len(ids) for ids in sp.encode(lines))
+    return {"min_digits": min_digits, "lines": len(lines), "chars": chars,
+            "chars_per_token": round(chars / max(tokens, 1), 4)}
+
+
 def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
     """Recipe 02 with whole authors and two outside samples held out, then LLM tokenizers on the same text."""
     from data_prep.corpus.normalize import normalize_text
@@ -314,6 +345,8 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
     for source, packages in UNSEEN_SAMPLES.items():
         docs += debian_documents(packages, source, args.debian_cache)
         unseen.append(source)
+    if args.extra_corpus:  # into the corpus: 5% of these documents are held out like the authors' own
+        docs += debian_documents(args.extra_corpus, "debian-train", args.debian_cache)
     extra_sources = [{"kind": "debian", "name": "debian-train", "packages": args.extra_train,
                       "cache_dir": str(args.debian_cache)}] if args.extra_train else []
     cfg = build_dataclass(ExperimentConfig, {
@@ -321,7 +354,8 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
         "tokenizer": {"vocab_size": args.vocab_size, "model_type": args.model_type, "report_max_docs": 100_000,
                       "split_digits": not args.no_split_digits, "normalization": args.normalization,
                       "heldout_sources": unseen, "extra_train_sources": extra_sources, "hf_export": False, "num_threads": os.cpu_count() or 1,
-                      "baseline_hf_bpe": not args.no_hf_baseline},
+                      "baseline_hf_bpe": not args.no_hf_baseline,
+                      **({} if args.character_coverage is None else {"character_coverage": args.character_coverage})},
         "shards": {"validation_percent": VALIDATION_PERCENT},
     })
     folder = RunFolder.for_config(cfg)
@@ -337,7 +371,9 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
              for name, result in results.items()}
     return {"bench": "tokenizer-unseen", "vocab_size": args.vocab_size, "model_type": args.model_type,
             "split_digits": not args.no_split_digits, "normalization": args.normalization,
-            "unseen_authors": args.unseen_authors, "excluded_authors": args.exclude_authors, "unseen_sources": unseen, "extra_train": args.extra_train,
+            "character_coverage": cfg.tokenizer.character_coverage, "extra_corpus": args.extra_corpus,
+            "single_char_pieces": single_char_pieces(folder.tokenizer),
+            "digit_dense_lines": digit_dense_lines(folder.tokenizer, docs, unseen), "unseen_authors": args.unseen_authors, "excluded_authors": args.exclude_authors, "unseen_sources": unseen, "extra_train": args.extra_train,
             "train": report["train"], "stage_seconds": round(time.perf_counter() - started, 1),
             "report": str(folder.tokenizer / "report.md"), "by_source": table}
 
@@ -357,6 +393,10 @@ def main() -> None:
     parser.add_argument("--exclude-authors", nargs="*", default=[],
                         help="ruslit authors left out entirely (what less training prose costs on the unseen authors)")
     parser.add_argument("--extra-train", nargs="*", default=[], help="Debian packages whose text joins training")
+    parser.add_argument("--extra-corpus", nargs="*", default=[],
+                        help="Debian packages whose text joins the corpus (5%% held out, source debian-train as in the earlier runs)")
+    parser.add_argument("--character-coverage", type=float, default=None,
+                        help="tokenizer.character_coverage (default: the config's)")
     parser.add_argument("--no-split-digits", action="store_true", help="tokenizer.split_digits=false")
     parser.add_argument("--no-hf-baseline", action="store_true", help="skip the HF byte-level BPE baseline (--unseen)")
     parser.add_argument("--normalization", default="ru_text_v1", choices=["ru_text_v1", "identity"])
@@ -364,6 +404,8 @@ def main() -> None:
     parser.add_argument("--llm-dir", type=Path, default=None,
                         help="mistral_common/data of the mistral-common wheel (LLM tokenizers measured beside)")
     args = parser.parse_args()
+    if args.extra_corpus and args.extra_train:
+        parser.error("--extra-corpus and --extra-train both name their documents debian-train: give one")
     result = unseen_report(args) if args.unseen else stage_report(args) if args.stage_report else compare(args)
     print(json.dumps(result, ensure_ascii=False, indent=2))
 

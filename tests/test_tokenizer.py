@@ -334,3 +334,19 @@ def test_recipe_runs_offline_and_logs_the_artifact(tmp_path: Path, trained: tupl
     assert failed.returncode == 2
     assert "tokenizer.vocab_size" in error_line(failed) and "Traceback" not in failed.stderr
     assert not (run_root / "tokenizer" / "manifest.json").exists()
+
+
+def test_default_coverage_keeps_a_symbol_rare_as_in_technical_text() -> None:
+    """A symbol at about 1 in 10,000 characters (§ in a man page) is a piece under the default coverage;
+    SentencePiece's usual 0.9995 leaves it to byte fallback."""
+    from experiment.sections.tokenizer import TokenizerConfig
+
+    lines = [line for d in fixture_documents() for line in d["text"].split("\n") if line]
+    lines = [f"{line} § 3" if i % 20 == 0 else line for i, line in enumerate(lines)]
+    share = sum(line.count("§") for line in lines) / sum(len(line) for line in lines)
+    assert 2e-5 < share < 3e-4  # between the two coverages' tails (1e-5 and 5e-4)
+    for coverage, kept in ((TokenizerConfig().character_coverage, True), (0.9995, False)):
+        options = trainer_options(TokenizerConfig(vocab_size=600, character_coverage=coverage), seed=0)
+        sp = spm.SentencePieceProcessor(model_proto=train_sentencepiece(lines, options))
+        ids = sp.encode("§")
+        assert (len(ids) == 1 and not sp.is_byte(ids[0])) == kept, coverage

@@ -29,7 +29,11 @@ class TokenizerConfig:
     # BPE baseline) and SentencePiece trains it about 15x faster; unigram encodes about 3x faster, which
     # sharding (recipe 03) feels most (bench/README.md, "Tokenizer on text it never saw").
     model_type: Literal["unigram", "bpe"] = "bpe"
-    character_coverage: float = 0.9995
+    # 0.99999, not SentencePiece's 0.9995: symbols at 1 in 10^4-10^5 characters (¶ § © ⟨ ⟩ in technical
+    # text beside 31 M characters of literature) stay pieces instead of 2-3 byte tokens each; on ruslit
+    # alone it costs 19 more single-character pieces (accented Latin, Greek), 1.0 another 78 (polytonic
+    # Greek) for no gain (bench/README.md, "Tokenizer on text it never saw").
+    character_coverage: float = 0.99999
     byte_fallback: bool = True
     split_digits: bool = True
     # The character rules compiled into the model (tokenizer/normalization.py: special spaces, quotes,
