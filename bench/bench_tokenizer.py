@@ -23,6 +23,9 @@ then measured with widely used LLM tokenizers from the files a registry package 
 ``mistral_common/data`` of the ``mistral-common`` wheel, fetched with ``pip download --no-deps
 mistral-common``: Mistral 7B's SentencePiece ``tokenizer.model.v1`` and Tekken ``tekken_240911.json``,
 read with ``tiktoken``). Debian packages are fetched with ``apt-get download`` into ``--debian-cache``.
+``--extra-corpus`` puts Debian packages' text into the corpus instead (5% of it held out and measured),
+``--character-coverage`` overrides ``tokenizer.character_coverage``; the JSON also counts the single-character
+pieces (what a higher coverage spends) and measures the unseen samples' digit-dense lines (``split_digits``).
 """
 
 from __future__ import annotations
