@@ -111,3 +111,30 @@ def fixture_stages(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.fixture_run import prepare_stages
 
     return prepare_stages(tmp_path_factory.mktemp("fixture-stages"))
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Corpus, tokenizer and shards of the tiny experiment on the shared data (recipes 01-03, train section
+    of tests/test_train_resume.py), made once for the tests that resume, damage or fill its runs."""
+    from tests.recipe_runner import run_recipe, tiny_config
+    from tests.test_train_resume import TRAIN
+
+    needs_shared(shared_data_dir() / "text" / "ruslit")
+    root = tmp_path_factory.mktemp("resume-data")
+    config = tiny_config(root, train=TRAIN)
+    for script in ("01_build_corpus.py", "02_train_tokenizer.py", "03_shard.py"):
+        run_recipe(script, config)
+    return root
+
+
+@pytest.fixture(scope="session")
+def straight_run(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted recipe-04 run of ``data_root``'s experiment, made once (its users only read or copy it);
+    returns its config."""
+    from tests.recipe_runner import run_recipe
+    from tests.test_train_resume import experiment_copy
+
+    config = experiment_copy(data_root, tmp_path_factory.mktemp("straight"), "straight")
+    run_recipe("04_pretrain.py", config)
+    return config

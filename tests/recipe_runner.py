@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -24,10 +28,34 @@ def tiny_config(tmp_path: Path, **sections: dict) -> Path:
     return path
 
 
-def recipe_env(tmp_path: Path) -> dict[str, str]:
+XLA_CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+
+
+@cache
+def session_xla_cache() -> Path:
+    """One XLA compilation cache for every JAX subprocess this test session starts, removed at exit."""
+    path = Path(tempfile.mkdtemp(prefix="xla-cache-tests-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def xla_cache_env() -> dict[str, str]:
+    """The environment that points a JAX process at the session's compilation cache, every program cached."""
+    return dict(zip(XLA_CACHE_VARS, (str(session_xla_cache()), "0"), strict=True))
+
+
+def recipe_env(tmp_path: Path, shared_xla_cache: bool = True) -> dict[str, str]:
+    """A recipe's environment as a user's (offline hubs and W&B, JAX on the CPU). With ``shared_xla_cache`` its
+    compiled programs go to one cache of the session instead of its run folder's xla_cache (recipe 04's
+    default): the tests run the same tiny programs again and again, and a hit skips the compile, about half
+    of a tiny run's time; min time 0 since the tiny programs each compile in well under a second."""
     env = dict(os.environ)
     env.update({"JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
                 "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    for var in XLA_CACHE_VARS:
+        env.pop(var, None)
+    if shared_xla_cache:
+        env.update(xla_cache_env())
     env.pop("WANDB_API_KEY", None)
     # a W&B service started by an earlier in-process test would be shared through this variable and
     # would still hold the id of a run the test killed: each recipe starts its own service, as for a user
@@ -36,10 +64,10 @@ def recipe_env(tmp_path: Path) -> dict[str, str]:
 
 
 def run_recipe(script: str, config: Path, *overrides: str, timeout: float = 600,
-               check: bool = True) -> subprocess.CompletedProcess[str]:
+               check: bool = True, shared_xla_cache: bool = True) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, str(REPO / "recipes" / script), "--config", str(config), *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, env=recipe_env(config.parent), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(cmd, cwd=REPO, env=recipe_env(config.parent, shared_xla_cache), capture_output=True,
+                          text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
                              f"stderr:\n{proc.stderr[-5000:]}")

@@ -22,7 +22,6 @@ import pytest
 
 from experiment.errors import WriteError
 from experiment.sections.train import TrainConfig
-from tests import test_train_resume
 from tests.recipe_runner import error_line, run_recipe, run_recipe_on_full_disk, tiny_config
 from tests.test_train_resume import STEPS, TRAIN, experiment_copy
 from trainer import checkpoint
@@ -184,15 +183,8 @@ def test_eval_loading_falls_back_past_a_damaged_step(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # Recipes 04 and 05 on a real tiny run (shared data, like tests/test_train_resume.py)
 
-data_root = test_train_resume.data_root  # the stages 01-03 of the tiny experiment, as a fixture here too
-
-
-@pytest.fixture(scope="module")
-def straight_run(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted run of STEPS steps (checkpoints 8, 16, 24); returns its config."""
-    config = experiment_copy(data_root, tmp_path_factory.mktemp("integrity"), "straight")
-    run_recipe("04_pretrain.py", config)
-    return config
+# data_root (stages 01-03 of the tiny experiment) and straight_run (its uninterrupted run of STEPS steps,
+# checkpoints 8, 16, 24) are conftest.py's session fixtures, shared with tests/test_train_resume.py
 
 
 def copy_of(straight: Path, tmp_path: Path) -> tuple[Path, Path]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.recipe_runner import xla_cache_env
 from trainer.cpu_host import cpu_device_count, runs_on_cpu_only
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +40,9 @@ PROBE = textwrap.dedent('''
                         cpu_keep_freed_memory=sys.argv[3] == "keep")
     done = prepare_cpu_host(train) if sys.argv[1] == "prepare" else {}
     import jax, numpy as np
+    if sys.argv[4] == "count":  # the device count alone: no program to compile and time
+        print("RESULT " + json.dumps({"devices": jax.device_count(), "done": done}))
+        sys.exit(0)
     from experiment.sections.model import ModelConfig
     from model.sharding import build_mesh
     from trainer.step import build_program, global_batch
@@ -60,10 +64,12 @@ PROBE = textwrap.dedent('''
 ''')
 
 
-def probe(mode: str, cpu_devices: int, memory: str = "keep", **env: str) -> dict:
+def probe(mode: str, cpu_devices: int, memory: str = "keep", measure: str = "faults", **env: str) -> dict:
+    """The probe in a fresh process: ``measure`` "faults" trains and counts page faults per step, "count"
+    only reports the device count and what prepare_cpu_host did."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    full_env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), **env)
-    proc = subprocess.run([sys.executable, "-c", PROBE, mode, str(cpu_devices), memory], cwd=REPO, env=full_env,
+    full_env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), **xla_cache_env(), **env)  # faults are counted after the compile
+    proc = subprocess.run([sys.executable, "-c", PROBE, mode, str(cpu_devices), memory, measure], cwd=REPO, env=full_env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
@@ -79,7 +85,7 @@ def test_prepared_host_takes_no_page_faults_per_step_and_splits_the_batch() -> N
     assert plain["faults_per_step"] > 5000
     assert prepared["faults_per_step"] < plain["faults_per_step"] / 4
     # a device count chosen by the caller (tests, multi-process runs) is left alone
-    assert probe("prepare", 2, JAX_NUM_CPU_DEVICES="1")["devices"] == 1
+    assert probe("prepare", 2, measure="count", JAX_NUM_CPU_DEVICES="1")["devices"] == 1
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc allocator settings")

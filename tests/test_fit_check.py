@@ -32,7 +32,8 @@ def tpu_python() -> str:
 
 def run_fit_check(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     config = tiny_config(tmp_path)
-    env = {**recipe_env(tmp_path), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    # TPU AOT compiles: kept out of the tests' shared CPU compilation cache
+    env = {**recipe_env(tmp_path, shared_xla_cache=False), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     cmd = [tpu_python(), str(REPO / "recipes" / "04b_tpu_fit_check.py"), "--config", str(config), *overrides]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
@@ -57,7 +58,8 @@ SHIPPED = sorted((REPO / "recipes" / "configs").glob("*.yaml"))
 @pytest.mark.parametrize("config", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_every_shipped_config_fits_the_slices_it_names(tmp_path: Path, config: Path) -> None:
     """What a user runs first on a laptop: recipe 04b on the config as shipped (no data prepared yet)."""
-    env = {**recipe_env(tmp_path), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    # TPU AOT compiles: kept out of the tests' shared CPU compilation cache
+    env = {**recipe_env(tmp_path, shared_xla_cache=False), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     cmd = [tpu_python(), str(REPO / "recipes" / "04b_tpu_fit_check.py"), "--config", str(config),
            f"experiment.run_root={tmp_path / 'runs'}", "wandb.mode=disabled"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)

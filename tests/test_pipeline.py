@@ -25,7 +25,8 @@ pytestmark = pytest.mark.integration
 
 def start_pretrain(cfg: Path) -> subprocess.Popen[str]:
     cmd = [sys.executable, str(REPO / "recipes" / "04_pretrain.py"), "--config", str(cfg)]
-    return subprocess.Popen(cmd, cwd=REPO, env=recipe_env(cfg.parent), stdout=subprocess.PIPE,
+    # the run folder's own compilation cache (recipe 04's default), as a user's run has it, not the tests' shared one
+    return subprocess.Popen(cmd, cwd=REPO, env=recipe_env(cfg.parent, shared_xla_cache=False), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -78,7 +79,7 @@ def test_recipe_chain_end_to_end_with_sigkill_resume(tmp_path, shared_data):
     killed_at = max(finished_steps(checkpoints))
     assert killed_at < 40, "the run finished before it could be killed: make it longer"
 
-    resumed = run_recipe("04_pretrain.py", cfg)
+    resumed = run_recipe("04_pretrain.py", cfg, shared_xla_cache=False)
     assert f"resumed from the checkpoint of step {killed_at}" in resumed.stdout + resumed.stderr
     # captured output is not a terminal: plain progress lines, no carriage-return frames of a bar
     assert "\r" not in resumed.stdout + resumed.stderr

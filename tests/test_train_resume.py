@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import needs_shared, shared_data_dir
 from tests.fixture_run import assert_same_checkpoint, assert_same_log
 from tests.recipe_runner import REPO, recipe_env, run_recipe, tiny_config
 
@@ -22,17 +21,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.shared_data]
 STEPS = 24
 TRAIN = {"steps": STEPS, "log_every": 1, "checkpoint_every": 8, "keep_checkpoints": 3, "warmup_steps": 3,
          "preemption_grace_s": 60.0}
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Corpus, tokenizer and shards of the tiny experiment, made once by recipes 01-03."""
-    needs_shared(shared_data_dir() / "text" / "ruslit")
-    root = tmp_path_factory.mktemp("resume-data")
-    config = tiny_config(root, train=TRAIN)
-    for script in ("01_build_corpus.py", "02_train_tokenizer.py", "03_shard.py"):
-        run_recipe(script, config)
-    return root
 
 
 def experiment_copy(data_root: Path, tmp_path: Path, name: str) -> Path:
@@ -79,9 +67,8 @@ def wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int, checkpo
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
-def test_kill_and_sigterm_resume_retrace_the_same_losses(data_root: Path, tmp_path: Path) -> None:
-    straight_cfg = experiment_copy(data_root, tmp_path, "straight")
-    run_recipe("04_pretrain.py", straight_cfg)
+def test_kill_and_sigterm_resume_retrace_the_same_losses(data_root: Path, straight_run: Path, tmp_path: Path) -> None:
+    straight_cfg = straight_run  # the uninterrupted run (conftest.py: shared with tests/test_checkpoint_integrity.py)
     reference = losses(straight_cfg.parent / "runs" / "tiny")
     assert sorted(reference) == list(range(1, STEPS + 1))
     assert reference[STEPS] < reference[1] - 1.0, "the loss should fall on real Russian text"
