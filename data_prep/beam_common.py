@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from experiment.errors import ConfigError, DataError
+from experiment.files import atomic_open
 
 _WORKER_ERROR = re.compile(r"\b(DataError|ConfigError): (.+)")
 
@@ -55,10 +56,16 @@ def join_uri(base: str, name: str) -> str:
 @contextlib.contextmanager
 def atomic_create(uri: str) -> Iterator[HashingWriter]:
     """Write ``uri`` through Beam's FileSystems under a hidden temporary name beside it, renamed into
-    place only when complete (a retried bundle rewrites the same name); on error the temporary is deleted."""
+    place only when complete (a retried bundle rewrites the same name); on error the temporary is deleted.
+    A local path goes through ``atomic_open``: fsynced file and folder, replaced in one rename (Beam's
+    local filesystem neither syncs nor replaces, so a crash could leave an empty shard under its name)."""
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
+    if "://" not in uri:
+        with atomic_open(uri, "wb") as local:
+            yield HashingWriter(local)
+        return
     folder, name = FileSystems.split(uri)
     temporary = FileSystems.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
     handle = FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED)
@@ -66,7 +73,7 @@ def atomic_create(uri: str) -> Iterator[HashingWriter]:
         writer = HashingWriter(handle)
         yield writer
         handle.close()
-        if FileSystems.exists(uri):  # the local filesystem renames over a file; object stores need room
+        if FileSystems.exists(uri):  # object stores do not rename over an existing object
             FileSystems.delete([uri])
         FileSystems.rename([temporary], [uri])
     except BaseException:

@@ -33,3 +33,26 @@ def test_an_offline_run_references_the_shards_without_a_copy(tmp_path: Path, res
     assert any(folder.wandb in p.parents for p in written)
     probe = data[500_000:504_096]
     assert not [p for p in written if probe in p.read_bytes()]
+
+
+def test_measured_files_local_as_given_bucket_through_the_stores_handler(tmp_path: Path,
+                                                                        restore_wandb_env: None) -> None:
+    """Beam workers' measured files: a local one is entered with the writer's MD5; one in a bucket goes through
+    W&B's own handler (the store's digest, which download checks), its MD5 kept in the metadata."""
+    cfg = offline_cfg(tmp_path)
+    folder = RunFolder.for_config(cfg)
+    corpus = folder.corpus
+    corpus.mkdir(parents=True)
+    (corpus / "docs-00000.jsonl").write_bytes(b"local shard")
+    md5 = base64.b64encode(hashlib.md5(b"local shard").digest()).decode()
+    remote_md5 = base64.b64encode(hashlib.md5(b"remote shard").digest()).decode()
+    files = [{"name": "docs-00000.jsonl", "uri": str(corpus / "docs-00000.jsonl"), "size": 11, "md5": md5},
+             {"name": "docs-00001.jsonl", "uri": "testfs://bucket/corpus/docs-00001.jsonl", "size": 12,
+              "md5": remote_md5}]
+    with open_run(cfg, folder, job_type="corpus") as run:
+        artifact = log_reference(run, "trk-corpus", "corpus", corpus, {"documents": 2}, files=files)
+        entries = dict(artifact.manifest.entries)
+    assert entries["docs-00000.jsonl"].digest == md5 and entries["docs-00000.jsonl"].size == 11
+    remote = entries["docs-00001.jsonl"]
+    assert remote.ref == "testfs://bucket/corpus/docs-00001.jsonl" and remote.digest != remote_md5
+    assert artifact.metadata == {"documents": 2, "writer_md5": {"docs-00001.jsonl": remote_md5}}

@@ -163,6 +163,10 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any,
     started = time.perf_counter()
     extra_train = {"extra_documents": 0, "extra_chars": 0}
 
+    # checked before training, which on a large corpus takes hours: any() stops at the first text
+    if extra_texts is not None and not any(extra_texts()):
+        raise DataError("config key 'tokenizer.extra_train_sources': the sources gave no text")
+
     def counted_extra() -> Iterator[str]:
         for text in extra_texts() if extra_texts is not None else ():
             extra_train["extra_documents"] += 1
@@ -178,8 +182,6 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any,
     if extra_texts is not None:
         log.info("of which tokenizer.extra_train_sources: %d documents, %.1f M characters",
                  extra_train["extra_documents"], extra_train["extra_chars"] / 1e6)
-        if not extra_train["extra_chars"]:
-            raise DataError("config key 'tokenizer.extra_train_sources': the sources gave no text")
 
     for adopted in ("tokenizer.json", "tokenizer.model"):  # an earlier adoption's model (tokenizer.adopt)
         (out_dir / adopted).unlink(missing_ok=True)

@@ -37,7 +37,8 @@ def log_reference(run: Any, name: str, artifact_type: str, folder: str | Path,
     the same call takes ``gs://``/``s3://`` folders, whose checksums are the stores' own.
 
     ``files``: data files already measured where they were written (Beam workers), as
-    ``{"name", "uri", "size", "md5"}`` (MD5 in W&B's base64): entered as they are, nothing read here;
+    ``{"name", "uri", "size", "md5"}`` (MD5 in W&B's base64): local ones entered as they are, nothing read
+    here; bucket ones referenced through W&B's handler (object metadata only, never the bytes);
     the folder's other files (its manifest and report) are referenced and checksummed as usual.
     Returns the artifact, or None for a disabled run."""
     if run is None or getattr(run, "disabled", False):
@@ -60,10 +61,19 @@ def _measured_reference_artifact(name: str, artifact_type: str, folder: Path, me
     for path in sorted(folder.iterdir()):
         if path.is_file() and path.name not in measured and not path.name.startswith("."):
             artifact.add_reference(path.resolve().as_uri(), name=path.name, checksum=True)
-    for entry in files:  # the entries W&B's own file handler makes, with the digests the writers computed
-        uri = entry["uri"] if "://" in entry["uri"] else Path(entry["uri"]).resolve().as_uri()
-        artifact.manifest.add_entry(ArtifactManifestEntry(path=entry["name"], ref=uri, digest=entry["md5"],
-                                                          size=entry["size"]))
+    writer_md5: dict[str, str] = {}
+    for entry in files:
+        if "://" in entry["uri"]:
+            # a bucket: W&B's handler takes the store's own digest (an ETag, which is not always the MD5) from the
+            # object's metadata and checks it on download; the workers' MD5s go into the metadata instead
+            artifact.add_reference(entry["uri"], name=entry["name"], checksum=True)
+            writer_md5[entry["name"]] = entry["md5"]
+            continue
+        # a local file: the entry W&B's own file handler makes, with the digest the writer computed
+        artifact.manifest.add_entry(ArtifactManifestEntry(path=entry["name"], ref=Path(entry["uri"]).resolve().as_uri(),
+                                                          digest=entry["md5"], size=entry["size"]))
+    if writer_md5:
+        artifact.metadata = {**artifact.metadata, "writer_md5": writer_md5}
     return artifact
 
 
