@@ -3,6 +3,7 @@ against PyTorch + transformers ``LlamaForCausalLM`` at the same shape, batch and
 
     python bench/bench_gpu_step.py --out gpu_step.json            # about 5 minutes on an H100/H200
     python bench/bench_gpu_step.py --attention cudnn dot_product   # also XLA's attention, for the difference
+    python bench/bench_gpu_step.py --layouts scanned               # one layer layout only (default: both)
 
 What it measures, each side in turn (``--rounds`` interleaved rounds of ``--steps`` timed steps after a
 warm-up): seconds per step, tokens/s, MFU = hand-counted model FLOPs per token (``model.flops``, 3x
@@ -85,7 +86,7 @@ def check_cudnn_attention() -> dict[str, Any]:
     return result
 
 
-def jax_side(args: argparse.Namespace, attention: str) -> tuple[dict[str, Any], Any, Any]:
+def jax_side(args: argparse.Namespace, attention: str, scanned: bool) -> tuple[dict[str, Any], Any, Any]:
     import jax
     import numpy as np
 
@@ -96,7 +97,8 @@ def jax_side(args: argparse.Namespace, attention: str) -> tuple[dict[str, Any], 
     from model.flops import train_flops_per_token
 
     shape = {k: v for k, v in PRESETS[args.preset].items() if k != "max_seq_len"}
-    model_cfg = ModelConfig(**shape, max_seq_len=args.seq_len, attention=attention, remat=args.remat)
+    model_cfg = ModelConfig(**shape, max_seq_len=args.seq_len, attention=attention, remat=args.remat,
+                            scan_layers=scanned)
     train_cfg = TrainConfig(steps=1000, batch_size=args.batch, warmup_steps=10, compute_dtype="bfloat16",
                             loss_chunk_len=args.loss_chunk_len)
     run, box = step_runner(model_cfg, train_cfg, args.vocab, args.seq_len)
@@ -106,7 +108,8 @@ def jax_side(args: argparse.Namespace, attention: str) -> tuple[dict[str, Any], 
     run(1)
     stats = jax.devices()[0].memory_stats() or {}
     facts = {"device_memory_gib_after_first_step": stats.get("peak_bytes_in_use", 0) / 2**30,
-             "device_memory_gib_held_before": in_use / 2**30, "side": f"ours ({attention} -> {resolve_attention(attention, jax.default_backend(), np.dtype('bfloat16'), model_cfg.resolved_head_dim, args.seq_len)})",
+             "device_memory_gib_held_before": in_use / 2**30,
+             "side": f"ours ({'scanned' if scanned else 'unrolled'}, {attention} -> {resolve_attention(attention, jax.default_backend(), np.dtype('bfloat16'), model_cfg.resolved_head_dim, args.seq_len)})",
              "framework": f"jax {jax.__version__}", "compile_and_first_step_s": time.perf_counter() - started,
              "flops_per_token": train_flops_per_token(model_cfg, args.vocab, args.seq_len)}
 
@@ -176,6 +179,8 @@ def main() -> None:
     parser.add_argument("--remat", default="none")
     parser.add_argument("--loss-chunk-len", type=int, default=1024)
     parser.add_argument("--attention", nargs="+", default=["auto"])
+    parser.add_argument("--layouts", nargs="+", default=["scanned", "unrolled"], choices=["scanned", "unrolled"],
+                        help="our sides' layer layouts (model.scan_layers), each measured against the others")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200 SXM datasheet)")
@@ -195,11 +200,12 @@ def main() -> None:
 
     sides: list[tuple[dict[str, Any], Any, Any]] = []
     for attention in args.attention:
-        try:
-            sides.append(jax_side(args, attention))
-            emit(args.out, sides[-1][0])
-        except Exception as exc:  # noqa: BLE001 - e.g. XLA's attention running out of memory: report it, go on
-            emit(args.out, {"side": f"ours ({attention})", "failed": f"{type(exc).__name__}: {exc}"[:300]})
+        for layout in args.layouts:
+            try:
+                sides.append(jax_side(args, attention, layout == "scanned"))
+                emit(args.out, sides[-1][0])
+            except Exception as exc:  # noqa: BLE001 - e.g. XLA's attention running out of memory: report it, go on
+                emit(args.out, {"side": f"ours ({layout}, {attention})", "failed": f"{type(exc).__name__}: {exc}"[:300]})
     if not args.no_torch:
         for compiled in (False, True) if args.torch_compile else (False,):
             try:

@@ -22,6 +22,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "3b": dict(d_model=3072, n_layers=28, n_heads=24, n_kv_heads=8, d_ff=8192, max_seq_len=4096),
     "7b": dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=11008, max_seq_len=4096,
                tie_embeddings=False),
+    # Llama-3.1-8B's shape (vocabulary aside: it is the tokenizer's), RoPE scaled as Llama 3.1's
+    "8b": dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336, max_seq_len=8192,
+               tie_embeddings=False, rope_theta=500_000.0, rope_scaling="llama3", rope_factor=8.0,
+               rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_len=8192),
     "13b": dict(d_model=5120, n_layers=40, n_heads=40, n_kv_heads=8, d_ff=13824, max_seq_len=4096,
                 tie_embeddings=False),
     "70b": dict(d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672, max_seq_len=4096,

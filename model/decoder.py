@@ -30,6 +30,7 @@ from model.cpu_kernels import linear, projections_plain
 from model.family import init_module
 from model.loss import output_logits
 from model.sharding import compiled_platform, constrain
+from model.stacking import scan_layers, stacked
 
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole block in the backward pass
@@ -42,7 +43,7 @@ REMAT_POLICIES = {
 # the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules):
 # attention's and the MLP's projections; attention's score and value einsums (activation x activation)
 # and the output head (in the loss, outside ``hidden``) stay in the compute dtype
-QUANTIZED_MODULES = r"blocks/\d+/(attn|mlp)"
+QUANTIZED_MODULES = r"blocks/(\d+/)?(attn|mlp)"  # unrolled blocks/<i>/attn, or the scanned stack's blocks/attn
 
 
 def project(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
@@ -209,9 +210,12 @@ class Block(nnx.Module):
 class Decoder(nnx.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int, rngs: nnx.Rngs):
         self.vocab_size, self.remat = vocab_size, cfg.remat
+        self.scanned, self.scan_unroll = cfg.scan_layers, cfg.scan_unroll
         self.head_dim, self.rope = cfg.resolved_head_dim, Rope.of(cfg)
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
-        self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+        # scanned (model/stacking.py): one Block whose parameters carry a leading layer axis; else a list
+        self.blocks = (stacked(lambda layer_rngs: Block(cfg, layer_rngs), cfg.n_layers, rngs) if cfg.scan_layers
+                       else nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)]))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std)
 
@@ -228,8 +232,12 @@ class Decoder(nnx.Module):
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         rope = rope_angles(positions, self.head_dim, self.rope)
         x = constrain(jnp.take(self.embed[...], tokens, axis=0), ("batch", "length", "act_embed"))
-        for block in self.blocks:
-            x = self.run_block(block, x, rope, segment_ids)
+        if self.scanned:
+            x = scan_layers(self.blocks, x, lambda block, h: block(h, rope, segment_ids),
+                            REMAT_POLICIES.get(self.remat), remat=self.remat != "none", unroll=self.scan_unroll)
+        else:
+            for block in self.blocks:
+                x = self.run_block(block, x, rope, segment_ids)
         return self.final_norm(x)
 
     def output_weight(self) -> jax.Array:

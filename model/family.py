@@ -72,8 +72,10 @@ class HFAdapter(Protocol):
         """(state dict of fp32 numpy arrays under Transformers' names, config.json as a dict)."""
         ...
 
-    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any]) -> tuple[Any, nnx.State]:
-        """(the family's model config, the parameters as an ``nnx.State`` for ``nnx.merge``)."""
+    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
+                scan_layers: bool | None = None) -> tuple[Any, nnx.State]:
+        """(the family's model config, the parameters as an ``nnx.State`` for ``nnx.merge``), in the layer
+        layout ``scan_layers`` asks for (None: the config section's default)."""
         ...
 
 

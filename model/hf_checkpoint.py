@@ -17,6 +17,7 @@ Bad input is one line naming the file and the tensor (DataError) or the config f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -254,12 +255,14 @@ def weight_source(folder: Path) -> tuple[Mapping[str, Any], list[Path]]:
 
 
 def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: Any = None,
-                       rules: Mapping[str, Any] | None = None) -> ImportedCheckpoint:
+                       rules: Mapping[str, Any] | None = None, scan_layers: bool | None = None) -> ImportedCheckpoint:
     """Read a Hugging Face model folder (see the module docstring) into our parameters.
 
     ``param_dtype``: the dtype the parameters are cast to (default float32, our master weights).
     ``mesh``: put each parameter onto it with the sharding its logical axes get from ``rules`` (default:
     the family's axis rules) as it is read; without a mesh, parameters go to the default device.
+    ``scan_layers``: the layer layout to import into (None: the family's default); the per-layer HF
+    tensors are stacked as they stream in, one parameter at a time.
     """
     import jax
 
@@ -268,6 +271,8 @@ def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: An
     folder = Path(folder)
     config = read_config(folder)
     family_name, model_cfg, vocab_size = hf_model_config(config, str(folder / "config.json"))
+    if scan_layers is not None and hasattr(model_cfg, "scan_layers"):
+        model_cfg = dataclasses.replace(model_cfg, scan_layers=scan_layers)
     family = get_family(family_name)
     source, files = weight_source(folder)
     dtype = np.dtype(jax.numpy.dtype(param_dtype or "float32"))
@@ -284,7 +289,8 @@ def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: An
         # each process builds only the shards its own devices hold (a mesh may span hosts)
         return jax.make_array_from_callback(value.shape, jax.sharding.NamedSharding(mesh, spec), lambda index: value[index])
 
-    model_cfg, state = family.hf_adapter.import_(config, source, dtype=dtype, place=place)  # type: ignore[union-attr]
+    model_cfg, state = family.hf_adapter.import_(config, source, dtype=dtype, place=place,  # type: ignore[union-attr]
+                                                 scan_layers=getattr(model_cfg, "scan_layers", None))
     hashes = {"config.json": sha256_file(folder / "config.json")}
     hashes.update({p.name: sha256_file(p) for p in files})
     return ImportedCheckpoint(

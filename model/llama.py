@@ -15,6 +15,7 @@ devices), so no second full copy of the model is made on the host.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from experiment.sections.train import DEFAULT_AXIS_RULES
 from model import flops
 from model.decoder import QUANTIZED_MODULES, Decoder
 from model.family import ModelFamily, get_family, register_family
+from model.stacking import BLOCKS, n_stacked, unrolled_pure
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,15 @@ class HFTensor:
     name: str
     n_in: int = 0
     flat: bool = False
+
+    def layer(self) -> int | None:
+        """The decoder layer this tensor belongs to (None: embedding, final norm, head)."""
+        return self.path[1] if self.path[0] == BLOCKS else None
+
+    def param_path(self, scanned: bool) -> tuple[Any, ...]:
+        """Where it lives in our parameters: ``blocks/<i>/...``, or in a scanned model the stacked
+        ``blocks/...`` whose axis 0 is the layer (model/stacking.py)."""
+        return (BLOCKS, *self.path[2:]) if scanned and self.layer() is not None else self.path
 
     def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         if self.n_in:
@@ -98,12 +109,15 @@ def _set(tree: Any, path: tuple[Any, ...], value: Any) -> None:
 
 
 def llama_state_dict(model: Any, cfg: ModelConfig | None = None) -> dict[str, np.ndarray]:
-    """Our NNX decoder's parameters under Transformers' Llama names, in PyTorch's [out, in] layout (fp32)."""
-    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    """Our NNX decoder's parameters under Transformers' Llama names, in PyTorch's [out, in] layout (fp32),
+    one tensor per layer whichever layout (scanned or unrolled) the model has."""
+    pure = unrolled_pure(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     if cfg is None:  # the switches the module was built with
-        attn = model.blocks[0].attn
-        cfg = ModelConfig(n_layers=len(model.blocks), tie_embeddings=model.lm_head is None,
-                          qkv_bias=attn.bq is not None, qk_norm=attn.q_norm is not None)
+        scanned = isinstance(model.blocks, nnx.Module)
+        attn = model.blocks.attn if scanned else model.blocks[0].attn
+        cfg = ModelConfig(n_layers=n_stacked(model.blocks) if scanned else len(model.blocks),
+                          tie_embeddings=model.lm_head is None, qkv_bias=attn.bq is not None,
+                          qk_norm=attn.q_norm is not None)
     return {t.name: t.to_hf(np.asarray(_get(pure, t.path), dtype=np.float32)) for t in hf_tensors(cfg)}
 
 
@@ -261,13 +275,17 @@ class LlamaShapedHF:
         return self.from_config(hf_config), vocab_size
 
     def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
-                dtype: Any = np.float32, place: Place | None = None) -> tuple[Any, nnx.State]:
+                dtype: Any = np.float32, place: Place | None = None,
+                scan_layers: bool | None = None) -> tuple[Any, nnx.State]:
         """The inverse of ``export``: each tensor is read once, checked against the shape the config implies,
         cast to ``dtype`` and handed to ``place`` (default: kept as a numpy array).
 
         A missing tensor, a tensor of another shape, and a tensor with no place in the model are errors
-        naming the tensor and (where ``state_dict`` knows, by its ``file_of``) the file it is in."""
+        naming the tensor and (where ``state_dict`` knows, by its ``file_of``) the file it is in.
+        ``scan_layers``: the layer layout of the parameters made (None: the config section's default)."""
         cfg, vocab_size = self.config(hf_config)
+        if scan_layers is not None:
+            cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
         state = nnx.state(get_family(self.family).abstract(cfg, vocab_size), nnx.Param)
         pure = nnx.to_pure_dict(state)
         what = f"Hugging Face {self.model_type} weights"
@@ -282,15 +300,30 @@ class LlamaShapedHF:
         if unused:
             raise DataError(f"{_source(state_dict, unused[0])}: tensor '{unused[0]}' has no place in the {self.model_type} "
                             f"model ({len(unused)} such tensors; {what})")
+        scanned = bool(getattr(cfg, "scan_layers", False))
+        # one parameter at a time: a scanned parameter's layers are read one tensor after another into
+        # its stacked buffer, which is placed (and freed here) before the next parameter is read
+        groups: dict[tuple[Any, ...], list[HFTensor]] = {}
         for t in table:
-            shape = tuple(_get(pure, t.path).shape)
-            value = state_dict[t.name]
-            if tuple(value.shape) != t.hf_shape(shape):
-                raise DataError(f"{_source(state_dict, t.name)}: tensor '{t.name}' has shape {tuple(value.shape)}, "
-                                f"the config implies {t.hf_shape(shape)} ({what})")
-            value = t.to_ours(np.asarray(value), shape).astype(dtype, copy=False)
-            _set(pure, t.path, value if place is None else place(t.path, value))
-            del value
+            groups.setdefault(t.param_path(scanned), []).append(t)
+        for path, tensors in groups.items():
+            full = tuple(_get(pure, path).shape)
+            stacked_layers = scanned and tensors[0].layer() is not None
+            shape = full[1:] if stacked_layers else full
+            buffer = np.empty(full, dtype) if stacked_layers else None
+            for t in tensors:
+                value = state_dict[t.name]
+                if tuple(value.shape) != t.hf_shape(shape):
+                    raise DataError(f"{_source(state_dict, t.name)}: tensor '{t.name}' has shape {tuple(value.shape)}, "
+                                    f"the config implies {t.hf_shape(shape)} ({what})")
+                value = t.to_ours(np.asarray(value), shape).astype(dtype, copy=False)
+                if buffer is None:
+                    buffer = value
+                else:
+                    buffer[t.layer()] = value
+                del value
+            _set(pure, path, buffer if place is None else place(path, buffer))
+            del buffer
         nnx.replace_by_pure_dict(state, pure)
         return cfg, state
 

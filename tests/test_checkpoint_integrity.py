@@ -163,6 +163,7 @@ def test_eval_loading_falls_back_past_a_damaged_step(tmp_path: Path) -> None:
 
     from experiment.sections.model import ModelConfig
     from model.decoder import Decoder
+    from model.stacking import layout_meta
 
     model_cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
     manager = checkpoint.open_manager(tmp_path / "checkpoints", TrainConfig(keep_checkpoints=5))
@@ -170,7 +171,8 @@ def test_eval_loading_falls_back_past_a_damaged_step(tmp_path: Path) -> None:
         with nnx.use_eager_sharding(False):
             params = nnx.state(Decoder(model_cfg, 32, nnx.Rngs(step)), nnx.Param)
         state = {"params": params, "opt_state": {}, "step": jnp.int32(step), "rng": jax.random.key_data(jax.random.key(0))}
-        checkpoint.save(manager, step, state, {}, {}, {"model": vars(model_cfg), "vocab_size": 32}, force=True)
+        meta = {"model": vars(model_cfg), "vocab_size": 32, "layout": layout_meta(model_cfg.scan_layers)}
+        checkpoint.save(manager, step, state, {}, {}, meta, force=True)
     manager.close()
     flip_bit(largest_file(tmp_path / "checkpoints" / "4" / "params"))
     run_folder = SimpleNamespace(checkpoints=tmp_path / "checkpoints")

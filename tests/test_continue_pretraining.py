@@ -84,7 +84,8 @@ def test_mean_adaptation_step0_then_exact_resume(fixture_stages: Path, base_fold
     param = functools.partial(param_of, arrays)
     base = load_file(str(base_folder / "model.safetensors"))
     # every weight but the embeddings is the base model's, bit for bit
-    assert np.array_equal(param("['blocks']['1']['mlp']['w_down']"), base["model.layers.1.mlp.down_proj.weight"].T)
+    # (layer 1 of the stacked w_down: the HF tensors were stacked on the way in)
+    assert np.array_equal(param("['blocks']['mlp']['w_down']")[1], base["model.layers.1.mlp.down_proj.weight"].T)
     assert np.array_equal(param("['final_norm']['scale']"), base["model.norm.weight"])
     embed, head = param("['embed']"), param("['lm_head']").T
     assert embed.shape == (600, 64)

@@ -19,6 +19,7 @@ import pytest
 from eval.harness import load_task, task_metrics
 from eval.tasks import TASKS, Item, TaskSpec
 from experiment.errors import DataError
+from model.stacking import layout_meta
 from tests.test_eval_tasks import BENCH, REPO, SHARED, needs_shared, write_jsonl
 
 PUSHKIN = SHARED / "text" / "ruslit" / "prose" / "Pushkin" / "Капитанская дочка.txt"
@@ -305,7 +306,7 @@ def random_model():
     sp = spm.SentencePieceProcessor(model_proto=train_sentencepiece(iter(lines), trainer_options(cfg.tokenizer, 0)))
     # what the trainer's checkpoint meta says (the seed left out: the config's is used then)
     meta = {"family": "llama", "model": dataclasses.asdict(cfg.model), "vocab_size": sp.get_piece_size(),
-            "param_dtype": cfg.train.param_dtype}
+            "param_dtype": cfg.train.param_dtype, "layout": layout_meta(cfg.model.scan_layers)}
     model, init = random_init_model(cfg, meta)
     assert init["seed"] == 3 and init["seed_from"] == "experiment.seed" and init["run_step0"]
     return model_logits_fn(model), sp, special_ids(cfg.tokenizer), model, cfg
@@ -336,7 +337,8 @@ def test_random_init_is_the_trainers_step_0(random_model) -> None:
 
     assert_step0(model, 3)
     meta = {"family": "llama", "model": dataclasses.asdict(cfg.model), "vocab_size": sp.get_piece_size(),
-            "param_dtype": cfg.train.param_dtype, "seed": 4, "init_from": {"folder": "/models/base"}}
+            "param_dtype": cfg.train.param_dtype, "seed": 4, "init_from": {"folder": "/models/base"},
+            "layout": layout_meta(cfg.model.scan_layers)}
     recorded, init = random_init_model(cfg, meta)
     assert init["seed"] == 4 and init["seed_from"] == "checkpoint"
     # a run started from another model did not start from these weights: the results say so

@@ -23,6 +23,7 @@ import pytest
 from experiment.config import load_config
 from experiment.errors import DataError
 from experiment.runfolder import RunFolder
+from model.stacking import layout_meta
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RU_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -98,7 +99,8 @@ def build_run_folder(cfg: Any, run_folder: RunFolder) -> None:
     params = nnx.state(model, nnx.Param)
     state = {"params": params, "opt_state": {}, "step": jax.numpy.int32(7), "rng": jax.random.key_data(jax.random.key(0))}
     meta = {"model": vars(model_cfg), "vocab_size": VOCAB, "seq_len": seq_len,
-            "tokenizer_sha256": sha256_file(run_folder.tokenizer / "spm.model")}
+            "tokenizer_sha256": sha256_file(run_folder.tokenizer / "spm.model"),
+            "layout": layout_meta(model_cfg.scan_layers)}  # as the trainer records it
     manager = checkpoint.open_manager(run_folder.checkpoints, cfg.train)
     checkpoint.save(manager, 7, state, {}, {}, meta, force=True)
     manager.wait_until_finished()

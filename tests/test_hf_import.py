@@ -112,6 +112,7 @@ def test_export_back_reloads_with_identical_tensors(tmp_path: Path, family: str)
 
     theirs = hf_model(family, seed=1)
     imported = load_hf_checkpoint(save(theirs, tmp_path / "hf"))
+    assert imported.model_cfg.scan_layers  # imported into stacked layers (the default), exported per layer
     out = write_export(imported.model(), imported.model_cfg, imported.vocab_size, tmp_path / "back")
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == family and config["architectures"] == [FAMILIES[family][1]]

@@ -172,7 +172,10 @@ def test_checkpoint_meta_rebuilds_the_config_of_its_family() -> None:
     from experiment.sections.model import ModelConfig
     from trainer.checkpoint import model_config_from_meta
 
-    assert model_config_from_meta({"model": {"d_model": 64, "attention": "splash"}}) == ModelConfig(d_model=64)
-    assert model_config_from_meta({"family": NAME, "model": dict(TOY_MODEL)}) == ToyConfig(**TOY_MODEL)
+    # a meta without a layout was written by the unrolled code: its parameters are per layer
+    assert model_config_from_meta({"model": {"d_model": 64, "attention": "splash"}}) == ModelConfig(d_model=64, scan_layers=False)
+    scanned = {"model": {"d_model": 64, "scan_layers": False}, "layout": {"scan_layers": True, "layer_axis": 0}}
+    assert model_config_from_meta(scanned) == ModelConfig(d_model=64, scan_layers=True)  # the layout, not the key
+    assert model_config_from_meta({"family": NAME, "model": dict(TOY_MODEL), "layout": {"scan_layers": True}}) == ToyConfig(**TOY_MODEL)
     with pytest.raises(ConfigError, match="unknown model family 'gone'"):
         model_config_from_meta({"family": "gone", "model": {}})

@@ -13,6 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent('''
@@ -20,6 +22,7 @@ SCRIPT = textwrap.dedent('''
     import dataclasses
     import jax
     import numpy as np
+    from flax import nnx
     from jax.sharding import PartitionSpec as P
     from experiment.errors import ConfigError
     from experiment.sections.model import ModelConfig
@@ -28,7 +31,7 @@ SCRIPT = textwrap.dedent('''
     from trainer.step import build_program, global_batch
 
     out = {"devices": jax.device_count()}
-    model = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
+    model = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
     train = TrainConfig(steps=10, batch_size=8, warmup_steps=1, mesh=MeshConfig(fsdp=2, tensor=2))
     prog = build_program(model, train, 64, build_mesh(train.mesh), seed=0)
     state = prog.init_state()
@@ -54,6 +57,30 @@ SCRIPT = textwrap.dedent('''
     prog1 = build_program(model, one, 64, build_mesh(one.mesh, jax.devices()[:1]), seed=0)
     _, metrics1 = prog1.train_step(prog1.init_state(), global_batch(local, prog1.batch_sharding))
     out["loss_1"] = float(metrics1["loss"])
+
+    # the scanned step on 8 devices against the unrolled reference on one, from the same parameters:
+    # three steps (AdamW, weight decay on matrices only) with a new batch each
+    unrolled = dataclasses.replace(model, scan_layers=False)
+    ref = build_program(unrolled, one, 64, build_mesh(one.mesh, jax.devices()[:1]), seed=0)
+    ref_state = ref.init_state()
+    start = jax.tree.map(np.asarray, nnx.to_pure_dict(ref_state["params"]))
+    target, restack = prog.checkpoint_layout(False)
+    scanned_state = restack(jax.device_put(jax.tree.map(np.array, ref_state), jax.tree.map(lambda s: s.sharding, target)))
+    rng = np.random.default_rng(1)
+    out["steps_8"], out["steps_ref"] = [], []
+    for _ in range(3):
+        rows = rng.integers(0, 64, (8, 17)).astype(np.int32)
+        local = {"inputs": rows[:, :-1], "targets": rows[:, 1:]}
+        scanned_state, m8 = prog.train_step(scanned_state, global_batch(local, prog.batch_sharding))
+        ref_state, m1 = ref.train_step(ref_state, global_batch(local, ref.batch_sharding))
+        out["steps_8"].append(float(m8["loss"]))
+        out["steps_ref"].append(float(m1["loss"]))
+    got = nnx.to_pure_dict(scanned_state["params"])
+    want = nnx.to_pure_dict(ref_state["params"])
+    out["param_diff"] = max(float(np.abs(np.asarray(got["blocks"]["mlp"]["w_up"][i]) - np.asarray(want["blocks"][i]["mlp"]["w_up"])).max())
+                            for i in range(2))
+    out["norm_decayed"] = bool(np.any(np.asarray(got["blocks"]["attn_norm"]["scale"]) != 1.0))
+    out["norm_moved"] = float(np.abs(np.asarray(got["blocks"]["attn_norm"]["scale"][1]) - np.asarray(want["blocks"][1]["attn_norm"]["scale"])).max())
 
     errors = {}
     for name, m, t in [
@@ -87,15 +114,16 @@ def test_every_parameter_follows_the_rules_on_8_devices() -> None:
     # the default rules by hand: embed->fsdp, heads/kv_heads/mlp/vocab->tensor, head_dim/norm unsharded
     expected = {
         "embed": ("P('tensor', 'fsdp')", [32, 16]),
-        "blocks/0/attn/wq": ("P('fsdp', 'tensor', None)", [16, 2, 8]),
-        "blocks/0/attn/wk": ("P('fsdp', 'tensor', None)", [16, 1, 8]),
-        "blocks/0/attn/wv": ("P('fsdp', 'tensor', None)", [16, 1, 8]),
-        "blocks/0/attn/wo": ("P('tensor', None, 'fsdp')", [2, 8, 16]),
-        "blocks/0/mlp/w_gate": ("P('fsdp', 'tensor')", [16, 32]),
-        "blocks/0/mlp/w_up": ("P('fsdp', 'tensor')", [16, 32]),
-        "blocks/0/mlp/w_down": ("P('tensor', 'fsdp')", [32, 16]),
-        "blocks/0/attn_norm/scale": ("P(None,)", [32]),
-        "blocks/0/mlp_norm/scale": ("P(None,)", [32]),
+        # scanned layers (the default): every block parameter has a leading layer axis, never sharded
+        "blocks/attn/wq": ("P(None, 'fsdp', 'tensor', None)", [2, 16, 2, 8]),
+        "blocks/attn/wk": ("P(None, 'fsdp', 'tensor', None)", [2, 16, 1, 8]),
+        "blocks/attn/wv": ("P(None, 'fsdp', 'tensor', None)", [2, 16, 1, 8]),
+        "blocks/attn/wo": ("P(None, 'tensor', None, 'fsdp')", [2, 2, 8, 16]),
+        "blocks/mlp/w_gate": ("P(None, 'fsdp', 'tensor')", [2, 16, 32]),
+        "blocks/mlp/w_up": ("P(None, 'fsdp', 'tensor')", [2, 16, 32]),
+        "blocks/mlp/w_down": ("P(None, 'tensor', 'fsdp')", [2, 32, 16]),
+        "blocks/attn_norm/scale": ("P(None, None)", [2, 32]),
+        "blocks/mlp_norm/scale": ("P(None, None)", [2, 32]),
         "final_norm/scale": ("P(None,)", [32]),
     }
     assert {k: (v[0], v[1]) for k, v in out["params"].items()} == expected
@@ -104,7 +132,10 @@ def test_every_parameter_follows_the_rules_on_8_devices() -> None:
     assert out["after_step_same"] and out["recompiles"] == 1
     assert abs(out["loss_8"] - out["loss_1"]) < 1e-5, "the sharded step must compute what one device computes"
     errors = out["errors"]
-    assert errors["kv_heads"] and errors["kv_heads"].startswith("parameter blocks/0/attn/wk")
+    assert errors["kv_heads"] and errors["kv_heads"].startswith("parameter blocks/attn/wk")
     assert "size 2 cannot be split over mesh axes tensor (4 devices)" in errors["kv_heads"]
+    # scanned on data 2 x fsdp 2 x tensor 2 = unrolled on one device, step after step, parameters too
+    np.testing.assert_allclose(out["steps_8"], out["steps_ref"], rtol=1e-5)
+    assert out["param_diff"] < 1e-5 and out["norm_moved"] < 1e-5 and out["norm_decayed"]
     assert errors["batch"] and "train.batch_size" in errors["batch"]
     assert errors["vocab"] and errors["vocab"].startswith("parameter embed ('vocab', 'embed'): dimension of size 63")

@@ -64,14 +64,17 @@ def test_plain_projections_compute_what_the_cpu_kernel_does() -> None:
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("scan_layers", [True, False])
 @pytest.mark.parametrize("quantization", ["int8", "fp8"])
-def test_exactly_the_projection_matmuls_are_quantized(quantization: str) -> None:
+def test_exactly_the_projection_matmuls_are_quantized(quantization: str, scan_layers: bool) -> None:
     """Forward, input-gradient and weight-gradient dot of each projection: 3 x 7 per layer; attention's
-    einsums and the output head stay float (the step has as many dots as the float step)."""
-    total, quantized, text = dots(program(quantization))
-    assert quantized == 3 * PROJECTIONS * LAYERS
+    einsums and the output head stay float (the step has as many dots as the float step). Scanned, the
+    layer's dots stand once in the scan bodies (forward and backward loop), whatever the depth."""
+    model = dataclasses.replace(MODEL, scan_layers=scan_layers)
+    total, quantized, text = dots(program(quantization, model))
+    assert quantized == 3 * PROJECTIONS * (1 if scan_layers else LAYERS)
     assert re.search(rf"x({QUANTIZED_TYPE[quantization]})>", text)
-    float_total, float_quantized, _ = dots(program("none"))
+    float_total, float_quantized, _ = dots(program("none", model))
     assert (total, float_quantized) == (float_total, 0)
 
 

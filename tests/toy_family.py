@@ -3,7 +3,8 @@
 A pre-norm decoder without grouped-query attention: learned absolute positions instead of RoPE,
 plain multi-head attention from one fused QKV projection, a GELU MLP, tied embeddings. It has its
 own config section, FLOP and parameter counts, logical axis ("qkv") with its default rule, config
-checks, and no Hugging Face adapter. Recipes in subprocesses see it through ``RU_PRETRAIN_PLUGINS``.
+checks, scanned layers through model/stacking.py (or a loop, ``scan_layers: false``), and no Hugging
+Face adapter. Recipes in subprocesses see it through ``RU_PRETRAIN_PLUGINS``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from experiment.errors import ConfigError
 from experiment.sections.train import DEFAULT_AXIS_RULES
 from model.family import ModelFamily, register_family
 from model.loss import output_logits
+from model.stacking import scan_layers, stacked
 
 NAME = "toy_mha"
 
@@ -36,6 +38,7 @@ class ToyConfig:
     init_std: float = 0.02
     attention: Literal["einsum"] = "einsum"
     remat: Literal["none"] = "none"
+    scan_layers: bool = True  # its blocks stacked and scanned by model/stacking.py, like the shipped families
 
     def validate(self, key: str) -> None:
         if self.d_model % self.n_heads:
@@ -78,7 +81,9 @@ class ToyDecoder(nnx.Module):
     def __init__(self, cfg: ToyConfig, vocab_size: int, rngs: nnx.Rngs):
         self.embed = _param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         self.pos = _param(rngs, (cfg.max_seq_len, cfg.d_model), ("norm", "embed"), cfg.init_std)
-        self.blocks = nnx.List([ToyBlock(cfg, rngs) for _ in range(cfg.n_layers)])
+        self.scanned = cfg.scan_layers
+        self.blocks = (stacked(lambda layer_rngs: ToyBlock(cfg, layer_rngs), cfg.n_layers, rngs) if cfg.scan_layers
+                       else nnx.List([ToyBlock(cfg, rngs) for _ in range(cfg.n_layers)]))
         self.final_norm = nnx.Param(jnp.ones((cfg.d_model,)), out_sharding=("norm",))
 
     def hidden(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
@@ -90,8 +95,11 @@ class ToyDecoder(nnx.Module):
         if segment_ids is not None:
             mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
         x = jnp.take(self.embed[...], tokens, axis=0) + jnp.take(self.pos[...], positions, axis=0)
-        for block in self.blocks:
-            x = block(x, mask)
+        if self.scanned:
+            x = scan_layers(self.blocks, x, lambda block, h: block(h, mask))
+        else:
+            for block in self.blocks:
+                x = block(x, mask)
         return _norm(x, self.final_norm)
 
     def output_weight(self) -> jax.Array:

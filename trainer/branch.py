@@ -80,8 +80,9 @@ def restore_or_branch(manager: Any, program: TrainProgram, loader: Any, meta: di
     advice = "a branch keeps its parent's model, tokenizer and shards (train.branch_from)"
 
     def read(step: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        check_same_run(checkpoint.read_meta(parent_manager, step), meta, parent_manager.directory, advice)
-        state, items = checkpoint.restore(parent_manager, step, program.abstract_state)
+        parent_meta = checkpoint.read_meta(parent_manager, step)
+        check_same_run(parent_meta, meta, parent_manager.directory, advice)
+        state, items = checkpoint.restore_any_layout(parent_manager, step, program, parent_meta)
         loader.set_state(items["loader"])
         return state, items
 

@@ -50,6 +50,7 @@ from experiment.sections.train import TrainConfig
 from experiment.stages import PRETRAIN
 from model.family import FamilyModel
 from model.registry import get_family
+from model.stacking import saved_scan_layers
 
 log = logging.getLogger("trainer.checkpoint")
 ITEMS = ("params", "train", "loader", "ledger", "meta")
@@ -346,6 +347,21 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict[str,
     return state, {k: restored[k] for k in ("loader", "ledger", "meta")}
 
 
+def restore_any_layout(manager: ocp.CheckpointManager, step: int, program: Any,
+                       meta: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``restore`` onto ``program``'s (a ``TrainProgram``) layout, whichever layer layout the checkpoint
+    has (its meta's ``layout``; none: the unrolled code wrote it): the other layout is read as it was
+    saved and restacked once, on the devices."""
+    saved = saved_scan_layers(meta if meta is not None else read_meta(manager, step))
+    target, to_program = program.checkpoint_layout(saved)
+    state, items = restore(manager, step, target)
+    if target is not program.abstract_state:
+        log.info("checkpoint step %d has %s layers: %s them for this run's model.scan_layers=%s", step,
+                 "scanned" if saved else "unrolled", "unstacked" if saved else "restacked", not saved)
+        state = to_program(state)
+    return state, items
+
+
 def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
     return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
@@ -420,6 +436,8 @@ def model_config_from_meta(meta: dict[str, Any]) -> Any:
     family = get_family(meta.get("family") or meta["model"].get("family") or "llama")
     fields = {f.name for f in dataclasses.fields(family.config_cls)}
     cfg = family.config_cls(**{k: v for k, v in meta["model"].items() if k in fields})
+    if "scan_layers" in fields:  # the layout its parameters were saved in
+        cfg = dataclasses.replace(cfg, scan_layers=saved_scan_layers(meta))
     return dataclasses.replace(cfg, attention="auto") if getattr(cfg, "attention", "") in ("splash", "cudnn") else cfg
 
 

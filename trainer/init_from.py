@@ -31,7 +31,8 @@ from trainer.resume import finished_steps
 
 log = logging.getLogger("trainer")
 # model keys that belong to the run, not to the base model: kept from our YAML
-RUN_KEYS = ("max_seq_len", "z_loss", "init_std", "attention", "remat", "init_from", "vocab_adaptation", "preset")
+RUN_KEYS = ("max_seq_len", "z_loss", "init_std", "attention", "remat", "init_from", "vocab_adaptation", "preset",
+            "scan_layers", "scan_unroll")
 LINEAGE_FILE = "init_from.json"  # in checkpoints/: the base model a run started from (written by its first session)
 # our tokenizer manifest's special ids -> the config.json key of the base model's counterpart
 SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "pad_token_id"}
@@ -72,7 +73,8 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
     _, base_cfg, base_vocab = hf_model_config(base_config, str(Path(folder) / "config.json"))
     model_cfg = merge_model_config(cfg, base_cfg, str(Path(folder) / "config.json"))
     embeddings = EmbeddingPlan.for_run(cfg, run_folder, base_config, base_vocab, vocab_size)
-    imported = load_hf_checkpoint(Path(folder), cfg.train.param_dtype, mesh=mesh, rules=cfg.train.mesh.rules)
+    imported = load_hf_checkpoint(Path(folder), cfg.train.param_dtype, mesh=mesh, rules=cfg.train.mesh.rules,
+                                  scan_layers=getattr(model_cfg, "scan_layers", None))
     params, adaptation = embeddings.apply(imported, cfg.experiment.seed)
     lineage = {"folder": str(Path(folder).resolve()), "family": imported.family, "files": imported.source_files,
                "tokenizer_files": [Path(p).name for p in imported.tokenizer_files], "base_vocab_size": imported.vocab_size,

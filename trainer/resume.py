@@ -26,7 +26,7 @@ from trainer.step import TrainProgram
 log = logging.getLogger("trainer")
 WANDB_ID_FILE = "wandb_run.json"
 # how the step runs, not what it computes: a run may resume on another slice with another kernel or remat
-EXECUTION_KEYS = ("attention", "remat")
+EXECUTION_KEYS = ("attention", "remat", "scan_layers", "scan_unroll")  # a checkpoint of either layer layout restacks
 # where the first session's weights came from: read once, at step 0 (trainer/init_from.py); a resume may
 # name the base model's folder elsewhere, or not at all
 START_KEYS = ("init_from", "vocab_adaptation")
@@ -81,8 +81,9 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
         return (init_state or program.init_state)(), 0
 
     def read(step: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        check_same_run(checkpoint.read_meta(manager, step), meta, manager.directory)
-        state, items = checkpoint.restore(manager, step, program.abstract_state)
+        saved_meta = checkpoint.read_meta(manager, step)
+        check_same_run(saved_meta, meta, manager.directory)
+        state, items = checkpoint.restore_any_layout(manager, step, program, saved_meta)
         loader.set_state(items["loader"])
         return state, items
 

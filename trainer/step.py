@@ -25,6 +25,7 @@ from model.family import FamilyModel, run_once_compile_options
 from model.loss import chunked_cross_entropy
 from model.registry import family_of
 from model.sharding import Rules, activation_layout, batch_sharding, replicated, tree_shardings
+from model.stacking import layer_ndim, stack_tree, unstack_tree
 from model.vocab_adaptation import EMBEDDING_PARAMS
 from trainer.quantization import quantize_module, tracing
 from trainer.schedules import make_schedule
@@ -37,12 +38,13 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 def make_optimizer(train_cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """AdamW on train.schedule (trainer/schedules.py), after global-norm clipping.
 
-    Weight decay skips vectors (norm scales): decaying them only fights the normalisation.
+    Weight decay skips vectors (norm scales): decaying them only fights the normalisation. A scanned
+    layer's norm scale is a [layers, D] matrix of vectors: the rank that counts is the per-layer one.
     """
     schedule = make_schedule(train_cfg)
     adamw = optax.adamw(
         schedule, b1=train_cfg.beta1, b2=train_cfg.beta2, weight_decay=train_cfg.weight_decay,
-        mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params),
+        mask=lambda params: jax.tree_util.tree_map_with_path(lambda path, p: layer_ndim(path, p) > 1, params),
     )
     if train_cfg.grad_clip > 0:
         return optax.chain(optax.clip_by_global_norm(train_cfg.grad_clip), adamw), schedule
@@ -96,6 +98,9 @@ class TrainProgram:
     # model): fresh optimizer state, step 0, the same RNG as init_state
     init_state_from: Callable[[dict[str, Any]], State]
     train_step: Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]
+    # scan_layers of a checkpoint -> (its restore target, the function that brings the restored state to
+    # this program's layout): a checkpoint of the other layer layout is restacked (or unstacked) once
+    checkpoint_layout: Callable[[bool], tuple[State, Callable[[State], State]]]
 
     def model(self, params: nnx.State) -> FamilyModel:
         return nnx.merge(self.graphdef, params)
@@ -230,8 +235,21 @@ def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh:
             return jitted_step(state, batch)
 
     run_step.jitted = jitted_step  # type: ignore[attr-defined]  # for AOT lowering and cache checks
+
+    def checkpoint_layout(scanned: bool) -> tuple[State, Callable[[State], State]]:
+        if scanned == bool(getattr(model_cfg, "scan_layers", False)):
+            return abstract_state, lambda state: state
+        other_cfg = dataclasses.replace(model_cfg, scan_layers=scanned)
+        other = jax.eval_shape(lambda: state_of(initial_params(other_cfg, vocab_size, seed, param_dtype)))
+        other_abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                      other, tree_shardings(other, mesh, rules))
+        # stacked on the devices, each array laid out as this program's step expects
+        convert = ((lambda state: unstack_tree(state, shapes)) if scanned
+                   else (lambda state: stack_tree(state, shapes)))
+        return other_abstract, jax.jit(convert, out_shardings=state_shardings, donate_argnums=0)
+
     return TrainProgram(graphdef, mesh, rules, abstract_state, state_shardings, data_sharding, schedule,
-                        init_state, init_state_from, run_step)
+                        init_state, init_state_from, run_step, checkpoint_layout)
 
 
 def check_batch(train_cfg: TrainConfig, data_sharding: NamedSharding) -> None:

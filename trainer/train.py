@@ -35,6 +35,7 @@ from experiment.schema import ExperimentConfig
 from experiment.stages import TOKENIZER
 from model.registry import family_of
 from model.sharding import build_mesh
+from model.stacking import LAYOUT_KEY, layout_meta
 from tracking.history import backfill_offline_history
 from tracking.metrics import define_cost_metrics
 from trainer import checkpoint
@@ -108,6 +109,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
             "tokenizer_sha256": data.tokenizer_sha256, "seq_len": data.seq_len,
             "param_dtype": train_cfg.param_dtype, "n_params": n_params, "wandb_run_id": run_id,
             "seed": cfg.experiment.seed,  # step 0's parameters (trainer.step.initial_params): eval's random init
+            LAYOUT_KEY: layout_meta(getattr(model_cfg, "scan_layers", False)),  # how the layers' parameters are stacked
         }
         if start.lineage is not None:
             meta["init_from"] = start.lineage

@@ -43,6 +43,11 @@ class ModelConfig:
     # the projections' outputs, recompute attention and elementwise work), offload (save_dots with the
     # saved outputs in host memory; TPU). The recompute each costs: model.flops.recompute_flops_per_token
     remat: Literal["none", "full", "save_dots", "offload"] = "none"
+    # the decoder's layers stacked along a leading "layers" axis and run by one lax.scan (model/stacking.py):
+    # compile time and compiler-planned memory stop growing with depth. false: a Python loop over per-layer
+    # modules (checkpoints of either layout resume in the other: the restore restacks)
+    scan_layers: bool = True
+    scan_unroll: int = 1  # lax.scan's unroll: layers per loop iteration (a tuning knob; 1 = fully rolled)
     # continued pretraining: a Hugging Face model folder (config.json, *.safetensors, tokenizer.json) the
     # first session of recipe 04 starts from (trainer/init_from.py). Its config.json gives the family and
     # shape: a shape key set here that disagrees is an error. Ignored once the run has a checkpoint.
@@ -55,7 +60,7 @@ class ModelConfig:
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
-        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len", "scan_unroll"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
         if self.n_heads % self.n_kv_heads:

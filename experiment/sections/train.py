@@ -20,6 +20,9 @@ DEFAULT_AXIS_RULES: dict[str, list[str]] = {
     "head_dim": [],
     "mlp": ["tensor"],
     "norm": [],
+    # the stacked layer axis of scanned layers (model/stacking.py): each device keeps every layer's shard,
+    # and a layer's weights are gathered over fsdp inside the scan body, one layer at a time
+    "layers": [],
 }
 
 
