@@ -7,6 +7,7 @@ right after importing jax/flax (the interpreter's own share), and both over the 
 
     python bench/bench_hf_import.py                         # bf16 parameters, one file
     python bench/bench_hf_import.py --param-dtype float32   # fp32 master weights: the state alone is 2x
+    python bench/bench_hf_import.py --layouts scanned        # one layer layout (default: scanned, then unrolled)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SHAPE = {"d_model": 1024, "n_layers": 20, "n_heads": 16, "n_kv_heads": 8, "d_ff": 2816, "max_seq_len": 2048,
+SHAPE = {"d_model": 1024, "n_layers": int(os.environ.get("BENCH_LAYERS", 20)), "n_heads": 16, "n_kv_heads": 8, "d_ff": 2816, "max_seq_len": 2048,
          "tie_embeddings": False}
 VOCAB = 32_000
 
@@ -35,7 +36,7 @@ def write(folder: str, shards: int) -> None:
     from experiment.sections.model import ModelConfig
     from model.llama import LLAMA, hf_tensors, llama_config
 
-    cfg = ModelConfig(**SHAPE)
+    cfg = ModelConfig(**SHAPE, scan_layers=False)  # per-layer shapes, as the HF file has them
     pure = nnx.to_pure_dict(nnx.state(LLAMA.abstract(cfg, VOCAB), nnx.Param))
     pure_shapes = {}
     for t in hf_tensors(cfg):
@@ -67,7 +68,7 @@ def rss_mb() -> float:
     return 0.0
 
 
-def load(folder: str, param_dtype: str) -> None:
+def load(folder: str, param_dtype: str, layout: str) -> None:
     import jax  # noqa: F401
     from flax import nnx  # noqa: F401
 
@@ -75,7 +76,7 @@ def load(folder: str, param_dtype: str) -> None:
 
     base = rss_mb()
     start = time.perf_counter()
-    imported = load_hf_checkpoint(Path(folder), param_dtype)
+    imported = load_hf_checkpoint(Path(folder), param_dtype, scan_layers=layout == "scanned")
     seconds = time.perf_counter() - start
     n = sum(x.size for x in jax.tree.leaves(imported.state))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -88,23 +89,26 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--child", choices=["write", "load"])
     parser.add_argument("--folder")
+    parser.add_argument("--layouts", default="scanned,unrolled", help="layer layouts to import into, in turn")
     args = parser.parse_args()
     if args.child == "write":
         return write(args.folder, args.shards)
     if args.child == "load":
-        return load(args.folder, args.param_dtype)
+        return load(args.folder, args.param_dtype, args.layouts)
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     with tempfile.TemporaryDirectory() as folder:
         me = [sys.executable, __file__, "--folder", folder]
         subprocess.run([*me, "--child", "write", "--shards", str(args.shards)], check=True, env=env)
         size = sum(p.stat().st_size for p in Path(folder).glob("*.safetensors")) / 2**20
-        out = subprocess.run([*me, "--child", "load", "--param-dtype", args.param_dtype], check=True, env=env,
-                             capture_output=True, text=True).stdout
-        result = json.loads(out.strip().splitlines()[-1])
-        print(f"{result['params'] / 1e6:.0f}M parameters, bf16 safetensors {size:.0f} MB in {args.shards} file(s), "
-              f"param dtype {args.param_dtype}: import {result['seconds']:.1f} s, peak RSS {result['peak_rss_mb']:.0f} MB "
-              f"= {result['peak_rss_mb'] / size:.2f}x the file; after importing jax {result['base_rss_mb']:.0f} MB, "
-              f"the import's own share {(result['peak_rss_mb'] - result['base_rss_mb']) / size:.2f}x")
+        for layout in args.layouts.split(","):
+            out = subprocess.run([*me, "--child", "load", "--param-dtype", args.param_dtype, "--layouts", layout],
+                                 check=True, env=env, capture_output=True, text=True).stdout
+            result = json.loads(out.strip().splitlines()[-1])
+            print(f"{result['params'] / 1e6:.0f}M parameters, bf16 safetensors {size:.0f} MB in {args.shards} file(s), "
+                  f"param dtype {args.param_dtype}, {layout} layers: import {result['seconds']:.1f} s, peak RSS "
+                  f"{result['peak_rss_mb']:.0f} MB = {result['peak_rss_mb'] / size:.2f}x the file; after importing jax "
+                  f"{result['base_rss_mb']:.0f} MB, the import's own share "
+                  f"{(result['peak_rss_mb'] - result['base_rss_mb']) / size:.2f}x")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ model FLOPs per second (hand-counted, ``model.flops``) over the higher of the tw
 
     python bench/bench_train_step.py                      # the demo shape, fp32 and bf16
     python bench/bench_train_step.py --torch-python .venvs/hf/bin/python --dtypes float32 --rounds 8
-    python bench/bench_train_step.py --no-torch --layouts scanned,unrolled --rounds 8   # scan vs loop
+    python bench/bench_train_step.py --no-torch --layouts scanned,unrolled,scanned:1 --dtypes float32 --rounds 8
+        # scanned layers (scan_unroll by platform) vs the Python loop vs the rolled scan (one layer per iteration)
 
 Every side stays up as a worker process and runs ``--steps`` timed steps in turn, ``--rounds`` times
 (order rotating, ``interleave.py``), so a slow spell of a shared machine hits all of them; each ratio
@@ -108,14 +109,15 @@ def jax_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
 
     model_cfg = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
                             n_kv_heads=args.n_kv_heads, d_ff=args.d_ff, max_seq_len=args.seq_len,
-                            attention=args.attention, remat=args.remat, scan_layers=args.scan_layers == "true")
+                            attention=args.attention, remat=args.remat, scan_layers=args.scan_layers == "true",
+                            scan_unroll=args.scan_unroll)
     train_cfg = TrainConfig(steps=1000, batch_size=args.batch, warmup_steps=10, compute_dtype=args.dtype,
                             cpu_devices=args.cpu_devices)
     host = prepare_cpu_host(train_cfg) if args.cpu_host else {}  # as recipe 4 does, before JAX starts
     run, box = step_runner(model_cfg, train_cfg, args.vocab, args.seq_len)
     compile_s = run(1)
     facts = {"framework": f"jax {jax.__version__}", "dtype": args.dtype, "compile_s": compile_s,
-             "scan_layers": model_cfg.scan_layers,
+             "scan_layers": model_cfg.scan_layers, "scan_unroll": model_cfg.scan_unroll,
              "devices": jax.device_count(), "cpu_host": host, "backend": jax.default_backend(),
              "flops_per_token": train_flops_per_token(model_cfg, args.vocab, args.seq_len)}
 
@@ -258,8 +260,10 @@ def main() -> None:
     parser.add_argument("--remat", default="none")
     parser.add_argument("--cpu-devices", type=int, default=0, help="train.cpu_devices for our side")
     parser.add_argument("--scan-layers", choices=["true", "false"], default="true", help="worker: model.scan_layers")
+    parser.add_argument("--scan-unroll", type=int, default=0, help="worker: model.scan_unroll (0: by platform)")
     parser.add_argument("--layouts", default="scanned",
-                        help="driver: our sides, comma-separated: scanned (side 'jax'), unrolled (side 'jax_unrolled')")
+                        help="driver: our sides, comma-separated: scanned (side 'jax'), unrolled (side 'jax_unrolled'), "
+                             "scanned:N (scanned with model.scan_unroll=N, side 'jax_scanned_N')")
     parser.add_argument("--no-cpu-host", dest="cpu_host", action="store_false",
                         help="our side without trainer/cpu_host.py's settings (one device, default allocator)")
     parser.add_argument("--torch-python", default=os.environ.get("RU_TORCH_PYTHON", ".venvs/hf/bin/python"))
@@ -282,9 +286,11 @@ def main() -> None:
         layouts = args.layouts.split(",")
         sides = {}
         for layout in layouts:  # the first layout is the side the peers' ratios are taken against
-            name = "jax" if layout == layouts[0] else f"jax_{layout}"
-            scan = {"scanned": "true", "unrolled": "false"}[layout]
-            sides[name] = Worker(sys.executable, "jax", [*shape, "--dtype", dtype, "--scan-layers", scan])
+            name = "jax" if layout == layouts[0] else f"jax_{layout.replace(':', '_')}"
+            kind, _, unroll = layout.partition(":")
+            scan = {"scanned": "true", "unrolled": "false"}[kind]
+            sides[name] = Worker(sys.executable, "jax", [*shape, "--dtype", dtype, "--scan-layers", scan,
+                                                         "--scan-unroll", unroll or "0"])
         if not args.no_torch:
             sides["torch"] = Worker(args.torch_python, "torch", [*shape, "--dtype", dtype])
             if args.torch_compile:

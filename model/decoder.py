@@ -210,7 +210,7 @@ class Block(nnx.Module):
 class Decoder(nnx.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int, rngs: nnx.Rngs):
         self.vocab_size, self.remat = vocab_size, cfg.remat
-        self.scanned, self.scan_unroll = cfg.scan_layers, cfg.scan_unroll
+        self.scanned, self.scan_unroll, self.n_layers = cfg.scan_layers, cfg.scan_unroll, cfg.n_layers
         self.head_dim, self.rope = cfg.resolved_head_dim, Rope.of(cfg)
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         # scanned (model/stacking.py): one Block whose parameters carry a leading layer axis; else a list
@@ -234,11 +234,15 @@ class Decoder(nnx.Module):
         x = constrain(jnp.take(self.embed[...], tokens, axis=0), ("batch", "length", "act_embed"))
         if self.scanned:
             x = scan_layers(self.blocks, x, lambda block, h: block(h, rope, segment_ids),
-                            REMAT_POLICIES.get(self.remat), remat=self.remat != "none", unroll=self.scan_unroll)
+                            REMAT_POLICIES.get(self.remat), remat=self.remat != "none", unroll=self.unroll())
         else:
             for block in self.blocks:
                 x = self.run_block(block, x, rope, segment_ids)
         return self.final_norm(x)
+
+    def unroll(self) -> int:
+        """Layers per scan iteration: ``model.scan_unroll``, or by the platform compiled for (its comment)."""
+        return self.scan_unroll or (self.n_layers if compiled_platform() == "cpu" else 1)
 
     def output_weight(self) -> jax.Array:
         """The output projection [D, V]: the embedding table transposed when tied."""

@@ -289,8 +289,27 @@ def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: An
         # each process builds only the shards its own devices hold (a mesh may span hosts)
         return jax.make_array_from_callback(value.shape, jax.sharding.NamedSharding(mesh, spec), lambda index: value[index])
 
+    def place_layers(path: tuple[Any, ...], shape: tuple[int, ...], dtype: Any, layers: Any) -> Any:
+        """A stacked parameter made on its devices and filled in place (a donated update per layer): the host
+        holds one layer's tensor at a time, as for an unrolled import."""
+        if mesh is None:
+            sharding: Any = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        else:
+            spec = logical_to_spec(axes[path], layout)
+            check_divisible(f"parameter {'/'.join(map(str, path))} {tuple(axes[path])}", shape, spec, mesh)
+            sharding = jax.sharding.NamedSharding(mesh, spec)
+        stacked = jax.jit(lambda: jax.numpy.zeros(shape, dtype), out_shardings=sharding)()
+        put = jax.jit(lambda buffer, value, i: jax.lax.dynamic_update_index_in_dim(buffer, value, i, 0),
+                      out_shardings=sharding, donate_argnums=0)
+        for layer, value in layers:
+            # waited for: queued asynchronously, every layer's host tensor would stay alive until its update ran
+            stacked = put(stacked, value, np.int32(layer)).block_until_ready()
+            del value
+        return stacked
+
     model_cfg, state = family.hf_adapter.import_(config, source, dtype=dtype, place=place,  # type: ignore[union-attr]
-                                                 scan_layers=getattr(model_cfg, "scan_layers", None))
+                                                 scan_layers=getattr(model_cfg, "scan_layers", None),
+                                                 place_layers=place_layers)
     hashes = {"config.json": sha256_file(folder / "config.json")}
     hashes.update({p.name: sha256_file(p) for p in files})
     return ImportedCheckpoint(

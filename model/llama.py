@@ -16,7 +16,7 @@ devices), so no second full copy of the model is made on the host.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,6 +240,9 @@ def config_from_hf(hf_config: Mapping[str, Any], model_type: str = "llama", conf
 
 
 Place = Callable[[tuple[Any, ...], np.ndarray], Any]  # (our parameter path, value) -> the array the state holds
+# (path, stacked shape, dtype, the layers' values as (layer, value), read one by one) -> the stacked array:
+# a scanned parameter built on its devices a layer at a time, never whole on the host
+PlaceLayers = Callable[[tuple[Any, ...], tuple[int, ...], Any, Iterator[tuple[int, np.ndarray]]], Any]
 
 
 def _source(state_dict: Any, name: str | None = None) -> str:
@@ -276,13 +279,15 @@ class LlamaShapedHF:
 
     def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
                 dtype: Any = np.float32, place: Place | None = None,
-                scan_layers: bool | None = None) -> tuple[Any, nnx.State]:
+                scan_layers: bool | None = None, place_layers: PlaceLayers | None = None) -> tuple[Any, nnx.State]:
         """The inverse of ``export``: each tensor is read once, checked against the shape the config implies,
         cast to ``dtype`` and handed to ``place`` (default: kept as a numpy array).
 
         A missing tensor, a tensor of another shape, and a tensor with no place in the model are errors
         naming the tensor and (where ``state_dict`` knows, by its ``file_of``) the file it is in.
-        ``scan_layers``: the layer layout of the parameters made (None: the config section's default)."""
+        ``scan_layers``: the layer layout of the parameters made (None: the config section's default);
+        ``place_layers`` builds a scanned parameter from its layers as they are read (default: a host buffer
+        filled layer by layer, then handed to ``place``)."""
         cfg, vocab_size = self.config(hf_config)
         if scan_layers is not None:
             cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
@@ -306,22 +311,25 @@ class LlamaShapedHF:
         groups: dict[tuple[Any, ...], list[HFTensor]] = {}
         for t in table:
             groups.setdefault(t.param_path(scanned), []).append(t)
+        def read(t: HFTensor, shape: tuple[int, ...]) -> np.ndarray:
+            value = state_dict[t.name]
+            if tuple(value.shape) != t.hf_shape(shape):
+                raise DataError(f"{_source(state_dict, t.name)}: tensor '{t.name}' has shape {tuple(value.shape)}, "
+                                f"the config implies {t.hf_shape(shape)} ({what})")
+            return t.to_ours(np.asarray(value), shape).astype(dtype, copy=False)
+
         for path, tensors in groups.items():
             full = tuple(_get(pure, path).shape)
-            stacked_layers = scanned and tensors[0].layer() is not None
-            shape = full[1:] if stacked_layers else full
-            buffer = np.empty(full, dtype) if stacked_layers else None
-            for t in tensors:
-                value = state_dict[t.name]
-                if tuple(value.shape) != t.hf_shape(shape):
-                    raise DataError(f"{_source(state_dict, t.name)}: tensor '{t.name}' has shape {tuple(value.shape)}, "
-                                    f"the config implies {t.hf_shape(shape)} ({what})")
-                value = t.to_ours(np.asarray(value), shape).astype(dtype, copy=False)
-                if buffer is None:
-                    buffer = value
-                else:
-                    buffer[t.layer()] = value
-                del value
+            if not (scanned and tensors[0].layer() is not None):
+                _set(pure, path, read(tensors[0], full) if place is None else place(path, read(tensors[0], full)))
+                continue
+            layers = ((t.layer(), read(t, full[1:])) for t in tensors)  # one tensor in memory at a time
+            if place_layers is not None:
+                _set(pure, path, place_layers(path, full, dtype, layers))
+                continue
+            buffer = np.empty(full, dtype)
+            for layer, value in layers:
+                buffer[layer] = value
             _set(pure, path, buffer if place is None else place(path, buffer))
             del buffer
         nnx.replace_by_pure_dict(state, pure)

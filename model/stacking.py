@@ -39,15 +39,43 @@ LAYOUT_KEY = "layout"  # the checkpoint meta's entry
 def stacked(make: Callable[[nnx.Rngs], nnx.Module], n_layers: int, rngs: nnx.Rngs) -> nnx.Module:
     """``n_layers`` modules ``make(rngs)`` as one, every parameter stacked along a new axis 0 named ``layers``.
 
-    Each layer draws its parameters from its own split of the parameter stream, with the same
-    initializers (so the same distribution per layer) as an unrolled build."""
+    Layer ``i`` gets exactly the values an unrolled build (``[make(rngs) for _ in range(n_layers)]``) gives
+    its ``i``-th module: the parameter stream's draws are numbered (``fold_in(key, count)``), so layer ``i``
+    starts counting where the unrolled loop would have, and the stream ends where the loop leaves it. The
+    step-0 parameters of a run are thereby the same in either layout, and so is eval's random-init baseline.
+    ``make`` may draw from the ``params`` stream only."""
+    stream = rngs.params
+    draws = _draws_per_module(make)
+    start = stream.count[...]
 
-    @nnx.split_rngs(splits=n_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: LAYER_AXIS})
-    def build(layer_rngs: nnx.Rngs) -> nnx.Module:
+    def build(first_draw: jax.Array) -> nnx.Module:
+        layer_rngs = nnx.Rngs(params=stream.key[...])
+        layer_rngs.params.count[...] = first_draw
         return make(layer_rngs)
 
-    return build(rngs)
+    stack = build(start + draws * jnp.arange(n_layers, dtype=start.dtype))
+    stream.count[...] = start + draws * n_layers
+    return stack
+
+
+class _CountingRngs:
+    """Stands in for ``nnx.Rngs`` while a module is built for its shapes: counts the ``params`` draws."""
+
+    def __init__(self) -> None:
+        self.draws = 0
+
+    def params(self) -> jax.Array:
+        self.draws += 1
+        return jax.random.key(0)
+
+
+def _draws_per_module(make: Callable[[nnx.Rngs], nnx.Module]) -> int:
+    """How many keys ``make`` takes from the ``params`` stream (shapes only: nothing is computed)."""
+    counter = _CountingRngs()
+    with nnx.use_eager_sharding(False):
+        jax.eval_shape(lambda: nnx.state(make(counter)))  # type: ignore[arg-type]
+    return counter.draws
 
 
 def scan_layers(stack: nnx.Module, x: jax.Array, run: Callable[[nnx.Module, jax.Array], jax.Array],

@@ -237,3 +237,21 @@ def test_measured_rubles_to_target_projected_onto_each_option(tmp_path: Path) ->
     missed = demo_cfg(f"experiment.run_root={tmp_path}", "cost.target_bpb=1.5", "cost.plan_target_from=measured")
     with pytest.raises(DataError, match=r"'measured' not reached \(best 1.6\)"):
         plan(missed, None, rate=RATE)
+
+
+@pytest.mark.parametrize(("config", "accelerator", "chips", "mfu_from"), [
+    ("ru-8b-v6e-64.yaml", "tpu-v6e", 64, "anchor llama3.1-8b"),  # MaxText's published MFU of this shape on v6e
+    ("ru-70b-v5p-128.yaml", "tpu-v5p", 64, "cost.plan_mfu"),  # none published for this shape on v5p
+])
+def test_the_shipped_8b_and_70b_configs_are_priced_on_their_own_slices(config: str, accelerator: str, chips: int,
+                                                                      mfu_from: str) -> None:
+    cfg = load_config(REPO / "recipes" / "configs" / config)
+    model, tokens, rows, _ = plan(cfg, None, rate=RATE)
+    assert tokens == cfg.cost.token_budget == cfg.train.steps * cfg.train.batch_size * cfg.model.max_seq_len
+    first = rows[0]
+    assert (first["accelerator"], first["chips"], first["pricing"]) == (accelerator, chips, "on-demand")
+    assert first["mfu_source"].startswith(mfu_from) and first["remat"] == cfg.model.remat
+    assert first["hours"] == pytest.approx(tokens / (first["tokens_per_s_per_chip"] * chips) / 3600)
+    assert first["rub"] == pytest.approx(first["hours"] * chips * first["usd_per_chip_hour"] * 100.0)
+    spot = next(r for r in rows if r["pricing"] == "spot")
+    assert spot["rub"] < first["rub"] and spot["hours"] == first["hours"]

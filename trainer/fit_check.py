@@ -131,6 +131,7 @@ def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, sli
     capacity = TOPOLOGIES[slice_name].usable_hbm_gib
     report: dict[str, Any] = {"slice": slice_name, "topology": TOPOLOGIES[slice_name].name, "devices": len(devices),
                               "mesh": dict(mesh.shape), "capacity_gib": capacity, **dataclasses.asdict(setting),
+                              "scan_layers": bool(getattr(model_cfg, "scan_layers", False)),
                               "micro_batch_per_device": train_cfg.batch_size // setting.grad_accum_steps // _data_parts(mesh),
                               "loss_chunk_len": train_cfg.loss_chunk_len,
                               **setting_costs(model_cfg, train_cfg, vocab_size, seq_len, "tpu")}
@@ -162,7 +163,7 @@ def _data_parts(mesh: Any) -> int:
 
 def describe(report: dict[str, Any]) -> str:
     head = (f"{report['slice']} ({report['topology']}, {report['devices']} devices, mesh {report['mesh']}; "
-            f"remat {report['remat']}, attention {report['attention']} -> {report['attention_kernel']}, "
+            f"{'scanned' if report.get('scan_layers') else 'unrolled'} layers, remat {report['remat']}, attention {report['attention']} -> {report['attention_kernel']}, "
             f"{report['grad_accum_steps']} micro-batch(es))")
     if "needed_gib" in report:
         verdict = "fits" if report["fits"] else "DOES NOT FIT"

@@ -47,7 +47,10 @@ class ModelConfig:
     # compile time and compiler-planned memory stop growing with depth. false: a Python loop over per-layer
     # modules (checkpoints of either layout resume in the other: the restore restacks)
     scan_layers: bool = True
-    scan_unroll: int = 1  # lax.scan's unroll: layers per loop iteration (a tuning knob; 1 = fully rolled)
+    # lax.scan's unroll, layers per loop iteration (a tuning knob); 0: by platform, all layers in one iteration
+    # on a CPU (XLA:CPU fuses across layers: 1.10x the rolled scan's tokens/s at the demo shape, bench/README.md),
+    # 1 elsewhere (one layer's program, compile time flat in depth)
+    scan_unroll: int = 0
     # continued pretraining: a Hugging Face model folder (config.json, *.safetensors, tokenizer.json) the
     # first session of recipe 04 starts from (trainer/init_from.py). Its config.json gives the family and
     # shape: a shape key set here that disagrees is an error. Ignored once the run has a checkpoint.
@@ -60,7 +63,7 @@ class ModelConfig:
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
-        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len", "scan_unroll"):
+        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
         if self.n_heads % self.n_kv_heads:
@@ -82,6 +85,8 @@ class ModelConfig:
                 f"rope_high_freq_factor > rope_low_freq_factor > 0 (got {self.rope_factor}, {self.rope_original_max_len}, "
                 f"{self.rope_high_freq_factor}, {self.rope_low_freq_factor})"
             )
+        if self.scan_unroll < 0:
+            raise ConfigError(f"config key '{prefix}scan_unroll': must be >= 0 (0: by platform), got {self.scan_unroll}")
         if self.z_loss < 0:
             raise ConfigError(f"config key '{prefix}z_loss': must be >= 0, got {self.z_loss}")
 
