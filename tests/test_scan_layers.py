@@ -141,3 +141,17 @@ def test_a_run_folder_of_the_unrolled_code_resumes_and_continues_as_it_did(tmp_p
 
     model, step, _ = load_trained_model(RunFolder(run))
     assert step == 8 and isinstance(model.blocks, nnx.List) != scan_layers
+
+
+def test_a_branch_of_an_unrolled_parent_trains_scanned_from_its_restacked_checkpoint(tmp_path: Path) -> None:
+    """A decay branch (train.branch_from) whose parent is the unrolled code's run folder: the branch's first
+    session restores the parent's step 4 in the parent's layout, restacks it, and continues as the parent's
+    own continuation did (the branch keeps the parent's constant schedule)."""
+    config, made = unrolled_run_copy(tmp_path)
+    proc = run_recipe("04_pretrain.py", config, "experiment.name=branch", "train.branch_from=tiny",
+                      "train.branch_step=4", "train.steps=6")
+    assert "unrolled layers: restacked them" in proc.stderr
+    got = [r for r in log_records(tmp_path / "runs" / "branch") if r["train/step"] > 4]
+    assert [r["train/step"] for r in got] == [5, 6]
+    for g, w in zip(got, made["steps"][:2], strict=True):
+        assert g["train/loss"] == pytest.approx(w["train/loss"], rel=1e-6, abs=0)
