@@ -87,6 +87,7 @@ def test_trained_checkpoint_restored_from_orbax_matches_transformers(tmp_path: P
     from eval.hf_export import write_export
     from experiment.sections.train import TrainConfig
     from model.sharding import build_mesh
+    from model.stacking import layout_meta
     from trainer import checkpoint
     from trainer.step import build_program, global_batch
 
@@ -101,7 +102,8 @@ def test_trained_checkpoint_restored_from_orbax_matches_transformers(tmp_path: P
     for _ in range(4):
         state, _ = program.train_step(state, batch)
     manager = checkpoint.open_manager(tmp_path / "checkpoints", train_cfg)
-    meta = {"model": dataclasses.asdict(cfg), "vocab_size": VOCAB, "tokenizer_sha256": "0" * 64, "seq_len": 32}
+    meta = {"model": dataclasses.asdict(cfg), "vocab_size": VOCAB, "tokenizer_sha256": "0" * 64, "seq_len": 32,
+            "layout": layout_meta(cfg.scan_layers)}  # as the trainer records it
     checkpoint.save(manager, 4, state, {}, {}, meta, force=True)
     manager.wait_until_finished()
     manager.close()
