@@ -70,7 +70,8 @@ def test_every_shipped_config_fits_the_slices_it_names(tmp_path: Path, config: P
     assert all(r["argument_gib"] > 0 and r["recompute_factor"] >= 1.0 and r["attention_kernel"] for r in reports)
     capacity = {"v5e-16": 15.75, "v6e-8": 31.24}
     for report in reports:
-        assert report["devices"] == int(report["slice"].split("-")[1])
+        chips = int(report["slice"].split("-")[1])  # v5p-N counts TensorCores: N / 2 megacore devices
+        assert report["devices"] == (chips // 2 if report["slice"].startswith("v5p-") else chips)
         if report["slice"] in capacity:
             assert report["capacity_gib"] == pytest.approx(capacity[report["slice"]])
             assert f"fits, {report['needed_gib']:.2f} GiB of {capacity[report['slice']]:.2f} GiB per device" in proc.stderr
@@ -78,9 +79,13 @@ def test_every_shipped_config_fits_the_slices_it_names(tmp_path: Path, config: P
 
 def test_fit_search_table_on_v5e_16_and_v6e_8(tmp_path: Path) -> None:
     """One layer at 1,024 tokens and 256-512 rows per chip: XLA's attention runs out of HBM on both slices
-    and splash fits, so the search's table shows what the kernel buys and picks the cheapest fitting setting."""
+    and splash fits, so the search's table shows what the kernel buys and picks the cheapest fitting setting.
+    Unrolled (the search's mechanics, not the layout, are under test here): at one or two layers of this
+    width a scanned step with full remat needed more HBM than without (8.82 vs 8.58 GiB at one layer, 8.73 vs
+    7.58 at two, v5e-16), since the loop keeps its saved inputs besides what it recomputes; across depth
+    scanned remat pays (docs/launch.md)."""
     proc = run_fit_check(tmp_path, "train.fit_search=true", "train.fit_topologies=[v5e-16, v6e-8]",
-                         "model.d_model=256", "model.n_layers=1", "model.n_heads=8", "model.n_kv_heads=4",
+                         "model.scan_layers=false", "model.d_model=256", "model.n_layers=1", "model.n_heads=8", "model.n_kv_heads=4",
                          "model.d_ff=512", "model.max_seq_len=1024",
                          "tokenizer.vocab_size=8000", "train.batch_size=4096", "train.loss_chunk_len=256",
                          "train.fit_search_remat=[none, full]")  # two policies of four: half the compiles
