@@ -115,9 +115,8 @@ def saved_scan_layers(meta: Mapping[str, Any]) -> bool:
 def layer_ndim(path: tuple[Any, ...], leaf: Any) -> int:
     """A parameter's rank per layer: a stacked leaf (under ``blocks``, no layer index in its path) has one
     dimension more than each layer's (weight decay skips vectors by this rank, not the stacked one)."""
-    keys = [_key(k) for k in path]
-    stacked_leaf = BLOCKS in keys and not (keys.index(BLOCKS) + 1 < len(keys) and _is_layer_index(keys[keys.index(BLOCKS) + 1]))
-    return leaf.ndim - 1 if stacked_leaf else leaf.ndim
+    keys = tuple(_key(k) for k in path)
+    return leaf.ndim - 1 if BLOCKS in keys and not _has_layer_index(keys) else leaf.ndim
 
 
 def _key(entry: Any) -> Any:
@@ -126,6 +125,12 @@ def _key(entry: Any) -> Any:
         if hasattr(entry, attr):
             return getattr(entry, attr)
     return entry
+
+
+def _has_layer_index(path: tuple[Any, ...]) -> bool:
+    """Whether the key after ``blocks`` is a layer index (an unrolled leaf's path)."""
+    at = path.index(BLOCKS) + 1
+    return at < len(path) and _is_layer_index(path[at])
 
 
 def _is_layer_index(key: Any) -> bool:
@@ -147,16 +152,15 @@ def _unrolled_path(stacked_path: tuple[Any, ...], layer: int) -> tuple[Any, ...]
 
 def _canonical(path: tuple[Any, ...]) -> tuple[Any, ...]:
     """Layer indices as ints, whichever way the tree spells them (``nnx.List`` keys, Orbax's strings)."""
-    if BLOCKS in path:
+    if BLOCKS in path and _has_layer_index(path):
         at = path.index(BLOCKS) + 1
-        if at < len(path) and _is_layer_index(path[at]):
-            return (*path[:at], int(path[at]), *path[at + 1:])
+        return (*path[:at], int(path[at]), *path[at + 1:])
     return path
 
 
-def stack_tree(unrolled: Any, stacked_like: Any, stack: Callable[[list[Any]], Any] = jnp.stack) -> Any:
+def stack_tree(unrolled: Any, stacked_like: Any) -> Any:
     """``stacked_like``'s structure filled from ``unrolled``: each leaf under ``blocks`` is ``stack`` of
-    the unrolled tree's leaves ``blocks/0/...``, ``blocks/1/...`` (in layer order); every other leaf is
+    the unrolled tree's leaves ``blocks/0/...``, ``blocks/1/...`` (in layer order, ``jnp.stack``); every other leaf is
     taken as it is. Both trees are of the same kind (parameters, or a whole train state)."""
     source = {_canonical(p): leaf for p, leaf in zip(*_paths(unrolled)[:2], strict=True)}
     paths, _, treedef = _paths(stacked_like)
@@ -170,21 +174,21 @@ def stack_tree(unrolled: Any, stacked_like: Any, stack: Callable[[list[Any]], An
             layers.append(source[twin])
         if not layers:
             raise KeyError(f"no unrolled layers for stacked leaf {'/'.join(map(str, path))}")
-        leaves.append(stack(layers))
+        leaves.append(jnp.stack(layers))
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def unstack_tree(stacked_tree: Any, unrolled_like: Any, index: Callable[[Any, int], Any] = lambda a, i: a[i]) -> Any:
+def unstack_tree(stacked_tree: Any, unrolled_like: Any) -> Any:
     """The inverse of ``stack_tree``: ``unrolled_like``'s structure, each ``blocks/<i>/...`` leaf being
-    ``index(stacked leaf, i)``."""
+    ``stacked leaf[i]``."""
     source = dict(zip(*_paths(stacked_tree)[:2], strict=True))
     paths, _, treedef = _paths(unrolled_like)
     leaves = []
     for path in paths:
         path = _canonical(path)
-        if BLOCKS in path and _is_layer_index(path[path.index(BLOCKS) + 1]):
+        if BLOCKS in path and _has_layer_index(path):
             at = path.index(BLOCKS) + 1
-            leaves.append(index(source[(*path[:at], *path[at + 1:])], int(path[at])))
+            leaves.append(source[(*path[:at], *path[at + 1:])][int(path[at])])
         else:
             leaves.append(source[path])
     return jax.tree_util.tree_unflatten(treedef, leaves)
