@@ -137,11 +137,11 @@ def test_eval_reads_the_adopted_tokenizer(adopted_run: tuple[Path, Path]) -> Non
 
 def test_hf_export_ships_the_adopted_tokenizer_as_it_is(adopted_run: tuple[Path, Path], tmp_path: Path) -> None:
     from eval.hf_export import write_export
-    from experiment.sections.model import ModelConfig
+    from model.llama.config import LlamaConfig
     from model.registry import get_family
 
     run, base = adopted_run
-    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=32)
+    cfg = LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=32)
     model = get_family("llama").init(cfg, MODEL_VOCAB, seed=0)
     out = write_export(model, cfg, MODEL_VOCAB, tmp_path / "hf", tokenizer_files=run / "tokenizer" / "hf",
                        special_ids={"eos": 3})
