@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +25,7 @@ from model.family import FamilyModel
 from model.gemma3 import flops
 from model.gemma3.config import Gemma3Config
 from model.registry import family_of, get_family
-from model.stacking import unrolled_pure
+from model.stacking import stack_tree, unrolled_pure
 from tests.recipe_runner import REPO
 
 VOCAB, SEQ = 61, 16
@@ -75,7 +78,8 @@ def test_bad_config_is_one_line_naming_the_key(fields: dict, message: str) -> No
 @pytest.fixture(scope="module")
 def layouts() -> tuple[nnx.Module, nnx.Module]:
     """The same config scanned (with remat: its checkpointed group scan) and unrolled, from one seed."""
-    scanned = GEMMA3.init(dataclasses.replace(CFG, remat="full"), VOCAB, seed=3)
+    # one group per scan iteration: a real loop (on a CPU the default unrolls every group)
+    scanned = GEMMA3.init(dataclasses.replace(CFG, remat="full", scan_unroll=1), VOCAB, seed=3)
     unrolled = GEMMA3.init(dataclasses.replace(CFG, scan_layers=False), VOCAB, seed=3)
     return scanned, unrolled
 
@@ -86,20 +90,25 @@ def test_scanned_and_unrolled_layouts_agree(layouts: tuple[nnx.Module, nnx.Modul
     assert a.keys() == b.keys() and len(a) == 2 + 8 * 13
     for name in a:  # model.stacking.stacked: bit-identical initialisation in either layout
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    # the generic [L, ...] layout: checkpoints restack between the layouts (trainer.checkpoint.restore_any_layout)
+    restacked = stack_tree(nnx.state(unrolled, nnx.Param), nnx.state(scanned, nnx.Param))
+    for x, y in zip(jax.tree.leaves(restacked), jax.tree.leaves(nnx.state(scanned, nnx.Param)), strict=True):
+        np.testing.assert_array_equal(x, y)
     assert isinstance(scanned, FamilyModel)
+    hash(nnx.graphdef(scanned)), hash(nnx.graphdef(unrolled))  # eval jits with the graphdef as a static argument
     assert sum(x.size for x in jax.tree.leaves(nnx.state(scanned, nnx.Param))) == GEMMA3.param_count(CFG, VOCAB)
 
     batch = tokens()
     targets = jnp.roll(batch, -1, axis=1)
 
-    def loss(model: nnx.Module) -> jax.Array:
+    def loss(model: nnx.Module) -> tuple[jax.Array, jax.Array]:
         logits = model(batch)
-        return -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1).mean()
+        return -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1).mean(), logits
 
     grads, logits = {}, {}
-    for name, model in (("scanned", scanned), ("unrolled", unrolled)):
-        logits[name] = np.asarray(nnx.jit(lambda m: m(batch))(model))
-        grads[name] = flat_params(nnx.merge(nnx.graphdef(model), nnx.jit(nnx.grad(loss))(model)))
+    for name, model in (("scanned", scanned), ("unrolled", unrolled)):  # one compile each: logits and gradients
+        (_, out), grad = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
+        logits[name], grads[name] = np.asarray(out), flat_params(nnx.merge(nnx.graphdef(model), grad))
     assert np.abs(logits["scanned"]).max() > 1  # not a near-zero output that would hide differences
     np.testing.assert_allclose(logits["scanned"], logits["unrolled"], atol=2e-5, rtol=1e-5)
     for name in grads["scanned"]:
@@ -113,8 +122,8 @@ def test_sliding_window_limits_what_local_layers_see() -> None:
     base = tokens(1, batch=1)
     changed = base.at[0, 0].set((base[0, 0] + 1) % VOCAB)
     for cfg, unaffected_from in ((local, 7), (dataclasses.replace(local, layer_pattern="LG"), SEQ)):
-        model = GEMMA3.init(cfg, VOCAB, seed=0)
-        diff = np.abs(np.asarray(model(base)) - np.asarray(model(changed))).max(axis=-1)[0]
+        logits = np.asarray(nnx.jit(lambda m: m(jnp.concatenate([base, changed])))(GEMMA3.init(cfg, VOCAB, seed=0)))
+        diff = np.abs(logits[0] - logits[1]).max(axis=-1)
         assert (diff[:unaffected_from] > 1e-6).all(), diff
         assert (diff[unaffected_from:] == 0).all(), diff
 
@@ -156,3 +165,55 @@ def test_train_step_lowers_the_loss() -> None:
         losses.append(float(metrics["loss"]))
     assert losses[0] == pytest.approx(np.log(VOCAB), rel=0.1)
     assert losses[-1] < losses[0] - 0.3, losses
+
+
+def test_quantized_training_quantizes_the_projections_of_every_layer() -> None:
+    """int8 (trainer/quantization.py, Qwix): forward, input- and weight-gradient dot of the 7 projections of
+    each layer in the lowered step: the scan body's 3 layers (one group per iteration) and the 2 tail layers."""
+    from experiment.sections.train import TrainConfig
+    from model.sharding import build_mesh
+    from trainer.step import build_program
+
+    train_cfg = TrainConfig(steps=10, batch_size=2, warmup_steps=1, checkpoint_every=10, quantization="int8")
+    program = build_program(dataclasses.replace(CFG, scan_unroll=1), train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
+    text = program.lower_step(program.abstract_batch(2, SEQ)).as_text()
+    dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+    assert len([line for line in dots if re.search(r"tensor<[0-9x]*xi8>", line)]) == 3 * 7 * (3 + 2)
+
+
+@pytest.mark.integration
+def test_recipes_train_evaluate_and_export_gemma3(fixture_stages: Path, tmp_path: Path) -> None:
+    """Recipe 04 trains the family for 2 steps on the fixture stages; recipe 05 scores it and exports it as
+    a Gemma3ForCausalLM folder that imports back to the trained parameters."""
+    import yaml
+
+    from model.hf_checkpoint import load_hf_checkpoint
+    from tests.fixture_run import checkpoint_contents, run_copy
+    from tests.recipe_runner import run_recipe
+    from trainer.checkpoint import load_trained_model
+
+    heldout = REPO / "tests" / "fixtures" / "corpus" / "ru_news.txt"
+    config = run_copy(fixture_stages, tmp_path, train={"steps": 2, "checkpoint_every": 2, "warmup_steps": 1, "log_every": 1},
+                      eval={"tasks": [], "export_hf": True, "heldout_text_files": [str(heldout)]})
+    tree = yaml.safe_load(config.read_text(encoding="utf-8"))
+    tree["model"] = {"family": "gemma3", "d_model": 32, "n_layers": 4, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16,
+                     "d_ff": 64, "sliding_window": 8, "global_every": 3, "max_seq_len": 64}
+    config.write_text(yaml.safe_dump(tree, allow_unicode=True), encoding="utf-8")
+    run_dir = tmp_path / "runs" / "tiny"
+    run_recipe("04_pretrain.py", config)
+    _, items = checkpoint_contents(run_dir, 2)
+    meta = items["meta"]
+    assert meta["family"] == "gemma3" and meta["layout"]["scan_layers"] is True
+    assert meta["n_params"] == GEMMA3.param_count(Gemma3Config(**meta["model"]), meta["vocab_size"])
+
+    run_recipe("05_evaluate.py", config)
+    results = json.loads((run_dir / "eval" / "step_0000002.json").read_text(encoding="utf-8"))
+    assert 0 < results["heldout"][str(heldout)]["bits_per_byte"] < 20
+    folder = Path(results["hf_export"])
+    exported = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    assert exported["architectures"] == ["Gemma3ForCausalLM"] and exported["model_type"] == "gemma3_text"
+    trained, _, _ = load_trained_model(SimpleNamespace(checkpoints=run_dir / "checkpoints"))
+    imported = load_hf_checkpoint(folder).model()
+    for a, b in zip(jax.tree.leaves(nnx.state(imported, nnx.Param)), jax.tree.leaves(nnx.state(trained, nnx.Param)),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

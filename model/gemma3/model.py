@@ -144,7 +144,8 @@ class Decoder(nnx.Module):
     def __init__(self, cfg: Gemma3Config, vocab_size: int, rngs: nnx.Rngs):
         self.vocab_size, self.remat, self.d_model = vocab_size, cfg.remat, cfg.d_model
         self.scanned, self.scan_unroll, self.n_layers = cfg.scan_layers, cfg.scan_unroll, cfg.n_layers
-        self.head_dim, self.ropes = cfg.resolved_head_dim, ropes_of(cfg)
+        # a tuple, not a dict: static attributes are part of the graphdef, which jit hashes
+        self.head_dim, self.ropes = cfg.resolved_head_dim, tuple(sorted(ropes_of(cfg).items()))
         self.pattern, self.sliding_window = cfg.pattern, cfg.sliding_window
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         # scanned (model/stacking.py): one Block whose parameters carry a leading layer axis; else a list.
@@ -164,7 +165,7 @@ class Decoder(nnx.Module):
         b, t = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        ropes = {kind: rope_angles(positions, self.head_dim, rope) for kind, rope in self.ropes.items()}
+        ropes = {kind: rope_angles(positions, self.head_dim, rope) for kind, rope in self.ropes}
         table = self.embed[...]
         # Transformers multiplies by sqrt(d_model) made a float32 tensor and then cast to the weights' dtype
         # (Gemma3TextScaledWordEmbedding): in bf16 that is bf16(sqrt(d)), e.g. 55.5 for sqrt(3072) = 55.43
