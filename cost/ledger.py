@@ -52,6 +52,7 @@ from cost.report import SIG, Column, to_csv, to_markdown
 from cost.summary import LOST, PHASE_COLUMNS, CostSummary, price_dict
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
+from experiment.jsonl import read_jsonl
 from experiment.stages import PRETRAIN
 
 log = logging.getLogger("cost.ledger")
@@ -276,24 +277,28 @@ def _device_description() -> str | None:
         return None
 
 
-def _read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """All complete records and the byte length they span (a torn last line after a crash is dropped)."""
-    data = path.read_bytes()
-    good_end = data.rfind(b"\n") + 1
-    if good_end < len(data):
-        log.warning("%s: dropping a half-written last line left by a crash (%d bytes)", path, len(data) - good_end)
-    records = []
-    for number, line in enumerate(data[:good_end].splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path} line {number}: not a JSON ledger record ({exc.msg})") from exc
-        if not isinstance(record, dict) or "e" not in record:
-            raise DataError(f"{path} line {number}: not a ledger record (no 'e' field)")
-        records.append(record)
-    return records, good_end
+def _read_records(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """All complete records, and whether the file ends with a torn line (a crash mid-write; dropped
+    with a warning, and cut off the file by the next session)."""
+    contents = read_jsonl(path, torn_tail="warn")
+    for line in contents.records:
+        if not isinstance(line.value, dict) or "e" not in line.value:
+            raise DataError(f"{path} line {line.line}: not a ledger record (no 'e' field)")
+    return contents.values, contents.torn_tail is not None
+
+
+def _end_on_a_newline(path: Path, torn: bool) -> None:
+    """Make the next record start on a fresh line: cut a torn last line off, or end a complete last
+    record that a kill left without its newline."""
+    with path.open("r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if torn:
+            handle.seek(0)
+            handle.truncate(handle.read().rfind(b"\n") + 1)
+        elif size:
+            handle.seek(size - 1)
+            if handle.read(1) != b"\n":
+                handle.write(b"\n")
 
 
 def _sessions(records: list[dict[str, Any]], path: Path) -> list[_Session]:
@@ -532,10 +537,8 @@ class Ledger:
         rate = rate or resolve_usd_rub(cost_cfg)
         past: list[_Session] = []
         if path.is_file():
-            records, good_end = _read_records(path)
-            if good_end < path.stat().st_size:
-                with path.open("r+b") as handle:  # cut the torn line so new records start on a fresh line
-                    handle.truncate(good_end)
+            records, torn = _read_records(path)
+            _end_on_a_newline(path, torn)
             past = _sessions(records, path)
         now = clock()
         started = _process_start_time() if started_at is None else started_at

@@ -18,6 +18,7 @@ from typing import Any
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_text
+from experiment.jsonl import read_jsonl
 from experiment.runfolder import RunFolder
 from experiment.sections.model import model_section_class
 from trainer import checkpoint
@@ -109,21 +110,23 @@ def trim_train_log(path: Path, step: int) -> float:
     """Keep the lines of ``train_log.jsonl`` up to the restored step; the resumed run retraces the rest.
 
     A killed session may have logged steps after its last checkpoint (and a half-written last
-    line): without this the retraced steps would get a second line. Returns the last loss kept.
+    line, dropped here): without this the retraced steps would get a second line. A damaged line
+    before the end is a DataError naming the file and line. Returns the last loss kept.
     """
     if not path.is_file():
         return math.nan
+    contents = read_jsonl(path, torn_tail="ignore")  # the torn tail is counted among the dropped lines
     kept: list[str] = []
-    dropped = 0
+    dropped = int(contents.torn_tail is not None)
     last_loss = math.nan
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in contents.records:
+        record = line.value
         try:
-            record = json.loads(line)
             keep = int(record["train/step"]) <= step
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            keep = False
+        except (KeyError, TypeError, ValueError):
+            keep = False  # not a metrics line of a step
         if keep:
-            kept.append(line)
+            kept.append(line.text)
             last_loss = float(record.get("train/loss", last_loss))
         else:
             dropped += 1
