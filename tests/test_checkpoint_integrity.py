@@ -24,6 +24,7 @@ from experiment.errors import WriteError
 from experiment.sections.train import TrainConfig
 from tests.recipe_runner import error_line, run_recipe, run_recipe_on_full_disk, tiny_config
 from tests.test_train_resume import STEPS, TRAIN, experiment_copy
+from tracking import process_hooks
 from trainer import checkpoint
 
 
@@ -337,11 +338,25 @@ def test_tensorstore_write_error_is_one_line(tmp_path: Path) -> None:
 
 
 def test_orbax_thread_logs_of_a_reported_write_error_are_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    """Once the harness installed the process hooks; before that (importing alone) nothing is dropped."""
     disk_full = ValueError("Failed writing: No space left on device [os_error_code='28']")
-    with caplog.at_level(logging.WARNING):
-        logging.getLogger("absl").error("Save Finalize thread failed.", exc_info=disk_full)
-        logging.getLogger("absl").error("another failure", exc_info=ValueError("bad shape"))
-    assert [r.getMessage() for r in caplog.records] == ["another failure"]
+
+    def logged() -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            logging.getLogger("absl").error("Save Finalize thread failed.", exc_info=disk_full)
+            logging.getLogger("absl").error("another failure", exc_info=ValueError("bad shape"))
+        return [r.getMessage() for r in caplog.records]
+
+    assert logged() == ["Save Finalize thread failed.", "another failure"]
+    process_hooks.install_process_hooks()
+    try:
+        process_hooks.install_process_hooks()  # once: a second call adds no second filter
+        assert sum(isinstance(f, process_hooks.ReportedWriteErrors) for f in logging.getLogger("absl").filters) == 1
+        assert logged() == ["another failure"]
+    finally:
+        process_hooks.uninstall_process_hooks()
+    assert logged() == ["Save Finalize thread failed.", "another failure"]
 
 
 def test_closed_event_loop_callbacks_are_not_printed() -> None:
@@ -356,7 +371,7 @@ def test_closed_event_loop_callbacks_are_not_printed() -> None:
         closed = exc
     other = RuntimeError("something else")
     shown: list[BaseException] = []
-    hook = checkpoint.quiet_closed_loop_callbacks(lambda unraisable: shown.append(unraisable.exc_value))
+    hook = process_hooks.quiet_closed_loop_callbacks(lambda unraisable: shown.append(unraisable.exc_value))
     for exc in (closed, other):
         hook(SimpleNamespace(exc_type=RuntimeError, exc_value=exc, exc_traceback=exc.__traceback__, err_msg=None,
                              object=None))

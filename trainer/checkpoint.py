@@ -27,11 +27,8 @@ import datetime as dt
 import json
 import logging
 import os
-import re
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -45,7 +42,7 @@ from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from experiment.errors import DataError, WriteError
-from experiment.files import WRITE_ERRNOS, atomic_write_json, atomic_write_text, format_bytes, free_bytes, free_space
+from experiment.files import atomic_write_json, atomic_write_text, format_bytes, free_bytes, free_space, write_errno
 from experiment.sections.train import TrainConfig
 from experiment.stages import PRETRAIN
 from model.family import FamilyModel
@@ -174,58 +171,7 @@ class _ChecksumWriter:
 
 # ---------------------------------------------------------------------------------------------
 # A full disk (or another write error) during a save: one line, not Orbax's threads' tracebacks
-
-_ERRNO_IN_TEXT = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
-
-
-def write_errno(exc: BaseException | str) -> int | None:
-    """The errno of a write error, also when tensorstore reports it inside a ValueError's text."""
-    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
-        return exc.errno
-    match = _ERRNO_IN_TEXT.search(str(exc))
-    code = int(match.group(1) or match.group(2)) if match else None
-    return code if code in WRITE_ERRNOS else None
-
-
-class _ReportedWriteErrors(logging.Filter):
-    """Orbax's save threads log a failed write with a traceback each; the trainer reports it in one line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
-            return True
-        text = record.getMessage()
-        if record.exc_info and record.exc_info[1] is not None:
-            text += "".join(traceback.format_exception(record.exc_info[1]))
-        return write_errno(text) is None
-
-
-logging.getLogger("absl").addFilter(_ReportedWriteErrors())
-
-
-def _is_closed_loop_callback(unraisable: Any) -> bool:
-    """Tensorstore completing a read or write after Orbax's event loop has ended.
-
-    Orbax runs each save and restore in its own asyncio loop; when one tensorstore operation fails
-    (a full disk, a damaged file) the loop ends with that error while the other operations are in
-    flight, and each of them later calls ``call_soon_threadsafe`` on the closed loop: ~100 lines of
-    ``RuntimeError: Event loop is closed`` for an error that is reported once already.
-    """
-    tb = unraisable.exc_traceback
-    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_name != "call_soon_threadsafe":
-        tb = tb.tb_next
-    return (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
-            and tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe")
-
-
-def quiet_closed_loop_callbacks(previous: Callable[[Any], None]) -> Callable[[Any], None]:
-    def hook(unraisable: Any) -> None:
-        if not _is_closed_loop_callback(unraisable):
-            previous(unraisable)
-
-    return hook
-
-
-sys.unraisablehook = quiet_closed_loop_callbacks(sys.unraisablehook)
+# (those are quieted by tracking.process_hooks, which the recipe harness installs)
 
 
 @contextmanager
