@@ -187,7 +187,7 @@ def test_decoder_hidden_and_output_weight_give_the_logits() -> None:
 
 
 def test_a_checkpoint_trained_with_a_platform_kernel_loads_on_this_cpu() -> None:
-    from trainer.checkpoint import model_config_from_meta
+    from trainer.trained_model import model_config_from_meta
 
     for kernel, loaded in (("cudnn", "auto"), ("splash", "auto"), ("einsum", "einsum")):
         meta = {"model": {**dataclasses.asdict(ModelConfig()), "attention": kernel}}

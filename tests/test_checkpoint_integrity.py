@@ -25,7 +25,7 @@ from experiment.sections.train import TrainConfig
 from tests.recipe_runner import error_line, run_recipe, run_recipe_on_full_disk, tiny_config
 from tests.test_train_resume import STEPS, TRAIN, experiment_copy
 from tracking import process_hooks
-from trainer import checkpoint
+from trainer import checkpoint, checkpoint_integrity, trained_model
 
 
 def tiny_state(step: int) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def restore_latest(directory: Path) -> tuple[int, dict[str, Any], list[int]]:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, tiny_state(0))
     manager = checkpoint.open_manager(directory)
     try:
-        return checkpoint.restore_verified(manager, lambda step: checkpoint.restore(manager, step, abstract))
+        return checkpoint_integrity.restore_verified(manager, lambda step: checkpoint.restore(manager, step, abstract))
     finally:
         manager.close()
 
@@ -85,16 +85,16 @@ DAMAGE: dict[str, Callable[[Path], Path]] = {
     "garbage meta metadata": lambda step: replace_json(step / "meta" / "metadata", "{garbage"),
     "other loader state": lambda step: replace_json(step / "loader" / "metadata", '{"position": 999}'),
     "other ledger summary": lambda step: replace_json(step / "ledger" / "metadata", '{"tokens": 1}'),
-    "no checksums file": lambda step: delete(step / checkpoint.CHECKSUMS),
+    "no checksums file": lambda step: delete(step / checkpoint_integrity.CHECKSUMS),
 }
 
 
 def test_every_committed_step_has_checksums_that_verify(tmp_path: Path) -> None:
     save_steps(tmp_path / "ckpt", [1, 2])
     for step in (1, 2):
-        recorded = json.loads((tmp_path / "ckpt" / str(step) / checkpoint.CHECKSUMS).read_text(encoding="utf-8"))
+        recorded = json.loads((tmp_path / "ckpt" / str(step) / checkpoint_integrity.CHECKSUMS).read_text(encoding="utf-8"))
         assert {"params/manifest.ocdbt", "meta/metadata", "loader/metadata", "ledger/metadata"} <= set(recorded["files"])
-        checkpoint.verify_checksums(tmp_path / "ckpt" / str(step))
+        checkpoint_integrity.verify_checksums(tmp_path / "ckpt" / str(step))
     step, (state, items), damaged = restore_latest(tmp_path / "ckpt")
     assert (step, damaged, items["loader"]) == (2, [], {"position": 2})
     np.testing.assert_array_equal(state["params"]["w"], tiny_state(2)["params"]["w"])
@@ -107,9 +107,9 @@ def test_meta_alone_is_verified_without_hashing_the_parameters(tmp_path: Path) -
 
     save_steps(tmp_path / "ckpt", [1, 2])
     DAMAGE["bit flip in a params data file"](tmp_path / "ckpt" / "2")
-    checkpoint.verify_checksums(tmp_path / "ckpt" / "2", "meta")
-    with pytest.raises(checkpoint.CheckpointDamaged):
-        checkpoint.verify_checksums(tmp_path / "ckpt" / "2")
+    checkpoint_integrity.verify_checksums(tmp_path / "ckpt" / "2", "meta")
+    with pytest.raises(checkpoint_integrity.CheckpointDamaged):
+        checkpoint_integrity.verify_checksums(tmp_path / "ckpt" / "2")
     assert latest_meta(tmp_path / "ckpt", [1, 2]) == {"model": {}, "step": 2}
     flip_bit(tmp_path / "ckpt" / "2" / "meta" / "metadata")
     assert latest_meta(tmp_path / "ckpt", [1, 2]) == {"model": {}, "step": 1}
@@ -136,8 +136,8 @@ def test_checkpoints_of_an_older_version_without_any_checksums_restore_with_a_wa
     its latest readable step; a folder of this version whose steps all lost their checksums is not."""
     save_steps(tmp_path / "ckpt", [1, 2])
     for step in (1, 2):
-        delete(tmp_path / "ckpt" / str(step) / checkpoint.CHECKSUMS)
-    delete(tmp_path / "ckpt" / checkpoint.CHECKSUMMED)  # as an older version left it
+        delete(tmp_path / "ckpt" / str(step) / checkpoint_integrity.CHECKSUMS)
+    delete(tmp_path / "ckpt" / checkpoint_integrity.CHECKSUMMED)  # as an older version left it
     with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
         step, (_, items), damaged = restore_latest(tmp_path / "ckpt")
     assert (step, damaged, items["loader"]) == (2, [], {"position": 2})
@@ -145,8 +145,8 @@ def test_checkpoints_of_an_older_version_without_any_checksums_restore_with_a_wa
     DAMAGE["deleted params manifest.ocdbt"](tmp_path / "ckpt" / "2")  # unreadable: still falls back
     assert restore_latest(tmp_path / "ckpt")[0] == 1
     save_steps(tmp_path / "fresh", [1])
-    delete(tmp_path / "fresh" / "1" / checkpoint.CHECKSUMS)  # killed between Orbax's commit and the checksums
-    with pytest.raises(checkpoint.CheckpointDamaged, match="checksums.json is missing"):
+    delete(tmp_path / "fresh" / "1" / checkpoint_integrity.CHECKSUMS)  # killed between Orbax's commit and the checksums
+    with pytest.raises(checkpoint_integrity.CheckpointDamaged, match="checksums.json is missing"):
         restore_latest(tmp_path / "fresh")
 
 
@@ -154,7 +154,7 @@ def test_no_step_left_is_one_error_naming_the_folder(tmp_path: Path) -> None:
     save_steps(tmp_path / "ckpt", [1, 2])
     DAMAGE["truncated params data file"](tmp_path / "ckpt" / "2")
     DAMAGE["garbage meta metadata"](tmp_path / "ckpt" / "1")
-    with pytest.raises(checkpoint.CheckpointDamaged, match=r"no restorable checkpoint in .*ckpt \(step 2: .*step 1: "):
+    with pytest.raises(checkpoint_integrity.CheckpointDamaged, match=r"no restorable checkpoint in .*ckpt \(step 2: .*step 1: "):
         restore_latest(tmp_path / "ckpt")
 
 
@@ -177,10 +177,10 @@ def test_eval_loading_falls_back_past_a_damaged_step(tmp_path: Path) -> None:
     manager.close()
     flip_bit(largest_file(tmp_path / "checkpoints" / "4" / "params"))
     run_folder = SimpleNamespace(checkpoints=tmp_path / "checkpoints")
-    _, step, _ = checkpoint.load_trained_model(run_folder)
+    _, step, _ = trained_model.load_trained_model(run_folder)
     assert step == 3
-    with pytest.raises(checkpoint.CheckpointDamaged, match=r"CRC32C"):
-        checkpoint.load_trained_model(run_folder, step=4)
+    with pytest.raises(checkpoint_integrity.CheckpointDamaged, match=r"CRC32C"):
+        trained_model.load_trained_model(run_folder, step=4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ def log_records(run_dir: Path) -> list[dict[str, Any]]:
 def trained_params(run_dir: Path, step: int) -> list[np.ndarray]:
     from flax import nnx
 
-    model, _, _ = checkpoint.load_trained_model(SimpleNamespace(checkpoints=run_dir / "checkpoints"), step=step)
+    model, _, _ = trained_model.load_trained_model(SimpleNamespace(checkpoints=run_dir / "checkpoints"), step=step)
     return [np.asarray(leaf) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
@@ -253,12 +253,12 @@ def test_a_save_killed_before_its_checksums_is_trained_again_not_called_damaged(
     """SIGKILL between Orbax finishing step 24 and its checksums.json: the step is an interrupted save,
     set aside, and the run resumes from step 16 and ends as the uninterrupted run did."""
     config, run_dir = copy_of(straight_run, tmp_path)
-    (run_dir / "checkpoints" / str(STEPS) / checkpoint.CHECKSUMS).unlink()
+    (run_dir / "checkpoints" / str(STEPS) / checkpoint_integrity.CHECKSUMS).unlink()
     proc = run_recipe("04_pretrain.py", config)
     assert f"checkpoint step(s) {STEPS} have no checksums: their save was interrupted" in proc.stderr
     assert f"resumed from the checkpoint of step {STEPS - 8} in" in proc.stderr
     assert_same_training(run_dir, straight_run.parent / "runs" / "tiny")
-    assert any(p.name.startswith(f"{STEPS}-") for p in (run_dir / "checkpoints" / checkpoint.DAMAGED_DIR).iterdir())
+    assert any(p.name.startswith(f"{STEPS}-") for p in (run_dir / "checkpoints" / checkpoint_integrity.DAMAGED_DIR).iterdir())
 
 
 def damage_every_step(run_dir: Path) -> None:

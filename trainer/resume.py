@@ -21,7 +21,7 @@ from experiment.files import atomic_write_text
 from experiment.jsonl import read_jsonl
 from experiment.runfolder import RunFolder
 from experiment.sections.model import model_section_class
-from trainer import checkpoint
+from trainer import checkpoint, checkpoint_integrity
 from trainer.step import TrainProgram
 
 log = logging.getLogger("trainer")
@@ -53,9 +53,9 @@ def finished_steps(checkpoint_dir: Path) -> list[int]:
     finished step of a folder an older version wrote (``checkpoint.uses_checksums``)."""
     if not checkpoint_dir.is_dir():
         return []
-    verified = checkpoint.uses_checksums(checkpoint_dir)
+    verified = checkpoint_integrity.uses_checksums(checkpoint_dir)
     return sorted(int(p.name) for p in checkpoint_dir.iterdir()
-                  if p.name.isdigit() and (not verified or (p / checkpoint.CHECKSUMS).is_file()))
+                  if p.name.isdigit() and (not verified or (p / checkpoint_integrity.CHECKSUMS).is_file()))
 
 
 def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any],
@@ -73,7 +73,7 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
     if interrupted:
         log.warning("checkpoint step(s) %s have no checksums: their save was interrupted; training them again",
                     ", ".join(map(str, sorted(interrupted))))
-        checkpoint.set_aside(manager, interrupted)
+        checkpoint_integrity.set_aside(manager, interrupted)
     if not complete:
         log.info("no checkpoint: starting from step 0")
         # earlier sessions killed before their first checkpoint trained steps this one trains again:
@@ -88,8 +88,8 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
         loader.set_state(items["loader"])
         return state, items
 
-    latest, (state, items), damaged = checkpoint.restore_verified(manager, read, complete)
-    checkpoint.set_aside(manager, damaged)
+    latest, (state, items), damaged = checkpoint_integrity.restore_verified(manager, read, complete)
+    checkpoint_integrity.set_aside(manager, damaged)
     ledger.mark_resume(latest, items["ledger"])
     log.info("resumed from the checkpoint of step %d in %s", latest, manager.directory)
     return state, latest
