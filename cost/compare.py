@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cost.ledger import LEDGER_FILE, summarize_ledger
+from cost.ledger_format import LEDGER_FILE
+from cost.ledger_pricing import summarize_ledger
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from cost.summary import COMPARE_COLUMNS, CostSummary
 from cost.target import (

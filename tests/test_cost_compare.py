@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from cost.compare import rub_per_eval_point
-from cost.ledger import Ledger, summarize_ledger
+from cost.ledger import Ledger
+from cost.ledger_pricing import summarize_ledger
 from cost.rates import UsdRubRate
 from cost.summary import CostSummary
 from experiment.config import build_dataclass

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from cost.ledger import LEDGER_FILE, Ledger, summarize_ledger, summarize_ledger_at, summarize_sessions
+from cost.ledger import Ledger
+from cost.ledger_format import LEDGER_FILE
+from cost.ledger_pricing import summarize_ledger, summarize_ledger_at
+from cost.ledger_report import summarize_sessions
 from cost.rates import UsdRubRate
 from experiment.errors import DataError
 from experiment.sections.cost import CostConfig, InfraItem
@@ -96,7 +99,7 @@ def crashed_session(tmp_path: Path, clock: FakeClock) -> None:
     with ledger.phase("train"):
         clock.advance(1.0)
         ledger.add_tokens(150, 500_000_000)  # more than flush_seconds since the last sync: written and fsynced
-    ledger._handle.close()  # the process dies here: no close record  # noqa: SLF001
+    ledger._file.close()  # the process dies here: no close record  # noqa: SLF001
 
 
 @pytest.mark.parametrize("say_resume", [True, False])
@@ -375,7 +378,7 @@ def train_steps(ledger: Ledger, clock: FakeClock, first: int, last: int, checkpo
 
 
 def sigkill(ledger: Ledger) -> None:
-    ledger._handle.close()  # the process dies: what was only counted in memory is gone  # noqa: SLF001
+    ledger._file.close()  # the process dies: what was only counted in memory is gone  # noqa: SLF001
 
 
 def resumed(tmp_path: Path, clock: FakeClock, cfg: CostConfig, items: dict[int, dict], step: int, last: int,

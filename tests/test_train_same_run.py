@@ -63,7 +63,7 @@ def test_another_attention_kernel_or_remat_resumes() -> None:
 
 def test_the_ledger_records_the_chips_in_use_beside_the_priced_ones(trained: Path) -> None:
     """The trainer hands the ledger the chips that train (a CPU host counts once) for the W&B summary."""
-    from cost.ledger import summarize_ledger
+    from cost.ledger_pricing import summarize_ledger
 
     summary = summarize_ledger(trained.parent / "runs" / "tiny" / "ledger")
     assert (summary.chips, summary.chips_in_use) == (1, 1)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cost.ledger import summarize_ledger_at
+from cost.ledger_pricing import summarize_ledger_at
 from experiment.errors import ConfigError
 from experiment.runfolder import RunFolder
 from trainer import checkpoint, checkpoint_integrity
