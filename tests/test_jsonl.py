@@ -99,17 +99,33 @@ def test_malformed_lines_can_be_handed_to_the_caller() -> None:
 
 def test_every_train_log_reader_ignores_a_torn_tail_and_names_a_damaged_line(tmp_path: Path) -> None:
     from cost.target import TRAIN_LOG, read_train_log
+    from tracking.history import backfill_offline_history
     from trainer.resume import trim_train_log
+
+    class OfflineRun:  # a W&B run with no earlier local folder: every step up to the resumed one is re-logged
+        id, dir = "abc", str(tmp_path / "wandb" / "offline-run-1-abc" / "files")
+
+        def __init__(self) -> None:
+            self.logged: list[int] = []
+
+        def log(self, record: dict, step: int) -> None:
+            self.logged.append(step)
+
+    def backfilled(resumed_step: int) -> list[int]:
+        run = OfflineRun()
+        backfill_offline_history(run, tmp_path / TRAIN_LOG, resumed_step)
+        return run.logged
 
     lines = [{"train/step": step, "train/loss": 5.0 - step} for step in (1, 2, 3)]
     log = tmp_path / TRAIN_LOG
     log.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"train/step": 4, "train/lo', encoding="utf-8")
     assert read_train_log(tmp_path) == lines
+    assert backfilled(4) == [1, 2, 3]
     assert trim_train_log(log, 2) == 3.0  # step 3 and the torn tail are retraced by the resumed run
     assert log.read_text(encoding="utf-8") == "".join(json.dumps(r) + "\n" for r in lines[:2])
 
     log.write_text(json.dumps(lines[0]) + "\n{garbage\n" + json.dumps(lines[1]) + "\n", encoding="utf-8")
-    for read in (lambda: read_train_log(tmp_path), lambda: trim_train_log(log, 1)):
+    for read in (lambda: read_train_log(tmp_path), lambda: trim_train_log(log, 1), lambda: backfilled(2)):
         with pytest.raises(DataError, match=rf"^{log} line 2: not valid JSON"):
             read()
     assert read_train_log(tmp_path / "no-run") == []
