@@ -106,9 +106,9 @@ def parse_jsonl(text: str, name: str, *, torn_tail: TornTail, malformed: Malform
     """Every record of ``text`` (a whole file, or a command's output); ``torn_tail`` holds the dropped
     last line, for a caller that cuts it off the file."""
     records = list(iter_jsonl(split_lines(text), name, torn_tail=torn_tail, malformed=malformed))
-    last_line = text.rsplit("\n", 1)[-1]
-    consumed = records and records[-1].text == last_line and not text.endswith("\n")
-    torn = last_line if last_line.strip() and not consumed else None
+    last_line = text.rsplit("\n", 1)[-1]  # "" when the text ends with its newline
+    parsed_last = bool(records) and records[-1].line == text.count("\n") + 1 and records[-1].error is None
+    torn = last_line if last_line.strip() and not parsed_last else None
     return JsonlContents(name, records, torn)
 
 

@@ -89,6 +89,8 @@ def test_malformed_lines_can_be_handed_to_the_caller() -> None:
     records = list(iter_jsonl(lines, "user.jsonl", torn_tail="ignore", malformed="yield"))
     assert [(r.line, r.value, r.error is not None) for r in records] == [
         (1, {"text": "a"}, False), (2, None, True), (3, {"text": "b"}, False)]
+    same_text = parse_jsonl("not json\nnot json", "user.jsonl", torn_tail="ignore", malformed="yield")
+    assert [r.line for r in same_text.records] == [1] and same_text.torn_tail == "not json"
     with pytest.raises(ValueError, match="torn_tail must be one of"):
         list(iter_jsonl(lines, "user.jsonl", torn_tail="skip"))  # type: ignore[arg-type]
 
