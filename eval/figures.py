@@ -1,16 +1,16 @@
 """The figures README.md quotes about the demo and the demo sweep, read from their run folders.
 
-A figure typed by hand into a README drifts as soon as the code changes. Here every figure the
-README gives about ``make demo`` and ``make demo-sweep`` is read from the run folder it came from
-and written between markers in README.md, together with the figures themselves as one JSON comment
-(which run, which folder). ``tests/test_readme_figures.py`` then checks three things: that the text
+A figure typed by hand into a README drifts as soon as the code changes. Here every figure README.md
+gives about ``make demo`` and ``make demo-sweep``, and eval/README.md about the demo's scores, is read
+from the run folder it came from and written between markers, together with the figures themselves as
+one JSON comment (which run, which folder). ``tests/test_readme_figures.py`` then checks three things: that the text
 between the markers is what the JSON renders to (no hand edit), that the figures read from a run the
 suite makes have the same fields, and, where the recorded run folder is on disk, that reading it
 again gives the same figures.
 
-    python -m eval.figures                       # print both blocks from runs/demo and runs/demo-sweep
-    python -m eval.figures --write README.md     # rewrite the blocks in place
-    python -m eval.figures --check README.md     # exit 1 when a block differs from its run folder
+    python -m eval.figures                                     # print the blocks from runs/demo, runs/demo-sweep
+    python -m eval.figures --write README.md eval/README.md    # rewrite the blocks in place
+    python -m eval.figures --check README.md eval/README.md    # exit 1 when a block differs from its run folder
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import Any
 
 import yaml
 
+from eval.report import BASELINE_NAMES
 from experiment.errors import DataError
 
-DEMO, SWEEP = "demo-figures", "sweep-figures"
-COMMAND = "python -m eval.figures --write README.md"
+DEMO, SWEEP, DEMO_EVAL = "demo-figures", "sweep-figures", "demo-eval-figures"
+FILES = {DEMO: "README.md", SWEEP: "README.md", DEMO_EVAL: "eval/README.md"}  # where each block lives
+COMMAND = "python -m eval.figures --write"
 STAMP = re.compile(r"^(\d{8}T\d{6}Z)-")  # configs/<stamp>-<stage>.yaml, written when a recipe starts
-BASELINE_LABELS = {"chance": "chance", "majority": "majority", "fewer_tokens": "the sentence with fewer tokens wins",
-                   "fewer_bytes": "the sentence with fewer bytes wins", "random_init": "the step-0 weights"}
 
 
 def _json(path: Path) -> Any:
@@ -87,6 +87,36 @@ def task_figures(result: dict[str, Any]) -> dict[str, Any]:
             "strongest_baseline": strongest,
             "strongest_value": baselines[strongest]["value"] if strongest else None,
             "random_init": baselines["random_init"]["value"] if "random_init" in baselines else None}
+
+
+def _scored(entry: dict[str, Any]) -> list[float]:
+    return [entry["value"], *entry["ci95"]]
+
+
+def demo_eval_figures(folder: Path) -> dict[str, Any]:
+    """Each task of a demo run's last evaluation against its baselines, and RuBLiMP's verdicts by phenomenon."""
+    folder = Path(folder)
+    manifest = _json(folder / "eval" / "manifest.json")
+    results = _json(folder / "eval" / manifest["latest"])
+    tasks = []  # a list, in the results' order (a JSON object's keys are sorted when written)
+    for name, task in results.get("tasks", {}).items():
+        versus = task.get("vs_strongest_baseline")
+        if versus is None:
+            continue
+        baselines = task["baselines"]
+        tasks.append({"task": name, "acc": _scored(task["metrics"]["acc"]), "items": task["items"], "labels": task["labels"],
+                       "strongest": versus["baseline"], "strongest_score": _scored(baselines[versus["baseline"]]),
+                       "random_init": _scored(baselines["random_init"]) if "random_init" in baselines else None,
+                       "verdict": versus["verdict"],
+                       "one_answer": task["answers"]["top"] if task["answers"]["one_answer"] else None})
+    groups = results.get("tasks", {}).get("rublimp", {}).get("groups", {})
+    verdicts: dict[str, int] = {}
+    for group in groups.values():
+        verdict = group["vs_strongest_baseline"]["verdict"]
+        verdicts[verdict] = verdicts.get(verdict, 0) + 1
+    return {"folder": folder.name, "train_run": results.get("train_wandb_run_id"), "evaluated": manifest["created_at"],
+            "step": results["step"], "max_items_per_task": results["config"]["max_items_per_task"],
+            "tasks": tasks, "rublimp_groups": dict(sorted(verdicts.items()))}
 
 
 def demo_figures(folder: Path) -> dict[str, Any]:
@@ -195,7 +225,7 @@ def render_demo(f: dict[str, Any]) -> str:
     if task is None:
         return text + " RuBLiMP was skipped (its files were absent)."
     low, high = task["ci95"]
-    strongest = BASELINE_LABELS.get(task["strongest_baseline"], task["strongest_baseline"])
+    strongest = BASELINE_NAMES.get(task["strongest_baseline"], task["strongest_baseline"])
     text += (f" RuBLiMP {task['acc']:.3f} [{low:.3f}, {high:.3f}] on {task['items']:,} pairs, against its "
              f"strongest baseline ({strongest}: {task['strongest_value']:.3f})")
     if task["random_init"] is not None:
@@ -215,12 +245,31 @@ def render_sweep(f: dict[str, Any]) -> str:
             f"{minutes(f['wall_seconds'])} (W&B runs {runs}).")
 
 
-RENDERERS = {DEMO: render_demo, SWEEP: render_sweep}
+def render_demo_eval(f: dict[str, Any]) -> str:
+    def scored(values: list[float] | None) -> str:
+        return "not run" if values is None else f"{values[0]:.3f} [{values[1]:.3f}, {values[2]:.3f}]"
+
+    lines = [f"Run `{f['train_run']}`, checkpoint step {f['step']}, evaluated {f['evaluated'][:10]}, "
+             f"{f['max_items_per_task']} items per task and per RuBLiMP phenomenon:", "",
+             "| task | acc [95%] | strongest baseline [95%] | random init (step 0) [95%] | verdict |",
+             "|---|---|---|---|---|"]
+    for t in f["tasks"]:
+        flag = f"; '{t['one_answer']}' throughout (flagged)" if t["one_answer"] else ""
+        strongest = BASELINE_NAMES.get(t["strongest"], t["strongest"])
+        lines.append(f"| {t['task']} | {scored(t['acc'])} | {strongest} {scored(t['strongest_score'])} | "
+                     f"{scored(t['random_init'])} | {t['verdict']}{flag} |")
+    if f["rublimp_groups"]:
+        counts = ", ".join(f"{verdict} on {n}" for verdict, n in f["rublimp_groups"].items())
+        lines += ["", f"By RuBLiMP phenomenon ({sum(f['rublimp_groups'].values())}): {counts}."]
+    return "\n".join(lines)
+
+
+RENDERERS = {DEMO: render_demo, SWEEP: render_sweep, DEMO_EVAL: render_demo_eval}
 
 
 def block(name: str, figures: dict[str, Any]) -> str:
     """The marked block: the opening marker naming the command, the figures as JSON, the text."""
-    return (f"<!-- {name}: written by `{COMMAND}` from runs/{figures['folder']}; do not edit by hand -->\n"
+    return (f"<!-- {name}: written by `{COMMAND} {FILES[name]}` from runs/{figures['folder']}; do not edit by hand -->\n"
             f"<!-- {json.dumps(figures, sort_keys=True, ensure_ascii=False)} -->\n"
             f"{RENDERERS[name](figures)}\n<!-- /{name} -->")
 
@@ -249,6 +298,7 @@ def collect(demo: Path | None, sweep: Path | None) -> dict[str, dict[str, Any]]:
     found = {}
     if demo is not None:
         found[DEMO] = demo_figures(demo)
+        found[DEMO_EVAL] = demo_eval_figures(demo)
     if sweep is not None:
         found[SWEEP] = sweep_figures(sweep)
     return found
@@ -258,31 +308,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo", type=Path, default=Path("runs/demo"), help="the demo's run folder")
     parser.add_argument("--sweep", type=Path, default=Path("runs/demo-sweep"), help="the demo sweep's folder")
-    parser.add_argument("--only", choices=(DEMO, SWEEP), help="one block only")
+    parser.add_argument("--only", choices=("demo", "sweep"), help="the demo's blocks or the sweep's only")
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--write", type=Path, metavar="README", help="rewrite the blocks in this file")
-    action.add_argument("--check", type=Path, metavar="README", help="exit 1 when a block differs")
+    action.add_argument("--write", type=Path, nargs="+", metavar="FILE", help="rewrite the blocks these files hold")
+    action.add_argument("--check", type=Path, nargs="+", metavar="FILE", help="exit 1 when a block differs")
     args = parser.parse_args(argv)
     try:
-        figures = collect(None if args.only == SWEEP else args.demo, None if args.only == DEMO else args.sweep)
+        figures = collect(None if args.only == "sweep" else args.demo, None if args.only == "demo" else args.sweep)
     except (DataError, OSError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.write:
-        text = args.write.read_text(encoding="utf-8")
+    stale = []
+    for path in args.write or args.check or ():
+        text = path.read_text(encoding="utf-8")
+        held = {name: values for name, values in figures.items() if find_block(text, name) is not None}
+        if args.write:
+            for name, values in held.items():
+                text = replace_block(text, name, values)
+            path.write_text(text, encoding="utf-8")
+        stale += [f"{path}: block '{name}'" for name, values in held.items()
+                  if find_block(text, name)[1] != block(name, values)]  # type: ignore[index]
+    for where in stale:
+        print(f"{where} differs from its run folder: run `{COMMAND} README.md eval/README.md`", file=sys.stderr)
+    if not (args.write or args.check):
         for name, values in figures.items():
-            text = replace_block(text, name, values)
-        args.write.write_text(text, encoding="utf-8")
-        return 0
-    if args.check:
-        text = args.check.read_text(encoding="utf-8")
-        stale = [name for name, values in figures.items() if (find_block(text, name) or ({}, ""))[1] != block(name, values)]
-        for name in stale:
-            print(f"{args.check}: block '{name}' differs from its run folder: run `{COMMAND}`", file=sys.stderr)
-        return 1 if stale else 0
-    for name, values in figures.items():
-        print(block(name, values), end="\n\n")
-    return 0
+            print(block(name, values), end="\n\n")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

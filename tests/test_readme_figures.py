@@ -16,10 +16,23 @@ from typing import Any
 
 import pytest
 
-from eval.figures import DEMO, SWEEP, block, demo_figures, find_block, render_demo, replace_block, sweep_figures
+from eval.figures import (
+    DEMO,
+    DEMO_EVAL,
+    FILES,
+    SWEEP,
+    block,
+    demo_eval_figures,
+    demo_figures,
+    find_block,
+    render_demo,
+    replace_block,
+    sweep_figures,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+REWRITE = "python -m eval.figures --write README.md eval/README.md"
 STEPS, EVERY, KEEP = 12, 4, 2  # the tiny run: checkpoints at 4, 8 and 12, the last two kept
 
 
@@ -33,53 +46,52 @@ def keys_of(figures: Any) -> Any:
 
 
 def recorded(name: str) -> tuple[dict[str, Any], str]:
-    found = find_block(README.read_text(encoding="utf-8"), name)
-    assert found is not None, f"README.md has no <!-- {name}: ... --> block"
+    found = find_block((REPO / FILES[name]).read_text(encoding="utf-8"), name)
+    assert found is not None, f"{FILES[name]} has no <!-- {name}: ... --> block"
     return found
 
 
-@pytest.mark.parametrize("name", [DEMO, SWEEP])
+@pytest.mark.parametrize("name", [DEMO, SWEEP, DEMO_EVAL])
 def test_each_readme_block_is_what_its_recorded_figures_render_to(name: str) -> None:
     figures, written = recorded(name)
-    assert written == block(name, figures), f"README.md's {name} block was edited by hand: rerun eval/figures.py"
+    assert written == block(name, figures), f"{FILES[name]}'s {name} block was edited by hand: {REWRITE}"
 
 
-@pytest.mark.parametrize("name", [DEMO, SWEEP])
+@pytest.mark.parametrize("name", [DEMO, SWEEP, DEMO_EVAL])
 def test_the_readme_figures_match_the_run_folder_they_name(name: str) -> None:
     figures, _ = recorded(name)
     folder = REPO / "runs" / figures["folder"]
-    if name == DEMO:
+    if name in (DEMO, DEMO_EVAL):
         if not (folder / "eval" / "manifest.json").is_file():
-            pytest.skip(f"no demo run in {folder} (make demo) to check README.md's figures against")
-        again = demo_figures(folder)
+            pytest.skip(f"no demo run in {folder} (make demo) to check {FILES[name]}'s figures against")
+        again = (demo_figures if name == DEMO else demo_eval_figures)(folder)
         if again["train_run"] != figures["train_run"]:
-            pytest.skip(f"{folder} holds run {again['train_run']}, README.md's figures are run {figures['train_run']}'s: "
-                        "python -m eval.figures --write README.md quotes this one")
+            pytest.skip(f"{folder} holds run {again['train_run']}, {FILES[name]}'s figures are run "
+                        f"{figures['train_run']}'s: {REWRITE} quotes this one")
     else:
         if not (folder / "reports" / "costs.csv").is_file():
             pytest.skip(f"no sweep in {folder} (make demo-sweep) to check README.md's figures against")
         again = sweep_figures(folder)
         runs = [[v["run"] for v in f["variants"]] for f in (again, figures)]
         if runs[0] != runs[1]:
-            pytest.skip(f"{folder} holds runs {runs[0]}, README.md's figures are runs {runs[1]}'s: "
-                        "python -m eval.figures --write README.md quotes these")
+            pytest.skip(f"{folder} holds runs {runs[0]}, README.md's figures are runs {runs[1]}'s: {REWRITE} quotes these")
     assert again == figures
 
 
 @pytest.fixture(scope="module")
 def tiny_demo(fixture_stages: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
-    """Recipes 04-07 on the fixture data, as ``make demo`` runs them; returns the run folder and the seconds the
-    recipes took (measured here, around them)."""
+    """Recipes 03-07 on the fixture data (01-02 copied), as ``make demo`` runs them; returns the run folder and
+    the seconds the recipes took (measured here, around them)."""
     from tests.fixture_run import fixture_config, run_copy
     from tests.recipe_runner import run_recipe
 
     root = tmp_path_factory.mktemp("readme-figures")
+    started = time.time()  # recipe 03 is the first to stamp this run folder's configs/
     run_recipe("03_shard.py", run_copy(fixture_stages, root, shards={"validation_percent": 40.0}))
     config = fixture_config(root, shards={"validation_percent": 40.0},
                             train={"steps": STEPS, "checkpoint_every": EVERY, "keep_checkpoints": KEEP, "warmup_steps": 1},
                             eval={"tasks": ["rublimp"], "train_tasks": [], "max_items_per_task": 20,
                                   "max_validation_batches": 2, "missing_tasks": "skip"})
-    started = time.time()
     for script in ("04_pretrain.py", "05_evaluate.py", "06_compare_costs.py", "07_plan_costs.py"):
         run_recipe(script, config)
     return root / "runs" / "tiny", time.time() - started
@@ -95,7 +107,7 @@ def test_a_demo_like_run_gives_the_fields_readme_records(tiny_demo: tuple[Path, 
 
     assert figures["checkpoints_kept"] == list(range(EVERY, STEPS + 1, EVERY))[-KEEP:]
     assert figures["steps"] == figures["loss_last"][0] == STEPS
-    assert 0 < figures["wall_seconds"] <= seconds + 1  # recipes 04-07 only: the stages before were copied
+    assert 0 < figures["wall_seconds"] <= seconds + 1  # recipes 03-07 (01-02 copied); stamps have whole seconds
     results = json.loads((folder / "eval" / "step_0000012.json").read_text(encoding="utf-8"))
     assert figures["val_bpb"] == results["validation"]["bits_per_byte"]
     if shared_data:
@@ -104,6 +116,15 @@ def test_a_demo_like_run_gives_the_fields_readme_records(tiny_demo: tuple[Path, 
         assert figures["rublimp"]["acc"] == rublimp["metrics"]["acc"]["value"]
         assert f"step-0 weights ({figures['rublimp']['random_init']:.3f})" in render_demo(figures)
     assert f"{KEEP} checkpoints kept (steps {STEPS - EVERY}, {STEPS})" in render_demo(figures)
+
+    scores = demo_eval_figures(folder)
+    want = recorded(DEMO_EVAL)[0]
+    assert set(scores) == set(want)
+    if shared_data:
+        assert keys_of(scores["tasks"]) == keys_of(want["tasks"])
+        (task,) = scores["tasks"]
+        assert task["task"] == "rublimp" and task["verdict"] == rublimp["vs_strongest_baseline"]["verdict"]
+        assert sum(scores["rublimp_groups"].values()) == len(rublimp["groups"])
 
     # the block round-trips through a README: written, found, the same figures back
     text = "before\n" + block(DEMO, readme) + "\nafter\n"
