@@ -354,9 +354,9 @@ def plot_eval_vs_rubles(rows: list[dict[str, Any]], metric: str | None, path: Pa
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for point in points:
         bar = point.error_bar
+        # named in the legend, not beside the point: a sweep's points sit close together and their labels overlap
         ax.errorbar([point.rub], [point.score], yerr=None if bar is None else [[bar[0]], [bar[1]]], fmt="o",
-                    capsize=4, markersize=5)
-        ax.annotate(point.name, (point.rub, point.score), textcoords="offset points", xytext=(6, 4), fontsize="small")
+                    capsize=4, markersize=5, label=point.name)
     chances = {p.chance for p in points if p.chance is not None}
     for chance in chances:
         ax.axhline(chance, color="grey", linestyle="--", linewidth=1, label=f"chance {chance:g}")
@@ -367,8 +367,7 @@ def plot_eval_vs_rubles(rows: list[dict[str, Any]], metric: str | None, path: Pa
     note = "bars: 95% intervals (Wilson for accuracies)" + (f"; {missing} run(s) without recorded interval" if missing else "")
     ax.set_title(f"Eval score against rubles\n{note}", fontsize="medium")
     ax.grid(alpha=0.3)
-    if chances:
-        ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
     return save_figure(fig, path)
 
 
