@@ -17,7 +17,7 @@ from cost.rates import UsdRubRate
 from experiment.config import load_config
 from experiment.errors import DataError
 from experiment.runfolder import RunFolder
-from model.flops import attention_forward_flops_per_token
+from model.llama.flops import attention_forward_flops_per_token
 from tests.recipe_runner import error_line, run_recipe, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def test_maxtext_v6e_anchors_within_their_published_rounding(label: str, tokens:
     50.33%, 960. At the published MFU our FLOP count and the v6e peak must give the published throughput to within
     what the figures' rounding allows (half a unit of the last printed digit of each), a few hundredths of a percent.
 
-    The published MFUs count attention over the full T x T matrix, as model.flops does; MaxText's current count
+    The published MFUs count attention over the full T x T matrix, as model/llama/flops.py does; MaxText's current count
     halves causal attention, which would miss both rows by 7-13%: the tolerance tells the two conventions apart."""
     anchor = next(a for a in read_anchors() if a.model.label == label and a.accelerator == "tpu-v6e")
     assert (anchor.tokens_per_s_per_chip, anchor.mfu) == (tokens, mfu)
@@ -51,7 +51,7 @@ def palm_train_flops_per_token(cfg: Any, vocab_size: int, seq_len: int) -> float
     allocated), not from model.flops: the norm scales are elementwise, a tied table is the output head once."""
     from flax import nnx
 
-    from model.decoder import Decoder
+    from model.llama.model import Decoder
 
     with nnx.use_eager_sharding(False):  # no mesh: shapes only
         state = nnx.state(nnx.eval_shape(lambda: Decoder(cfg, vocab_size, nnx.Rngs(0))), nnx.Param)
