@@ -50,7 +50,7 @@ def resume_wandb_run_id(cfg: Any, run_folder: RunFolder) -> str | None:
 def finished_steps(checkpoint_dir: Path) -> list[int]:
     """Steps Orbax finished and whose checksums are written (an interrupted save stays a
     ``*.orbax-checkpoint-tmp*`` folder; a step without checksums is not resumed from), or every
-    finished step of a folder an older version wrote (``checkpoint.uses_checksums``)."""
+    finished step of a folder an older version wrote (``checkpoint_integrity.uses_checksums``)."""
     if not checkpoint_dir.is_dir():
         return []
     verified = checkpoint_integrity.uses_checksums(checkpoint_dir)
