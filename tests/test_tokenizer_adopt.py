@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from data_prep.shards.tfrecord import decode_record, iter_records
+from data_prep.shards.tfrecord import decode_record
 from experiment.corpus_format import iter_documents
 from experiment.split import is_validation
 from tests.fixture_run import run_copy
 from tests.recipe_runner import error_line, run_recipe
+from tests.tfrecord_scan import iter_records
 
 MODEL_VOCAB = 512  # the base model's embedding rows: more than its tokenizer has, as Qwen's
 
