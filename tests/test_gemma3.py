@@ -190,7 +190,7 @@ def test_recipes_train_evaluate_and_export_gemma3(fixture_stages: Path, tmp_path
     from model.hf_checkpoint import load_hf_checkpoint
     from tests.fixture_run import checkpoint_contents, run_copy
     from tests.recipe_runner import run_recipe
-    from trainer.checkpoint import load_trained_model
+    from trainer.trained_model import load_trained_model
 
     heldout = REPO / "tests" / "fixtures" / "corpus" / "ru_news.txt"
     config = run_copy(fixture_stages, tmp_path, train={"steps": 2, "checkpoint_every": 2, "warmup_steps": 1, "log_every": 1},
