@@ -204,7 +204,12 @@ class Decoder(nnx.Module):
 
         The stack's parameters are split off the module and viewed as [L // g, g, ...] for the scan; the body
         merges one layer's slice at a time into the block's graphdef and returns only the hidden states (the
-        read-only parameters are never scan outputs: model/stacking.py's ``scan_layers`` explains why)."""
+        read-only parameters are never scan outputs: model/stacking.py's ``scan_layers`` explains why).
+
+        With a tail (L % g > 0) the scan's operand is the slice [:L // g * g] of each stacked parameter, which
+        XLA materialises as its own buffer (and the gradient is a concatenation of the two parts). Under bf16
+        compute the slice fuses into the cast from the fp32 master weights that the train step makes anyway;
+        under fp32 compute it is one transient copy of the scanned layers' weights per step."""
         graphdef, params = nnx.split(self.blocks)
         g = len(self.pattern)
         n_groups, n_tail = divmod(self.n_layers, g)
