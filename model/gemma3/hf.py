@@ -18,17 +18,25 @@ its layers as they are read (``place_layers``), so no second full copy of the mo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from flax import nnx
 
-from experiment.errors import ConfigError, DataError
+from experiment.errors import ConfigError
 from model.family import get_family
 from model.gemma3.config import GLOBAL, LOCAL, Gemma3Config
-from model.stacking import BLOCKS, unrolled_pure
+from model.hf_tensors import (
+    HFTensor,
+    Place,
+    PlaceLayers,
+    attention_tensors,
+    config_reader,
+    export_tensors,
+    import_tensors,
+)
+from model.stacking import BLOCKS
 
 ARCHITECTURE, MODEL_TYPE = "Gemma3ForCausalLM", "gemma3_text"
 WHERE = f"Hugging Face {MODEL_TYPE} config"
@@ -38,77 +46,30 @@ HF_DEFAULTS = {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 
 DEFAULT_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}  # Gemma3TextConfig.default_theta
 
 
-@dataclass(frozen=True)
-class Tensor:
-    """One parameter's place in the Transformers state dict: ``path`` into our (unrolled) pure parameter dict,
-    ``name`` the HF tensor's; ``n_in`` > 0: a kernel ``x @ W`` with that many leading input dims, which
-    PyTorch stores as one [out, in] matrix; 0: the same array on both sides."""
-
-    path: tuple[Any, ...]
-    name: str
-    n_in: int = 0
-
-    def layer(self) -> int | None:
-        return self.path[1] if self.path[0] == BLOCKS else None
-
-    def param_path(self, scanned: bool) -> tuple[Any, ...]:
-        """Where it lives in our parameters: ``blocks/<i>/...``, or scanned the stacked ``blocks/...``."""
-        return (BLOCKS, *self.path[2:]) if scanned and self.layer() is not None else self.path
-
-    def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        if not self.n_in:
-            return tuple(shape)
-        return int(np.prod(shape[self.n_in:])), int(np.prod(shape[:self.n_in]))
-
-    def to_ours(self, value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        return (value.T if self.n_in else value).reshape(shape)
-
-    def to_hf(self, value: np.ndarray) -> np.ndarray:
-        if not self.n_in:
-            return np.ascontiguousarray(value)
-        return np.ascontiguousarray(value.reshape(int(np.prod(value.shape[:self.n_in])), -1).T)
-
-
-def hf_tensors(cfg: Gemma3Config) -> list[Tensor]:
+def hf_tensors(cfg: Gemma3Config) -> list[HFTensor]:
     """Every parameter of the decoder and its ``Gemma3ForCausalLM`` name (the head is the tied embedding)."""
-    table = [Tensor(("embed",), "model.embed_tokens.weight")]
+    table = [HFTensor(("embed",), "model.embed_tokens.weight")]
     for i in range(cfg.n_layers):
         hf, ours = f"model.layers.{i}", (BLOCKS, i)
         attn = (*ours, "attn")
-        table += [
-            Tensor((*ours, "attn_norm", "scale"), f"{hf}.input_layernorm.weight"),
-            Tensor((*attn, "wq"), f"{hf}.self_attn.q_proj.weight", 1),  # [d, heads, head_dim] <- [heads*head_dim, d]
-            Tensor((*attn, "wk"), f"{hf}.self_attn.k_proj.weight", 1),
-            Tensor((*attn, "wv"), f"{hf}.self_attn.v_proj.weight", 1),
-            Tensor((*attn, "wo"), f"{hf}.self_attn.o_proj.weight", 2),  # [heads, head_dim, d] <- [d, heads*head_dim]
-            Tensor((*attn, "q_norm", "scale"), f"{hf}.self_attn.q_norm.weight"),
-            Tensor((*attn, "k_norm", "scale"), f"{hf}.self_attn.k_norm.weight"),
-            Tensor((*ours, "post_attn_norm", "scale"), f"{hf}.post_attention_layernorm.weight"),
-            Tensor((*ours, "mlp_norm", "scale"), f"{hf}.pre_feedforward_layernorm.weight"),
-            Tensor((*ours, "mlp", "w_gate"), f"{hf}.mlp.gate_proj.weight", 1),
-            Tensor((*ours, "mlp", "w_up"), f"{hf}.mlp.up_proj.weight", 1),
-            Tensor((*ours, "mlp", "w_down"), f"{hf}.mlp.down_proj.weight", 1),
-            Tensor((*ours, "post_mlp_norm", "scale"), f"{hf}.post_feedforward_layernorm.weight"),
+        table += attention_tensors(i) + [
+            HFTensor((*attn, "q_norm", "scale"), f"{hf}.self_attn.q_norm.weight"),
+            HFTensor((*attn, "k_norm", "scale"), f"{hf}.self_attn.k_norm.weight"),
+            HFTensor((*ours, "post_attn_norm", "scale"), f"{hf}.post_attention_layernorm.weight"),
+            HFTensor((*ours, "mlp_norm", "scale"), f"{hf}.pre_feedforward_layernorm.weight"),
+            HFTensor((*ours, "mlp", "w_gate"), f"{hf}.mlp.gate_proj.weight", 1),
+            HFTensor((*ours, "mlp", "w_up"), f"{hf}.mlp.up_proj.weight", 1),
+            HFTensor((*ours, "mlp", "w_down"), f"{hf}.mlp.down_proj.weight", 1),
+            HFTensor((*ours, "post_mlp_norm", "scale"), f"{hf}.post_feedforward_layernorm.weight"),
         ]
-    table.append(Tensor(("final_norm", "scale"), "model.norm.weight"))
+    table.append(HFTensor(("final_norm", "scale"), "model.norm.weight"))
     return table
-
-
-def _get(tree: Any, path: tuple[Any, ...]) -> Any:
-    for key in path:
-        tree = tree[key]
-    return tree
-
-
-def _set(tree: Any, path: tuple[Any, ...], value: Any) -> None:
-    _get(tree, path[:-1])[path[-1]] = value
 
 
 def state_dict(model: Any, cfg: Gemma3Config) -> dict[str, np.ndarray]:
     """The decoder's parameters under Transformers' names in PyTorch's layout (fp32), one tensor per layer
     whichever layout (scanned or unrolled) the model has."""
-    pure = unrolled_pure(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-    return {t.name: t.to_hf(np.asarray(_get(pure, t.path), dtype=np.float32)) for t in hf_tensors(cfg)}
+    return export_tensors(model, hf_tensors(cfg))
 
 
 def _number(value: float) -> int | float:
@@ -229,15 +190,7 @@ def pattern_from_hf(hf: Mapping[str, Any], n_layers: int) -> dict[str, Any]:
 
 def config_from_hf(hf: Mapping[str, Any]) -> Gemma3Config:
     """Our model config for a ``gemma3_text`` config.json; features our decoder lacks are one-line errors."""
-    def need(key: str) -> Any:
-        if key not in hf:
-            raise ConfigError(f"{WHERE}: key '{key}' is missing")
-        return hf[key]
-
-    if need("model_type") != MODEL_TYPE:
-        raise ConfigError(f"{WHERE}: model_type '{hf['model_type']}' is not {MODEL_TYPE}")
-    if hf.get("quantization_config"):
-        raise ConfigError(f"{WHERE}: quantization_config is not supported (a quantized checkpoint)")
+    need = config_reader(hf, MODEL_TYPE)
     activation = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
     if activation != "gelu_pytorch_tanh":
         raise ConfigError(f"{WHERE}: hidden_activation={activation!r} is not supported (only 'gelu_pytorch_tanh')")
@@ -264,18 +217,6 @@ def config_from_hf(hf: Mapping[str, Any]) -> Gemma3Config:
         raise ConfigError(f"{WHERE}: sliding_window is null but layer_types has sliding_attention layers")
     cfg.validate("model")
     return cfg
-
-
-Place = Callable[[tuple[Any, ...], np.ndarray], Any]  # (our parameter path, value) -> the array the state holds
-# (path, stacked shape, dtype, the layers' values as (layer, value), read one by one) -> the stacked array
-PlaceLayers = Callable[[tuple[Any, ...], tuple[int, ...], Any, Iterator[tuple[int, np.ndarray]]], Any]
-
-
-def _source(state_dict: Any, name: str | None = None) -> str:
-    """Where a tensor comes from, for error lines: the mapping's file (``file_of``) if it knows one."""
-    file_of = getattr(state_dict, "file_of", None)
-    found = file_of(name) if file_of is not None and name is not None else None
-    return str(found or getattr(state_dict, "origin", None) or "state dict")
 
 
 class Gemma3HF:
@@ -311,49 +252,11 @@ class Gemma3HF:
         if scan_layers is not None:
             cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
         state = nnx.state(get_family(self.family).abstract(cfg, vocab_size), nnx.Param)
-        pure = nnx.to_pure_dict(state)
-        what = f"Hugging Face {MODEL_TYPE} weights"
-        table = hf_tensors(cfg)
-        for t in table:
-            if t.name not in state_dict:
-                raise DataError(f"{_source(state_dict)}: tensor '{t.name}' is missing ({what})")
-        known = {t.name for t in table}
         # the head is the embedding (tied: Transformers ties them on load whatever lm_head.weight holds) and
-        # the rotary inverse frequencies are recomputed; anything else would be silently lost
-        unused = sorted(k for k in state_dict if k not in known and k != "lm_head.weight" and "inv_freq" not in k)
-        if unused:
-            raise DataError(f"{_source(state_dict, unused[0])}: tensor '{unused[0]}' has no place in the {MODEL_TYPE} "
-                            f"model ({len(unused)} such tensors; {what})")
-        scanned = bool(cfg.scan_layers)
-        groups: dict[tuple[Any, ...], list[Tensor]] = {}
-        for t in table:
-            groups.setdefault(t.param_path(scanned), []).append(t)
-
-        def read(t: Tensor, shape: tuple[int, ...]) -> np.ndarray:
-            value = state_dict[t.name]
-            if tuple(value.shape) != t.hf_shape(shape):
-                raise DataError(f"{_source(state_dict, t.name)}: tensor '{t.name}' has shape {tuple(value.shape)}, "
-                                f"the config implies {t.hf_shape(shape)} ({what})")
-            return t.to_ours(np.asarray(value), shape).astype(dtype, copy=False)
-
-        # one parameter at a time: a stacked parameter's layers are read one tensor after another into it,
-        # and it is placed (and its host buffer freed) before the next parameter is read
-        for path, tensors in groups.items():
-            full = tuple(_get(pure, path).shape)
-            if not (scanned and tensors[0].layer() is not None):
-                value = read(tensors[0], full)
-                _set(pure, path, value if place is None else place(path, value))
-                continue
-            layers = ((t.layer(), read(t, full[1:])) for t in tensors)  # one tensor in memory at a time
-            if place_layers is not None:
-                _set(pure, path, place_layers(path, full, dtype, layers))
-                continue
-            buffer = np.empty(full, dtype)
-            for layer, value in layers:
-                buffer[layer] = value
-            _set(pure, path, buffer if place is None else place(path, buffer))
-            del buffer
-        nnx.replace_by_pure_dict(state, pure)
+        # the rotary inverse frequencies are recomputed
+        ignored = lambda name: name == "lm_head.weight" or "inv_freq" in name  # noqa: E731
+        import_tensors(state, hf_tensors(cfg), state_dict, scanned=bool(cfg.scan_layers), model_type=MODEL_TYPE,
+                       ignored=ignored, dtype=dtype, place=place, place_layers=place_layers)
         return cfg, state
 
 

@@ -34,9 +34,8 @@ from flax import nnx
 
 from model.attention import attend, resolve_attention
 from model.gemma3.config import GLOBAL, LOCAL, Gemma3Config
-from model.layers import REMAT_POLICIES, Rope, param, rope_angles, rotary
+from model.layers import REMAT_POLICIES, CausalLM, GatedMLP, Rope, default_positions, param, rope_angles, rotary
 from model.linear import project
-from model.loss import output_logits
 from model.sharding import compiled_platform, constrain
 from model.stacking import stacked
 
@@ -105,22 +104,6 @@ class Attention(nnx.Module):
         return project(out, self.wo[...], n_in=2)
 
 
-class MLP(nnx.Module):
-    """GeGLU: down(gelu_tanh(gate(x)) * up(x)) (Transformers' ``gelu_pytorch_tanh``)."""
-
-    def __init__(self, cfg: Gemma3Config, rngs: nnx.Rngs):
-        d, f = cfg.d_model, cfg.d_ff
-        self.w_gate = param(rngs, (d, f), ("embed", "mlp"), cfg.init_std)
-        self.w_up = param(rngs, (d, f), ("embed", "mlp"), cfg.init_std)
-        self.w_down = param(rngs, (f, d), ("mlp", "embed"), cfg.init_std / (2 * cfg.n_layers) ** 0.5)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        gate = project(x, self.w_gate[...])
-        up = project(x, self.w_up[...])
-        hidden = constrain(jax.nn.gelu(gate, approximate=True) * up, ("batch", "length", "act_mlp"))
-        return project(hidden, self.w_down[...])
-
-
 class Block(nnx.Module):
     """One layer; whether it is local or global is the caller's (static) ``window``, so all layers share one
     module structure and stack."""
@@ -131,7 +114,7 @@ class Block(nnx.Module):
         self.attn = Attention(cfg, rngs)
         self.post_attn_norm = GemmaRMSNorm(d, eps)  # post_attention_layernorm
         self.mlp_norm = GemmaRMSNorm(d, eps)  # pre_feedforward_layernorm
-        self.mlp = MLP(cfg, rngs)
+        self.mlp = GatedMLP(cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.init_std, "gelu_tanh", rngs)
         self.post_mlp_norm = GemmaRMSNorm(d, eps)  # post_feedforward_layernorm
 
     def __call__(self, x: jax.Array, rope: RopeTable, segments: Segments, window: int) -> jax.Array:
@@ -140,7 +123,7 @@ class Block(nnx.Module):
         return constrain(x, ("batch", "length", "act_embed"))
 
 
-class Decoder(nnx.Module):
+class Decoder(CausalLM):
     def __init__(self, cfg: Gemma3Config, vocab_size: int, rngs: nnx.Rngs):
         self.vocab_size, self.remat, self.d_model = vocab_size, cfg.remat, cfg.d_model
         self.scanned, self.scan_unroll, self.n_layers = cfg.scan_layers, cfg.scan_unroll, cfg.n_layers
@@ -154,17 +137,10 @@ class Decoder(nnx.Module):
                        else nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)]))
         self.final_norm = GemmaRMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
-                 positions: jax.Array | None = None) -> jax.Array:
-        """tokens [B, T] int32 -> logits [B, T, V] float32."""
-        return output_logits(self.hidden(tokens, segment_ids, positions), self.output_weight())
-
     def hidden(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                positions: jax.Array | None = None) -> jax.Array:
         """tokens [B, T] int32 -> the final-normed hidden states [B, T, D] the output projection reads."""
-        b, t = tokens.shape
-        if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        positions = default_positions(tokens, positions)
         ropes = {kind: rope_angles(positions, self.head_dim, rope) for kind, rope in self.ropes}
         table = self.embed[...]
         # Transformers multiplies by sqrt(d_model) made a float32 tensor and then cast to the weights' dtype
