@@ -59,7 +59,7 @@ def train_one_step(ctx: LoopContext) -> None:
         with ctx.ledger.phase("data"):  # waiting for the loader is badput of its own, not training
             host_batch = next(ctx.loader)
         batch = global_batch(host_batch, ctx.program.batch_sharding)
-        ctx.state, metrics = ctx.program.train_step(ctx.state, batch)
+        ctx.state, metrics = ctx.program.step(ctx.state, batch)
         ctx.metrics = jax.device_get(metrics)  # tiny; also where a NaN is caught before any save
     ctx.step += 1
     ctx.window.add()

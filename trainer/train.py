@@ -47,7 +47,7 @@ from trainer.loop import run_loop
 from trainer.profiling import StepTrace
 from trainer.reporting import TRAIN_LOG, open_ledger, open_train_log
 from trainer.resume import WANDB_ID_FILE, check_steps_left, finished_steps, trim_train_log
-from trainer.step import build_program
+from trainer.step import TrainProgram
 from trainer.throughput import MetricsWindow, peak_flops_per_device
 
 log = logging.getLogger("trainer")
@@ -94,7 +94,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
             model_cfg = start.model_cfg
             cfg = dataclasses.replace(cfg, model=model_cfg)
         log.info("mesh %s over %d %s devices", dict(mesh.shape), mesh.size, jax.devices()[0].platform)
-        program = build_program(model_cfg, train_cfg, data.vocab_size, mesh, seed=cfg.experiment.seed)
+        program = TrainProgram(model_cfg, train_cfg, data.vocab_size, mesh, seed=cfg.experiment.seed)
         family = family_of(model_cfg)
         n_params = family.param_count(model_cfg, data.vocab_size)
         log.info("model: %s family, %.2fM parameters (%s, vocab %d)",
