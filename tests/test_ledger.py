@@ -348,7 +348,7 @@ def test_a_later_resume_judges_every_earlier_session(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reconciliation on resume: the ledger calls of the training loop (trainer/loop.py, trainer/hooks.py), driven by a fake clock
+# Reconciliation on resume: the ledger calls of the training loop (trainer/train.py, trainer/hooks.py), driven by a fake clock
 
 TOKENS_PER_STEP = 2048  # the tiny experiment: 60 steps are 122,880 tokens
 

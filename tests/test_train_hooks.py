@@ -20,7 +20,7 @@ from trainer.hooks import CheckpointSaves, EvalHook, LogMetrics, LoopContext, Sc
 from trainer.preemption import PREEMPTED_EXIT_CODE
 from trainer.reporting import OtherHostLedger
 from trainer.throughput import MetricsWindow
-from trainer.loop import run_loop
+from trainer.train import run_loop
 
 
 class CountingProgram:

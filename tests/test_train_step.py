@@ -14,7 +14,7 @@ from experiment.sections.model import ModelConfig
 from experiment.sections.train import MeshConfig, TrainConfig
 from model.sharding import build_mesh, mesh_shape
 from trainer.step import TrainProgram, global_batch
-from trainer.loop import TrainingDiverged, check_finite
+from trainer.train import TrainingDiverged, check_finite
 
 VOCAB, SEQ, BATCH = 64, 16, 4
 MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=SEQ)
