@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from experiment.errors import ConfigError
-from experiment.sections.model import ModelConfig
 from experiment.sections.train import MeshConfig, TrainConfig
+from model.llama.config import LlamaConfig
 from model.sharding import build_mesh, mesh_shape
 from trainer.step import TrainProgram, global_batch
 from trainer.train import TrainingDiverged, check_finite
 
 VOCAB, SEQ, BATCH = 64, 16, 4
-MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=SEQ)
+MODEL = LlamaConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=SEQ)
 TRAIN = TrainConfig(steps=50, batch_size=BATCH, learning_rate=1e-2, warmup_steps=1, checkpoint_every=10)
 
 
