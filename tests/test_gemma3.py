@@ -151,17 +151,17 @@ def test_flops_and_parameters_by_hand() -> None:
 def test_train_step_lowers_the_loss() -> None:
     from experiment.sections.train import TrainConfig
     from model.sharding import build_mesh
-    from trainer.step import build_program, global_batch
+    from trainer.step import TrainProgram, global_batch
 
     train_cfg = TrainConfig(steps=10, batch_size=4, learning_rate=1e-2, warmup_steps=1, checkpoint_every=10)
     model_cfg = dataclasses.replace(CFG, init_std=0.02)
-    program = build_program(model_cfg, train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
+    program = TrainProgram(model_cfg, train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
     rows = np.random.default_rng(0).integers(0, VOCAB, (4, SEQ + 1)).astype(np.int32)
     batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, program.batch_sharding)
     state = program.init_state()
     losses = []
     for _ in range(6):
-        state, metrics = program.train_step(state, batch)
+        state, metrics = program.step(state, batch)
         losses.append(float(metrics["loss"]))
     assert losses[0] == pytest.approx(np.log(VOCAB), rel=0.1)
     assert losses[-1] < losses[0] - 0.3, losses
@@ -172,11 +172,11 @@ def test_quantized_training_quantizes_the_projections_of_every_layer() -> None:
     each layer in the lowered step: the scan body's 3 layers (one group per iteration) and the 2 tail layers."""
     from experiment.sections.train import TrainConfig
     from model.sharding import build_mesh
-    from trainer.step import build_program
+    from trainer.step import TrainProgram
 
     train_cfg = TrainConfig(steps=10, batch_size=2, warmup_steps=1, checkpoint_every=10, quantization="int8")
-    program = build_program(dataclasses.replace(CFG, scan_unroll=1), train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
-    text = program.lower_step(program.abstract_batch(2, SEQ)).as_text()
+    program = TrainProgram(dataclasses.replace(CFG, scan_unroll=1), train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
+    text = program.lower(program.abstract_batch(2, SEQ)).as_text()
     dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
     assert len([line for line in dots if re.search(r"tensor<[0-9x]*xi8>", line)]) == 3 * 7 * (3 + 2)
 
