@@ -7,19 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixture_run import run_copy
+from tests.fixture_run import pretrained_copy
 from tests.recipe_runner import error_line, run_recipe
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def trained(fixture_stages: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run of 4 steps on the fixture corpus with its checkpoint; returns its config."""
-    config = run_copy(fixture_stages, tmp_path_factory.mktemp("same-run"), train={"steps": 4, "checkpoint_every": 4, "warmup_steps": 1},
-                      wandb={"mode": "disabled"})
-    run_recipe("04_pretrain.py", config)
-    return config
+def trained(fixture_pretrained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of conftest.py's ``fixture_pretrained`` (a run of 6 steps on the fixture corpus with its
+    checkpoints), which these tests retrain and re-tokenize; returns its config."""
+    return pretrained_copy(fixture_pretrained, tmp_path_factory.mktemp("same-run"))
 
 
 def refused(config: Path, *overrides: str) -> str:
