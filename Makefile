@@ -54,7 +54,9 @@ EXTRA_TESTS_tf := tests/test_tfrecord_tf.py
 # (the beam venv also has zstandard: the .zst reading path of the corpus sources runs there)
 EXTRA_TESTS_beam := tests/test_corpus_beam.py tests/test_shard_beam.py \
 	tests/test_corpus_build.py::test_zstd_jsonl_is_read_or_needs_the_extra
-EXTRA_TESTS_hf := tests/test_eval_hf_export.py tests/test_eval_lm_eval.py tests/test_tokenizer.py tests/test_hf_import.py
+# (tests/test_hf_parity_<family>.py: a model family's logits and generation against Transformers')
+EXTRA_TESTS_hf := tests/test_eval_hf_export.py tests/test_eval_lm_eval.py tests/test_tokenizer.py tests/test_hf_import.py \
+	$(wildcard tests/test_hf_parity_*.py)
 EXTRA_TESTS_tpu := tests/test_fit_check.py
 EXTRAS := tf beam hf tpu
 EXTRA_PIP_tf := tf,test
@@ -75,6 +77,11 @@ test-extra-%: .venvs/%/.installed
 test-extras: $(addprefix test-extra-,$(EXTRAS))
 
 .PRECIOUS: .venvs/%/.installed
+
+# README.md's and eval/README.md's figures of the demo and the sweep, reread from runs/demo and runs/demo-sweep
+.PHONY: readme-figures
+readme-figures: setup
+	$(PY) -m eval.figures --write README.md eval/README.md
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cost.ledger import summarize_ledger
+from cost.ledger_pricing import summarize_ledger
 from tests.fixture_run import assert_same_checkpoint, assert_same_log
 from tests.recipe_runner import (
     in_process_devices,
