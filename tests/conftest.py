@@ -56,6 +56,9 @@ def needs_shared(path: Path) -> None:
 
 # Fixtures that run recipes (directly or through another fixture): a test using any of them is integration.
 RECIPE_FIXTURES = frozenset({"fixture_stages", "fixture_pretrained", "data_root", "straight_run"})
+# Fixtures whose users train on the real shared corpus (a tokenizer on the novels: tens of seconds), also
+# integration: the unit loop needs no shared data
+REAL_DATA_FIXTURES = frozenset({"shared_data"})
 # Names whose use in a test, or in a function of its module that it calls, means that it runs a recipe.
 RECIPE_CALLS = frozenset({"run_recipe", "run_recipe_on_full_disk", "run_in_process", "start_recipe", "start_pretrain",
                           "prepare_stages"})
@@ -86,7 +89,7 @@ def runs_a_recipe(function: object, namespace: dict[str, object], seen: set[int]
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``integration`` every test that runs a recipe or uses a fixture that does (RECIPE_FIXTURES, and
-    every fixture depending on them), so that ``-m "not integration"`` is the fast unit loop. The
+    every fixture depending on them) or the real shared data (REAL_DATA_FIXTURES), so that ``-m "not integration"`` is the fast unit loop. The
     ``recipe_runner`` guard below fails a test that runs a recipe without the marker, so the loop stays fast."""
     for item in items:
         if item.get_closest_marker("integration"):
@@ -94,7 +97,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         function = getattr(item, "function", None)
         fixtures = set(getattr(item, "fixturenames", ()))
         module = getattr(function, "__globals__", {})
-        if fixtures & RECIPE_FIXTURES or (function is not None and runs_a_recipe(function, module)):
+        if fixtures & (RECIPE_FIXTURES | REAL_DATA_FIXTURES) or (function is not None and runs_a_recipe(function, module)):
             item.add_marker(pytest.mark.integration)
 
 

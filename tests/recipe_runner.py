@@ -196,6 +196,11 @@ def recipe_process_state(shared_xla_cache: bool = True) -> Iterator[None]:
     levels = {name: logging.getLogger(name).level for name in logging.root.manager.loggerDict}
     handlers_by_signal = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     cache_options = {key: getattr(jax.config, key) for key in CACHE_OPTIONS}
+    # the harness's setup_logging installs an absl log filter and an unraisable hook for the process: a
+    # test process had none (pytest's own hooks go back in place when they are taken out)
+    from tracking import process_hooks
+
+    hooks_were_installed = getattr(process_hooks, "_installed", None) is not None
     # JAX's devices are made before the recipe runs: recipe 04 asks for as many CPU devices as the cores
     # allow only in a process where JAX has not started, and a test run here must not change the device
     # count of the tests after it (they keep this process's devices, as a library user's run does)
@@ -229,6 +234,8 @@ def recipe_process_state(shared_xla_cache: bool = True) -> Iterator[None]:
             logging.getLogger(name).setLevel(logger_level)
         for sig, handler in handlers_by_signal.items():
             signal.signal(sig, handler)
+        if not hooks_were_installed:
+            process_hooks.uninstall_process_hooks()
         for key, value in cache_options.items():
             jax.config.update(key, value)
         compilation_cache.reset_cache()
