@@ -4,5 +4,11 @@ from data_prep.corpus.build import build_corpus
 from experiment.stages import CORPUS
 from tracking.harness import recipe_main
 
+
+def main(argv: list[str] | None = None) -> None:
+    """The recipe; ``argv`` is its command line without the program name (tests call this in process)."""
+    recipe_main(CORPUS, "Build the cleaned Russian corpus from the configured sources.", build_corpus, argv=argv)
+
+
 if __name__ == "__main__":
-    recipe_main(CORPUS, "Build the cleaned Russian corpus from the configured sources.", build_corpus)
+    main()

@@ -20,5 +20,11 @@ def train(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     return train_tokenizer(cfg, run_folder, wandb_run, extra)
 
 
+def main(argv: list[str] | None = None) -> None:
+    """The recipe; ``argv`` is its command line without the program name (tests call this in process)."""
+    recipe_main(TOKENIZER, "Train the SentencePiece tokenizer (or adopt a base model's), its report and Hugging Face export",
+                train, argv=argv)
+
+
 if __name__ == "__main__":
-    recipe_main(TOKENIZER, "Train the SentencePiece tokenizer (or adopt a base model's), its report and Hugging Face export", train)
+    main()

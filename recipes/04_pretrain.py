@@ -18,7 +18,12 @@ def prepare(cfg: Any) -> None:
     prepare_processes(cfg)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """The recipe; ``argv`` is its command line without the program name (tests call this in process)."""
     recipe_main(PRETRAIN, "Pretrain the Flax decoder; rerun the same command to resume",
                 functools.partial(pretrain, hooks=[EvalHook(evaluate_model)]),
-                wandb_run_id=resume_wandb_run_id, prepare=prepare, reports=reports)
+                wandb_run_id=resume_wandb_run_id, prepare=prepare, reports=reports, argv=argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,12 @@ from experiment.stages import FIT_CHECK
 from tracking.harness import recipe_main
 from trainer.fit_check import fit_check
 
-if __name__ == "__main__":
+
+def main(argv: list[str] | None = None) -> None:
+    """The recipe; ``argv`` is its command line without the program name (tests call this in process)."""
     recipe_main(FIT_CHECK, "Check that the train step fits in the HBM of the TPU slices in train.fit_topologies",
-                fit_check)
+                fit_check, argv=argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,12 @@ from cost.compare import compare_costs
 from experiment.stages import COMPARE
 from tracking.harness import recipe_main
 
-if __name__ == "__main__":
+
+def main(argv: list[str] | None = None) -> None:
+    """The recipe; ``argv`` is its command line without the program name (tests call this in process)."""
     recipe_main(COMPARE, "Compare experiments' ruble costs, losses and eval scores; write reports/costs.*",
-                compare_costs)
+                compare_costs, argv=argv)
+
+
+if __name__ == "__main__":
+    main()

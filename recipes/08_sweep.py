@@ -3,5 +3,11 @@
 
 from tracking.sweep import sweep_main
 
+
+def main(argv: list[str] | None = None) -> None:
+    """The recipe; ``argv`` is its command line without the program name (tests call this in process)."""
+    sweep_main(argv)
+
+
 if __name__ == "__main__":
-    sweep_main()
+    main()

@@ -13,6 +13,7 @@ import importlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -51,6 +52,64 @@ def needs_shared(path: Path) -> None:
     if os.environ.get("RU_REQUIRE_SHARED_DATA") == "1":
         pytest.fail(f"{message}; RU_REQUIRE_SHARED_DATA=1 makes this a failure", pytrace=False)
     pytest.skip(message, allow_module_level=True)
+
+
+# Fixtures that run recipes (directly or through another fixture): a test using any of them is integration.
+RECIPE_FIXTURES = frozenset({"fixture_stages", "fixture_pretrained", "data_root", "straight_run"})
+# Fixtures whose users train on the real shared corpus (a tokenizer on the novels: tens of seconds), also
+# integration: the unit loop needs no shared data
+REAL_DATA_FIXTURES = frozenset({"shared_data"})
+# Names whose use in a test, or in a function of its module that it calls, means that it runs a recipe.
+RECIPE_CALLS = frozenset({"run_recipe", "run_recipe_on_full_disk", "run_in_process", "start_recipe", "start_pretrain",
+                          "prepare_stages"})
+
+
+def runs_a_recipe(function: object, namespace: dict[str, object], seen: set[int] | None = None) -> bool:
+    """Whether ``function``'s code, or that of a module-level function it names (followed transitively),
+    names one of RECIPE_CALLS."""
+    seen = set() if seen is None else seen
+    code = getattr(function, "__code__", None)
+    if code is None or id(code) in seen:
+        return False
+    seen.add(id(code))
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        names = set(current.co_names)
+        if names & RECIPE_CALLS:
+            return True
+        stack += [const for const in current.co_consts if hasattr(const, "co_names")]
+        for name in names:
+            helper = namespace.get(name)
+            if callable(helper) and getattr(helper, "__module__", None) == namespace.get("__name__") \
+                    and runs_a_recipe(helper, namespace, seen):
+                return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``integration`` every test that runs a recipe or uses a fixture that does (RECIPE_FIXTURES, and
+    every fixture depending on them) or the real shared data (REAL_DATA_FIXTURES), so that ``-m "not integration"`` is the fast unit loop. The
+    ``recipe_runner`` guard below fails a test that runs a recipe without the marker, so the loop stays fast."""
+    for item in items:
+        if item.get_closest_marker("integration"):
+            continue
+        function = getattr(item, "function", None)
+        fixtures = set(getattr(item, "fixturenames", ()))
+        module = getattr(function, "__globals__", {})
+        if fixtures & (RECIPE_FIXTURES | REAL_DATA_FIXTURES) or (function is not None and runs_a_recipe(function, module)):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _recipes_only_in_integration_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tell tests/recipe_runner.py whether this test is marked integration: it refuses to run a recipe in one
+    that is not (the marking hook above missed a way of running one: add it to RECIPE_CALLS)."""
+    from tests import recipe_runner
+
+    recipe_runner.INTEGRATION_TEST = request.node.get_closest_marker("integration") is not None
+    yield
+    recipe_runner.INTEGRATION_TEST = True
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -114,6 +173,15 @@ def fixture_stages(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def fixture_pretrained(fixture_stages: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Recipe 04 on ``fixture_stages`` (tests.fixture_run.PRETRAINED_TRAIN: 6 steps, checkpoints 3 and 6, W&B
+    offline), made once; its users only read it or copy it (``pretrained_copy``). Returns its config."""
+    from tests.fixture_run import pretrain_fixture_run
+
+    return pretrain_fixture_run(fixture_stages, tmp_path_factory.mktemp("fixture-pretrained"))
+
+
+@pytest.fixture(scope="session")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Corpus, tokenizer and shards of the tiny experiment on the shared data (recipes 01-03, train section
     of tests/test_train_resume.py), made once for the tests that resume, damage or fill its runs."""
@@ -136,7 +204,9 @@ def straight_run(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     from tests.test_train_resume import experiment_copy
 
     config = experiment_copy(data_root, tmp_path_factory.mktemp("straight"), "straight")
-    # compiled on its own (not from or into the session's cache): the resumed runs compared with it bit for
-    # bit then run programs compiled separately, as a restart that recompiles does
+    # compiled on its own (into its run folder's cache, not from or into the session's): the resumed runs
+    # compared with it bit for bit then run programs compiled separately, as a restart that recompiles does.
+    # In this process, so on this process's devices: runs compared with it in a subprocess are started with
+    # as many (recipe_runner.in_process_devices)
     run_recipe("04_pretrain.py", config, shared_xla_cache=False)
     return config

@@ -1,24 +1,25 @@
 """Recipe 04 on the fixture corpus (tests/fixtures/corpus, no shared data): stages 01-03 made once,
-runs started in the background to be killed, and every array of a checkpoint read back to compare."""
+and every array of a checkpoint read back to compare. Starting, signalling and reading runs is
+tests/recipe_runner.py's (``start_pretrain``, ``signal_when``, ``read_train_log``)."""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cost.target import read_train_log
-from tests.recipe_runner import REPO, recipe_env, run_recipe, tiny_config
+from tests.recipe_runner import read_train_log, run_recipe, tiny_config
 
 FIXTURE_TEXTS = Path(__file__).parent / "fixtures" / "corpus"
 # ~7 KB of Russian: 37 train records of 64 tokens; 600 pieces is what the byte, special and
 # required-character pieces leave room for
 FIXTURE_STAGES = {
-    "corpus": {"sources": [{"kind": "files", "name": "fixture", "paths": [str(FIXTURE_TEXTS / "ru_*.txt")]}]},
+    # workers 1: a plain loop; a pool's processes would each import the cleaning stack to clean seven
+    # documents (the pool is tests/test_corpus_build.py's, checked against the loop)
+    "corpus": {"sources": [{"kind": "files", "name": "fixture", "paths": [str(FIXTURE_TEXTS / "ru_*.txt")]}],
+               "workers": 1},
     "tokenizer": {"vocab_size": 600},
 }
 # train_log.jsonl keys that an interrupted run must reproduce exactly (the rest are timings and rubles)
@@ -47,16 +48,26 @@ def run_copy(stages_root: Path, root: Path, **sections: dict) -> Path:
     return fixture_config(root, **sections)
 
 
-def start_pretrain(config: Path, stderr: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Recipe 04 in the background, its stderr to a file (a pipe nobody reads could fill and stall it)."""
-    cmd = [sys.executable, str(REPO / "recipes" / "04_pretrain.py"), "--config", str(config), *overrides]
-    with stderr.open("wb") as err:
-        return subprocess.Popen(cmd, cwd=REPO, env=env or recipe_env(config.parent), stdout=subprocess.DEVNULL,
-                                stderr=err)
+# conftest.py's ``fixture_pretrained``: one short run of recipe 04 on the fixture stages, made once per
+# session, which tests read (or copy with ``pretrained_copy`` to resume, branch or change it)
+PRETRAINED_TRAIN = {"steps": 6, "checkpoint_every": 3, "warmup_steps": 1, "log_every": 1}
+
+
+def pretrain_fixture_run(stages_root: Path, root: Path) -> Path:
+    """Recipe 04 (PRETRAINED_TRAIN: checkpoints 3 and 6) on a copy of the prepared stages; returns its config."""
+    config = run_copy(stages_root, root, train=PRETRAINED_TRAIN)
+    run_recipe("04_pretrain.py", config)
+    return config
+
+
+def pretrained_copy(pretrained: Path, root: Path) -> Path:
+    """A copy of ``fixture_pretrained``'s whole run root in ``root`` (another run root); returns its config."""
+    shutil.copytree(pretrained.parent / "runs", root / "runs")
+    return fixture_config(root, train=PRETRAINED_TRAIN)
 
 
 def log_records(run_dir: Path) -> list[dict[str, Any]]:
-    """The complete lines of ``train_log.jsonl`` (a line cut by a kill is not one)."""
+    """The complete lines of ``train_log.jsonl`` (a line being written, or cut by a kill, is not one)."""
     return read_train_log(run_dir)
 
 

@@ -23,6 +23,7 @@ import pytest
 from experiment.errors import WriteError
 from experiment.sections.train import TrainConfig
 from tests.recipe_runner import error_line, run_recipe, run_recipe_on_full_disk, tiny_config
+from tests.recipe_runner import read_train_log as log_records
 from tests.test_train_resume import STEPS, TRAIN, experiment_copy
 from tracking import process_hooks
 from trainer import checkpoint, checkpoint_integrity, trained_model
@@ -196,11 +197,6 @@ def copy_of(straight: Path, tmp_path: Path) -> tuple[Path, Path]:
 
     shutil.copytree(straight.parent / "runs", tmp_path / "runs")
     return tiny_config(tmp_path, train=TRAIN), tmp_path / "runs" / "tiny"
-
-
-def log_records(run_dir: Path) -> list[dict[str, Any]]:
-    lines = (run_dir / "train_log.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines]
 
 
 def trained_params(run_dir: Path, step: int) -> list[np.ndarray]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -72,22 +71,20 @@ def test_resume_on_another_device_count_and_price_row(fixture_stages: Path, tmp_
     """4 CPU devices (data 2 x fsdp 2) priced as TPU v5e, SIGTERM, resumed on 1 CPU device priced as an AWS H100 (spot, another
     rate): one ledger priced session by session, every token once, the data order of an uninterrupted run, and
     the loss after the mesh change close to (not bitwise) the uninterrupted 4-device run's."""
-    from tests.fixture_run import log_records, run_copy, start_pretrain
-    from tests.recipe_runner import run_recipe
+    from tests.fixture_run import log_records, run_copy
+    from tests.recipe_runner import logged_steps, run_recipe, signal_when, start_pretrain
 
     straight = run_copy(fixture_stages, tmp_path / "straight", train=TRAIN)
-    run_recipe("04_pretrain.py", straight, *FIRST)
+    run_recipe("04_pretrain.py", straight, *FIRST, subprocess_=True)  # 4 devices: a process of its own
     reference = {r["train/step"]: r for r in log_records(straight.parent / "runs" / "tiny")}
 
     config = run_copy(fixture_stages, tmp_path / "hybrid", train=TRAIN)
     run_dir = config.parent / "runs" / "tiny"
-    proc = start_pretrain(config, tmp_path / "first.err", *FIRST)
-    deadline = time.monotonic() + 300
-    while not [r for r in log_records(run_dir) if r["train/step"] >= 5]:
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "first.err").read_text()[-3000:]
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 143, (tmp_path / "first.err").read_text()[-3000:]
+    output = tmp_path / "first.log"
+    proc = start_pretrain(config, output, *FIRST)
+    code = signal_when(proc, lambda: any(step >= 5 for step in logged_steps(run_dir)), signal.SIGTERM, timeout=300,
+                       output=output, exit_timeout=60)
+    assert code == 143, output.read_text()[-3000:]
     stopped = max(r["train/step"] for r in log_records(run_dir))
     assert 5 <= stopped < STEPS
     resumed = run_recipe("04_pretrain.py", config, *SECOND)

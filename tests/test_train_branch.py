@@ -15,7 +15,7 @@ from cost.ledger_pricing import summarize_ledger, summarize_ledger_at
 from experiment.errors import ConfigError
 from experiment.runfolder import RunFolder
 from experiment.sections.train import TrainConfig
-from tests.fixture_run import checkpoint_contents, log_records, run_copy
+from tests.fixture_run import PRETRAINED_TRAIN, checkpoint_contents, log_records, pretrained_copy
 from tests.recipe_runner import error_line, run_recipe
 from tracking.readback import find_offline_runs, read_offline_run
 from trainer.branch import open_branch
@@ -26,11 +26,11 @@ BRANCH = ("experiment.name=branch", "train.branch_from=tiny", f"train.branch_ste
 
 
 @pytest.fixture(scope="module")
-def runs(fixture_stages: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A parent of 6 steps with checkpoints at 3 and 6, and a branch from step 3 with the same schedule."""
-    config = run_copy(fixture_stages, tmp_path_factory.mktemp("branch"),
-                      train={"steps": 6, "checkpoint_every": N, "warmup_steps": 1, "log_every": 1})
-    run_recipe("04_pretrain.py", config)
+def runs(fixture_pretrained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A parent of 6 steps with checkpoints at 3 and 6 (a copy of conftest.py's ``fixture_pretrained``), and a
+    branch from step 3 with the same schedule."""
+    assert PRETRAINED_TRAIN["steps"] == 2 * N == 2 * PRETRAINED_TRAIN["checkpoint_every"]
+    config = pretrained_copy(fixture_pretrained, tmp_path_factory.mktemp("branch"))
     run_recipe("04_pretrain.py", config, *BRANCH)
     return config
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixture_run import checkpoint_contents, log_records, run_copy, start_pretrain
-from tests.recipe_runner import recipe_env
+from tests.fixture_run import checkpoint_contents, log_records, run_copy
+from tests.recipe_runner import recipe_env, start_pretrain
 from tracking.readback import run_id_of
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,9 @@ STEP_RUN = "CommonPjRtLoadedExecutable::Execute (jit_train_step)"  # one per tra
 def test_profile_steps_writes_a_trace_of_those_steps_and_logs_it(fixture_stages: Path, tmp_path: Path) -> None:
     config = run_copy(fixture_stages, tmp_path, train={"steps": 5, "checkpoint_every": 5, "warmup_steps": 1,
                                                        "profile_steps": [2, 3]})
-    proc = run_recipe("04_pretrain.py", config)
+    # a process of its own: the trace records the executables a fresh process runs (run in the test process,
+    # after other runs, it held no jit_train_step executions under that name)
+    proc = run_recipe("04_pretrain.py", config, subprocess_=True)
     run_dir = config.parent / "runs" / "tiny"
     profile = run_dir / "profile"
     assert f"profiler trace of steps 2-4 in {profile}" in proc.stderr

@@ -25,14 +25,8 @@ import pytest
 
 from cost.ledger_pricing import summarize_ledger
 from cost.ledger_report import summarize_sessions
-from tests.fixture_run import (
-    assert_same_checkpoint,
-    assert_same_log,
-    log_records,
-    run_copy,
-    start_pretrain,
-)
-from tests.recipe_runner import run_recipe
+from tests.fixture_run import assert_same_checkpoint, assert_same_log, log_records, run_copy
+from tests.recipe_runner import in_process_devices, run_recipe, start_pretrain, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -84,47 +78,39 @@ def resumed_step(stderr: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def interrupt(proc: subprocess.Popen[bytes], session: Session, run_dir: Path, stderr: Path, sig: int) -> int:
+def interrupt(proc: subprocess.Popen[bytes], session: Session, run_dir: Path, output: Path, sig: int) -> int:
     """Poll the run every few ms until the session's moment comes, send ``sig``, and wait for the
     exit; note what the disk holds then. Returns the exit code."""
     started = time.monotonic()
     seen_saves: set[int] = set()
     log, log_size, training = run_dir / "train_log.jsonl", -1, False
-    try:
-        while proc.poll() is None and not session.signalled_at:
-            now = time.monotonic()
-            if now - started > 300:
-                raise AssertionError(f"no {session.kind} moment within 300 s:\n{stderr.read_text()[-3000:]}")
-            if not training:  # train_log.jsonl is trimmed to the restored step before the first step
-                text = stderr.read_text(errors="replace")
-                training = "first step (with compilation) done" in text
-                if training:
-                    session.resumed_from = resumed_step(text)
-            if training and log.stat().st_size != log_size:
-                log_size = log.stat().st_size
-                for record in log_records(run_dir):
-                    if record["train/step"] > session.resumed_from:
-                        session.logged_at.setdefault(record["train/step"], now)
-            if session.kind == "save":
-                seen_saves |= saves_in_flight(run_dir / "checkpoints", session.resumed_from) if training else set()
-                fire = len(seen_saves) >= session.n
-            elif session.kind == "steps":
-                reached = [s for s in session.logged_at if s >= session.resumed_from + session.n]
-                # then two ledger flush periods more, so the session's work past its checkpoint is on disk
-                fire = bool(reached) and now - min(session.logged_at[s] for s in reached) > 2 * FLUSH_S + 0.02
-            else:
-                fire = now - started >= session.n
-            if fire:
-                proc.send_signal(sig)
-                session.signalled_at = time.monotonic()
-            else:
-                time.sleep(0.002)
-    except BaseException:
-        proc.kill()
-        proc.wait(timeout=30)
-        raise
+
+    def moment() -> bool:
+        nonlocal log_size, training, seen_saves
+        now = time.monotonic()
+        if not training:  # train_log.jsonl is trimmed to the restored step before the first step
+            text = output.read_text(errors="replace")
+            training = "first step (with compilation) done" in text
+            if training:
+                session.resumed_from = resumed_step(text)
+        if training and log.stat().st_size != log_size:
+            log_size = log.stat().st_size
+            for record in log_records(run_dir):
+                if record["train/step"] > session.resumed_from:
+                    session.logged_at.setdefault(record["train/step"], now)
+        if session.kind == "save":
+            seen_saves |= saves_in_flight(run_dir / "checkpoints", session.resumed_from) if training else set()
+            return len(seen_saves) >= session.n
+        if session.kind == "steps":
+            reached = [s for s in session.logged_at if s >= session.resumed_from + session.n]
+            # then two ledger flush periods more, so the session's work past its checkpoint is on disk
+            return bool(reached) and now - min(session.logged_at[s] for s in reached) > 2 * FLUSH_S + 0.02
+        return now - started >= session.n
+
+    wait_until(proc, moment, timeout=300, output=output, poll_s=0.002)
+    proc.send_signal(sig)
+    session.signalled_at = time.monotonic()
     returncode = proc.wait(timeout=60)
-    assert session.signalled_at, f"the run ended before its {session.kind} moment:\n{stderr.read_text()[-3000:]}"
     session.mid_save = training and bool(saves_in_flight(run_dir / "checkpoints", session.resumed_from))
     session.last_logged = max((r["train/step"] for r in log_records(run_dir)), default=0)
     return returncode
@@ -133,22 +119,23 @@ def interrupt(proc: subprocess.Popen[bytes], session: Session, run_dir: Path, st
 def test_random_kills_during_training_and_saves_end_like_an_uninterrupted_run(fixture_stages: Path,
                                                                             tmp_path: Path) -> None:
     straight = run_copy(fixture_stages, tmp_path / "straight", **SECTIONS)
-    run_recipe("04_pretrain.py", straight)
+    run_recipe("04_pretrain.py", straight)  # in this process: the killed sessions get as many devices
     reference_dir = straight.parent / "runs" / "tiny"
+    devices = in_process_devices()
 
     config = run_copy(fixture_stages, tmp_path / "tortured", **SECTIONS)
     run_dir = config.parent / "runs" / "tiny"
     plan = kill_plan(random.Random(SEED))
     for number, session in enumerate(plan):
-        stderr = tmp_path / f"session-{number}.err"
-        interrupt(start_pretrain(config, stderr), session, run_dir, stderr, signal.SIGKILL)
+        output = tmp_path / f"session-{number}.log"
+        interrupt(start_pretrain(config, output, devices=devices), session, run_dir, output, signal.SIGKILL)
 
     # a SIGTERM a few steps into the next session: it saves that step and exits 143
     preempted = Session("steps", 3)
-    stderr = tmp_path / "sigterm.err"
-    returncode = interrupt(start_pretrain(config, stderr), preempted, run_dir, stderr, signal.SIGTERM)
-    assert returncode == 143, stderr.read_text()[-3000:]
-    assert f"SIGTERM: checkpoint of step {preempted.last_logged} saved" in stderr.read_text()
+    output = tmp_path / "sigterm.log"
+    returncode = interrupt(start_pretrain(config, output, devices=devices), preempted, run_dir, output, signal.SIGTERM)
+    assert returncode == 143, output.read_text()[-3000:]
+    assert f"SIGTERM: checkpoint of step {preempted.last_logged} saved" in output.read_text()
 
     final = run_recipe("04_pretrain.py", config)
     assert f"resumed from the checkpoint of step {preempted.last_logged} in" in final.stderr
