@@ -54,7 +54,9 @@ EFFECTS = {
     "warnings_filter": ("import warnings\nwarnings.filterwarnings('ignore', category=DeprecationWarning)\n",
                         "warnings.filters"),
     "signal_handler": ("import signal\nsignal.signal(signal.SIGTERM, lambda *a: None)\n", f"signal {15}"),
-    "environment": ("import os\nos.environ['TPU_SKIP_MDS_QUERY'] = '1'\n", "os.environ[TPU_SKIP_MDS_QUERY]"),
+    # a name no test sets (the probe's interpreter inherits this process's environment: a variable an earlier
+    # test left set, e.g. the fit check's TPU_SKIP_MDS_QUERY, would show no change)
+    "environment": ("import os\nos.environ['RU_IMPORT_PROBE_PLANTED'] = '1'\n", "os.environ[RU_IMPORT_PROBE_PLANTED]"),
     "jax_config": ("import jax\njax.config.update('jax_debug_nans', True)\n", "jax.config[jax_debug_nans]"),
 }
 
