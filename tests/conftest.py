@@ -13,11 +13,14 @@ import importlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
 import pytest
+
+from tests.device_worker import DeviceWorker
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _WANDB_HOME = Path(tempfile.mkdtemp(prefix="wandb-tests-"))
@@ -140,3 +143,10 @@ def straight_run(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     # bit then run programs compiled separately, as a restart that recompiles does
     run_recipe("04_pretrain.py", config, shared_xla_cache=False)
     return config
+
+
+@pytest.fixture(scope="session")
+def eight_devices() -> Iterator[DeviceWorker]:
+    """The session's one subprocess with 8 fake CPU devices: ``eight_devices.run(check, *args)`` (tests/device_worker.py)."""
+    with DeviceWorker(8) as worker:
+        yield worker
