@@ -59,9 +59,10 @@ EXTRA_TESTS_tf := tests/test_tfrecord_tf.py
 # (the beam venv also has zstandard: the .zst reading path of the corpus sources runs there)
 EXTRA_TESTS_beam := tests/test_corpus_beam.py tests/test_shard_beam.py \
 	tests/test_corpus_build.py::test_zstd_jsonl_is_read_or_needs_the_extra
-# (of test_tokenizer.py only the test that needs transformers: the base suite runs the rest)
+# (of test_tokenizer.py only the test that needs transformers: the base suite runs the rest;
+# tests/test_hf_parity_<family>.py: a model family's logits and generation against Transformers')
 EXTRA_TESTS_hf := tests/test_eval_hf_export.py tests/test_eval_lm_eval.py tests/test_hf_import.py \
-	tests/test_tokenizer.py::test_transformers_loads_export_offline_with_identical_ids
+	tests/test_tokenizer.py::test_transformers_loads_export_offline_with_identical_ids $(wildcard tests/test_hf_parity_*.py)
 EXTRA_TESTS_tpu := tests/test_fit_check.py
 EXTRAS := tpu hf tf beam  # the longest installs first
 EXTRA_PIP_tf := tf,test

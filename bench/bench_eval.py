@@ -38,8 +38,8 @@ from interleave import interleaved_rounds, median_ratio  # noqa: E402
 from eval.harness import PairEncoder, load_task  # noqa: E402
 from eval.scoring import ScoreRequest, model_logits_fn, score_requests  # noqa: E402
 from eval.tasks import TASKS  # noqa: E402
-from experiment.sections.model import ModelConfig  # noqa: E402
 from experiment.sections.tokenizer import TokenizerConfig  # noqa: E402
+from model.llama.config import LlamaConfig  # noqa: E402
 
 SHARED = Path(os.environ.get("RU_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -112,10 +112,10 @@ def main() -> None:
     from flax import nnx
 
     from eval.hf_export import write_export
-    from model.decoder import Decoder
+    from model.llama.model import Decoder
 
     sp = train_tokenizer(args.vocab)
-    cfg = ModelConfig(d_model=args.d_model, n_layers=args.layers, n_heads=4, n_kv_heads=2,
+    cfg = LlamaConfig(d_model=args.d_model, n_layers=args.layers, n_heads=4, n_kv_heads=2,
                       d_ff=int(args.d_model * 2.75), max_seq_len=128)
     with nnx.use_eager_sharding(False):
         model = nnx.jit(lambda: Decoder(cfg, sp.get_piece_size(), nnx.Rngs(0)))()

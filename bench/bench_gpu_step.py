@@ -6,7 +6,7 @@ against PyTorch + transformers ``LlamaForCausalLM`` at the same shape, batch and
     python bench/bench_gpu_step.py --layouts scanned               # one layer layout only (default: both)
 
 What it measures, each side in turn (``--rounds`` interleaved rounds of ``--steps`` timed steps after a
-warm-up): seconds per step, tokens/s, MFU = hand-counted model FLOPs per token (``model.flops``, 3x
+warm-up): seconds per step, tokens/s, MFU = hand-counted model FLOPs per token (``model/llama/flops.py``, 3x
 forward, full T x T attention as in PaLM's formula) x tokens/s / the chip's dense bf16 peak
 (``--peak-tflops``, the datasheet figure) and over the bf16 matmul rate measured on this GPU in the
 same run, and the framework's peak device memory. Before timing, cuDNN attention is checked against
@@ -90,14 +90,13 @@ def jax_side(args: argparse.Namespace, attention: str, scanned: bool) -> tuple[d
     import jax
     import numpy as np
 
-    from experiment.presets import PRESETS
-    from experiment.sections.model import ModelConfig
     from experiment.sections.train import TrainConfig
     from model.attention import resolve_attention
-    from model.flops import train_flops_per_token
+    from model.llama.config import PRESETS, LlamaConfig
+    from model.llama.flops import train_flops_per_token
 
     shape = {k: v for k, v in PRESETS[args.preset].items() if k != "max_seq_len"}
-    model_cfg = ModelConfig(**shape, max_seq_len=args.seq_len, attention=attention, remat=args.remat,
+    model_cfg = LlamaConfig(**shape, max_seq_len=args.seq_len, attention=attention, remat=args.remat,
                             scan_layers=scanned)
     train_cfg = TrainConfig(steps=1000, batch_size=args.batch, warmup_steps=10, compute_dtype="bfloat16",
                             loss_chunk_len=args.loss_chunk_len)
@@ -124,7 +123,7 @@ def torch_side(args: argparse.Namespace, compiled: bool) -> tuple[dict[str, Any]
     import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from experiment.presets import PRESETS
+    from model.llama.config import PRESETS
 
     shape = PRESETS[args.preset]
     torch.manual_seed(0)

@@ -33,10 +33,11 @@ def write(folder: str, shards: int) -> None:
     from flax import nnx
     from safetensors.numpy import save_file
 
-    from experiment.sections.model import ModelConfig
-    from model.llama import LLAMA, hf_tensors, llama_config
+    from model.llama.config import LlamaConfig
+    from model.llama.family import LLAMA
+    from model.llama.hf import hf_tensors, llama_config
 
-    cfg = ModelConfig(**SHAPE, scan_layers=False)  # per-layer shapes, as the HF file has them
+    cfg = LlamaConfig(**SHAPE, scan_layers=False)  # per-layer shapes, as the HF file has them
     pure = nnx.to_pure_dict(nnx.state(LLAMA.abstract(cfg, VOCAB), nnx.Param))
     pure_shapes = {}
     for t in hf_tensors(cfg):

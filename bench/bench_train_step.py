@@ -4,7 +4,7 @@
 Both train the same Llama shape (RMSNorm, RoPE, SwiGLU, GQA, tied embeddings) on the same batch
 and sequence length with AdamW and gradient clipping. Each side runs in its own process (so peak
 host memory is its own) and measures its framework's fp32 matmul peak on this machine; MFU is
-model FLOPs per second (hand-counted, ``model.flops``) over the higher of the two measured peaks.
+model FLOPs per second (hand-counted, ``model/llama/flops.py``) over the higher of the two measured peaks.
 
     python bench/bench_train_step.py                      # the demo shape, fp32 and bf16
     python bench/bench_train_step.py --torch-python .venvs/hf/bin/python --dtypes float32 --rounds 8
@@ -102,12 +102,12 @@ def jax_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
     """(facts, run(k) -> seconds per step, finish() -> final facts) for our trainer's real step."""
     import jax
 
-    from experiment.sections.model import ModelConfig
     from experiment.sections.train import TrainConfig
-    from model.flops import train_flops_per_token
+    from model.llama.config import LlamaConfig
+    from model.llama.flops import train_flops_per_token
     from trainer.cpu_host import prepare_cpu_host
 
-    model_cfg = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
+    model_cfg = LlamaConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
                             n_kv_heads=args.n_kv_heads, d_ff=args.d_ff, max_seq_len=args.seq_len,
                             attention=args.attention, remat=args.remat, scan_layers=args.scan_layers == "true",
                             scan_unroll=args.scan_unroll)
@@ -149,11 +149,12 @@ def cpu_facts() -> dict[str, Any]:
 def torch_worker(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
     import torch
     import transformers
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig as HFLlamaConfig
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.d_model, intermediate_size=args.d_ff,
+    config = HFLlamaConfig(vocab_size=args.vocab, hidden_size=args.d_model, intermediate_size=args.d_ff,
                          num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads,
                          num_key_value_heads=args.n_kv_heads, max_position_embeddings=args.seq_len,
                          rms_norm_eps=1e-5, rope_theta=10_000.0, tie_word_embeddings=True,

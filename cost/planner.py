@@ -3,7 +3,7 @@
 For a model (a preset, a published reference shape such as ``llama3.1-8b``, or the experiment's
 own model section), a token budget and a list of accelerator / slice / pricing options:
 
-    train FLOPs per token  = the model family's hand count (Llama: model/flops.py, 3x forward)
+    train FLOPs per token  = the model family's hand count (Llama: model/llama/flops.py, 3x forward)
     tokens/s per chip      = MFU x peak bf16 FLOP/s / FLOPs per token
     hours                  = tokens / (tokens/s per chip x chips) / 3600
     rubles                 = hours x chips x USD per chip-hour x USD->RUB
@@ -39,11 +39,12 @@ from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from cost.target import Target, TargetCrossing, cost_to_target, eval_points, read_train_log, target_of
 from experiment.config import load_config
 from experiment.errors import ConfigError, DataError
-from experiment.presets import PRESETS, preset_model_config
+from experiment.presets import preset_model_config
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
-from experiment.sections.model import ModelConfig
+from experiment.sections.model import family_presets
 from experiment.stages import FIT_CHECK, TOKENIZER
+from model.llama.config import LlamaConfig
 from model.registry import family_of
 
 log = logging.getLogger("cost.planner")
@@ -133,7 +134,7 @@ def read_anchors(path: Path = ANCHORS) -> list[Anchor]:
     with path.open(encoding="utf-8", newline="") as handle:
         for line, row in enumerate(csv.DictReader(handle), start=2):
             try:
-                shape = ModelConfig(d_model=int(row["d_model"]), n_layers=int(row["n_layers"]),
+                shape = LlamaConfig(d_model=int(row["d_model"]), n_layers=int(row["n_layers"]),
                                     n_heads=int(row["n_heads"]), n_kv_heads=int(row["n_kv_heads"]),
                                     head_dim=int(row["head_dim"]), d_ff=int(row["d_ff"]),
                                     max_seq_len=int(row["seq_len"]),
@@ -174,13 +175,14 @@ def resolve_plan_model(cfg: ExperimentConfig, run_folder: RunFolder | None) -> P
     if is_hf_spec(name):
         label, model_cfg, vocab_size = hf_model_shape(name, "cost.plan_model", cfg.model)
         return PlanModel(label, model_cfg, vocab_size, model_cfg.max_seq_len)
-    if name in PRESETS:
-        model_cfg = preset_model_config(name)
+    presets = family_presets(cfg.model.family)
+    if name in presets:
+        model_cfg = preset_model_config(name, cfg.model.family)
         return PlanModel(name, model_cfg, vocab_size_of(cfg, run_folder), model_cfg.max_seq_len)
     anchors = {anchor.model.label: anchor.model for anchor in read_anchors()}
     if name in anchors:
         return anchors[name]
-    raise ConfigError(f"config key 'cost.plan_model': unknown model '{name}' (known: {', '.join([*PRESETS, *anchors])}, "
+    raise ConfigError(f"config key 'cost.plan_model': unknown model '{name}' (known: {', '.join([*presets, *anchors])}, "
                       "or hf:<folder or config.json>)")
 
 
@@ -391,12 +393,12 @@ def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> 
     title = f"Plan: {model.label}, {tokens / 1e9:,.4g}B tokens" if tokens >= 1e9 else f"Plan: {model.label}, {tokens:,} tokens"
     preamble = (f"Model {model.label}: {model.params / 1e6:,.1f}M parameters, vocabulary {model.vocab_size}, "
                 f"sequence {model.seq_len}, {model.flops_per_token / 1e9:,.3f} GFLOP per trained token "
-                f"(model.flops, 3x forward). USD->RUB {rate.rate:.4f} of {rate.date} ({rate.source}).")
+                f"(the family's hand count, 3x forward). USD->RUB {rate.rate:.4f} of {rate.date} ({rate.source}).")
     notes = [f"anchor: {c['model']} on {c['accelerator']} at {c['mfu']:.1%} MFU: our arithmetic gives "
              f"{c['predicted_tokens_per_s_per_chip']:,.0f} tokens/s/chip, published "
              f"{c['published_tokens_per_s_per_chip']:,.0f} ({c['relative_error']:+.2%}; {c['source']})" for c in checks]
     notes.append("recompute = hardware / model FLOPs of the setting (remat, the flash kernel's backward, the chunked "
-                 "loss; model.flops); an anchor's MFU or cost.plan_mfu is held as hardware utilisation (HFU) and "
+                 "loss; the family's hand count); an anchor's MFU or cost.plan_mfu is held as hardware utilisation (HFU) and "
                  "divided by it; 'setting from' says whether recipe 04b's fit check or the config chose the setting")
     notes.append(f"state = {STATE_BYTES_PER_PARAM} bytes/parameter (fp32 weights, gradients, Adam moments) "
                  "sharded over the slice; activations are not included, so 'yes' is necessary, not sufficient")

@@ -1,7 +1,7 @@
 """Export a trained model as a Hugging Face Transformers model: safetensors, config.json, tokenizer.
 
 The weights and config.json come from the model family's HF adapter (``ModelFamily.hf_adapter``:
-for Llama, ``LlamaForCausalLM`` in model/llama.py); a family without one is not exported (recipe 05
+for Llama, ``LlamaForCausalLM`` in model/llama/hf.py); a family without one is not exported (recipe 05
 logs that it skipped the export). The Llama folder loads with ``LlamaForCausalLM.from_pretrained``
 and its fp32 logits match ours within 1e-4 (tests/test_eval_hf_export.py). Only numpy and
 safetensors are needed here, not torch.

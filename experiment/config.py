@@ -24,7 +24,7 @@ import yaml
 from experiment.errors import ConfigError
 from experiment.presets import preset_fields
 from experiment.schema import ExperimentConfig
-from experiment.sections.model import model_section_class
+from experiment.sections.model import family_axis_rules, model_section_class
 from experiment.sweep import select_variant, variant_experiment_name
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -208,14 +208,14 @@ def explicit_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
     return keys
 
 
-def resolve_model_tree(model_tree: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
-    """The model section with its preset's fields filled in where the user set no key."""
+def resolve_model_tree(model_tree: dict[str, Any], explicit: set[str], family: str = "llama") -> dict[str, Any]:
+    """The model section with its preset's fields (``family``'s) filled in where the user set no key."""
     preset = model_tree.get("preset")
     if not preset:
         return model_tree
     if not isinstance(preset, str):
         raise ConfigError(f"config key 'model.preset': expected a preset name, got {preset!r}")
-    filled = {name: value for name, value in preset_fields(preset).items() if f"model.{name}" not in explicit}
+    filled = {name: value for name, value in preset_fields(preset, family).items() if f"model.{name}" not in explicit}
     return {**model_tree, **filled}
 
 
@@ -249,7 +249,7 @@ def build_config(tree: dict[str, Any]) -> ExperimentConfig:
     if not isinstance(family, str):
         raise ConfigError(f"config key 'model.family': expected a family name, got {family!r}")
     model_cls = model_section_class(family)
-    model = build_dataclass(model_cls, resolve_model_tree(model_tree, explicit), "model")
+    model = build_dataclass(model_cls, resolve_model_tree(model_tree, explicit, family), "model")
     cfg = build_dataclass(ExperimentConfig, {k: v for k, v in tree.items() if k != "model"})
     cfg.model = model
     cfg.explicit_keys = frozenset(explicit)
@@ -259,6 +259,11 @@ def build_config(tree: dict[str, Any]) -> ExperimentConfig:
 
 def check_sections(cfg: ExperimentConfig) -> None:
     """Every rule that spans two sections, checked once at load (a section's own rules are its validate)."""
+    family_rules = family_axis_rules(cfg.model.family)
+    unknown = sorted(set(cfg.train.mesh.rules) - set(family_rules))
+    if unknown:
+        raise ConfigError(f"config key 'train.mesh.rules': unknown logical axes {unknown} for the {cfg.model.family} "
+                          f"family (its parameters and activations use: {', '.join(sorted(family_rules))})")
     if cfg.model.attention == "cudnn" and cfg.train.compute_dtype != "bfloat16":
         raise ConfigError("config key 'model.attention': cudnn flash attention needs train.compute_dtype=bfloat16, "
                           f"got {cfg.train.compute_dtype}; use auto")

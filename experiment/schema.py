@@ -9,7 +9,7 @@ from experiment.sections.corpus import CorpusConfig, SourceConfig
 from experiment.sections.cost import CostConfig
 from experiment.sections.eval import EvalConfig
 from experiment.sections.experiment import ExperimentSection
-from experiment.sections.model import ModelConfig
+from experiment.sections.model import ModelSection, model_section_class
 from experiment.sections.shards import ShardsConfig
 from experiment.sections.tokenizer import TokenizerConfig
 from experiment.sections.tracking import WandbConfig
@@ -17,7 +17,7 @@ from experiment.sections.train import MeshConfig, TrainConfig
 
 __all__ = [
     "CorpusConfig", "CostConfig", "EvalConfig", "ExperimentConfig", "ExperimentSection", "MeshConfig",
-    "ModelConfig", "ShardsConfig", "SourceConfig", "TokenizerConfig", "TrainConfig", "WandbConfig",
+    "ModelSection", "ShardsConfig", "SourceConfig", "TokenizerConfig", "TrainConfig", "WandbConfig",
 ]
 
 
@@ -27,7 +27,8 @@ class ExperimentConfig:
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    # the section class of ``model.family`` (its folder's config module); the default is Llama's
+    model: ModelSection = field(default_factory=lambda: model_section_class("llama")())
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     cost: CostConfig = field(default_factory=CostConfig)

@@ -2,30 +2,41 @@
 
 A family is everything the trainer, checkpoint loader, evaluator, HF exporter, planner and fit check
 need to know about an architecture, in one ``ModelFamily``: the dataclass its ``model:`` config
-section is read into, a builder for its Flax NNX module, its hand-counted FLOPs and parameter count,
-the logical axis names its parameters carry with their default mesh rules, its own config checks,
-and its Hugging Face adapter (None: no HF export or import). Those stages look the family up by
-``cfg.model.family`` (``model.registry.family_of``) and never import a model file themselves, so a new
-family is one module plus ``register_family(...)`` (as in torchtitan's TrainSpec registry).
+section is read into, a builder for its Flax NNX module, its hand-counted FLOPs, recomputation and
+parameter count, the logical axis names its parameters carry with their default mesh rules, its own
+config checks, the submodules quantized training quantizes, and its Hugging Face adapter (None: no
+HF export or import). Those stages look the family up by ``cfg.model.family`` (``get_family``,
+``family_of``) and never import a model file themselves.
 
-Llama, the first family, registers in ``model/llama.py``; ``model.registry`` imports the families
-that ship, so look families up through it.
+A family that ships is one folder, model/<family>/ (``config.py``: data; ``family.py``: the
+``register_family(ModelFamily(...))``; its model, FLOPs and adapter), plus its line in
+experiment/families.py, which is how ``get_family`` finds it by name (as torchtitan's TrainSpec
+registry). A family defined elsewhere calls ``register_family`` when its module is imported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from experiment.errors import ConfigError
+from experiment.families import FAMILY_PACKAGES, family_module, shipped_families
 from experiment.sections.model import register_model_section
+from model.attention import resolve_attention
 
-TrainCosts = tuple[str, float, float]  # (attention kernel, model FLOPs, hardware FLOPs) per trained token
+
+class TrainCosts(NamedTuple):
+    """What one trained token costs a config on a platform (the fit check reports it, the planner prices it)."""
+
+    attention: str  # the kernel ``model.attention`` stands for on that platform
+    model_flops: float  # the hand-counted FLOPs of forward and backward (MFU's numerator)
+    hardware_flops: float  # with the work the backward pass recomputes (remat, flash kernels, the chunked loss)
 
 
 @runtime_checkable
@@ -56,6 +67,7 @@ class FamilyConfig(Protocol):
     """Fields every family's ``model:`` section has, because stages other than the model read them."""
 
     family: str  # the registered family name
+    d_model: int  # the width of the hidden states the output projection reads
     max_seq_len: int  # the longest sequence the model is built for (trainer and eval check against it)
     z_loss: float  # weight of log(Z)^2 in the train loss
     attention: str  # the attention kernel setting the fit search varies
@@ -90,10 +102,12 @@ class ModelFamily:
     config_cls: type[Any]  # the dataclass of its ``model:`` section (fields of ``FamilyConfig`` included)
     build: Builder  # (model_cfg, vocab_size, rngs) -> the NNX module (a ``FamilyModel``), fp32 parameters
     flops: Callable[[Any, int, int], float]  # (model_cfg, vocab_size, seq_len) -> model FLOPs per trained token
-    # (model_cfg, vocab_size, seq_len, platform, compute_dtype, loss_chunk_len) -> (attention kernel the
-    # config stands for on that platform, model FLOPs, hardware FLOPs with recomputation) per trained token
-    train_costs: Callable[[Any, int, int, str, str, int], TrainCosts]
     param_count: Callable[[Any, int], int]  # (model_cfg, vocab_size) -> parameters, by formula
+    # (model_cfg, vocab_size, seq_len, attention kernel) -> forward FLOPs per trained token its backward pass
+    # does again (remat, a flash kernel's score recompute); the chunked loss's is counted by ``train_costs``
+    recompute_flops: Callable[[Any, int, int, str], float] = lambda model_cfg, vocab_size, seq_len, kernel: 0.0
+    # (model_cfg) -> the head dimension its attention runs at (which kernels ``attention: auto`` may pick)
+    head_dim: Callable[[Any], int] = lambda model_cfg: model_cfg.resolved_head_dim
     # logical axis name -> default mesh axes, for every name its parameters and activations use
     axis_rules: Mapping[str, Sequence[str]] = field(default_factory=dict)
     validate: Callable[[Any], None] = lambda model_cfg: None  # family-specific checks; ConfigError, one line
@@ -102,6 +116,20 @@ class ModelFamily:
     # regex over the paths of its submodules (e.g. "blocks/0/mlp") inside which ``train.quantization``
     # quantizes the matmuls against a parameter (trainer/quantization.py); "": int8/fp8 not supported
     quantized_modules: str = ""
+
+    def train_costs(self, model_cfg: Any, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
+                    loss_chunk_len: int) -> TrainCosts:
+        """The attention kernel, model FLOPs and hardware FLOPs per trained token of ``model_cfg`` on ``platform``.
+
+        The chunked loss (model/loss.py, ``0 < loss_chunk_len < seq_len``) computes the output head's logits
+        chunk by chunk again in the backward pass: one more forward matmul of the head, whatever the family."""
+        kernel = resolve_attention(model_cfg.attention, platform, jnp.dtype(compute_dtype), self.head_dim(model_cfg),
+                                   seq_len)
+        model_flops = self.flops(model_cfg, vocab_size, seq_len)
+        extra = self.recompute_flops(model_cfg, vocab_size, seq_len, kernel)
+        if 0 < loss_chunk_len < seq_len:
+            extra += 2.0 * model_cfg.d_model * vocab_size
+        return TrainCosts(kernel, model_flops, model_flops + extra)
 
     def mesh_rules(self, configured: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
         """The rules a run lays this family out with: its defaults, with the config's rules
@@ -151,18 +179,23 @@ def register_family(family: ModelFamily) -> ModelFamily:
     if known is not None and known != family:
         raise ValueError(f"model family '{family.name}' is already registered")
     _FAMILIES[family.name] = family
-    register_model_section(family.name, family.config_cls)
+    if family.name not in FAMILY_PACKAGES:  # a shipped family's section is read from its folder's config module
+        register_model_section(family.name, family.config_cls, family.axis_rules)
     return family
 
 
 def get_family(name: str) -> ModelFamily:
+    """The family registered as ``name``; a shipped one's folder is imported the first time it is asked for."""
+    if name not in _FAMILIES and name in FAMILY_PACKAGES:
+        family_module(name)
     if name not in _FAMILIES:
-        raise ConfigError(f"config key 'model.family': unknown model family '{name}' (known: {', '.join(sorted(_FAMILIES))})")
+        raise ConfigError(f"config key 'model.family': unknown model family '{name}' (known: {', '.join(families())})")
     return _FAMILIES[name]
 
 
 def families() -> tuple[str, ...]:
-    return tuple(sorted(_FAMILIES))
+    """Every family known: those that ship and those registered from outside the package."""
+    return tuple(sorted({*shipped_families(), *_FAMILIES}))
 
 
 def family_of(model_cfg: Any) -> ModelFamily:

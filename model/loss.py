@@ -7,13 +7,10 @@ in model/family.py), so these live apart from any one architecture.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
-from model.cpu_kernels import linear
+from model.linear import linear
 from model.sharding import constrain
 
 
@@ -74,7 +71,3 @@ def chunked_cross_entropy(hidden: jax.Array, weight: jax.Array, targets: jax.Arr
     total = jnp.maximum(mask.sum(), 1.0) if weights is not None else jnp.float32(b * t)
     return nll_sum / total, z_sum / total
 
-
-def count_params(model_or_state: Any) -> int:
-    state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) else model_or_state
-    return sum(int(x.size) for x in jax.tree.leaves(state))

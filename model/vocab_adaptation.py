@@ -21,7 +21,7 @@ import numpy as np
 
 EncodeFn = Callable[[str], Sequence[int]]
 # top-level parameter names of the input embedding table [V, D] and the untied output head [D, V]
-# (model/decoder.py; families built on the decoder share them): what adaptation rewrites and what
+# (model/llama/model.py; families built on the decoder share them): what adaptation rewrites and what
 # train.trainable=embeddings trains
 EMBEDDING_PARAMS = ("embed", "lm_head")
 

@@ -22,9 +22,10 @@ import pytest
 from flax import nnx
 
 from experiment.errors import ConfigError
-from experiment.sections.model import ModelConfig
 from model.attention import attend, resolve_attention
-from model.decoder import Decoder, init_decoder
+from model.llama.config import LlamaConfig
+from model.llama.family import LLAMA
+from model.llama.model import Decoder
 from model.loss import chunked_cross_entropy, cross_entropy, output_logits
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,13 +87,13 @@ def test_auto_picks_the_kernel_of_the_platform_compiled_for() -> None:
 
 
 def test_decoder_with_splash_matches_einsum_on_packed_documents() -> None:
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=T)
+    cfg = LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=T)
     tokens = jax.random.randint(jax.random.key(2), (1, T), 0, 97)
     segments = jnp.array([[1] * 60 + [2] * 68])
     positions = jnp.array([list(range(60)) + list(range(68))])
     logits = {}
     for impl in ("splash", "einsum"):
-        model = init_decoder(dataclasses.replace(cfg, attention=impl), 97, seed=0)
+        model = LLAMA.init(dataclasses.replace(cfg, attention=impl), 97, seed=0)
         logits[impl] = nnx.jit(lambda m, t, s, p: m(t, s, p))(model, tokens, segments, positions)
     np.testing.assert_allclose(logits["splash"], logits["einsum"], atol=2e-5)
 
@@ -137,12 +138,12 @@ def test_chunked_loss_keeps_one_chunk_of_logits() -> None:
 SHARDED = textwrap.dedent('''
     import json, dataclasses
     import jax, jax.numpy as jnp, numpy as np
-    from experiment.sections.model import ModelConfig
+    from model.llama.config import LlamaConfig
     from experiment.sections.train import MeshConfig, TrainConfig
     from model.sharding import build_mesh
     from trainer.step import build_program, global_batch
 
-    model = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=128)
+    model = LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=128)
     train = TrainConfig(steps=10, batch_size=8, warmup_steps=1, loss_chunk_len=48,
                         mesh=MeshConfig(data=2, fsdp=2, tensor=2))
     mesh = build_mesh(train.mesh)
@@ -178,7 +179,7 @@ def test_splash_train_step_on_an_8_device_mesh_equals_the_reference() -> None:
 
 
 def test_decoder_hidden_and_output_weight_give_the_logits() -> None:
-    model = init_decoder(ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16), 97)
+    model = LLAMA.init(LlamaConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16), 97)
     tokens = jnp.arange(16)[None] % 97
     logits = nnx.jit(lambda m, t: m(t))(model, tokens)
     rebuilt = nnx.jit(lambda m, t: output_logits(m.hidden(t), m.output_weight()))(model, tokens)
@@ -190,5 +191,5 @@ def test_a_checkpoint_trained_with_a_platform_kernel_loads_on_this_cpu() -> None
     from trainer.checkpoint import model_config_from_meta
 
     for kernel, loaded in (("cudnn", "auto"), ("splash", "auto"), ("einsum", "einsum")):
-        meta = {"model": {**dataclasses.asdict(ModelConfig()), "attention": kernel}}
+        meta = {"model": {**dataclasses.asdict(LlamaConfig()), "attention": kernel}}
         assert model_config_from_meta(meta).attention == loaded

@@ -161,11 +161,11 @@ def test_eval_loading_falls_back_past_a_damaged_step(tmp_path: Path) -> None:
     """``load_trained_model`` (recipe 05, HF export, lm-eval) takes the latest complete step."""
     from flax import nnx
 
-    from experiment.sections.model import ModelConfig
-    from model.decoder import Decoder
+    from model.llama.config import LlamaConfig
+    from model.llama.model import Decoder
     from model.stacking import layout_meta
 
-    model_cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
+    model_cfg = LlamaConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
     manager = checkpoint.open_manager(tmp_path / "checkpoints", TrainConfig(keep_checkpoints=5))
     for step in (3, 4):
         with nnx.use_eager_sharding(False):

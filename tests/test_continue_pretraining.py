@@ -19,14 +19,14 @@ import jax
 import numpy as np
 import pytest
 
-from experiment.sections.model import ModelConfig
+from model.llama.config import LlamaConfig
 from model.vocab_adaptation import adapt_embeddings
 from tests.fixture_run import assert_same_checkpoint, checkpoint_contents, run_copy
 from tests.recipe_runner import error_line, run_recipe
 
 BASE_VOCAB = 300
 # the tiny experiment's shape (tests/configs/tiny.yaml), so the YAML's explicit model keys agree
-BASE_MODEL = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192, max_seq_len=64,
+BASE_MODEL = LlamaConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192, max_seq_len=64,
                          tie_embeddings=False)
 LINES = ["Мой дядя самых честных правил, когда не в шутку занемог.",
          "Он уважать себя заставил и лучше выдумать не мог.",

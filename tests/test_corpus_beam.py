@@ -254,7 +254,7 @@ def test_recipes_01_and_03_on_beam_read_and_write_a_remote_scheme_like_local(tmp
     zstandard = import_extra("zstandard", "zstd")
     from data_prep.shards.build import shard_corpus
     from data_prep.shards.loader import iter_eval_batches
-    from experiment.sections.model import ModelConfig
+    from model.llama.config import LlamaConfig
     from tests.test_corpus_build import fixture
     from tests.test_shards_common import DisabledRun, shards_cfg, write_tokenizer
 
@@ -293,7 +293,7 @@ def test_recipes_01_and_03_on_beam_read_and_write_a_remote_scheme_like_local(tmp
         shutil.copytree(local_folder.tokenizer, beam_folder.tokenizer)
         shards = {"packing": "document", "records_per_shard": 3, "validation_percent": 40.0}
         cfg = SimpleNamespace(experiment=SimpleNamespace(name="t"), shards=shards_cfg(**shards),
-                              model=ModelConfig(max_seq_len=32))
+                              model=LlamaConfig(max_seq_len=32))
         local_shards = shard_corpus(cfg, local_folder, DisabledRun())
         cfg.shards = shards_cfg(**shards, runner="beam", output_uri="testfs://bucket/shards")
         beam_shards = shard_corpus(cfg, beam_folder, DisabledRun())

@@ -15,7 +15,7 @@ from cost.rates import UsdRubRate
 from experiment.config import load_config
 from experiment.errors import DataError
 from experiment.runfolder import RunFolder
-from model.flops import attention_forward_flops_per_token
+from model.llama.flops import attention_forward_flops_per_token
 from tests.recipe_runner import error_line, run_recipe, tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ def test_maxtext_v6e_anchors_within_their_published_rounding(label: str, tokens:
     50.33%, 960. At the published MFU our FLOP count and the v6e peak must give the published throughput to within
     what the figures' rounding allows (half a unit of the last printed digit of each), a few hundredths of a percent.
 
-    The published MFUs count attention over the full T x T matrix, as model.flops does; MaxText's current count
+    The published MFUs count attention over the full T x T matrix, as model/llama/flops.py does; MaxText's current count
     halves causal attention, which would miss both rows by 7-13%: the tolerance tells the two conventions apart."""
     anchor = next(a for a in read_anchors() if a.model.label == label and a.accelerator == "tpu-v6e")
     assert (anchor.tokens_per_s_per_chip, anchor.mfu) == (tokens, mfu)

@@ -43,11 +43,11 @@ PROBE = textwrap.dedent('''
     if sys.argv[4] == "count":  # the device count alone: no program to compile and time
         print("RESULT " + json.dumps({"devices": jax.device_count(), "done": done}))
         sys.exit(0)
-    from experiment.sections.model import ModelConfig
+    from model.llama.config import LlamaConfig
     from model.sharding import build_mesh
     from trainer.step import build_program, global_batch
     # logits of 16 x 128 x 8000 fp32 are 64 MB: XLA's scratch buffer is far above glibc's mmap threshold
-    model = ModelConfig(d_model=64, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=128, max_seq_len=128)
+    model = LlamaConfig(d_model=64, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=128, max_seq_len=128)
     program = build_program(model, train, 8000, build_mesh(train.mesh), seed=0)
     state = program.init_state()
     rows = np.random.default_rng(0).integers(0, 8000, (16, 129)).astype(np.int32)

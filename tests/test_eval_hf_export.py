@@ -15,7 +15,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
-from experiment.sections.model import ModelConfig
+from model.llama.config import LlamaConfig
 from tests.conftest import import_extra, needs_shared, shared_data_dir
 
 VOCAB = 97
@@ -24,10 +24,10 @@ VOCAB = 97
 def tiny_model(tie: bool, seed: int = 0):
     from flax import nnx
 
-    from model.decoder import Decoder
+    from model.llama.model import Decoder
 
     # a large init so that logits are far from uniform: a wrong transpose cannot hide in the noise
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64, init_std=0.3,
+    cfg = LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64, init_std=0.3,
                       tie_embeddings=tie, rope_theta=500.0)
     with nnx.use_eager_sharding(False):
         model = nnx.jit(lambda: Decoder(cfg, VOCAB, nnx.Rngs(seed)))()

@@ -66,7 +66,7 @@ def build_run_folder(cfg: Any, run_folder: RunFolder) -> None:
     from data_prep.shards.layout import feature_schema
     from experiment.files import atomic_write_bytes, sha256_file
     from experiment.manifest import write_manifest
-    from model.decoder import Decoder
+    from model.llama.model import Decoder
     from tokenizer.loaded import sentencepiece_run_tokenizer
     from tokenizer.train import special_ids, train_sentencepiece, trainer_options
     from trainer import checkpoint

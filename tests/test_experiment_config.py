@@ -156,7 +156,7 @@ def test_preset_fills_only_the_keys_the_config_does_not_set(tmp_path):
 
 
 def test_unknown_preset_is_one_line_listing_the_known(tmp_path):
-    with pytest.raises(ConfigError, match=r"^config key 'model.preset': unknown preset '2b' \(known: demo-5m, 125m"):
+    with pytest.raises(ConfigError, match=r"^config key 'model.preset': unknown preset '2b' of the llama family \(known: demo-5m, 125m"):
         load_config(write_yaml(tmp_path, PRESET_ONLY), ["model.preset=2b"])
 
 
@@ -173,10 +173,11 @@ def test_resolved_config_file_records_the_presets_shape(tmp_path):
 def test_model_section_is_built_with_the_familys_class(tmp_path):
     import dataclasses
 
-    from experiment.sections.model import ModelConfig, model_section_class, register_model_section
+    from experiment.sections.model import model_section_class, register_model_section
+    from model.llama.config import LlamaConfig
 
     @dataclasses.dataclass
-    class NoGqaConfig(ModelConfig):
+    class NoGqaConfig(LlamaConfig):
         mlp_ratio: float = 4.0
 
     path = write_yaml(tmp_path, PRESET_ONLY)
@@ -184,15 +185,16 @@ def test_model_section_is_built_with_the_familys_class(tmp_path):
         load_config(path, ["model.family=nogqa"])
     with pytest.raises(ConfigError, match=r"unknown config key 'model.mlp_ratio'"):
         load_config(path, ["model.mlp_ratio=2.5"])
-    register_model_section("nogqa", NoGqaConfig)
+    register_model_section("nogqa", NoGqaConfig, LlamaConfig.AXIS_RULES)
     try:
         cfg = load_config(path, ["model.family=nogqa", "model.mlp_ratio=2.5"])
         assert type(cfg.model) is NoGqaConfig and cfg.model.mlp_ratio == 2.5 and cfg.model.d_model == 2048
-        assert model_section_class("llama") is ModelConfig
+        assert model_section_class("llama") is LlamaConfig
     finally:
         from experiment.sections import model as sections_model
 
-        sections_model._MODEL_SECTIONS.pop("nogqa")
+        sections_model._PLUGIN_SECTIONS.pop("nogqa")
+        sections_model._PLUGIN_AXIS_RULES.pop("nogqa")
 
 
 def test_explicit_keys_belong_to_each_loaded_config_not_the_class(tmp_path):

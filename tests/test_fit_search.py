@@ -7,9 +7,10 @@ import dataclasses
 
 import pytest
 
-from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
-from model.flops import forward_flops_per_token, recompute_flops_per_token, train_flops_per_token
+from model.family import get_family
+from model.llama.config import LlamaConfig
+from model.llama.flops import forward_flops_per_token, recompute_flops, train_flops_per_token
 from trainer.fit_check import accumulation_splits, best_setting, next_split, search_table, setting_costs
 
 
@@ -47,15 +48,20 @@ def test_best_is_fewest_micro_batches_then_least_recompute_then_least_memory() -
 
 
 def test_recompute_of_each_setting_by_hand() -> None:
-    cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=256)
+    cfg = LlamaConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=256)
     vocab, t = 1000, 256
     attention = 2 * 2 * t * 4 * 16 * 2
     head = 2 * 64 * vocab
     blocks = forward_flops_per_token(cfg, vocab, t) - head
-    assert recompute_flops_per_token(cfg, vocab, t, "dot_product", loss_chunked=False) == 0
-    assert recompute_flops_per_token(cfg, vocab, t, "splash", loss_chunked=True) == attention / 2 + head
+    assert recompute_flops(cfg, vocab, t, "dot_product") == 0
+    assert recompute_flops(cfg, vocab, t, "splash") == attention / 2
     for remat, extra in (("full", blocks), ("save_dots", attention), ("offload", attention)):
-        assert recompute_flops_per_token(dataclasses.replace(cfg, remat=remat), vocab, t, "einsum", False) == extra
+        assert recompute_flops(dataclasses.replace(cfg, remat=remat), vocab, t, "einsum") == extra
+    # the chunked loss's recompute of the output head is the trainer's to add, once, for every family
+    llama = get_family("llama")
+    for chunk, extra in ((64, head), (0, 0.0), (t, 0.0)):
+        _, model, hardware = llama.train_costs(cfg, vocab, t, "cpu", "float32", chunk)
+        assert hardware - model == extra
     costs = setting_costs(dataclasses.replace(cfg, remat="full"), TrainConfig(batch_size=4, loss_chunk_len=64),
                           vocab, t, "tpu")
     assert costs["attention_kernel"] == "splash"

@@ -226,6 +226,43 @@ def test_every_package_edge_follows_the_layering(tree_edges: list[Edge]) -> None
     assert not violations, "\n".join(violations)
 
 
+def family_data_violations(edges: list[Edge], packages: Iterable[str]) -> list[str]:
+    """Imports of a family's data module (``<package>.config``, and the package's ``__init__``) that reach
+    beyond ``experiment``: config load imports those modules by name (experiment/families.py), so they must
+    bring in no jax and no model code; and imports of one family's folder from another's."""
+    packages = set(packages)
+    data = {f"{package}.config" for package in packages} | packages
+    found = [f"{e} (a family's data module imports only experiment)" for e in edges
+             if e.source in data and top(e.target) != "experiment"]
+    owner = {module: package for package in packages for module in {e.source for e in edges}
+             if module == package or module.startswith(f"{package}.")}
+    found += [f"{e} (one family's folder imports another's)" for e in edges
+              if e.source in owner and any(e.target == p or e.target.startswith(f"{p}.") for p in packages - {owner[e.source]})]
+    return found
+
+
+def test_family_folders_are_found_by_name_without_their_model_code(tree_edges: list[Edge]) -> None:
+    from experiment.families import FAMILY_PACKAGES
+
+    packages = set(FAMILY_PACKAGES.values())
+    assert all((REPO / Path(*package.split("."))).is_dir() for package in packages)
+    violations = family_data_violations(tree_edges, packages)
+    assert not violations, "\n".join(violations)
+
+
+def test_family_data_checker_flags_a_model_import(tmp_path: Path) -> None:
+    write_tree(tmp_path, {
+        "experiment/__init__.py": "", "experiment/errors.py": "",
+        "model/__init__.py": "", "model/shared.py": "",
+        "model/a/__init__.py": "", "model/a/config.py": "from experiment import errors\nfrom model import shared\n",
+        "model/b/__init__.py": "", "model/b/model.py": "from model.a import config\n",
+    })
+    violations = family_data_violations(import_edges(tmp_path, ("experiment", "model")), {"model.a", "model.b"})
+    assert {v.split(" -> ")[0] for v in violations} == {"model/a/config.py:2", "model/b/model.py:1"}
+    assert "model/a/config.py:2 -> model.shared (a family's data module imports only experiment)" in violations
+    assert "model/b/model.py:1 -> model.a.config (one family's folder imports another's)" in violations
+
+
 def test_every_layer_is_a_folder_of_the_tree() -> None:
     assert all((REPO / package).is_dir() for package in PACKAGE_LAYERS)
     assert len(set(PACKAGE_LAYERS)) == len(PACKAGE_LAYERS)

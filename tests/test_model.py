@@ -12,23 +12,25 @@ from flax import nnx
 
 from experiment.errors import ConfigError
 from experiment.presets import preset_model_config
-from experiment.sections.model import ModelConfig
-from model.cpu_kernels import linear
-from model.decoder import Decoder, init_decoder, rope_angles
-from model.flops import forward_flops_per_token, param_count, train_flops_per_token
-from model.loss import count_params, cross_entropy
+from model.layers import rope_angles
+from model.linear import linear
+from model.llama.config import LlamaConfig
+from model.llama.family import LLAMA
+from model.llama.flops import forward_flops_per_token, param_count, train_flops_per_token
+from model.llama.model import Decoder
+from model.loss import cross_entropy
 
 VOCAB = 97
-TINY = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=32)
+TINY = LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=32)
 
 
 _BUILT: dict[str, Decoder] = {}
 
 
-def build(cfg: ModelConfig = TINY) -> Decoder:
+def build(cfg: LlamaConfig = TINY) -> Decoder:
     """One initialised model per config for the whole module (compiling the init is the slow part)."""
     if repr(cfg) not in _BUILT:
-        _BUILT[repr(cfg)] = init_decoder(cfg, VOCAB, seed=0)
+        _BUILT[repr(cfg)] = LLAMA.init(cfg, VOCAB, seed=0)
     return _BUILT[repr(cfg)]
 
 
@@ -46,7 +48,7 @@ def test_param_count_matches_formula(tie: bool) -> None:
     d, f, hd = cfg.d_model, cfg.d_ff, 12
     by_hand = (VOCAB * d * (1 if tie else 2) + (2 * cfg.n_layers + 1) * d
                + cfg.n_layers * (d * 4 * hd + 2 * d * 2 * hd + 4 * hd * d + 3 * d * f))
-    assert count_params(model) == param_count(cfg, VOCAB) == by_hand
+    assert sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) == param_count(cfg, VOCAB) == by_hand
 
 
 def test_preset_70b_has_llama2_70b_size() -> None:
@@ -98,7 +100,7 @@ def test_attention_implementations_agree() -> None:
 def test_remat_gives_same_gradients() -> None:
     tokens = jax.random.randint(jax.random.key(5), (2, 8), 0, VOCAB)
 
-    def grads(cfg: ModelConfig) -> list[jax.Array]:
+    def grads(cfg: LlamaConfig) -> list[jax.Array]:
         graphdef, params = nnx.split(build(cfg), nnx.Param)
 
         def loss(p: nnx.State) -> jax.Array:
@@ -158,4 +160,4 @@ def test_bad_model_config_names_the_key(fields: dict, key: str) -> None:
     from experiment.config import build_dataclass
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        build_dataclass(ModelConfig, fields, "model")
+        build_dataclass(LlamaConfig, fields, "model")

@@ -55,6 +55,34 @@ def test_registry_lookups_and_the_toy_section_class() -> None:
         load_config(REPO / "tests" / "configs" / "tiny.yaml", [f"model={json.dumps({**TOY_MODEL, 'n_kv_heads': 1})}"])
 
 
+def test_a_familys_own_rules_apply_and_its_axis_names_are_accepted_from_yaml() -> None:
+    import jax
+    from flax import nnx
+
+    from experiment.sections.train import MeshConfig
+    from model.sharding import build_mesh, tree_shardings
+
+    tiny, toy = REPO / "tests" / "configs" / "tiny.yaml", f"model={json.dumps(TOY_MODEL)}"
+    mesh = build_mesh(MeshConfig(), jax.devices()[:1])
+
+    def qkv_spec(overrides: list[str]) -> tuple:
+        cfg = load_config(tiny, [toy, *overrides])
+        rules = family_of(cfg.model).mesh_rules(cfg.train.mesh.rules)
+        shardings = tree_shardings(nnx.state(TOY.abstract(cfg.model, 50), nnx.Param), mesh, rules)
+        return tuple(shardings["blocks"]["qkv"].get_value().spec)  # [layers, embed, qkv, mlp]
+
+    # the toy's defaults: embed replicated (Llama's rule for the same name splits it over fsdp)
+    assert qkv_spec([]) == (None, None, None, "tensor")
+    assert get_family("llama").mesh_rules({})["embed"] == ["fsdp"] and TOY.mesh_rules({})["embed"] == []
+    # its own axis name and a changed default, from YAML; the names the YAML does not give keep the family's
+    assert qkv_spec(['train.mesh.rules={"qkv": ["tensor"], "embed": ["fsdp"]}']) == (None, "fsdp", "tensor", None)
+    with pytest.raises(ConfigError, match=r"^config key 'train.mesh.rules': unknown logical axes \['qkv'\] for the "
+                                          r"llama family \(its parameters and activations use: act_embed, "):
+        load_config(tiny, ['train.mesh.rules={"qkv": []}'])
+    with pytest.raises(ConfigError, match=r"unknown logical axes \['heads'\] for the toy_mha family"):
+        load_config(tiny, [toy, 'train.mesh.rules={"heads": []}'])  # a Llama name the toy does not use
+
+
 def test_toy_family_trains_evaluates_and_plans_through_the_recipes(fixture_stages: Path, tmp_path: Path,
                                                                   plugin_env: None) -> None:
     config = toy_config(fixture_stages, tmp_path)
@@ -102,11 +130,12 @@ def test_fit_check_costs_come_from_the_family() -> None:
 
 
 def test_toy_param_count_matches_the_module() -> None:
-    from model.loss import count_params
+    import jax
+    from flax import nnx
 
     cfg = ToyConfig()
     model = TOY.init(cfg, 50, seed=1)
-    assert count_params(model) == TOY.param_count(cfg, 50)
+    assert sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))) == TOY.param_count(cfg, 50)
     tokens = np.arange(12, dtype=np.int32).reshape(2, 6) % 50
     assert type(model).__name__ == "ToyDecoder" and model(tokens).shape == (2, 6, 50)
     assert isinstance(model, FamilyModel) and model.hidden(tokens).shape == (2, 6, 32)
@@ -127,15 +156,15 @@ def test_llama_hf_adapter_imports_what_it_exports(tie: bool) -> None:
     import jax.numpy as jnp
     from flax import nnx
 
-    from experiment.sections.model import ModelConfig
+    from model.llama.config import LlamaConfig
 
     llama = get_family("llama")
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64, init_std=0.3,
+    cfg = LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64, init_std=0.3,
                       tie_embeddings=tie, rope_theta=500.0, norm_eps=1e-6)
     model = llama.init(cfg, 61, seed=2)
     tensors, hf_config = llama.hf_adapter.export(model, cfg, 61, {"eos": 3})
     imported_cfg, params = llama.hf_adapter.import_(json.loads(json.dumps(hf_config)), tensors)
-    assert imported_cfg == dataclasses.replace(cfg, init_std=ModelConfig().init_std)  # init is not a model property
+    assert imported_cfg == dataclasses.replace(cfg, init_std=LlamaConfig().init_std)  # init is not a model property
     back = nnx.merge(nnx.graphdef(llama.abstract(imported_cfg, 61)), params)
     for a, b in zip(jax_leaves(back), jax_leaves(model), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -169,13 +198,13 @@ def test_resume_checks_the_family_and_takes_old_checkpoints_as_llama() -> None:
 
 
 def test_checkpoint_meta_rebuilds_the_config_of_its_family() -> None:
-    from experiment.sections.model import ModelConfig
+    from model.llama.config import LlamaConfig
     from trainer.checkpoint import model_config_from_meta
 
     # a meta without a layout was written by the unrolled code: its parameters are per layer
-    assert model_config_from_meta({"model": {"d_model": 64, "attention": "splash"}}) == ModelConfig(d_model=64, scan_layers=False)
+    assert model_config_from_meta({"model": {"d_model": 64, "attention": "splash"}}) == LlamaConfig(d_model=64, scan_layers=False)
     scanned = {"model": {"d_model": 64, "scan_layers": False}, "layout": {"scan_layers": True, "layer_axis": 0}}
-    assert model_config_from_meta(scanned) == ModelConfig(d_model=64, scan_layers=True)  # the layout, not the key
+    assert model_config_from_meta(scanned) == LlamaConfig(d_model=64, scan_layers=True)  # the layout, not the key
     assert model_config_from_meta({"family": NAME, "model": dict(TOY_MODEL), "layout": {"scan_layers": True}}) == ToyConfig(**TOY_MODEL)
     with pytest.raises(ConfigError, match="unknown model family 'gone'"):
         model_config_from_meta({"family": "gone", "model": {}})

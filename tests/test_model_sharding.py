@@ -14,8 +14,8 @@ import numpy as np
 from flax import nnx
 
 from experiment.errors import ConfigError
-from experiment.sections.model import ModelConfig
 from experiment.sections.train import MeshConfig, TrainConfig
+from model.llama.config import LlamaConfig
 from model.sharding import build_mesh
 from tests.device_worker import DeviceWorker
 from trainer.step import build_program, global_batch
@@ -24,7 +24,7 @@ from trainer.step import build_program, global_batch
 def layout_on_8_devices() -> dict:
     """In the 8-device worker (tests/device_worker.py): the layout, one step, scanned vs unrolled, the errors."""
     out = {"devices": jax.device_count()}
-    model = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
+    model = LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
     train = TrainConfig(steps=10, batch_size=8, warmup_steps=1, mesh=MeshConfig(fsdp=2, tensor=2))
     prog = build_program(model, train, 64, build_mesh(train.mesh), seed=0)
     state = prog.init_state()

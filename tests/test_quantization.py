@@ -16,24 +16,24 @@ from flax import nnx
 
 from experiment.config import load_config
 from experiment.errors import ConfigError
-from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
-from model.cpu_kernels import plain_projections
-from model.decoder import init_decoder
+from model.linear import plain_projections
+from model.llama.config import LlamaConfig
+from model.llama.family import LLAMA
 from model.sharding import build_mesh
 from tests.fixture_run import log_records, run_copy
 from tests.recipe_runner import REPO, run_recipe
 from trainer.step import TrainProgram, build_program, global_batch
 
 VOCAB, SEQ, BATCH, LAYERS = 64, 16, 4, 2
-MODEL = ModelConfig(d_model=32, n_layers=LAYERS, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=SEQ)
+MODEL = LlamaConfig(d_model=32, n_layers=LAYERS, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=SEQ)
 TRAIN = TrainConfig(steps=50, batch_size=BATCH, learning_rate=1e-2, warmup_steps=1, checkpoint_every=10)
 # per layer: q, k, v, o and the MLP's gate, up, down
 PROJECTIONS = 7
 QUANTIZED_TYPE = {"int8": "i8", "fp8": "f8E4M3FN|f8E5M2"}
 
 
-def program(quantization: str, model: ModelConfig = MODEL) -> TrainProgram:
+def program(quantization: str, model: LlamaConfig = MODEL) -> TrainProgram:
     train_cfg = dataclasses.replace(TRAIN, quantization=quantization)
     return build_program(model, train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
 
@@ -49,7 +49,7 @@ def dots(prog: TrainProgram) -> tuple[int, int, str]:
 def test_plain_projections_compute_what_the_cpu_kernel_does() -> None:
     """The dot_general path a quantized step traces is the same function as ``linear``'s 2-D views, with
     its gradients (only the CPU-tuned backward is left out)."""
-    model = init_decoder(dataclasses.replace(MODEL, qkv_bias=True), VOCAB)
+    model = LLAMA.init(dataclasses.replace(MODEL, qkv_bias=True), VOCAB)
     tokens = jax.numpy.asarray(np.random.default_rng(0).integers(0, VOCAB, (2, SEQ)), jax.numpy.int32)
 
     def value_and_grads(plain: bool) -> tuple[jax.Array, object]:

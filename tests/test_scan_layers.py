@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from experiment.sections.model import ModelConfig
 from experiment.sections.train import TrainConfig
+from model.llama.config import LlamaConfig
 from model.registry import get_family
 from model.sharding import build_mesh
 from model.stacking import stack_tree, unrolled_pure, unstack_tree
@@ -76,7 +76,7 @@ def test_layer_axis_is_axis_0_with_its_own_logical_name_and_the_unrolled_init_pe
     """A scanned build draws what an unrolled build draws: layer i of every stacked parameter is the
     unrolled layer i, bit for bit, and the parameters after the blocks (the untied head) too."""
     fam = get_family("llama")
-    cfg = ModelConfig(**{**SHAPE, "n_layers": 8, "d_model": 64, "d_ff": 128, "init_std": 0.02, "tie_embeddings": False,
+    cfg = LlamaConfig(**{**SHAPE, "n_layers": 8, "d_model": 64, "d_ff": 128, "init_std": 0.02, "tie_embeddings": False,
                          "qkv_bias": True, "qk_norm": True})
     scanned = nnx.state(fam.init(cfg, VOCAB, seed=5), nnx.Param)
     unrolled = nnx.state(fam.init(dataclasses.replace(cfg, scan_layers=False), VOCAB, seed=5), nnx.Param)
@@ -95,7 +95,7 @@ def test_layer_axis_is_axis_0_with_its_own_logical_name_and_the_unrolled_init_pe
 def test_a_train_state_unstacks_and_restacks_exactly() -> None:
     train = TrainConfig(steps=4, batch_size=2, warmup_steps=1)
     mesh = build_mesh(train.mesh)
-    cfg = ModelConfig(**SHAPE)
+    cfg = LlamaConfig(**SHAPE)
     scanned = build_program(cfg, train, VOCAB, mesh, seed=0)
     unrolled = build_program(dataclasses.replace(cfg, scan_layers=False), train, VOCAB, mesh, seed=0)
     state = scanned.init_state()

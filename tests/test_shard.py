@@ -16,7 +16,7 @@ import yaml
 
 from data_prep.shards.build import shard_corpus
 from data_prep.shards.packing import Packer, segments_and_positions
-from data_prep.shards.tfrecord import decode_example, index_path, iter_records, read_index
+from data_prep.shards.tfrecord import decode_example, index_path, read_index
 from experiment.errors import DataError, MissingStageError
 from experiment.files import sha256_file
 from experiment.split import is_validation
@@ -27,6 +27,7 @@ from tests.test_shards_common import (  # noqa: F401
     make_run,
     write_tokenizer,
 )
+from tests.tfrecord_scan import iter_records
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -103,14 +103,14 @@ def make_run(tmp_path: Path, docs: list[dict[str, str]] | None = None, seq_len: 
     """A run folder with corpus and tokenizer stages done, and a config whose shards section is small;
     the rows are ``model.max_seq_len = seq_len`` tokens long (+1)."""
     from experiment.runfolder import RunFolder
-    from experiment.sections.model import ModelConfig
+    from model.llama.config import LlamaConfig
 
     docs = docs if docs is not None else make_documents()
     run_folder = RunFolder(tmp_path / "runs" / "t")
     write_corpus(run_folder.corpus, docs)
     write_tokenizer(run_folder.tokenizer, docs)
     cfg = SimpleNamespace(experiment=SimpleNamespace(name="t"), shards=shards_cfg(**cfg_overrides),
-                          model=ModelConfig(max_seq_len=seq_len))
+                          model=LlamaConfig(max_seq_len=seq_len))
     return SimpleNamespace(cfg=cfg, run_folder=run_folder, docs=docs)
 
 

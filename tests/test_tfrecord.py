@@ -20,11 +20,11 @@ from data_prep.shards.tfrecord import (
     encode_int64_rows,
     encode_varints,
     index_path,
-    iter_records,
     masked_crc32c,
     read_index,
 )
 from experiment.errors import DataError
+from tests.tfrecord_scan import iter_records
 
 
 def example_message_class() -> type:

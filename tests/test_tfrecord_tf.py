@@ -24,9 +24,9 @@ from data_prep.shards.tfrecord import (  # noqa: E402
     TFRecordWriter,
     decode_example,
     encode_example,
-    iter_records,
 )
 from tests.test_shards_common import DisabledRun, make_run  # noqa: E402
+from tests.tfrecord_scan import iter_records  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from data_prep.shards.tfrecord import decode_record, iter_records
+from data_prep.shards.tfrecord import decode_record
 from experiment.corpus_format import iter_documents
 from experiment.split import is_validation
 from tests.fixture_run import run_copy
 from tests.recipe_runner import error_line, run_recipe
+from tests.tfrecord_scan import iter_records
 
 MODEL_VOCAB = 512  # the base model's embedding rows: more than its tokenizer has, as Qwen's
 
@@ -137,11 +138,11 @@ def test_eval_reads_the_adopted_tokenizer(adopted_run: tuple[Path, Path]) -> Non
 
 def test_hf_export_ships_the_adopted_tokenizer_as_it_is(adopted_run: tuple[Path, Path], tmp_path: Path) -> None:
     from eval.hf_export import write_export
-    from experiment.sections.model import ModelConfig
+    from model.llama.config import LlamaConfig
     from model.registry import get_family
 
     run, base = adopted_run
-    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=32)
+    cfg = LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=32)
     model = get_family("llama").init(cfg, MODEL_VOCAB, seed=0)
     out = write_export(model, cfg, MODEL_VOCAB, tmp_path / "hf", tokenizer_files=run / "tokenizer" / "hf",
                        special_ids={"eos": 3})

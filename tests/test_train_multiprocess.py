@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(f'''
     import json, os, sys
     import jax
     import numpy as np
-    from experiment.sections.model import ModelConfig
+    from model.llama.config import LlamaConfig
     from experiment.sections.train import MeshConfig, TrainConfig
     from model.sharding import build_mesh
     from trainer.step import build_program, global_batch
@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent(f'''
                         distributed=os.environ.get("JAX_NUM_PROCESSES", "1") != "1",
                         mesh=MeshConfig(data=2, fsdp=2, tensor=2))
     maybe_initialize_distributed(train)
-    model = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
+    model = LlamaConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
     prog = build_program(model, train, 64, build_mesh(train.mesh), seed=0)
     state = prog.init_state()
     losses = []

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from experiment.errors import ConfigError
-from experiment.sections.model import ModelConfig
 from experiment.sections.train import MeshConfig, TrainConfig
+from model.llama.config import LlamaConfig
 from model.sharding import build_mesh, mesh_shape
 from trainer.loop import TrainingDiverged, check_finite
 from trainer.step import TrainProgram, build_program, global_batch
 
 VOCAB, SEQ, BATCH = 64, 16, 4
-MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=SEQ)
+MODEL = LlamaConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=SEQ)
 TRAIN = TrainConfig(steps=50, batch_size=BATCH, learning_rate=1e-2, warmup_steps=1, checkpoint_every=10)
 
 
@@ -121,7 +121,6 @@ def test_mesh_shape_and_its_errors() -> None:
     ({"batch_size": 6, "grad_accum_steps": 4}, "train.grad_accum_steps"),
     ({"warmup_steps": 50, "steps": 50}, "train.warmup_steps"),
     ({"mesh": {"tensor": 0}}, "train.mesh.tensor"),
-    ({"mesh": {"rules": {"embd": ["fsdp"]}}}, "train.mesh.rules"),
     ({"mesh": {"rules": {"embed": ["fsdp", "model"]}}}, "train.mesh.rules.embed"),
     ({"nan_policy": "ignore"}, "train.nan_policy"),
 ])
@@ -132,8 +131,15 @@ def test_bad_train_config_names_the_key(fields: dict, key: str) -> None:
         build_dataclass(TrainConfig, fields, "train")
 
 
-def test_partial_rules_keep_the_other_defaults() -> None:
-    from experiment.config import build_dataclass
+def test_partial_rules_keep_the_familys_other_defaults(tmp_path) -> None:
+    from experiment.config import build_dataclass, load_config
+    from model.registry import get_family
 
     mesh = build_dataclass(MeshConfig, {"rules": {"embed": []}}, "train.mesh")
-    assert mesh.rules["embed"] == [] and mesh.rules["mlp"] == ["tensor"]
+    assert mesh.rules == {"embed": []}  # only what the YAML gives: the family has the rest
+    rules = get_family("llama").mesh_rules(mesh.rules)
+    assert rules["embed"] == [] and rules["mlp"] == ["tensor"] and rules["batch"] == ["data", "fsdp"]
+    config = tmp_path / "c.yaml"
+    config.write_text("experiment: {name: t}\ntrain: {mesh: {rules: {embd: [fsdp]}}}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^config key 'train\.mesh\.rules': unknown logical axes \['embd'\] for the llama"):
+        load_config(config)

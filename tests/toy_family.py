@@ -2,9 +2,10 @@
 
 A pre-norm decoder without grouped-query attention: learned absolute positions instead of RoPE,
 plain multi-head attention from one fused QKV projection, a GELU MLP, tied embeddings. It has its
-own config section, FLOP and parameter counts, logical axis ("qkv") with its default rule, config
-checks, scanned layers through model/stacking.py (or a loop, ``scan_layers: false``), and no Hugging
-Face adapter. Recipes in subprocesses see it through ``RU_PRETRAIN_PLUGINS``.
+own config section, FLOP and parameter counts, logical axes (a "qkv" of its own) with its default
+rules (``embed`` replicated, where Llama's is split over fsdp), config checks, scanned layers through
+model/stacking.py (or a loop, ``scan_layers: false``), and no Hugging Face adapter. Recipes in
+subprocesses see it through ``RU_PRETRAIN_PLUGINS``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiment.errors import ConfigError
-from experiment.sections.train import DEFAULT_AXIS_RULES
 from model.family import ModelFamily, register_family
 from model.loss import output_logits
 from model.stacking import scan_layers, stacked
@@ -123,15 +123,14 @@ def train_flops(cfg: ToyConfig, vocab_size: int, seq_len: int) -> float:
     return 3.0 * 2 * (matmuls + attention)
 
 
-def train_costs(cfg: ToyConfig, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
-                loss_chunk_len: int) -> tuple[str, float, float]:
-    flops = train_flops(cfg, vocab_size, seq_len)
-    head = 2.0 * cfg.d_model * vocab_size  # the chunked loss computes the head's logits again in the backward
-    return "einsum", flops, flops + (head if 0 < loss_chunk_len < seq_len else 0.0)
+# every logical name its parameters and the shared code (loss, batch layout) use, with its own defaults:
+# unlike Llama's, its embedding dimension is not split over fsdp (a family's rule, which a YAML may override)
+AXIS_RULES = {"batch": ["data", "fsdp"], "length": [], "vocab": ["tensor"], "embed": [], "qkv": [],
+              "mlp": ["tensor"], "norm": [], "layers": []}
 
 
 TOY = register_family(ModelFamily(
-    name=NAME, config_cls=ToyConfig, build=ToyDecoder, flops=train_flops, train_costs=train_costs,
-    param_count=param_count, axis_rules={**DEFAULT_AXIS_RULES, "qkv": []},
+    name=NAME, config_cls=ToyConfig, build=ToyDecoder, flops=train_flops, param_count=param_count,
+    head_dim=lambda cfg: cfg.d_model // cfg.n_heads, axis_rules=AXIS_RULES,
     validate=lambda cfg: cfg.validate("model"), describe=lambda cfg: f"{cfg.n_layers} layers, {cfg.n_heads} heads",
 ))

@@ -9,7 +9,7 @@ the float ones: a quantized run resumes, evaluates and exports to Hugging Face l
 can be resumed or branched without quantization.
 
 What is quantized: the matmuls of the family's ``quantized_modules`` (Llama-shaped families: the
-q/k/v/o projections and the SwiGLU MLP, model/decoder.py ``QUANTIZED_MODULES``), forward and both
+q/k/v/o projections and the SwiGLU MLP, model/llama/model.py ``QUANTIZED_MODULES``), forward and both
 backward dots. Not quantized, on purpose: attention's score and value einsums (activation x
 activation; MaxText's Qwix rules also name only ``dot_general``), the output head (its logits feed
 the softmax cross-entropy directly; torchtitan's float8 recipes leave the ``output`` layer out too)
@@ -32,8 +32,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiment.errors import ConfigError
-from model.cpu_kernels import plain_projections
 from model.family import ModelFamily
+from model.linear import plain_projections
 
 QUANTIZATIONS = ("none", "int8", "fp8")
 # (weight, activation, gradient) types of each recipe
@@ -75,7 +75,7 @@ def quantize_module(module: nnx.Module, family: ModelFamily, mode: str) -> nnx.M
 @contextlib.contextmanager
 def tracing(mode: str) -> Iterator[None]:
     """Around the traced forward pass of a quantized step: projections as plain ``dot_general``s of
-    their parameters (model/cpu_kernels.py), so that Qwix sees the weights and owns the backward."""
+    their parameters (model/linear.py), so that Qwix sees the weights and owns the backward."""
     if mode == "none":
         yield
         return

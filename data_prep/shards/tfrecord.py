@@ -26,7 +26,6 @@ import functools
 import hashlib
 import logging
 import mmap
-import os
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -380,7 +379,7 @@ class TFRecordWriter:
             self._offsets.append(self._position)
             length = _LENGTH.pack(len(payload))
             parts += (length, _CRC.pack(masked_crc32c(length)), payload, _CRC.pack(masked_crc32c(payload)))
-            self._position += _HEADER.size + len(payload) + _CRC.size
+            self._position += record_size(len(payload))
             self.payload_bytes += len(payload)
         framed = b"".join(parts)
         self._handle.write(framed)
@@ -478,6 +477,11 @@ class TFRecordFile:
             self._map = None
 
 
+def record_size(payload_len: int) -> int:
+    """Bytes a record of ``payload_len`` payload bytes takes in the file (header, payload, footer)."""
+    return _HEADER.size + payload_len + _CRC.size
+
+
 def read_record_at(buf: mmap.mmap | bytes, offset: int, path: Path | str, record: int | None = None) -> bytes:
     """Read and check the record starting at ``offset``; CorruptRecordError if anything is off."""
     size = len(buf)
@@ -495,28 +499,6 @@ def read_record_at(buf: mmap.mmap | bytes, offset: int, path: Path | str, record
     if masked_crc32c(payload) != payload_crc:
         raise CorruptRecordError(path, offset, "payload checksum mismatch", record)
     return payload
-
-
-def iter_records(path: Path | str, on_corrupt: OnCorrupt = "error") -> Iterator[tuple[int, bytes]]:
-    """Scan a TFRecord file front to back without an index: ``(offset, payload)`` per record.
-
-    After a corrupt record the framing cannot be trusted, so with ``on_corrupt='skip'`` the scan
-    stops there (the caller sees fewer records than the index lists)."""
-    path = Path(path)
-    if os.path.getsize(path) == 0:
-        return
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        offset, record = 0, 0
-        while offset < len(buf):
-            try:
-                payload = read_record_at(buf, offset, path, record)
-            except CorruptRecordError:
-                if on_corrupt == "skip":
-                    return
-                raise
-            yield offset, payload
-            offset += _HEADER.size + len(payload) + _CRC.size
-            record += 1
 
 
 def decode_record(payload: bytes, path: Path | str, offset: int, record: int | None = None) -> dict[str, FeatureValue]:

@@ -1,37 +1,32 @@
+"""The ``model:`` section: the fields every family has (``ModelSection``) and the lookup of a family's own.
+
+Each family's section is a dataclass subclassing ``ModelSection`` with its shape fields, defined in its
+folder (``model/<family>/config.py``, found by name through ``experiment.families``). Stages other than
+the model read only the fields here (and ``d_model``, the width its output head reads).
+"""
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from experiment.errors import ConfigError
+from experiment.families import FAMILY_PACKAGES, family_config_module, shipped_families
 
 
 @dataclass
-class ModelConfig:
-    # the model family (model/ registry); a family may register a subclass of this section with its own fields
+class ModelSection:
+    # a family's named sizes (``model.preset``: name -> shape fields) and its logical axis names with their
+    # default mesh axes (``train.mesh.rules`` may change them), given by its section class
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+    AXIS_RULES: ClassVar[dict[str, list[str]]] = {}
+
+    # the model family (experiment/families.py); its folder's section class adds the shape fields
     family: str = "llama"
-    preset: str = ""  # a named size from experiment/presets.py; keys the config sets override it
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    head_dim: int = 0  # 0: d_model // n_heads
-    d_ff: int = 688
-    max_seq_len: int = 1024
-    rope_theta: float = 10_000.0
-    # RoPE frequency scaling for a longer context: none, or llama3 (Llama 3.1+: wavelengths longer than
-    # rope_original_max_len / rope_low_freq_factor are divided by rope_factor, shorter than
-    # rope_original_max_len / rope_high_freq_factor kept, a smooth ramp between)
-    rope_scaling: Literal["none", "llama3"] = "none"
-    rope_factor: float = 8.0
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_original_max_len: int = 8192
-    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2/2.5)
-    qk_norm: bool = False  # RMSNorm over each query and key head before RoPE (Qwen3)
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = True
+    preset: str = ""  # a named size of the family (its config module's PRESETS); keys the config sets override it
+    max_seq_len: int = 1024  # the longest sequence the model is built for (trainer and eval check against it)
     z_loss: float = 0.0  # weight of log(Z)^2 in the loss (PaLM), keeps logits from drifting
     init_std: float = 0.02
     # auto: by the platform compiled for (model/attention.py): splash on TPU, cudnn on NVIDIA GPUs,
@@ -41,7 +36,7 @@ class ModelConfig:
     attention: Literal["auto", "dot_product", "einsum", "cudnn", "splash"] = "auto"
     # activation checkpointing per decoder block: none, full (recompute everything), save_dots (keep
     # the projections' outputs, recompute attention and elementwise work), offload (save_dots with the
-    # saved outputs in host memory; TPU). The recompute each costs: model.flops.recompute_flops_per_token
+    # saved outputs in host memory; TPU). The recompute each costs: the family's recompute_flops
     remat: Literal["none", "full", "save_dots", "offload"] = "none"
     # the decoder's layers stacked along a leading "layers" axis and run by one lax.scan (model/stacking.py):
     # compile time and compiler-planned memory stop growing with depth. false: a Python loop over per-layer
@@ -62,85 +57,47 @@ class ModelConfig:
     vocab_adaptation: Literal["none", "mean", "random"] = "none"
 
     def validate(self, key: str) -> None:
+        """The common fields' checks; a family's section extends this with its own."""
         prefix = f"{key}." if key else ""
-        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
-        if self.n_heads % self.n_kv_heads:
-            raise ConfigError(
-                f"config key '{prefix}n_kv_heads': {self.n_kv_heads} does not divide n_heads={self.n_heads} "
-                "(grouped-query attention shares each KV head among n_heads / n_kv_heads query heads)"
-            )
-        if self.head_dim < 0 or (self.head_dim == 0 and self.d_model % self.n_heads):
-            raise ConfigError(
-                f"config key '{prefix}head_dim': d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                "set head_dim explicitly"
-            )
-        if self.resolved_head_dim % 2:
-            raise ConfigError(f"config key '{prefix}head_dim': RoPE needs an even head dimension, got {self.resolved_head_dim}")
-        if self.rope_scaling == "llama3" and not (self.rope_factor >= 1 and self.rope_original_max_len > 0
-                                                  and self.rope_high_freq_factor > self.rope_low_freq_factor > 0):
-            raise ConfigError(
-                f"config key '{prefix}rope_scaling': llama3 needs rope_factor >= 1, rope_original_max_len > 0 and "
-                f"rope_high_freq_factor > rope_low_freq_factor > 0 (got {self.rope_factor}, {self.rope_original_max_len}, "
-                f"{self.rope_high_freq_factor}, {self.rope_low_freq_factor})"
-            )
+        if self.max_seq_len <= 0:
+            raise ConfigError(f"config key '{prefix}max_seq_len': must be positive, got {self.max_seq_len}")
         if self.scan_unroll < 0:
             raise ConfigError(f"config key '{prefix}scan_unroll': must be >= 0 (0: by platform), got {self.scan_unroll}")
         if self.z_loss < 0:
             raise ConfigError(f"config key '{prefix}z_loss': must be >= 0, got {self.z_loss}")
 
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim or self.d_model // self.n_heads
+
+# sections of families registered from outside the package (plugins); a shipped family's is in its folder
+_PLUGIN_SECTIONS: dict[str, type[Any]] = {}
+_PLUGIN_AXIS_RULES: dict[str, dict[str, list[str]]] = {}
 
 
-@dataclass
-class MistralConfig(ModelConfig):
-    """Mistral (model/hf_families.py): Llama's decoder, untied embeddings."""
-
-    family: str = "mistral"
-    tie_embeddings: bool = False
-
-
-@dataclass
-class Qwen2Config(ModelConfig):
-    """Qwen2 and Qwen2.5 (model/hf_families.py): biases on the query, key and value projections."""
-
-    family: str = "qwen2"
-    qkv_bias: bool = True
-    rope_theta: float = 1_000_000.0
-    norm_eps: float = 1e-6
-
-
-@dataclass
-class Qwen3Config(ModelConfig):
-    """Qwen3 (model/hf_families.py): an RMSNorm over each query and key head, no biases."""
-
-    family: str = "qwen3"
-    qk_norm: bool = True
-    rope_theta: float = 1_000_000.0
-    norm_eps: float = 1e-6
-
-
-# family name -> the class of its model section; load_config builds `model` with the class of `model.family`.
-# A family's section is ModelConfig, a subclass with its own fields, or its own dataclass with at least
-# the fields model.family.FamilyConfig names (family, max_seq_len, ...)
-# the families that ship are known here too, so that stages which never import model/ (recipes 01-03) read them
-_MODEL_SECTIONS: dict[str, type[Any]] = {"llama": ModelConfig, "mistral": MistralConfig, "qwen2": Qwen2Config,
-                                         "qwen3": Qwen3Config}
-
-
-def register_model_section(family: str, cls: type[Any]) -> None:
-    """Make ``model.family: <family>`` build its model section as ``cls`` (a dataclass with a ``family`` field)."""
+def register_model_section(family: str, cls: type[Any], axis_rules: Mapping[str, Sequence[str]]) -> None:
+    """Make ``model.family: <family>`` build its model section as ``cls`` (a dataclass with a ``family`` field)
+    and check ``train.mesh.rules`` against the family's logical axis names (``axis_rules``, with defaults)."""
     if not (dataclasses.is_dataclass(cls) and isinstance(cls, type) and "family" in {f.name for f in dataclasses.fields(cls)}):
         raise TypeError(f"model section of family '{family}' must be a dataclass with a 'family' field, got {cls!r}")
-    _MODEL_SECTIONS[family] = cls
+    _PLUGIN_SECTIONS[family] = cls
+    _PLUGIN_AXIS_RULES[family] = {k: list(v) for k, v in axis_rules.items()}
 
 
 def model_section_class(family: str) -> type[Any]:
     """The model section class registered for ``family``; an unknown family is one line listing the known."""
-    if family not in _MODEL_SECTIONS:
-        raise ConfigError(f"config key 'model.family': unknown model family '{family}' "
-                          f"(known: {', '.join(sorted(_MODEL_SECTIONS))})")
-    return _MODEL_SECTIONS[family]
+    if family in _PLUGIN_SECTIONS:
+        return _PLUGIN_SECTIONS[family]
+    if family not in FAMILY_PACKAGES:
+        known = sorted({*shipped_families(), *_PLUGIN_SECTIONS})
+        raise ConfigError(f"config key 'model.family': unknown model family '{family}' (known: {', '.join(known)})")
+    return family_config_module(family).SECTIONS[family]
+
+
+def family_presets(family: str) -> dict[str, dict[str, Any]]:
+    """A family's named sizes (its section class's ``PRESETS``)."""
+    return dict(getattr(model_section_class(family), "PRESETS", {}))
+
+
+def family_axis_rules(family: str) -> dict[str, list[str]]:
+    """A family's logical axis names with their default mesh axes: a plugin's as it registered them, a
+    shipped family's from its section class (``AXIS_RULES``)."""
+    rules = _PLUGIN_AXIS_RULES[family] if family in _PLUGIN_AXIS_RULES else model_section_class(family).AXIS_RULES
+    return {k: list(v) for k, v in rules.items()}

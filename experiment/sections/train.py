@@ -5,26 +5,6 @@ from typing import Literal
 
 from experiment.errors import ConfigError
 
-# Logical axis -> mesh axes. Every parameter and key activation names its dims with these logical
-# names (model/decoder.py); this table decides how they are laid out on the device mesh.
-DEFAULT_AXIS_RULES: dict[str, list[str]] = {
-    "batch": ["data", "fsdp"],  # activations: the batch is split over every data-parallel axis
-    "length": [],
-    "act_embed": [],
-    "act_heads": ["tensor"],
-    "act_mlp": ["tensor"],
-    "vocab": ["tensor"],
-    "embed": ["fsdp"],  # FSDP/ZeRO-3: parameters sharded along d_model, gathered per layer
-    "heads": ["tensor"],
-    "kv_heads": ["tensor"],
-    "head_dim": [],
-    "mlp": ["tensor"],
-    "norm": [],
-    # the stacked layer axis of scanned layers (model/stacking.py): each device keeps every layer's shard,
-    # and a layer's weights are gathered over fsdp inside the scan body, one layer at a time
-    "layers": [],
-}
-
 
 @dataclass
 class MeshConfig:
@@ -32,12 +12,10 @@ class MeshConfig:
     fsdp: int = 1
     tensor: int = 1
     dcn_data: int = 1  # multi-slice: data parallelism across slices over the data-centre network
-    # logical axis name -> list of mesh axes (data, fsdp, tensor); [] keeps that dim unsharded
-    rules: dict[str, list[str]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_AXIS_RULES.items()})
-
-    def __post_init__(self) -> None:
-        # a YAML that overrides a few rules keeps the defaults for the rest
-        self.rules = {**{k: list(v) for k, v in DEFAULT_AXIS_RULES.items()}, **self.rules}
+    # logical axis name -> list of mesh axes (data, fsdp, tensor); [] keeps that dim unsharded. Only the
+    # names to change: the family's own rules (AXIS_RULES in model/<family>/config.py) give the rest, and a
+    # name the family's parameters and activations do not use is an error (experiment.config.check_sections)
+    rules: dict[str, list[str]] = field(default_factory=dict)
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
@@ -46,9 +24,6 @@ class MeshConfig:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 1, got {getattr(self, name)}")
         if self.data == 0 or self.data < -1:
             raise ConfigError(f"config key '{prefix}data': must be >= 1 or -1 (all devices left over), got {self.data}")
-        unknown = sorted(set(self.rules) - set(DEFAULT_AXIS_RULES))
-        if unknown:
-            raise ConfigError(f"config key '{prefix}rules': unknown logical axes {unknown} (known: {sorted(DEFAULT_AXIS_RULES)})")
         for logical, axes in self.rules.items():
             bad = [a for a in axes if a not in ("data", "fsdp", "tensor")]
             if bad:
@@ -71,7 +46,7 @@ class TrainConfig:
     steps: int = 1000
     batch_size: int = 32  # global batch, in sequences
     grad_accum_steps: int = 1  # micro-batches per optimizer step; batch_size must divide by it
-    # sequence positions whose logits exist at once in the loss (model.decoder.chunked_cross_entropy):
+    # sequence positions whose logits exist at once in the loss (model.loss.chunked_cross_entropy):
     # B x chunk x V floats instead of B x T x V, for one more forward matmul of the output head; 0: all
     loss_chunk_len: int = 1024
     learning_rate: float = 3e-4

@@ -1,4 +1,4 @@
-"""The Llama family: model/decoder.py's decoder, model/flops.py's counts, and its Hugging Face adapter.
+"""The Hugging Face adapters of the Llama-shaped families: Llama, Mistral, Qwen2/2.5, Qwen3.
 
 The HF adapter maps our parameters onto Transformers' ``LlamaForCausalLM`` and back. Our decoder
 is Llama-shaped (RMSNorm, GQA attention with half-split RoPE, SwiGLU, optional tied embeddings), so
@@ -6,7 +6,7 @@ both directions are a renaming and transposition of weights: Flax stores ``x @ W
 [in, out], PyTorch ``nn.Linear`` as [out, in]. Only numpy is needed here, not torch.
 
 ``LlamaShapedHF`` is the adapter of every family whose Transformers model is Llama's with a few
-switches (Mistral, Qwen2, Qwen3: model/hf_families.py): one table (``hf_tensors``) names each of our
+switches (Mistral, Qwen2, Qwen3: the config.json builders below): one table (``hf_tensors``) names each of our
 parameters' HF tensor and layout, and both directions walk it. Importing reads one tensor at a
 time from a mapping (model/hf_checkpoint.py passes a lazy one over the safetensors files), checks its
 shape, casts it to the parameter dtype and hands it to ``place`` (which may put it straight onto its
@@ -24,11 +24,8 @@ import numpy as np
 from flax import nnx
 
 from experiment.errors import ConfigError, DataError
-from experiment.sections.model import ModelConfig
-from experiment.sections.train import DEFAULT_AXIS_RULES
-from model import flops
-from model.decoder import QUANTIZED_MODULES, Decoder
-from model.family import ModelFamily, get_family, register_family
+from model.family import get_family
+from model.llama.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 from model.stacking import BLOCKS, n_stacked, unrolled_pure
 
 
@@ -69,7 +66,7 @@ class HFTensor:
         return np.ascontiguousarray(value.reshape(self.hf_shape(value.shape)))
 
 
-def hf_tensors(cfg: ModelConfig) -> list[HFTensor]:
+def hf_tensors(cfg: LlamaConfig) -> list[HFTensor]:
     """Every parameter of a Llama-shaped decoder with ``cfg`` and its Transformers name."""
     table = [HFTensor(("embed",), "model.embed_tokens.weight")]
     for i in range(cfg.n_layers):
@@ -108,20 +105,20 @@ def _set(tree: Any, path: tuple[Any, ...], value: Any) -> None:
     _get(tree, path[:-1])[path[-1]] = value
 
 
-def llama_state_dict(model: Any, cfg: ModelConfig | None = None) -> dict[str, np.ndarray]:
+def llama_state_dict(model: Any, cfg: LlamaConfig | None = None) -> dict[str, np.ndarray]:
     """Our NNX decoder's parameters under Transformers' Llama names, in PyTorch's [out, in] layout (fp32),
     one tensor per layer whichever layout (scanned or unrolled) the model has."""
     pure = unrolled_pure(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     if cfg is None:  # the switches the module was built with
         scanned = isinstance(model.blocks, nnx.Module)
         attn = model.blocks.attn if scanned else model.blocks[0].attn
-        cfg = ModelConfig(n_layers=n_stacked(model.blocks) if scanned else len(model.blocks),
+        cfg = LlamaConfig(n_layers=n_stacked(model.blocks) if scanned else len(model.blocks),
                           tie_embeddings=model.lm_head is None, qkv_bias=attn.bq is not None,
                           qk_norm=attn.q_norm is not None)
     return {t.name: t.to_hf(np.asarray(_get(pure, t.path), dtype=np.float32)) for t in hf_tensors(cfg)}
 
 
-def rope_hf(cfg: ModelConfig) -> dict[str, Any]:
+def rope_hf(cfg: LlamaConfig) -> dict[str, Any]:
     """Transformers' ``rope_parameters`` for our RoPE settings."""
     if cfg.rope_scaling == "llama3":
         return {"rope_type": "llama3", "rope_theta": cfg.rope_theta, "factor": cfg.rope_factor,
@@ -131,7 +128,7 @@ def rope_hf(cfg: ModelConfig) -> dict[str, Any]:
 
 
 def llama_config(model_cfg: Any, vocab_size: int, special_ids: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """config.json for ``LlamaForCausalLM`` with our shapes; ``model_cfg`` is a resolved ModelConfig."""
+    """config.json for ``LlamaForCausalLM`` with our shapes; ``model_cfg`` is a resolved LlamaConfig."""
     special = special_ids or {}
     rope = rope_hf(model_cfg)
     return {
@@ -202,8 +199,8 @@ def check_full_attention(hf_config: Mapping[str, Any], where: str) -> None:
                           "(sliding-window attention is not supported)")
 
 
-def config_from_hf(hf_config: Mapping[str, Any], model_type: str = "llama", config_cls: type = ModelConfig,
-                   family: str = "llama", **switches: Any) -> ModelConfig:
+def config_from_hf(hf_config: Mapping[str, Any], model_type: str = "llama", config_cls: type = LlamaConfig,
+                   family: str = "llama", **switches: Any) -> LlamaConfig:
     """Our model config for a Transformers Llama-shaped config.json; features our decoder lacks are errors.
 
     ``switches``: the family's fixed features (``qkv_bias``, ``qk_norm``) and defaults (``head_dim``:
@@ -347,20 +344,47 @@ def check_plain_llama(cfg: Any) -> None:
 LlamaHF = LlamaShapedHF("LlamaForCausalLM", "llama", "llama", llama_config, config_from_hf, check_plain_llama)
 
 
-def describe(cfg: ModelConfig) -> str:
-    return f"{cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads"
+
+def _config(architecture: str, model_type: str, drop: tuple[str, ...] = (), **extra: Any):  # noqa: ANN202
+    """A config.json builder: Llama's fields less ``drop``, with the family's names and ``extra`` keys."""
+    def to_config(cfg: Any, vocab_size: int, special_ids: Mapping[str, int] | None = None) -> dict[str, Any]:
+        config = {k: v for k, v in llama_config(cfg, vocab_size, special_ids).items() if k not in drop}
+        return {**config, "architectures": [architecture], "model_type": model_type, **extra}
+    return to_config
 
 
-LLAMA = register_family(ModelFamily(
-    name="llama",
-    config_cls=ModelConfig,
-    build=Decoder,
-    flops=flops.train_flops_per_token,
-    train_costs=flops.train_costs,
-    param_count=flops.param_count,
-    axis_rules=DEFAULT_AXIS_RULES,
-    validate=lambda cfg: cfg.validate("model"),
-    describe=describe,
-    hf_adapter=LlamaHF,
-    quantized_modules=QUANTIZED_MODULES,
-))
+def llama_shaped_adapter(name: str, config_cls: type, architecture: str, check_export: Callable[[Any], None],
+                         to_config: Callable[[Any, int, Mapping[str, int] | None], dict[str, Any]],
+                         **switches: Any) -> LlamaShapedHF:
+    return LlamaShapedHF(architecture, name, name, to_config,
+                         lambda hf: config_from_hf(hf, name, config_cls, name, **switches), check_export=check_export)
+
+
+def check_switches(family: str, qkv_bias: bool, qk_norm: bool) -> Callable[[Any], None]:
+    """A family's checks: its HF class has exactly these switches."""
+    def validate(cfg: LlamaConfig) -> None:
+        cfg.validate("model")
+        for key, want in (("qkv_bias", qkv_bias), ("qk_norm", qk_norm)):
+            if getattr(cfg, key) != want:
+                raise ConfigError(f"config key 'model.{key}': the {family} family has {key}={want} "
+                                  f"(its Hugging Face model is built that way), got {getattr(cfg, key)}")
+    return validate
+
+
+def check_mistral(cfg: LlamaConfig) -> None:
+    cfg.validate("model")
+    check_plain_llama(cfg)
+
+
+MISTRAL_HF = llama_shaped_adapter(
+    "mistral", MistralConfig, "MistralForCausalLM", check_mistral,
+    _config("MistralForCausalLM", "mistral", drop=("attention_bias", "mlp_bias"), sliding_window=None))
+QWEN2_HF = llama_shaped_adapter(
+    "qwen2", Qwen2Config, "Qwen2ForCausalLM", check_switches("qwen2", True, False),
+    _config("Qwen2ForCausalLM", "qwen2", drop=("attention_bias", "mlp_bias"), use_sliding_window=False,
+            sliding_window=None),
+    qkv_bias=True, qk_norm=False)
+QWEN3_HF = llama_shaped_adapter(
+    "qwen3", Qwen3Config, "Qwen3ForCausalLM", check_switches("qwen3", False, True),
+    _config("Qwen3ForCausalLM", "qwen3", drop=("mlp_bias",), use_sliding_window=False, sliding_window=None),
+    qkv_bias=False, qk_norm=True, head_dim=128)

@@ -1,4 +1,4 @@
-"""Hand-counted FLOPs of the decoder, for MFU.
+"""Hand-counted FLOPs of the Llama-shaped decoder (model/llama/model.py), for MFU.
 
 XLA's ``cost_analysis`` counts a scanned layer once and counts rematerialised work, so we count
 the model's matmuls by hand (a multiply-add is 2 FLOPs). Training costs 3x the forward pass
@@ -11,17 +11,17 @@ published for Llama-3.1-8B and -70B on v6e use the full count (tests/test_cost_p
 
 from __future__ import annotations
 
-from experiment.sections.model import ModelConfig
+from model.llama.config import LlamaConfig
 
 
-def matmul_params(cfg: ModelConfig, vocab_size: int) -> int:
+def matmul_params(cfg: LlamaConfig, vocab_size: int) -> int:
     """Parameters that take part in a matmul per token (norm scales excluded, embedding gather excluded)."""
     d, h, kv, hd, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim, cfg.d_ff
     per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f
     return cfg.n_layers * per_layer + d * vocab_size  # + the output projection (tied or not)
 
 
-def param_count(cfg: ModelConfig, vocab_size: int) -> int:
+def param_count(cfg: LlamaConfig, vocab_size: int) -> int:
     """All parameters, by formula (tests check the model against it). The q/k/v biases (``qkv_bias``) and
     the per-head q/k norms (``qk_norm``) are parameters, but elementwise work: no FLOPs of their own here."""
     d, hd = cfg.d_model, cfg.resolved_head_dim
@@ -31,30 +31,29 @@ def param_count(cfg: ModelConfig, vocab_size: int) -> int:
     return matmul_params(cfg, vocab_size) - d * vocab_size + embeddings + norms + biases
 
 
-def forward_flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int) -> float:
+def forward_flops_per_token(cfg: LlamaConfig, vocab_size: int, seq_len: int) -> float:
     attention = 2 * 2 * seq_len * cfg.n_heads * cfg.resolved_head_dim * cfg.n_layers  # QK^T and PV
     return 2.0 * matmul_params(cfg, vocab_size) + attention
 
 
-def train_flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int) -> float:
+def train_flops_per_token(cfg: LlamaConfig, vocab_size: int, seq_len: int) -> float:
     return 3.0 * forward_flops_per_token(cfg, vocab_size, seq_len)
 
 
-def attention_forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+def attention_forward_flops_per_token(cfg: LlamaConfig, seq_len: int) -> float:
     """QK^T and PV of every layer, full T x T (as in ``forward_flops_per_token``)."""
     return 2.0 * 2 * seq_len * cfg.n_heads * cfg.resolved_head_dim * cfg.n_layers
 
 
-def recompute_flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int, attention: str,
-                              loss_chunked: bool) -> float:
-    """Forward work the backward pass does again, per trained token (hardware FLOPs - model FLOPs).
+def recompute_flops(cfg: LlamaConfig, vocab_size: int, seq_len: int, attention: str) -> float:
+    """Forward work the backward pass does again, per trained token (hardware FLOPs - model FLOPs), for the
+    attention kernel ``attention`` the config resolved to; the chunked loss's is model.family's to add.
 
     - ``model.remat``: full recomputes every block's forward (all but the output head); save_dots and
       offload keep the projections' outputs (dots without batch dims) and recompute attention, whose
       dots have batch dims (and a Pallas kernel is not a dot); none recomputes nothing.
     - flash-style kernels (splash, cudnn) recompute the scores QK^T in their backward pass: half of
       attention's forward matmuls.
-    - the chunked loss recomputes the output head's matmul, chunk by chunk.
     """
     attention_fwd = attention_forward_flops_per_token(cfg, seq_len)
     head_fwd = 2.0 * cfg.d_model * vocab_size
@@ -62,20 +61,4 @@ def recompute_flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int, a
     extra = {"none": 0.0, "full": blocks_fwd, "save_dots": attention_fwd, "offload": attention_fwd}[cfg.remat]
     if attention in ("splash", "cudnn"):
         extra += attention_fwd / 2
-    if loss_chunked:
-        extra += head_fwd
     return extra
-
-
-def train_costs(cfg: ModelConfig, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
-                loss_chunk_len: int) -> tuple[str, float, float]:
-    """(attention kernel ``cfg.attention`` stands for on ``platform``, model FLOPs per trained token,
-    hardware FLOPs per trained token): what the fit check reports and the planner prices."""
-    import jax.numpy as jnp
-
-    from model.attention import resolve_attention
-
-    kernel = resolve_attention(cfg.attention, platform, jnp.dtype(compute_dtype), cfg.resolved_head_dim, seq_len)
-    model_flops = train_flops_per_token(cfg, vocab_size, seq_len)
-    extra = recompute_flops_per_token(cfg, vocab_size, seq_len, kernel, 0 < loss_chunk_len < seq_len)
-    return kernel, model_flops, model_flops + extra

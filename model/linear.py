@@ -1,14 +1,16 @@
-"""Kernels written for XLA:CPU, kept out of the model files that use them.
+"""The projections every family's matmuls against a parameter go through: ``project`` and ``linear``.
 
-Why this file exists: the CPU is where this project trains its demo and runs its tests, and XLA:CPU
-lays out some dots badly (below). A fix that only matters on one backend belongs beside the model,
-not inside it: the model calls ``linear`` for every projection and reads as plain einsums, and on
-TPUs and GPUs ``linear`` computes exactly what autodiff of the einsum would.
+``linear`` is ``x @ w`` with a hand-written backward pass. It computes what autodiff of the einsum
+would on every platform; the backward's operand order is what XLA:CPU (where this project trains its
+demo and runs its tests) needs to avoid a slow layout copy (``_linear_backward``). ``plain_projections``
+is quantized training's switch (trainer/quantization.py): within it ``project`` emits one plain
+``dot_general`` of the parameter instead, which Qwix can recognise and differentiate with its own VJP.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from contextvars import ContextVar
 
@@ -61,3 +63,21 @@ def _linear_backward(residuals: tuple[jax.Array, jax.Array], dy: jax.Array) -> t
 
 
 linear.defvjp(_linear_forward, _linear_backward)
+
+
+def project(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+    """x [..., in dims] @ w [in dims, out dims] -> [..., out dims]: the last ``n_in`` dims of ``x``
+    contract with the first ``n_in`` of ``w`` (e.g. q/k/v [D] @ [D, H, K], o [H, K] @ [H, K, D], an MLP's
+    [D] @ [D, F]).
+
+    Normally through ``linear`` on 2-D views. Within ``plain_projections``: one ``dot_general`` of the
+    parameter array itself, cast only if its dtype differs (Qwix recognises a weight operand by identity
+    with a module's ``nnx.Param`` value, and quantizes the backward of dots whose VJP it owns).
+    """
+    if projections_plain():
+        w = w if w.dtype == x.dtype else w.astype(x.dtype)
+        contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+        return jax.lax.dot_general(x, w, (contract, ((), ())))
+    in_size = math.prod(w.shape[:n_in])
+    y = linear(x.reshape(*x.shape[:x.ndim - n_in], in_size), w.astype(x.dtype).reshape(in_size, -1))
+    return y.reshape(*x.shape[:x.ndim - n_in], *w.shape[n_in:])

@@ -1,0 +1,97 @@
+"""Building blocks the decoder families share: parameters with logical axes, RMSNorm, RoPE, remat policies.
+
+Every parameter carries logical axis names (``out_sharding`` metadata) that ``model.sharding`` maps
+onto the device mesh. Norms and the rotary angles compute in fp32 whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+# activation checkpointing per decoder block (``model.remat``); "none" runs without jax.checkpoint
+REMAT_POLICIES = {
+    "full": None,  # save nothing, recompute the whole block in the backward pass
+    # keep the projections' outputs (dots without batch dims), recompute attention and elementwise work
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # the same outputs, kept in host memory instead of HBM (TPU; the fit search reports where unsupported)
+    "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+}
+
+
+def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], std: float) -> nnx.Param:
+    """A truncated-normal fp32 parameter tagged with its logical axis names."""
+    init = jax.nn.initializers.truncated_normal(stddev=std)
+    return nnx.Param(init(rngs.params(), shape, jnp.float32), out_sharding=axes)
+
+
+def zeros(shape: tuple[int, ...], axes: tuple[str, ...]) -> nnx.Param:
+    return nnx.Param(jnp.zeros(shape, jnp.float32), out_sharding=axes)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, axis: str = "norm"):
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), out_sharding=(axis,))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+@dataclass(frozen=True)
+class Rope:
+    """RoPE's frequencies: base ``theta``, optionally with Llama 3's scaling (``scaling="llama3"``)."""
+
+    theta: float = 10_000.0
+    scaling: str = "none"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_len: int = 8192
+
+    def frequencies(self, head_dim: int) -> np.ndarray:
+        """Inverse wavelengths [head_dim / 2] (fp32), as Transformers' ``ROPE_INIT_FUNCTIONS`` compute them."""
+        half = head_dim // 2
+        freqs = np.float32(self.theta) ** (-np.arange(half, dtype=np.float32) / np.float32(half))
+        if self.scaling == "llama3":
+            # long wavelengths (low frequencies) slowed down by ``factor``, short ones kept, a ramp between
+            wavelen = 2 * math.pi / freqs
+            scaled = np.where(wavelen > self.original_max_len / self.low_freq_factor, freqs / self.factor, freqs)
+            smooth = (self.original_max_len / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+            smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+            medium = ~(wavelen < self.original_max_len / self.high_freq_factor) & ~(
+                wavelen > self.original_max_len / self.low_freq_factor)
+            freqs = np.where(medium, smoothed, scaled).astype(np.float32)
+        return freqs
+
+
+def rope_table(length: int, head_dim: int, theta: float | Rope) -> tuple[np.ndarray, np.ndarray]:
+    """sin and cos [length, head_dim / 2] of the rotary angles of positions 0..length-1 (fp32)."""
+    rope = theta if isinstance(theta, Rope) else Rope(theta)
+    angles = np.arange(length, dtype=np.float32)[:, None] * rope.frequencies(head_dim)
+    return np.sin(angles), np.cos(angles)
+
+
+def rope_angles(positions: jax.Array, head_dim: int, theta: float | Rope) -> tuple[jax.Array, jax.Array]:
+    """sin and cos [B, T, 1, head_dim / 2] for row-local positions (< T), shared by all layers.
+
+    Looked up in a table made at trace time, not computed in the graph: XLA:CPU recomputed sin and
+    cos inside every fusion that read them (per head, forward and backward), ~5% of a train step.
+    """
+    sin, cos = rope_table(positions.shape[1], head_dim, theta)
+    return jnp.take(sin, positions, axis=0)[:, :, None, :], jnp.take(cos, positions, axis=0)[:, :, None, :]
+
+
+def rotary(x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """Rotate pairs (first half, second half) of each head by position-dependent angles: [B, T, H, D]."""
+    sin, cos = rope
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
