@@ -85,13 +85,13 @@ REQUIREMENTS_PY := import sys, tomllib; p = tomllib.load(open("pyproject.toml", 
 .venvs/%/.installed: pyproject.toml
 	@mkdir -p .venvs
 	@echo "installing .venvs/$* (.[$(EXTRA_PIP_$*)], log in .venvs/$*.log)"
-	@start=$$(date +%s); if { set -x && \
+	@start=$$(date +%s); if ( set -x && \
 	  $(PYTHON) -m venv .venvs/$* && \
 	  .venvs/$*/bin/python -m pip install --upgrade pip && \
 	  $(PYTHON) -c '$(REQUIREMENTS_PY)' $(EXTRA_PIP_$*) > .venvs/$*/requirements.txt && \
 	  .venvs/$*/bin/python -m pip install --no-compile -r .venvs/$*/requirements.txt && \
-	  $(EDITABLE_LOCK) .venvs/$*/bin/python -m pip install --no-compile --no-deps -e .; \
-	} > .venvs/$*.log 2>&1; then \
+	  $(EDITABLE_LOCK) .venvs/$*/bin/python -m pip install --no-compile --no-deps -e . \
+	) > .venvs/$*.log 2>&1; then \
 	  echo "installed .venvs/$* in $$(( $$(date +%s) - start )) s"; \
 	else \
 	  echo "error: installing .venvs/$* failed; the end of .venvs/$*.log:" >&2; tail -n 25 .venvs/$*.log >&2; exit 1; \
