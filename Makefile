@@ -118,6 +118,11 @@ test-extras: test-extra-tpu-a test-extra-tpu-b test-extra-hf test-extra-beam tes
 
 .PRECIOUS: .venvs/%/.installed
 
+# README.md's and eval/README.md's figures of the demo and the sweep, reread from runs/demo and runs/demo-sweep
+.PHONY: readme-figures
+readme-figures: setup
+	$(PY) -m eval.figures --write README.md eval/README.md
+
 lint: setup
 	$(VENV)/bin/ruff check .
 

@@ -27,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from experiment.sections.train import TrainConfig
-from trainer import checkpoint
+from trainer import checkpoint, checkpoint_integrity
 
 CHUNK = 4 << 20
 
@@ -45,7 +45,7 @@ def make_state(params_m: int, arrays: int = 12) -> dict:
 
 
 def read_all(step_dir: Path, digest: Callable[[], object] | None = None) -> None:
-    for path in checkpoint.step_files(step_dir):
+    for path in checkpoint_integrity.step_files(step_dir):
         hasher = digest() if digest else None
         with open(path, "rb") as handle:
             while block := handle.read(CHUNK):
@@ -71,10 +71,10 @@ def main() -> None:
         manager = checkpoint.open_manager(directory, TrainConfig(async_checkpointing=False))
         save_s = timed(lambda: checkpoint.save(manager, 1, state, {}, {}, {}, force=True))
         step_dir = directory / "1"
-        total_bytes = sum(p.stat().st_size for p in checkpoint.step_files(step_dir))
+        total_bytes = sum(p.stat().st_size for p in checkpoint_integrity.step_files(step_dir))
         sides: dict[str, Callable[[], object]] = {
-            "write_checksums_crc32c": lambda: checkpoint.write_checksums(step_dir),
-            "verify_checksums_crc32c": lambda: checkpoint.verify_checksums(step_dir),
+            "write_checksums_crc32c": lambda: checkpoint_integrity.write_checksums(step_dir),
+            "verify_checksums_crc32c": lambda: checkpoint_integrity.verify_checksums(step_dir),
             "sha256_all_files": lambda: read_all(step_dir, hashlib.sha256),
             "read_all_files": lambda: read_all(step_dir),
             "orbax_restore": lambda: checkpoint.restore(manager, 1, abstract),

@@ -30,7 +30,8 @@ from typing import Any
 
 from interleave import interleaved_rounds, median_ratio, medians
 
-from cost.ledger import LEDGER_FILE, Ledger
+from cost.ledger import Ledger
+from cost.ledger_format import LEDGER_FILE
 from cost.rates import UsdRubRate
 from experiment.sections.cost import CostConfig
 

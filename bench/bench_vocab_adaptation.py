@@ -268,7 +268,7 @@ def eval_points(args: argparse.Namespace, arm: str) -> list[dict[str, float]]:
 
 def ledger_rubles(args: argparse.Namespace, arm: str) -> dict[str, Any]:
     """The arm's ledger total, read back through the cost package."""
-    from cost.ledger import summarize_ledger
+    from cost.ledger_pricing import summarize_ledger
 
     summary = summarize_ledger(run_folder(args, f"ru-{arm}") / "ledger")
     return {"rub": summary.rub_total, "hours": summary.hours, "sessions": summary.sessions,

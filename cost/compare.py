@@ -10,13 +10,15 @@ history, eval score against rubles), and logs them to the compare run in W&B.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cost.ledger import LEDGER_FILE, summarize_ledger
+from cost.ledger_format import LEDGER_FILE
+from cost.ledger_pricing import summarize_ledger
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from cost.summary import COMPARE_COLUMNS, CostSummary
 from cost.target import (
@@ -66,6 +68,14 @@ COLUMNS = (*BASE_COLUMNS, *LATER_COST_COLUMNS, *SOURCE_COLUMNS)
 def columns_for(target: Target | None) -> tuple[Column, ...]:
     """The table's columns: with a target, what reaching it cost."""
     return (*BASE_COLUMNS, *LATER_COST_COLUMNS, *(TARGET_COLUMNS if target else ()), *SOURCE_COLUMNS)
+
+
+def terminal_order(rows: list[dict[str, Any]], columns: tuple[Column, ...]) -> tuple[Column, ...]:
+    """The printed table's columns: a sweep's variants are named by what they change (the variant column
+    first, repeated in every block a narrow terminal wraps into), other experiments by their name."""
+    if not any(row.get("variant") for row in rows):
+        return columns
+    return (*(c for c in columns if c.key == "variant"), *(c for c in columns if c.key != "variant"))
 
 
 def run_order(run: RunRecord) -> tuple[str, str]:
@@ -234,6 +244,8 @@ def cost_row(cfg: Any, exp: ExperimentRuns, metric: str | None, target: Target |
     row["final_loss"] = loss
     row["eval_score"] = eval_score(exp, metric)
     row["rub_per_eval_point"] = rub_per_eval_point(row.get("rub_total"), row["eval_score"])
+    if row["eval_score"] is not None:  # for the plot only (no table column): the score's interval
+        row["_eval_interval"] = score_interval(exp.folder.eval, metric, row["eval_score"])
     if target is not None:
         row.update(target_cells(exp, target, cost))
     return row
@@ -267,24 +279,96 @@ def plot_loss_vs_rubles(experiments: list[ExperimentRuns], loss_key: str, path: 
     return save_figure(fig, path)
 
 
+@dataclass(frozen=True)
+class ScorePoint:
+    """One run on the eval-score plot: its rubles, its score and the score's 95% interval."""
+
+    name: str
+    rub: float
+    score: float
+    low: float | None = None  # None: the run's eval results (eval/step_N.json) are not on this machine
+    high: float | None = None
+    chance: float | None = None
+
+    @property
+    def error_bar(self) -> tuple[float, float] | None:
+        """(below, above) the score, as matplotlib's ``yerr`` takes them."""
+        if self.low is None or self.high is None:
+            return None
+        return (self.score - self.low, self.high - self.score)
+
+
+def score_interval(eval_dir: Path, metric: str | None, score: float) -> tuple[float, float, float | None] | None:
+    """The 95% interval and chance level of ``score`` (W&B summary key ``eval/<task>/<name>``) from the run's
+    eval results: W&B summaries carry the score alone, ``eval/step_N.json`` its interval too. The newest
+    step whose value is the score wins; None when no results file holds it."""
+    parts = (metric or "").split("/")
+    if len(parts) != 3 or parts[0] != "eval":
+        return None
+    _, task, name = parts
+    for path in sorted(eval_dir.glob("step_*.json"), reverse=True):
+        try:
+            entry = json.loads(path.read_text(encoding="utf-8"))["tasks"][task]["metrics"][name]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if math.isclose(entry.get("value", math.nan), score, rel_tol=1e-9) and entry.get("ci95"):
+            low, high = entry["ci95"]
+            return float(low), float(high), entry.get("chance")
+    return None
+
+
+def score_points(rows: list[dict[str, Any]]) -> list[ScorePoint]:
+    """The eval plot's points: each row with rubles and a score, its interval where its results are on disk."""
+    points = []
+    for row in rows:
+        if row.get("rub_total") is None or row.get("eval_score") is None:
+            continue
+        low, high, chance = row.get("_eval_interval") or (None, None, None)
+        points.append(ScorePoint(str(row.get("variant") or row["experiment"]), float(row["rub_total"]),
+                                 float(row["eval_score"]), low, high, chance))
+    return points
+
+
+def score_axis(points: list[ScorePoint]) -> tuple[float, float]:
+    """The y-range: all of [0, 1] for accuracies, so that runs whose intervals overlap are not spread over the
+    whole height as if they were ranked; otherwise every interval and the chance level, padded, and never
+    narrower than the widest interval."""
+    values = [v for p in points for v in (p.score, p.low, p.high, p.chance) if v is not None]
+    if all(0.0 <= v <= 1.0 for v in values):
+        return (0.0, 1.0)
+    low, high = min(values), max(values)
+    widest = max([p.high - p.low for p in points if p.low is not None and p.high is not None] or [0.0])
+    pad = max(0.1 * (high - low), widest, 1e-6)
+    return (low - pad, high + pad)
+
+
 def plot_eval_vs_rubles(rows: list[dict[str, Any]], metric: str | None, path: Path) -> Path | None:
+    """Each run's eval score with its 95% interval against the rubles it cost, chance level dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [(r["rub_total"], r["eval_score"], r["experiment"]) for r in rows
-              if r.get("rub_total") is not None and r.get("eval_score") is not None]
+    points = score_points(rows)
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for rub, score, name in points:
-        ax.scatter([rub], [score], s=40)
-        ax.annotate(name, (rub, score), textcoords="offset points", xytext=(5, 5))
+    for point in points:
+        bar = point.error_bar
+        # named in the legend, not beside the point: a sweep's points sit close together and their labels overlap
+        ax.errorbar([point.rub], [point.score], yerr=None if bar is None else [[bar[0]], [bar[1]]], fmt="o",
+                    capsize=4, markersize=5, label=point.name)
+    chances = {p.chance for p in points if p.chance is not None}
+    for chance in chances:
+        ax.axhline(chance, color="grey", linestyle="--", linewidth=1, label=f"chance {chance:g}")
+    ax.set_ylim(*score_axis(points))
     ax.set_xlabel("rubles spent (pretraining)")
     ax.set_ylabel(metric or "eval score")
-    ax.set_title("Eval score against rubles")
+    missing = sum(p.error_bar is None for p in points)
+    note = "bars: 95% intervals (Wilson for accuracies)" + (f"; {missing} run(s) without recorded interval" if missing else "")
+    ax.set_title(f"Eval score against rubles\n{note}", fontsize="medium")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
     return save_figure(fig, path)
 
 
@@ -362,6 +446,7 @@ def compare_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[
             notes.append(f"no frontier plot: no run logged '{target.metric}' during training (train.eval_every)")
     log.info("compared %d experiment(s): %s", len(rows), ", ".join(f"{r['experiment']} ({r['cost_source']})" for r in rows))
     columns = columns_for(target)
-    files = write_table(rows, columns, reports / "costs", "Experiment costs in rubles", notes=notes)
+    files = write_table(rows, columns, reports / "costs", "Experiment costs in rubles", notes=notes,
+                        terminal_columns=terminal_order(rows, columns))
     log_to_wandb(wandb_run, "costs", rows, columns, images, files, artifact_type="cost-report")
     return rows

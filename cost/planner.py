@@ -33,7 +33,8 @@ from typing import Any
 
 from cost.catalog import Catalog, CatalogError
 from cost.hf_shapes import hf_model_shape, is_hf_spec
-from cost.ledger import LEDGER_FILE, summarize_ledger
+from cost.ledger_format import LEDGER_FILE
+from cost.ledger_pricing import summarize_ledger
 from cost.rates import UsdRubRate, resolve_usd_rub
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from cost.target import Target, TargetCrossing, cost_to_target, eval_points, read_train_log, target_of

@@ -6,6 +6,7 @@ import csv
 import io
 import logging
 import math
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,31 +63,72 @@ def to_csv(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
     return buffer.getvalue()
 
 
-def to_terminal(rows: Sequence[dict[str, Any]], columns: Sequence[Column], title: str) -> str:
+FALLBACK_WIDTH = 100  # columns when stdout is no terminal (a CI log, a pipe) and COLUMNS is unset
+
+
+def terminal_width() -> int:
+    """The terminal's width (``COLUMNS`` first, as ``shutil.get_terminal_size`` reads it), else the fallback."""
+    return shutil.get_terminal_size((FALLBACK_WIDTH, 24)).columns
+
+
+def _rendered_width(widths: Sequence[int]) -> int:
+    """Width of a rich table with these column widths: one space of padding each side, a border between."""
+    return sum(w + 2 for w in widths) + len(widths) + 1
+
+
+def column_blocks(widths: Sequence[int], width: int) -> list[list[int]]:
+    """Column indices per printed block: column 0 (the row's name) starts every block, then as many of the
+    next columns as fit in ``width``; the rest wrap into the next block, never squeezed (a squeezed
+    cell is cut or folded, and rows that differ only in a cut-off part then read the same)."""
+    blocks: list[list[int]] = []
+    current = [0]
+    for index in range(1, len(widths)):
+        if len(current) > 1 and _rendered_width([widths[i] for i in [*current, index]]) > width:
+            blocks.append(current)
+            current = [0]
+        current.append(index)
+    blocks.append(current)
+    return blocks
+
+
+def to_terminal(rows: Sequence[dict[str, Any]], columns: Sequence[Column], title: str,
+                width: int | None = None) -> str:
+    """The table for a terminal ``width`` columns wide (default: this terminal's): the first column names the
+    row and repeats in every block; columns that do not fit wrap into further blocks below."""
+    from rich.cells import cell_len
     from rich.console import Console
     from rich.table import Table
 
+    width = width or terminal_width()
     columns = [c for c in columns if c.terminal]
-    table = Table(title=title or None)
-    for column in columns:
-        table.add_column(column.title, justify="left" if column.fmt == "{}" else "right")
-    for row in rows:
-        table.add_row(*(cell(row.get(c.key), c.fmt) for c in columns))
-    console = Console(width=240, record=True, file=io.StringIO())
-    console.print(table)
+    cells = [[cell(row.get(c.key), c.fmt) for c in columns] for row in rows]
+    widths = [max([cell_len(c.title), *(cell_len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    console = Console(width=width, record=True, file=io.StringIO())
+    blocks = column_blocks(widths, width)
+    for number, block in enumerate(blocks):
+        heading = f"{title} ({number + 1}/{len(blocks)})" if title and len(blocks) > 1 else title
+        table = Table(title=heading or None, title_justify="left", min_width=min(cell_len(heading or ""), width))
+        for i in block:
+            table.add_column(columns[i].title, justify="left" if columns[i].fmt == "{}" else "right",
+                             no_wrap=i != 0, min_width=min(widths[i], width // 2) if i == 0 else None)
+        for row in cells:
+            table.add_row(*(row[i] for i in block))
+        console.print(table)
     return console.export_text()
 
 
 def write_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], out_base: Path, title: str,
-                preamble: str = "", notes: Sequence[str] = ()) -> tuple[Path, Path]:
-    """``<out_base>.md`` (title, preamble, table, notes) and ``<out_base>.csv``; prints the table."""
+                preamble: str = "", notes: Sequence[str] = (),
+                terminal_columns: Sequence[Column] | None = None) -> tuple[Path, Path]:
+    """``<out_base>.md`` (title, preamble, table, notes) and ``<out_base>.csv``; prints the table (with
+    ``terminal_columns``' order when given: its first column names each row)."""
     md = f"# {title}\n\n" + (preamble.strip() + "\n\n" if preamble.strip() else "") + to_markdown(rows, columns)
     if notes:
         md += "\n" + "\n".join(f"- {note}" for note in notes) + "\n"
     md_path, csv_path = out_base.with_suffix(".md"), out_base.with_suffix(".csv")
     atomic_write_text(md_path, md)
     atomic_write_text(csv_path, to_csv(rows, columns))
-    print(to_terminal(rows, columns, title), flush=True)
+    print(to_terminal(rows, terminal_columns or columns, title), flush=True)
     for note in notes:
         print(f"  note: {note}", flush=True)
     log.info("wrote %s and %s", md_path, csv_path)

@@ -15,7 +15,6 @@ eval results with the running cost).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from experiment.errors import DataError
+from experiment.jsonl import read_jsonl
 from tracking.metrics import RUB_SPENT
 
 TRAIN_LOG = "train_log.jsonl"  # the trainer's one JSON line per log step, in the run folder
@@ -144,14 +144,7 @@ def best_so_far(points: Sequence[EvalPoint], lower_is_better: bool) -> list[tupl
 
 
 def read_train_log(run_root: Path) -> list[dict[str, Any]]:
-    """``train_log.jsonl`` of a run folder (empty when absent); a line cut by a crash is skipped."""
-    path = Path(run_root) / TRAIN_LOG
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    """``train_log.jsonl`` of a run folder (empty when absent). A torn last line is a record being
+    written (compare and plan read runs still training) and is ignored; a damaged line before it is a
+    DataError naming the file and line."""
+    return read_jsonl(Path(run_root) / TRAIN_LOG, torn_tail="ignore", missing_ok=True).values

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import json
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ from typing import Any
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_open
+from experiment.jsonl import parse_jsonl
 
 _WORKER_ERROR = re.compile(r"\b(DataError|ConfigError): (.+)")
 
@@ -141,8 +141,8 @@ def read_staged_json(pattern: str) -> list[Any]:
 
     rows: list[Any] = []
     for match in FileSystems.match([pattern])[0].metadata_list:
-        with FileSystems.open(match.path) as handle:
-            rows.extend(json.loads(line) for line in handle.read().decode("utf-8").splitlines() if line.strip())
+        with FileSystems.open(match.path) as handle:  # Beam renames a staged file into place once complete
+            rows.extend(parse_jsonl(handle.read().decode("utf-8"), match.path, torn_tail="error").values)
     return rows
 
 

@@ -68,7 +68,7 @@ def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: A
     """Export a loaded checkpoint with the run's tokenizer (loaded by the caller, from ``run_folder.tokenizer``)
     into ``eval/hf/step_NNNNNNN``; None (and a log line) when the checkpoint's model family has no Hugging
     Face adapter."""
-    from trainer.checkpoint import model_config_from_meta
+    from trainer.trained_model import model_config_from_meta
 
     model_cfg = model_config_from_meta(meta)
     family = family_of(model_cfg)

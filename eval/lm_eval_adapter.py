@@ -37,7 +37,7 @@ class RuPretrainLM(LM):
                 raise ValueError("RuPretrainLM needs run_folder=... (or logits_fn, encode and eos_id)")
             from experiment.runfolder import RunFolder
             from tokenizer.loaded import load_run_tokenizer
-            from trainer.checkpoint import load_trained_model
+            from trainer.trained_model import load_trained_model
 
             folder = RunFolder(Path(run_folder))
             model, _, meta = load_trained_model(folder, step=None if step in (None, "") else int(step))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiment.errors import DataError
+from experiment.jsonl import iter_jsonl
 
 log = logging.getLogger("eval.loaders")
 
@@ -56,13 +57,9 @@ def _read_csv(path: Path) -> Iterator[Record]:
 
 def _read_jsonl(path: Path) -> Iterator[Record]:
     with path.open(encoding="utf-8") as handle:
-        for row, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                fields = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}: row {row}: not valid JSON ({exc.msg})") from exc
+        # a downloaded or prepared dataset: a torn last line is a damaged file
+        for line in iter_jsonl(handle, str(path), torn_tail="error"):
+            fields, row = line.value, line.line
             if not isinstance(fields, dict):
                 raise DataError(f"{path}: row {row}: expected a JSON object, got {type(fields).__name__}")
             yield Record(str(path), row, flatten(fields))

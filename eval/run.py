@@ -145,8 +145,8 @@ def random_init_model(cfg: ExperimentConfig, meta: dict[str, Any]) -> tuple[Any,
     from flax import nnx
 
     from model.family import get_family, run_once_compile_options
-    from trainer.checkpoint import model_config_from_meta
     from trainer.step import DTYPES, initial_params
+    from trainer.trained_model import model_config_from_meta
 
     model_cfg = model_config_from_meta(meta)
     vocab_size, seed = int(meta["vocab_size"]), int(meta.get("seed", cfg.experiment.seed))
@@ -295,7 +295,7 @@ def log_to_wandb(wandb_run: Any, cfg: Any, results: dict[str, Any], files: Seque
 
 def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
     """Recipe 05: evaluate one checkpoint, write the results and log them."""
-    from trainer.checkpoint import load_trained_model
+    from trainer.trained_model import load_trained_model
 
     eval_cfg = cfg.eval
     check_task_names(eval_cfg)

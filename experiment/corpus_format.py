@@ -17,6 +17,7 @@ from typing import Any
 
 from experiment.errors import DataError
 from experiment.files import atomic_open
+from experiment.jsonl import iter_jsonl
 from experiment.manifest import invalidate
 from experiment.stages import CORPUS
 
@@ -47,14 +48,13 @@ def iter_documents(corpus_dir: Path, manifest: dict[str, Any] | None = None) -> 
 
 
 def parse_document_lines(lines: Iterable[str], name: str) -> Iterator[dict[str, Any]]:
-    """The documents of one shard's lines, each checked; ``name`` is the shard's path or URI for errors."""
-    for line_no, line in enumerate(lines, 1):
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{name} line {line_no}: not valid JSON ({exc.msg})") from exc
+    """The documents of one shard's lines, each checked; ``name`` is the shard's path or URI for errors.
+
+    Shards are renamed into place only when complete, so a torn last line is damage, not a writer at work."""
+    for record in iter_jsonl(lines, name, torn_tail="error"):
+        doc = record.value
         if not isinstance(doc, dict) or not isinstance(doc.get("text"), str) or "id" not in doc:
-            raise DataError(f"{name} line {line_no}: a document needs 'id' and a string 'text'")
+            raise DataError(f"{name} line {record.line}: a document needs 'id' and a string 'text'")
         yield doc
 
 

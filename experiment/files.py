@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -15,8 +17,17 @@ from typing import IO, Any
 
 from experiment.errors import DataError, WriteError
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+
+@functools.cache
+def _umask() -> int:
+    """The process's umask, read on first use rather than at import (importing changes no process state).
+
+    Linux reports it in /proc; elsewhere it can only be read by setting it, for the shortest moment."""
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status", encoding="ascii") as status:
+        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def fsync_dir(path: Path) -> None:
@@ -30,6 +41,16 @@ def fsync_dir(path: Path) -> None:
 
 # errors of writing (not of the data or the code): reported as one line, the run can be repeated
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+_ERRNO_IN_TEXT = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
+
+
+def write_errno(exc: BaseException | str) -> int | None:
+    """The errno of a write error, also when tensorstore reports it inside a ValueError's text."""
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        return exc.errno
+    match = _ERRNO_IN_TEXT.search(str(exc))
+    code = int(match.group(1) or match.group(2)) if match else None
+    return code if code in WRITE_ERRNOS else None
 
 
 def format_bytes(size: float) -> str:
@@ -70,7 +91,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp_name, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give them the usual permissions
+    os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600 files; give them the usual permissions
     binary = "b" in mode
     try:
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
@@ -127,7 +148,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    os.chmod(staging, 0o777 & ~_UMASK)
+    os.chmod(staging, 0o777 & ~_umask())
     try:
         yield staging
         if path.exists():

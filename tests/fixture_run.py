@@ -76,10 +76,10 @@ def checkpoint_contents(run_dir: Path, step: int) -> tuple[dict[str, np.ndarray]
     import jax
     import orbax.checkpoint as ocp
 
-    from trainer import checkpoint
+    from trainer import checkpoint, checkpoint_integrity
 
     step_dir = run_dir / "checkpoints" / str(step)
-    checkpoint.verify_checksums(step_dir)
+    checkpoint_integrity.verify_checksums(step_dir)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
     def target(item: str) -> Any:

@@ -178,17 +178,74 @@ def test_splash_train_step_on_an_8_device_mesh_equals_the_reference() -> None:
     assert out["splash"]["losses"][2] < out["splash"]["losses"][0]
 
 
-def test_decoder_hidden_and_output_weight_give_the_logits() -> None:
-    model = LLAMA.init(LlamaConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16), 97)
-    tokens = jnp.arange(16)[None] % 97
-    logits = nnx.jit(lambda m, t: m(t))(model, tokens)
-    rebuilt = nnx.jit(lambda m, t: output_logits(m.hidden(t), m.output_weight()))(model, tokens)
-    np.testing.assert_array_equal(logits, rebuilt)
+def reference_decoder(params: dict[str, np.ndarray], tokens: np.ndarray, n_layers: int, eps: float,
+                      theta: float = 10_000.0) -> np.ndarray:
+    """The Llama decoder written out in float64 NumPy from its parameters: embedding, per layer RMSNorm ->
+    GQA causal attention with half-split RoPE -> residual, RMSNorm -> SwiGLU -> residual; the final RMSNorm.
+    Returns the final-normed hidden states [B, T, D] (what the output projection reads)."""
+    def rms(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+    def rope(x: np.ndarray) -> np.ndarray:
+        half = x.shape[-1] // 2
+        angles = np.arange(x.shape[1])[:, None] * theta ** (-np.arange(half) / half)  # [T, half]
+        sin, cos = np.sin(angles)[None, :, None], np.cos(angles)[None, :, None]
+        x1, x2 = x[..., :half], x[..., half:]
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    x = params["embed"][tokens]
+    for i in range(n_layers):
+        p = {k.removeprefix(f"{i}."): v for k, v in params.items() if k.startswith(f"{i}.")}
+        h = rms(x, p["attn_norm"])
+        q, k, v = (np.einsum("btd,dhk->bthk", h, p[w]) for w in ("wq", "wk", "wv"))
+        out = reference_attention(rope(q), rope(k), v, np.zeros(tokens.shape, int))
+        x = x + np.einsum("bthk,hkd->btd", out, p["wo"])
+        h = rms(x, p["mlp_norm"])
+        gate, up = h @ p["w_gate"], h @ p["w_up"]
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ p["w_down"]
+    return rms(x, params["final_norm"])
+
+
+def decoder_params(model: Decoder, n_layers: int) -> dict[str, np.ndarray]:
+    """The decoder's parameters as float64 arrays by layer (``<i>.<name>``), from either layout."""
+    out = {"embed": model.embed[...], "final_norm": model.final_norm.scale[...]}
+    for i in range(n_layers):
+        # scanned: one Block whose parameters carry a leading layer axis; unrolled: a list of Blocks
+        block = model.blocks if model.scanned else model.blocks[i]
+        out.update({f"{i}.{name}": value[...][i] if model.scanned else value[...] for name, value in (
+            ("attn_norm", block.attn_norm.scale), ("mlp_norm", block.mlp_norm.scale), ("wq", block.attn.wq),
+            ("wk", block.attn.wk), ("wv", block.attn.wv), ("wo", block.attn.wo), ("w_gate", block.mlp.w_gate),
+            ("w_up", block.mlp.w_up), ("w_down", block.mlp.w_down))})
+    return {k: np.asarray(v, np.float64) for k, v in out.items()}
+
+
+@pytest.mark.parametrize(("tie", "scan"), [(True, True), (False, False)])
+def test_decoder_hidden_and_output_weight_give_the_logits(tie: bool, scan: bool) -> None:
+    """What the chunked loss reads (``hidden()`` and ``output_weight()``, never the full logits) against the
+    decoder written out in NumPy: the final-normed hidden states, the output projection (the embedding
+    transposed when tied, the separate head otherwise) and logits = hidden @ weight. The norm scales are
+    randomised so that a missing or misplaced norm shows."""
+    cfg = LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16, tie_embeddings=tie,
+                      scan_layers=scan)
+    model = LLAMA.init(cfg, 97)
     assert isinstance(model, Decoder)
+    keys = iter(jax.random.split(jax.random.key(1), 8))
+    for norm in (model.final_norm, model.blocks.attn_norm, model.blocks.mlp_norm) if scan else (
+            model.final_norm, *(n for b in model.blocks for n in (b.attn_norm, b.mlp_norm))):
+        norm.scale[...] = jax.random.uniform(next(keys), norm.scale[...].shape, minval=0.5, maxval=1.5)
+    tokens = (jnp.arange(32).reshape(2, 16) * 7) % 97
+    params = decoder_params(model, cfg.n_layers)
+    want_hidden = reference_decoder(params, np.asarray(tokens), cfg.n_layers, cfg.norm_eps)
+    want_weight = params["embed"].T if tie else np.asarray(model.lm_head[...], np.float64)
+
+    hidden = nnx.jit(lambda m, t: m.hidden(t))(model, tokens)
+    np.testing.assert_allclose(hidden, want_hidden, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(model.output_weight(), want_weight.astype(np.float32))
+    np.testing.assert_allclose(nnx.jit(lambda m, t: m(t))(model, tokens), want_hidden @ want_weight, rtol=1e-4, atol=1e-5)
 
 
 def test_a_checkpoint_trained_with_a_platform_kernel_loads_on_this_cpu() -> None:
-    from trainer.checkpoint import model_config_from_meta
+    from trainer.trained_model import model_config_from_meta
 
     for kernel, loaded in (("cudnn", "auto"), ("splash", "auto"), ("einsum", "einsum")):
         meta = {"model": {**dataclasses.asdict(LlamaConfig()), "attention": kernel}}

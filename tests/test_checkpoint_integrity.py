@@ -24,7 +24,8 @@ from experiment.errors import WriteError
 from experiment.sections.train import TrainConfig
 from tests.recipe_runner import error_line, run_recipe, run_recipe_on_full_disk, tiny_config
 from tests.test_train_resume import STEPS, TRAIN, experiment_copy
-from trainer import checkpoint
+from tracking import process_hooks
+from trainer import checkpoint, checkpoint_integrity, trained_model
 
 
 def tiny_state(step: int) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def restore_latest(directory: Path) -> tuple[int, dict[str, Any], list[int]]:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, tiny_state(0))
     manager = checkpoint.open_manager(directory)
     try:
-        return checkpoint.restore_verified(manager, lambda step: checkpoint.restore(manager, step, abstract))
+        return checkpoint_integrity.restore_verified(manager, lambda step: checkpoint.restore(manager, step, abstract))
     finally:
         manager.close()
 
@@ -84,16 +85,16 @@ DAMAGE: dict[str, Callable[[Path], Path]] = {
     "garbage meta metadata": lambda step: replace_json(step / "meta" / "metadata", "{garbage"),
     "other loader state": lambda step: replace_json(step / "loader" / "metadata", '{"position": 999}'),
     "other ledger summary": lambda step: replace_json(step / "ledger" / "metadata", '{"tokens": 1}'),
-    "no checksums file": lambda step: delete(step / checkpoint.CHECKSUMS),
+    "no checksums file": lambda step: delete(step / checkpoint_integrity.CHECKSUMS),
 }
 
 
 def test_every_committed_step_has_checksums_that_verify(tmp_path: Path) -> None:
     save_steps(tmp_path / "ckpt", [1, 2])
     for step in (1, 2):
-        recorded = json.loads((tmp_path / "ckpt" / str(step) / checkpoint.CHECKSUMS).read_text(encoding="utf-8"))
+        recorded = json.loads((tmp_path / "ckpt" / str(step) / checkpoint_integrity.CHECKSUMS).read_text(encoding="utf-8"))
         assert {"params/manifest.ocdbt", "meta/metadata", "loader/metadata", "ledger/metadata"} <= set(recorded["files"])
-        checkpoint.verify_checksums(tmp_path / "ckpt" / str(step))
+        checkpoint_integrity.verify_checksums(tmp_path / "ckpt" / str(step))
     step, (state, items), damaged = restore_latest(tmp_path / "ckpt")
     assert (step, damaged, items["loader"]) == (2, [], {"position": 2})
     np.testing.assert_array_equal(state["params"]["w"], tiny_state(2)["params"]["w"])
@@ -106,9 +107,9 @@ def test_meta_alone_is_verified_without_hashing_the_parameters(tmp_path: Path) -
 
     save_steps(tmp_path / "ckpt", [1, 2])
     DAMAGE["bit flip in a params data file"](tmp_path / "ckpt" / "2")
-    checkpoint.verify_checksums(tmp_path / "ckpt" / "2", "meta")
-    with pytest.raises(checkpoint.CheckpointDamaged):
-        checkpoint.verify_checksums(tmp_path / "ckpt" / "2")
+    checkpoint_integrity.verify_checksums(tmp_path / "ckpt" / "2", "meta")
+    with pytest.raises(checkpoint_integrity.CheckpointDamaged):
+        checkpoint_integrity.verify_checksums(tmp_path / "ckpt" / "2")
     assert latest_meta(tmp_path / "ckpt", [1, 2]) == {"model": {}, "step": 2}
     flip_bit(tmp_path / "ckpt" / "2" / "meta" / "metadata")
     assert latest_meta(tmp_path / "ckpt", [1, 2]) == {"model": {}, "step": 1}
@@ -135,8 +136,8 @@ def test_checkpoints_of_an_older_version_without_any_checksums_restore_with_a_wa
     its latest readable step; a folder of this version whose steps all lost their checksums is not."""
     save_steps(tmp_path / "ckpt", [1, 2])
     for step in (1, 2):
-        delete(tmp_path / "ckpt" / str(step) / checkpoint.CHECKSUMS)
-    delete(tmp_path / "ckpt" / checkpoint.CHECKSUMMED)  # as an older version left it
+        delete(tmp_path / "ckpt" / str(step) / checkpoint_integrity.CHECKSUMS)
+    delete(tmp_path / "ckpt" / checkpoint_integrity.CHECKSUMMED)  # as an older version left it
     with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
         step, (_, items), damaged = restore_latest(tmp_path / "ckpt")
     assert (step, damaged, items["loader"]) == (2, [], {"position": 2})
@@ -144,8 +145,8 @@ def test_checkpoints_of_an_older_version_without_any_checksums_restore_with_a_wa
     DAMAGE["deleted params manifest.ocdbt"](tmp_path / "ckpt" / "2")  # unreadable: still falls back
     assert restore_latest(tmp_path / "ckpt")[0] == 1
     save_steps(tmp_path / "fresh", [1])
-    delete(tmp_path / "fresh" / "1" / checkpoint.CHECKSUMS)  # killed between Orbax's commit and the checksums
-    with pytest.raises(checkpoint.CheckpointDamaged, match="checksums.json is missing"):
+    delete(tmp_path / "fresh" / "1" / checkpoint_integrity.CHECKSUMS)  # killed between Orbax's commit and the checksums
+    with pytest.raises(checkpoint_integrity.CheckpointDamaged, match="checksums.json is missing"):
         restore_latest(tmp_path / "fresh")
 
 
@@ -153,7 +154,7 @@ def test_no_step_left_is_one_error_naming_the_folder(tmp_path: Path) -> None:
     save_steps(tmp_path / "ckpt", [1, 2])
     DAMAGE["truncated params data file"](tmp_path / "ckpt" / "2")
     DAMAGE["garbage meta metadata"](tmp_path / "ckpt" / "1")
-    with pytest.raises(checkpoint.CheckpointDamaged, match=r"no restorable checkpoint in .*ckpt \(step 2: .*step 1: "):
+    with pytest.raises(checkpoint_integrity.CheckpointDamaged, match=r"no restorable checkpoint in .*ckpt \(step 2: .*step 1: "):
         restore_latest(tmp_path / "ckpt")
 
 
@@ -176,10 +177,10 @@ def test_eval_loading_falls_back_past_a_damaged_step(tmp_path: Path) -> None:
     manager.close()
     flip_bit(largest_file(tmp_path / "checkpoints" / "4" / "params"))
     run_folder = SimpleNamespace(checkpoints=tmp_path / "checkpoints")
-    _, step, _ = checkpoint.load_trained_model(run_folder)
+    _, step, _ = trained_model.load_trained_model(run_folder)
     assert step == 3
-    with pytest.raises(checkpoint.CheckpointDamaged, match=r"CRC32C"):
-        checkpoint.load_trained_model(run_folder, step=4)
+    with pytest.raises(checkpoint_integrity.CheckpointDamaged, match=r"CRC32C"):
+        trained_model.load_trained_model(run_folder, step=4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +206,7 @@ def log_records(run_dir: Path) -> list[dict[str, Any]]:
 def trained_params(run_dir: Path, step: int) -> list[np.ndarray]:
     from flax import nnx
 
-    model, _, _ = checkpoint.load_trained_model(SimpleNamespace(checkpoints=run_dir / "checkpoints"), step=step)
+    model, _, _ = trained_model.load_trained_model(SimpleNamespace(checkpoints=run_dir / "checkpoints"), step=step)
     return [np.asarray(leaf) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
@@ -252,12 +253,12 @@ def test_a_save_killed_before_its_checksums_is_trained_again_not_called_damaged(
     """SIGKILL between Orbax finishing step 24 and its checksums.json: the step is an interrupted save,
     set aside, and the run resumes from step 16 and ends as the uninterrupted run did."""
     config, run_dir = copy_of(straight_run, tmp_path)
-    (run_dir / "checkpoints" / str(STEPS) / checkpoint.CHECKSUMS).unlink()
+    (run_dir / "checkpoints" / str(STEPS) / checkpoint_integrity.CHECKSUMS).unlink()
     proc = run_recipe("04_pretrain.py", config)
     assert f"checkpoint step(s) {STEPS} have no checksums: their save was interrupted" in proc.stderr
     assert f"resumed from the checkpoint of step {STEPS - 8} in" in proc.stderr
     assert_same_training(run_dir, straight_run.parent / "runs" / "tiny")
-    assert any(p.name.startswith(f"{STEPS}-") for p in (run_dir / "checkpoints" / checkpoint.DAMAGED_DIR).iterdir())
+    assert any(p.name.startswith(f"{STEPS}-") for p in (run_dir / "checkpoints" / checkpoint_integrity.DAMAGED_DIR).iterdir())
 
 
 def damage_every_step(run_dir: Path) -> None:
@@ -337,11 +338,25 @@ def test_tensorstore_write_error_is_one_line(tmp_path: Path) -> None:
 
 
 def test_orbax_thread_logs_of_a_reported_write_error_are_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    """Once the harness installed the process hooks; before that (importing alone) nothing is dropped."""
     disk_full = ValueError("Failed writing: No space left on device [os_error_code='28']")
-    with caplog.at_level(logging.WARNING):
-        logging.getLogger("absl").error("Save Finalize thread failed.", exc_info=disk_full)
-        logging.getLogger("absl").error("another failure", exc_info=ValueError("bad shape"))
-    assert [r.getMessage() for r in caplog.records] == ["another failure"]
+
+    def logged() -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            logging.getLogger("absl").error("Save Finalize thread failed.", exc_info=disk_full)
+            logging.getLogger("absl").error("another failure", exc_info=ValueError("bad shape"))
+        return [r.getMessage() for r in caplog.records]
+
+    assert logged() == ["Save Finalize thread failed.", "another failure"]
+    process_hooks.install_process_hooks()
+    try:
+        process_hooks.install_process_hooks()  # once: a second call adds no second filter
+        assert sum(isinstance(f, process_hooks.ReportedWriteErrors) for f in logging.getLogger("absl").filters) == 1
+        assert logged() == ["another failure"]
+    finally:
+        process_hooks.uninstall_process_hooks()
+    assert logged() == ["Save Finalize thread failed.", "another failure"]
 
 
 def test_closed_event_loop_callbacks_are_not_printed() -> None:
@@ -356,7 +371,7 @@ def test_closed_event_loop_callbacks_are_not_printed() -> None:
         closed = exc
     other = RuntimeError("something else")
     shown: list[BaseException] = []
-    hook = checkpoint.quiet_closed_loop_callbacks(lambda unraisable: shown.append(unraisable.exc_value))
+    hook = process_hooks.quiet_closed_loop_callbacks(lambda unraisable: shown.append(unraisable.exc_value))
     for exc in (closed, other):
         hook(SimpleNamespace(exc_type=RuntimeError, exc_value=exc, exc_traceback=exc.__traceback__, err_msg=None,
                              object=None))

@@ -29,24 +29,79 @@ def test_bundled_catalog_every_row_names_a_source_a_reader_can_open_and_the_day_
     # the seeds' comparison set and the demo host are all there
     for name in ("cpu-e2-standard-2", "tpu-v5e", "tpu-v5p", "tpu-v6e", "nvidia-h100", "nvidia-b200", "aws-trainium2"):
         assert name in catalog.names("accelerator")
-    assert catalog.chip("tpu-v6e").peak_bf16_tflops == 918
 
 
-def test_spot_and_on_demand_for_every_tpu_and_two_clouds_for_each_nvidia_gpu() -> None:
+# SkyPilot's catalog files (catalogs/v8/<cloud>/vms.csv): where the price columns sit, counted from a row's
+# end, since the quoted rows elide their middle columns with '...'
+GCP_COLUMNS = {"region": -4, "on-demand": -2, "spot": -1}  # ..., Region, AvailabilityZone, Price, SpotPrice
+AWS_COLUMNS = {"region": -3, "on-demand": -5, "spot": -4}  # ..., Price, SpotPrice, Region, AvailabilityZone, Arch
+
+
+def quoted_rows(source: str) -> list[list[str]]:
+    """The catalog rows a price row's source quotes (``row '...'`` or ``rows '...' + '...'``), split into cells."""
+    match = re.search(r"; rows? (.*)\)$", source)
+    return [quoted.split(",") for quoted in re.findall(r"'([^']*)'", match.group(1))] if match else []
+
+
+def chips_in(cells: list[str], cloud: str) -> float:
+    """Chips one quoted instance holds: AWS and GCP GPU rows count accelerators; a GCP TPU row is named by its
+    size (tpu-v5p-N counts TensorCores, two per v5p chip: https://cloud.google.com/tpu/docs/v5p); a plain VM is
+    priced as one 'chip'."""
+    if cloud == "aws":
+        return float(cells[2])
+    tpu = re.fullmatch(r"tpu-(v5litepod|v6e|v5p)-(\d+)", cells[3])
+    if tpu:
+        return int(tpu.group(2)) / (2 if tpu.group(1) == "v5p" else 1)
+    return float(cells[4]) if cells[3] else 1.0
+
+
+def test_every_skypilot_price_is_the_quoted_row_per_chip() -> None:
+    """Each price is what the row its source quotes says: the Price (on-demand) or SpotPrice (spot) column,
+    summed over the quoted rows (GCP prices a GPU VM's GPUs and machine in two rows), divided by the chips the
+    instance holds, in the row's own region; a row without a figure quotes empty price cells or none at all.
+    Checked through ``Catalog.load``, the reader every recipe uses."""
+    checked = 0
+    for row in Catalog.load().prices:
+        if "skypilot-catalog" not in row.source:
+            continue
+        cloud = re.search(r"/catalogs/v\d+/(\w+)/", row.source).group(1)
+        assert cloud == row.cloud, row
+        columns = AWS_COLUMNS if cloud == "aws" else GCP_COLUMNS
+        quoted = quoted_rows(row.source)
+        if row.usd is None:
+            assert all(not cells[columns[row.pricing]] for cells in quoted), row
+            continue
+        assert quoted, f"{row.describe()}: a figure whose source quotes no row"
+        assert {cells[columns["region"]] for cells in quoted} == {row.region}, row
+        chips = chips_in(quoted[0], cloud) if row.kind == "accelerator" else 1.0
+        assert row.usd == pytest.approx(sum(float(c[columns[row.pricing]]) for c in quoted) / chips, rel=1e-12), row
+        checked += 1
+    assert checked >= 20
+
+
+def test_spot_is_cheaper_and_every_tpu_and_nvidia_gpu_has_both_modes_on_its_clouds() -> None:
     catalog = Catalog.load()
-    # SkyPilot catalog v8, gcp/vms.csv, us-central1 (per chip: v5p-16 is 8 chips)
-    assert catalog.lookup("tpu-v5e", "on-demand").usd == 1.2 and catalog.lookup("tpu-v5e", "spot").usd == 0.24493
-    assert catalog.lookup("tpu-v5p", "on-demand").usd == 4.2
-    assert catalog.lookup("tpu-v5p", "spot").usd == pytest.approx(7.42846 / 8)
-    assert catalog.lookup("tpu-v6e", "on-demand").usd == 2.7 and catalog.lookup("tpu-v6e", "spot").usd == 0.57285
-    for gpu in ("nvidia-h100", "nvidia-h200", "nvidia-b200"):
-        for pricing in ("on-demand", "spot"):
-            clouds = {row.cloud for row in catalog.prices if row.name == gpu and row.pricing == pricing and row.usd}
-            assert clouds == {"aws", "gcp"}, (gpu, pricing)
-    assert catalog.lookup("nvidia-h100", "on-demand", cloud="aws").usd == pytest.approx(55.04 / 8)
-    assert catalog.lookup("nvidia-b200", "on-demand", cloud="aws").usd == pytest.approx(113.9328 / 8)
-    # GCP prices the GPUs and the VM in two rows of its file: a chip-hour is their sum / 8
-    assert catalog.lookup("nvidia-h200", "on-demand", cloud="gcp").usd == pytest.approx((74.49392 + 12.266) / 8)
+    priced = {row.key: row.usd for row in catalog.prices if row.usd is not None}
+    pairs = [(key, priced.get((*key[:4], "spot"))) for key in priced if key[4] == "on-demand"]
+    assert all(spot < priced[key] for key, spot in pairs if spot is not None), pairs
+    for name in catalog.names("accelerator"):
+        clouds = {(row.cloud, row.pricing) for row in catalog.prices if row.name == name and row.usd is not None}
+        if name.startswith("tpu-") and clouds:  # a TPU generation with no published price has neither
+            assert clouds == {("gcp", "on-demand"), ("gcp", "spot")}, name
+        if name.startswith("nvidia-"):
+            assert clouds == {(c, m) for c in ("aws", "gcp") for m in ("on-demand", "spot")}, name
+
+
+def test_hardware_rows_read_back_as_written() -> None:
+    catalog = Catalog.load()
+    with BUNDLED_HARDWARE.open(encoding="utf-8") as handle:
+        raw = list(csv.DictReader(handle))
+    assert {row["name"] for row in raw} == set(catalog.hardware)
+    for row in raw:
+        chip = catalog.chip(row["name"])
+        for column in ("peak_bf16_tflops", "hbm_gib"):
+            want = float(row[column]) if row[column].strip() else None
+            assert getattr(chip, column) == want, (row["name"], column)
 
 
 @pytest.mark.parametrize(("name", "pricing"), [("tpu-ironwood", "on-demand"), ("tpu-ironwood", "spot"),

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
 from cost.compare import rub_per_eval_point
-from cost.ledger import Ledger, summarize_ledger
+from cost.ledger import Ledger
+from cost.ledger_pricing import summarize_ledger
 from cost.rates import UsdRubRate
 from cost.summary import CostSummary
 from experiment.config import build_dataclass
@@ -236,3 +238,104 @@ def test_sweep_comparison_rubles_to_target_frontier_and_wandb_table(tmp_path: Pa
     table = json.loads((compare_dir / "files" / summary["costs/table"]["path"]).read_text(encoding="utf-8"))
     column = table["columns"].index("rub_to_target")
     assert sorted(r[column] is None for r in table["data"]) == [False, True]
+
+
+# ------------------------------------------------------------------------------ the printed table and the score plot
+def sweep_rows(d_models: tuple[int, ...]) -> list[dict]:
+    """Rows as recipe 06 makes them for sweep variants that differ only in d_model (the figures are made up:
+    the layout is under test, not the money)."""
+    rows = []
+    for i, d_model in enumerate(d_models):
+        name = f"demo-sweep-d_model-{d_model}"
+        rows.append({"experiment": name, "variant": f"model.d_model={d_model}", "run": f"{name}-pretrain",
+                     "accelerator": "cpu-e2-standard-2", "chips": 1, "tokens": 245_760, "hours": 0.02 + i / 100,
+                     "rub_total": 0.14 + i / 10, "rub_per_1b_tokens": 570.0 + i, "final_loss": 6.1 - i / 10,
+                     "eval_score": 0.6, "rub_per_eval_point": 0.0023, "usd_total": 0.0014, "rate": "101.68 (2025-01-01)",
+                     "target_status": "reached" if i else "not reached", "rub_to_target": 0.1 if i else None,
+                     "hours_to_target": 0.01 if i else None, "cost_source": f"W&B run run{i}"})
+    return rows
+
+
+def test_the_printed_table_fits_80_columns_and_names_every_row_in_every_block() -> None:
+    """Three variants that differ only in d_model: at 80 columns every line fits, the variant column comes first
+    and repeats in each block the wider columns wrap into, and no cell is cut, so the rows stay told apart."""
+    from rich.cells import cell_len
+
+    from cost.compare import columns_for, terminal_order
+    from cost.report import to_terminal
+    from cost.target import Target
+
+    rows = sweep_rows((128, 192, 256))
+    columns = terminal_order(rows, columns_for(Target("eval/val_bpb", 1.9, lower_is_better=True)))
+    text = to_terminal(rows, columns, "Experiment costs in rubles", width=80)
+    lines = text.splitlines()
+    assert max(cell_len(line) for line in lines) <= 80
+    headers = [line for line in lines if line.startswith("┃")]
+    blocks = [line for line in headers if line.split("┃")[1].strip() == "variant"]
+    assert len(blocks) >= 2 and len(blocks) == len(headers), "a header row per block, the variant column first"
+    for row in rows:  # each variant's full name on one line per block
+        assert sum(f"│ {row['variant']} " in line for line in lines) == len(blocks), row["variant"]
+    for column in (c for c in columns if c.terminal):
+        assert column.title in text, column.title  # every column printed whole somewhere
+    for row in rows:
+        assert f" {row['rub_per_1b_tokens']:,.0f} " in text and row["experiment"] in text
+
+
+def test_terminal_width_reads_columns_and_falls_back_to_100(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from cost.report import FALLBACK_WIDTH, terminal_width
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert terminal_width() == 80
+    monkeypatch.delenv("COLUMNS")
+
+    def no_terminal(fd: int = 1) -> os.terminal_size:
+        raise OSError("not a terminal")
+
+    monkeypatch.setattr(os, "get_terminal_size", no_terminal)
+    assert terminal_width() == FALLBACK_WIDTH == 100
+
+
+def write_eval_results(folder: Path, step: int, correct: int, items: int) -> None:
+    """An eval/step_N.json holding an accuracy and its Wilson interval, as recipe 05 writes them."""
+    from eval.stats import wilson_interval
+
+    folder.mkdir(parents=True, exist_ok=True)
+    acc = {"value": correct / items, "ci95": list(wilson_interval(correct, items)), "chance": 0.5, "n": items}
+    (folder / f"step_{step:07d}.json").write_text(json.dumps({"step": step, "tasks": {"rublimp": {"metrics": {"acc": acc}}}}),
+                                                  encoding="utf-8")
+
+
+def test_eval_plot_shows_each_score_with_its_interval_on_the_whole_accuracy_range(tmp_path: Path) -> None:
+    """Scores of 10 items each (0.5, 0.6, 0.7): their intervals overlap, so the plot must not zoom in on them.
+    The error bars are the Wilson intervals recipe 05 wrote, the y-range is all of [0, 1], chance is drawn."""
+    from cost.compare import plot_eval_vs_rubles, score_axis, score_interval, score_points
+    from eval.stats import wilson_interval
+
+    rows = sweep_rows((128, 192, 256))
+    for i, row in enumerate(rows):
+        eval_dir = tmp_path / row["experiment"] / "eval"
+        write_eval_results(eval_dir, 100, 3, 10)  # an older step: the score's own step must win
+        write_eval_results(eval_dir, 120, 5 + i, 10)
+        row["eval_score"] = (5 + i) / 10
+        row["_eval_interval"] = score_interval(eval_dir, "eval/rublimp/acc", row["eval_score"])
+    points = score_points(rows)
+    assert [p.name for p in points] == [r["variant"] for r in rows]
+    for point, correct in zip(points, (5, 6, 7), strict=True):
+        low, high = wilson_interval(correct, 10)
+        assert point.error_bar == pytest.approx((correct / 10 - low, high - correct / 10))
+        assert point.chance == 0.5
+    assert points[0].high > points[2].low  # the intervals overlap: no ranking to show
+    assert score_axis(points) == (0.0, 1.0)
+    assert score_interval(tmp_path / "nowhere", "eval/rublimp/acc", 0.5) is None
+    assert score_interval(tmp_path / rows[0]["experiment"] / "eval", "eval/rublimp/acc", 0.55) is None  # not a logged score
+    assert plot_eval_vs_rubles(rows, "eval/rublimp/acc", tmp_path / "eval.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_plot_range_of_a_score_beyond_0_1_covers_every_interval() -> None:
+    from cost.compare import ScorePoint, score_axis
+
+    points = [ScorePoint("a", 1.0, 12.0, 10.0, 14.0), ScorePoint("b", 2.0, 13.0, 12.5, 13.5)]
+    low, high = score_axis(points)
+    assert low <= 10.0 - 4.0 and high >= 14.0 + 4.0  # padded by at least the widest interval

@@ -31,12 +31,12 @@ class FakeRun:
         self.config_values.update(values)
 
 
-def two_hour_summary(tmp_path: Path, token_budget: int | None = None) -> CostSummary:
+def two_hour_summary(tmp_path: Path, token_budget: int | None = None, chips_in_use: int = 8) -> CostSummary:
     t = [1_000_000.0]
     cfg = CostConfig(accelerator="tpu-v5e", pricing="on-demand", chips=8, usd_rub_rate=100.0,
                      usd_rub_date=dt.date.today().isoformat(), token_budget=token_budget)
     ledger = Ledger.open(tmp_path / "ledger", cfg, "run-1", rate=UsdRubRate(100.0, dt.date.today(), "test"),
-                         clock=lambda: t[0], started_at=t[0], background=False, chips_in_use=8)
+                         clock=lambda: t[0], started_at=t[0], background=False, chips_in_use=chips_in_use)
     with ledger.phase("train"):
         t[0] += 2 * HOUR
         ledger.add_tokens(10, 1_000_000_000)
@@ -89,9 +89,16 @@ def test_chips_priced_must_be_the_chips_in_use_on_an_accelerator(caplog: pytest.
 
 
 def test_the_ledger_records_the_chips_in_use_beside_the_priced_ones(tmp_path: Path) -> None:
-    summary = two_hour_summary(tmp_path)
-    assert (summary.chips, summary.chips_in_use) == (8, 8)
+    """A CPU rehearsal of an 8-chip bill: 8 chips priced, 1 host training. The two counts differ so that a
+    mix-up of them (in the ledger, its summary or the W&B names) shows."""
+    summary = two_hour_summary(tmp_path, chips_in_use=1)
+    assert (summary.chips, summary.chips_in_use) == (8, 1)
     assert summary.chip_hours == pytest.approx(16.0)  # priced chips x hours: what the bill counts
+    run = FakeRun()
+    summary.log_to(run)
+    assert (run.config_values["cost_chips"], run.summary["cost/chips_in_use"]) == (8, 1)
+    back = CostSummary.from_wandb(run.summary, run.config_values, "run-1")
+    assert (back.chips, back.chips_in_use) == (8, 1)
 
 
 def test_badput_in_rubles_by_phase_per_run_and_per_experiment(tmp_path: Path) -> None:

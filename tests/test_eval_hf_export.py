@@ -75,7 +75,7 @@ def test_transformers_logits_match_ours(tmp_path: Path, tie: bool) -> None:
 
 def test_trained_checkpoint_restored_from_orbax_matches_transformers(tmp_path: Path) -> None:
     """The path recipe 05 takes: train a few real steps (trainer.step), save through Orbax with checksums,
-    load the latest step back (trainer.checkpoint.load_trained_model), export, and compare with Transformers."""
+    load the latest step back (trainer.trained_model.load_trained_model), export, and compare with Transformers."""
     torch = import_extra("torch", "hf")
     transformers = import_extra("transformers", "hf")
     import dataclasses
@@ -90,6 +90,7 @@ def test_trained_checkpoint_restored_from_orbax_matches_transformers(tmp_path: P
     from model.stacking import layout_meta
     from trainer import checkpoint
     from trainer.step import build_program, global_batch
+    from trainer.trained_model import load_trained_model
 
     _, cfg = tiny_model(tie=False)
     train_cfg = TrainConfig(steps=10, batch_size=4, warmup_steps=1, learning_rate=3e-2, keep_checkpoints=2,
@@ -108,7 +109,7 @@ def test_trained_checkpoint_restored_from_orbax_matches_transformers(tmp_path: P
     manager.wait_until_finished()
     manager.close()
 
-    model, step, _ = checkpoint.load_trained_model(SimpleNamespace(checkpoints=tmp_path / "checkpoints"))
+    model, step, _ = load_trained_model(SimpleNamespace(checkpoints=tmp_path / "checkpoints"))
     assert step == 4
     trained = jax.tree.leaves(jax.tree.map(np.asarray, state["params"]))
     assert any(not np.array_equal(a, b) for a, b in zip(trained, first, strict=True))  # it did train

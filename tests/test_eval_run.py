@@ -207,7 +207,7 @@ def test_rublimp_reports_every_phenomenon_with_an_interval(evaluated) -> None:
 
 def test_evaluate_model_gives_flat_metrics_for_the_trainer(evaluated) -> None:
     from eval.run import evaluate_model
-    from trainer.checkpoint import load_trained_model
+    from trainer.trained_model import load_trained_model
 
     model, _, _ = load_trained_model(evaluated.run_folder)
     metrics = evaluate_model(model, evaluated.cfg, evaluated.run_folder, step=7)
@@ -217,15 +217,15 @@ def test_evaluate_model_gives_flat_metrics_for_the_trainer(evaluated) -> None:
 
 def test_a_checkpoint_trained_with_another_tokenizer_is_refused(evaluated, monkeypatch) -> None:
     from eval.run import evaluate
-    from trainer import checkpoint
+    from trainer import trained_model
 
-    real = checkpoint.load_trained_model
+    real = trained_model.load_trained_model
 
     def other_tokenizer(run_folder, step=None):
         model, step, meta = real(run_folder, step)
         return model, step, {**meta, "tokenizer_sha256": "0" * 64}
 
-    monkeypatch.setattr(checkpoint, "load_trained_model", other_tokenizer)
+    monkeypatch.setattr(trained_model, "load_trained_model", other_tokenizer)
     with pytest.raises(DataError, match="trained with tokenizer 000000000000"):
         evaluate(evaluated.cfg, evaluated.run_folder, None)
 

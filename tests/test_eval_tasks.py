@@ -157,7 +157,7 @@ def test_empty_split_is_an_error(tmp_path: Path) -> None:
 def test_broken_json_and_ragged_csv_rows_are_named(tmp_path: Path) -> None:
     path = tmp_path / "xnli.jsonl"
     path.write_text('{"premise": "a", "hypothesis": "b", "label": 0}\n{"premise": \n', encoding="utf-8")
-    with pytest.raises(DataError, match=r"xnli\.jsonl: row 2: not valid JSON"):
+    with pytest.raises(DataError, match=r"xnli\.jsonl line 2: not valid JSON"):
         load("xnli_ru", path)
     csv_path = tmp_path / "rucola.csv"
     csv_path.write_text("id,sentence,label\n0,a,1,extra\n", encoding="utf-8")

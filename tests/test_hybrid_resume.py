@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cost.ledger import REPORT_FILE, Ledger, summarize_ledger, summarize_sessions
+from cost.ledger import Ledger
+from cost.ledger_pricing import summarize_ledger
+from cost.ledger_report import REPORT_FILE, summarize_sessions
 from cost.rates import UsdRubRate
 from experiment.sections.cost import CostConfig
 

@@ -13,12 +13,18 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from cost.ledger import LEDGER_FILE, Ledger, summarize_ledger, summarize_ledger_at, summarize_sessions
+from cost.ledger import Ledger
+from cost.ledger_format import LEDGER_FILE
+from cost.ledger_pricing import summarize_ledger, summarize_ledger_at
+from cost.ledger_report import summarize_sessions
 from cost.rates import UsdRubRate
 from experiment.errors import DataError
+from experiment.files import atomic_write_json
 from experiment.sections.cost import CostConfig, InfraItem
 
 HOUR = 3600.0
@@ -96,7 +102,7 @@ def crashed_session(tmp_path: Path, clock: FakeClock) -> None:
     with ledger.phase("train"):
         clock.advance(1.0)
         ledger.add_tokens(150, 500_000_000)  # more than flush_seconds since the last sync: written and fsynced
-    ledger._handle.close()  # the process dies here: no close record  # noqa: SLF001
+    ledger._file.close()  # the process dies here: no close record  # noqa: SLF001
 
 
 @pytest.mark.parametrize("say_resume", [True, False])
@@ -186,6 +192,22 @@ def test_torn_last_line_is_dropped_and_bad_records_named(tmp_path: Path) -> None
     path.write_text(path.read_text(encoding="utf-8") + "not json\n{}\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"ledger.jsonl line \d+"):
         summarize_ledger(tmp_path / "ledger")
+
+
+def test_a_complete_last_record_without_its_newline_is_kept(tmp_path: Path) -> None:
+    """A kill between a record and its newline: the record is whole (experiment.jsonl keeps it), and the
+    next session starts its records on a fresh line."""
+    clock = FakeClock()
+    crashed_session(tmp_path, clock)
+    path = tmp_path / "ledger" / LEDGER_FILE
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    assert json.loads(path.read_text(encoding="utf-8").splitlines()[-1])["e"] == "tokens"
+    before = summarize_ledger(tmp_path / "ledger")
+    assert before.last_step == 150  # the unterminated tokens record of steps 101-150 counts
+    open_fake(tmp_path, clock).close()
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    kinds = [r["e"] for r in records]
+    assert kinds[-3:] == ["tokens", "open", "close"] and records[-3]["step"] == 150
 
 
 def test_unknown_phase_is_refused(tmp_path: Path) -> None:
@@ -348,43 +370,158 @@ def test_a_later_resume_judges_every_earlier_session(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reconciliation on resume: the ledger calls of the training loop (trainer/loop.py, trainer/hooks.py), driven by a fake clock
+# Reconciliation on resume, driven through the trainer's own code: each session restores like
+# trainer/train.py (trainer.resume.restore_or_init, trainer.branch.restore_or_branch: mark_resume,
+# inherit), trains in trainer.loop.run_loop (train_one_step books compile/train/data and the tokens)
+# and saves with trainer.hooks.SaveCheckpoint / StopOnSignal (CheckpointSaves: the ledger item taken
+# when a save starts, the mark once it is known on disk). Only Orbax and the model are stand-ins: a
+# fake clock, a train step that takes ``STEP_S`` of it, and a checkpoint manager that writes each
+# step's JSON items and their checksums (trainer.checkpoint_integrity) where Orbax would commit them.
 
 TOKENS_PER_STEP = 2048  # the tiny experiment: 60 steps are 122,880 tokens
+STEP_S = 1.0  # fake seconds per train step
+SAVE_S = 0.25  # fake seconds a checkpoint save blocks the loop
+META = {"family": "llama", "model": {"family": "llama"}, "vocab_size": 8, "tokenizer_sha256": "0" * 64, "seq_len": 2}
 
 
-def train_steps(ledger: Ledger, clock: FakeClock, first: int, last: int, checkpoint_every: int,
-                step_s: float = 1.0) -> dict[int, dict]:
-    """Steps ``first..last`` as the training loop books them: the first one compiles, a save every
-    ``checkpoint_every`` steps takes the ledger item when it starts and is marked durable at the next
-    save (asynchronous saves). Returns the ledger item of each checkpoint by step."""
-    items: dict[int, dict] = {}
-    unconfirmed: list[int] = []
-    for step in range(first, last + 1):
-        with ledger.phase("compile" if step == first else "train"):
-            clock.t += step_s
-        ledger.add_tokens(step, TOKENS_PER_STEP)
-        if step % checkpoint_every == 0:
-            with ledger.phase("checkpoint"):
-                items[step] = ledger.checkpoint_record(step)
-                clock.t += 0.25
-            for done in unconfirmed:
-                ledger.mark_checkpoint(done)
-            unconfirmed = [step]
-    return items
+class FakeManager:
+    """Orbax's CheckpointManager as the trainer uses it, over plain files: ``save`` commits the step at
+    once (an async save finished in the background), ``restore`` gives back the JSON items saved."""
+
+    def __init__(self, directory: Path, clock: FakeClock) -> None:
+        self.directory, self.clock = Path(directory), clock
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def save(self, step: int, args: Any, force: bool = False) -> bool:
+        from trainer.checkpoint_integrity import mark_checksummed, write_checksums
+
+        self.clock.t += SAVE_S
+        step_dir = self.directory / str(step)
+        step_dir.mkdir()
+        mark_checksummed(self.directory)
+        atomic_write_json(step_dir / "items.json", {name: args[name].item for name in ("loader", "ledger", "meta")})
+        write_checksums(step_dir)
+        return True
+
+    def items(self, step: int) -> dict[str, Any]:
+        return json.loads((self.directory / str(step) / "items.json").read_text(encoding="utf-8"))
+
+    def restore(self, step: int, args: Any) -> dict[str, Any]:
+        items = self.items(step)
+        train = {"opt_state": {}, "step": step, "rng": 0}
+        return {name: items.get(name, {} if name == "params" else train) for name in args}  # the items asked for
+
+    def all_steps(self) -> list[int]:
+        return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+
+    def wait_until_finished(self) -> None: ...
+
+    def reload(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class FakeProgram:
+    """A TrainProgram whose step takes STEP_S of the fake clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        import jax
+
+        self.clock = clock
+        self.batch_sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        self.abstract_state = {"params": {}, "opt_state": {}, "step": 0, "rng": 0}
+
+    def init_state(self) -> dict[str, Any]:
+        return dict(self.abstract_state)
+
+    def checkpoint_layout(self, scanned: bool) -> tuple[dict[str, Any], Any]:
+        return self.abstract_state, lambda state: state
+
+    def train_step(self, state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        self.clock.t += STEP_S
+        return state, {"loss": 1.0, "finite": True}
+
+
+class FakeLoader:
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __next__(self) -> dict[str, Any]:
+        import numpy as np
+
+        self.position += 1
+        return {"inputs": np.zeros((1, 2), np.int32)}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.position = state["position"]
+
+
+class Killed(BaseException):
+    """SIGKILL: nothing after it runs (no hook, no ledger close)."""
+
+
+@dataclasses.dataclass
+class StepHook:
+    """A hook due after every step that does ``action(ctx)`` after step ``step``."""
+
+    step: int
+    action: Any
+
+    def schedule(self, train_cfg: Any) -> Any:
+        from trainer.hooks import Schedule
+
+        return Schedule(every=1)
+
+    def __call__(self, ctx: Any) -> None:
+        if ctx.step == self.step:
+            self.action(ctx)
+
+
+def kill(ctx: Any) -> None:
+    raise Killed
 
 
 def sigkill(ledger: Ledger) -> None:
-    ledger._handle.close()  # the process dies: what was only counted in memory is gone  # noqa: SLF001
+    ledger._file.close()  # the process dies: what was only counted in memory is gone  # noqa: SLF001
 
 
-def resumed(tmp_path: Path, clock: FakeClock, cfg: CostConfig, items: dict[int, dict], step: int, last: int,
-            checkpoint_every: int) -> Ledger:
-    """A new session that restores the checkpoint of ``step`` and trains to ``last`` (left open)."""
-    ledger = open_fake(tmp_path, clock, cfg)
-    ledger.mark_resume(step, items[step])
-    train_steps(ledger, clock, step + 1, last, checkpoint_every)
+def run_session(root: Path, clock: FakeClock, cfg: CostConfig, *, to: int, checkpoint_every: int,
+                killed: bool = False, branch: Any = None, hooks: tuple[Any, ...] | None = None) -> Ledger:
+    """One process of recipe 04 on the run folder ``root``: open the ledger, restore as trainer.train
+    does (the newest complete checkpoint, or the parent's for a branch without one of its own), train
+    up to step ``to`` with the trainer's hooks. ``killed``: SIGKILL right after step ``to``; otherwise
+    ``to`` is ``train.steps``, the loop saves it and waits for its saves, and the ledger is closed."""
+    from trainer.branch import restore_or_branch
+    from trainer.hooks import CheckpointSaves, LoopContext, SaveCheckpoint, StopOnSignal
+    from trainer.loop import run_loop
+    from trainer.throughput import MetricsWindow
+
+    ledger = open_fake(root, clock, cfg)
+    manager, program, loader = FakeManager(root / "checkpoints", clock), FakeProgram(clock), FakeLoader()
+    state, start, _ = restore_or_branch(manager, program, loader, META, ledger, branch)
+    train_cfg = SimpleNamespace(steps=10**9 if killed else to, checkpoint_every=checkpoint_every,
+                                preemption_grace_s=10**9, nan_policy="stop")
+    ctx = LoopContext(cfg=SimpleNamespace(train=train_cfg), run_folder=SimpleNamespace(checkpoints=root / "checkpoints"),
+                      program=program, loader=loader, ledger=ledger, wandb_run=None, train_log=None,
+                      saves=CheckpointSaves(manager, ledger), window=MetricsWindow(TOKENS_PER_STEP, 1.0, None),
+                      meta=META, tokens_per_step=TOKENS_PER_STEP, start_step=start, state=state, step=start)
+    loop_hooks = list(hooks if hooks is not None else (SaveCheckpoint(), StopOnSignal()))
+    if killed:
+        with pytest.raises(Killed):
+            run_loop(ctx, [*loop_hooks, StepHook(to, kill)])
+        sigkill(ledger)
+        return ledger
+    with ledger:  # as trainer.train.pretrain: an exception (SystemExit after SIGTERM) closes it with clean=False
+        run_loop(ctx, loop_hooks)
     return ledger
+
+
+def ledger_item(root: Path, step: int) -> dict[str, Any]:
+    """The ledger item of the checkpoint of ``step`` in the run folder ``root``, as saved."""
+    return FakeManager(root / "checkpoints", FakeClock()).items(step)["ledger"]
 
 
 def test_two_kills_count_every_step_before_the_checkpoint_once(tmp_path: Path) -> None:
@@ -392,13 +529,12 @@ def test_two_kills_count_every_step_before_the_checkpoint_once(tmp_path: Path) -
     before its save of 60; session 2 resumes from 40 again and finishes: 60 steps, 122,880 tokens."""
     clock = FakeClock()
     cfg = v5e_config(flush_seconds=6.0)
-    ledger = open_fake(tmp_path, clock, cfg)
-    items = train_steps(ledger, clock, 1, 46, checkpoint_every=40)
-    sigkill(ledger)
-    sigkill(resumed(tmp_path, clock, cfg, items, 40, 57, checkpoint_every=60))
-    resumed(tmp_path, clock, cfg, items, 40, 60, checkpoint_every=60).close()
+    run_session(tmp_path, clock, cfg, to=46, checkpoint_every=40, killed=True)
+    run_session(tmp_path, clock, cfg, to=57, checkpoint_every=60, killed=True)
+    run_session(tmp_path, clock, cfg, to=60, checkpoint_every=60)
     s = summarize_ledger(tmp_path / "ledger")
     assert s.sessions == 3 and s.last_step == 60
+    assert [r["resumed_from"] for r in summarize_sessions(tmp_path / "ledger")] == [0, 40, 40]
     assert s.tokens == 60 * TOKENS_PER_STEP == 122_880
     # redone and priced as lost: the training flushed to the file after the save of 40 (steps 41-46
     # of session 0, 42-52 of session 1 after compiling 41); what ran after a session's last flush
@@ -406,6 +542,7 @@ def test_two_kills_count_every_step_before_the_checkpoint_once(tmp_path: Path) -
     assert s.seconds_by_phase["lost"] == pytest.approx(6.0 + 11.0)
     assert s.seconds_by_phase["train"] == pytest.approx(39.0 + 19.0)  # steps 2-40 and 42-60 once
     assert s.seconds_by_phase["compile"] == pytest.approx(3.0)
+    assert s.seconds_by_phase["checkpoint"] == pytest.approx(2 * SAVE_S)  # the saves of 40 and 60
 
 
 def test_kills_before_the_first_checkpoint_then_a_fresh_start(tmp_path: Path) -> None:
@@ -415,11 +552,8 @@ def test_kills_before_the_first_checkpoint_then_a_fresh_start(tmp_path: Path) ->
     clock = FakeClock()
     cfg = v5e_config(flush_seconds=2.0)
     for last in (6, 8, 12):
-        ledger = open_fake(tmp_path, clock, cfg)
-        ledger.mark_resume(0)
-        items = train_steps(ledger, clock, 1, last, checkpoint_every=10)
-        sigkill(ledger)
-    resumed(tmp_path, clock, cfg, items, 10, 14, checkpoint_every=10).close()
+        run_session(tmp_path, clock, cfg, to=last, checkpoint_every=10, killed=True)
+    run_session(tmp_path, clock, cfg, to=14, checkpoint_every=10)
     assert summarize_ledger(tmp_path / "ledger").tokens == 14 * TOKENS_PER_STEP
     sessions = summarize_sessions(tmp_path / "ledger")
     assert [(s["tokens"], s["resumed_from"], s["closed"], s["clean"]) for s in sessions] == [
@@ -435,10 +569,8 @@ def test_kill_within_flush_seconds_after_a_checkpoint(tmp_path: Path) -> None:
     10 steps before the save are counted with their time, not lost."""
     clock = FakeClock()
     cfg = v5e_config(flush_seconds=1000.0)
-    ledger = open_fake(tmp_path, clock, cfg)
-    items = train_steps(ledger, clock, 1, 13, checkpoint_every=10)
-    sigkill(ledger)
-    resumed(tmp_path, clock, cfg, items, 10, 20, checkpoint_every=10).close()
+    run_session(tmp_path, clock, cfg, to=13, checkpoint_every=10, killed=True)
+    run_session(tmp_path, clock, cfg, to=20, checkpoint_every=10)
     s = summarize_ledger(tmp_path / "ledger")
     assert s.tokens == 20 * TOKENS_PER_STEP and s.last_step == 20
     assert s.seconds_by_phase["train"] == pytest.approx(9.0 + 9.0)
@@ -446,51 +578,47 @@ def test_kill_within_flush_seconds_after_a_checkpoint(tmp_path: Path) -> None:
 
 
 def test_checkpoint_saved_before_the_ledger_flushed_is_reconciled(tmp_path: Path) -> None:
-    """A checkpoint whose ledger item is a plain summary (saved before saves flushed the ledger): the
-    file has session 0's tokens up to its last heartbeat (step 31), the checkpoint says step 40."""
+    """A checkpoint whose ledger item is a plain summary (an older trainer saved it without flushing
+    the ledger first): the file has session 0's tokens up to its last heartbeat (step 31), the
+    checkpoint says step 40."""
+    from trainer import checkpoint
+
+    def old_trainer_save(ctx: Any) -> None:  # what the older SaveCheckpoint did: no phase, no flush
+        checkpoint.save(ctx.saves.manager, ctx.step, ctx.state, ctx.loader.get_state(),
+                        dataclasses.asdict(ctx.ledger.summary()), ctx.meta, force=True)
+
     clock = FakeClock()
     cfg = v5e_config(flush_seconds=32.0)
-    ledger = open_fake(tmp_path, clock, cfg)
-    item = {}
-    for step in range(1, 47):
-        with ledger.phase("train"):
-            clock.t += 1.0
-        ledger.add_tokens(step, TOKENS_PER_STEP)
-        if step == 40:
-            item = dataclasses.asdict(ledger.summary())  # what such a checkpoint holds: the summary's fields
-    sigkill(ledger)
+    run_session(tmp_path, clock, cfg, to=46, checkpoint_every=0, killed=True, hooks=(StepHook(40, old_trainer_save),))
     assert summarize_ledger(tmp_path / "ledger").last_step < 40  # the file missed steps up to 40
-    ledger = open_fake(tmp_path, clock, cfg)
-    ledger.mark_resume(40, item)
-    train_steps(ledger, clock, 41, 60, checkpoint_every=20)
-    ledger.close()
+    assert "session" not in ledger_item(tmp_path, 40)
+    run_session(tmp_path, clock, cfg, to=60, checkpoint_every=20)
     s = summarize_ledger(tmp_path / "ledger")
     assert s.tokens == 60 * TOKENS_PER_STEP == 122_880 and s.last_step == 60
 
 
 def test_sigterm_exit_after_its_checkpoint_is_a_clean_close(tmp_path: Path) -> None:
-    """SIGTERM: the trainer saves the step it is at, waits for the save, then raises SystemExit(143)."""
+    """SIGTERM during step 25: the trainer saves the step it is at, waits for the save, then raises
+    SystemExit(143) (trainer.preemption, StopOnSignal); the ledger's close is clean."""
+    from trainer.hooks import SaveCheckpoint, StopOnSignal
+
+    def sigterm(ctx: Any) -> None:
+        assert signal.getsignal(signal.SIGTERM) == ctx.preemption._on_sigterm  # noqa: SLF001 (or SIGTERM kills pytest)
+        clock.t += 0.5  # the signal arrives between steps: idle, not lost
+        os.kill(os.getpid(), signal.SIGTERM)
+
     clock = FakeClock()
-    with pytest.raises(SystemExit), open_fake(tmp_path, clock) as ledger:
-        for step in range(1, 26):
-            with ledger.phase("train"):
-                clock.t += 1.0
-            ledger.add_tokens(step, TOKENS_PER_STEP)
-        with ledger.phase("checkpoint"):
-            clock.t += 0.5
-            ledger.mark_checkpoint(25)
-        clock.t += 0.5  # logging the exit: idle
-        raise SystemExit(143)
+    with pytest.raises(SystemExit) as exited:
+        run_session(tmp_path, clock, v5e_config(), to=100, checkpoint_every=0,
+                    hooks=(StepHook(25, sigterm), SaveCheckpoint(), StopOnSignal()))
+    assert exited.value.code == 143
     records = [json.loads(line) for line in (tmp_path / "ledger" / LEDGER_FILE).open(encoding="utf-8")]
+    assert [r["step"] for r in records if r["e"] == "ckpt"] == [25]
     assert records[-1]["e"] == "close" and records[-1]["clean"] is True
     assert "lost" not in summarize_ledger(tmp_path / "ledger").seconds_by_phase
-    ledger = open_fake(tmp_path, clock)
-    ledger.mark_resume(25)
-    with ledger.phase("train"):
-        clock.t += 1.0
-    ledger.add_tokens(26, TOKENS_PER_STEP)
-    ledger.close()
+    run_session(tmp_path, clock, v5e_config(), to=26, checkpoint_every=0)
     s = summarize_ledger(tmp_path / "ledger")
+    assert [r["resumed_from"] for r in summarize_sessions(tmp_path / "ledger")] == [0, 25]
     assert s.tokens == 26 * TOKENS_PER_STEP
     assert "lost" not in s.seconds_by_phase and s.seconds_by_phase["idle"] == pytest.approx(0.5)
 
@@ -498,61 +626,58 @@ def test_sigterm_exit_after_its_checkpoint_is_a_clean_close(tmp_path: Path) -> N
 def test_checkpoint_item_is_the_resume_mark_and_older_items_restore_alike(tmp_path: Path) -> None:
     """The item holds what a resume reads (session, moment, tokens), not the summary (the file has the costs);
     an item saved with the whole summary beside those keys reconciles exactly as the mark does."""
+    from trainer.checkpoint_integrity import write_checksums
+
     clock = FakeClock()
     cfg = v5e_config(flush_seconds=2.0)
-    ledger = open_fake(tmp_path, clock, cfg)
-    items = train_steps(ledger, clock, 1, 25, checkpoint_every=20)
-    summary_at_20 = ledger.summary()
-    sigkill(ledger)
-    assert set(items[20]) == {"step", "session", "t", "tokens"} and items[20]["tokens"] == 20 * TOKENS_PER_STEP
-    older = {**dataclasses.asdict(summary_at_20), **items[20]}
+    ledger = run_session(tmp_path / "run", clock, cfg, to=25, checkpoint_every=20, killed=True)
+    summary_at_25 = ledger.summary()
+    item = ledger_item(tmp_path / "run", 20)
+    assert set(item) == {"step", "session", "t", "tokens"} and item["tokens"] == 20 * TOKENS_PER_STEP
+    older = {**dataclasses.asdict(summary_at_25), **item}
     summaries = []
-    for item in (items[20], older):
+    for saved in (item, older):
         copy = tmp_path / f"copy-{len(summaries)}"
-        shutil.copytree(tmp_path / "ledger", copy / "ledger")
-        resumed_ledger = open_fake(copy, clock, cfg)
-        resumed_ledger.mark_resume(20, item)
-        resumed_ledger.close()
+        shutil.copytree(tmp_path / "run", copy)
+        step_dir = copy / "checkpoints" / "20"
+        atomic_write_json(step_dir / "items.json", {**json.loads((step_dir / "items.json").read_text()),
+                                                    "ledger": saved})
+        write_checksums(step_dir)
+        run_session(copy, clock, cfg, to=20, checkpoint_every=20)  # resume from 20, nothing left to train
         summaries.append(summarize_ledger(copy / "ledger"))
     assert summaries[0].tokens == summaries[1].tokens == 20 * TOKENS_PER_STEP
     assert summaries[0].rub_lost_to_restarts == pytest.approx(summaries[1].rub_lost_to_restarts)
     assert summaries[0].rub_lost_to_restarts > 0  # steps 21-25 were redone
 
 
-def test_a_branch_costs_its_parent_up_to_the_branch_step_plus_its_own(tmp_path: Path) -> None:
+def test_a_branch_costs_its_parent_up_to_the_branch_step_plus_its_own(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A parent is killed after saving step 20, resumes from it and saves 30 and 40; a decay branch
     from step 30 has its first session killed before any checkpoint, branches again, saves 35 and 40,
     is killed, and a third session resumes from 40 to 45. The parent's cost at 30 includes its lost
     work; the branch costs that plus its own and counts steps 1-45 once."""
+    from experiment.runfolder import RunFolder
+    from trainer import checkpoint
+    from trainer.branch import Branch
+
     clock = FakeClock()
     cfg = v5e_config(flush_seconds=6.0)
-    parent = open_fake(tmp_path / "parent", clock, cfg)
-    parent_items = train_steps(parent, clock, 1, 29, checkpoint_every=20)
-    sigkill(parent)
-    again = open_fake(tmp_path / "parent", clock, cfg)
-    again.mark_resume(20, parent_items[20])
-    parent_items.update(train_steps(again, clock, 21, 40, checkpoint_every=10))
-    again.close()
-    at_30 = summarize_ledger_at(tmp_path / "parent" / "ledger", parent_items[30])
+    run_session(tmp_path / "parent", clock, cfg, to=29, checkpoint_every=20, killed=True)
+    run_session(tmp_path / "parent", clock, cfg, to=40, checkpoint_every=10)
+    at_30 = summarize_ledger_at(tmp_path / "parent" / "ledger", ledger_item(tmp_path / "parent", 30))
     assert at_30.tokens == 30 * TOKENS_PER_STEP and at_30.last_step == 30
     assert at_30.rub_lost_to_restarts > 0 and at_30.rub_total == pytest.approx(at_30.hours * RUB_PER_HOUR)
     assert at_30.rub_total < summarize_ledger(tmp_path / "parent" / "ledger").rub_total
 
-    def branched() -> Ledger:
-        ledger = open_fake(tmp_path / "branch", clock, cfg)
-        ledger.mark_resume(30)
-        ledger.inherit(at_30, "runs/parent", 30)
-        return ledger
-
-    first = branched()
-    train_steps(first, clock, 31, 39, checkpoint_every=100)
-    sigkill(first)
-    second = branched()
-    items = train_steps(second, clock, 31, 41, checkpoint_every=5)
-    sigkill(second)
-    resumed(tmp_path / "branch", clock, cfg, items, 40, 45, checkpoint_every=5).close()
+    # the branch reads its parent's checkpoint through checkpoint.open_manager (Orbax): the same stand-in
+    monkeypatch.setattr(checkpoint, "open_manager", lambda directory, train_cfg=None: FakeManager(directory, clock))
+    branch = Branch(RunFolder(tmp_path / "parent"), 30)
+    run_session(tmp_path / "branch", clock, cfg, to=39, checkpoint_every=100, killed=True, branch=branch)
+    run_session(tmp_path / "branch", clock, cfg, to=41, checkpoint_every=5, killed=True, branch=branch)
+    run_session(tmp_path / "branch", clock, cfg, to=45, checkpoint_every=5, branch=branch)
 
     s = summarize_ledger(tmp_path / "branch" / "ledger")
+    assert [r["resumed_from"] for r in summarize_sessions(tmp_path / "branch" / "ledger")] == [30, 30, 40]
     assert s.tokens == 45 * TOKENS_PER_STEP and s.last_step == 45
     own_lines = [line for line in (tmp_path / "branch" / "ledger" / LEDGER_FILE).read_text().splitlines()
                  if json.loads(line)["e"] != "inherit"]

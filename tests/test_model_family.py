@@ -21,7 +21,7 @@ from model.registry import families, family_of, get_family
 from tests.fixture_run import checkpoint_contents, run_copy
 from tests.recipe_runner import REPO, error_line, run_recipe
 from tests.toy_family import NAME, TOY, ToyConfig
-from trainer.checkpoint import load_trained_model
+from trainer.trained_model import load_trained_model
 
 HELDOUT = REPO / "tests" / "fixtures" / "corpus" / "ru_news.txt"  # the fixture corpus has no validation split
 TOY_MODEL = {"family": NAME, "d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 64, "max_seq_len": 64}
@@ -199,7 +199,7 @@ def test_resume_checks_the_family_and_takes_old_checkpoints_as_llama() -> None:
 
 def test_checkpoint_meta_rebuilds_the_config_of_its_family() -> None:
     from model.llama.config import LlamaConfig
-    from trainer.checkpoint import model_config_from_meta
+    from trainer.trained_model import model_config_from_meta
 
     # a meta without a layout was written by the unrolled code: its parameters are per layer
     assert model_config_from_meta({"model": {"d_model": 64, "attention": "splash"}}) == LlamaConfig(d_model=64, scan_layers=False)

@@ -26,8 +26,9 @@ from model.sharding import build_mesh
 from model.stacking import stack_tree, unrolled_pure, unstack_tree
 from tests.fixture_run import DETERMINISTIC_KEYS, FIXTURE_STAGES, log_records
 from tests.recipe_runner import run_recipe, tiny_config
-from trainer.checkpoint import load_trained_model, open_manager, read_meta
+from trainer.checkpoint import open_manager, read_meta
 from trainer.step import build_program
+from trainer.trained_model import load_trained_model
 
 VOCAB, SEQ = 61, 16
 SHAPE = dict(d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=SEQ, init_std=0.1)

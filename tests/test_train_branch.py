@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cost.ledger import LEDGER_FILE, summarize_ledger, summarize_ledger_at
+from cost.ledger_format import LEDGER_FILE
+from cost.ledger_pricing import summarize_ledger, summarize_ledger_at
 from experiment.errors import ConfigError
 from experiment.runfolder import RunFolder
 from experiment.sections.train import TrainConfig

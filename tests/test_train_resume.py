@@ -112,7 +112,7 @@ def test_kill_and_sigterm_resume_retrace_the_same_losses(data_root: Path, straig
     assert_same_checkpoint(run_dir, straight_cfg.parent / "runs" / "tiny", STEPS)
     check_wandb_history_continues(run_dir, killed_at)
     # the cost ledger counts each step once: the SIGKILLed session's steps up to its checkpoint too
-    from cost.ledger import summarize_ledger
+    from cost.ledger_pricing import summarize_ledger
 
     ledger = summarize_ledger(run_dir / "ledger")
     assert ledger.sessions == 3 and ledger.last_step == STEPS

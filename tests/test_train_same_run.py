@@ -11,13 +11,15 @@ from tests.fixture_run import run_copy
 from tests.recipe_runner import error_line, run_recipe
 
 pytestmark = pytest.mark.integration
+PRICED_CHIPS = 2  # cost.chips of the fixture run: a CPU host may price "as if" on a slice (cost/chips.py)
 
 
 @pytest.fixture(scope="module")
 def trained(fixture_stages: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run of 4 steps on the fixture corpus with its checkpoint; returns its config."""
+    """A run of 4 steps on the fixture corpus with its checkpoint, priced as 2 chips while one CPU host trains
+    (so that the ledger's two chip counts differ); returns its config."""
     config = run_copy(fixture_stages, tmp_path_factory.mktemp("same-run"), train={"steps": 4, "checkpoint_every": 4, "warmup_steps": 1},
-                      wandb={"mode": "disabled"})
+                      wandb={"mode": "disabled"}, cost={"chips": PRICED_CHIPS})
     run_recipe("04_pretrain.py", config)
     return config
 
@@ -62,8 +64,10 @@ def test_another_attention_kernel_or_remat_resumes() -> None:
 
 
 def test_the_ledger_records_the_chips_in_use_beside_the_priced_ones(trained: Path) -> None:
-    """The trainer hands the ledger the chips that train (a CPU host counts once) for the W&B summary."""
-    from cost.ledger import summarize_ledger
+    """The trainer hands the ledger the chips that train (a CPU host counts once, whatever its JAX device
+    count) beside the chips priced, for the W&B summary; the bill counts the priced ones."""
+    from cost.ledger_pricing import summarize_ledger
 
     summary = summarize_ledger(trained.parent / "runs" / "tiny" / "ledger")
-    assert (summary.chips, summary.chips_in_use) == (1, 1)
+    assert (summary.chips, summary.chips_in_use) == (PRICED_CHIPS, 1)
+    assert summary.chip_hours == pytest.approx(summary.hours * PRICED_CHIPS)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from cost.ledger import summarize_ledger, summarize_sessions
+from cost.ledger_pricing import summarize_ledger
+from cost.ledger_report import summarize_sessions
 from tests.fixture_run import (
     assert_same_checkpoint,
     assert_same_log,

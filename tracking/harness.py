@@ -21,6 +21,7 @@ from experiment.files import WRITE_ERRNOS, write_error
 from experiment.plugins import load_plugins
 from experiment.runfolder import RunFolder
 from experiment.stages import Stage, stage_named
+from tracking.process_hooks import install_process_hooks
 
 StageFn = Callable[[Any, RunFolder, Any], Any]
 
@@ -33,10 +34,13 @@ def make_parser(description: str) -> argparse.ArgumentParser:
 
 
 def setup_logging() -> None:
+    """The process's logging and its process-wide hooks (``tracking.process_hooks``): what a command
+    line program sets at start-up, never a module on import."""
     # force: importing orbax (via grain) already called basicConfig() through absl, at WARNING level
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", force=True)
     for noisy in ("absl", "jax._src", "orbax", "urllib3", "datasets", "filelock", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    install_process_hooks()
 
 
 def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[str] | None = None,

@@ -9,12 +9,12 @@ so the synced history has no gap. (Steps after the checkpoint are retraced by tr
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from experiment.errors import RecipeError
+from experiment.jsonl import read_jsonl
 from tracking.readback import find_offline_runs, read_offline_run
 
 log = logging.getLogger("tracking.history")
@@ -38,11 +38,11 @@ def backfill_offline_history(wandb_run: Any, log_path: Path, resumed_step: int, 
     if kept >= resumed_step or not log_path.is_file():
         return
     records: dict[int, dict[str, Any]] = {}
-    for line in log_path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
-            record = json.loads(line)
-            if kept < record[step_key] <= resumed_step:
-                records[record[step_key]] = {**records.get(record[step_key], {}), **record}
+    # the trainer trimmed the log to the restored step before this runs: a torn tail would be a writer's
+    for record in read_jsonl(log_path, torn_tail="ignore").values:
+        step = record.get(step_key) if isinstance(record, dict) else None
+        if isinstance(step, int) and kept < step <= resumed_step:  # e.g. no step: not a metrics line
+            records[step] = {**records.get(step, {}), **record}
     for step in sorted(records):
         wandb_run.log(records[step], step=step)
     log.info("W&B: re-logged %d step(s) up to %d that the interrupted session's local files lost",

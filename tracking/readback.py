@@ -9,7 +9,6 @@ where a run came from.
 
 from __future__ import annotations
 
-import json
 import logging
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from experiment.errors import DataError
+from experiment.jsonl import parse_jsonl
 
 log = logging.getLogger("tracking.readback")
 
@@ -92,13 +92,8 @@ def read_offline_run(run_dir: str | Path, timeout_s: float = 120.0) -> RunRecord
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
         raise DataError(f"{run_dir}: 'wandb leet inspect' failed: {detail[-1] if detail else proc.returncode}")
-    records = []
-    for number, line in enumerate(proc.stdout.splitlines(), start=1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{run_dir}: record {number} from 'wandb leet inspect' is not JSON") from exc
+    # the command has exited: its whole output is here, a torn last line is a fault
+    records = parse_jsonl(proc.stdout, f"{run_dir}: 'wandb leet inspect' output", torn_tail="error").values
     return _fold(records, str(run_dir))
 
 

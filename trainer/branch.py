@@ -24,10 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cost.ledger import summarize_ledger_at
+from cost.ledger_pricing import summarize_ledger_at
 from experiment.errors import ConfigError
 from experiment.runfolder import RunFolder
-from trainer import checkpoint
+from trainer import checkpoint, checkpoint_integrity
 from trainer.distributed import is_primary
 from trainer.resume import check_same_run, finished_steps, restore_or_init
 from trainer.step import TrainProgram
@@ -87,7 +87,7 @@ def restore_or_branch(manager: Any, program: TrainProgram, loader: Any, meta: di
         return state, items
 
     try:
-        _, (state, items), _ = checkpoint.restore_verified(parent_manager, read, [branch.step])
+        _, (state, items), _ = checkpoint_integrity.restore_verified(parent_manager, read, [branch.step])
     finally:
         parent_manager.close()
     ledger.mark_resume(branch.step)  # an earlier session of this branch that saved nothing was redone

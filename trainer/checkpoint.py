@@ -1,4 +1,4 @@
-"""Orbax checkpoints of a training run, and loading a trained model back for eval and export.
+"""The Orbax wrapper: the checkpoint manager of a training run, saving and restoring a train state.
 
 One checkpoint step holds five items:
 
@@ -9,223 +9,39 @@ One checkpoint step holds five items:
 - ``meta``: model family and config, vocab_size, tokenizer_sha256, seq_len, W&B run id (JSON).
 
 Orbax writes a step into a temporary folder and renames it when complete, so a crash mid-save
-leaves a ``*.orbax-checkpoint-tmp`` folder that a new manager ignores.
-
-Once Orbax has committed a step (for async saves: in the background, when the renamed folder
-appears), ``<step>/checksums.json`` records the size and CRC32C of every file of the step, written
-atomically. Resume and eval verify it before Orbax reads anything: a step without it (a kill
-between the commit and the checksums) or with a changed, missing or truncated file is damaged,
-and the latest step that passes is what resume and eval see. Checking first also keeps Orbax
-from failing half-way through a restore, which leaves tensorstore callbacks printing ``Event loop
-is closed`` tracebacks.
+leaves a ``*.orbax-checkpoint-tmp`` folder that a new manager ignores. The manager here adds the
+checksums of each committed step and a free-space check (``trainer.checkpoint_integrity``), and
+turns write errors into one line. A checkpoint of either layer layout restores onto a program of
+the other (``restore_any_layout``). Loading a trained model for eval and export is
+``trainer.trained_model``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
-import json
 import logging
 import os
-import re
-import sys
-import threading
-import time
-import traceback
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import google_crc32c
 import jax
 import orbax.checkpoint as ocp
-from flax import nnx
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
-from experiment.errors import DataError, WriteError
-from experiment.files import WRITE_ERRNOS, atomic_write_json, atomic_write_text, format_bytes, free_bytes, free_space
+from experiment.errors import WriteError
+from experiment.files import format_bytes, free_bytes, free_space, write_errno
 from experiment.sections.train import TrainConfig
-from experiment.stages import PRETRAIN
-from model.family import FamilyModel
-from model.registry import get_family
 from model.stacking import saved_scan_layers
+from trainer.checkpoint_integrity import ChecksumWriter, committed_step_bytes, mark_checksummed
 
 log = logging.getLogger("trainer.checkpoint")
 ITEMS = ("params", "train", "loader", "ledger", "meta")
-CHECKSUMS = "checksums.json"
-DAMAGED_DIR = "damaged"  # not a step name for Orbax (digits, or ending in _digits)
-_CHUNK = 4 << 20
-
-
-class CheckpointDamaged(DataError):
-    """A checkpoint step fails its checksums or cannot be read (names the step folder and file)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Checksums of a committed step
-
-
-def file_crc32c(path: Path) -> str:
-    crc = 0
-    with open(path, "rb") as handle:
-        while block := handle.read(_CHUNK):
-            crc = google_crc32c.extend(crc, block)
-    return f"{crc:08x}"
-
-
-def step_files(step_dir: Path) -> Iterator[Path]:
-    for path in sorted(step_dir.rglob("*")):
-        if path.is_file() and path.name != CHECKSUMS:
-            yield path
-
-
-def write_checksums(step_dir: Path) -> None:
-    """Record size and CRC32C of every file of a committed step in ``<step>/checksums.json``."""
-    started = time.perf_counter()
-    files = {p.relative_to(step_dir).as_posix(): {"bytes": p.stat().st_size, "crc32c": file_crc32c(p)}
-             for p in step_files(step_dir)}
-    atomic_write_json(step_dir / CHECKSUMS, {"algorithm": "crc32c", "files": files})
-    mark_checksummed(step_dir.parent)
-    log.debug("checksums of %d files of %s in %.3f s", len(files), step_dir, time.perf_counter() - started)
-
-
-CHECKSUMMED = ".checksummed"  # in a checkpoint folder: its steps carry checksums (written by this version)
-
-
-def uses_checksums(directory: Path) -> bool:
-    """Whether the steps of ``directory`` must have checksums: it says so, or one of them has them.
-
-    A folder of an older version (steps, no marker, no checksums) is read unverified, so that an
-    upgrade does not lose a run; a fresh folder gets the marker before its first save, so a step
-    that lost its checksums there (a kill between Orbax's commit and the checksum write) is damaged."""
-    if (directory / CHECKSUMMED).exists():
-        return True
-    return directory.is_dir() and any((p / CHECKSUMS).is_file() for p in directory.iterdir() if p.name.isdigit())
-
-
-def mark_checksummed(directory: Path) -> None:
-    if not (directory / CHECKSUMMED).exists():
-        atomic_write_text(directory / CHECKSUMMED, "every step of this folder has checksums.json\n")
-
-
-def verify_checksums(step_dir: Path, item: str | None = None) -> None:
-    """Raise CheckpointDamaged naming the first file of ``step_dir`` (of its ``item`` folder alone when
-    given, e.g. ``meta``) that differs from its checksum."""
-    path = step_dir / CHECKSUMS
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))["files"]
-        if not isinstance(recorded, dict) or not recorded:
-            raise ValueError("no files listed")
-    except FileNotFoundError:
-        raise CheckpointDamaged(f"{path} is missing (the run stopped before the checksums of the step were "
-                                "written)") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointDamaged(f"{path} is unreadable ({exc})") from exc
-    for name, expected in recorded.items():
-        if item is not None and not name.startswith(f"{item}/"):
-            continue
-        file = step_dir / name
-        try:
-            size = file.stat().st_size
-            if size != expected["bytes"]:
-                raise CheckpointDamaged(f"{file} has {size} bytes, its checksum file says {expected['bytes']}")
-            if file_crc32c(file) != expected["crc32c"]:
-                raise CheckpointDamaged(f"{file} does not match its CRC32C in {path}")
-        except FileNotFoundError:
-            raise CheckpointDamaged(f"{file} is missing") from None
-        except (OSError, KeyError, TypeError) as exc:
-            raise CheckpointDamaged(f"{file} cannot be checked ({exc})") from exc
-
-
-class _ChecksumWriter:
-    """Writes the checksums of each saved step once its committed folder appears (one thread)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-checksums")
-        self._futures: list[Future[None]] = []
-        self._settled = threading.Event()  # Orbax has finished every save started so far
-
-    def schedule(self, step: int) -> None:
-        self._settled.clear()
-        self._futures.append(self._pool.submit(self._write_when_committed, self.directory / str(step)))
-
-    def _write_when_committed(self, step_dir: Path) -> None:
-        while not step_dir.is_dir():
-            if self._settled.is_set():
-                if not step_dir.is_dir():
-                    return  # the save failed; Orbax reports why
-                break
-            time.sleep(0.02)
-        write_checksums(step_dir)
-
-    def settle(self) -> None:
-        """Called once Orbax finished its saves: write what is pending and raise the first error."""
-        self._settled.set()
-        futures, self._futures = self._futures, []
-        for future in futures:
-            future.result()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
 
 
 # ---------------------------------------------------------------------------------------------
 # A full disk (or another write error) during a save: one line, not Orbax's threads' tracebacks
-
-_ERRNO_IN_TEXT = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
-
-
-def write_errno(exc: BaseException | str) -> int | None:
-    """The errno of a write error, also when tensorstore reports it inside a ValueError's text."""
-    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
-        return exc.errno
-    match = _ERRNO_IN_TEXT.search(str(exc))
-    code = int(match.group(1) or match.group(2)) if match else None
-    return code if code in WRITE_ERRNOS else None
-
-
-class _ReportedWriteErrors(logging.Filter):
-    """Orbax's save threads log a failed write with a traceback each; the trainer reports it in one line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
-            return True
-        text = record.getMessage()
-        if record.exc_info and record.exc_info[1] is not None:
-            text += "".join(traceback.format_exception(record.exc_info[1]))
-        return write_errno(text) is None
-
-
-logging.getLogger("absl").addFilter(_ReportedWriteErrors())
-
-
-def _is_closed_loop_callback(unraisable: Any) -> bool:
-    """Tensorstore completing a read or write after Orbax's event loop has ended.
-
-    Orbax runs each save and restore in its own asyncio loop; when one tensorstore operation fails
-    (a full disk, a damaged file) the loop ends with that error while the other operations are in
-    flight, and each of them later calls ``call_soon_threadsafe`` on the closed loop: ~100 lines of
-    ``RuntimeError: Event loop is closed`` for an error that is reported once already.
-    """
-    tb = unraisable.exc_traceback
-    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_name != "call_soon_threadsafe":
-        tb = tb.tb_next
-    return (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
-            and tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe")
-
-
-def quiet_closed_loop_callbacks(previous: Callable[[Any], None]) -> Callable[[Any], None]:
-    def hook(unraisable: Any) -> None:
-        if not _is_closed_loop_callback(unraisable):
-            previous(unraisable)
-
-    return hook
-
-
-sys.unraisablehook = quiet_closed_loop_callbacks(sys.unraisablehook)
+# (those are quieted by tracking.process_hooks, which the recipe harness installs)
 
 
 @contextmanager
@@ -241,22 +57,13 @@ def write_errors_as_one_line(directory: Path, what: str) -> Iterator[None]:
                          "to resume from the latest complete checkpoint") from None
 
 
-def committed_step_bytes(directory: Path) -> tuple[int, int] | None:
-    """``(step, bytes)`` of the newest step with checksums: what the next save will need on disk."""
-    for step_dir in sorted((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name)):
-        with suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-            files = json.loads((step_dir / CHECKSUMS).read_text(encoding="utf-8"))["files"]
-            return int(step_dir.name), sum(int(f["bytes"]) for f in files.values())
-    return None
-
-
 class VerifiedCheckpointManager(ocp.CheckpointManager):
     """An Orbax manager that writes ``<step>/checksums.json`` after each committed save (process 0),
     checks the free space before a save, and turns write errors into one WriteError line."""
 
     def __init__(self, directory: Path, *args: Any, **kwargs: Any) -> None:
         super().__init__(directory, *args, **kwargs)
-        self._checksums = _ChecksumWriter(Path(directory)) if jax.process_index() == 0 else None
+        self._checksums = ChecksumWriter(Path(directory)) if jax.process_index() == 0 else None
         self._in_flight: int | None = None  # the step of the save Orbax may still be writing
 
     def save(self, step: int, *args: Any, **kwargs: Any) -> bool:
@@ -364,115 +171,3 @@ def restore_any_layout(manager: ocp.CheckpointManager, step: int, program: Any,
 
 def read_meta(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
     return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-
-
-# what Orbax and tensorstore raise on a file they cannot read (tensorstore: ValueError)
-READ_ERRORS = (ValueError, KeyError, TypeError, OSError)
-
-
-def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
-                     steps: Sequence[int] | None = None, item: str | None = None) -> tuple[int, Any, list[int]]:
-    """``read(step)`` of the newest step that passes its checksums and reads back (``item``: the checksums
-    of that item's files alone, for a ``read`` that reads nothing else, such as ``read_meta``).
-
-    Each damaged step is logged as a warning naming the file, and the previous one is tried.
-    Returns ``(step, read(step), damaged steps)``; raises CheckpointDamaged naming the checkpoint
-    folder when no step is left. Errors of ``read`` other than read errors (e.g. a checkpoint of
-    another model) propagate.
-    """
-    directory = Path(manager.directory)
-    candidates = sorted(manager.all_steps() if steps is None else steps, reverse=True)
-    damaged: list[int] = []
-    reasons: list[str] = []
-    # a folder written before per-file checksums existed: read it (Orbax's read errors still fall back)
-    # rather than call every step damaged and lose a run to an upgrade
-    legacy = bool(candidates) and not uses_checksums(directory)
-    if legacy:
-        log.warning("the checkpoints in %s have no checksums (written by an older version): restoring them "
-                    "unverified; steps saved from now on are verified", directory)
-    for step in candidates:
-        try:
-            if not legacy:
-                verify_checksums(directory / str(step), item)
-            try:
-                return step, read(step), damaged
-            except READ_ERRORS as exc:
-                raise CheckpointDamaged(f"step {step} passed its checksums but cannot be read: "
-                                        f"{str(exc).splitlines()[0][:300]}") from exc
-        except CheckpointDamaged as exc:
-            damaged.append(step)
-            reasons.append(f"step {step}: {exc}")
-            older = [s for s in candidates if s < step]
-            log.warning("checkpoint step %d is damaged: %s; %s", step, exc,
-                        f"falling back to step {older[0]}" if older else "no older step is left")
-    raise CheckpointDamaged(f"no restorable checkpoint in {directory} ({'; '.join(reasons)}): move the folder away "
-                            "or delete it to start over")
-
-
-def set_aside(manager: ocp.CheckpointManager, steps: Sequence[int]) -> None:
-    """Move damaged steps into ``damaged/`` (kept for inspection): the run saves those steps again."""
-    if not steps:
-        return
-    directory = Path(manager.directory)
-    if jax.process_index() == 0:
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
-        for step in steps:
-            target = directory / DAMAGED_DIR / f"{step}-{stamp}"
-            target.parent.mkdir(exist_ok=True)
-            (directory / str(step)).rename(target)
-            log.warning("moved the damaged checkpoint step %d to %s", step, target)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("checkpoint-set-aside")
-    manager.reload()
-
-
-def model_config_from_meta(meta: dict[str, Any]) -> Any:
-    """The model config a checkpoint was trained with, in its family's section class, for the machine that
-    loads it: a platform's own attention kernel (splash, cudnn) becomes ``auto``, so a model trained on a
-    TPU or a GPU evaluates on a CPU (the kernels compute the same attention). A checkpoint written before
-    families were recorded is a Llama one."""
-    family = get_family(meta.get("family") or meta["model"].get("family") or "llama")
-    fields = {f.name for f in dataclasses.fields(family.config_cls)}
-    cfg = family.config_cls(**{k: v for k, v in meta["model"].items() if k in fields})
-    if "scan_layers" in fields:  # the layout its parameters were saved in
-        cfg = dataclasses.replace(cfg, scan_layers=saved_scan_layers(meta))
-    return dataclasses.replace(cfg, attention="auto") if getattr(cfg, "attention", "") in ("splash", "cudnn") else cfg
-
-
-def load_trained_model(run_folder: Any, step: int | None = None) -> tuple[FamilyModel, int, dict[str, Any]]:
-    """The trained model of a run folder (latest checkpoint by default) on the default device.
-
-    Returns ``(model, step, meta)``; ``meta`` has ``family``, ``model``, ``vocab_size``, ``tokenizer_sha256``,
-    ``seq_len``; the model is rebuilt by the family the meta names. Raises MissingStageError when the run has no finished checkpoint.
-    """
-    checkpoint_dir = Path(run_folder.checkpoints)
-    if not checkpoint_dir.is_dir():
-        raise PRETRAIN.missing(f"no checkpoints in {checkpoint_dir}")
-    manager = open_manager(checkpoint_dir)
-    try:
-        steps = manager.all_steps()
-        if not steps:
-            raise PRETRAIN.missing(f"no finished checkpoint in {checkpoint_dir}")
-        if step is not None and step not in steps:
-            raise DataError(f"checkpoint step {step} not in {checkpoint_dir} (available: {sorted(steps)})")
-
-        def read_params(step: int) -> tuple[dict[str, Any], Any, Any]:
-            meta = read_meta(manager, step)
-            model_cfg = model_config_from_meta(meta)
-            abstract_model = get_family(model_cfg.family).abstract(model_cfg, meta["vocab_size"])
-            graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
-            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-            param_dtype = jax.numpy.dtype(meta.get("param_dtype", "float32"))
-            target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, param_dtype, sharding=device),
-                                  abstract_params)
-            params = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
-            return meta, graphdef, params["params"]
-
-        # an explicit step is that step or an error; the latest falls back to the previous complete one
-        step, (meta, graphdef, params), _ = restore_verified(manager, read_params, None if step is None else [step])
-    finally:
-        manager.close()
-    log.info("loaded step %d from %s", step, checkpoint_dir)
-    return nnx.merge(graphdef, params), step, meta

@@ -25,9 +25,10 @@ from experiment.files import atomic_write_json
 from experiment.runfolder import RunFolder
 from model.hf_checkpoint import ImportedCheckpoint, hf_model_config, load_hf_checkpoint, read_config
 from model.vocab_adaptation import adapt_embeddings
-from trainer import checkpoint
+from trainer import checkpoint, checkpoint_integrity
 from trainer.branch import Branch
 from trainer.resume import finished_steps
+from trainer.trained_model import model_config_from_meta
 
 log = logging.getLogger("trainer")
 # model keys that belong to the run, not to the base model: kept from our YAML
@@ -63,7 +64,7 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
         checkpoint_dir, steps = Path(branch.parent.checkpoints), [branch.step]
     if steps:
         meta = latest_meta(checkpoint_dir, steps)
-        base_cfg = checkpoint.model_config_from_meta(meta) if meta else None
+        base_cfg = model_config_from_meta(meta) if meta else None
         if base_cfg is not None:
             log.info("model.init_from is not read again: the run starts from the checkpoints in %s", checkpoint_dir)
             return StartPoint(merge_model_config(cfg, base_cfg, f"the checkpoints in {checkpoint_dir}"),
@@ -92,8 +93,8 @@ def latest_meta(checkpoint_dir: Path, steps: list[int]) -> dict[str, Any] | None
         def read(step: int) -> dict[str, Any]:
             return checkpoint.read_meta(manager, step)
 
-        return checkpoint.restore_verified(manager, read, steps, item="meta")[1]
-    except checkpoint.CheckpointDamaged:
+        return checkpoint_integrity.restore_verified(manager, read, steps, item="meta")[1]
+    except checkpoint_integrity.CheckpointDamaged:
         return None  # resume reports it, with the damaged steps set aside
     finally:
         manager.close()

@@ -18,9 +18,10 @@ from typing import Any
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_text
+from experiment.jsonl import read_jsonl
 from experiment.runfolder import RunFolder
 from experiment.sections.model import model_section_class
-from trainer import checkpoint
+from trainer import checkpoint, checkpoint_integrity
 from trainer.step import TrainProgram
 
 log = logging.getLogger("trainer")
@@ -49,12 +50,12 @@ def resume_wandb_run_id(cfg: Any, run_folder: RunFolder) -> str | None:
 def finished_steps(checkpoint_dir: Path) -> list[int]:
     """Steps Orbax finished and whose checksums are written (an interrupted save stays a
     ``*.orbax-checkpoint-tmp*`` folder; a step without checksums is not resumed from), or every
-    finished step of a folder an older version wrote (``checkpoint.uses_checksums``)."""
+    finished step of a folder an older version wrote (``checkpoint_integrity.uses_checksums``)."""
     if not checkpoint_dir.is_dir():
         return []
-    verified = checkpoint.uses_checksums(checkpoint_dir)
+    verified = checkpoint_integrity.uses_checksums(checkpoint_dir)
     return sorted(int(p.name) for p in checkpoint_dir.iterdir()
-                  if p.name.isdigit() and (not verified or (p / checkpoint.CHECKSUMS).is_file()))
+                  if p.name.isdigit() and (not verified or (p / checkpoint_integrity.CHECKSUMS).is_file()))
 
 
 def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any],
@@ -72,7 +73,7 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
     if interrupted:
         log.warning("checkpoint step(s) %s have no checksums: their save was interrupted; training them again",
                     ", ".join(map(str, sorted(interrupted))))
-        checkpoint.set_aside(manager, interrupted)
+        checkpoint_integrity.set_aside(manager, interrupted)
     if not complete:
         log.info("no checkpoint: starting from step 0")
         # earlier sessions killed before their first checkpoint trained steps this one trains again:
@@ -87,8 +88,8 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
         loader.set_state(items["loader"])
         return state, items
 
-    latest, (state, items), damaged = checkpoint.restore_verified(manager, read, complete)
-    checkpoint.set_aside(manager, damaged)
+    latest, (state, items), damaged = checkpoint_integrity.restore_verified(manager, read, complete)
+    checkpoint_integrity.set_aside(manager, damaged)
     ledger.mark_resume(latest, items["ledger"])
     log.info("resumed from the checkpoint of step %d in %s", latest, manager.directory)
     return state, latest
@@ -109,21 +110,23 @@ def trim_train_log(path: Path, step: int) -> float:
     """Keep the lines of ``train_log.jsonl`` up to the restored step; the resumed run retraces the rest.
 
     A killed session may have logged steps after its last checkpoint (and a half-written last
-    line): without this the retraced steps would get a second line. Returns the last loss kept.
+    line, dropped here): without this the retraced steps would get a second line. A damaged line
+    before the end is a DataError naming the file and line. Returns the last loss kept.
     """
     if not path.is_file():
         return math.nan
+    contents = read_jsonl(path, torn_tail="ignore")  # the torn tail is counted among the dropped lines
     kept: list[str] = []
-    dropped = 0
+    dropped = int(contents.torn_tail is not None)
     last_loss = math.nan
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in contents.records:
+        record = line.value
         try:
-            record = json.loads(line)
             keep = int(record["train/step"]) <= step
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            keep = False
+        except (KeyError, TypeError, ValueError):
+            keep = False  # not a metrics line of a step
         if keep:
-            kept.append(line)
+            kept.append(line.text)
             last_loss = float(record.get("train/loss", last_loss))
         else:
             dropped += 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 import multiprocessing
 import os
@@ -29,6 +28,7 @@ from data_prep.corpus.sources import iter_raw_documents
 from experiment.corpus_format import CorpusShardWriter, clear_corpus_folder
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
+from experiment.jsonl import iter_jsonl
 from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
@@ -157,9 +157,10 @@ def write_rehydrated_copies(writer: CorpusShardWriter, clusters: ClusterSizes) -
     writer.finish_shard()
     added = 0
     for shard in list(writer.shards):
-        with open(writer.corpus_dir / shard["file"], encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
+        path = writer.corpus_dir / shard["file"]
+        with open(path, encoding="utf-8") as handle:
+            for line in iter_jsonl(handle, str(path), torn_tail="error"):  # a shard this run just completed
+                record = line.value
                 for _ in range(clusters.copies(record["id"]) - 1):
                     writer.write(record["id"], record["source"], record["text"])
                     added += 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import gzip
 import io
-import json
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from data_prep.corpus.debian import iter_debian_source
 from data_prep.corpus.documents import DocumentNumberer, RawDocument, pack_pieces
 from data_prep.corpus.normalize import decode_bytes, normalize_text
 from experiment.errors import ConfigError, DataError
+from experiment.jsonl import iter_jsonl
 from experiment.sections.corpus import SourceConfig
 
 log = logging.getLogger("data_prep.corpus.sources")
@@ -161,18 +161,14 @@ def _read_jsonl(path: str, numberer: DocumentNumberer) -> Iterator[RawDocument]:
     field = numberer.cfg.text_field
     try:
         with open_input(path) as raw, _decompressed(raw, path) as stream:
-            for line_no, line in enumerate(io.TextIOWrapper(stream, encoding="utf-8", errors="strict"), 1):
-                if not line.strip():
-                    continue
-                origin = f"{path}:{line_no}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    yield numberer.make(None, origin, "bad_record", raw_bytes=len(line))
-                    continue
-                text = record.get(field) if isinstance(record, dict) else None
+            # a user's corpus: a bad line is counted as a rejected record, not fatal; a last line cut
+            # short (an interrupted download or copy) is logged and dropped
+            lines = io.TextIOWrapper(stream, encoding="utf-8", errors="strict")
+            for line in iter_jsonl(lines, path, torn_tail="warn", malformed="yield"):
+                origin = f"{path}:{line.line}"
+                text = line.value.get(field) if isinstance(line.value, dict) else None
                 if not isinstance(text, str):
-                    yield numberer.make(None, origin, "bad_record", raw_bytes=len(line))
+                    yield numberer.make(None, origin, "bad_record", raw_bytes=len(line.text) + 1)
                     continue
                 yield numberer.make(text, origin)
     except UnicodeDecodeError:

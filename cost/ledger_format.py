@@ -1,0 +1,234 @@
+"""The cost ledger's file format: ``ledger/ledger.jsonl``, its records, reading them back and appending them.
+
+The ledger is an append-only JSONL file, one record a line, each with its kind under ``e``:
+
+- ``open``: a session starts (a process opened the ledger): its number, run id, start ``t`` and the
+  moment it ``opened``, pid, chips priced and in use, the devices seen, its price row and
+  infrastructure rows, its dated USD->RUB rate, the token budget;
+- ``time``: an interval ``t0``..``t1`` and its ``seconds`` by phase (they add up to ``t1 - t0``);
+- ``tokens``: the steps ``first_step``..``step`` trained since the last one, their ``tokens``, and
+  when the step before the first (``t_start``) and the last step (``t``) finished;
+- ``ckpt``: the checkpoint of ``step`` is durable at ``t``;
+- ``resume``: this session restored the checkpoint of ``step``, with what that checkpoint's ledger
+  item says (``saved_by`` session, ``saved_at`` moment, ``tokens`` up to the step);
+- ``inherit``: a decay branch starts from its parent's totals at ``step``;
+- ``close``: the session ended at ``t``; ``clean`` says whether its unsaved work survived.
+
+A kill mid-write leaves a torn last line: readers drop it with a warning (``experiment.jsonl``), and
+the next session cuts it off before appending (``end_on_a_newline``). What the records *mean* for
+the cost is ``cost.ledger_sessions`` (reconciliation) and ``cost.ledger_pricing``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from experiment.errors import DataError
+from experiment.jsonl import read_jsonl
+from experiment.stages import PRETRAIN
+
+LEDGER_FILE = "ledger.jsonl"
+PHASES = ("startup", "compile", "train", "data", "eval", "checkpoint", "idle")  # "data": waiting for a batch
+
+
+@dataclass
+class Interval:
+    t0: float
+    t1: float
+    seconds: dict[str, float]  # by phase; they add up to t1 - t0
+
+
+@dataclass
+class TokenBatch:
+    first_step: int
+    step: int  # the last step the tokens belong to
+    tokens: int
+    t_start: float  # when the step before ``first_step`` had finished (or the session began)
+    t: float  # when ``step`` finished
+
+    def tokens_up_to(self, step: int) -> int:
+        """The tokens of steps <= ``step`` (spread evenly over the batch's steps)."""
+        return round(self.tokens * self.share_up_to(step))
+
+    def share_up_to(self, step: int) -> float:
+        if step >= self.step:
+            return 1.0
+        if step < self.first_step:
+            return 0.0
+        return (step - self.first_step + 1) / (self.step - self.first_step + 1)
+
+    def finished_at(self, step: int) -> float:
+        """When ``step`` (within or after this batch) finished, interpolating between the batch's ends."""
+        return self.t_start + (self.t - self.t_start) * self.share_up_to(step)
+
+    def record(self) -> dict[str, Any]:
+        return {"e": "tokens", "first_step": self.first_step, "step": self.step, "tokens": self.tokens,
+                "t_start": self.t_start, "t": self.t}
+
+
+@dataclass
+class Resume:
+    """A session's restore: the checkpoint step and, from the checkpoint's ledger item, who saved it."""
+
+    step: int
+    saved_by: int | None = None  # the session that saved the checkpoint
+    saved_at: float | None = None  # when that session started saving it (all work before it survived)
+    tokens: int | None = None  # every token counted up to the checkpoint's step, all sessions together
+
+    def record(self, t: float) -> dict[str, Any]:
+        saved = {"saved_by": self.saved_by, "saved_at": self.saved_at, "tokens": self.tokens}
+        return {"e": "resume", "step": self.step, "t": t, **{k: v for k, v in saved.items() if v is not None}}
+
+
+@dataclass
+class Session:
+    """One session's records, as read back."""
+
+    meta: dict[str, Any]  # its open record (plus ``inherited``: the latest inherit record)
+    intervals: list[Interval] = field(default_factory=list)
+    tokens: list[TokenBatch] = field(default_factory=list)
+    checkpoints: list[tuple[int, float]] = field(default_factory=list)  # (step, time)
+    resume: Resume | None = None
+    clean: bool = False  # a close record saying nothing of this session's work was lost
+    closed: bool = False  # a close record, clean or not (none after SIGKILL)
+
+    @property
+    def resume_step(self) -> int | None:
+        return None if self.resume is None else self.resume.step
+
+    def last_time(self) -> float:
+        times = [self.meta["t"], *(i.t1 for i in self.intervals), *(b.t for b in self.tokens),
+                 *(t for _, t in self.checkpoints)]
+        return max(times)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def read_records(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """All complete records, and whether the file ends with a torn line (a crash mid-write; dropped
+    with a warning, and cut off the file by the next session)."""
+    contents = read_jsonl(path, torn_tail="warn")
+    for line in contents.records:
+        if not isinstance(line.value, dict) or "e" not in line.value:
+            raise DataError(f"{path} line {line.line}: not a ledger record (no 'e' field)")
+    return contents.values, contents.torn_tail is not None
+
+
+def sessions_of(records: list[dict[str, Any]], path: Path) -> list[Session]:
+    sessions: list[Session] = []
+    for number, record in enumerate(records, start=1):
+        try:
+            _apply(record, sessions)
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise DataError(f"{path} record {number}: malformed '{record.get('e')}' record ({exc})") from exc
+    return sessions
+
+
+def _apply(record: dict[str, Any], sessions: list[Session]) -> None:
+    """Add one ledger record to the sessions read so far (ValueError for anything malformed)."""
+    kind = record["e"]
+    if kind == "open":
+        sessions.append(Session(meta=record))
+        return
+    if not sessions:
+        raise ValueError(f"'{kind}' before any 'open' record")
+    session = sessions[-1]
+    if kind == "time":
+        session.intervals.append(Interval(float(record["t0"]), float(record["t1"]),
+                                          {k: float(v) for k, v in record["seconds"].items()}))
+    elif kind == "tokens":
+        session.tokens.append(TokenBatch(int(record["first_step"]), int(record["step"]), int(record["tokens"]),
+                                         float(record["t_start"]), float(record["t"])))
+    elif kind == "ckpt":
+        session.checkpoints.append((int(record["step"]), float(record["t"])))
+    elif kind == "resume":
+        saved_by, saved_at, tokens = record.get("saved_by"), record.get("saved_at"), record.get("tokens")
+        session.resume = Resume(int(record["step"]), None if saved_by is None else int(saved_by),
+                                None if saved_at is None else float(saved_at), None if tokens is None else int(tokens))
+    elif kind == "inherit":
+        session.meta["inherited"] = record  # the latest one counts: a branch that started over from its parent
+    elif kind == "close":
+        session.closed = True
+        session.clean = bool(record.get("clean", True))
+    else:
+        raise ValueError(f"unknown record kind {kind!r}")
+
+
+def _record_time(record: dict[str, Any]) -> float:
+    """When a record was written (a time record: the end of its interval; -inf for one without a time)."""
+    return float(record.get("t1", record.get("t", -math.inf)))
+
+
+def records_until(records: list[dict[str, Any]], checkpoint_item: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+    """The records up to the session and moment of a checkpoint's ledger item (``Ledger.checkpoint_record``)."""
+    try:
+        session, moment = int(checkpoint_item["session"]), float(checkpoint_item["t"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{path}: the checkpoint's ledger item {checkpoint_item!r} does not say when it was saved "
+                        f"({exc!r})") from exc
+    kept: list[dict[str, Any]] = []
+    opened = -1
+    for record in records:
+        opened += record["e"] == "open"
+        if opened > session or (opened == session and _record_time(record) > moment):
+            break
+        kept.append(record)
+    return kept
+
+
+def read_sessions(ledger_dir: str | os.PathLike[str], checkpoint_item: dict[str, Any] | None = None) -> list[Session]:
+    """The sessions of a ledger on disk; with ``checkpoint_item``, only the records up to the session
+    and moment of that checkpoint's ledger item."""
+    path = Path(ledger_dir) / LEDGER_FILE
+    if not path.is_file():
+        raise DataError(f"no ledger at {path}: {PRETRAIN.run_first}")
+    records, _ = read_records(path)
+    if checkpoint_item is not None:
+        records = records_until(records, checkpoint_item, path)
+    sessions = sessions_of(records, path)
+    if not sessions:
+        raise DataError(f"{path} holds no ledger records")
+    return sessions
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def end_on_a_newline(path: Path, torn: bool) -> None:
+    """Make the next record start on a fresh line: cut a torn last line off, or end a complete last
+    record that a kill left without its newline."""
+    with path.open("r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if torn:
+            handle.seek(0)
+            handle.truncate(handle.read().rfind(b"\n") + 1)
+        elif size:
+            handle.seek(size - 1)
+            if handle.read(1) != b"\n":
+                handle.write(b"\n")
+
+
+class LedgerWriter:
+    """Appends records to a ledger file; ``sync`` makes what was appended durable (flush and fsync)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._handle: IO[str] = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    def sync(self) -> None:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        self._handle.close()

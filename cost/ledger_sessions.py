@@ -1,0 +1,144 @@
+"""Session reconciliation: which of a ledger's seconds and tokens survived, session by session.
+
+Every second is paid once. When a session trained steps past the step the next session resumed
+from (its ``resume`` record), or, without a later session, past its last durable checkpoint and
+ended without a clean close, its train/eval/idle time after it finished that step bought nothing
+that survived: that time moves to the phase ``lost``, and the tokens of those steps are not
+counted, since the next session trains them again and pays for them a second time.
+
+Reconciliation on resume: the checkpoint's ledger item (``Ledger.checkpoint_record``) names the
+session that saved it, when, and the tokens counted up to its step. A resume from it cuts that
+session's work exactly at that moment, and credits any steps up to the checkpoint that the file
+missed (a checkpoint saved before the save flushed the ledger), so every step up to the restored
+checkpoint is counted exactly once whatever the crash pattern.
+
+The result is a ``Tally`` per session (seconds by phase, tokens, last step), which
+``cost.ledger_pricing`` prices.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from cost.ledger_format import Resume, Session
+from cost.summary import LOST
+
+log = logging.getLogger("cost.ledger")
+
+# Phases whose time after the last surviving step is redone after a crash. Start-up and compilation
+# are paid again by every session anyway and stay visible under their own names; checkpoint time
+# after that step is mostly the save of that very step (which the next session resumed from).
+REDONE_PHASES = frozenset({"train", "data", "eval", "idle"})
+
+
+@dataclass
+class Tally:
+    """Seconds by phase and tokens of one session (after moving lost work out of its phases)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    tokens: int = 0
+    last_step: int | None = None
+
+    def add(self, phase: str, seconds: float) -> None:
+        if seconds > 0:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+
+def resume_from_checkpoint(step: int, item: Any, session: int) -> Resume:
+    """What a checkpoint's ledger item says (the current form, or the plain summary saved before
+    there was one); an item that does not fit is ignored with a warning (the file alone is used)."""
+    if not item:
+        return Resume(step)
+    try:
+        saved_by = int(item["session"]) if "session" in item else int(item["sessions"]) - 1
+        saved_step = int(item["step"]) if "step" in item else int(item["last_step"])
+        saved_at = float(item["t"]) if "t" in item else None
+        tokens = int(item["tokens"])
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("the ledger item of checkpoint %d is unreadable (%r): counting from the ledger file alone",
+                    step, exc)
+        return Resume(step)
+    if saved_step != step or not 0 <= saved_by < session or tokens < 0:
+        log.warning("the ledger item of checkpoint %d is for step %s of session %s: counting from the ledger "
+                    "file alone", step, saved_step, saved_by)
+        return Resume(step)
+    return Resume(step, saved_by, saved_at, tokens)
+
+
+def moment_of(session: Session, step: int) -> float:
+    """When ``session`` finished training ``step`` (-inf when all of its steps came after it).
+
+    Taken from the token records, not the checkpoint marks: with asynchronous saves a checkpoint
+    is only confirmed (and marked) after later steps have run.
+    """
+    times = [b.finished_at(step) for b in session.tokens if b.first_step <= step]
+    return max(times, default=-math.inf)
+
+
+def tally_session(session: Session, survived_step: int | None, saved_at: float | None = None) -> Tally:
+    """Phases and tokens of a finished session; work past ``survived_step`` becomes ``lost``.
+
+    ``saved_at``: when this session started saving the checkpoint of ``survived_step`` (its work
+    before that survived); without it, when the token records say that step finished.
+    """
+    tally = Tally()
+    trained_to = max((b.step for b in session.tokens), default=None)
+    if survived_step is None or (trained_to is not None and trained_to <= survived_step):
+        cutoff = math.inf  # no step past the surviving one: nothing was redone
+    elif saved_at is not None:
+        cutoff = saved_at
+    else:
+        cutoff = moment_of(session, survived_step)
+    for interval in session.intervals:
+        length = interval.t1 - interval.t0
+        kept = 1.0 if interval.t1 <= cutoff else 0.0 if interval.t0 >= cutoff else (cutoff - interval.t0) / length
+        for phase, seconds in interval.seconds.items():
+            if phase in REDONE_PHASES:
+                tally.add(phase, seconds * kept)
+                tally.add(LOST, seconds * (1.0 - kept))
+            else:
+                tally.add(phase, seconds)
+    limit = math.inf if survived_step is None else survived_step
+    tally.tokens = sum(b.tokens if survived_step is None else b.tokens_up_to(survived_step) for b in session.tokens)
+    tally.last_step = max((min(b.step, limit) for b in session.tokens if b.first_step <= limit), default=None)
+    return tally
+
+
+def tally_finished(sessions: list[Session], resume_after: Resume | None) -> list[tuple[dict[str, Any], Tally]]:
+    """Tallies of finished sessions. A later session that resumed from step S (the smallest such S
+    after a session) means that session's work past S was redone; without one, a session that did
+    not close cleanly kept only the work up to its last marked checkpoint."""
+    tallies: list[Tally] = [Tally() for _ in sessions]
+    judged_by: list[Resume | None] = [None] * len(sessions)
+    later = resume_after
+    for index in reversed(range(len(sessions))):
+        session = sessions[index]
+        if later is not None:
+            survived: int | None = later.step
+        elif session.clean:
+            survived = None
+        else:
+            survived = max((s for s, _ in session.checkpoints), default=-1)
+        saved_at = later.saved_at if later is not None and later.saved_by == index else None
+        tallies[index] = tally_session(session, survived, saved_at)
+        judged_by[index] = later
+        if session.resume is not None and (later is None or session.resume.step < later.step):
+            later = session.resume
+    for index, resume in enumerate(judged_by):
+        if resume is not None and resume.saved_by == index and resume.tokens is not None:
+            # steps up to the checkpoint that the file missed (the save did not flush the ledger first)
+            missing = resume.tokens - sum(t.tokens for t in tallies[:index + 1])
+            if missing > 0:
+                tallies[index].tokens += missing
+                tallies[index].last_step = resume.step
+    return [(session.meta, tally) for session, tally in zip(sessions, tallies, strict=True)]
+
+
+def tally_on_disk(sessions: list[Session]) -> list[tuple[dict[str, Any], Tally]]:
+    """The tallies of a ledger read from disk: the last session is taken as it is (a crash in it is
+    only known once a later session resumes)."""
+    last = sessions[-1]
+    return [*tally_finished(sessions[:-1], last.resume), (last.meta, tally_session(last, None))]

@@ -1,0 +1,218 @@
+"""Checkpoint integrity: the checksums of each committed step, and restoring the newest step that passes them.
+
+Once Orbax has committed a step (for async saves: in the background, when the renamed folder
+appears), ``<step>/checksums.json`` records the size and CRC32C of every file of the step, written
+atomically. Resume and eval verify it before Orbax reads anything: a step without it (a kill
+between the commit and the checksums) or with a changed, missing or truncated file is damaged,
+and the latest step that passes is what resume and eval see (``restore_verified``); damaged steps
+are moved aside (``set_aside``). Checking first also keeps Orbax from failing half-way through a
+restore, which leaves tensorstore callbacks printing ``Event loop is closed`` tracebacks.
+
+This module knows Orbax only as a manager it is handed (``directory``, ``all_steps``, ``reload``);
+the Orbax wrapper (``trainer.checkpoint``) writes the checksums through ``ChecksumWriter``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import google_crc32c
+import jax
+
+from experiment.errors import DataError
+from experiment.files import atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:  # a manager is handed in: this module itself never calls Orbax
+    import orbax.checkpoint as ocp
+
+log = logging.getLogger("trainer.checkpoint")  # one log channel for everything about checkpoints
+CHECKSUMS = "checksums.json"
+CHECKSUMMED = ".checksummed"  # in a checkpoint folder: its steps carry checksums (written by this version)
+DAMAGED_DIR = "damaged"  # not a step name for Orbax (digits, or ending in _digits)
+_CHUNK = 4 << 20
+
+
+class CheckpointDamaged(DataError):
+    """A checkpoint step fails its checksums or cannot be read (names the step folder and file)."""
+
+
+def file_crc32c(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as handle:
+        while block := handle.read(_CHUNK):
+            crc = google_crc32c.extend(crc, block)
+    return f"{crc:08x}"
+
+
+def step_files(step_dir: Path) -> Iterator[Path]:
+    for path in sorted(step_dir.rglob("*")):
+        if path.is_file() and path.name != CHECKSUMS:
+            yield path
+
+
+def write_checksums(step_dir: Path) -> None:
+    """Record size and CRC32C of every file of a committed step in ``<step>/checksums.json``."""
+    started = time.perf_counter()
+    files = {p.relative_to(step_dir).as_posix(): {"bytes": p.stat().st_size, "crc32c": file_crc32c(p)}
+             for p in step_files(step_dir)}
+    atomic_write_json(step_dir / CHECKSUMS, {"algorithm": "crc32c", "files": files})
+    mark_checksummed(step_dir.parent)
+    log.debug("checksums of %d files of %s in %.3f s", len(files), step_dir, time.perf_counter() - started)
+
+
+def uses_checksums(directory: Path) -> bool:
+    """Whether the steps of ``directory`` must have checksums: it says so, or one of them has them.
+
+    A folder of an older version (steps, no marker, no checksums) is read unverified, so that an
+    upgrade does not lose a run; a fresh folder gets the marker before its first save, so a step
+    that lost its checksums there (a kill between Orbax's commit and the checksum write) is damaged."""
+    if (directory / CHECKSUMMED).exists():
+        return True
+    return directory.is_dir() and any((p / CHECKSUMS).is_file() for p in directory.iterdir() if p.name.isdigit())
+
+
+def mark_checksummed(directory: Path) -> None:
+    if not (directory / CHECKSUMMED).exists():
+        atomic_write_text(directory / CHECKSUMMED, "every step of this folder has checksums.json\n")
+
+
+def verify_checksums(step_dir: Path, item: str | None = None) -> None:
+    """Raise CheckpointDamaged naming the first file of ``step_dir`` (of its ``item`` folder alone when
+    given, e.g. ``meta``) that differs from its checksum."""
+    path = step_dir / CHECKSUMS
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))["files"]
+        if not isinstance(recorded, dict) or not recorded:
+            raise ValueError("no files listed")
+    except FileNotFoundError:
+        raise CheckpointDamaged(f"{path} is missing (the run stopped before the checksums of the step were "
+                                "written)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointDamaged(f"{path} is unreadable ({exc})") from exc
+    for name, expected in recorded.items():
+        if item is not None and not name.startswith(f"{item}/"):
+            continue
+        file = step_dir / name
+        try:
+            size = file.stat().st_size
+            if size != expected["bytes"]:
+                raise CheckpointDamaged(f"{file} has {size} bytes, its checksum file says {expected['bytes']}")
+            if file_crc32c(file) != expected["crc32c"]:
+                raise CheckpointDamaged(f"{file} does not match its CRC32C in {path}")
+        except FileNotFoundError:
+            raise CheckpointDamaged(f"{file} is missing") from None
+        except (OSError, KeyError, TypeError) as exc:
+            raise CheckpointDamaged(f"{file} cannot be checked ({exc})") from exc
+
+
+class ChecksumWriter:
+    """Writes the checksums of each saved step once its committed folder appears (one thread)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-checksums")
+        self._futures: list[Future[None]] = []
+        self._settled = threading.Event()  # Orbax has finished every save started so far
+
+    def schedule(self, step: int) -> None:
+        self._settled.clear()
+        self._futures.append(self._pool.submit(self._write_when_committed, self.directory / str(step)))
+
+    def _write_when_committed(self, step_dir: Path) -> None:
+        while not step_dir.is_dir():
+            if self._settled.is_set():
+                if not step_dir.is_dir():
+                    return  # the save failed; Orbax reports why
+                break
+            time.sleep(0.02)
+        write_checksums(step_dir)
+
+    def settle(self) -> None:
+        """Called once Orbax finished its saves: write what is pending and raise the first error."""
+        self._settled.set()
+        futures, self._futures = self._futures, []
+        for future in futures:
+            future.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def committed_step_bytes(directory: Path) -> tuple[int, int] | None:
+    """``(step, bytes)`` of the newest step with checksums: what the next save will need on disk."""
+    for step_dir in sorted((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name)):
+        with suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            files = json.loads((step_dir / CHECKSUMS).read_text(encoding="utf-8"))["files"]
+            return int(step_dir.name), sum(int(f["bytes"]) for f in files.values())
+    return None
+
+
+# what Orbax and tensorstore raise on a file they cannot read (tensorstore: ValueError)
+READ_ERRORS = (ValueError, KeyError, TypeError, OSError)
+
+
+def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
+                     steps: Sequence[int] | None = None, item: str | None = None) -> tuple[int, Any, list[int]]:
+    """``read(step)`` of the newest step that passes its checksums and reads back (``item``: the checksums
+    of that item's files alone, for a ``read`` that reads nothing else, such as ``read_meta``).
+
+    Each damaged step is logged as a warning naming the file, and the previous one is tried.
+    Returns ``(step, read(step), damaged steps)``; raises CheckpointDamaged naming the checkpoint
+    folder when no step is left. Errors of ``read`` other than read errors (e.g. a checkpoint of
+    another model) propagate.
+    """
+    directory = Path(manager.directory)
+    candidates = sorted(manager.all_steps() if steps is None else steps, reverse=True)
+    damaged: list[int] = []
+    reasons: list[str] = []
+    # a folder written before per-file checksums existed: read it (Orbax's read errors still fall back)
+    # rather than call every step damaged and lose a run to an upgrade
+    legacy = bool(candidates) and not uses_checksums(directory)
+    if legacy:
+        log.warning("the checkpoints in %s have no checksums (written by an older version): restoring them "
+                    "unverified; steps saved from now on are verified", directory)
+    for step in candidates:
+        try:
+            if not legacy:
+                verify_checksums(directory / str(step), item)
+            try:
+                return step, read(step), damaged
+            except READ_ERRORS as exc:
+                raise CheckpointDamaged(f"step {step} passed its checksums but cannot be read: "
+                                        f"{str(exc).splitlines()[0][:300]}") from exc
+        except CheckpointDamaged as exc:
+            damaged.append(step)
+            reasons.append(f"step {step}: {exc}")
+            older = [s for s in candidates if s < step]
+            log.warning("checkpoint step %d is damaged: %s; %s", step, exc,
+                        f"falling back to step {older[0]}" if older else "no older step is left")
+    raise CheckpointDamaged(f"no restorable checkpoint in {directory} ({'; '.join(reasons)}): move the folder away "
+                            "or delete it to start over")
+
+
+def set_aside(manager: ocp.CheckpointManager, steps: Sequence[int]) -> None:
+    """Move damaged steps into ``damaged/`` (kept for inspection): the run saves those steps again."""
+    if not steps:
+        return
+    directory = Path(manager.directory)
+    if jax.process_index() == 0:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+        for step in steps:
+            target = directory / DAMAGED_DIR / f"{step}-{stamp}"
+            target.parent.mkdir(exist_ok=True)
+            (directory / str(step)).rename(target)
+            log.warning("moved the damaged checkpoint step %d to %s", step, target)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("checkpoint-set-aside")
+    manager.reload()
