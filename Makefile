@@ -46,7 +46,7 @@ demo-sweep: setup
 #    extras' venvs install beside it: pip reads local indexes, so the installs mostly wait on the disk
 #    and overlap the suite instead of queueing after it. -j3 = the suite + two installs; -k lets the
 #    others finish and report when one fails, and the step still fails.
-# 2. The extras' test lanes, two at a time (one per core of the 2-core CI machine), longest first.
+# 2. The extras' test lanes, two at a time (CI has 2 cores), longest first.
 test:
 	$(MAKE) -k -j3 test-base install-extras
 	$(MAKE) -j2 --output-sync=target test-extras
@@ -104,9 +104,10 @@ install-extras: $(foreach e,$(EXTRAS),.venvs/$(e)/.installed)
 test-extra-%: .venvs/%/.installed
 	RU_REQUIRE_EXTRAS=$(EXTRA_PIP_$*) .venvs/$*/bin/python -m pytest -q $(EXTRA_TESTS_$*)
 
-# The tpu lane (recipe 04b's TPU compiles) in two halves that run in parallel, about 4 min each on 2 cores:
-# the fit search (8 compiles) with the shipped 1B config, and the other shipped configs (8B and 70B the
-# largest) with the oversized model. Complementary -k expressions: a new test lands in one half.
+# The tpu lane (recipe 04b's TPU compiles) in two halves of similar CPU time that run in parallel: the
+# fit search (8 compiles) with the shipped 1B config, and the other shipped configs (8B and 70B the
+# largest) with the oversized model. A compile keeps about two threads busy only part of the time, so
+# two halves fill the cores better than one lane. Complementary -k expressions: a new test lands in one.
 TPU_A := fit_search or ru-1b-fineweb2-v6e-8
 TPU_SPLIT_test-extra-tpu-a := $(TPU_A)
 TPU_SPLIT_test-extra-tpu-b := not ($(TPU_A))
