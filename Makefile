@@ -106,8 +106,9 @@ test-extra-%: .venvs/%/.installed
 
 # The tpu lane (recipe 04b's TPU compiles) in two halves of similar CPU time that run in parallel: the
 # fit search (8 compiles) with the shipped 1B config, and the other shipped configs (8B and 70B the
-# largest) with the oversized model. A compile keeps about two threads busy only part of the time, so
-# two halves fill the cores better than one lane. Complementary -k expressions: a new test lands in one.
+# largest) with the oversized model. Some compile passes keep two threads busy, the rest of a recipe run
+# (start-up, tracing, other passes) one: two halves keep both cores busy through the single-threaded
+# parts. Complementary -k expressions: a new test lands in one half.
 TPU_A := fit_search or ru-1b-fineweb2-v6e-8
 TPU_SPLIT_test-extra-tpu-a := $(TPU_A)
 TPU_SPLIT_test-extra-tpu-b := not ($(TPU_A))
