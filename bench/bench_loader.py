@@ -1,7 +1,7 @@
 """Loader speed against the train step's consumption, and our TFRecord reader against tf.data.
 
 1. Loader tokens per CPU-second (one core: ``read_threads=1``, measured as this process's CPU
-   time) against the tokens per second the real train step (``trainer.step.build_program``)
+   time) against the tokens per second the real train step (``trainer.step.TrainProgram``)
    consumes on this whole machine, for the experiment config given (default: the CPU demo).
    Goal: ratio >= 20, i.e. one core of loading feeds twenty machines' worth of training.
 2. Reading every train record of the same shards: our reader (index + CRC check + Example
@@ -58,20 +58,20 @@ def bench_train_step(cfg: Any, vocab_size: int, steps: int) -> dict[str, float]:
     import numpy as np
 
     from model.sharding import build_mesh
-    from trainer.step import build_program
+    from trainer.step import TrainProgram
 
     mesh = build_mesh(cfg.train.mesh)
-    program = build_program(cfg.model, cfg.train, vocab_size, mesh, seed=0)
+    program = TrainProgram(cfg.model, cfg.train, vocab_size, mesh, seed=0)
     state = program.init_state()
     rng = np.random.default_rng(0)
     shape = (cfg.train.batch_size, cfg.model.max_seq_len)
     batch = {name: jax.device_put(rng.integers(0, vocab_size, shape, dtype=np.int32), program.batch_sharding)
              for name in ("inputs", "targets")}
-    state, metrics = program.train_step(state, batch)  # compile
+    state, metrics = program.step(state, batch)  # compile
     jax.block_until_ready(metrics)
     started = time.perf_counter()
     for _ in range(steps):
-        state, metrics = program.train_step(state, batch)
+        state, metrics = program.step(state, batch)
     jax.block_until_ready(metrics)
     seconds = time.perf_counter() - started
     return {"train_step_tokens_per_s": steps * shape[0] * shape[1] / seconds, "train_step_s": seconds / steps}

@@ -81,9 +81,9 @@ def step_runner(model_cfg: Any, train_cfg: Any, vocab: int, seq_len: int) -> tup
     import numpy as np
 
     from model.sharding import build_mesh
-    from trainer.step import build_program, global_batch
+    from trainer.step import TrainProgram, global_batch
 
-    program = build_program(model_cfg, train_cfg, vocab, build_mesh(train_cfg.mesh), seed=0)
+    program = TrainProgram(model_cfg, train_cfg, vocab, build_mesh(train_cfg.mesh), seed=0)
     box: dict[str, Any] = {"state": program.init_state()}
     rows = np.random.default_rng(0).integers(0, vocab, (train_cfg.batch_size, seq_len + 1)).astype(np.int32)
     batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, program.batch_sharding)
@@ -91,7 +91,7 @@ def step_runner(model_cfg: Any, train_cfg: Any, vocab: int, seq_len: int) -> tup
     def run(steps: int) -> float:
         start = time.perf_counter()
         for _ in range(steps):
-            box["state"], box["metrics"] = program.train_step(box["state"], batch)
+            box["state"], box["metrics"] = program.step(box["state"], batch)
         jax.block_until_ready(box["metrics"])
         return (time.perf_counter() - start) / steps
 

@@ -26,6 +26,7 @@ FAMILY_PACKAGES: dict[str, str] = {
     "mistral": "model.llama",
     "qwen2": "model.llama",
     "qwen3": "model.llama",
+    "gemma3": "model.gemma3",
 }
 
 

@@ -147,6 +147,23 @@ class ModelFamily:
         return init_module(self.build, model_cfg, vocab_size, seed)
 
 
+def remat_recompute_flops(remat: str, kernel: str, blocks_forward: float, attention_forward: float) -> float:
+    """Forward FLOPs per trained token the backward pass does again, for a decoder whose blocks' forward pass
+    (everything but the output head) costs ``blocks_forward`` and whose attention scores and values cost
+    ``attention_forward``:
+
+    - ``model.remat``: full recomputes every block's forward; save_dots and offload keep the projections'
+      outputs (dots without batch dims) and recompute attention, whose dots have batch dims (and a Pallas
+      kernel is not a dot); none recomputes nothing.
+    - flash-style kernels (splash, cudnn) recompute the scores QK^T in their backward pass: half of
+      attention's forward matmuls.
+    """
+    extra = {"none": 0.0, "full": blocks_forward, "save_dots": attention_forward, "offload": attention_forward}[remat]
+    if kernel in ("splash", "cudnn"):
+        extra += attention_forward / 2
+    return extra
+
+
 def init_module(build: Builder, model_cfg: Any, vocab_size: int, seed: int = 0) -> nnx.Module:
     """``build(model_cfg, vocab_size, Rngs(seed))`` on the default device (no mesh), under ``jax.jit``:
     eager initialisation compiles every random op on its own."""

@@ -14,6 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from model.linear import project
+from model.loss import output_logits
+from model.sharding import constrain
+
 # activation checkpointing per decoder block (``model.remat``); "none" runs without jax.checkpoint
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole block in the backward pass
@@ -95,3 +99,49 @@ def rotary(x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
+
+
+class GatedMLP(nnx.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU with ``silu`` (Llama, Qwen, Mistral), GeGLU with ``gelu_tanh``
+    (Gemma; Transformers' ``gelu_pytorch_tanh``). The output projection, which writes into the residual
+    stream, starts scaled down by sqrt(2 n_layers) (GPT-2)."""
+
+    def __init__(self, d_model: int, d_ff: int, n_layers: int, init_std: float, activation: str, rngs: nnx.Rngs):
+        self.activation = activation
+        self.w_gate = param(rngs, (d_model, d_ff), ("embed", "mlp"), init_std)
+        self.w_up = param(rngs, (d_model, d_ff), ("embed", "mlp"), init_std)
+        self.w_down = param(rngs, (d_ff, d_model), ("mlp", "embed"), init_std / (2 * n_layers) ** 0.5)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate = project(x, self.w_gate[...])
+        up = project(x, self.w_up[...])
+        hidden = constrain(ACTIVATIONS[self.activation](gate) * up, ("batch", "length", "act_mlp"))
+        return project(hidden, self.w_down[...])
+
+
+class CausalLM(nnx.Module):
+    """What a family's decoder shares (model.family.FamilyModel): logits are ``hidden`` through ``output_weight``
+    (model/loss.py); a subclass defines those two."""
+
+    def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+                 positions: jax.Array | None = None) -> jax.Array:
+        """tokens [B, T] int32 -> logits [B, T, V] float32."""
+        return output_logits(self.hidden(tokens, segment_ids, positions), self.output_weight())
+
+    def hidden(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+        raise NotImplementedError
+
+    def output_weight(self) -> jax.Array:
+        raise NotImplementedError
+
+
+def default_positions(tokens: jax.Array, positions: jax.Array | None) -> jax.Array:
+    """Row-local positions [B, T] int32: ``positions`` as given, or 0..T-1 on every row (no packing)."""
+    if positions is not None:
+        return positions
+    b, t = tokens.shape
+    return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))

@@ -141,7 +141,7 @@ SHARDED = textwrap.dedent('''
     from model.llama.config import LlamaConfig
     from experiment.sections.train import MeshConfig, TrainConfig
     from model.sharding import build_mesh
-    from trainer.step import build_program, global_batch
+    from trainer.step import TrainProgram, global_batch
 
     model = LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=128)
     train = TrainConfig(steps=10, batch_size=8, warmup_steps=1, loss_chunk_len=48,
@@ -152,13 +152,13 @@ SHARDED = textwrap.dedent('''
     positions = np.repeat(np.array([list(range(70)) + list(range(58))], np.int32), 8, axis=0)
     out = {}
     for impl in ("splash", "einsum"):
-        prog = build_program(dataclasses.replace(model, attention=impl), train, 64, mesh, seed=0)
+        prog = TrainProgram(dataclasses.replace(model, attention=impl), train, 64, mesh, seed=0)
         state = prog.init_state()
         batch = global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "segment_ids": segments,
                               "positions": positions}, prog.batch_sharding)
         losses = []
         for _ in range(3):  # the first update has learning rate 0 (warmup)
-            state, metrics = prog.train_step(state, batch)
+            state, metrics = prog.step(state, batch)
             losses.append(float(metrics["loss"]))
         out[impl] = {"losses": losses, "grad_norm": float(metrics["grad_norm"])}
     print("RESULT " + json.dumps(out))

@@ -167,11 +167,11 @@ def test_embeddings_only_steps_freeze_the_body_then_train_it(groups: dict[str, A
     """The first N steps (or every step under trainable=embeddings) change only the embeddings and head."""
     from experiment.sections.train import TrainConfig
     from model.sharding import build_mesh
-    from trainer.step import build_program, global_batch
+    from trainer.step import TrainProgram, global_batch
 
     model = dataclasses.replace(BASE_MODEL, d_model=32, n_layers=1, d_ff=64, max_seq_len=16)
     train = TrainConfig(steps=10, batch_size=4, learning_rate=1e-2, warmup_steps=0, **groups)
-    prog = build_program(model, train, 64, build_mesh(train.mesh), seed=0)
+    prog = TrainProgram(model, train, 64, build_mesh(train.mesh), seed=0)
     rows = np.random.default_rng(0).integers(0, 64, (4, 17)).astype(np.int32)
     batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, prog.batch_sharding)
 
@@ -183,11 +183,11 @@ def test_embeddings_only_steps_freeze_the_body_then_train_it(groups: dict[str, A
     body = [k for k in start if not k.startswith(("['embed']", "['lm_head']"))]
     embed, head = (next(k for k in start if k.startswith(name)) for name in ("['embed']", "['lm_head']"))
     for _ in range(2):
-        state, _ = prog.train_step(state, batch)
+        state, _ = prog.step(state, batch)
         now = leaves(state)
         assert all(np.array_equal(now[k], start[k]) for k in body)
         assert not np.array_equal(now[embed], start[embed]) and not np.array_equal(now[head], start[head])
-    state, _ = prog.train_step(state, batch)
+    state, _ = prog.step(state, batch)
     now = leaves(state)
     changed = [not np.array_equal(now[k], start[k]) for k in body]
     assert all(changed) if "embeddings_only_steps" in groups else not any(changed)

@@ -45,19 +45,19 @@ PROBE = textwrap.dedent('''
         sys.exit(0)
     from model.llama.config import LlamaConfig
     from model.sharding import build_mesh
-    from trainer.step import build_program, global_batch
+    from trainer.step import TrainProgram, global_batch
     # logits of 16 x 128 x 8000 fp32 are 64 MB: XLA's scratch buffer is far above glibc's mmap threshold
     model = LlamaConfig(d_model=64, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=128, max_seq_len=128)
-    program = build_program(model, train, 8000, build_mesh(train.mesh), seed=0)
+    program = TrainProgram(model, train, 8000, build_mesh(train.mesh), seed=0)
     state = program.init_state()
     rows = np.random.default_rng(0).integers(0, 8000, (16, 129)).astype(np.int32)
     batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, program.batch_sharding)
     for _ in range(3):
-        state, metrics = program.train_step(state, batch)
+        state, metrics = program.step(state, batch)
     jax.block_until_ready(metrics)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(5):
-        state, metrics = program.train_step(state, batch)
+        state, metrics = program.step(state, batch)
     jax.block_until_ready(metrics)
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
     print("RESULT " + json.dumps({"devices": jax.device_count(), "faults_per_step": faults, "done": done}))

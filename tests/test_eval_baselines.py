@@ -323,12 +323,12 @@ def test_random_init_is_the_trainers_step_0(random_model) -> None:
 
     from eval.run import random_init_model
     from model.sharding import build_mesh
-    from trainer.step import build_program
+    from trainer.step import TrainProgram
 
     _, sp, _, model, cfg = random_model
 
     def assert_step0(module, seed: int) -> None:
-        program = build_program(cfg.model, cfg.train, sp.get_piece_size(), build_mesh(cfg.train.mesh), seed=seed)
+        program = TrainProgram(cfg.model, cfg.train, sp.get_piece_size(), build_mesh(cfg.train.mesh), seed=seed)
         step0 = jax.tree.leaves_with_path(program.init_state()["params"])
         ours = jax.tree.leaves_with_path(nnx.state(module, nnx.Param))
         assert [path for path, _ in ours] == [path for path, _ in step0]

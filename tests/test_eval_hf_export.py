@@ -89,19 +89,19 @@ def test_trained_checkpoint_restored_from_orbax_matches_transformers(tmp_path: P
     from model.sharding import build_mesh
     from model.stacking import layout_meta
     from trainer import checkpoint
-    from trainer.step import build_program, global_batch
+    from trainer.step import TrainProgram, global_batch
     from trainer.trained_model import load_trained_model
 
     _, cfg = tiny_model(tie=False)
     train_cfg = TrainConfig(steps=10, batch_size=4, warmup_steps=1, learning_rate=3e-2, keep_checkpoints=2,
                             cpu_devices=1, mesh=dataclasses.replace(TrainConfig().mesh, data=1))
-    program = build_program(cfg, train_cfg, VOCAB, build_mesh(train_cfg.mesh, jax.devices()[:1]), seed=3)
+    program = TrainProgram(cfg, train_cfg, VOCAB, build_mesh(train_cfg.mesh, jax.devices()[:1]), seed=3)
     state = program.init_state()
     rows = np.random.default_rng(1).integers(0, VOCAB, size=(4, 33)).astype(np.int32)
     batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, program.batch_sharding)
     first = jax.tree.leaves(jax.tree.map(np.asarray, state["params"]))  # the step donates its input state
     for _ in range(4):
-        state, _ = program.train_step(state, batch)
+        state, _ = program.step(state, batch)
     manager = checkpoint.open_manager(tmp_path / "checkpoints", train_cfg)
     meta = {"model": dataclasses.asdict(cfg), "vocab_size": VOCAB, "tokenizer_sha256": "0" * 64, "seq_len": 32,
             "layout": layout_meta(cfg.scan_layers)}  # as the trainer records it

@@ -372,7 +372,7 @@ def test_a_later_resume_judges_every_earlier_session(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # Reconciliation on resume, driven through the trainer's own code: each session restores like
 # trainer/train.py (trainer.resume.restore_or_init, trainer.branch.restore_or_branch: mark_resume,
-# inherit), trains in trainer.loop.run_loop (train_one_step books compile/train/data and the tokens)
+# inherit), trains in trainer.train.run_loop (train_one_step books compile/train/data and the tokens)
 # and saves with trainer.hooks.SaveCheckpoint / StopOnSignal (CheckpointSaves: the ledger item taken
 # when a save starts, the mark once it is known on disk). Only Orbax and the model are stand-ins: a
 # fake clock, a train step that takes ``STEP_S`` of it, and a checkpoint manager that writes each
@@ -437,7 +437,7 @@ class FakeProgram:
     def checkpoint_layout(self, scanned: bool) -> tuple[dict[str, Any], Any]:
         return self.abstract_state, lambda state: state
 
-    def train_step(self, state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def step(self, state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         self.clock.t += STEP_S
         return state, {"loss": 1.0, "finite": True}
 
@@ -496,8 +496,8 @@ def run_session(root: Path, clock: FakeClock, cfg: CostConfig, *, to: int, check
     ``to`` is ``train.steps``, the loop saves it and waits for its saves, and the ledger is closed."""
     from trainer.branch import restore_or_branch
     from trainer.hooks import CheckpointSaves, LoopContext, SaveCheckpoint, StopOnSignal
-    from trainer.loop import run_loop
     from trainer.throughput import MetricsWindow
+    from trainer.train import run_loop
 
     ledger = open_fake(root, clock, cfg)
     manager, program, loader = FakeManager(root / "checkpoints", clock), FakeProgram(clock), FakeLoader()

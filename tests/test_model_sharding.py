@@ -18,7 +18,7 @@ from experiment.sections.train import MeshConfig, TrainConfig
 from model.llama.config import LlamaConfig
 from model.sharding import build_mesh
 from tests.device_worker import DeviceWorker
-from trainer.step import build_program, global_batch
+from trainer.step import TrainProgram, global_batch
 
 
 def layout_on_8_devices() -> dict:
@@ -26,7 +26,7 @@ def layout_on_8_devices() -> dict:
     out = {"devices": jax.device_count()}
     model = LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
     train = TrainConfig(steps=10, batch_size=8, warmup_steps=1, mesh=MeshConfig(fsdp=2, tensor=2))
-    prog = build_program(model, train, 64, build_mesh(train.mesh), seed=0)
+    prog = TrainProgram(model, train, 64, build_mesh(train.mesh), seed=0)
     state = prog.init_state()
 
     def path_name(path):
@@ -41,20 +41,20 @@ def layout_on_8_devices() -> dict:
 
     rows = np.random.default_rng(0).integers(0, 64, (8, 17)).astype(np.int32)
     local = {"inputs": rows[:, :-1], "targets": rows[:, 1:]}
-    state, metrics = prog.train_step(state, global_batch(local, prog.batch_sharding))
+    state, metrics = prog.step(state, global_batch(local, prog.batch_sharding))
     out["after_step_same"] = all(a.sharding == b for a, b in
                                  zip(jax.tree.leaves(state), jax.tree.leaves(prog.state_shardings), strict=True))
     out["loss_8"] = float(metrics["loss"])
-    out["recompiles"] = prog.train_step.jitted._cache_size()
+    out["recompiles"] = prog.step._cache_size()
     one = dataclasses.replace(train, mesh=MeshConfig(data=1))
-    prog1 = build_program(model, one, 64, build_mesh(one.mesh, jax.devices()[:1]), seed=0)
-    _, metrics1 = prog1.train_step(prog1.init_state(), global_batch(local, prog1.batch_sharding))
+    prog1 = TrainProgram(model, one, 64, build_mesh(one.mesh, jax.devices()[:1]), seed=0)
+    _, metrics1 = prog1.step(prog1.init_state(), global_batch(local, prog1.batch_sharding))
     out["loss_1"] = float(metrics1["loss"])
 
     # the scanned step on 8 devices against the unrolled reference on one, from the same parameters:
     # three steps (AdamW, weight decay on matrices only) with a new batch each
     unrolled = dataclasses.replace(model, scan_layers=False)
-    ref = build_program(unrolled, one, 64, build_mesh(one.mesh, jax.devices()[:1]), seed=0)
+    ref = TrainProgram(unrolled, one, 64, build_mesh(one.mesh, jax.devices()[:1]), seed=0)
     ref_state = ref.init_state()
     target, restack = prog.checkpoint_layout(False)
     scanned_state = restack(jax.device_put(jax.tree.map(np.array, ref_state), jax.tree.map(lambda s: s.sharding, target)))
@@ -63,8 +63,8 @@ def layout_on_8_devices() -> dict:
     for _ in range(3):
         rows = rng.integers(0, 64, (8, 17)).astype(np.int32)
         local = {"inputs": rows[:, :-1], "targets": rows[:, 1:]}
-        scanned_state, m8 = prog.train_step(scanned_state, global_batch(local, prog.batch_sharding))
-        ref_state, m1 = ref.train_step(ref_state, global_batch(local, ref.batch_sharding))
+        scanned_state, m8 = prog.step(scanned_state, global_batch(local, prog.batch_sharding))
+        ref_state, m1 = ref.step(ref_state, global_batch(local, ref.batch_sharding))
         out["steps_8"].append(float(m8["loss"]))
         out["steps_ref"].append(float(m1["loss"]))
     got = nnx.to_pure_dict(scanned_state["params"])
@@ -82,7 +82,7 @@ def layout_on_8_devices() -> dict:
         ("vocab", model, train),
     ]:
         try:
-            build_program(m, t, 63 if name == "vocab" else 64, build_mesh(t.mesh), seed=0)
+            TrainProgram(m, t, 63 if name == "vocab" else 64, build_mesh(t.mesh), seed=0)
             errors[name] = None
         except ConfigError as exc:
             errors[name] = str(exc)

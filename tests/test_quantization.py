@@ -23,7 +23,7 @@ from model.llama.family import LLAMA
 from model.sharding import build_mesh
 from tests.fixture_run import log_records, run_copy
 from tests.recipe_runner import REPO, run_recipe
-from trainer.step import TrainProgram, build_program, global_batch
+from trainer.step import TrainProgram, global_batch
 
 VOCAB, SEQ, BATCH, LAYERS = 64, 16, 4, 2
 MODEL = LlamaConfig(d_model=32, n_layers=LAYERS, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=SEQ)
@@ -35,12 +35,12 @@ QUANTIZED_TYPE = {"int8": "i8", "fp8": "f8E4M3FN|f8E5M2"}
 
 def program(quantization: str, model: LlamaConfig = MODEL) -> TrainProgram:
     train_cfg = dataclasses.replace(TRAIN, quantization=quantization)
-    return build_program(model, train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
+    return TrainProgram(model, train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
 
 
 def dots(prog: TrainProgram) -> tuple[int, int, str]:
     """(all dot_generals, those with a quantized operand, the StableHLO) of the lowered train step."""
-    text = prog.lower_step(prog.abstract_batch(BATCH, SEQ)).as_text()
+    text = prog.lower(prog.abstract_batch(BATCH, SEQ)).as_text()
     lines = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
     quantized = [line for line in lines if re.search(r"tensor<[0-9x]*x(i8|f8E4M3FN|f8E5M2)>", line)]
     return len(lines), len(quantized), text
@@ -83,7 +83,7 @@ def losses(prog: TrainProgram, steps: int = 2) -> list[float]:
     batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, prog.batch_sharding)
     state, out = prog.init_state(), []
     for _ in range(steps):
-        state, metrics = prog.train_step(state, batch)
+        state, metrics = prog.step(state, batch)
         out.append(float(metrics["loss"]))
     assert all(a.dtype == np.float32 for a in jax.tree.leaves(state["params"]))  # the master weights stay float
     return out

@@ -27,7 +27,7 @@ from model.stacking import stack_tree, unrolled_pure, unstack_tree
 from tests.fixture_run import DETERMINISTIC_KEYS, FIXTURE_STAGES, log_records
 from tests.recipe_runner import run_recipe, tiny_config
 from trainer.checkpoint import open_manager, read_meta
-from trainer.step import build_program
+from trainer.step import TrainProgram
 from trainer.trained_model import load_trained_model
 
 VOCAB, SEQ = 61, 16
@@ -97,8 +97,8 @@ def test_a_train_state_unstacks_and_restacks_exactly() -> None:
     train = TrainConfig(steps=4, batch_size=2, warmup_steps=1)
     mesh = build_mesh(train.mesh)
     cfg = LlamaConfig(**SHAPE)
-    scanned = build_program(cfg, train, VOCAB, mesh, seed=0)
-    unrolled = build_program(dataclasses.replace(cfg, scan_layers=False), train, VOCAB, mesh, seed=0)
+    scanned = TrainProgram(cfg, train, VOCAB, mesh, seed=0)
+    unrolled = TrainProgram(dataclasses.replace(cfg, scan_layers=False), train, VOCAB, mesh, seed=0)
     state = scanned.init_state()
     flat = unstack_tree(state, unrolled.abstract_state)
     back = stack_tree(flat, state)

@@ -17,10 +17,10 @@ import pytest
 from experiment.sections.train import TrainConfig
 from tracking.wandb_run import SilentRun
 from trainer.hooks import CheckpointSaves, EvalHook, LogMetrics, LoopContext, Schedule, StopOnSignal
-from trainer.loop import run_loop
 from trainer.preemption import PREEMPTED_EXIT_CODE
 from trainer.reporting import OtherHostLedger
 from trainer.throughput import MetricsWindow
+from trainer.train import run_loop
 
 
 class CountingProgram:
@@ -28,7 +28,7 @@ class CountingProgram:
 
     batch_sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
-    def train_step(self, state: dict[str, Any], batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def step(self, state: dict[str, Any], batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         steps = state["params"] + 1
         return {"params": steps}, {"loss": 10.0 / steps, "total_loss": 10.0 / steps, "grad_norm": 1.0, "lr": 1e-3,
                                    "finite": True}

@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(f'''
     from model.llama.config import LlamaConfig
     from experiment.sections.train import MeshConfig, TrainConfig
     from model.sharding import build_mesh
-    from trainer.step import build_program, global_batch
+    from trainer.step import TrainProgram, global_batch
     from trainer.distributed import maybe_initialize_distributed
 
     train = TrainConfig(steps=10, batch_size=8, warmup_steps=1, learning_rate=1e-2,
@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(f'''
                         mesh=MeshConfig(data=2, fsdp=2, tensor=2))
     maybe_initialize_distributed(train)
     model = LlamaConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
-    prog = build_program(model, train, 64, build_mesh(train.mesh), seed=0)
+    prog = TrainProgram(model, train, 64, build_mesh(train.mesh), seed=0)
     state = prog.init_state()
     losses = []
     for _ in range({STEPS}):
@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent(f'''
         per_process = 8 // jax.process_count()
         mine = rows[jax.process_index() * per_process:(jax.process_index() + 1) * per_process]
         batch = global_batch({{"inputs": mine[:, :-1], "targets": mine[:, 1:]}}, prog.batch_sharding)
-        state, metrics = prog.train_step(state, batch)
+        state, metrics = prog.step(state, batch)
         losses.append(float(metrics["loss"]))
     embed = jax.experimental.multihost_utils.process_allgather(state["params"]["embed"][...], tiled=True)
     print("RESULT " + json.dumps({{"process": jax.process_index(), "devices": jax.device_count(),

@@ -13,8 +13,8 @@ from experiment.errors import ConfigError
 from experiment.sections.train import MeshConfig, TrainConfig
 from model.llama.config import LlamaConfig
 from model.sharding import build_mesh, mesh_shape
-from trainer.loop import TrainingDiverged, check_finite
-from trainer.step import TrainProgram, build_program, global_batch
+from trainer.step import TrainProgram, global_batch
+from trainer.train import TrainingDiverged, check_finite
 
 VOCAB, SEQ, BATCH = 64, 16, 4
 MODEL = LlamaConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=SEQ)
@@ -23,7 +23,7 @@ TRAIN = TrainConfig(steps=50, batch_size=BATCH, learning_rate=1e-2, warmup_steps
 
 def program(**train_fields: object) -> TrainProgram:
     train_cfg = dataclasses.replace(TRAIN, **train_fields)
-    return build_program(MODEL, train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
+    return TrainProgram(MODEL, train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
 
 
 def batch(prog: TrainProgram, seed: int = 0, bad_target: bool = False) -> dict[str, jax.Array]:
@@ -44,12 +44,12 @@ def test_loss_falls_without_recompiling(plain: TrainProgram) -> None:
     fixed = batch(plain)
     losses = []
     for _ in range(8):
-        state, metrics = plain.train_step(state, fixed)
+        state, metrics = plain.step(state, fixed)
         losses.append(float(metrics["loss"]))
     assert losses[0] == pytest.approx(np.log(VOCAB), rel=0.05)  # small init: a uniform guess at first
     assert losses[-1] < losses[0] - 0.5
     assert int(state["step"]) == 8
-    assert plain.train_step.jitted._cache_size() == 1  # the state's shardings came back unchanged
+    assert plain.step._cache_size() == 1  # the state's shardings came back unchanged
 
 
 def test_a_row_with_zero_loss_weights_trains_nothing(plain: TrainProgram) -> None:
@@ -61,7 +61,7 @@ def test_a_row_with_zero_loss_weights_trains_nothing(plain: TrainProgram) -> Non
         base = {k: np.array(v) for k, v in batch(plain).items()}
         filler = np.random.default_rng(filler_seed).integers(0, VOCAB, (2, SEQ)).astype(np.int32)
         base["inputs"][-1], base["targets"][-1] = filler
-        state, metrics = plain.train_step(plain.init_state(),
+        state, metrics = plain.step(plain.init_state(),
                                           global_batch({**base, "loss_weights": weights}, plain.batch_sharding))
         results.append((float(metrics["loss"]), jax.tree.leaves(jax.device_get(state["params"]))))
     (loss_a, params_a), (loss_b, params_b) = results
@@ -71,8 +71,8 @@ def test_a_row_with_zero_loss_weights_trains_nothing(plain: TrainProgram) -> Non
 
 def test_grad_accumulation_matches_one_big_batch(plain: TrainProgram) -> None:
     accum = program(grad_accum_steps=2)
-    one, _ = plain.train_step(plain.init_state(), batch(plain))
-    two, metrics = accum.train_step(accum.init_state(), batch(accum))
+    one, _ = plain.step(plain.init_state(), batch(plain))
+    two, metrics = accum.step(accum.init_state(), batch(accum))
     assert bool(metrics["finite"])
     for a, b in zip(jax.tree.leaves(one["params"]), jax.tree.leaves(two["params"]), strict=True):
         np.testing.assert_allclose(a, b, atol=2e-6)
@@ -82,12 +82,12 @@ def test_nan_step_is_skipped_and_weights_kept() -> None:
     prog = program(nan_policy="skip")
     state = prog.init_state()
     before = jax.device_get(state["params"])
-    state, metrics = prog.train_step(state, batch(prog, bad_target=True))
+    state, metrics = prog.step(state, batch(prog, bad_target=True))
     assert not bool(metrics["finite"]) and np.isnan(float(metrics["loss"]))
     assert int(state["step"]) == 1
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state["params"]), strict=True):
         np.testing.assert_array_equal(a, b)
-    state, metrics = prog.train_step(state, batch(prog, seed=1))  # training goes on
+    state, metrics = prog.step(state, batch(prog, seed=1))  # training goes on
     assert bool(metrics["finite"])
 
 
@@ -102,8 +102,8 @@ def test_nan_stops_the_run_naming_the_last_checkpoint(tmp_path: Path) -> None:
 
 def test_bf16_compute_keeps_fp32_master_weights(plain: TrainProgram) -> None:
     bf16 = program(compute_dtype="bfloat16")
-    state, metrics = bf16.train_step(bf16.init_state(), batch(bf16))
-    _, reference = plain.train_step(plain.init_state(), batch(plain))
+    state, metrics = bf16.step(bf16.init_state(), batch(bf16))
+    _, reference = plain.step(plain.init_state(), batch(plain))
     assert all(leaf.dtype == np.float32 for leaf in jax.tree.leaves(state["params"]))
     assert float(metrics["loss"]) == pytest.approx(float(reference["loss"]), rel=1e-2)
 

@@ -121,7 +121,7 @@ def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, sli
     ``setting`` replaces the config's remat, attention and accumulation (the fit search's candidates).
     """
     from model.sharding import build_mesh
-    from trainer.step import build_program
+    from trainer.step import TrainProgram
 
     setting = setting or configured_setting(model_cfg, train_cfg)
     model_cfg = dataclasses.replace(model_cfg, remat=setting.remat, attention=setting.attention)
@@ -137,8 +137,8 @@ def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, sli
                               **setting_costs(model_cfg, train_cfg, vocab_size, seq_len, "tpu")}
     started = time.perf_counter()
     try:
-        program = build_program(model_cfg, train_cfg, vocab_size, mesh, seed=0)
-        compiled = program.lower_step(program.abstract_batch(train_cfg.batch_size, seq_len, packed)).compile()
+        program = TrainProgram(model_cfg, train_cfg, vocab_size, mesh, seed=0)
+        compiled = program.lower(program.abstract_batch(train_cfg.batch_size, seq_len, packed)).compile()
     except ConfigError:
         raise
     except Exception as exc:  # the compiler reports OOM (and unsupported features) as generic runtime errors

@@ -1,4 +1,13 @@
-"""The compiled pieces of training: optimizer, sharded state creation and the train step.
+"""The train step as one object: ``TrainProgram``, what one step computes, and the state it runs on.
+
+Read it top to bottom as the step runs::
+
+    step(state, batch)                 jit(train_step): in and out on the state's shardings, state donated
+      train_step(state, batch)         pure: grads -> update -> the next state and the step's metrics
+        grads(params, batch)           d loss / d params, summed over train.grad_accum_steps micro-batches
+          loss(params, batch)          the model's hidden states -> chunked cross-entropy (+ z-loss)
+        update(state, grads, loss)     freeze the body, clip + AdamW, skip a non-finite step
+    lower(abstract_batch)              the same jitted step, lowered ahead of time (trainer/fit_check.py)
 
 The train state is a plain dict ``{"params", "opt_state", "step", "rng"}`` so that Orbax saves
 and restores it as one tree. Its shardings are computed once from the parameters' logical axis
@@ -9,8 +18,9 @@ shardings, which is what keeps it from recompiling after the first step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -24,7 +34,7 @@ from experiment.sections.train import TrainConfig
 from model.family import FamilyModel, run_once_compile_options
 from model.loss import chunked_cross_entropy
 from model.registry import family_of
-from model.sharding import Rules, activation_layout, batch_sharding, replicated, tree_shardings
+from model.sharding import activation_layout, batch_sharding, replicated, tree_shardings
 from model.stacking import layer_ndim, stack_tree, unstack_tree
 from model.vocab_adaptation import EMBEDDING_PARAMS
 from trainer.quantization import quantize_module, tracing
@@ -32,7 +42,196 @@ from trainer.schedules import make_schedule
 
 State = dict[str, Any]
 Batch = dict[str, jax.Array]
+Metrics = dict[str, jax.Array]
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+class TrainProgram:
+    """One model on one mesh: its train step (``step``, jitted), its state (created, restored, converted)
+    and where everything lives (``state_shardings``, ``batch_sharding``).
+
+    ``model_cfg`` is a model family's ``model:`` section (model/family.py); its family builds the model.
+    Nothing here changes after ``__init__``: the traced methods read the configuration and write nothing
+    to ``self``, so a traced step is a pure function of its arguments.
+    """
+
+    def __init__(self, model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh: Mesh, seed: int) -> None:
+        family = family_of(model_cfg)
+        family.validate(model_cfg)
+        self.model_cfg, self.train_cfg, self.vocab_size, self.mesh, self.seed = model_cfg, train_cfg, vocab_size, mesh, seed
+        self.family = family
+        self.rules = family.mesh_rules(train_cfg.mesh.rules)
+        self.tx, self.schedule = make_optimizer(train_cfg)
+        self.param_dtype, self.compute_dtype = DTYPES[train_cfg.param_dtype], DTYPES[train_cfg.compute_dtype]
+
+        # eval and export merge the float ``graphdef``; the step merges its own: the same parameters, its
+        # matmuls quantized by Qwix under train.quantization
+        self.graphdef = nnx.graphdef(family.abstract(model_cfg, vocab_size))
+        self.step_graphdef = (
+            nnx.graphdef(quantize_module(family.abstract(model_cfg, vocab_size), family, train_cfg.quantization))
+            if train_cfg.quantization != "none" else self.graphdef)
+
+        shapes = jax.eval_shape(self.initial_state)
+        tree_shardings(shapes["params"], mesh, self.rules)  # checked alone first so an error names the parameter
+        self.state_shardings: State = tree_shardings(shapes, mesh, self.rules)
+        self.abstract_state: State = with_shardings(shapes, self.state_shardings)  # the restore target
+        self.batch_sharding: NamedSharding = batch_sharding(mesh, self.rules)
+        check_batch(train_cfg, self.batch_sharding)
+        # which leaves train while the body is frozen (train.trainable, train.embeddings_only_steps)
+        self.trainable = embedding_mask(shapes["params"]) if freezes_body(train_cfg) else None
+
+        # the step keeps the state where it is (no recompilation after the first step) and reuses its
+        # buffers for the next state (donated: one copy of the parameters and moments, not two)
+        self.step = jax.jit(
+            self.train_step,
+            in_shardings=(self.state_shardings, self.batch_sharding),
+            out_shardings=(self.state_shardings, replicated(mesh)),
+            donate_argnums=0,
+        )
+        self._init = jax.jit(self.initial_state, out_shardings=self.state_shardings)
+        self._init_from = jax.jit(self.state_of, in_shardings=(self.state_shardings["params"],),
+                                  out_shardings=self.state_shardings, donate_argnums=0)
+
+    # -- what one step computes (traced under ``step``) --
+
+    def loss(self, params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array]:
+        """``(loss to minimise, cross-entropy)`` of one (micro-)batch: the model runs in
+        ``train.compute_dtype`` on a cast of the master weights, the logits a chunk of positions at a time."""
+        model = nnx.merge(self.step_graphdef, jax.tree.map(lambda p: p.astype(self.compute_dtype), params))
+        with tracing(self.train_cfg.quantization):
+            hidden = model.hidden(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
+        # loss_weights (shards.on_corrupt=skip): the row standing in for a corrupt record trains nothing
+        nll, z_term = chunked_cross_entropy(hidden, model.output_weight(), batch["targets"],
+                                            self.train_cfg.loss_chunk_len, weights=batch.get("loss_weights"))
+        return nll + self.model_cfg.z_loss * z_term, nll
+
+    def grads(self, params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array, nnx.State]:
+        """``(loss, cross-entropy, gradients)`` of the batch, averaged over ``train.grad_accum_steps``
+        micro-batches run one after another (a ``lax.scan``): the memory of one micro-batch."""
+        grad_fn = jax.value_and_grad(self.loss, has_aux=True)
+        accum = self.train_cfg.grad_accum_steps
+        if accum == 1:
+            (loss, nll), grads = grad_fn(params, batch)
+            return loss, nll, grads
+
+        def split(x: jax.Array) -> jax.Array:
+            # row i of micro-batch j is row i * accum + j: each device keeps its own rows
+            micro = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+            return jax.lax.with_sharding_constraint(micro, NamedSharding(self.mesh, jax.P(None, *self.batch_sharding.spec)))
+
+        def add_micro(carry: tuple[Any, ...], micro: Batch) -> tuple[tuple[Any, ...], None]:
+            loss_sum, nll_sum, grad_sum = carry
+            (loss, nll), grads = grad_fn(params, micro)
+            return (loss_sum + loss, nll_sum + nll, jax.tree.map(jnp.add, grad_sum, grads)), None
+
+        zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
+        (loss, nll, grads), _ = jax.lax.scan(add_micro, zeros, jax.tree.map(split, batch))
+        return loss / accum, nll / accum, jax.tree.map(lambda g: g / accum, grads)
+
+    def update(self, state: State, grads: nnx.State, loss: jax.Array) -> tuple[nnx.State, Any, jax.Array, jax.Array]:
+        """The optimizer step: ``(new params, new optimizer state, gradient norm, finite)``.
+
+        A frozen body (``freeze_body``) gets zero gradients and zero updates; under ``train.nan_policy:
+        skip`` a step whose loss or gradient norm is not finite keeps the previous weights and moments.
+        """
+        params, step = state["params"], state["step"]
+        if self.trainable is not None:
+            grads = freeze_body(grads, self.trainable, step, self.train_cfg)
+        grad_norm = optax.tree.norm(grads)
+        updates, opt_state = self.tx.update(grads, state["opt_state"], params)
+        if self.trainable is not None:
+            updates = freeze_body(updates, self.trainable, step, self.train_cfg)
+        new_params = optax.apply_updates(params, updates)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        if self.train_cfg.nan_policy == "skip":
+            new_params, opt_state = jax.tree.map(
+                lambda new, old: jnp.where(finite, new, old), (new_params, opt_state), (params, state["opt_state"])
+            )
+        return new_params, opt_state, grad_norm, finite
+
+    def train_step(self, state: State, batch: Batch) -> tuple[State, Metrics]:
+        """One optimizer step, pure: ``step`` is this function jitted (call that one)."""
+        with self.layout():
+            step = state["step"]
+            loss, nll, grads = self.grads(state["params"], batch)
+            params, opt_state, grad_norm, finite = self.update(state, grads, loss)
+            new_state = {
+                "params": params,
+                "opt_state": opt_state,
+                "step": step + 1,
+                # advanced every step so that stochastic features (dropout, sampling) resume exactly
+                "rng": jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), step)),
+            }
+            metrics = {"loss": nll, "total_loss": loss, "grad_norm": grad_norm, "lr": self.schedule(step),
+                       "finite": finite}
+        return new_state, metrics
+
+    @contextlib.contextmanager
+    def layout(self) -> Iterator[None]:
+        """While tracing: the mesh as the abstract mesh, and the logical rules the model's activation
+        constraints (``model.sharding.constrain``) and splash attention's ``shard_map`` read. Entered inside
+        the traced step so that every call of ``step`` traces the same program whatever the caller's context
+        (``jax.set_mesh`` cannot be entered under jit; its abstract half traces the same program)."""
+        with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh), activation_layout(self.mesh, self.rules):
+            yield
+
+    def lower(self, abstract_batch: dict[str, jax.ShapeDtypeStruct]) -> jax.stages.Lowered:
+        """``step`` lowered for the abstract state and ``abstract_batch``: compile it ahead of time (e.g. for
+        a TPU topology: trainer/fit_check.py) or read its HLO."""
+        return self.step.lower(self.abstract_state, abstract_batch)
+
+    def abstract_batch(self, batch_size: int, seq_len: int, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
+        keys = ("inputs", "targets", "segment_ids", "positions") if packed else ("inputs", "targets")
+        return {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=self.batch_sharding) for k in keys}
+
+    # -- the state the step runs on --
+
+    def initial_state(self) -> State:
+        """Step 0 of a run that starts afresh (traced: ``init_state`` runs it compiled)."""
+        return self.state_of(initial_params(self.model_cfg, self.vocab_size, self.seed, self.param_dtype))
+
+    def state_of(self, params: nnx.State) -> State:
+        """The state of step 0 with ``params``: fresh optimizer state, step 0, the run's RNG."""
+        return {
+            "params": params,
+            "opt_state": self.tx.init(params),
+            "step": jnp.zeros((), jnp.int32),
+            "rng": jax.random.key_data(jax.random.fold_in(jax.random.key(self.seed), 1)),
+        }
+
+    def init_state(self) -> State:
+        """``initial_state`` on the devices, laid out as the step expects."""
+        with jax.set_mesh(self.mesh), activation_layout(self.mesh, self.rules):
+            options = run_once_compile_options(self.mesh.devices.flat[0].platform)
+            return self._init.lower().compile(compiler_options=options)()
+
+    def init_state_from(self, pure: dict[str, Any]) -> State:
+        """The state of step 0 with given parameters (a pure dict of the family's module, e.g. an imported
+        model): fresh optimizer state, step 0, the same RNG as ``init_state``."""
+        params = nnx.state(self.family.abstract(self.model_cfg, self.vocab_size), nnx.Param)
+        nnx.replace_by_pure_dict(params, pure)
+        params = jax.tree.map(lambda value, like: jax.device_put(jnp.asarray(value, like.dtype), like.sharding),
+                              params, self.abstract_state["params"])
+        with jax.set_mesh(self.mesh), activation_layout(self.mesh, self.rules):
+            return self._init_from(params)
+
+    def checkpoint_layout(self, scanned: bool) -> tuple[State, Callable[[State], State]]:
+        """``scanned``, a checkpoint's layer layout -> (its restore target, the function that brings the
+        restored state to this program's layout): a checkpoint of the other layout is restacked (or
+        unstacked) once, on the devices, each array laid out as the step expects."""
+        if scanned == bool(getattr(self.model_cfg, "scan_layers", False)):
+            return self.abstract_state, lambda state: state
+        other_cfg = dataclasses.replace(self.model_cfg, scan_layers=scanned)
+        other = jax.eval_shape(lambda: self.state_of(initial_params(other_cfg, self.vocab_size, self.seed,
+                                                                    self.param_dtype)))
+        other_abstract = with_shardings(other, tree_shardings(other, self.mesh, self.rules))
+        ours = self.abstract_state
+        convert = ((lambda state: unstack_tree(state, ours)) if scanned else (lambda state: stack_tree(state, ours)))
+        return other_abstract, jax.jit(convert, out_shardings=self.state_shardings, donate_argnums=0)
+
+    def model(self, params: nnx.State) -> FamilyModel:
+        """The float model with ``params`` (eval during training, export)."""
+        return nnx.merge(self.graphdef, params)
 
 
 def make_optimizer(train_cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -82,174 +281,9 @@ def initial_params(model_cfg: Any, vocab_size: int, seed: int, param_dtype: Any)
     return jax.tree.map(lambda x: x.astype(param_dtype), nnx.state(model, nnx.Param))
 
 
-@dataclasses.dataclass
-class TrainProgram:
-    """Everything compiled for one model/mesh: create the state, run a step, where things live."""
-
-    graphdef: nnx.GraphDef
-    mesh: Mesh
-    rules: Rules
-    abstract_state: State  # ShapeDtypeStructs with shardings: the restore target
-    state_shardings: State
-    batch_sharding: NamedSharding
-    schedule: optax.Schedule
-    init_state: Callable[[], State]
-    # the state of step 0 with given parameters (a pure dict of the family's module, e.g. an imported
-    # model): fresh optimizer state, step 0, the same RNG as init_state
-    init_state_from: Callable[[dict[str, Any]], State]
-    train_step: Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]
-    # scan_layers of a checkpoint -> (its restore target, the function that brings the restored state to
-    # this program's layout): a checkpoint of the other layer layout is restacked (or unstacked) once
-    checkpoint_layout: Callable[[bool], tuple[State, Callable[[State], State]]]
-
-    def model(self, params: nnx.State) -> FamilyModel:
-        return nnx.merge(self.graphdef, params)
-
-    def abstract_batch(self, batch_size: int, seq_len: int, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
-        keys = ("inputs", "targets", "segment_ids", "positions") if packed else ("inputs", "targets")
-        return {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=self.batch_sharding) for k in keys}
-
-    def lower_step(self, abstract_batch: dict[str, jax.ShapeDtypeStruct]) -> jax.stages.Lowered:
-        """The train step lowered for abstract inputs: compile it ahead of time (e.g. for a TPU topology)."""
-        with jax.set_mesh(self.mesh), activation_layout(self.mesh, self.rules):
-            return self.train_step.jitted.lower(self.abstract_state, abstract_batch)  # type: ignore[attr-defined]
-
-
-def build_program(model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh: Mesh,
-                  seed: int) -> TrainProgram:
-    """``model_cfg``: a model family's ``model:`` section (model/family.py); its family builds the model."""
-    family = family_of(model_cfg)
-    family.validate(model_cfg)
-    rules = family.mesh_rules(train_cfg.mesh.rules)
-    tx, schedule = make_optimizer(train_cfg)
-    param_dtype, compute_dtype = DTYPES[train_cfg.param_dtype], DTYPES[train_cfg.compute_dtype]
-
-    def create_state() -> State:
-        return state_of(initial_params(model_cfg, vocab_size, seed, param_dtype))
-
-    def state_of(params: nnx.State) -> State:
-        return {
-            "params": params,
-            "opt_state": tx.init(params),
-            "step": jnp.zeros((), jnp.int32),
-            "rng": jax.random.key_data(jax.random.fold_in(jax.random.key(seed), 1)),
-        }
-
-    graphdef = nnx.graphdef(family.abstract(model_cfg, vocab_size))
-    # the step's own model: the same parameters, its matmuls quantized by Qwix under train.quantization;
-    # eval and export merge the float ``graphdef``
-    quantizing = train_cfg.quantization != "none"
-    step_graphdef = (nnx.graphdef(quantize_module(family.abstract(model_cfg, vocab_size), family, train_cfg.quantization))
-                     if quantizing else graphdef)
-    shapes = jax.eval_shape(create_state)
-    tree_shardings(shapes["params"], mesh, rules)  # checked alone first so an error names the parameter
-    state_shardings = tree_shardings(shapes, mesh, rules)
-    abstract_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                  shapes, state_shardings)
-    data_sharding = batch_sharding(mesh, rules)
-    check_batch(train_cfg, data_sharding)
-
-    def loss_fn(params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array]:
-        model = nnx.merge(step_graphdef, jax.tree.map(lambda p: p.astype(compute_dtype), params))
-        with tracing(train_cfg.quantization):
-            hidden = model.hidden(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
-        # loss_weights (shards.on_corrupt=skip): the row standing in for a corrupt record trains nothing
-        nll, z_term = chunked_cross_entropy(hidden, model.output_weight(), batch["targets"], train_cfg.loss_chunk_len,
-                                            weights=batch.get("loss_weights"))
-        return nll + model_cfg.z_loss * z_term, nll
-
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    trainable = embedding_mask(shapes["params"]) if freezes_body(train_cfg) else None
-
-    def gradients(params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array, nnx.State]:
-        accum = train_cfg.grad_accum_steps
-        if accum == 1:
-            (loss, nll), grads = grad_fn(params, batch)
-            return loss, nll, grads
-
-        def split(x: jax.Array) -> jax.Array:
-            # row i of micro-batch j is row i * accum + j: each device keeps its own rows
-            micro = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
-            return jax.lax.with_sharding_constraint(micro, NamedSharding(mesh, jax.P(None, *data_sharding.spec)))
-
-        def add_micro(carry: tuple[Any, ...], micro: Batch) -> tuple[tuple[Any, ...], None]:
-            loss_sum, nll_sum, grad_sum = carry
-            (loss, nll), grads = grad_fn(params, micro)
-            return (loss_sum + loss, nll_sum + nll, jax.tree.map(jnp.add, grad_sum, grads)), None
-
-        zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-        (loss, nll, grads), _ = jax.lax.scan(add_micro, zeros, jax.tree.map(split, batch))
-        return loss / accum, nll / accum, jax.tree.map(lambda g: g / accum, grads)
-
-    def train_step(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
-        params, step = state["params"], state["step"]
-        loss, nll, grads = gradients(params, batch)
-        if trainable is not None:
-            grads = freeze_body(grads, trainable, step, train_cfg)
-        grad_norm = optax.tree.norm(grads)
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
-        if trainable is not None:
-            updates = freeze_body(updates, trainable, step, train_cfg)
-        new_params = optax.apply_updates(params, updates)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        if train_cfg.nan_policy == "skip":  # keep the previous weights and moments for a bad batch
-            new_params, opt_state = jax.tree.map(
-                lambda new, old: jnp.where(finite, new, old), (new_params, opt_state), (params, state["opt_state"])
-            )
-        new_state = {
-            "params": new_params,
-            "opt_state": opt_state,
-            "step": step + 1,
-            # advanced every step so that stochastic features (dropout, sampling) resume exactly
-            "rng": jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), step)),
-        }
-        metrics = {"loss": nll, "total_loss": loss, "grad_norm": grad_norm, "lr": schedule(step), "finite": finite}
-        return new_state, metrics
-
-    jitted_init = jax.jit(create_state, out_shardings=state_shardings)
-    jitted_step = jax.jit(
-        train_step,
-        in_shardings=(state_shardings, data_sharding),
-        out_shardings=(state_shardings, replicated(mesh)),
-        donate_argnums=0,
-    )
-
-    def init_state() -> State:
-        with jax.set_mesh(mesh), activation_layout(mesh, rules):
-            return jitted_init.lower().compile(compiler_options=run_once_compile_options(mesh.devices.flat[0].platform))()
-
-    jitted_from = jax.jit(state_of, in_shardings=(state_shardings["params"],), out_shardings=state_shardings,
-                          donate_argnums=0)
-
-    def init_state_from(pure: dict[str, Any]) -> State:
-        params = nnx.state(family.abstract(model_cfg, vocab_size), nnx.Param)
-        nnx.replace_by_pure_dict(params, pure)
-        params = jax.tree.map(lambda value, shape, sharding: jax.device_put(jnp.asarray(value, shape.dtype), sharding),
-                              params, shapes["params"], state_shardings["params"])
-        with jax.set_mesh(mesh), activation_layout(mesh, rules):
-            return jitted_from(params)
-
-    def run_step(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
-        # the layout context matters only while tracing (the first call); cheap afterwards
-        with jax.set_mesh(mesh), activation_layout(mesh, rules):
-            return jitted_step(state, batch)
-
-    run_step.jitted = jitted_step  # type: ignore[attr-defined]  # for AOT lowering and cache checks
-
-    def checkpoint_layout(scanned: bool) -> tuple[State, Callable[[State], State]]:
-        if scanned == bool(getattr(model_cfg, "scan_layers", False)):
-            return abstract_state, lambda state: state
-        other_cfg = dataclasses.replace(model_cfg, scan_layers=scanned)
-        other = jax.eval_shape(lambda: state_of(initial_params(other_cfg, vocab_size, seed, param_dtype)))
-        other_abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                      other, tree_shardings(other, mesh, rules))
-        # stacked on the devices, each array laid out as this program's step expects
-        convert = ((lambda state: unstack_tree(state, shapes)) if scanned
-                   else (lambda state: stack_tree(state, shapes)))
-        return other_abstract, jax.jit(convert, out_shardings=state_shardings, donate_argnums=0)
-
-    return TrainProgram(graphdef, mesh, rules, abstract_state, state_shardings, data_sharding, schedule,
-                        init_state, init_state_from, run_step, checkpoint_layout)
+def with_shardings(shapes: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs carrying their shardings (a restore target, an ahead-of-time input)."""
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 
 def check_batch(train_cfg: TrainConfig, data_sharding: NamedSharding) -> None:

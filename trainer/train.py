@@ -1,9 +1,12 @@
 """Recipe 04: pretrain the decoder, resuming from the latest checkpoint when there is one.
 
-    shards + tokenizer manifests -> mesh -> compiled state init and train step
-    -> restore (params, optimizer, step, RNG, loader position) or init       (trainer.resume)
-    -> loop: batch -> step -> hooks: metrics, eval, checkpoint, SIGTERM     (trainer.loop, trainer.hooks)
-    -> final checkpoint
+The whole session reads in this file, and what one step computes in trainer/step.py::
+
+    pretrain:   shards + tokenizer manifests -> mesh -> TrainProgram (trainer/step.py)
+                -> restore (params, optimizer, step, RNG, loader position) or init  (trainer.resume, trainer.branch)
+    run_loop:   batch -> program.step(state, batch) -> NaN policy -> hooks: metrics, eval, checkpoint,
+                SIGTERM (trainer.hooks) -> until train.steps
+                -> final checkpoint
 
 Before this runs, the recipe's ``prepare`` hook (``trainer.distributed.prepare_processes``) joined
 the other JAX processes, and the harness opened W&B on process 0 only.
@@ -12,7 +15,7 @@ A run can stop at any point: SIGKILL loses only the steps since the last checkpo
 resumed run retraces them bit for bit on CPU); SIGTERM, how spot and preemptible VMs are
 stopped, saves a checkpoint and exits within ``train.preemption_grace_s``. A non-finite loss
 stops the run before it is checkpointed (``train.nan_policy: stop``) or skips that update
-(``skip``).
+(``skip``): it is checked right after the step, before any hook can log or save it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from typing import Any
 import jax
 
 from data_prep.shards.loader import log_mixture, make_train_iterator, mixture_sets, read_shards_manifest
+from experiment.errors import RecipeError
 from experiment.files import atomic_write_json
+from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import TOKENIZER
@@ -43,11 +48,11 @@ from trainer.branch import Branch, link_wandb, open_branch, restore_or_branch
 from trainer.distributed import is_primary
 from trainer.hooks import CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCheckpoint, StopOnSignal
 from trainer.init_from import record_lineage, start_point
-from trainer.loop import run_loop
+from trainer.preemption import PreemptionWatch
 from trainer.profiling import StepTrace
 from trainer.reporting import TRAIN_LOG, open_ledger, open_train_log
 from trainer.resume import WANDB_ID_FILE, check_steps_left, finished_steps, trim_train_log
-from trainer.step import build_program
+from trainer.step import TrainProgram, global_batch
 from trainer.throughput import MetricsWindow, peak_flops_per_device
 
 log = logging.getLogger("trainer")
@@ -94,7 +99,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
             model_cfg = start.model_cfg
             cfg = dataclasses.replace(cfg, model=model_cfg)
         log.info("mesh %s over %d %s devices", dict(mesh.shape), mesh.size, jax.devices()[0].platform)
-        program = build_program(model_cfg, train_cfg, data.vocab_size, mesh, seed=cfg.experiment.seed)
+        program = TrainProgram(model_cfg, train_cfg, data.vocab_size, mesh, seed=cfg.experiment.seed)
         family = family_of(model_cfg)
         n_params = family.param_count(model_cfg, data.vocab_size)
         log.info("model: %s family, %.2fM parameters (%s, vocab %d)",
@@ -174,3 +179,61 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     if cost is not None:
         cost.log_to(wandb_run)
     return {"final_step": ctx.step, "final_loss": ctx.last_loss, "n_params": n_params, "cost": cost}
+
+
+class TrainingDiverged(RecipeError):
+    """The loss or gradient became NaN/Inf."""
+
+
+def run_loop(ctx: LoopContext, hooks: Sequence[Hook]) -> None:
+    """Train from ``ctx.step`` to ``train.steps``; each hook runs, in list order, after every step its
+    schedule is due. Pending checkpoint saves are finished before it returns."""
+    train_cfg = ctx.train_cfg
+    scheduled = [(hook, hook.schedule(train_cfg)) for hook in hooks]
+    progress = progress_bar(total=train_cfg.steps, initial=ctx.step, desc="pretrain", unit="step", dynamic_ncols=True,
+                    disable=not is_primary())
+    try:
+        with PreemptionWatch(train_cfg.preemption_grace_s) as preemption:
+            ctx.preemption = preemption
+            while ctx.step < train_cfg.steps:
+                train_one_step(ctx)
+                progress.update(1)
+                progress.set_postfix(loss=f"{ctx.last_loss:.4f}")
+                for hook, schedule in scheduled:
+                    if schedule.due(ctx):
+                        hook(ctx)
+        ctx.saves.wait()
+    finally:
+        progress.close()
+
+
+def train_one_step(ctx: LoopContext) -> None:
+    """One optimizer step, booked in the ledger (the first one of a session as compilation)."""
+    phase = "compile" if ctx.step == ctx.start_step else "train"
+    with ctx.ledger.phase(phase):
+        with ctx.ledger.phase("data"):  # waiting for the loader is badput of its own, not training
+            host_batch = next(ctx.loader)
+        batch = global_batch(host_batch, ctx.program.batch_sharding)
+        ctx.state, metrics = ctx.program.step(ctx.state, batch)
+        ctx.metrics = jax.device_get(metrics)  # tiny; also where a NaN is caught before any save
+    ctx.step += 1
+    ctx.window.add()
+    ctx.ledger.add_tokens(ctx.step, ctx.tokens_per_step)
+    ctx.last_loss = float(ctx.metrics["loss"])
+    check_finite(ctx.metrics, ctx.step, ctx.train_cfg, Path(ctx.run_folder.checkpoints))
+    if phase == "compile":
+        log.info("first step (with compilation) done, loss %.4f", ctx.last_loss)
+        ctx.window.flush()  # keep compilation out of tokens/s
+
+
+def check_finite(metrics: dict[str, Any], step: int, train_cfg: Any, checkpoint_dir: Path) -> None:
+    if bool(metrics["finite"]):
+        return
+    what = f"loss {float(metrics['total_loss'])}, gradient norm {float(metrics['grad_norm'])}"
+    if train_cfg.nan_policy == "skip":
+        log.warning("step %d: %s; update skipped (train.nan_policy=skip)", step, what)
+        return
+    saved = finished_steps(checkpoint_dir)  # none is newer than the last finite step: we stop before saving
+    last = f"the last good checkpoint is step {saved[-1]}" if saved else "no checkpoint was saved"
+    raise TrainingDiverged(f"training diverged at step {step} ({what}); {last}. Lower train.learning_rate, "
+                           "or set train.nan_policy=skip to skip such steps")

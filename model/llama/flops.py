@@ -11,6 +11,7 @@ published for Llama-3.1-8B and -70B on v6e use the full count (tests/test_cost_p
 
 from __future__ import annotations
 
+from model.family import remat_recompute_flops
 from model.llama.config import LlamaConfig
 
 
@@ -47,18 +48,7 @@ def attention_forward_flops_per_token(cfg: LlamaConfig, seq_len: int) -> float:
 
 def recompute_flops(cfg: LlamaConfig, vocab_size: int, seq_len: int, attention: str) -> float:
     """Forward work the backward pass does again, per trained token (hardware FLOPs - model FLOPs), for the
-    attention kernel ``attention`` the config resolved to; the chunked loss's is model.family's to add.
-
-    - ``model.remat``: full recomputes every block's forward (all but the output head); save_dots and
-      offload keep the projections' outputs (dots without batch dims) and recompute attention, whose
-      dots have batch dims (and a Pallas kernel is not a dot); none recomputes nothing.
-    - flash-style kernels (splash, cudnn) recompute the scores QK^T in their backward pass: half of
-      attention's forward matmuls.
-    """
-    attention_fwd = attention_forward_flops_per_token(cfg, seq_len)
-    head_fwd = 2.0 * cfg.d_model * vocab_size
-    blocks_fwd = forward_flops_per_token(cfg, vocab_size, seq_len) - head_fwd
-    extra = {"none": 0.0, "full": blocks_fwd, "save_dots": attention_fwd, "offload": attention_fwd}[cfg.remat]
-    if attention in ("splash", "cudnn"):
-        extra += attention_fwd / 2
-    return extra
+    attention kernel ``attention`` the config resolved to (model.family.remat_recompute_flops); the chunked
+    loss's is model.family's to add."""
+    blocks = forward_flops_per_token(cfg, vocab_size, seq_len) - 2.0 * cfg.d_model * vocab_size  # all but the head
+    return remat_recompute_flops(cfg.remat, attention, blocks, attention_forward_flops_per_token(cfg, seq_len))

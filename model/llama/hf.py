@@ -16,54 +16,25 @@ devices), so no second full copy of the model is made on the host.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 from flax import nnx
 
-from experiment.errors import ConfigError, DataError
+from experiment.errors import ConfigError
 from model.family import get_family
+from model.hf_tensors import (
+    HFTensor,
+    Place,
+    PlaceLayers,
+    attention_tensors,
+    config_reader,
+    export_tensors,
+    import_tensors,
+)
 from model.llama.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
-from model.stacking import BLOCKS, n_stacked, unrolled_pure
-
-
-@dataclass(frozen=True)
-class HFTensor:
-    """One parameter's place in a Transformers state dict.
-
-    ``path``: keys into ``nnx.to_pure_dict`` of our parameters; ``name``: the HF tensor name; ``n_in``:
-    for a kernel ``x @ W`` the number of our leading (input) dims, stored by PyTorch transposed as a
-    2-D [out, in] matrix; 0: the same values in the same order, flattened to 1-D where ``flat`` (biases).
-    """
-
-    path: tuple[Any, ...]
-    name: str
-    n_in: int = 0
-    flat: bool = False
-
-    def layer(self) -> int | None:
-        """The decoder layer this tensor belongs to (None: embedding, final norm, head)."""
-        return self.path[1] if self.path[0] == BLOCKS else None
-
-    def param_path(self, scanned: bool) -> tuple[Any, ...]:
-        """Where it lives in our parameters: ``blocks/<i>/...``, or in a scanned model the stacked
-        ``blocks/...`` whose axis 0 is the layer (model/stacking.py)."""
-        return (BLOCKS, *self.path[2:]) if scanned and self.layer() is not None else self.path
-
-    def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        if self.n_in:
-            return (int(np.prod(shape[self.n_in:])), int(np.prod(shape[:self.n_in])))
-        return (int(np.prod(shape)),) if self.flat else tuple(shape)
-
-    def to_ours(self, value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        return (value.T if self.n_in else value).reshape(shape)
-
-    def to_hf(self, value: np.ndarray) -> np.ndarray:
-        if self.n_in:
-            return np.ascontiguousarray(value.reshape(int(np.prod(value.shape[:self.n_in])), -1).T)
-        return np.ascontiguousarray(value.reshape(self.hf_shape(value.shape)))
+from model.stacking import n_stacked
 
 
 def hf_tensors(cfg: LlamaConfig) -> list[HFTensor]:
@@ -72,13 +43,7 @@ def hf_tensors(cfg: LlamaConfig) -> list[HFTensor]:
     for i in range(cfg.n_layers):
         hf, ours = f"model.layers.{i}", ("blocks", i)
         attn = (*ours, "attn")
-        table += [
-            HFTensor((*ours, "attn_norm", "scale"), f"{hf}.input_layernorm.weight"),
-            HFTensor((*attn, "wq"), f"{hf}.self_attn.q_proj.weight", 1),  # [d, heads, head_dim] <- [heads*head_dim, d]
-            HFTensor((*attn, "wk"), f"{hf}.self_attn.k_proj.weight", 1),
-            HFTensor((*attn, "wv"), f"{hf}.self_attn.v_proj.weight", 1),
-            HFTensor((*attn, "wo"), f"{hf}.self_attn.o_proj.weight", 2),  # [heads, head_dim, d] <- [d, heads*head_dim]
-        ]
+        table += attention_tensors(i)
         if cfg.qkv_bias:
             table += [HFTensor((*attn, f"b{x}"), f"{hf}.self_attn.{x}_proj.bias", flat=True) for x in "qkv"]
         if cfg.qk_norm:
@@ -95,27 +60,16 @@ def hf_tensors(cfg: LlamaConfig) -> list[HFTensor]:
     return table
 
 
-def _get(tree: Any, path: tuple[Any, ...]) -> Any:
-    for key in path:
-        tree = tree[key]
-    return tree
-
-
-def _set(tree: Any, path: tuple[Any, ...], value: Any) -> None:
-    _get(tree, path[:-1])[path[-1]] = value
-
-
 def llama_state_dict(model: Any, cfg: LlamaConfig | None = None) -> dict[str, np.ndarray]:
     """Our NNX decoder's parameters under Transformers' Llama names, in PyTorch's [out, in] layout (fp32),
     one tensor per layer whichever layout (scanned or unrolled) the model has."""
-    pure = unrolled_pure(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     if cfg is None:  # the switches the module was built with
         scanned = isinstance(model.blocks, nnx.Module)
         attn = model.blocks.attn if scanned else model.blocks[0].attn
         cfg = LlamaConfig(n_layers=n_stacked(model.blocks) if scanned else len(model.blocks),
                           tie_embeddings=model.lm_head is None, qkv_bias=attn.bq is not None,
                           qk_norm=attn.q_norm is not None)
-    return {t.name: t.to_hf(np.asarray(_get(pure, t.path), dtype=np.float32)) for t in hf_tensors(cfg)}
+    return export_tensors(model, hf_tensors(cfg))
 
 
 def rope_hf(cfg: LlamaConfig) -> dict[str, Any]:
@@ -206,16 +160,7 @@ def config_from_hf(hf_config: Mapping[str, Any], model_type: str = "llama", conf
     ``switches``: the family's fixed features (``qkv_bias``, ``qk_norm``) and defaults (``head_dim``:
     Qwen3's config default when the file has none)."""
     where = f"Hugging Face {model_type} config"
-
-    def need(key: str) -> Any:
-        if key not in hf_config:
-            raise ConfigError(f"{where}: key '{key}' is missing")
-        return hf_config[key]
-
-    if need("model_type") != model_type:
-        raise ConfigError(f"{where}: model_type '{hf_config['model_type']}' is not {model_type}")
-    if hf_config.get("quantization_config"):
-        raise ConfigError(f"{where}: quantization_config is not supported (a quantized checkpoint)")
+    need = config_reader(hf_config, model_type)
     for key, supported in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False),
                            ("pretraining_tp", 1)):
         if hf_config.get(key, supported) != supported:
@@ -234,19 +179,6 @@ def config_from_hf(hf_config: Mapping[str, Any], model_type: str = "llama", conf
     )
     cfg.validate("model")
     return cfg
-
-
-Place = Callable[[tuple[Any, ...], np.ndarray], Any]  # (our parameter path, value) -> the array the state holds
-# (path, stacked shape, dtype, the layers' values as (layer, value), read one by one) -> the stacked array:
-# a scanned parameter built on its devices a layer at a time, never whole on the host
-PlaceLayers = Callable[[tuple[Any, ...], tuple[int, ...], Any, Iterator[tuple[int, np.ndarray]]], Any]
-
-
-def _source(state_dict: Any, name: str | None = None) -> str:
-    """Where a tensor comes from, for error lines: the mapping's file (``file_of``) if it knows one."""
-    file_of = getattr(state_dict, "file_of", None)
-    found = file_of(name) if file_of is not None and name is not None else None
-    return str(found or getattr(state_dict, "origin", None) or "state dict")
 
 
 class LlamaShapedHF:
@@ -289,47 +221,10 @@ class LlamaShapedHF:
         if scan_layers is not None:
             cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
         state = nnx.state(get_family(self.family).abstract(cfg, vocab_size), nnx.Param)
-        pure = nnx.to_pure_dict(state)
-        what = f"Hugging Face {self.model_type} weights"
-        table = hf_tensors(cfg)
-        for t in table:
-            if t.name not in state_dict:
-                raise DataError(f"{_source(state_dict)}: tensor '{t.name}' is missing ({what})")
-        known = {t.name for t in table}
-        # rotary inverse frequencies are recomputed from the config; anything else would be silently lost
-        unused = sorted(k for k in state_dict if k not in known and not k.endswith("rotary_emb.inv_freq")
-                        and not (cfg.tie_embeddings and k == "lm_head.weight"))
-        if unused:
-            raise DataError(f"{_source(state_dict, unused[0])}: tensor '{unused[0]}' has no place in the {self.model_type} "
-                            f"model ({len(unused)} such tensors; {what})")
-        scanned = bool(getattr(cfg, "scan_layers", False))
-        # one parameter at a time: a scanned parameter's layers are read one tensor after another into
-        # its stacked buffer, which is placed (and freed here) before the next parameter is read
-        groups: dict[tuple[Any, ...], list[HFTensor]] = {}
-        for t in table:
-            groups.setdefault(t.param_path(scanned), []).append(t)
-        def read(t: HFTensor, shape: tuple[int, ...]) -> np.ndarray:
-            value = state_dict[t.name]
-            if tuple(value.shape) != t.hf_shape(shape):
-                raise DataError(f"{_source(state_dict, t.name)}: tensor '{t.name}' has shape {tuple(value.shape)}, "
-                                f"the config implies {t.hf_shape(shape)} ({what})")
-            return t.to_ours(np.asarray(value), shape).astype(dtype, copy=False)
-
-        for path, tensors in groups.items():
-            full = tuple(_get(pure, path).shape)
-            if not (scanned and tensors[0].layer() is not None):
-                _set(pure, path, read(tensors[0], full) if place is None else place(path, read(tensors[0], full)))
-                continue
-            layers = ((t.layer(), read(t, full[1:])) for t in tensors)  # one tensor in memory at a time
-            if place_layers is not None:
-                _set(pure, path, place_layers(path, full, dtype, layers))
-                continue
-            buffer = np.empty(full, dtype)
-            for layer, value in layers:
-                buffer[layer] = value
-            _set(pure, path, buffer if place is None else place(path, buffer))
-            del buffer
-        nnx.replace_by_pure_dict(state, pure)
+        # rotary inverse frequencies are recomputed from the config; a tied model's head is its embedding
+        ignored = lambda name: name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and name == "lm_head.weight")  # noqa: E731
+        import_tensors(state, hf_tensors(cfg), state_dict, scanned=bool(getattr(cfg, "scan_layers", False)),
+                       model_type=self.model_type, ignored=ignored, dtype=dtype, place=place, place_layers=place_layers)
         return cfg, state
 
 

@@ -1,7 +1,7 @@
 """A Llama-style decoder in Flax NNX, readable in one sitting.
 
     tokens -> embedding -> n_layers x [RMSNorm -> GQA attention with RoPE -> +residual,
-                                       RMSNorm -> SwiGLU MLP -> +residual]
+                                       RMSNorm -> SwiGLU MLP (model/layers.py) -> +residual]
            -> RMSNorm -> tied (or separate) output projection -> logits
 
 Options of the families built on it (model/llama/family.py): biases on the query/key/value
@@ -21,10 +21,20 @@ import jax.numpy as jnp
 from flax import nnx
 
 from model.attention import attend, resolve_attention
-from model.layers import REMAT_POLICIES, RMSNorm, Rope, param, rope_angles, rotary, zeros
+from model.layers import (
+    REMAT_POLICIES,
+    CausalLM,
+    GatedMLP,
+    RMSNorm,
+    Rope,
+    default_positions,
+    param,
+    rope_angles,
+    rotary,
+    zeros,
+)
 from model.linear import project
 from model.llama.config import LlamaConfig
-from model.loss import output_logits
 from model.sharding import compiled_platform, constrain
 from model.stacking import scan_layers, stacked
 
@@ -75,28 +85,12 @@ class Attention(nnx.Module):
         return project(out, self.wo[...], n_in=2)
 
 
-class MLP(nnx.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
-
-    def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
-        d, f = cfg.d_model, cfg.d_ff
-        self.w_gate = param(rngs, (d, f), ("embed", "mlp"), cfg.init_std)
-        self.w_up = param(rngs, (d, f), ("embed", "mlp"), cfg.init_std)
-        self.w_down = param(rngs, (f, d), ("mlp", "embed"), cfg.init_std / (2 * cfg.n_layers) ** 0.5)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        gate = project(x, self.w_gate[...])
-        up = project(x, self.w_up[...])
-        hidden = constrain(jax.nn.silu(gate) * up, ("batch", "length", "act_mlp"))
-        return project(hidden, self.w_down[...])
-
-
 class Block(nnx.Module):
     def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg, rngs)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = MLP(cfg, rngs)
+        self.mlp = GatedMLP(cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.init_std, "silu", rngs)
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], segments: Segments) -> jax.Array:
         x = x + self.attn(self.attn_norm(x), rope, segments)
@@ -104,7 +98,7 @@ class Block(nnx.Module):
         return constrain(x, ("batch", "length", "act_embed"))
 
 
-class Decoder(nnx.Module):
+class Decoder(CausalLM):
     def __init__(self, cfg: LlamaConfig, vocab_size: int, rngs: nnx.Rngs):
         self.vocab_size, self.remat = vocab_size, cfg.remat
         self.scanned, self.scan_unroll, self.n_layers = cfg.scan_layers, cfg.scan_unroll, cfg.n_layers
@@ -116,17 +110,10 @@ class Decoder(nnx.Module):
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std)
 
-    def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
-                 positions: jax.Array | None = None) -> jax.Array:
-        """tokens [B, T] int32 -> logits [B, T, V] float32."""
-        return output_logits(self.hidden(tokens, segment_ids, positions), self.output_weight())
-
     def hidden(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                positions: jax.Array | None = None) -> jax.Array:
         """tokens [B, T] int32 -> the final-normed hidden states [B, T, D] the output projection reads."""
-        b, t = tokens.shape
-        if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        positions = default_positions(tokens, positions)
         rope = rope_angles(positions, self.head_dim, self.rope)
         x = constrain(jnp.take(self.embed[...], tokens, axis=0), ("batch", "length", "act_embed"))
         if self.scanned:

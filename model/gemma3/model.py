@@ -1,0 +1,217 @@
+"""Gemma 3's text decoder in Flax NNX.
+
+    tokens -> embedding * sqrt(d_model) -> n_layers x [
+                  x + post_attn_norm(attention(input_norm(x)))      local (sliding window) or global,
+                  x + post_mlp_norm(GeGLU(pre_mlp_norm(x)))  ]       as the layer pattern says
+           -> final norm -> the embedding table transposed (tied) -> logits
+
+As the Gemma 3 technical report (Gemma Team, 2025) and Transformers' ``models/gemma3/modeling_gemma3.py``
+define it: every RMSNorm scales by ``1 + w`` (``w`` starts at 0) and computes in fp32; queries and keys are
+RMS-normed per head before RoPE; a local layer attends to the ``sliding_window`` positions ending at the
+query, with RoPE base ``rope_theta_local``; a global layer attends causally over the whole sequence with
+``rope_theta_global`` (optionally linearly scaled); the scores are scaled by ``query_pre_attn_scalar ** -0.5``.
+
+Every layer has the same parameter shapes: local and global differ only in their (static) window and RoPE
+table. So with ``scan_layers`` the layers are stored as one stack (model/stacking.py's generic ``[L, ...]``
+layout, the one checkpoints, restacking and HF import already handle) and run as a ``lax.scan`` over the
+repeating group of ``len(pattern)`` layers (6 for 5 local : 1 global): the stacked parameters' leading axis
+is viewed as ``[L // g, g]``, the ``g`` layers of a group are unrolled in the scan body with their own
+window and RoPE, and the ``L % g`` tail layers run after the scan (Gemma 3 1B: 26 = 4 x 6 + 2). MaxText's
+Gemma 3 decoder scans the same repeating block. ``scan_layers: false`` is a loop over per-layer modules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from model.attention import attend, resolve_attention
+from model.gemma3.config import GLOBAL, LOCAL, Gemma3Config
+from model.layers import REMAT_POLICIES, CausalLM, GatedMLP, Rope, default_positions, param, rope_angles, rotary
+from model.linear import project
+from model.sharding import compiled_platform, constrain
+from model.stacking import stacked
+
+# the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules):
+# attention's and the MLP's projections; the score and value einsums and the (tied) head stay in the compute dtype
+QUANTIZED_MODULES = r"blocks/(\d+/)?(attn|mlp)"  # unrolled blocks/<i>/attn, or the scanned stack's blocks/attn
+
+Segments = jax.Array | None  # packed documents' segment ids [B, T]; None: plain causal attention
+RopeTable = tuple[jax.Array, jax.Array]  # sin, cos [B, T, 1, head_dim / 2]
+
+
+@dataclass(frozen=True)
+class GemmaRope(Rope):
+    """RoPE frequencies with Transformers' ``linear`` scaling too (``scaling="linear"``: every inverse
+    wavelength divided by ``factor``, i.e. positions slowed down by it; ``modeling_rope_utils``'
+    ``_compute_linear_scaling_rope_parameters``). model/layers.py's ``Rope`` knows none and llama3."""
+
+    def frequencies(self, head_dim: int) -> np.ndarray:
+        if self.scaling == "linear":
+            base = Rope(self.theta).frequencies(head_dim)
+            return (base / np.float32(self.factor)).astype(np.float32)
+        return super().frequencies(head_dim)
+
+
+def ropes_of(cfg: Gemma3Config) -> dict[str, GemmaRope]:
+    """Each layer type's RoPE: local layers the plain ``rope_theta_local`` one, global ones ``rope_theta_global``,
+    scaled as the config says."""
+    return {LOCAL: GemmaRope(cfg.rope_theta_local),
+            GLOBAL: GemmaRope(cfg.rope_theta_global, cfg.rope_scaling, factor=cfg.rope_factor)}
+
+
+class GemmaRMSNorm(nnx.Module):
+    """RMSNorm scaling by ``1 + scale`` (Gemma's convention: ``scale`` starts at 0), in fp32 throughout and cast
+    back after the scaling (Transformers' ``Gemma3RMSNorm``: ``(x * (1 + w)).to(dtype)``, not Llama's order)."""
+
+    def __init__(self, dim: int, eps: float, axis: str = "norm"):
+        self.scale = nnx.Param(jnp.zeros((dim,), jnp.float32), out_sharding=(axis,))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * (1.0 + self.scale[...].astype(jnp.float32))).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: Gemma3Config, rngs: nnx.Rngs):
+        d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
+        self.head_dim, self.impl, self.scale = hd, cfg.attention, cfg.attn_scale
+        self.wq = param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), cfg.init_std)
+        self.wk = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std)
+        self.wv = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std)
+        # scaled init of the projections that write into the residual stream (GPT-2), as Llama's
+        self.wo = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+        # each query and key head RMS-normed before RoPE (one scale per head dimension, shared by the heads)
+        self.q_norm = GemmaRMSNorm(hd, cfg.norm_eps, "head_dim")
+        self.k_norm = GemmaRMSNorm(hd, cfg.norm_eps, "head_dim")
+
+    def __call__(self, x: jax.Array, rope: RopeTable, segments: Segments, window: int) -> jax.Array:
+        q, k, v = (project(x, w[...]) for w in (self.wq, self.wk, self.wv))
+        q = constrain(rotary(self.q_norm(q), rope), ("batch", "length", "act_heads", "head_dim"))
+        k = rotary(self.k_norm(k), rope)
+        impl = resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, x.shape[1])
+        out = attend(impl, q, k, v, segments, window=window, scale=self.scale)
+        out = constrain(out, ("batch", "length", "act_heads", "head_dim"))
+        return project(out, self.wo[...], n_in=2)
+
+
+class Block(nnx.Module):
+    """One layer; whether it is local or global is the caller's (static) ``window``, so all layers share one
+    module structure and stack."""
+
+    def __init__(self, cfg: Gemma3Config, rngs: nnx.Rngs):
+        d, eps = cfg.d_model, cfg.norm_eps
+        self.attn_norm = GemmaRMSNorm(d, eps)  # input_layernorm
+        self.attn = Attention(cfg, rngs)
+        self.post_attn_norm = GemmaRMSNorm(d, eps)  # post_attention_layernorm
+        self.mlp_norm = GemmaRMSNorm(d, eps)  # pre_feedforward_layernorm
+        self.mlp = GatedMLP(cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.init_std, "gelu_tanh", rngs)
+        self.post_mlp_norm = GemmaRMSNorm(d, eps)  # post_feedforward_layernorm
+
+    def __call__(self, x: jax.Array, rope: RopeTable, segments: Segments, window: int) -> jax.Array:
+        x = x + self.post_attn_norm(self.attn(self.attn_norm(x), rope, segments, window))
+        x = x + self.post_mlp_norm(self.mlp(self.mlp_norm(x)))
+        return constrain(x, ("batch", "length", "act_embed"))
+
+
+class Decoder(CausalLM):
+    def __init__(self, cfg: Gemma3Config, vocab_size: int, rngs: nnx.Rngs):
+        self.vocab_size, self.remat, self.d_model = vocab_size, cfg.remat, cfg.d_model
+        self.scanned, self.scan_unroll, self.n_layers = cfg.scan_layers, cfg.scan_unroll, cfg.n_layers
+        # a tuple, not a dict: static attributes are part of the graphdef, which jit hashes
+        self.head_dim, self.ropes = cfg.resolved_head_dim, tuple(sorted(ropes_of(cfg).items()))
+        self.pattern, self.sliding_window = cfg.pattern, cfg.sliding_window
+        self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
+        # scanned (model/stacking.py): one Block whose parameters carry a leading layer axis; else a list.
+        # ``stacked`` gives layer i the values the list's i-th Block gets: init is the same in either layout
+        self.blocks = (stacked(lambda layer_rngs: Block(cfg, layer_rngs), cfg.n_layers, rngs) if cfg.scan_layers
+                       else nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)]))
+        self.final_norm = GemmaRMSNorm(cfg.d_model, cfg.norm_eps)
+
+    def hidden(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+        """tokens [B, T] int32 -> the final-normed hidden states [B, T, D] the output projection reads."""
+        positions = default_positions(tokens, positions)
+        ropes = {kind: rope_angles(positions, self.head_dim, rope) for kind, rope in self.ropes}
+        table = self.embed[...]
+        # Transformers multiplies by sqrt(d_model) made a float32 tensor and then cast to the weights' dtype
+        # (Gemma3TextScaledWordEmbedding): in bf16 that is bf16(sqrt(d)), e.g. 55.5 for sqrt(3072) = 55.43
+        normalizer = jnp.asarray(np.float32(math.sqrt(self.d_model))).astype(table.dtype)
+        x = constrain(jnp.take(table, tokens, axis=0) * normalizer, ("batch", "length", "act_embed"))
+        layer = self.layer_fn(ropes, segment_ids)
+        if self.scanned:
+            x = self.scan_groups(x, layer)
+        else:
+            for i, block in enumerate(self.blocks):
+                x = layer(block, x, self.pattern[i % len(self.pattern)])
+        return self.final_norm(x)
+
+    def window(self, kind: str) -> int:
+        """A layer type's attention window (0: global, causal over the whole sequence)."""
+        return 0 if kind == GLOBAL else self.sliding_window
+
+    def layer_fn(self, ropes: dict[str, RopeTable], segments: Segments) -> Callable[[Block, jax.Array, str], jax.Array]:
+        """(block, x, layer type) -> x through that layer, under ``model.remat``'s policy (per layer, as Llama's)."""
+        def run(block: Block, x: jax.Array, kind: str) -> jax.Array:
+            return block(x, ropes[kind], segments, self.window(kind))
+
+        if self.remat == "none":
+            return run
+        policy = REMAT_POLICIES[self.remat]
+        # one checkpointed function per layer type: the type fixes the window and RoPE, static to the trace
+        def checkpointed(kind: str) -> Callable[[Block, jax.Array], jax.Array]:
+            return nnx.remat(lambda blk, h: run(blk, h, kind), policy=policy, prevent_cse=False)
+
+        by_kind = {kind: checkpointed(kind) for kind in set(self.pattern)}
+        return lambda block, x, kind: by_kind[kind](block, x)
+
+    def scan_groups(self, x: jax.Array, layer: Callable[[Block, jax.Array, str], jax.Array]) -> jax.Array:
+        """``x`` through the stacked layers: a ``lax.scan`` over the full groups of ``len(pattern)`` layers (each
+        group's layers unrolled in the body with their own type), then the tail layers (see the module docstring).
+
+        The stack's parameters are split off the module and viewed as [L // g, g, ...] for the scan; the body
+        merges one layer's slice at a time into the block's graphdef and returns only the hidden states (the
+        read-only parameters are never scan outputs: model/stacking.py's ``scan_layers`` explains why).
+
+        With a tail (L % g > 0) the scan's operand is the slice [:L // g * g] of each stacked parameter, which
+        XLA materialises as its own buffer (and the gradient is a concatenation of the two parts). Under bf16
+        compute the slice fuses into the cast from the fp32 master weights that the train step makes anyway;
+        under fp32 compute it is one transient copy of the scanned layers' weights per step."""
+        graphdef, params = nnx.split(self.blocks)
+        g = len(self.pattern)
+        n_groups, n_tail = divmod(self.n_layers, g)
+
+        def at(tree: Any, i: int) -> Any:
+            return jax.tree.map(lambda a: a[i], tree)
+
+        if n_groups:
+            grouped = jax.tree.map(lambda a: a[:n_groups * g].reshape(n_groups, g, *a.shape[1:]), params)
+
+            def body(h: jax.Array, group: Any) -> tuple[jax.Array, None]:
+                for j in range(g):
+                    h = layer(nnx.merge(graphdef, at(group, j)), h, self.pattern[j])
+                return h, None
+
+            x, _ = jax.lax.scan(body, x, grouped, unroll=self.unroll(n_groups))
+        for j in range(n_tail):  # layer n_groups * g + j has the type pattern[j]
+            x = layer(nnx.merge(graphdef, at(params, n_groups * g + j)), x, self.pattern[j])
+        return x
+
+    def unroll(self, n_groups: int) -> int:
+        """Groups per scan iteration: ``model.scan_unroll``, or by the platform compiled for: all of them on a
+        CPU (XLA:CPU fuses across layers, as Llama's scan), one elsewhere (one group's program, compile time
+        flat in depth)."""
+        return min(self.scan_unroll, n_groups) if self.scan_unroll else (n_groups if compiled_platform() == "cpu" else 1)
+
+    def output_weight(self) -> jax.Array:
+        """The output projection [D, V]: the embedding table transposed (Gemma 3 ties them)."""
+        return self.embed[...].T
