@@ -14,14 +14,15 @@ export PYTHONUNBUFFERED := 1
 # five venvs are built from the same wheels: a pip cache would only hold a second copy of them on disk
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup demo demo-sweep test test-base test-extras lint clean-demo
+.PHONY: setup demo demo-sweep test test-base test-extras install-extras lint clean-demo
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -q -e ".[$(TEST_EXTRAS)]"
+	@mkdir -p .venvs
+	$(EDITABLE_LOCK) $(PY) -m pip install -q -e ".[$(TEST_EXTRAS)]"
 	touch $@
 
 setup: $(STAMP)
@@ -40,10 +41,14 @@ demo-sweep: setup
 	$(PY) recipes/08_sweep.py --config recipes/configs/demo_sweep.yaml
 
 # The README's test command: the base suite, then each optional extra in its own venv (Beam pins
-# protobuf below 7 and TensorFlow is 1.4 GB, so they never share the base environment).
-# The extras' venvs are built and tested two at a time (their TPU compiles and installs are single-threaded);
-# the base suite runs alone first, since some of its tests kill and time training runs.
-test: test-base
+# protobuf below 7 and TensorFlow is 1.4 GB, so they never share the base environment). Two steps:
+# 1. The base suite, alone on the CPUs (some of its tests kill and time training runs), while the four
+#    extras' venvs install beside it: pip reads local indexes, so the installs mostly wait on the disk
+#    and overlap the suite instead of queueing after it. -j3 = the suite + two installs; -k lets the
+#    others finish and report when one fails, and the step still fails.
+# 2. The extras' test lanes, two at a time (CI has 2 cores), longest first.
+test:
+	$(MAKE) -k -j3 test-base install-extras
 	$(MAKE) -j2 --output-sync=target test-extras
 
 test-base: setup
@@ -54,27 +59,64 @@ EXTRA_TESTS_tf := tests/test_tfrecord_tf.py
 # (the beam venv also has zstandard: the .zst reading path of the corpus sources runs there)
 EXTRA_TESTS_beam := tests/test_corpus_beam.py tests/test_shard_beam.py \
 	tests/test_corpus_build.py::test_zstd_jsonl_is_read_or_needs_the_extra
-# (tests/test_hf_parity_<family>.py: a model family's logits and generation against Transformers')
-EXTRA_TESTS_hf := tests/test_eval_hf_export.py tests/test_eval_lm_eval.py tests/test_tokenizer.py tests/test_hf_import.py \
-	$(wildcard tests/test_hf_parity_*.py)
+# (of test_tokenizer.py only the test that needs transformers: the base suite runs the rest;
+# tests/test_hf_parity_<family>.py: a model family's logits and generation against Transformers')
+EXTRA_TESTS_hf := tests/test_eval_hf_export.py tests/test_eval_lm_eval.py tests/test_hf_import.py \
+	tests/test_tokenizer.py::test_transformers_loads_export_offline_with_identical_ids $(wildcard tests/test_hf_parity_*.py)
 EXTRA_TESTS_tpu := tests/test_fit_check.py
-EXTRAS := tf beam hf tpu
+EXTRAS := tpu hf tf beam  # the longest installs first
 EXTRA_PIP_tf := tf,test
 EXTRA_PIP_beam := beam,zstd,test
 EXTRA_PIP_hf := hf,lm-eval,test
 EXTRA_PIP_tpu := tpu,test
 
+# Each editable install rewrites ru_pretrain.egg-info in this folder: they take turns (flock, where the
+# system has it) while everything else about the venvs installs in parallel.
+EDITABLE_LOCK := $(if $(shell command -v flock),flock .venvs/.editable.lock)
+# The requirements of the project and of the extras named in its argument, read from pyproject.toml
+# without building the project.
+REQUIREMENTS_PY := import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	print("\n".join(p["dependencies"] + [r for e in sys.argv[1].split(",") for r in p["optional-dependencies"][e]]))
+
+# An extra's venv: its third-party requirements, then the project (editable, no deps: all are there).
+# Output goes to .venvs/NAME.log, so an install beside the base suite does not interleave with it; a
+# failure prints the log's end and fails the target. No byte-compiling: it would take CPU from the
+# suite for thousands of modules the tests never import.
 .venvs/%/.installed: pyproject.toml
-	$(PYTHON) -m venv .venvs/$*
-	.venvs/$*/bin/python -m pip install -q --upgrade pip
-	.venvs/$*/bin/python -m pip install -q -e ".[$(EXTRA_PIP_$*)]"
-	touch $@
+	@mkdir -p .venvs
+	@echo "installing .venvs/$* (.[$(EXTRA_PIP_$*)], log in .venvs/$*.log)"
+	@start=$$(date +%s); if ( set -x && \
+	  $(PYTHON) -m venv .venvs/$* && \
+	  .venvs/$*/bin/python -m pip install --upgrade pip && \
+	  $(PYTHON) -c '$(REQUIREMENTS_PY)' $(EXTRA_PIP_$*) > .venvs/$*/requirements.txt && \
+	  .venvs/$*/bin/python -m pip install --no-compile -r .venvs/$*/requirements.txt && \
+	  $(EDITABLE_LOCK) .venvs/$*/bin/python -m pip install --no-compile --no-deps -e . \
+	) > .venvs/$*.log 2>&1; then \
+	  echo "installed .venvs/$* in $$(( $$(date +%s) - start )) s"; \
+	else \
+	  echo "error: installing .venvs/$* failed; the end of .venvs/$*.log:" >&2; tail -n 25 .venvs/$*.log >&2; exit 1; \
+	fi
+	@touch $@
+
+install-extras: $(foreach e,$(EXTRAS),.venvs/$(e)/.installed)
 
 # every extra that venv installed must import: a broken install fails instead of skipping
 test-extra-%: .venvs/%/.installed
 	RU_REQUIRE_EXTRAS=$(EXTRA_PIP_$*) .venvs/$*/bin/python -m pytest -q $(EXTRA_TESTS_$*)
 
-test-extras: $(addprefix test-extra-,$(EXTRAS))
+# The tpu lane (recipe 04b's TPU compiles) in two halves of similar CPU time that run in parallel: the
+# fit search (8 compiles) with the shipped 1B config, and the other shipped configs (8B and 70B the
+# largest) with the oversized model. Some compile passes keep two threads busy, the rest of a recipe run
+# (start-up, tracing, other passes) one: two halves keep both cores busy through the single-threaded
+# parts. Complementary -k expressions: a new test lands in one half.
+TPU_A := fit_search or ru-1b-fineweb2-v6e-8
+TPU_SPLIT_test-extra-tpu-a := $(TPU_A)
+TPU_SPLIT_test-extra-tpu-b := not ($(TPU_A))
+test-extra-tpu-a test-extra-tpu-b: .venvs/tpu/.installed
+	RU_REQUIRE_EXTRAS=$(EXTRA_PIP_tpu) .venvs/tpu/bin/python -m pytest -q $(EXTRA_TESTS_tpu) -k "$(TPU_SPLIT_$@)"
+
+# longest first, so that -j2 ends with the short lanes
+test-extras: test-extra-tpu-a test-extra-tpu-b test-extra-hf test-extra-beam test-extra-tf
 
 .PRECIOUS: .venvs/%/.installed
 

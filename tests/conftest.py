@@ -2,7 +2,8 @@
 
 Tests skip, with a reason, when the shared data or an optional extra is missing. CI must not turn
 green that way: under ``RU_REQUIRE_SHARED_DATA=1`` (set by ``.ci/run``) a test that would skip for
-missing shared data fails with a line naming the missing path, and under ``RU_REQUIRE_EXTRAS=a,b``
+missing shared data, or for a missing command it runs (dpkg, groff, apt-get), fails with a line naming
+what is missing, and under ``RU_REQUIRE_EXTRAS=a,b``
 (set by the Makefile's ``test-extra-*`` targets to the extras that venv installed) a test that would
 skip because one of those extras does not import fails instead.
 """
@@ -19,6 +20,8 @@ from types import ModuleType
 from typing import NoReturn
 
 import pytest
+
+from tests.device_worker import DeviceWorker
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _WANDB_HOME = Path(tempfile.mkdtemp(prefix="wandb-tests-"))
@@ -112,11 +115,26 @@ def _recipes_only_in_integration_tests(request: pytest.FixtureRequest) -> Iterat
     recipe_runner.INTEGRATION_TEST = True
 
 
+def needs_tools(*tools: str) -> None:
+    """Skip the calling test when a command it runs is not on PATH; fail under RU_REQUIRE_SHARED_DATA=1, CI's
+    switch for "everything the suite needs from this machine" (.ci/run installs dpkg and groff first)."""
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if not missing:
+        return
+    message = f"not installed: {', '.join(missing)} (the Debian corpus source needs a Debian-like system)"
+    if os.environ.get("RU_REQUIRE_SHARED_DATA") == "1":
+        pytest.fail(f"{message}; RU_REQUIRE_SHARED_DATA=1 makes this a failure", pytrace=False)
+    pytest.skip(message)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """``@pytest.mark.shared_data(path)``: the test needs that path of the shared data (see needs_shared)."""
+    """``@pytest.mark.shared_data(path)``: the test needs that path of the shared data (see needs_shared);
+    ``@pytest.mark.tools(name, ...)``: it runs those commands (see needs_tools)."""
     for marker in item.iter_markers("shared_data"):
         for path in marker.args:
             needs_shared(Path(path))
+    for marker in item.iter_markers("tools"):
+        needs_tools(*marker.args)
 
 
 @pytest.fixture
@@ -210,3 +228,10 @@ def straight_run(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     # as many (recipe_runner.in_process_devices)
     run_recipe("04_pretrain.py", config, shared_xla_cache=False)
     return config
+
+
+@pytest.fixture(scope="session")
+def eight_devices() -> Iterator[DeviceWorker]:
+    """The session's one subprocess with 8 fake CPU devices: ``eight_devices.run(check, *args)`` (tests/device_worker.py)."""
+    with DeviceWorker(8) as worker:
+        yield worker

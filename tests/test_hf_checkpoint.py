@@ -8,9 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -19,6 +16,7 @@ import numpy as np
 import pytest
 
 from experiment.errors import ConfigError, DataError
+from tests.device_worker import DeviceWorker
 
 VOCAB = 128
 SHAPE = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64, init_std=0.3)
@@ -225,33 +223,35 @@ def test_planner_reads_real_configs() -> None:
     assert abs(get_family(family).param_count(cfg, vocab) / 1e9 - 1.236) < 0.001  # Llama-3.2-1B: 1.24B
 
 
-def test_import_onto_8_devices_follows_the_axis_rules(tmp_path: Path) -> None:
+def import_onto_8_devices(folder: str) -> int:
+    """In the 8-device worker (tests/device_worker.py): import ``folder`` onto fsdp 4 x tensor 2, check every
+    parameter's sharding against the axis rules; the number of parameters sharded over some mesh axis."""
+    import jax
+    from flax import nnx
+    from jax.sharding import NamedSharding
+
+    from experiment.sections.train import MeshConfig
+    from model.hf_checkpoint import load_hf_checkpoint
+    from model.registry import get_family
+    from model.sharding import build_mesh, logical_to_spec
+
+    assert len(jax.devices()) == 8
+    mesh_cfg = MeshConfig(data=1, fsdp=4, tensor=2)
+    mesh = build_mesh(mesh_cfg)
+    imported = load_hf_checkpoint(folder, mesh=mesh, rules=mesh_cfg.rules)
+    rules = get_family("qwen3").mesh_rules(mesh_cfg.rules)
+    sharded = 0
+    for path, leaf in nnx.to_flat_state(imported.state):
+        want = NamedSharding(mesh, logical_to_spec(leaf.get_metadata()["out_sharding"], rules))
+        assert leaf[...].sharding.is_equivalent_to(want, leaf.ndim), (path, leaf[...].sharding, want)
+        sharded += any(s is not None for s in want.spec)
+    return sharded
+
+
+def test_import_onto_8_devices_follows_the_axis_rules(tmp_path: Path, eight_devices: DeviceWorker) -> None:
     folder, _, _ = exported(tmp_path, "qwen3")
-    script = textwrap.dedent(f"""
-        import jax, numpy as np
-        from flax import nnx
-        from jax.sharding import NamedSharding
-        from experiment.sections.train import MeshConfig
-        from model.hf_checkpoint import load_hf_checkpoint
-        from model.registry import get_family
-        from model.sharding import build_mesh, logical_to_spec
-        assert len(jax.devices()) == 8
-        mesh_cfg = MeshConfig(data=1, fsdp=4, tensor=2)
-        mesh = build_mesh(mesh_cfg)
-        imported = load_hf_checkpoint({str(folder)!r}, mesh=mesh, rules=mesh_cfg.rules)
-        rules = get_family("qwen3").mesh_rules(mesh_cfg.rules)
-        sharded = 0
-        for path, leaf in nnx.to_flat_state(imported.state):
-            want = NamedSharding(mesh, logical_to_spec(leaf.get_metadata()["out_sharding"], rules))
-            assert leaf[...].sharding.is_equivalent_to(want, leaf.ndim), (path, leaf[...].sharding, want)
-            sharded += any(s is not None for s in want.spec)
-        print("ok", sharded)
-    """)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
     # stacked: q, k, v, o, gate, up, down (each all layers in one array) and the tied embedding
-    assert result.stdout.split()[0] == "ok" and int(result.stdout.split()[1]) == 8
+    assert eight_devices.run(import_onto_8_devices, str(folder)) == 8
 
 
 def test_checkpoints_from_before_the_new_model_keys_still_resume() -> None:

@@ -1,35 +1,28 @@
-"""Layout on an 8-device mesh (data 2 x fsdp 2 x tensor 2) of fake CPU devices, in a subprocess.
+"""Layout on an 8-device mesh (data 2 x fsdp 2 x tensor 2) of fake CPU devices.
 
-The device count is fixed when JAX starts, so the checks run in a fresh interpreter with
-``--xla_force_host_platform_device_count=8`` and report back as JSON.
+The device count is fixed when JAX starts, so the check runs in the session's 8-device worker
+(``--xla_force_host_platform_device_count=8``, tests/device_worker.py) and reports back as JSON;
+the assertions stay here.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
+import dataclasses
 
+import jax
 import numpy as np
+from flax import nnx
 
-REPO = Path(__file__).resolve().parents[1]
+from experiment.errors import ConfigError
+from experiment.sections.train import MeshConfig, TrainConfig
+from model.llama.config import LlamaConfig
+from model.sharding import build_mesh
+from tests.device_worker import DeviceWorker
+from trainer.step import TrainProgram, global_batch
 
-SCRIPT = textwrap.dedent('''
-    import json
-    import dataclasses
-    import jax
-    import numpy as np
-    from flax import nnx
-    from jax.sharding import PartitionSpec as P
-    from experiment.errors import ConfigError
-    from model.llama.config import LlamaConfig
-    from experiment.sections.train import MeshConfig, TrainConfig
-    from model.sharding import build_mesh
-    from trainer.step import TrainProgram, global_batch
 
+def layout_on_8_devices() -> dict:
+    """In the 8-device worker (tests/device_worker.py): the layout, one step, scanned vs unrolled, the errors."""
     out = {"devices": jax.device_count()}
     model = LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16)
     train = TrainConfig(steps=10, batch_size=8, warmup_steps=1, mesh=MeshConfig(fsdp=2, tensor=2))
@@ -43,14 +36,14 @@ SCRIPT = textwrap.dedent('''
                      for p, leaf in jax.tree_util.tree_leaves_with_path(state["params"])}
     adam = state["opt_state"][1][0]  # chain(clip, adamw): adamw's ScaleByAdamState
     out["mu_matches"] = all(m.sharding == p.sharding for m, p in
-                            zip(jax.tree.leaves(adam.mu), jax.tree.leaves(state["params"])))
+                            zip(jax.tree.leaves(adam.mu), jax.tree.leaves(state["params"]), strict=True))
     out["count"] = str(adam.count.sharding.spec)
 
     rows = np.random.default_rng(0).integers(0, 64, (8, 17)).astype(np.int32)
     local = {"inputs": rows[:, :-1], "targets": rows[:, 1:]}
     state, metrics = prog.step(state, global_batch(local, prog.batch_sharding))
     out["after_step_same"] = all(a.sharding == b for a, b in
-                                 zip(jax.tree.leaves(state), jax.tree.leaves(prog.state_shardings)))
+                                 zip(jax.tree.leaves(state), jax.tree.leaves(prog.state_shardings), strict=True))
     out["loss_8"] = float(metrics["loss"])
     out["recompiles"] = prog.step._cache_size()
     one = dataclasses.replace(train, mesh=MeshConfig(data=1))
@@ -63,7 +56,6 @@ SCRIPT = textwrap.dedent('''
     unrolled = dataclasses.replace(model, scan_layers=False)
     ref = TrainProgram(unrolled, one, 64, build_mesh(one.mesh, jax.devices()[:1]), seed=0)
     ref_state = ref.init_state()
-    start = jax.tree.map(np.asarray, nnx.to_pure_dict(ref_state["params"]))
     target, restack = prog.checkpoint_layout(False)
     scanned_state = restack(jax.device_put(jax.tree.map(np.array, ref_state), jax.tree.map(lambda s: s.sharding, target)))
     rng = np.random.default_rng(1)
@@ -95,21 +87,11 @@ SCRIPT = textwrap.dedent('''
         except ConfigError as exc:
             errors[name] = str(exc)
     out["errors"] = errors
-    print("RESULT " + json.dumps(out))
-''')
+    return out
 
 
-def run_on_fake_devices(script: str, devices: int = 8) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
-
-
-def test_every_parameter_follows_the_rules_on_8_devices() -> None:
-    out = run_on_fake_devices(SCRIPT)
+def test_every_parameter_follows_the_rules_on_8_devices(eight_devices: DeviceWorker) -> None:
+    out = eight_devices.run(layout_on_8_devices)
     assert out["devices"] == 8
     # the default rules by hand: embed->fsdp, heads/kv_heads/mlp/vocab->tensor, head_dim/norm unsharded
     expected = {
