@@ -78,16 +78,22 @@ class HFAdapter(Protocol):
     """A family's bridge to Hugging Face Transformers: weights in PyTorch's layout plus config.json."""
 
     architecture: str  # e.g. "LlamaForCausalLM", for log lines
+    model_type: str  # config.json's model_type it reads (model/hf_checkpoint.py finds the family by it)
+
+    def config(self, hf_config: Mapping[str, Any]) -> tuple[Any, int]:
+        """(the family's model config, vocabulary size) of a config.json; no weights read (planner, fit check)."""
+        ...
 
     def export(self, model: Any, model_cfg: Any, vocab_size: int,
                special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """(state dict of fp32 numpy arrays under Transformers' names, config.json as a dict)."""
         ...
 
-    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
-                scan_layers: bool | None = None) -> tuple[Any, nnx.State]:
+    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *, dtype: Any = np.float32,
+                place: Any = None, scan_layers: bool | None = None, place_layers: Any = None) -> tuple[Any, nnx.State]:
         """(the family's model config, the parameters as an ``nnx.State`` for ``nnx.merge``), in the layer
-        layout ``scan_layers`` asks for (None: the config section's default)."""
+        layout ``scan_layers`` asks for (None: the config section's default); ``dtype``, ``place`` and
+        ``place_layers`` as model.hf_tensors.import_tensors takes them (one tensor read at a time)."""
         ...
 
 
