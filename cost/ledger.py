@@ -45,7 +45,7 @@ from cost.ledger_pricing import summarize
 from cost.ledger_report import write_report
 from cost.ledger_sessions import Tally, resume_from_checkpoint, tally_finished
 from cost.rates import UsdRubRate, resolve_usd_rub
-from cost.summary import CostSummary, price_dict
+from cost.summary import LOST, CostSummary, price_dict
 from experiment.errors import DataError
 
 log = logging.getLogger("cost.ledger")
@@ -88,6 +88,7 @@ class Ledger:
         self._durable_step: int | None = None  # the latest step known to survive (marked checkpoint or resume)
         self._past_tallies = self._tally_past()
         self._stack: list[str] = []
+        self._frame_seconds: list[float] = []  # per phase of the stack: its seconds not yet written to the file
         self._outer = "startup"  # the phase between explicit phases: start-up until the first one, then idle
         self._phase_start = meta["t"]  # when the phase in progress began (or was last counted)
         self._pending = Interval(meta["t"], meta["t"], {})  # counted since the last time record
@@ -168,6 +169,8 @@ class Ledger:
             phase = self._phase_now()
             self._pending.seconds[phase] = self._pending.seconds.get(phase, 0.0) + seconds
             self._current.add(phase, seconds)
+            if self._frame_seconds:
+                self._frame_seconds[-1] += seconds
         self._phase_start = now
         return now
 
@@ -180,6 +183,7 @@ class Ledger:
         if now > self._pending.t0:
             self._write({"e": "time", "t0": self._pending.t0, "t1": now, "seconds": self._pending.seconds})
         self._pending = Interval(now, now, {})
+        self._frame_seconds = [0.0] * len(self._frame_seconds)
         if self._pending_tokens is not None:
             batch = self._pending_tokens
             self._write(batch.record())
@@ -214,6 +218,7 @@ class Ledger:
             self._check_open()
             self._count_time()
             self._stack.append(name)
+            self._frame_seconds.append(0.0)
         try:
             yield
         finally:
@@ -221,9 +226,26 @@ class Ledger:
                 if not self._closed:
                     self._count_time()
                 self._stack.pop()
+                self._frame_seconds.pop()
                 self._outer = "idle"
                 if not self._closed:
                     self._maybe_flush()
+
+    def book_as_lost(self) -> None:
+        """Book the innermost phase in progress, from its start, as ``lost``: a step found, once it ran, to
+        have trained nothing (skipped under ``train.nan_policy: skip``). Its nested phases (waiting for data)
+        keep their own; what a heartbeat already wrote to the file during the phase stays where it is."""
+        with self._lock:
+            self._check_open()
+            if not self._stack:
+                raise RuntimeError("book_as_lost outside a phase")
+            self._count_time()
+            name, seconds = self._stack[-1], self._frame_seconds[-1]
+            if seconds > 0:
+                for seconds_by_phase in (self._pending.seconds, self._current.seconds):
+                    seconds_by_phase[name] = seconds_by_phase.get(name, 0.0) - seconds
+                    seconds_by_phase[LOST] = seconds_by_phase.get(LOST, 0.0) + seconds
+            self._stack[-1], self._frame_seconds[-1] = LOST, 0.0
 
     def add_tokens(self, step: int, tokens: int) -> None:
         """Tokens trained by the steps after the previous call up to ``step`` (call per step or per log)."""

@@ -199,18 +199,20 @@ def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
                             "or delete it to start over")
 
 
-def set_aside(manager: ocp.CheckpointManager, steps: Sequence[int]) -> None:
-    """Move damaged steps into ``damaged/`` (kept for inspection): the run saves those steps again."""
+def set_aside(manager: ocp.CheckpointManager, steps: Sequence[int], into: str = DAMAGED_DIR,
+              why: str = "damaged") -> None:
+    """Move damaged steps (or, ``into``/``why``, steps set aside for another reason) into ``damaged/``,
+    kept for inspection: the run saves those steps again."""
     if not steps:
         return
     directory = Path(manager.directory)
     if jax.process_index() == 0:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
         for step in steps:
-            target = directory / DAMAGED_DIR / f"{step}-{stamp}"
+            target = directory / into / f"{step}-{stamp}"
             target.parent.mkdir(exist_ok=True)
             (directory / str(step)).rename(target)
-            log.warning("moved the damaged checkpoint step %d to %s", step, target)
+            log.warning("moved the %s checkpoint step %d to %s", why, step, target)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TextIO
 from experiment.runfolder import RunFolder
 from experiment.sections.train import TrainConfig
 from trainer import checkpoint
+from trainer.guard import GUARD_KEY, Guard
 from trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch
 from trainer.reporting import log_metrics
 from trainer.step import TrainProgram
@@ -38,15 +39,18 @@ log = logging.getLogger("trainer")
 class CheckpointSaves:
     """Async Orbax saves, each booked in the ledger once it is known to be on disk."""
 
-    def __init__(self, manager: Any, ledger: Any) -> None:
+    def __init__(self, manager: Any, ledger: Any, guard: Guard | None = None) -> None:
         self.manager, self.ledger = manager, ledger
+        self.guard = guard if guard is not None else Guard()
         self.unconfirmed: list[int] = []  # async saves not yet known to be on disk
 
     def save(self, step: int, state: dict[str, Any], loader_state: Any, meta: dict[str, Any]) -> None:
+        """Save ``state`` (finite: the guard says so, or refuses) with ``meta`` and the guard's record."""
+        record = self.guard.saved(step, [*self.manager.all_steps(), *self.unconfirmed])
         with self.ledger.phase("checkpoint"):
             # Orbax finishes the previous async save before it starts this one
-            checkpoint.save(self.manager, step, state, loader_state, self.ledger.checkpoint_record(step), meta,
-                            force=True)
+            checkpoint.save(self.manager, step, state, loader_state, self.ledger.checkpoint_record(step),
+                            {**meta, GUARD_KEY: record}, force=True)
         self._confirm()
         self.unconfirmed = [step]
 
@@ -84,6 +88,7 @@ class LoopContext:
     state: dict[str, Any]
     step: int = 0
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    guard: Guard = dataclasses.field(default_factory=Guard)  # the same one as ``saves.guard``
     last_loss: float = math.nan
     preemption: PreemptionWatch | None = None
 
@@ -168,6 +173,10 @@ class SaveCheckpoint:
         return Schedule(every=train_cfg.checkpoint_every, at_end=True, on_signal=True)
 
     def __call__(self, ctx: LoopContext) -> None:
+        if ctx.guard.skipped_in_a_row and not (ctx.at_end or ctx.signalled):
+            # the state is the last good one again: another copy of it would only rotate older checkpoints away
+            log.info("step %d: no checkpoint while updates are being skipped", ctx.step)
+            return
         ctx.saves.save(ctx.step, ctx.state, ctx.loader.get_state(), ctx.meta)
 
 

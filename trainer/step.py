@@ -89,6 +89,7 @@ class TrainProgram:
             donate_argnums=0,
         )
         self._init = jax.jit(self.initial_state, out_shardings=self.state_shardings)
+        self.state_finite = jax.jit(lambda state: all_finite((state["params"], state["opt_state"])))
         self._init_from = jax.jit(self.state_of, in_shardings=(self.state_shardings["params"],),
                                   out_shardings=self.state_shardings, donate_argnums=0)
 
@@ -131,8 +132,9 @@ class TrainProgram:
     def update(self, state: State, grads: nnx.State, loss: jax.Array) -> tuple[nnx.State, Any, jax.Array, jax.Array]:
         """The optimizer step: ``(new params, new optimizer state, gradient norm, finite)``.
 
-        A frozen body (``freeze_body``) gets zero gradients and zero updates; under ``train.nan_policy:
-        skip`` a step whose loss or gradient norm is not finite keeps the previous weights and moments.
+        A frozen body (``freeze_body``) gets zero gradients and zero updates. ``finite``: the loss, the
+        gradient norm and every updated parameter and moment are finite; under ``train.nan_policy: skip`` a
+        step that is not keeps the previous weights and moments.
         """
         params, step = state["params"], state["step"]
         if self.trainable is not None:
@@ -142,7 +144,9 @@ class TrainProgram:
         if self.trainable is not None:
             updates = freeze_body(updates, self.trainable, step, self.train_cfg)
         new_params = optax.apply_updates(params, updates)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        # the updated state itself: a step can have a finite loss and gradient and still overflow the weights
+        # or the moments (a huge learning rate); one fused reduction over what the step computed anyway
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite((new_params, opt_state))
         if self.train_cfg.nan_policy == "skip":
             new_params, opt_state = jax.tree.map(
                 lambda new, old: jnp.where(finite, new, old), (new_params, opt_state), (params, state["opt_state"])
@@ -248,6 +252,13 @@ def make_optimizer(train_cfg: TrainConfig) -> tuple[optax.GradientTransformation
     if train_cfg.grad_clip > 0:
         return optax.chain(optax.clip_by_global_norm(train_cfg.grad_clip), adamw), schedule
     return adamw, schedule
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """Whether every float leaf of ``tree`` is finite: one boolean scalar (integer leaves, such as
+    optimizer step counts, cannot be NaN)."""
+    leaves = [jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(tree) if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    return jnp.stack(leaves).all() if leaves else jnp.asarray(True)
 
 
 def embedding_mask(params: Any) -> Any:

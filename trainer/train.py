@@ -13,9 +13,11 @@ the other JAX processes, and the harness opened W&B on process 0 only.
 
 A run can stop at any point: SIGKILL loses only the steps since the last checkpoint (and the
 resumed run retraces them bit for bit on CPU); SIGTERM, how spot and preemptible VMs are
-stopped, saves a checkpoint and exits within ``train.preemption_grace_s``. A non-finite loss
-stops the run before it is checkpointed (``train.nan_policy: stop``) or skips that update
-(``skip``): it is checked right after the step, before any hook can log or save it.
+stopped, saves a checkpoint and exits within ``train.preemption_grace_s``. A step whose loss,
+gradient or updated state is not finite stops the run before it is checkpointed (``train.nan_policy:
+stop``) or skips that update (``skip``, up to ``train.max_skipped_steps`` in a row): it is checked right
+after the step, before any hook can log or save it, and the run names the newest checkpoint still worth
+resuming from (trainer/guard.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from typing import Any
 import jax
 
 from data_prep.shards.loader import log_mixture, make_train_iterator, mixture_sets, read_shards_manifest
-from experiment.errors import RecipeError
 from experiment.files import atomic_write_json
 from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
@@ -43,9 +44,10 @@ from model.sharding import build_mesh
 from model.stacking import LAYOUT_KEY, layout_meta
 from tracking.history import backfill_offline_history
 from tracking.metrics import define_cost_metrics
-from trainer import checkpoint
+from trainer import checkpoint, checkpoint_integrity
 from trainer.branch import Branch, link_wandb, open_branch, restore_or_branch
 from trainer.distributed import is_primary
+from trainer.guard import DIVERGED_DIR, Guard, TrainingDiverged, describe, stop_message, usable_step
 from trainer.hooks import CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCheckpoint, StopOnSignal
 from trainer.init_from import record_lineage, start_point
 from trainer.preemption import PreemptionWatch
@@ -135,6 +137,8 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         except BaseException:
             manager.close()
             raise
+        saved_meta = checkpoint.read_meta(manager, start_step) if start_step in manager.all_steps() else None
+        guard = Guard.resumed(saved_meta, start_step)
         last_loss = math.nan
         if is_primary():
             atomic_write_json(Path(run_folder.checkpoints) / WANDB_ID_FILE, {"run_id": run_id})
@@ -155,11 +159,15 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         record_lineage(wandb_run, Path(run_folder.checkpoints), start.lineage, first_session=from_base is not None and is_primary())
 
     ctx = LoopContext(cfg=cfg, run_folder=run_folder, program=program, loader=loader, ledger=ledger,
-                      wandb_run=wandb_run, train_log=open_train_log(run_folder), saves=CheckpointSaves(manager, ledger),
+                      wandb_run=wandb_run, train_log=open_train_log(run_folder), saves=CheckpointSaves(manager, ledger, guard),
                       window=window, meta=meta, tokens_per_step=tokens_per_step, start_step=start_step,
-                      state=state, step=start_step, last_loss=last_loss)
+                      state=state, step=start_step, last_loss=last_loss, guard=guard)
     try:
         if untrained and train_cfg.steps == 0:  # train.steps=0: the step-0 checkpoint alone (an imported model)
+            guard.state_finite = bool(program.state_finite(ctx.state))  # no step checked this one
+            if not guard.state_finite:
+                raise TrainingDiverged(f"the step-0 state has non-finite parameters (model.init_from="
+                                       f"{getattr(model_cfg, 'init_from', '') or 'none'}): no checkpoint written")
             ctx.saves.save(0, ctx.state, loader.get_state(), meta)
         run_loop(ctx, hooks)
     except BaseException:
@@ -179,10 +187,6 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     if cost is not None:
         cost.log_to(wandb_run)
     return {"final_step": ctx.step, "final_loss": ctx.last_loss, "n_params": n_params, "cost": cost}
-
-
-class TrainingDiverged(RecipeError):
-    """The loss or gradient became NaN/Inf."""
 
 
 def run_loop(ctx: LoopContext, hooks: Sequence[Hook]) -> None:
@@ -208,7 +212,8 @@ def run_loop(ctx: LoopContext, hooks: Sequence[Hook]) -> None:
 
 
 def train_one_step(ctx: LoopContext) -> None:
-    """One optimizer step, booked in the ledger (the first one of a session as compilation)."""
+    """One optimizer step, booked in the ledger (the first one of a session as compilation, a skipped
+    one as lost)."""
     phase = "compile" if ctx.step == ctx.start_step else "train"
     with ctx.ledger.phase(phase):
         with ctx.ledger.phase("data"):  # waiting for the loader is badput of its own, not training
@@ -216,24 +221,36 @@ def train_one_step(ctx: LoopContext) -> None:
         batch = global_batch(host_batch, ctx.program.batch_sharding)
         ctx.state, metrics = ctx.program.step(ctx.state, batch)
         ctx.metrics = jax.device_get(metrics)  # tiny; also where a NaN is caught before any save
+        trained = ctx.guard.after_step(ctx.step + 1, ctx.metrics, kept_previous=ctx.train_cfg.nan_policy == "skip")
+        if not trained and phase == "train":
+            ctx.ledger.book_as_lost()
     ctx.step += 1
     ctx.window.add()
-    ctx.ledger.add_tokens(ctx.step, ctx.tokens_per_step)
+    ctx.ledger.add_tokens(ctx.step, ctx.tokens_per_step if trained else 0)  # a skipped step trained no token
     ctx.last_loss = float(ctx.metrics["loss"])
-    check_finite(ctx.metrics, ctx.step, ctx.train_cfg, Path(ctx.run_folder.checkpoints))
+    if not trained:
+        guard_step(ctx)
     if phase == "compile":
         log.info("first step (with compilation) done, loss %.4f", ctx.last_loss)
         ctx.window.flush()  # keep compilation out of tokens/s
 
 
-def check_finite(metrics: dict[str, Any], step: int, train_cfg: Any, checkpoint_dir: Path) -> None:
-    if bool(metrics["finite"]):
-        return
-    what = f"loss {float(metrics['total_loss'])}, gradient norm {float(metrics['grad_norm'])}"
+def guard_step(ctx: LoopContext) -> None:
+    """A step that was not finite: skipped (``train.nan_policy: skip``, up to ``train.max_skipped_steps`` in
+    a row), or the run stops naming the newest checkpoint worth resuming from, the newer ones set aside."""
+    train_cfg, what = ctx.train_cfg, describe(ctx.metrics)
     if train_cfg.nan_policy == "skip":
-        log.warning("step %d: %s; update skipped (train.nan_policy=skip)", step, what)
-        return
-    saved = finished_steps(checkpoint_dir)  # none is newer than the last finite step: we stop before saving
-    last = f"the last good checkpoint is step {saved[-1]}" if saved else "no checkpoint was saved"
-    raise TrainingDiverged(f"training diverged at step {step} ({what}); {last}. Lower train.learning_rate, "
-                           "or set train.nan_policy=skip to skip such steps")
+        if ctx.guard.skipped_in_a_row <= train_cfg.max_skipped_steps:
+            log.warning("step %d: %s; update skipped (train.nan_policy=skip, %d in a row of at most "
+                        "train.max_skipped_steps=%d)", ctx.step, what, ctx.guard.skipped_in_a_row,
+                        train_cfg.max_skipped_steps)
+            return
+        what += f"; {ctx.guard.skipped_in_a_row} steps in a row skipped, more than train.max_skipped_steps=" \
+                f"{train_cfg.max_skipped_steps}"
+    ctx.saves.wait()  # every checkpoint of the run on disk before one is chosen
+    manager = ctx.saves.manager
+    steps = finished_steps(Path(manager.directory))
+    usable = usable_step(steps, ctx.guard.measured)
+    moved = [s for s in steps if usable is None or s > usable]
+    checkpoint_integrity.set_aside(manager, moved, into=DIVERGED_DIR, why="diverged")
+    raise TrainingDiverged(stop_message(ctx.step, what, usable, moved, Path(manager.directory)))

@@ -73,7 +73,14 @@ class TrainConfig:
     async_checkpointing: bool = True
     log_every: int = 10
     eval_every: int = 0  # 0: no eval during training
-    nan_policy: Literal["stop", "skip"] = "stop"  # a non-finite loss stops the run, or skips that update
+    # a step whose loss, gradient or updated parameters and moments are not finite stops the run (naming
+    # the newest checkpoint still worth resuming from: trainer/guard.py), or skips that update
+    nan_policy: Literal["stop", "skip"] = "stop"
+    max_skipped_steps: int = 5  # nan_policy skip: more skipped steps in a row than this stop the run
+    # a resume whose learning-rate schedule (learning_rate, warmup_steps, schedule, decay, decay_steps,
+    # min_lr_ratio, and steps where it moves the decay) gives a step already trained, or the next one,
+    # another rate than the checkpoints' is refused; true applies the new schedule and records the change
+    allow_schedule_change: bool = False
     preemption_grace_s: float = 30.0  # after SIGTERM: save and exit within this many seconds
     compilation_cache: bool = True  # keep compiled steps in <run>/xla_cache: a restart skips the compile
     distributed: bool = False  # jax.distributed.initialize() first: multi-host TPU slices, multi-node GPUs
@@ -132,7 +139,7 @@ class TrainConfig:
             raise ConfigError(f"config key '{prefix}decay_steps': only used by schedule wsd (schedule is {self.schedule}); "
                               f"remove it or set train.schedule=wsd")
         for name in ("weight_decay", "grad_clip", "eval_every", "keep_checkpoints_every", "preemption_grace_s",
-                     "cpu_devices", "loss_chunk_len", "embeddings_only_steps"):
+                     "cpu_devices", "loss_chunk_len", "embeddings_only_steps", "max_skipped_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 0, got {getattr(self, name)}")
         unknown = [p for p in self.fit_search_remat if p not in ("none", "save_dots", "offload", "full")]
