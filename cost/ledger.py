@@ -71,6 +71,20 @@ def _process_start_time() -> float | None:
     return psutil.Process().create_time()
 
 
+def price_rows(cost_cfg: Any, catalog: Catalog | None = None) -> tuple[Any, list[dict[str, Any]]]:
+    """The catalog rows a session is priced by: ``cost.accelerator``/``pricing`` and each infrastructure item.
+    A name or pricing the catalog lacks is a ConfigError naming the key; a recipe asks this before it opens
+    anything (``check``), so a typo leaves no W&B run or ledger session behind."""
+    catalog = catalog or Catalog.from_config(cost_cfg)
+    price = catalog.lookup(cost_cfg.accelerator, cost_cfg.pricing, cost_cfg.cloud, cost_cfg.region)
+    infra = []
+    for index, item in enumerate(cost_cfg.infrastructure):
+        key = f"cost.infrastructure[{index}].name"
+        row = catalog.lookup(item.name, "on-demand", item.cloud, item.region, kind="infra", key=key)
+        infra.append({**price_dict(row), "quantity": item.quantity})
+    return price, infra
+
+
 class Ledger:
     """The live ledger of this process's session; see the module docstring for the accounting."""
 
@@ -119,9 +133,7 @@ class Ledger:
         ledger_dir = Path(ledger_dir)
         ledger_dir.mkdir(parents=True, exist_ok=True)
         path = ledger_dir / LEDGER_FILE
-        catalog = catalog or Catalog.from_config(cost_cfg)
-        price = catalog.lookup(cost_cfg.accelerator, cost_cfg.pricing, cost_cfg.cloud, cost_cfg.region)
-        infra = [cls._infra_row(catalog, item, i) for i, item in enumerate(cost_cfg.infrastructure)]
+        price, infra = price_rows(cost_cfg, catalog)
         rate = rate or resolve_usd_rub(cost_cfg)
         past: list[Session] = []
         if path.is_file():
@@ -147,12 +159,6 @@ class Ledger:
         log.info("cost ledger %s (%s): %d x %s at %.4g USD/chip-hour, USD->RUB %.4f of %s",
                  path, action, cost_cfg.chips, price.describe(), price.usd, rate.rate, rate.date)
         return ledger
-
-    @staticmethod
-    def _infra_row(catalog: Catalog, item: Any, index: int) -> dict[str, Any]:
-        key = f"cost.infrastructure[{index}].name"
-        row = catalog.lookup(item.name, "on-demand", item.cloud, item.region, kind="infra", key=key)
-        return {**price_dict(row), "quantity": item.quantity}
 
     def _tally_past(self) -> list[tuple[dict[str, Any], Tally]]:
         return tally_finished(self._past, self._resume)

@@ -10,7 +10,7 @@ from tracking.harness import recipe_main
 from trainer.distributed import prepare_processes, reports
 from trainer.hooks import EvalHook
 from trainer.resume import resume_wandb_run_id
-from trainer.train import pretrain
+from trainer.train import check, pretrain
 
 
 def prepare(cfg: Any) -> None:
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     """The recipe; ``argv`` is its command line without the program name (tests call this in process)."""
     recipe_main(PRETRAIN, "Pretrain the Flax decoder; rerun the same command to resume",
                 functools.partial(pretrain, hooks=[EvalHook(evaluate_model)]),
-                wandb_run_id=resume_wandb_run_id, prepare=prepare, reports=reports, argv=argv)
+                wandb_run_id=resume_wandb_run_id, prepare=prepare, reports=reports, check=check, argv=argv)
 
 
 if __name__ == "__main__":

@@ -162,6 +162,21 @@ def test_nested_phases_and_live_summary(tmp_path: Path) -> None:
     assert summarize_ledger(tmp_path / "ledger").hours == pytest.approx(2.6)
 
 
+def test_a_skipped_step_is_booked_as_lost_and_its_data_wait_stays_data(tmp_path: Path) -> None:
+    clock = FakeClock()
+    ledger = open_fake(tmp_path, clock)
+    with ledger.phase("train"):  # a step that trained
+        clock.advance(1.0)
+    with ledger.phase("train"):  # a step found, once it ran, to have been skipped (train.nan_policy=skip)
+        with ledger.phase("data"):
+            clock.advance(0.25)
+        clock.advance(0.5)
+        ledger.book_as_lost()
+    ledger.close()
+    by_phase = summarize_ledger(tmp_path / "ledger").seconds_by_phase
+    assert by_phase == pytest.approx({"train": 1.0 * HOUR, "data": 0.25 * HOUR, "lost": 0.5 * HOUR})
+
+
 def test_infrastructure_rows_are_added(tmp_path: Path) -> None:
     clock = FakeClock()
     storage = tmp_path / "storage.csv"  # the bundled catalog holds no storage price: a user catalog gives one

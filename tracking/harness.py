@@ -45,7 +45,8 @@ def setup_logging() -> None:
 
 def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[str] | None = None,
                 wandb_run_id: Callable[[Any, RunFolder], str | None] | None = None,
-                prepare: Callable[[Any], Any] | None = None, reports: Callable[[Any], bool] | None = None) -> None:
+                prepare: Callable[[Any], Any] | None = None, reports: Callable[[Any], bool] | None = None,
+                check: Callable[[Any, RunFolder], None] | None = None) -> None:
     """Run one stage: ``fn(cfg, run_folder, wandb_run)``; exits 2 with one line on a RecipeError.
 
     ``wandb_run_id(cfg, run_folder)``, when given, names a W&B run to continue (a resumed training).
@@ -53,6 +54,8 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
     settings such as the allocator and JAX's device count, and joining the other JAX processes).
     ``reports(cfg)``, asked after ``prepare``, says whether this process opens the W&B run (only the
     first JAX process does; the others get a run that keeps nothing).
+    ``check(cfg, run_folder)``, after ``prepare``, runs the stage's checks of its config and inputs before
+    anything is written: a failing rerun leaves no resolved config, W&B run or ledger session behind.
     """
     stage = stage if isinstance(stage, Stage) else stage_named(stage)
     args = make_parser(description).parse_args(argv)
@@ -65,6 +68,8 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
             prepare(cfg)
         run_folder = RunFolder.for_config(cfg)
         run_root = run_folder.root
+        if check is not None:
+            check(cfg, run_folder)
         run_folder.root.mkdir(parents=True, exist_ok=True)
         run_folder.save_resolved_config(cfg, stage.name)
         from tracking.wandb_run import open_run

@@ -69,7 +69,7 @@ class Guard:
         that is not finite kept the previous state (``train.nan_policy: skip``)."""
         trained = bool(metrics["finite"])
         self.state_finite = trained or (kept_previous and self.state_finite)
-        loss = float(metrics["total_loss"])
+        loss = float(metrics["loss"])  # the cross-entropy, as train_log.jsonl has it
         if self.on_params_of is not None:
             # a skipped step ran on the same parameters again: a finite one later still measures them
             if trained or not math.isfinite(self.measured.get(self.on_params_of, math.nan)):

@@ -25,9 +25,8 @@ from experiment.files import atomic_write_json
 from experiment.runfolder import RunFolder
 from model.hf_checkpoint import ImportedCheckpoint, hf_model_config, load_hf_checkpoint, read_config
 from model.vocab_adaptation import adapt_embeddings
-from trainer import checkpoint, checkpoint_integrity
 from trainer.branch import Branch
-from trainer.resume import finished_steps
+from trainer.resume import finished_steps, latest_meta
 from trainer.trained_model import model_config_from_meta
 
 log = logging.getLogger("trainer")
@@ -85,19 +84,29 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
     return StartPoint(model_cfg, params, lineage)
 
 
-def latest_meta(checkpoint_dir: Path, steps: list[int]) -> dict[str, Any] | None:
-    """The meta of the newest of ``steps`` whose meta passes its checksums (None: none does); the step's
-    other files are verified once, by the restore that follows (trainer.resume)."""
-    manager = checkpoint.open_manager(checkpoint_dir)
-    try:
-        def read(step: int) -> dict[str, Any]:
-            return checkpoint.read_meta(manager, step)
-
-        return checkpoint_integrity.restore_verified(manager, read, steps, item="meta")[1]
-    except checkpoint_integrity.CheckpointDamaged:
-        return None  # resume reports it, with the damaged steps set aside
-    finally:
-        manager.close()
+def check_init_from(cfg: Any, saved_meta: dict[str, Any], where: Path) -> None:
+    """A run with checkpoints trains the checkpoints' model: a ``model.init_from`` that names another base
+    model than the one the run started from (or a run that started from scratch) is a ConfigError. The same
+    base model in another folder (its config.json describes the same family and shape) may be named."""
+    folder = getattr(cfg.model, "init_from", "")
+    if not folder:
+        return
+    lineage = saved_meta.get("init_from")
+    advice = "remove model.init_from, or use another experiment.name to start a run from it"
+    if lineage is None:
+        raise ConfigError(f"config key 'model.init_from': the checkpoints in {where} were trained from scratch, "
+                          f"not from {folder}: {advice}")
+    if Path(folder).resolve() == Path(lineage["folder"]):
+        return
+    family, base_cfg, _ = hf_model_config(read_config(Path(folder)), str(Path(folder) / "config.json"))
+    saved_model = saved_meta.get("model") or {}
+    differ = [f"family {lineage.get('family')} -> {family}"] if family != lineage.get("family") else [
+        f"{f.name} {saved_model[f.name]!r} -> {getattr(base_cfg, f.name)!r}" for f in dataclasses.fields(base_cfg)
+        if f.name not in RUN_KEYS and f.name in saved_model and saved_model[f.name] != getattr(base_cfg, f.name)]
+    if differ:
+        raise ConfigError(f"config key 'model.init_from': {folder} is another model ({', '.join(differ)}) than "
+                          f"{lineage['folder']}, which the checkpoints in {where} started from: {advice}")
+    log.info("model.init_from: %s is the same model as %s, which the run started from", folder, lineage["folder"])
 
 
 def merge_model_config(cfg: Any, base_cfg: Any, source: str) -> Any:

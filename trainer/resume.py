@@ -22,6 +22,7 @@ from experiment.jsonl import read_jsonl
 from experiment.runfolder import RunFolder
 from experiment.sections.model import model_section_class
 from trainer import checkpoint, checkpoint_integrity
+from trainer.schedules import schedule_change
 from trainer.step import TrainProgram
 
 log = logging.getLogger("trainer")
@@ -134,6 +135,47 @@ def trim_train_log(path: Path, step: int) -> float:
         atomic_write_text(path, "".join(f"{line}\n" for line in kept))
         log.info("%s: dropped %d line(s) after step %d, which this run trains again", path, dropped, step)
     return last_loss
+
+
+def latest_meta(checkpoint_dir: Path, steps: list[int]) -> dict[str, Any] | None:
+    """The meta of the newest of ``steps`` whose meta passes its checksums (None: none does); the step's
+    other files are verified once, by the restore that follows (trainer.resume)."""
+    latest = latest_step_meta(checkpoint_dir, steps)
+    return None if latest is None else latest[1]
+
+
+def latest_step_meta(checkpoint_dir: Path, steps: list[int]) -> tuple[int, dict[str, Any]] | None:
+    """``(step, meta)`` of ``latest_meta``."""
+    manager = checkpoint.open_manager(checkpoint_dir)
+    try:
+        def read(step: int) -> dict[str, Any]:
+            return checkpoint.read_meta(manager, step)
+
+        step, meta, _ = checkpoint_integrity.restore_verified(manager, read, steps, item="meta")
+        return step, meta
+    except checkpoint_integrity.CheckpointDamaged:
+        return None  # resume reports it, with the damaged steps set aside
+    finally:
+        manager.close()
+
+
+def check_schedule(saved_meta: dict[str, Any], train_cfg: Any, step: int, where: Any) -> dict[str, tuple[Any, Any]] | None:
+    """The schedule change of a run restored at ``step`` from a checkpoint with ``saved_meta`` (None: the same
+    optimization, or a checkpoint too old to say); a ConfigError naming the key, its old and new value,
+    unless ``train.allow_schedule_change``."""
+    saved = saved_meta.get("schedule")
+    if saved is None:
+        log.warning("the checkpoints in %s do not record their learning-rate schedule (an older version wrote "
+                    "them): resuming with train's schedule unchecked", where)
+        return None
+    change = schedule_change(saved, train_cfg, step)
+    if change and not train_cfg.allow_schedule_change:
+        key, (old, new) = next(iter(change.items()))
+        others = "".join(f", {k} {a!r} -> {b!r}" for k, (a, b) in list(change.items())[1:])
+        raise ConfigError(f"config key 'train.{key}': {old!r} -> {new!r}{others} changes the learning rate of steps "
+                          f"the checkpoints in {where} already trained (restored at step {step}): set it back, or set "
+                          "train.allow_schedule_change=true to train on with the new schedule")
+    return change
 
 
 RESUME_ADVICE = "use another experiment.name, or delete the checkpoints to start over"

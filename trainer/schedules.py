@@ -9,10 +9,13 @@ only then decays, so a long stable run can be cut short by a decay of its own le
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from experiment.sections.train import TrainConfig
@@ -45,3 +48,29 @@ def make_schedule(train_cfg: TrainConfig) -> optax.Schedule:
         return jnp.where(step < warmup, warming, jnp.where(step < decay_start, peak, decaying))
 
     return schedule
+
+
+# the train keys make_schedule reads: a checkpoint's meta records them ("schedule") so a resume can tell
+SCHEDULE_KEYS = ("learning_rate", "warmup_steps", "steps", "schedule", "decay", "decay_steps", "min_lr_ratio")
+
+
+def schedule_record(train_cfg: TrainConfig) -> dict[str, Any]:
+    return {key: getattr(train_cfg, key) for key in SCHEDULE_KEYS}
+
+
+def schedule_change(saved: dict[str, Any], train_cfg: TrainConfig, step: int) -> dict[str, tuple[Any, Any]] | None:
+    """The keys (``{key: (old, new)}``) by which ``train_cfg``'s schedule differs from ``saved`` (a checkpoint's
+    ``schedule_record``) for a run restored at ``step``, or None when it is the same optimization.
+
+    The same optimization: every step already trained, and the next one, gets the rate it had. So raising
+    ``steps`` of a constant schedule, or of a WSD one whose decay has not begun, changes nothing, while
+    raising it under cosine moves every rate past the warmup. A run restored at step 0 trained nothing yet.
+    """
+    changed = {key: (saved[key], getattr(train_cfg, key)) for key in SCHEDULE_KEYS
+               if key in saved and saved[key] != getattr(train_cfg, key)}
+    if not changed or step == 0:
+        return None
+    old = dataclasses.replace(train_cfg, **{key: saved[key] for key in SCHEDULE_KEYS if key in saved})
+    steps = np.arange(step + 1)
+    before, after = np.asarray(make_schedule(old)(steps)), np.asarray(make_schedule(train_cfg)(steps))
+    return None if np.allclose(before, after, rtol=1e-6, atol=0.0) else changed

@@ -49,11 +49,19 @@ from trainer.branch import Branch, link_wandb, open_branch, restore_or_branch
 from trainer.distributed import is_primary
 from trainer.guard import DIVERGED_DIR, Guard, TrainingDiverged, describe, stop_message, usable_step
 from trainer.hooks import CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCheckpoint, StopOnSignal
-from trainer.init_from import record_lineage, start_point
+from trainer.init_from import check_init_from, record_lineage, start_point
 from trainer.preemption import PreemptionWatch
 from trainer.profiling import StepTrace
 from trainer.reporting import TRAIN_LOG, open_ledger, open_train_log
-from trainer.resume import WANDB_ID_FILE, check_steps_left, finished_steps, trim_train_log
+from trainer.resume import (
+    WANDB_ID_FILE,
+    check_schedule,
+    check_steps_left,
+    finished_steps,
+    latest_step_meta,
+    trim_train_log,
+)
+from trainer.schedules import schedule_record
 from trainer.step import TrainProgram, global_batch
 from trainer.throughput import MetricsWindow, peak_flops_per_device
 
@@ -75,6 +83,25 @@ def read_inputs(cfg: ExperimentConfig, run_folder: RunFolder) -> DataSpec:
                                   seq_len=cfg.model.max_seq_len)
     return DataSpec(seq_len=int(shards["seq_len"]), vocab_size=int(tokenizer["vocab_size"]),
                     tokenizer_sha256=str(tokenizer["sha256"]))
+
+
+def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
+    """What recipe 04 checks before the harness opens a W&B run and the ledger a session (so a rerun that
+    fails here leaves a finished run's W&B id and ledger untouched): the branch's parent, the input
+    manifests, the cost catalog's rows, and, on a run with checkpoints, that the resume is the same
+    optimization (trainer.resume.check_schedule) and the same base model (trainer.init_from.check_init_from)."""
+    from cost.ledger import price_rows
+
+    open_branch(cfg, run_folder)
+    read_inputs(cfg, run_folder)
+    price_rows(cfg.cost)
+    checkpoint_dir = Path(run_folder.checkpoints)
+    steps = finished_steps(checkpoint_dir)
+    latest = latest_step_meta(checkpoint_dir, steps) if steps else None
+    if latest is not None:  # none readable: resume reports the damaged steps
+        step, saved_meta = latest
+        check_schedule(saved_meta, cfg.train, step, checkpoint_dir)
+        check_init_from(cfg, saved_meta, checkpoint_dir)
 
 
 def pretrain(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any, hooks: Sequence[Hook] = ()) -> dict[str, Any]:
@@ -139,6 +166,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
             raise
         saved_meta = checkpoint.read_meta(manager, start_step) if start_step in manager.all_steps() else None
         guard = Guard.resumed(saved_meta, start_step)
+        schedule_changes = record_schedule(meta, saved_meta, train_cfg, start_step, manager.directory)
         last_loss = math.nan
         if is_primary():
             atomic_write_json(Path(run_folder.checkpoints) / WANDB_ID_FILE, {"run_id": run_id})
@@ -155,6 +183,9 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     wandb_run.summary["model/attention_kernel"] = kernel
     log_mixture(wandb_run, loader.mixture)
     link_wandb(wandb_run, branch, parent_run_id)
+    if schedule_changes:
+        wandb_run.config.update({"schedule_changes": schedule_changes}, allow_val_change=True)
+        wandb_run.summary["train/schedule_changed_at_step"] = schedule_changes[-1]["step"]
     if start.lineage is not None:
         record_lineage(wandb_run, Path(run_folder.checkpoints), start.lineage, first_session=from_base is not None and is_primary())
 
@@ -187,6 +218,21 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     if cost is not None:
         cost.log_to(wandb_run)
     return {"final_step": ctx.step, "final_loss": ctx.last_loss, "n_params": n_params, "cost": cost}
+
+
+def record_schedule(meta: dict[str, Any], saved_meta: dict[str, Any] | None, train_cfg: Any, step: int,
+                    where: Any) -> list[dict[str, Any]]:
+    """Put this session's schedule, and the changes allowed so far (``train.allow_schedule_change``), in the
+    checkpoints' ``meta``; returns those changes (the restored checkpoint's, and this session's if any)."""
+    changes = list((saved_meta or {}).get("schedule_changes") or [])
+    change = check_schedule(saved_meta, train_cfg, step, where) if saved_meta is not None else None
+    if change:
+        log.warning("train.allow_schedule_change: the learning-rate schedule changes at step %d (%s)", step,
+                    ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in change.items()))
+        changes.append({"step": step, "changed": {k: [a, b] for k, (a, b) in change.items()}})
+    meta["schedule"] = schedule_record(train_cfg)
+    meta["schedule_changes"] = changes
+    return changes
 
 
 def run_loop(ctx: LoopContext, hooks: Sequence[Hook]) -> None:
