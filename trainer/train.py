@@ -55,6 +55,7 @@ from trainer.profiling import StepTrace
 from trainer.reporting import TRAIN_LOG, open_ledger, open_train_log
 from trainer.resume import (
     WANDB_ID_FILE,
+    check_same_run,
     check_schedule,
     check_steps_left,
     finished_steps,
@@ -92,16 +93,24 @@ def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
     optimization (trainer.resume.check_schedule) and the same base model (trainer.init_from.check_init_from)."""
     from cost.ledger import price_rows
 
-    open_branch(cfg, run_folder)
-    read_inputs(cfg, run_folder)
+    if cfg.train.branch_from:
+        run_folder.root.mkdir(parents=True, exist_ok=True)  # the parent's tokenizer and shards are linked in
+        open_branch(cfg, run_folder)
+    data = read_inputs(cfg, run_folder)
     price_rows(cfg.cost)
     checkpoint_dir = Path(run_folder.checkpoints)
     steps = finished_steps(checkpoint_dir)
     latest = latest_step_meta(checkpoint_dir, steps) if steps else None
-    if latest is not None:  # none readable: resume reports the damaged steps
-        step, saved_meta = latest
-        check_schedule(saved_meta, cfg.train, step, checkpoint_dir)
-        check_init_from(cfg, saved_meta, checkpoint_dir)
+    if latest is None:  # a fresh run, or none readable: resume reports the damaged steps
+        return
+    step, saved_meta = latest
+    # another model or data first: that, not the schedule, is what the user changed (trainer.resume);
+    # with model.init_from the model is the checkpoints' (check_init_from checks the base)
+    model = saved_meta.get("model") if getattr(cfg.model, "init_from", "") else dataclasses.asdict(cfg.model)
+    check_same_run(saved_meta, {"model": model, "vocab_size": data.vocab_size, "tokenizer_sha256": data.tokenizer_sha256,
+                                "seq_len": data.seq_len, "param_dtype": cfg.train.param_dtype}, checkpoint_dir)
+    check_init_from(cfg, saved_meta, checkpoint_dir)
+    check_schedule(saved_meta, cfg.train, step, checkpoint_dir)
 
 
 def pretrain(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any, hooks: Sequence[Hook] = ()) -> dict[str, Any]:
