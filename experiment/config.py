@@ -4,6 +4,10 @@ The schema is a tree of dataclasses (``experiment.schema.ExperimentConfig``). Lo
 YAML against it, so an unknown key or a value of the wrong type fails at once with the dotted key
 and, for a typo, the nearest valid key. Strings may use ``${VAR}`` or ``${VAR:-default}`` so that
 paths such as the shared benchmark folder can come from the environment.
+
+A credential read that way (a variable ``is_secret_var`` names: ``${WANDB_API_KEY}``, ``${HF_TOKEN}``) is
+the value the running code sees, but every record of the config (``to_dict``, ``dump_yaml``: the run
+folder's ``config.resolved.yaml`` and ``configs/`` copies, the W&B config) keeps the text as written.
 """
 
 from __future__ import annotations
@@ -28,21 +32,59 @@ from experiment.sections.model import family_axis_rules, model_section_class
 from experiment.sweep import select_variant, variant_experiment_name
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# Variables that hold credentials, by name (case-insensitive): any name containing TOKEN, SECRET, PASSWORD,
+# PASSWD or CREDENTIAL, or ending in KEY or KEY_ID: WANDB_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN,
+# AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, GOOGLE_APPLICATION_CREDENTIALS, GCP_SA_KEY.
+# Broad on purpose: a name wrongly taken for one only costs the record its value (reloading expands it again).
+_SECRET_VAR = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|KEY$|KEY_ID$", re.IGNORECASE)
+# expanded string -> the text as written, for every string a credential went into (this process's loads)
+_SECRET_EXPANSIONS: dict[str, str] = {}
+# a credential's value -> its reference, to hide it inside strings made from such a string
+_SECRET_VALUES: dict[str, str] = {}
+
+
+def is_secret_var(name: str) -> bool:
+    """Whether the environment variable ``name`` holds a credential that no file may record."""
+    return _SECRET_VAR.search(name) is not None
 
 
 def expand_env(text: str, key: str) -> str:
     """Replace ``${VAR}`` / ``${VAR:-default}``; an unset variable without a default is an error."""
+    secrets: list[tuple[str, str]] = []
 
     def substitute(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
         value = os.environ.get(name)
         if value is not None and value != "":
+            if is_secret_var(name):
+                secrets.append((value, f"${{{name}}}"))
             return value
         if default is not None:
             return default
         raise ConfigError(f"config key '{key}': environment variable {name} is not set and has no default")
 
-    return _ENV_PATTERN.sub(substitute, text)
+    expanded = _ENV_PATTERN.sub(substitute, text)
+    if secrets:
+        _SECRET_EXPANSIONS[expanded] = text
+        _SECRET_VALUES.update(secrets)
+    return expanded
+
+
+def redact(value: Any) -> Any:
+    """``value`` (a string, or mappings and lists of them) as it may be written down: every string that
+    a credential from the environment went into back to its ``${VAR}`` text, any other credential value
+    inside a string replaced by its ``${VAR}``."""
+    if isinstance(value, str):
+        if value in _SECRET_EXPANSIONS:
+            return _SECRET_EXPANSIONS[value]
+        for secret, reference in _SECRET_VALUES.items():
+            value = value.replace(secret, reference)
+        return value
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact(v) for v in value)
+    return value
 
 
 def _type_name(tp: Any) -> str:
@@ -279,7 +321,8 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config as a plain tree to record: credentials from the environment as their ``${VAR}`` (``redact``)."""
+    return redact(dataclasses.asdict(cfg))
 
 
 def dump_yaml(cfg: Any) -> str:

@@ -234,3 +234,19 @@ def test_environment_is_expanded_once_in_absent_and_present_sections(monkeypatch
     skipped: dict[str, str] = {}
     assert load_tasks(["rublimp"], present.eval, 5, skipped) == []
     assert "/data/${NOT_SET_ANYWHERE}/bench/rublimp" in skipped["rublimp"]
+
+
+def test_a_credential_is_expanded_for_the_run_and_recorded_as_written(tmp_path, monkeypatch):
+    from experiment.config import dump_yaml, is_secret_var
+
+    monkeypatch.setenv("HF_TOKEN", "hf_secret123")
+    monkeypatch.setenv("RU_PLAIN_DIR", "/data/plain")
+    path = write_yaml(tmp_path, "experiment: {name: x, description: 'tok ${HF_TOKEN}', run_root: '${RU_PLAIN_DIR}'}\n")
+    cfg = load_config(path)
+    assert cfg.experiment.description == "tok hf_secret123"  # what the running code reads
+    text = dump_yaml(cfg)
+    assert "description: tok ${HF_TOKEN}" in text and "hf_secret123" not in text
+    assert "run_root: /data/plain" in text  # a variable that is no credential is recorded expanded
+    assert all(map(is_secret_var, ["WANDB_API_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "db_password",
+                                   "GOOGLE_APPLICATION_CREDENTIALS", "AWS_SECRET_ACCESS_KEY"]))
+    assert not any(map(is_secret_var, ["RU_SHARED_DATA", "HOME", "KEYBOARD"]))
