@@ -12,10 +12,12 @@ folder's ``config.resolved.yaml`` and ``configs/`` copies, the W&B config) keeps
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import datetime
 import difflib
+import math
 import os
 import re
 import types
@@ -140,14 +142,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
     if tp is float:
+        number: float | None = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is None:
+            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+        # NaN fails every range check (each comparison is false) and inf passes most: neither is a setting
+        if not math.isfinite(number):
+            raise ConfigError(f"config key '{key}': expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return expand_env(value, key)

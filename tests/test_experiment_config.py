@@ -250,3 +250,11 @@ def test_a_credential_is_expanded_for_the_run_and_recorded_as_written(tmp_path, 
     assert all(map(is_secret_var, ["WANDB_API_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "db_password",
                                    "GOOGLE_APPLICATION_CREDENTIALS", "AWS_SECRET_ACCESS_KEY"]))
     assert not any(map(is_secret_var, ["RU_SHARED_DATA", "HOME", "KEYBOARD"]))
+
+
+@pytest.mark.parametrize("override", ["cost.usd_rub_rate=.nan", "train.grad_clip=.nan", "train.learning_rate=.nan",
+                                      "train.learning_rate=nan", "cost.usd_rub_rate=.inf", "train.grad_clip=-.inf"])
+def test_a_number_that_is_not_finite_names_the_key(override):
+    key = override.split("=")[0].replace(".", r"\.")
+    with pytest.raises(ConfigError, match=rf"^config key '{key}': expected a finite number"):
+        load_config(DEMO, [override])
