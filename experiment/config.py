@@ -200,13 +200,30 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     return obj
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """What the YAML parser objects to, on one line: the problem and where it is (line and column from 1)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None:
+        return problem
+    where = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None and start.line != mark.line:  # e.g. the '[' a list left open
+        where += f" ({context} that starts at line {start.line + 1}, column {start.column + 1})"
+    return where
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override '{text}' is not of the form key.sub=value")
     key, raw = text.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override '{text}' has an empty key part")
-    value = yaml.safe_load(raw) if raw != "" else ""
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:  # the value is read as YAML: a list [a, b], a mapping {k: v}, a number
+        raise ConfigError(f"override '{text}': the value is not valid YAML ({yaml_problem(exc)}); "
+                          "quote a string that holds YAML syntax") from exc
     return key.split("."), value
 
 
@@ -229,7 +246,7 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from exc
+        raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(exc)}") from exc
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -258,3 +258,15 @@ def test_a_number_that_is_not_finite_names_the_key(override):
     key = override.split("=")[0].replace(".", r"\.")
     with pytest.raises(ConfigError, match=rf"^config key '{key}': expected a finite number"):
         load_config(DEMO, [override])
+
+
+def test_invalid_yaml_names_the_file_line_and_column(tmp_path):
+    path = write_yaml(tmp_path, "experiment:\n  name: x\n   seed: 1\n")
+    with pytest.raises(ConfigError, match=r"exp\.yaml is not valid YAML: line 3, column 8: mapping values are not "
+                                          r"allowed here$"):
+        load_config(path)
+    path = write_yaml(tmp_path, "experiment:\n  name: x\n  seed: [1, 2\ntrain: {steps: 3}\n")
+    with pytest.raises(ConfigError, match=r"line 4, column 6: .*flow sequence that starts at line 3, column 9\)$"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"^override 'wandb\.tags=\[\$\{X\}\]': the value is not valid YAML \(line 1"):
+        load_config(DEMO, ["wandb.tags=[${X}]"])
