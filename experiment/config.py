@@ -329,9 +329,28 @@ def check_sections(cfg: ExperimentConfig) -> None:
     if unknown:
         raise ConfigError(f"config key 'train.mesh.rules': unknown logical axes {unknown} for the {cfg.model.family} "
                           f"family (its parameters and activations use: {', '.join(sorted(family_rules))})")
+    check_batch_split(cfg.train, {**family_rules, **cfg.train.mesh.rules}.get("batch", []))
     if cfg.model.attention == "cudnn" and cfg.train.compute_dtype != "bfloat16":
         raise ConfigError("config key 'model.attention': cudnn flash attention needs train.compute_dtype=bfloat16, "
                           f"got {cfg.train.compute_dtype}; use auto")
+
+
+def check_batch_split(train: Any, batch_axes: list[str]) -> None:
+    """The micro-batch divides the mesh axes that split the batch, as far as train.mesh fixes their sizes
+    (``data: -1`` is known once the devices are: trainer/step.py checks it then). Checked at load, or the
+    mesh would be refused first, blaming the device count for the batch."""
+    mesh = train.mesh
+    # data: -1 is a multiple of dcn_data (per-slice data parallelism times the slices)
+    sizes = {"data": mesh.dcn_data * (mesh.data if mesh.data != -1 else 1), "fsdp": mesh.fsdp, "tensor": mesh.tensor}
+    axes = [axis for axis in batch_axes if sizes.get(axis, 1) > 1]
+    parts = math.prod(sizes[axis] for axis in axes)
+    micro = train.batch_size // train.grad_accum_steps
+    if micro % parts:
+        what = (f"the {axes[0]} axis size {parts}" if len(axes) == 1 else
+                f"the {' x '.join(axes)} axis sizes {' x '.join(str(sizes[a]) for a in axes)} = {parts}")
+        raise ConfigError(f"config key 'train.batch_size': the micro-batch of {micro} sequences (batch_size / "
+                          f"grad_accum_steps) is not divisible by {what}, the mesh axes that split the batch "
+                          "(train.mesh); change the batch or the mesh")
 
 
 def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:

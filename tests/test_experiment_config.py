@@ -270,3 +270,17 @@ def test_invalid_yaml_names_the_file_line_and_column(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match=r"^override 'wandb\.tags=\[\$\{X\}\]': the value is not valid YAML \(line 1"):
         load_config(DEMO, ["wandb.tags=[${X}]"])
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["train.batch_size=15", "train.mesh={data: 2}"], r"micro-batch of 15 sequences .* not divisible by the data axis "
+                                                      r"size 2, the mesh axes that split the batch"),
+    (["train.batch_size=24", "train.grad_accum_steps=2", "train.mesh={data: -1, fsdp: 8}"],
+     r"micro-batch of 12 sequences .* not divisible by the fsdp axis size 8"),
+    (["train.batch_size=16", "train.mesh={data: 2, fsdp: 4, rules: {batch: [data, fsdp, tensor]}, tensor: 3}"],
+     r"not divisible by the data x fsdp x tensor axis sizes 2 x 4 x 3 = 24"),
+])
+def test_a_batch_the_mesh_cannot_split_names_the_batch(overrides, message):
+    with pytest.raises(ConfigError, match=rf"^config key 'train\.batch_size': the .*{message}"):
+        load_config(DEMO, overrides)
+    load_config(DEMO, ["train.batch_size=16", "train.mesh={data: 2, fsdp: 4}"])  # 8 divides 16
