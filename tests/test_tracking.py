@@ -179,3 +179,21 @@ def test_a_credential_in_the_config_is_in_no_file(tmp_path: Path, monkeypatch: p
     assert key not in proc.stdout + proc.stderr and token not in proc.stdout + proc.stderr
     resolved = (tmp_path / "runs" / "tiny" / "config.resolved.yaml").read_text(encoding="utf-8")
     assert "description: key ${AWS_SECRET_ACCESS_KEY}" in resolved and "${HF_TOKEN:-none}" in resolved
+
+
+def test_a_wandb_folder_deleted_mid_run_is_warned_about_once(tmp_path: Path, restore_wandb_env: None,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    import shutil
+
+    from trainer.reporting import log_metrics
+
+    cfg = offline_cfg(tmp_path)
+    folder = RunFolder.for_config(cfg)
+    with caplog.at_level("WARNING", logger="tracking"), open_run(cfg, folder, job_type="pretrain") as run:
+        log_metrics(run, None, 1, {"train/step": 1}, None)
+        assert "was deleted" not in caplog.text  # the folder is there: no word
+        shutil.rmtree(folder.wandb)
+        for step in (2, 3):
+            log_metrics(run, None, step, {"train/step": step}, None)
+    warnings = [r.getMessage() for r in caplog.records if "was deleted" in r.getMessage()]
+    assert len(warnings) == 1 and str(folder.wandb.resolve()) in warnings[0] and "recipe 06" in warnings[0]

@@ -84,6 +84,23 @@ def point_wandb_at(folder: Path) -> None:
         os.environ[var] = str(path.resolve())
 
 
+_GONE: set[str] = set()  # W&B run folders found deleted (each warned about once)
+
+
+def warn_if_folder_gone(wandb_run: Any) -> None:
+    """Warn, once, when the run's local W&B folder has been deleted while it runs: wandb goes on taking
+    metrics without a word, and an offline run loses all of them. One stat per call: cheap at log steps."""
+    if getattr(wandb_run, "disabled", True):  # a disabled or silent run keeps no folder
+        return
+    folder = getattr(getattr(wandb_run, "settings", None), "sync_dir", None)
+    if not folder or folder in _GONE or Path(folder).is_dir():
+        return
+    _GONE.add(folder)
+    log.warning("the W&B folder of this run, %s, was deleted while it runs: what it logs from now on is lost "
+                "to W&B (offline, nothing is left for `wandb sync`); the loss, cost and eval scores still go "
+                "to the run folder (train_log.jsonl, ledger/, eval/), which recipe 06 reads", folder)
+
+
 class SilentRun:
     """The run of a process that reports nothing (every JAX process but the first): it takes what a
     W&B run takes and keeps none of it, so stage code logs without asking which process it is on."""
