@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import difflib
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,8 @@ def _number(text: str, path: Path, line: int, column: str) -> float | None:
         value = float(text)
     except ValueError as exc:
         raise DataError(f"{path} line {line}: column '{column}' is not a number: {text!r}") from exc
+    if not math.isfinite(value):  # float() reads nan and inf, which would price a run at "nan RUB"
+        raise DataError(f"{path} line {line}: column '{column}' is not a finite number: {text!r}")
     if value < 0:
         raise DataError(f"{path} line {line}: column '{column}' is negative: {text!r}")
     return value

@@ -3,13 +3,16 @@
 For this experiment (and ``cost.compare_experiments`` under the same run root) it reads the W&B
 runs of the group back (the API when online; the local offline runs via ``wandb leet inspect``),
 takes the cost from the pretrain run's ``cost/*`` summary (the ledger in ``ledger/`` when W&B has
-none), the final loss, and the eval score from the eval run. It prints one row per experiment,
+none), the final loss, and the eval score from the eval run; where W&B has neither (its folder was
+deleted, or W&B was disabled) they come from the run folder: the last loss in ``train_log.jsonl``,
+the scores of the newest ``eval/step_N.json``. It prints one row per experiment,
 writes ``reports/costs.md`` / ``.csv`` and two PNG plots (loss against rubles from the pretrain
 history, eval score against rubles), and logs them to the compare run in W&B.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -99,6 +102,33 @@ class ExperimentRuns:
     def eval_runs(self) -> list[RunRecord]:
         return sorted((r for r in self.runs if r.job_type == "eval"), key=run_order)
 
+    @functools.cached_property
+    def saved_scores(self) -> dict[str, float]:
+        """The eval scores the run folder keeps (``eval_results_summary``), for when W&B has none."""
+        return eval_results_summary(self.folder.eval)
+
+
+def eval_results_summary(eval_dir: Path) -> dict[str, float]:
+    """The newest ``eval/step_N.json`` as W&B summary keys (eval/val_bpb, eval/<task>/<metric>), the way
+    recipe 05 logs them; empty without a readable results file."""
+    for path in sorted(eval_dir.glob("step_*.json"), reverse=True):  # zero-padded steps: newest first
+        try:
+            results = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(results, dict):
+            continue
+        flat: dict[str, float] = {}
+        validation = results.get("validation")
+        if isinstance(validation, dict) and isinstance(validation.get("bits_per_byte"), (int, float)):
+            flat["eval/val_bpb"] = float(validation["bits_per_byte"])
+        for task, result in (results.get("tasks") or {}).items():
+            for name, metric in ((result or {}).get("metrics") or {}).items():
+                if isinstance(metric, dict) and isinstance(metric.get("value"), (int, float)):
+                    flat[f"eval/{task}/{name}"] = float(metric["value"])
+        return flat
+    return {}
+
 
 def history_keys(cfg: Any, target: Target | None) -> list[list[str]]:
     """The history series the comparison reads online: the loss, and the target metric's eval points."""
@@ -183,7 +213,19 @@ def eval_score(exp: ExperimentRuns, metric: str | None) -> float | None:
         value = run.summary.get(metric)
         if isinstance(value, (int, float)):
             return float(value)
-    return None
+    return exp.saved_scores.get(metric)
+
+
+def final_loss(exp: ExperimentRuns, loss_metric: str) -> float | None:
+    """The latest pretrain run's final loss in W&B, else the last one its history or the run folder's
+    ``train_log.jsonl`` holds."""
+    latest = exp.cost_runs[-1] if exp.cost_runs else None
+    loss = latest.summary.get(loss_metric) if latest else None
+    if loss is None:
+        losses = [h[loss_metric] for r in exp.cost_runs for h in r.history if loss_metric in h]
+        losses = losses or [h[loss_metric] for h in read_train_log(exp.folder.root) if loss_metric in h]
+        loss = losses[-1] if losses else None
+    return loss
 
 
 def rub_per_eval_point(rub: float | None, score: float | None) -> float | None:
@@ -237,11 +279,7 @@ def cost_row(cfg: Any, exp: ExperimentRuns, metric: str | None, target: Target |
     else:
         raise MissingStageError(f"experiment '{exp.name}': no cost found (no W&B pretrain run with cost/* and no "
                                 f"{ledger_dir / LEDGER_FILE}): {PRETRAIN.run_first}")
-    loss = latest.summary.get(cfg.cost.loss_metric) if latest else None
-    if loss is None:
-        losses = [h[cfg.cost.loss_metric] for r in cost_runs for h in r.history if cfg.cost.loss_metric in h]
-        loss = losses[-1] if losses else None
-    row["final_loss"] = loss
+    row["final_loss"] = final_loss(exp, cfg.cost.loss_metric)
     row["eval_score"] = eval_score(exp, metric)
     row["rub_per_eval_point"] = rub_per_eval_point(row.get("rub_total"), row["eval_score"])
     if row["eval_score"] is not None:  # for the plot only (no table column): the score's interval
@@ -418,7 +456,12 @@ def compare_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[
         runs = read_runs(cfg, folder, folder_group(folder, group), exclude, experiment=name,
                          target=known_target(cfg))
         experiments.append(ExperimentRuns(name, folder, runs))
-    metric = pick_eval_metric(cfg, [r.summary for e in experiments for r in [*e.cost_runs, *e.eval_runs]])
+    for exp in experiments:
+        if not exp.runs:
+            log.warning("experiment '%s': no W&B run found under %s; its loss and eval scores come from the run "
+                        "folder (train_log.jsonl, eval/step_*.json)", exp.name, exp.folder.wandb)
+    metric = pick_eval_metric(cfg, [r.summary for e in experiments for r in [*e.cost_runs, *e.eval_runs]]
+                              + [e.saved_scores for e in experiments])
     target = target_of(cfg.cost, metric)
     rows = [cost_row(cfg, exp, metric, target) for exp in experiments]
 

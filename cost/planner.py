@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,9 +142,12 @@ def read_anchors(path: Path = ANCHORS) -> list[Anchor]:
                                     max_seq_len=int(row["seq_len"]),
                                     tie_embeddings=row["tie_embeddings"].strip().lower() == "true")
                 model = PlanModel(row["name"], shape, int(row["vocab_size"]), int(row["seq_len"]))
-                anchors.append(Anchor(model, row["accelerator"], float(row["tokens_per_s_per_chip"]),
-                                      float(row["mfu"]), row["source"], row["date"], row.get("note", ""),
-                                      row.get("remat") or "none", int(row.get("loss_chunk_len") or 0)))
+                tokens_per_s, mfu = float(row["tokens_per_s_per_chip"]), float(row["mfu"])
+                if not (math.isfinite(tokens_per_s) and math.isfinite(mfu)):
+                    raise ValueError("tokens_per_s_per_chip and mfu must be finite numbers")
+                anchors.append(Anchor(model, row["accelerator"], tokens_per_s, mfu, row["source"], row["date"],
+                                      row.get("note", ""), row.get("remat") or "none",
+                                      int(row.get("loss_chunk_len") or 0)))
             except (KeyError, ValueError) as exc:
                 raise DataError(f"{path} line {line}: bad anchor row ({exc})") from exc
     return anchors

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import threading
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -50,9 +51,12 @@ def _decimal_comma(text: str | None, where: str) -> float:
     if text is None or not text.strip():
         raise DataError(f"{where}: empty number")
     try:
-        return float(text.strip().replace("\u00a0", "").replace(" ", "").replace(",", "."))
+        value = float(text.strip().replace("\u00a0", "").replace(" ", "").replace(",", "."))
     except ValueError as exc:
         raise DataError(f"{where}: {text!r} is not a number") from exc
+    if not math.isfinite(value):
+        raise DataError(f"{where}: {text!r} is not a finite number")
+    return value
 
 
 def parse_cbr_xml(data: bytes, label: str = "CBR XML") -> CbrDaily:

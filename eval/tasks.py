@@ -19,6 +19,7 @@ majority); silver is reported.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import string
@@ -291,13 +292,20 @@ def check_task_names(eval_cfg: Any) -> None:
     for name in ("tasks", "train_tasks"):
         for task in getattr(eval_cfg, name):
             if task not in TASKS:
-                raise ConfigError(f"config key 'eval.{name}': unknown task '{task}' (known: {', '.join(sorted(TASKS))})")
+                raise ConfigError(f"config key 'eval.{name}': unknown task '{task}'{_known_tasks(task)}")
     for key in ("task_files", "task_schemas"):
         for task in getattr(eval_cfg, key):
             if task not in TASKS:
-                raise ConfigError(f"config key 'eval.{key}.{task}': unknown task (known: {', '.join(sorted(TASKS))})")
+                raise ConfigError(f"config key 'eval.{key}.{task}': unknown task{_known_tasks(task)}")
     for task, schema in eval_cfg.task_schemas.items():
         named_schema(TASKS[task], schema)
+
+
+def _known_tasks(task: str) -> str:
+    """The tail of an unknown task's error: the nearest known name, as for a misspelled config key, and all of them."""
+    near = difflib.get_close_matches(task, sorted(TASKS), n=1, cutoff=0.5)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    return f"{hint} (known: {', '.join(sorted(TASKS))})"
 
 
 def named_schema(spec: TaskSpec, name: str) -> Source:
@@ -311,7 +319,7 @@ def named_schema(spec: TaskSpec, name: str) -> Source:
 
 def get_task(name: str) -> TaskSpec:
     if name not in TASKS:
-        raise DataError(f"unknown eval task '{name}' (known: {', '.join(sorted(TASKS))})")
+        raise DataError(f"unknown eval task '{name}'{_known_tasks(name)}")
     return TASKS[name]
 
 

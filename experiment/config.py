@@ -4,14 +4,20 @@ The schema is a tree of dataclasses (``experiment.schema.ExperimentConfig``). Lo
 YAML against it, so an unknown key or a value of the wrong type fails at once with the dotted key
 and, for a typo, the nearest valid key. Strings may use ``${VAR}`` or ``${VAR:-default}`` so that
 paths such as the shared benchmark folder can come from the environment.
+
+A credential read that way (a variable ``is_secret_var`` names: ``${WANDB_API_KEY}``, ``${HF_TOKEN}``) is
+the value the running code sees, but every record of the config (``to_dict``, ``dump_yaml``: the run
+folder's ``config.resolved.yaml`` and ``configs/`` copies, the W&B config) keeps the text as written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import datetime
 import difflib
+import math
 import os
 import re
 import types
@@ -28,21 +34,59 @@ from experiment.sections.model import family_axis_rules, model_section_class
 from experiment.sweep import select_variant, variant_experiment_name
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# Variables that hold credentials, by name (case-insensitive): any name containing TOKEN, SECRET, PASSWORD,
+# PASSWD or CREDENTIAL, or ending in KEY or KEY_ID: WANDB_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN,
+# AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, GOOGLE_APPLICATION_CREDENTIALS, GCP_SA_KEY.
+# Broad on purpose: a name wrongly taken for one only costs the record its value (reloading expands it again).
+_SECRET_VAR = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|KEY$|KEY_ID$", re.IGNORECASE)
+# expanded string -> the text as written, for every string a credential went into (this process's loads)
+_SECRET_EXPANSIONS: dict[str, str] = {}
+# a credential's value -> its reference, to hide it inside strings made from such a string
+_SECRET_VALUES: dict[str, str] = {}
+
+
+def is_secret_var(name: str) -> bool:
+    """Whether the environment variable ``name`` holds a credential that no file may record."""
+    return _SECRET_VAR.search(name) is not None
 
 
 def expand_env(text: str, key: str) -> str:
     """Replace ``${VAR}`` / ``${VAR:-default}``; an unset variable without a default is an error."""
+    secrets: list[tuple[str, str]] = []
 
     def substitute(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
         value = os.environ.get(name)
         if value is not None and value != "":
+            if is_secret_var(name):
+                secrets.append((value, f"${{{name}}}"))
             return value
         if default is not None:
             return default
         raise ConfigError(f"config key '{key}': environment variable {name} is not set and has no default")
 
-    return _ENV_PATTERN.sub(substitute, text)
+    expanded = _ENV_PATTERN.sub(substitute, text)
+    if secrets:
+        _SECRET_EXPANSIONS[expanded] = text
+        _SECRET_VALUES.update(secrets)
+    return expanded
+
+
+def redact(value: Any) -> Any:
+    """``value`` (a string, or mappings and lists of them) as it may be written down: every string that
+    a credential from the environment went into back to its ``${VAR}`` text, any other credential value
+    inside a string replaced by its ``${VAR}``."""
+    if isinstance(value, str):
+        if value in _SECRET_EXPANSIONS:
+            return _SECRET_EXPANSIONS[value]
+        for secret, reference in _SECRET_VALUES.items():
+            value = value.replace(secret, reference)
+        return value
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact(v) for v in value)
+    return value
 
 
 def _type_name(tp: Any) -> str:
@@ -98,14 +142,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
     if tp is float:
+        number: float | None = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is None:
+            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+        # NaN fails every range check (each comparison is false) and inf passes most: neither is a setting
+        if not math.isfinite(number):
+            raise ConfigError(f"config key '{key}': expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return expand_env(value, key)
@@ -152,13 +200,30 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     return obj
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """What the YAML parser objects to, on one line: the problem and where it is (line and column from 1)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None:
+        return problem
+    where = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None and start.line != mark.line:  # e.g. the '[' a list left open
+        where += f" ({context} that starts at line {start.line + 1}, column {start.column + 1})"
+    return where
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override '{text}' is not of the form key.sub=value")
     key, raw = text.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override '{text}' has an empty key part")
-    value = yaml.safe_load(raw) if raw != "" else ""
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:  # the value is read as YAML: a list [a, b], a mapping {k: v}, a number
+        raise ConfigError(f"override '{text}': the value is not valid YAML ({yaml_problem(exc)}); "
+                          "quote a string that holds YAML syntax") from exc
     return key.split("."), value
 
 
@@ -181,7 +246,7 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from exc
+        raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(exc)}") from exc
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -264,9 +329,28 @@ def check_sections(cfg: ExperimentConfig) -> None:
     if unknown:
         raise ConfigError(f"config key 'train.mesh.rules': unknown logical axes {unknown} for the {cfg.model.family} "
                           f"family (its parameters and activations use: {', '.join(sorted(family_rules))})")
+    check_batch_split(cfg.train, {**family_rules, **cfg.train.mesh.rules}.get("batch", []))
     if cfg.model.attention == "cudnn" and cfg.train.compute_dtype != "bfloat16":
         raise ConfigError("config key 'model.attention': cudnn flash attention needs train.compute_dtype=bfloat16, "
                           f"got {cfg.train.compute_dtype}; use auto")
+
+
+def check_batch_split(train: Any, batch_axes: list[str]) -> None:
+    """The micro-batch divides the mesh axes that split the batch, as far as train.mesh fixes their sizes
+    (``data: -1`` is known once the devices are: trainer/step.py checks it then). Checked at load, or the
+    mesh would be refused first, blaming the device count for the batch."""
+    mesh = train.mesh
+    # data: -1 is a multiple of dcn_data (per-slice data parallelism times the slices)
+    sizes = {"data": mesh.dcn_data * (mesh.data if mesh.data != -1 else 1), "fsdp": mesh.fsdp, "tensor": mesh.tensor}
+    axes = [axis for axis in batch_axes if sizes.get(axis, 1) > 1]
+    parts = math.prod(sizes[axis] for axis in axes)
+    micro = train.batch_size // train.grad_accum_steps
+    if micro % parts:
+        what = (f"the {axes[0]} axis size {parts}" if len(axes) == 1 else
+                f"the {' x '.join(axes)} axis sizes {' x '.join(str(sizes[a]) for a in axes)} = {parts}")
+        raise ConfigError(f"config key 'train.batch_size': the micro-batch of {micro} sequences (batch_size / "
+                          f"grad_accum_steps) is not divisible by {what}, the mesh axes that split the batch "
+                          "(train.mesh); change the batch or the mesh")
 
 
 def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
@@ -279,7 +363,8 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config as a plain tree to record: credentials from the environment as their ``${VAR}`` (``redact``)."""
+    return redact(dataclasses.asdict(cfg))
 
 
 def dump_yaml(cfg: Any) -> str:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,8 +199,17 @@ def load_torch_file(path: Path) -> dict[str, Any]:
             state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
             state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch's refusal is a page of advice ending in weights_only=False, i.e. running code from the file:
+        # one line instead, naming the object it refused
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        what = f" (it pickles {found.group(1)})" if found else ""
+        raise DataError(f"{path}: holds pickled Python objects besides tensors{what}, which are not loaded since "
+                        "that would run code from the file; convert it to safetensors (model.safetensors) where "
+                        "you trust its source") from None
     except Exception as exc:
-        raise DataError(f"{path}: not a readable PyTorch state dict ({exc})") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"{path}: not a readable PyTorch state dict ({first})") from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]  # a training checkpoint's {"state_dict": ..., ...}
     if not isinstance(state, dict):

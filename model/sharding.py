@@ -37,9 +37,8 @@ def mesh_shape(mesh_cfg: Any, n_devices: int) -> dict[str, int]:
                 f"config key 'train.mesh': fsdp={mesh_cfg.fsdp} x tensor={mesh_cfg.tensor} x dcn_data={mesh_cfg.dcn_data} "
                 f"= {fixed} does not divide the {n_devices} devices"
             )
-        data = n_devices // fixed
-    else:
-        data *= mesh_cfg.dcn_data
+        data = n_devices // fixed  # per slice: the data axis spans the slices too
+    data *= mesh_cfg.dcn_data
     shape = {"data": data, "fsdp": mesh_cfg.fsdp, "tensor": mesh_cfg.tensor}
     if math.prod(shape.values()) != n_devices:
         raise ConfigError(

@@ -163,3 +163,18 @@ def test_unsourced_or_undated_row_is_refused(tmp_path: Path) -> None:
     bad_unit = write_user_catalog(tmp_path / "c.csv", [["infra", "disk", "", "", "on-demand", "1", "chip-hour", "s", "2025", ""]])
     with pytest.raises(DataError, match=r"c.csv line 2: unit 'chip-hour'"):
         read_prices(bad_unit)
+
+
+@pytest.mark.parametrize("figure", ["nan", "inf", "-inf"])
+def test_a_price_or_hardware_figure_that_is_not_finite_names_the_file_and_line(tmp_path: Path, figure: str) -> None:
+    prices = write_user_catalog(tmp_path / "p.csv", [
+        ["accelerator", "x", "", "", "spot", "1", "chip-hour", "s", "2025", ""],
+        ["accelerator", "y", "", "", "spot", figure, "chip-hour", "s", "2025", ""],
+    ])
+    with pytest.raises(DataError, match=rf"p.csv line 3: column 'usd' is not a finite number: '{figure}'"):
+        Catalog.load(str(prices))
+    hardware = tmp_path / "h.csv"
+    hardware.write_text("name,vendor,peak_bf16_tflops,hbm_gib,source,date,note\n"
+                        f"x,v,100,{figure},s,2025,\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"h.csv line 2: column 'hbm_gib' is not a finite number"):
+        Catalog.load(hardware_path=str(hardware))

@@ -339,3 +339,22 @@ def test_eval_plot_range_of_a_score_beyond_0_1_covers_every_interval() -> None:
     points = [ScorePoint("a", 1.0, 12.0, 10.0, 14.0), ScorePoint("b", 2.0, 13.0, 12.5, 13.5)]
     low, high = score_axis(points)
     assert low <= 10.0 - 4.0 and high >= 14.0 + 4.0  # padded by at least the widest interval
+
+
+def test_without_wandb_runs_the_loss_and_score_come_from_the_run_folder(tmp_path: Path) -> None:
+    """The W&B folder deleted (or W&B never ran): rubles from the ledger, the final loss from train_log.jsonl,
+    the eval score and its interval from the newest eval/step_N.json."""
+    from cost.compare import compare_costs
+    from tracking.wandb_run import SilentRun
+
+    cfg = experiment_cfg(tmp_path, "gone")
+    folder = RunFolder.for_config(cfg)
+    fake_training(cfg, None, [6.0])
+    (folder.root / "train_log.jsonl").write_text("".join(json.dumps({"train/step": s, "train/loss": loss}) + "\n"
+                                                         for s, loss in ((5, 5.5), (10, 4.25))), encoding="utf-8")
+    write_eval_results(folder.eval, 5, 3, 10)
+    write_eval_results(folder.eval, 10, 7, 10)  # the newest step is the score
+    (row,) = compare_costs(cfg, folder, SilentRun())
+    assert row["cost_source"].startswith("ledger") and row["rub_total"] == pytest.approx(480.0)
+    assert row["final_loss"] == 4.25 and row["eval_score"] == 0.7
+    assert row["_eval_interval"] is not None and row["rub_per_eval_point"] == pytest.approx(480.0 / 70)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import json
 import math
@@ -12,7 +13,7 @@ import jax
 import pytest
 
 from cost.catalog import Catalog, CatalogError
-from cost.planner import anchor_check, experiment_model, plan, read_anchors, tokens_per_s_per_chip
+from cost.planner import ANCHORS, anchor_check, experiment_model, plan, read_anchors, tokens_per_s_per_chip
 from cost.rates import UsdRubRate
 from experiment.config import load_config
 from experiment.errors import DataError
@@ -286,3 +287,14 @@ def test_the_shipped_8b_and_70b_configs_are_priced_on_their_own_slices(config: s
     assert first["rub"] == pytest.approx(first["hours"] * chips * first["usd_per_chip_hour"] * 100.0)
     spot = next(r for r in rows if r["pricing"] == "spot")
     assert spot["rub"] < first["rub"] and spot["hours"] == first["hours"]
+
+
+def test_an_anchor_figure_that_is_not_finite_names_the_file_and_line(tmp_path: Path) -> None:
+    with ANCHORS.open(encoding="utf-8", newline="") as handle:
+        header, first, *_ = csv.reader(handle)
+    first[header.index("mfu")] = "nan"
+    anchors = tmp_path / "anchors.csv"
+    with anchors.open("w", encoding="utf-8", newline="") as handle:
+        csv.writer(handle).writerows([header, first])
+    with pytest.raises(DataError, match=r"anchors.csv line 2: bad anchor row \(.*must be finite numbers\)"):
+        read_anchors(anchors)

@@ -36,6 +36,8 @@ def test_parse_rejects_broken_files() -> None:
     bad_value = SAMPLE.read_bytes().replace(b"101,6797", b"abc")
     with pytest.raises(DataError, match=r"R01235.*USD.*<Value>.*'abc'"):
         parse_cbr_xml(bad_value, "x.xml")
+    with pytest.raises(DataError, match=r"R01235.*USD.*<Value>.*'NaN' is not a finite number"):
+        parse_cbr_xml(SAMPLE.read_bytes().replace(b"101,6797", b"NaN"), "x.xml")
 
 
 def cfg_for(cache: Path, **changes: object) -> CostConfig:

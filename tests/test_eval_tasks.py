@@ -259,6 +259,19 @@ def test_bad_eval_config_names_the_key(override: str, key: str) -> None:
         check_task_names(load_config(REPO / "recipes" / "configs" / "demo.yaml", [override]).eval)
 
 
+@pytest.mark.parametrize(("override", "message"), [
+    ("eval.tasks=[rublimp,parrus]", r"'eval\.tasks': unknown task 'parrus'; did you mean 'parus'\? \(known: "),
+    ("eval.task_files.rucolla=/x.jsonl", r"'eval\.task_files\.rucolla': unknown task; did you mean 'rucola'\?"),
+])
+def test_a_misspelled_task_gets_the_nearest_name(override: str, message: str) -> None:
+    from eval.tasks import check_task_names
+    from experiment.config import load_config
+    from experiment.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        check_task_names(load_config(REPO / "recipes" / "configs" / "demo.yaml", [override]).eval)
+
+
 @needs_shared
 def test_scoring_a_task_is_deterministic_and_fewshot_changes_the_prompt() -> None:
     import jax.numpy as jnp

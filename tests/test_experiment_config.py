@@ -234,3 +234,53 @@ def test_environment_is_expanded_once_in_absent_and_present_sections(monkeypatch
     skipped: dict[str, str] = {}
     assert load_tasks(["rublimp"], present.eval, 5, skipped) == []
     assert "/data/${NOT_SET_ANYWHERE}/bench/rublimp" in skipped["rublimp"]
+
+
+def test_a_credential_is_expanded_for_the_run_and_recorded_as_written(tmp_path, monkeypatch):
+    from experiment.config import dump_yaml, is_secret_var
+
+    monkeypatch.setenv("HF_TOKEN", "hf_secret123")
+    monkeypatch.setenv("RU_PLAIN_DIR", "/data/plain")
+    path = write_yaml(tmp_path, "experiment: {name: x, description: 'tok ${HF_TOKEN}', run_root: '${RU_PLAIN_DIR}'}\n")
+    cfg = load_config(path)
+    assert cfg.experiment.description == "tok hf_secret123"  # what the running code reads
+    text = dump_yaml(cfg)
+    assert "description: tok ${HF_TOKEN}" in text and "hf_secret123" not in text
+    assert "run_root: /data/plain" in text  # a variable that is no credential is recorded expanded
+    assert all(map(is_secret_var, ["WANDB_API_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "db_password",
+                                   "GOOGLE_APPLICATION_CREDENTIALS", "AWS_SECRET_ACCESS_KEY"]))
+    assert not any(map(is_secret_var, ["RU_SHARED_DATA", "HOME", "KEYBOARD"]))
+
+
+@pytest.mark.parametrize("override", ["cost.usd_rub_rate=.nan", "train.grad_clip=.nan", "train.learning_rate=.nan",
+                                      "train.learning_rate=nan", "cost.usd_rub_rate=.inf", "train.grad_clip=-.inf"])
+def test_a_number_that_is_not_finite_names_the_key(override):
+    key = override.split("=")[0].replace(".", r"\.")
+    with pytest.raises(ConfigError, match=rf"^config key '{key}': expected a finite number"):
+        load_config(DEMO, [override])
+
+
+def test_invalid_yaml_names_the_file_line_and_column(tmp_path):
+    path = write_yaml(tmp_path, "experiment:\n  name: x\n   seed: 1\n")
+    with pytest.raises(ConfigError, match=r"exp\.yaml is not valid YAML: line 3, column 8: mapping values are not "
+                                          r"allowed here$"):
+        load_config(path)
+    path = write_yaml(tmp_path, "experiment:\n  name: x\n  seed: [1, 2\ntrain: {steps: 3}\n")
+    with pytest.raises(ConfigError, match=r"line 4, column 6: .*flow sequence that starts at line 3, column 9\)$"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"^override 'wandb\.tags=\[\$\{X\}\]': the value is not valid YAML \(line 1"):
+        load_config(DEMO, ["wandb.tags=[${X}]"])
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["train.batch_size=15", "train.mesh={data: 2}"], r"micro-batch of 15 sequences .* not divisible by the data axis "
+                                                      r"size 2, the mesh axes that split the batch"),
+    (["train.batch_size=24", "train.grad_accum_steps=2", "train.mesh={data: -1, fsdp: 8}"],
+     r"micro-batch of 12 sequences .* not divisible by the fsdp axis size 8"),
+    (["train.batch_size=16", "train.mesh={data: 2, fsdp: 4, rules: {batch: [data, fsdp, tensor]}, tensor: 3}"],
+     r"not divisible by the data x fsdp x tensor axis sizes 2 x 4 x 3 = 24"),
+])
+def test_a_batch_the_mesh_cannot_split_names_the_batch(overrides, message):
+    with pytest.raises(ConfigError, match=rf"^config key 'train\.batch_size': the .*{message}"):
+        load_config(DEMO, overrides)
+    load_config(DEMO, ["train.batch_size=16", "train.mesh={data: 2, fsdp: 4}"])  # 8 divides 16

@@ -263,3 +263,30 @@ def test_checkpoints_from_before_the_new_model_keys_still_resume() -> None:
     check_same_run(saved, current, "x")
     with pytest.raises(DataError, match="qkv_bias: False -> True"):
         check_same_run(saved, {**current, "model": {**current["model"], "qkv_bias": True}}, "x")
+
+
+def test_a_pickled_pytorch_file_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.load(weights_only=True) refuses a file that pickles objects with a page of advice (what torch
+    2.6+ raises, stood in for here: the base venv has no torch); the recipe says it in one line."""
+    import pickle
+    import sys
+    import types
+
+    from model.hf_checkpoint import load_torch_file
+
+    advice = ("Weights only load failed. This file can still be loaded, to do so you have 2 options, do those steps "
+              "only if you trust the source of the checkpoint.\n\t(1) ... Re-running `torch.load` with `weights_only` "
+              "set to `False` will likely succeed, but it can result in arbitrary code execution.\n\t(2) ...\n\t"
+              "WeightsUnpickler error: Unsupported global: GLOBAL __main__.Net was not an allowed global by default."
+              "\n\nCheck the documentation of torch.load to learn more.")
+
+    def load(*args: object, **kwargs: object) -> None:
+        raise pickle.UnpicklingError(advice)
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(load=load, Tensor=type("Tensor", (), {})))
+    with pytest.raises(DataError) as info:
+        load_torch_file(tmp_path / "pytorch_model.bin")
+    message = str(info.value)
+    assert "\n" not in message and "weights_only" not in message
+    assert message.startswith(f"{tmp_path / 'pytorch_model.bin'}: holds pickled Python objects besides tensors "
+                              "(it pickles __main__.Net)") and "convert it to safetensors" in message

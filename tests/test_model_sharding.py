@@ -121,3 +121,11 @@ def test_every_parameter_follows_the_rules_on_8_devices(eight_devices: DeviceWor
     assert out["param_diff"] < 1e-5 and out["norm_moved"] < 1e-5 and out["norm_decayed"]
     assert errors["batch"] and "train.batch_size" in errors["batch"]
     assert errors["vocab"] and errors["vocab"].startswith("parameter embed ('vocab', 'embed'): dimension of size 63")
+
+
+def test_data_left_over_spans_the_slices() -> None:
+    from experiment.sections.train import MeshConfig
+    from model.sharding import mesh_shape
+
+    # 2 slices of 8 chips, fsdp 4 within a slice: 2-way data parallel per slice, 4-way in all
+    assert mesh_shape(MeshConfig(fsdp=4, dcn_data=2), 16) == {"data": 4, "fsdp": 4, "tensor": 1}

@@ -157,3 +157,43 @@ def test_auto_mode_falls_back_to_offline_when_wandb_is_unreachable(
     assert "cannot reach W&B at http://127.0.0.1:9" in caplog.text and "offline" in caplog.text
     (run_dir,) = find_offline_runs(RunFolder.for_config(cfg).wandb)
     assert read_offline_run(run_dir).history[0]["train/loss"] == 1.0
+
+
+def test_a_credential_in_the_config_is_in_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config value reading a key from the environment: the recipe runs with it, and no file of the run
+    folder or of the W&B run (its binary .wandb file included) holds the key; the records say ${VAR}."""
+    from tests.recipe_runner import run_recipe, tiny_config
+
+    key, token = "wk-9f3a1c77e2b0d4c6", "hf_Qz81LmXw0pTaa"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key)  # not WANDB_API_KEY: the recipe runner drops it
+    monkeypatch.setenv("HF_TOKEN", token)
+    config = tiny_config(tmp_path, experiment={"name": "tiny", "description": "key ${AWS_SECRET_ACCESS_KEY}"},
+                         cost={"plan_model": "1b", "plan_tokens": 1_000_000_000},
+                         wandb={"tags": ["${HF_TOKEN:-none}"]})
+    proc = run_recipe("07_plan_costs.py", config, timeout=120)
+    files = [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
+    assert any(p.suffix == ".wandb" for p in files) and any(p.name == "config.resolved.yaml" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        assert key.encode() not in data and token.encode() not in data, path
+    assert key not in proc.stdout + proc.stderr and token not in proc.stdout + proc.stderr
+    resolved = (tmp_path / "runs" / "tiny" / "config.resolved.yaml").read_text(encoding="utf-8")
+    assert "description: key ${AWS_SECRET_ACCESS_KEY}" in resolved and "${HF_TOKEN:-none}" in resolved
+
+
+def test_a_wandb_folder_deleted_mid_run_is_warned_about_once(tmp_path: Path, restore_wandb_env: None,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    import shutil
+
+    from trainer.reporting import log_metrics
+
+    cfg = offline_cfg(tmp_path)
+    folder = RunFolder.for_config(cfg)
+    with caplog.at_level("WARNING", logger="tracking"), open_run(cfg, folder, job_type="pretrain") as run:
+        log_metrics(run, None, 1, {"train/step": 1}, None)
+        assert "was deleted" not in caplog.text  # the folder is there: no word
+        shutil.rmtree(folder.wandb)
+        for step in (2, 3):
+            log_metrics(run, None, step, {"train/step": step}, None)
+    warnings = [r.getMessage() for r in caplog.records if "was deleted" in r.getMessage()]
+    assert len(warnings) == 1 and str(folder.wandb.resolve()) in warnings[0] and "recipe 06" in warnings[0]

@@ -4,14 +4,14 @@ One run per recipe invocation, grouped by experiment (the variants of a sweep by
 run is offline, so the demo and the tests work on a machine with no network. ``mode: auto`` with a
 key also goes offline, with a warning, when the W&B server cannot be reached within a few seconds
 or refuses to start the run (``wandb sync`` uploads the run folder later). Secrets never reach
-W&B: the config we log is the experiment config, which has no secret fields, and API keys are read
+W&B: the config we log is the experiment config, which has no secret fields, with any credential a
+value read from the environment as its ``${VAR}`` (experiment.config.redact), and API keys are read
 from the environment by wandb itself.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import netrc
 import os
@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from experiment.config import redact, to_dict
 from experiment.sweep import sweep_name, variant_of
 
 log = logging.getLogger("tracking")
@@ -83,6 +84,23 @@ def point_wandb_at(folder: Path) -> None:
         os.environ[var] = str(path.resolve())
 
 
+_GONE: set[str] = set()  # W&B run folders found deleted (each warned about once)
+
+
+def warn_if_folder_gone(wandb_run: Any) -> None:
+    """Warn, once, when the run's local W&B folder has been deleted while it runs: wandb goes on taking
+    metrics without a word, and an offline run loses all of them. One stat per call: cheap at log steps."""
+    if getattr(wandb_run, "disabled", True):  # a disabled or silent run keeps no folder
+        return
+    folder = getattr(getattr(wandb_run, "settings", None), "sync_dir", None)
+    if not folder or folder in _GONE or Path(folder).is_dir():
+        return
+    _GONE.add(folder)
+    log.warning("the W&B folder of this run, %s, was deleted while it runs: what it logs from now on is lost "
+                "to W&B (offline, nothing is left for `wandb sync`); the loss, cost and eval scores still go "
+                "to the run folder (train_log.jsonl, ledger/, eval/), which recipe 06 reads", folder)
+
+
 class SilentRun:
     """The run of a process that reports nothing (every JAX process but the first): it takes what a
     W&B run takes and keeps none of it, so stage code logs without asking which process it is on."""
@@ -124,26 +142,27 @@ def open_run(cfg: Any, run_folder: Any, job_type: str, run_id: str | None = None
 
     mode = resolve_mode(cfg.wandb.mode)
     point_wandb_at(Path(run_folder.wandb))
-    config = dataclasses.asdict(cfg)
+    config = to_dict(cfg)
     variant = variant_of(cfg.experiment)
     if variant is not None:  # what this run of a sweep changes, as W&B config keys to group and filter by
         config[VARIANT_CONFIG_KEY] = {"name": variant.name, **variant.overrides}
     if extra_config:
-        config.update(extra_config)
+        config.update(redact(extra_config))
     auto_online = cfg.wandb.mode == "auto" and mode == "online"
 
     def init(mode: str) -> Any:
         timeout = {"init_timeout": AUTO_INIT_TIMEOUT_S} if auto_online and mode == "online" else {}
+        # the names and tags are recorded in the run too: a credential read into one stays ${VAR}
         return wandb.init(
-            project=cfg.wandb.project,
-            entity=cfg.wandb.entity or None,
-            group=sweep_name(cfg.experiment),
+            project=redact(cfg.wandb.project),
+            entity=redact(cfg.wandb.entity) or None,
+            group=redact(sweep_name(cfg.experiment)),
             job_type=job_type,
-            name=f"{cfg.experiment.name}-{job_type}",
+            name=redact(f"{cfg.experiment.name}-{job_type}"),
             id=run_id,
             resume="allow" if run_id else None,
             config=config,
-            tags=cfg.wandb.tags,
+            tags=redact(cfg.wandb.tags),
             dir=os.environ["WANDB_DIR"],
             mode=mode,
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True, **timeout),

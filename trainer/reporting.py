@@ -20,6 +20,7 @@ from cost.summary import CostSummary
 from cost.target import TRAIN_LOG
 from experiment.runfolder import RunFolder
 from tracking.metrics import log_step
+from tracking.wandb_run import warn_if_folder_gone
 from trainer.distributed import is_primary
 from trainer.throughput import chips_in_use
 
@@ -72,6 +73,7 @@ def log_metrics(wandb_run: Any, train_log: TextIO | None, step: int, record: dic
     """To W&B at an explicit step (a resumed run, a new local folder offline, continues the axis),
     with the rubles spent so far; and one JSON line per log step to ``train_log.jsonl``."""
     payload = log_step(wandb_run, step, record, ledger_summary.step_metrics() if ledger_summary is not None else {})
+    warn_if_folder_gone(wandb_run)
     if train_log is not None:
         train_log.write(json.dumps(payload) + "\n")
         train_log.flush()
