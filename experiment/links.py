@@ -21,11 +21,12 @@ from typing import Any
 from experiment.errors import ConfigError, RecipeError
 from experiment.manifest import linked_run
 from experiment.runfolder import RunFolder
-from experiment.stages import CORPUS, EVAL, PRETRAIN, SHARDS, TOKENIZER, Stage
+from experiment.stages import CORPUS, EVAL, FIT_CHECK, PRETRAIN, SHARDS, TOKENIZER, Stage
 
 log = logging.getLogger("experiment.links")
 DATA_STAGES = (CORPUS, TOKENIZER, SHARDS)  # the stages whose outputs other runs read through links
-DATA_READERS = (PRETRAIN, EVAL)  # the stages that read experiment.data_from's data
+# the stages that read experiment.data_from's data (recipe 04b: the tokenizer's and shards' manifests)
+DATA_READERS = (PRETRAIN, FIT_CHECK, EVAL)
 BRANCH_DATA = (TOKENIZER, SHARDS)  # the stages a decay branch reads from its parent
 
 
@@ -68,8 +69,8 @@ def check_own_output(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
 
 
 def link_data_from(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
-    """``experiment.data_from``: recipes 04/05 read that experiment's corpus, tokenizer and shards through
-    links; recipes 01-03 build them only in that experiment's own folder."""
+    """``experiment.data_from``: recipes 04, 04b and 05 read that experiment's corpus, tokenizer and shards
+    through links; recipes 01-03 build them only in that experiment's own folder; 06 and 07 read none."""
     name = cfg.experiment.data_from
     if not name:
         return
