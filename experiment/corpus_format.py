@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiment.errors import DataError
-from experiment.files import atomic_open
+from experiment.files import atomic_open, sha256_file
 from experiment.jsonl import iter_jsonl
 from experiment.manifest import invalidate
 from experiment.stages import CORPUS
@@ -45,6 +45,25 @@ def iter_documents(corpus_dir: Path, manifest: dict[str, Any] | None = None) -> 
             raise DataError(f"corpus shard {path} has {path.stat().st_size} bytes, the manifest says {shard['bytes']}")
         with path.open(encoding="utf-8") as handle:
             yield from parse_document_lines(handle, str(path))
+
+
+def verify_corpus(corpus_dir: Path, manifest: dict[str, Any]) -> None:
+    """Check every local corpus shard against the manifest's sha256 (sizes alone miss a same-size edit);
+    one DataError naming the first that differs. Shards that Beam workers left elsewhere are read there."""
+    corpus_dir = Path(corpus_dir)
+    for shard in manifest["shards"]:
+        path = corpus_dir / shard["file"]
+        if not shard.get("sha256") or not path.is_file() and manifest.get("data_uri"):
+            continue
+        try:
+            digest = sha256_file(path)
+        except OSError as exc:
+            raise DataError(f"corpus shard {path} listed in the manifest cannot be read ({exc}): "
+                            f"{CORPUS.run_again}") from exc
+        if digest != shard["sha256"]:
+            raise DataError(f"corpus shard {path} does not match its manifest: sha256 {digest[:12]}..., the manifest "
+                            f"says {shard['sha256'][:12]}... (the file changed after {CORPUS.recipe} wrote it): "
+                            f"{CORPUS.run_again}")
 
 
 def parse_document_lines(lines: Iterable[str], name: str) -> Iterator[dict[str, Any]]:

@@ -1,7 +1,11 @@
 """Stage manifests: the file that says a stage finished, written last and atomically.
 
 A stage removes its old manifest before it writes anything, so a crash mid-run leaves a folder
-without a manifest, and the next stage refuses it instead of trusting half the output.
+without a manifest, and the next stage refuses it instead of trusting half the output. It never
+does so through a link into another run (experiment/links.py): that data is read-only here.
+
+The files a manifest lists (``file`` and ``model_file`` entries, at any depth) are names inside its
+folder: an absolute path or one leaving the folder is refused when the manifest is read.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from typing import Any
 
 from experiment.errors import DataError, MissingStageError
 from experiment.files import atomic_write_json
+from experiment.runfolder import linked_run
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
+FILE_KEYS = frozenset({"file", "model_file"})  # manifest entries that name a file of the stage's folder
 
 
 def manifest_path(stage_dir: Path) -> Path:
@@ -25,6 +31,10 @@ def manifest_path(stage_dir: Path) -> Path:
 def invalidate(stage_dir: Path) -> None:
     """Mark a stage folder as unfinished before rewriting it."""
     stage_dir = Path(stage_dir)
+    owner = linked_run(stage_dir)
+    if owner is not None:
+        raise DataError(f"{stage_dir} is a link to {stage_dir.resolve()} (the data of run {owner}): its data is "
+                        "read-only here; remove the link to build this run's own")
     stage_dir.mkdir(parents=True, exist_ok=True)
     manifest_path(stage_dir).unlink(missing_ok=True)
 
@@ -56,4 +66,22 @@ def read_manifest(stage_dir: Path, stage: str, recipe: str) -> dict[str, Any]:
         raise MissingStageError(
             f"{path} has schema version {body.get('schema_version')}, this code needs {SCHEMA_VERSION}: run {recipe} again"
         )
+    _check_entries(body, path, "")
     return body
+
+
+def _check_entries(node: Any, path: Path, where: str) -> None:
+    """Every file a manifest names is a relative path inside its folder (not absolute, no ``..``)."""
+    if isinstance(node, list):
+        for index, item in enumerate(node):
+            _check_entries(item, path, f"{where}[{index}]")
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            entry = f"{where}.{key}" if where else str(key)
+            if key in FILE_KEYS and isinstance(value, str):
+                parts = Path(value).parts
+                if not value or Path(value).is_absolute() or ".." in parts:
+                    raise DataError(f"{path}: entry '{entry}' is {value!r}, not a file name inside {path.parent}: "
+                                    "a manifest lists only files of its own folder")
+            else:
+                _check_entries(value, path, entry)

@@ -10,6 +10,19 @@ from typing import Any
 from experiment.config import dump_yaml
 from experiment.files import atomic_write_text
 
+RESOLVED_CONFIG = "config.resolved.yaml"  # every stage writes it first: its presence marks a run folder
+
+
+def linked_run(folder: Path) -> Path | None:
+    """The run folder whose stage folder ``folder`` links to (None: not a link, or a link of the user's own
+    to storage elsewhere: its target is no stage folder of the same name in a run folder)."""
+    folder = Path(folder)
+    if not folder.is_symlink():
+        return None
+    target = folder.resolve()
+    owner = target.parent
+    return owner if target.name == folder.name and (owner / RESOLVED_CONFIG).is_file() else None
+
 
 @dataclass(frozen=True)
 class RunFolder:
@@ -56,5 +69,5 @@ class RunFolder:
         text = dump_yaml(cfg)
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         atomic_write_text(self.root / "configs" / f"{stamp}-{stage}.yaml", text)
-        atomic_write_text(self.root / "config.resolved.yaml", text)
-        return self.root / "config.resolved.yaml"
+        atomic_write_text(self.root / RESOLVED_CONFIG, text)
+        return self.root / RESOLVED_CONFIG

@@ -26,6 +26,9 @@ class Stage:
     # manifest keys the later stages read, with their types; empty: the stage writes no manifest
     manifest_keys: dict[str, type | tuple[type, ...]] = field(default_factory=dict)
     output: str = manifests.MANIFEST_NAME  # the file in ``folder`` that later stages read
+    # the stages whose output it reads while it runs: their lock is held shared (experiment/lock.py),
+    # so none of them rewrites it meanwhile
+    reads: tuple[str, ...] = ()
 
     @property
     def has_manifest(self) -> bool:
@@ -85,12 +88,15 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 
 CORPUS = Stage("corpus", "corpus", "recipes/01_build_corpus.py", {"documents": int, "shards": list})
-TOKENIZER = Stage("tokenizer", "tokenizer", "recipes/02_train_tokenizer.py", {"sha256": str, "vocab_size": int})
+TOKENIZER = Stage("tokenizer", "tokenizer", "recipes/02_train_tokenizer.py", {"sha256": str, "vocab_size": int},
+                  reads=("corpus",))
 SHARDS = Stage("shards", "shards", "recipes/03_shard.py",
-               {"tokenizer_sha256": str, "seq_len": int, "splits": dict})
-PRETRAIN = Stage("pretrain", "checkpoints", "recipes/04_pretrain.py", output="")
+               {"tokenizer_sha256": str, "seq_len": int, "splits": dict}, reads=("corpus", "tokenizer"))
+PRETRAIN = Stage("pretrain", "checkpoints", "recipes/04_pretrain.py", output="", reads=("tokenizer", "shards"))
 FIT_CHECK = Stage("fit_check", "reports", "recipes/04b_tpu_fit_check.py", output="fit_check.json")
-EVAL = Stage("eval", "eval", "recipes/05_evaluate.py", {"latest": str, "latest_step": int})
+# not the checkpoints: recipe 05 evaluates finished ones while recipe 04 goes on training
+EVAL = Stage("eval", "eval", "recipes/05_evaluate.py", {"latest": str, "latest_step": int},
+             reads=("tokenizer", "shards"))
 COMPARE = Stage("compare", "reports", "recipes/06_compare_costs.py", output="costs.csv")
 PLAN = Stage("plan", "reports", "recipes/07_plan_costs.py", output="plan.csv")
 

@@ -18,6 +18,8 @@ from typing import Any
 from experiment.config import load_config
 from experiment.errors import RecipeError
 from experiment.files import WRITE_ERRNOS, write_error
+from experiment.links import prepare_links
+from experiment.lock import stage_lock
 from experiment.plugins import load_plugins
 from experiment.runfolder import RunFolder
 from experiment.stages import Stage, stage_named
@@ -53,9 +55,11 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
     ``prepare(cfg)`` runs right after the config is read, before W&B starts any thread (process-wide
     settings such as the allocator and JAX's device count, and joining the other JAX processes).
     ``reports(cfg)``, asked after ``prepare``, says whether this process opens the W&B run (only the
-    first JAX process does; the others get a run that keeps nothing).
-    ``check(cfg, run_folder)``, after ``prepare``, runs the stage's checks of its config and inputs before
-    anything is written: a failing rerun leaves no resolved config, W&B run or ledger session behind.
+    first JAX process does; the others get a run that keeps nothing); that process also holds the run
+    folder's stage lock (experiment/lock.py) while the stage runs. Before it, the stage's output folder is
+    checked to be this run's own, and ``experiment.data_from`` is linked (experiment/links.py).
+    ``check(cfg, run_folder)`` runs the stage's checks of its config and inputs, under the lock, before
+    anything else is written: a failing rerun leaves no resolved config, W&B run or ledger session behind.
     """
     stage = stage if isinstance(stage, Stage) else stage_named(stage)
     args = make_parser(description).parse_args(argv)
@@ -68,16 +72,18 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
             prepare(cfg)
         run_folder = RunFolder.for_config(cfg)
         run_root = run_folder.root
-        if check is not None:
-            check(cfg, run_folder)
         run_folder.root.mkdir(parents=True, exist_ok=True)
-        run_folder.save_resolved_config(cfg, stage.name)
-        from tracking.wandb_run import open_run
+        prepare_links(cfg, run_folder, stage)
+        primary = reports(cfg) if reports else True
+        with stage_lock(run_folder, stage, primary):
+            if check is not None:
+                check(cfg, run_folder)
+            run_folder.save_resolved_config(cfg, stage.name)
+            from tracking.wandb_run import open_run
 
-        run_id = wandb_run_id(cfg, run_folder) if wandb_run_id else None
-        with open_run(cfg, run_folder, job_type=stage.name, run_id=run_id,
-                      reports=reports(cfg) if reports else True) as wandb_run:
-            fn(cfg, run_folder, wandb_run)
+            run_id = wandb_run_id(cfg, run_folder) if wandb_run_id else None
+            with open_run(cfg, run_folder, job_type=stage.name, run_id=run_id, reports=primary) as wandb_run:
+                fn(cfg, run_folder, wandb_run)
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

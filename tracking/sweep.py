@@ -15,7 +15,6 @@ there first when its shards are missing, and each variant's folder links to them
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import subprocess
 import sys
@@ -25,14 +24,15 @@ from typing import Any
 
 from experiment.config import load_config
 from experiment.errors import RecipeError
+from experiment.links import DATA_STAGES, link_stages
+from experiment.lock import SWEEP, hold, lock_path
 from experiment.runfolder import RunFolder
-from experiment.stages import COMPARE, CORPUS, EVAL, PRETRAIN, SHARDS, TOKENIZER, Stage
+from experiment.stages import COMPARE, EVAL, PRETRAIN, SHARDS, Stage
 from experiment.sweep import Variant, sweep_name, sweep_variants
 from tracking.harness import make_parser, setup_logging
 
 log = logging.getLogger("tracking.sweep")
 REPO = Path(__file__).resolve().parents[1]
-DATA_STAGES = (CORPUS, TOKENIZER, SHARDS)  # made once, shared by every variant
 VARIANT_STAGES = (PRETRAIN, EVAL)
 
 
@@ -63,13 +63,9 @@ def ensure_data(cfg: Any, config: str, overrides: list[str]) -> RunFolder:
 
 
 def link_data(variant_folder: RunFolder, data: RunFolder) -> None:
-    """The variant's corpus/, tokenizer/ and shards/ link to the shared ones (where it has none of its own)."""
-    variant_folder.root.mkdir(parents=True, exist_ok=True)
-    for stage in DATA_STAGES:
-        mine, shared = stage.dir(variant_folder), stage.dir(data).resolve()
-        if not mine.exists() and not mine.is_symlink() and shared.is_dir():
-            with contextlib.suppress(FileExistsError):
-                mine.symlink_to(shared, target_is_directory=True)
+    """The variant's corpus/, tokenizer/ and shards/ link to the shared ones (where it has none of its own),
+    read-only for the variant (experiment/links.py)."""
+    link_stages(variant_folder, data, DATA_STAGES, "sweep")
 
 
 def finished(cfg: Any) -> bool:
@@ -105,10 +101,13 @@ def run_sweep(config: str, overrides: list[str], compare: bool = True) -> dict[s
     if not variants:
         raise RecipeError(f"{config}: declares no variants: add experiment.variants (a list of overrides) or "
                           "experiment.grid (key: [values])")
-    data = ensure_data(cfg, config, overrides)
-    done = {v.name: run_variant(v, i, len(variants), config, overrides, data) for i, v in enumerate(variants, 1)}
-    if compare:
-        run_stage(COMPARE, config, overrides)
+    # one sweep at a time in its folder (a double submit); no deadlock with its stages: they run in processes
+    # of their own and each locks its own stage, never this lock
+    with hold(lock_path(RunFolder.for_config(cfg), SWEEP), SWEEP):
+        data = ensure_data(cfg, config, overrides)
+        done = {v.name: run_variant(v, i, len(variants), config, overrides, data) for i, v in enumerate(variants, 1)}
+        if compare:
+            run_stage(COMPARE, config, overrides)
     return done
 
 

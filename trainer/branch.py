@@ -17,7 +17,6 @@ record, from ``summarize_ledger_at`` on the parent's ledger), and its W&B run na
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 
 from cost.ledger_pricing import summarize_ledger_at
 from experiment.errors import ConfigError
+from experiment.links import BRANCH_DATA, branch_parent, link_stages
 from experiment.runfolder import RunFolder
 from trainer import checkpoint, checkpoint_integrity
 from trainer.distributed import is_primary
@@ -33,7 +33,6 @@ from trainer.resume import check_same_run, finished_steps, restore_or_init
 from trainer.step import TrainProgram
 
 log = logging.getLogger("trainer")
-PARENT_DATA = ("tokenizer", "shards")  # the stages a branch reads from its parent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +46,9 @@ def open_branch(cfg: Any, run_folder: RunFolder) -> Branch | None:
     branch), checked to have that checkpoint; links the parent's tokenizer and shards into this run
     folder where it has none."""
     train_cfg = cfg.train
-    if not train_cfg.branch_from:
+    parent = branch_parent(cfg)
+    if parent is None:
         return None
-    parent = RunFolder((Path(cfg.experiment.run_root) / train_cfg.branch_from).resolve())
     if parent.root == Path(run_folder.root).resolve():
         raise ConfigError(f"config key 'train.branch_from': {parent.root} is this run's own folder: a branch is "
                           "another experiment.name")
@@ -60,12 +59,7 @@ def open_branch(cfg: Any, run_folder: RunFolder) -> Branch | None:
     if train_cfg.branch_step not in steps:
         raise ConfigError(f"config key 'train.branch_step': no finished checkpoint of step {train_cfg.branch_step} in "
                           f"{parent.checkpoints} (its steps: {', '.join(map(str, steps)) or 'none'})")
-    for stage in PARENT_DATA:
-        mine, theirs = Path(getattr(run_folder, stage)), Path(getattr(parent, stage))
-        if not mine.exists() and not mine.is_symlink() and theirs.is_dir():
-            with contextlib.suppress(FileExistsError):  # another JAX process of this run made it first
-                mine.symlink_to(theirs, target_is_directory=True)
-                log.info("branch: %s links to the parent's %s", mine, theirs)
+    link_stages(run_folder, parent, BRANCH_DATA, "branch")  # read-only here (experiment/links.py)
     return Branch(parent, train_cfg.branch_step)
 
 

@@ -24,7 +24,7 @@ from data_prep.shards.beam import run_beam_shards
 from data_prep.shards.layout import SPLITS, feature_schema, row_tokens, shard_file_name, shard_summary, split_of
 from data_prep.shards.packing import Packer, PackingStats
 from data_prep.shards.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
-from experiment.corpus_format import iter_documents, read_corpus_manifest
+from experiment.corpus_format import iter_documents, read_corpus_manifest, verify_corpus
 from experiment.errors import DataError
 from experiment.manifest import MANIFEST_NAME, invalidate
 from experiment.progress import progress as progress_bar
@@ -120,6 +120,7 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
     tokenizer = load_run_tokenizer(run_folder.tokenizer)
     tok_manifest = tokenizer.manifest
     corpus_manifest = read_corpus_manifest(run_folder.corpus)
+    verify_corpus(run_folder.corpus, corpus_manifest)  # before the old shards go: an edited corpus keeps them
     eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
 
     out_dir = Path(run_folder.shards)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,8 +10,8 @@ from experiment.sweep import expand_variants
 
 @dataclass
 class ExperimentSection:
-    name: str
-    run_root: str = "runs"  # the run folder is <run_root>/<name>
+    name: str  # a plain name (no slash or backslash, not . or ..): the run folder is <run_root>/<name>
+    run_root: str = "runs"
     seed: int = 0
     description: str = ""
     # a sweep (recipes/08_sweep.py): variants of this experiment, each a run under one W&B group
@@ -19,10 +20,24 @@ class ExperimentSection:
     grid: dict[str, list[Any]] = field(default_factory=dict)  # dotted key -> values: every combination a variant
     variant: str = ""  # the variant this run is (set by recipe 08; its overrides are applied at load)
     group: str = ""  # W&B group; empty: the experiment's name (a variant: its sweep's name, set at load)
-    data_from: str = ""  # the experiment whose corpus/tokenizer/shards a sweep's variants use; empty: the sweep's
+    # the experiment (a plain name under the same run_root) whose corpus/tokenizer/shards this run reads:
+    # recipes 04/04b/05 link them into its folder, read-only (experiment/links.py); a sweep's variants all
+    # read them. Empty: the run's own (a sweep's: the sweep's folder)
+    data_from: str = ""
 
     def validate(self, key: str) -> None:
+        for name in ("name", "data_from", "group"):
+            _check_plain_name(f"{key}.{name}", getattr(self, name), allow_empty=name != "name")
         expand_variants(self.variants, self.grid)  # names and keys checked at load, not when the sweep starts
         if self.variant and not (self.variants or self.grid):
             raise ConfigError(f"config key '{key}.variant': {self.variant!r} names a variant, but the config "
                               "declares no experiment.variants or experiment.grid")
+
+
+def _check_plain_name(key: str, value: str, allow_empty: bool) -> None:
+    """A name that is one folder under the run root: never a path out of it, an absolute path or the root itself."""
+    if not value and allow_empty:
+        return
+    if not value or value in (".", "..") or re.search(r"[/\\\x00]", value):
+        raise ConfigError(f"config key '{key}': {value!r} is not a plain name (no '/', '\\', '..' or empty name): "
+                          "it names a folder under experiment.run_root")

@@ -1,0 +1,113 @@
+"""Stage folders linked from another run: how a run reads another's corpus, tokenizer and shards, read-only.
+
+Three things link a run's stage folders to another run's: a decay branch (``train.branch_from``:
+the parent's tokenizer and shards), a sweep's variants (the corpus, tokenizer and shards they
+share) and ``experiment.data_from`` (any run of recipes 04/05 on another experiment's data, e.g. a
+continued pretraining on the demo's shards). A link is made only where the run has no folder of
+its own, and the data behind it belongs to the other run: a stage recipe (01-03) whose output
+folder is such a link refuses to run (``check_own_output``), and ``experiment.manifest.invalidate``
+never clears a folder through one. A link the user made to store a folder elsewhere (a target
+that is no run folder's stage) is the user's own folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from experiment.errors import ConfigError, RecipeError
+from experiment.manifest import linked_run
+from experiment.runfolder import RunFolder
+from experiment.stages import CORPUS, EVAL, FIT_CHECK, PRETRAIN, SHARDS, TOKENIZER, Stage
+
+log = logging.getLogger("experiment.links")
+DATA_STAGES = (CORPUS, TOKENIZER, SHARDS)  # the stages whose outputs other runs read through links
+# the stages that read experiment.data_from's data (recipe 04b: the tokenizer's and shards' manifests)
+DATA_READERS = (PRETRAIN, FIT_CHECK, EVAL)
+BRANCH_DATA = (TOKENIZER, SHARDS)  # the stages a decay branch reads from its parent
+
+
+class LinkedOutputError(RecipeError):
+    """A stage's output folder is a link to another run's: its data is read-only here."""
+
+
+def link_stages(run_folder: RunFolder, source: RunFolder, stages: Iterable[Stage], why: str) -> None:
+    """Link each of ``stages``' folders of ``run_folder`` to ``source``'s where it has none of its own
+    (and ``source`` has one); ``why`` says who asked, for the log."""
+    run_folder.root.mkdir(parents=True, exist_ok=True)
+    for stage in stages:
+        mine, theirs = stage.dir(run_folder), stage.dir(source).resolve()
+        if not mine.exists() and not mine.is_symlink() and theirs.is_dir():
+            with contextlib.suppress(FileExistsError):  # another process of this run made it first
+                mine.symlink_to(theirs, target_is_directory=True)
+                log.info("%s: %s links to %s", why, mine, theirs)
+
+
+def _link_reason(cfg: Any) -> str:
+    """The config key that linked a run's data folders, as the user wrote it."""
+    train = getattr(cfg, "train", None)
+    if getattr(train, "branch_from", ""):
+        return f"train.branch_from={train.branch_from}"
+    if cfg.experiment.data_from:
+        return f"experiment.data_from={cfg.experiment.data_from}"
+    if cfg.experiment.variant:
+        return f"the data sweep '{cfg.experiment.group}' shares with its variants"
+    return "another run's data"
+
+
+def check_own_output(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
+    """Refuse to run ``stage`` where its output folder is a link into another run folder."""
+    folder = stage.dir(run_folder)
+    owner = linked_run(folder)
+    if owner is None:
+        return
+    raise LinkedOutputError(f"{folder} is a link to {folder.resolve()} ({_link_reason(cfg)}): its data is read-only "
+                            f"here; remove the link to build this run's own")
+
+
+def link_data_from(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
+    """``experiment.data_from``: recipes 04, 04b and 05 read that experiment's corpus, tokenizer and shards
+    through links; recipes 01-03 build them only in that experiment's own folder; 06 and 07 read none."""
+    name = cfg.experiment.data_from
+    if not name:
+        return
+    source = RunFolder(Path(cfg.experiment.run_root) / name)
+    if source.root.resolve() == run_folder.root.resolve():
+        return  # the data's own folder (a sweep builds its shared data there)
+    key = "config key 'experiment.data_from'"
+    if stage in DATA_STAGES:
+        raise ConfigError(f"{key}: this run reads the {stage.name} of experiment '{name}': run {stage.recipe} with "
+                          f"experiment.name={name} to build it, or leave experiment.data_from unset")
+    if stage not in DATA_READERS:
+        return
+    if getattr(getattr(cfg, "train", None), "branch_from", ""):
+        raise ConfigError(f"{key}: a branch reads its parent's tokenizer and shards (train.branch_from="
+                          f"{cfg.train.branch_from}): leave experiment.data_from unset")
+    if not SHARDS.dir(source).is_dir():
+        raise ConfigError(f"{key}: {source.root} holds no shards/ folder: run recipes 01-03 with "
+                          f"experiment.name={name} first")
+    for data in DATA_STAGES:
+        mine, theirs = data.dir(run_folder), data.dir(source)
+        if (mine.exists() or mine.is_symlink()) and theirs.is_dir() and mine.resolve() != theirs.resolve():
+            raise ConfigError(f"{key}: {mine} is this run's own {data.name}, not {name}'s: remove it to read "
+                              f"{theirs}, or leave experiment.data_from unset")
+    link_stages(run_folder, source, DATA_STAGES, f"experiment.data_from={name}")
+
+
+def branch_parent(cfg: Any) -> RunFolder | None:
+    """The run folder ``train.branch_from`` names (an experiment under the run root, or a path); None: no branch."""
+    parent = getattr(getattr(cfg, "train", None), "branch_from", "")
+    return RunFolder((Path(cfg.experiment.run_root) / parent).resolve()) if parent else None
+
+
+def prepare_links(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
+    """What the harness checks and links before a stage runs: its output is its own, data_from's data and a
+    branch's parent data are linked (before the stage locks what it reads: through the links)."""
+    link_data_from(cfg, run_folder, stage)
+    parent = branch_parent(cfg)
+    if stage in DATA_READERS and parent is not None and parent.root != run_folder.root.resolve():
+        link_stages(run_folder, parent, BRANCH_DATA, "branch")
+    check_own_output(cfg, run_folder, stage)
