@@ -102,7 +102,7 @@ install-extras: $(foreach e,$(EXTRAS),.venvs/$(e)/.installed)
 
 # every extra that venv installed must import: a broken install fails instead of skipping
 test-extra-%: .venvs/%/.installed
-	RU_REQUIRE_EXTRAS=$(EXTRA_PIP_$*) .venvs/$*/bin/python -m pytest -q $(EXTRA_TESTS_$*)
+	RU_REQUIRE_EXTRAS=$(EXTRA_PIP_$*) .venvs/$*/bin/python -m pytest -q -n 0 $(EXTRA_TESTS_$*)
 
 # The tpu lane (recipe 04b's TPU compiles) in two halves of similar CPU time that run in parallel: the
 # fit search (8 compiles) with the shipped 1B config, and the other shipped configs (8B and 70B the
@@ -113,7 +113,7 @@ TPU_A := fit_search or ru-1b-fineweb2-v6e-8
 TPU_SPLIT_test-extra-tpu-a := $(TPU_A)
 TPU_SPLIT_test-extra-tpu-b := not ($(TPU_A))
 test-extra-tpu-a test-extra-tpu-b: .venvs/tpu/.installed
-	RU_REQUIRE_EXTRAS=$(EXTRA_PIP_tpu) .venvs/tpu/bin/python -m pytest -q $(EXTRA_TESTS_tpu) -k "$(TPU_SPLIT_$@)"
+	RU_REQUIRE_EXTRAS=$(EXTRA_PIP_tpu) .venvs/tpu/bin/python -m pytest -q -n 0 $(EXTRA_TESTS_tpu) -k "$(TPU_SPLIT_$@)"
 
 # longest first, so that -j2 ends with the short lanes
 test-extras: test-extra-tpu-a test-extra-tpu-b test-extra-hf test-extra-beam test-extra-tf

@@ -25,6 +25,7 @@ from eval.loaders import SourceUnavailable
 from eval.report import render_markdown, results_rows
 from eval.scoring import LogitsFn, model_logits_fn
 from eval.tasks import check_task_names, get_task
+from experiment.config import redact
 from experiment.errors import DataError
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.manifest import invalidate
@@ -312,7 +313,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
                                "checkpoint": str(run_folder.checkpoints), "tokenizer_sha256": tok.sha256,
                                "train_wandb_run_id": meta.get("wandb_run_id"),
                                "max_len": max_len, "num_fewshot": eval_cfg.num_fewshot, "seed": eval_cfg.seed,
-                               "config": dataclasses.asdict(eval_cfg)}
+                               "config": redact(dataclasses.asdict(eval_cfg))}
     results.update(run_suite(model_logits_fn(model), tok, eval_cfg, run_folder, max_len=max_len,
                              tasks=eval_cfg.tasks, max_items=eval_cfg.max_items_per_task,
                              validation_batches=eval_cfg.max_validation_batches,

@@ -10,6 +10,7 @@ skip because one of those extras does not import fails instead.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import os
 import shutil
@@ -36,11 +37,31 @@ for _var, _sub in (("WANDB_DIR", "runs"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_
                    ("WANDB_DATA_DIR", "data")):
     os.environ[_var] = str(_WANDB_HOME / _sub)
 os.environ.setdefault("RU_SHARED_DATA", str((REPO_ROOT.parent / "shared" / "data").resolve()))
+# One XLA compilation cache for the session: the tests build the same tiny programs again and again (in
+# tests, recipe runs, the pytest workers, the 8-device workers and subprocesses), and a cache hit skips the
+# compile. Made by the first process (the controller under pytest-xdist; its workers inherit the variables)
+# and removed by it at the end; it starts empty, so every session compiles everything once.
+_SESSION_XLA_CACHE = "RU_TEST_XLA_CACHE"
+if not os.environ.get(_SESSION_XLA_CACHE):
+    os.environ[_SESSION_XLA_CACHE] = tempfile.mkdtemp(prefix="xla-cache-tests-")
+    _OWNS_XLA_CACHE = True
+else:
+    _OWNS_XLA_CACHE = False
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_SESSION_XLA_CACHE]
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny programs compile in well under 1 s
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): a worker per core, at most 4. Each worker builds the session fixtures
+    it needs (a recipe chain, an 8-device worker) once for itself: more workers would mostly build them again."""
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the offline W&B home: hundreds of offline runs would otherwise pile up in /tmp across CI runs."""
     shutil.rmtree(_WANDB_HOME, ignore_errors=True)
+    if _OWNS_XLA_CACHE:
+        shutil.rmtree(os.environ[_SESSION_XLA_CACHE], ignore_errors=True)
 
 
 def shared_data_dir() -> Path:
@@ -65,11 +86,15 @@ REAL_DATA_FIXTURES = frozenset({"shared_data"})
 # Names whose use in a test, or in a function of its module that it calls, means that it runs a recipe.
 RECIPE_CALLS = frozenset({"run_recipe", "run_recipe_on_full_disk", "run_in_process", "start_recipe", "start_pretrain",
                           "prepare_stages"})
+# Fixtures and names that start other processes (the 8-device worker, a training subprocess, two JAX processes,
+# a fresh interpreter): integration too, the unit loop runs in its own process on one device
+PROCESS_FIXTURES = frozenset({"eight_devices"})
+PROCESS_CALLS = frozenset({"subprocess", "Popen"})
 
 
 def runs_a_recipe(function: object, namespace: dict[str, object], seen: set[int] | None = None) -> bool:
     """Whether ``function``'s code, or that of a module-level function it names (followed transitively),
-    names one of RECIPE_CALLS."""
+    names one of RECIPE_CALLS or PROCESS_CALLS."""
     seen = set() if seen is None else seen
     code = getattr(function, "__code__", None)
     if code is None or id(code) in seen:
@@ -79,7 +104,7 @@ def runs_a_recipe(function: object, namespace: dict[str, object], seen: set[int]
     while stack:
         current = stack.pop()
         names = set(current.co_names)
-        if names & RECIPE_CALLS:
+        if names & (RECIPE_CALLS | PROCESS_CALLS):
             return True
         stack += [const for const in current.co_consts if hasattr(const, "co_names")]
         for name in names:
@@ -92,7 +117,8 @@ def runs_a_recipe(function: object, namespace: dict[str, object], seen: set[int]
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``integration`` every test that runs a recipe or uses a fixture that does (RECIPE_FIXTURES, and
-    every fixture depending on them) or the real shared data (REAL_DATA_FIXTURES), so that ``-m "not integration"`` is the fast unit loop. The
+    every fixture depending on them), the real shared data (REAL_DATA_FIXTURES) or other processes
+    (PROCESS_FIXTURES, PROCESS_CALLS), so that ``-m "not integration"`` is the fast unit loop. The
     ``recipe_runner`` guard below fails a test that runs a recipe without the marker, so the loop stays fast."""
     for item in items:
         if item.get_closest_marker("integration"):
@@ -100,8 +126,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         function = getattr(item, "function", None)
         fixtures = set(getattr(item, "fixturenames", ()))
         module = getattr(function, "__globals__", {})
-        if fixtures & (RECIPE_FIXTURES | REAL_DATA_FIXTURES) or (function is not None and runs_a_recipe(function, module)):
+        if fixtures & (RECIPE_FIXTURES | REAL_DATA_FIXTURES | PROCESS_FIXTURES) or (function is not None and runs_a_recipe(function, module)):
             item.add_marker(pytest.mark.integration)
+    # the modules with the most integration tests first (stable: a module's own order is kept): pytest-xdist
+    # hands out whole modules in this order, and the long ones started last would leave a worker idle at the end
+    integration_tests = collections.Counter(item.nodeid.split("::")[0] for item in items
+                                            if item.get_closest_marker("integration"))
+    items.sort(key=lambda item: -integration_tests[item.nodeid.split("::")[0]])
 
 
 @pytest.fixture(autouse=True)

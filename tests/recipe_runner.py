@@ -58,9 +58,15 @@ def check_integration(script: str) -> None:
 XLA_CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
 
 
+SESSION_XLA_CACHE_VAR = "RU_TEST_XLA_CACHE"  # set by tests/conftest.py for the session, its workers included
+
+
 @cache
 def session_xla_cache() -> Path:
-    """One XLA compilation cache for every JAX subprocess this test session starts, removed at exit."""
+    """The test session's one XLA compilation cache (tests/conftest.py: the pytest workers, their device
+    workers and every JAX subprocess they start); outside pytest, a folder of this process removed at exit."""
+    if os.environ.get(SESSION_XLA_CACHE_VAR):
+        return Path(os.environ[SESSION_XLA_CACHE_VAR])
     path = Path(tempfile.mkdtemp(prefix="xla-cache-tests-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from experiment.config import redact
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_dir, atomic_write_bytes, read_json_object, sha256_file
 from experiment.manifest import invalidate
@@ -185,7 +186,7 @@ def adopt_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
         "source_files": source_files,
         "hf_export": "hf",
         "heldout_documents_measured": len(split.heldout_docs()),
-        "config": {**asdict(tok), "seed": cfg.experiment.seed, "validation_percent": cfg.shards.validation_percent},
+        "config": {**redact(asdict(tok)), "seed": cfg.experiment.seed, "validation_percent": cfg.shards.validation_percent},
     }
     TOKENIZER.write_manifest(out_dir, manifest)
     log.info("tokenizer written to %s", out_dir)

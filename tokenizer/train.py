@@ -21,6 +21,7 @@ from typing import Any
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
+from experiment.config import redact
 from experiment.corpus_format import iter_documents
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
@@ -213,7 +214,7 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any,
         **(extra_train if extra_texts is not None else {}),
         "heldout_documents_measured": len(split.heldout_docs()),
         "hf_export": "hf" if tok.hf_export else None,
-        "config": {**asdict(tok), "seed": cfg.experiment.seed, "validation_percent": validation_percent},
+        "config": {**redact(asdict(tok)), "seed": cfg.experiment.seed, "validation_percent": validation_percent},
     }
     TOKENIZER.write_manifest(out_dir, manifest)
     log.info("tokenizer written to %s", out_dir)

@@ -110,6 +110,8 @@ def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
     check_same_run(saved_meta, {"model": model, "vocab_size": data.vocab_size, "tokenizer_sha256": data.tokenizer_sha256,
                                 "seq_len": data.seq_len, "param_dtype": cfg.train.param_dtype}, checkpoint_dir)
     check_init_from(cfg, saved_meta, checkpoint_dir)
+    if step > cfg.train.steps:  # nothing left to train: that, not the schedule it would change, is the error
+        check_steps_left(step, cfg.train.steps, checkpoint_dir)
     check_schedule(saved_meta, cfg.train, step, checkpoint_dir)
 
 

@@ -25,6 +25,7 @@ from data_prep.corpus.dedup import ClusterSizes, Deduplicator
 from data_prep.corpus.documents import RawDocument
 from data_prep.corpus.report import CorpusCounts, log_to_wandb, render_report
 from data_prep.corpus.sources import iter_raw_documents
+from experiment.config import redact
 from experiment.corpus_format import CorpusShardWriter, clear_corpus_folder
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
@@ -135,7 +136,7 @@ def finish_corpus(counts: CorpusCounts, shards: list[dict[str, Any]], cfg: Corpu
         "input_bytes": counts.manifest_bytes(),
         "seconds": round(seconds, 2),
         **(extra_manifest or {}),
-        "config": dataclasses.asdict(cfg),
+        "config": redact(dataclasses.asdict(cfg)),  # a credential as its ${VAR}
     }
     CORPUS.write_manifest(corpus_dir, payload)
     # the corpus by reference (each file's path, size and checksum), never a second copy of its bytes

@@ -24,6 +24,7 @@ from data_prep.shards.beam import run_beam_shards
 from data_prep.shards.layout import SPLITS, feature_schema, row_tokens, shard_file_name, shard_summary, split_of
 from data_prep.shards.packing import Packer, PackingStats
 from data_prep.shards.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
+from experiment.config import redact
 from experiment.corpus_format import iter_documents, read_corpus_manifest, verify_corpus
 from experiment.errors import DataError
 from experiment.manifest import MANIFEST_NAME, invalidate
@@ -155,7 +156,7 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
         "splits": result,
         "corpus": {"documents": corpus_manifest["documents"], "bytes": corpus_manifest.get("bytes"),
                    "shards_sha256": [s.get("sha256") for s in corpus_manifest["shards"]]},
-        "config": dataclasses.asdict(shards_cfg),
+        "config": redact(dataclasses.asdict(shards_cfg)),
         **({"data_uri": shards_cfg.output_uri} if shards_cfg.output_uri else {}),  # Beam wrote the files there
     }
     tokens = sum(split["tokens"] for split in result.values())
