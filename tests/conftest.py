@@ -10,7 +10,6 @@ skip because one of those extras does not import fails instead.
 
 from __future__ import annotations
 
-import collections
 import importlib
 import os
 import shutil
@@ -128,11 +127,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = getattr(function, "__globals__", {})
         if fixtures & (RECIPE_FIXTURES | REAL_DATA_FIXTURES | PROCESS_FIXTURES) or (function is not None and runs_a_recipe(function, module)):
             item.add_marker(pytest.mark.integration)
-    # the modules with the most integration tests first (stable: a module's own order is kept): pytest-xdist
-    # hands out whole modules in this order, and the long ones started last would leave a worker idle at the end
-    integration_tests = collections.Counter(item.nodeid.split("::")[0] for item in items
-                                            if item.get_closest_marker("integration"))
-    items.sort(key=lambda item: -integration_tests[item.nodeid.split("::")[0]])
 
 
 @pytest.fixture(autouse=True)
