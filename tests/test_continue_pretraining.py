@@ -205,3 +205,36 @@ def test_adapting_to_an_adopted_tokenizer_json_is_one_error_line(tmp_path: Path)
     with pytest.raises(ConfigError, match=r"^config key 'model.vocab_adaptation': .* holds an adopted "
                                           r"hf_tokenizer_json tokenizer: use model.vocab_adaptation=none with it$"):
         run_token_texts(folder)
+
+
+def test_continued_pretraining_trains_on_another_experiments_shards_through_data_from(
+        fixture_stages: Path, tmp_path: Path, base_folder: Path) -> None:
+    """A Hugging Face base model, continued on the fixture experiment's data without recipes 01-03 of its
+    own (experiment.data_from): it trains, and the data it reads through the links stays byte-identical."""
+    import shutil
+
+    from tests.fixture_run import fixture_config
+
+    data = tmp_path / "runs" / "tiny"
+    shutil.copytree(fixture_stages / "runs" / "tiny", data, ignore=shutil.ignore_patterns("wandb"))
+
+    def hashes() -> dict[str, str]:
+        return {str(p.relative_to(data)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(data.rglob("*")) if p.is_file() and ".locks" not in p.parts}
+
+    before = hashes()
+    config = fixture_config(tmp_path, experiment={"name": "cpt", "data_from": "tiny"},
+                            model={"init_from": str(base_folder), "vocab_adaptation": "mean"},
+                            train={"steps": 3, "checkpoint_every": 3, "warmup_steps": 1, "log_every": 1},
+                            wandb={"mode": "disabled"})
+    run_recipe("04_pretrain.py", config)
+    cpt = tmp_path / "runs" / "cpt"
+    assert all((cpt / stage).is_symlink() and (cpt / stage).resolve() == data / stage
+               for stage in ("corpus", "tokenizer", "shards"))
+    _, items = checkpoint_contents(cpt, 3)
+    assert items["meta"]["init_from"]["files"]["model.safetensors"] == hashlib.sha256(
+        (base_folder / "model.safetensors").read_bytes()).hexdigest()  # the base model's weights, not a fresh init
+    losses = [json.loads(line)["train/loss"] for line in (cpt / "train_log.jsonl").read_text("utf-8").splitlines()
+              if "train/loss" in json.loads(line)]
+    assert len(losses) == 3 and all(np.isfinite(losses))
+    assert hashes() == before
