@@ -46,10 +46,10 @@ demo-sweep: setup
 #    extras' venvs install beside it: pip reads local indexes, so the installs mostly wait on the disk
 #    and overlap the suite instead of queueing after it. -j3 = the suite + two installs; -k lets the
 #    others finish and report when one fails, and the step still fails.
-# 2. The extras' test lanes, two at a time (CI has 2 cores), longest first.
+# 2. The extras' test lanes, two at a time (CI has 2 cores), longest first; -k: every lane runs and reports.
 test:
 	$(MAKE) -k -j3 test-base install-extras
-	$(MAKE) -j2 --output-sync=target test-extras
+	$(MAKE) -k -j2 --output-sync=target test-extras
 
 test-base: setup
 	$(PY) -m pytest -q

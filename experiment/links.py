@@ -87,6 +87,10 @@ def link_data_from(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
         raise ConfigError(f"{key}: a branch reads its parent's tokenizer and shards (train.branch_from="
                           f"{cfg.train.branch_from}): leave experiment.data_from unset")
     if not SHARDS.dir(source).is_dir():
+        if stage is FIT_CHECK:  # the fit check sizes the model from the config when there is no data yet
+            log.info("experiment.data_from=%s: %s has no shards yet; the fit check reads the vocabulary and "
+                     "sequence length from the config", name, source.root)
+            return
         raise ConfigError(f"{key}: {source.root} holds no shards/ folder: run recipes 01-03 with "
                           f"experiment.name={name} first")
     for data in DATA_STAGES:

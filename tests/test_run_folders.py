@@ -260,3 +260,20 @@ def test_two_recipe_04_of_one_run_one_trains_the_other_stops_at_once(fixture_sta
     assert logged_steps(run) == [1, 2, 3, 4, 5, 6]
     assert summarize_ledger(run / "ledger").tokens == 6 * 8 * 64  # steps x batch_size x max_seq_len, booked once
     assert finished_steps(run / "checkpoints") == [3, 6]
+
+
+def test_the_fit_check_of_a_config_with_data_from_needs_no_data_yet(tmp_path: Path) -> None:
+    """A shipped sweep config names its data's experiment (experiment.data_from): recipe 04b checks it before any
+    data exists (from the config's vocabulary and length), while recipe 04 still needs the shards."""
+    from experiment.config import load_config
+    from experiment.errors import ConfigError
+    from experiment.links import link_data_from
+    from experiment.stages import FIT_CHECK, PRETRAIN
+    from tests.fixture_run import fixture_config
+
+    cfg = load_config(fixture_config(tmp_path, experiment={"name": "sw", "data_from": "not-built"}))
+    run_folder = RunFolder.for_config(cfg)
+    link_data_from(cfg, run_folder, FIT_CHECK)
+    assert not run_folder.shards.exists() and not run_folder.shards.is_symlink()
+    with pytest.raises(ConfigError, match="holds no shards/ folder"):
+        link_data_from(cfg, run_folder, PRETRAIN)
