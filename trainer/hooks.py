@@ -88,9 +88,13 @@ class LoopContext:
     state: dict[str, Any]
     step: int = 0
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
-    guard: Guard = dataclasses.field(default_factory=Guard)  # the same one as ``saves.guard``
     last_loss: float = math.nan
     preemption: PreemptionWatch | None = None
+
+    @property
+    def guard(self) -> Guard:
+        """The NaN guard of this session (the checkpoint saves' own: what it records goes into their meta)."""
+        return self.saves.guard
 
     @property
     def train_cfg(self) -> TrainConfig:

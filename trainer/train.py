@@ -62,7 +62,7 @@ from trainer.resume import (
     latest_step_meta,
     trim_train_log,
 )
-from trainer.schedules import schedule_record
+from trainer.schedules import schedule_change, schedule_record
 from trainer.step import TrainProgram, global_batch
 from trainer.throughput import MetricsWindow, peak_flops_per_device
 
@@ -177,7 +177,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
             raise
         saved_meta = checkpoint.read_meta(manager, start_step) if start_step in manager.all_steps() else None
         guard = Guard.resumed(saved_meta, start_step)
-        schedule_changes = record_schedule(meta, saved_meta, train_cfg, start_step, manager.directory)
+        schedule_changes = record_schedule(meta, saved_meta, train_cfg, start_step)
         last_loss = math.nan
         if is_primary():
             atomic_write_json(Path(run_folder.checkpoints) / WANDB_ID_FILE, {"run_id": run_id})
@@ -203,7 +203,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     ctx = LoopContext(cfg=cfg, run_folder=run_folder, program=program, loader=loader, ledger=ledger,
                       wandb_run=wandb_run, train_log=open_train_log(run_folder), saves=CheckpointSaves(manager, ledger, guard),
                       window=window, meta=meta, tokens_per_step=tokens_per_step, start_step=start_step,
-                      state=state, step=start_step, last_loss=last_loss, guard=guard)
+                      state=state, step=start_step, last_loss=last_loss)
     try:
         if untrained and train_cfg.steps == 0:  # train.steps=0: the step-0 checkpoint alone (an imported model)
             guard.state_finite = bool(program.state_finite(ctx.state))  # no step checked this one
@@ -231,12 +231,13 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     return {"final_step": ctx.step, "final_loss": ctx.last_loss, "n_params": n_params, "cost": cost}
 
 
-def record_schedule(meta: dict[str, Any], saved_meta: dict[str, Any] | None, train_cfg: Any, step: int,
-                    where: Any) -> list[dict[str, Any]]:
+def record_schedule(meta: dict[str, Any], saved_meta: dict[str, Any] | None, train_cfg: Any,
+                    step: int) -> list[dict[str, Any]]:
     """Put this session's schedule, and the changes allowed so far (``train.allow_schedule_change``), in the
     checkpoints' ``meta``; returns those changes (the restored checkpoint's, and this session's if any)."""
     changes = list((saved_meta or {}).get("schedule_changes") or [])
-    change = check_schedule(saved_meta, train_cfg, step, where) if saved_meta is not None else None
+    saved = (saved_meta or {}).get("schedule")  # check() already refused a change that is not allowed
+    change = schedule_change(saved, train_cfg, step) if saved is not None else None
     if change:
         log.warning("train.allow_schedule_change: the learning-rate schedule changes at step %d (%s)", step,
                     ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in change.items()))
