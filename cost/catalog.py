@@ -2,17 +2,22 @@
 
 ``cost/catalog.csv`` holds prices: accelerators in USD per chip-hour by cloud, region and pricing
 mode (on-demand, spot, 1y, 3y), and infrastructure rows (CPU hosts per hour, storage per GB-month,
-egress per GB). ``cost/hardware.csv`` holds peak dense bf16 TFLOP/s and HBM per chip. Every price
-row, with a figure or without, names where it was read (a page or a machine-readable catalog with
-its version and row) and the day it was read. A cell we have no published figure for stays empty:
-asking for it is an error naming the missing figure, never a silent zero. A user catalog with the
-same columns extends the bundled one; a row with the same key replaces it.
+egress per GB). ``cost/hardware.csv`` holds peak dense bf16 TFLOP/s and HBM per chip, and how many
+JAX devices one chip shows (two on TPU7x). Every row, with a figure or without, names where it was
+read (a page or a machine-readable catalog with its version and row), the day it was read, and how
+strong that source is (``source_kind``: a provider's own list, a snapshot of a catalog built from
+them, a third party's page, or none published). A cell we have no published figure for stays empty:
+asking for it is an error naming the missing figure, never a silent zero, unless the config gives
+the team's own contract rate (``cost.contract_rates``). A user catalog with the same columns extends
+the bundled one (its rows are of kind ``user catalog`` unless it says otherwise); a row with the
+same key replaces it.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import datetime as dt
 import difflib
 import math
 import re
@@ -29,6 +34,9 @@ PRICE_COLUMNS = ("kind", "name", "cloud", "region", "pricing", "usd", "unit", "s
 HARDWARE_COLUMNS = ("name", "vendor", "peak_bf16_tflops", "hbm_gib", "source", "date", "note")
 UNITS_BY_KIND = {"accelerator": ("chip-hour",), "infra": ("hour", "gb-month", "gb")}
 PRICING_MODES = ("on-demand", "spot", "1y", "3y")
+# How strong a figure's source is, strongest first. The bundled catalogs must say it on every row; a user's
+# catalog may (its rows are "user catalog" otherwise); "contract" is a rate given in cost.contract_rates.
+SOURCE_KINDS = ("provider list", "catalog snapshot", "third-party", "none published", "user catalog", "contract")
 # A figure's date: when it was published, or when we recorded it (the note says which); year or month
 # precision is allowed for figures recalled from a price list rather than read from a dated page.
 _DATE = re.compile(r"^\d{4}(-\d{2}(-\d{2})?)?$")
@@ -51,6 +59,7 @@ class PriceRow:
     date: str
     note: str = ""
     origin: str = ""  # the file the row came from
+    source_kind: str = "user catalog"
 
     @property
     def key(self) -> tuple[str, str, str, str, str]:
@@ -73,6 +82,12 @@ class HardwareRow:
     source: str
     date: str
     note: str = ""
+    devices_per_chip: int = 1  # JAX devices one chip shows (TPU7x: two TensorCores, each its own device)
+    source_kind: str = "user catalog"
+
+    @property
+    def peak_bf16_tflops_per_device(self) -> float | None:
+        return None if self.peak_bf16_tflops is None else self.peak_bf16_tflops / self.devices_per_chip
 
 
 def _number(text: str, path: Path, line: int, column: str) -> float | None:
@@ -113,10 +128,25 @@ def _check_sourced(path: Path, line: int, has_number: bool, source: str, date: s
         raise DataError(f"{path} line {line}: date {date!r} is not YYYY, YYYY-MM or YYYY-MM-DD")
 
 
-def read_prices(path: Path) -> list[PriceRow]:
-    """Read and validate a price CSV: known kinds, units and modes; every price sourced and dated."""
+def _source_kind(raw: dict[str, str], path: Path, line: int, bundled: bool, has_number: bool) -> str:
+    kind = raw.get("source_kind", "")
+    if not kind:
+        if bundled:
+            raise DataError(f"{path} line {line}: empty 'source_kind' (one of {list(SOURCE_KINDS)})")
+        return "user catalog"
+    if kind not in SOURCE_KINDS or kind == "contract":
+        raise DataError(f"{path} line {line}: source_kind {kind!r} is not one of {list(SOURCE_KINDS[:-1])}")
+    if (kind == "none published") == has_number:
+        raise DataError(f"{path} line {line}: source_kind {kind!r} " + (
+            "on a row with a figure" if has_number else "on a row without one: say 'none published'"))
+    return kind
+
+
+def read_prices(path: Path, bundled: bool = False) -> list[PriceRow]:
+    """Read and validate a price CSV: known kinds, units and modes; every price sourced, dated and of a kind."""
     rows = []
-    for line, raw in _read_csv(path, PRICE_COLUMNS):
+    columns = (*PRICE_COLUMNS, "source_kind") if bundled else PRICE_COLUMNS
+    for line, raw in _read_csv(path, columns):
         kind = raw["kind"]
         if kind not in UNITS_BY_KIND:
             raise DataError(f"{path} line {line}: kind {kind!r} is not one of {list(UNITS_BY_KIND)}")
@@ -131,19 +161,26 @@ def read_prices(path: Path) -> list[PriceRow]:
         _check_sourced(path, line, usd is not None, raw["source"], raw["date"])  # every row, priced or not
         rows.append(PriceRow(kind=kind, name=raw["name"], cloud=raw["cloud"], region=raw["region"],
                              pricing=raw["pricing"], usd=usd, unit=raw["unit"], source=raw["source"],
-                             date=raw["date"], note=raw.get("note", ""), origin=str(path)))
+                             date=raw["date"], note=raw.get("note", ""), origin=str(path),
+                             source_kind=_source_kind(raw, path, line, bundled, usd is not None)))
     return rows
 
 
-def read_hardware(path: Path) -> list[HardwareRow]:
+def read_hardware(path: Path, bundled: bool = False) -> list[HardwareRow]:
     rows = []
-    for line, raw in _read_csv(path, HARDWARE_COLUMNS):
+    columns = (*HARDWARE_COLUMNS, "devices_per_chip", "source_kind") if bundled else HARDWARE_COLUMNS
+    for line, raw in _read_csv(path, columns):
         peak = _number(raw["peak_bf16_tflops"], path, line, "peak_bf16_tflops")
         hbm = _number(raw["hbm_gib"], path, line, "hbm_gib")
         if peak is not None or hbm is not None:
             _check_sourced(path, line, True, raw["source"], raw["date"])
+        devices = raw.get("devices_per_chip") or "1"
+        if not devices.isdigit() or int(devices) < 1:
+            raise DataError(f"{path} line {line}: column 'devices_per_chip' must be a whole number >= 1: {devices!r}")
         rows.append(HardwareRow(name=raw["name"], vendor=raw["vendor"], peak_bf16_tflops=peak, hbm_gib=hbm,
-                                source=raw["source"], date=raw["date"], note=raw.get("note", "")))
+                                source=raw["source"], date=raw["date"], note=raw.get("note", ""),
+                                devices_per_chip=int(devices),
+                                source_kind=_source_kind(raw, path, line, bundled, peak is not None or hbm is not None)))
     return rows
 
 
@@ -152,27 +189,46 @@ class Catalog:
     prices: list[PriceRow]
     hardware: dict[str, HardwareRow]
 
+    contract_rates: dict[str, float] = dataclasses.field(default_factory=dict)  # accelerator -> USD/chip-hour
+
     @classmethod
-    def load(cls, catalog_path: str = "", hardware_path: str = "") -> Catalog:
+    def load(cls, catalog_path: str = "", hardware_path: str = "",
+             contract_rates: dict[str, float] | None = None) -> Catalog:
         """The bundled catalogs, extended or overridden by user CSVs (same columns) when given."""
-        merged: dict[tuple[str, ...], PriceRow] = {row.key: row for row in read_prices(BUNDLED_PRICES)}
+        merged: dict[tuple[str, ...], PriceRow] = {row.key: row for row in read_prices(BUNDLED_PRICES, bundled=True)}
         if catalog_path:
             merged.update({row.key: row for row in read_prices(Path(catalog_path).expanduser())})
-        hardware = {row.name: row for row in read_hardware(BUNDLED_HARDWARE)}
+        hardware = {row.name: row for row in read_hardware(BUNDLED_HARDWARE, bundled=True)}
         if hardware_path:
             hardware.update({row.name: row for row in read_hardware(Path(hardware_path).expanduser())})
-        return cls(prices=list(merged.values()), hardware=hardware)
+        return cls(prices=list(merged.values()), hardware=hardware, contract_rates=dict(contract_rates or {}))
 
     @classmethod
     def from_config(cls, cost_cfg: Any) -> Catalog:
-        return cls.load(cost_cfg.catalog_path, cost_cfg.hardware_path)
+        return cls.load(cost_cfg.catalog_path, cost_cfg.hardware_path, cost_cfg.contract_rates)
+
+    def contract(self, name: str, pricing: str) -> PriceRow:
+        """The team's own rate for ``name`` (``cost.contract_rates``), whatever the list price or mode."""
+        return PriceRow(kind="accelerator", name=name, cloud="", region="", pricing=pricing,
+                        usd=self.contract_rates[name], unit="chip-hour", source=f"cost.contract_rates.{name}",
+                        date=dt.date.today().isoformat(), note="your contract rate", origin="config",
+                        source_kind="contract")
 
     def names(self, kind: str) -> list[str]:
         return sorted({row.name for row in self.prices if row.kind == kind})
 
     def lookup(self, name: str, pricing: str, cloud: str = "", region: str = "", kind: str = "accelerator",
-               key: str = "cost.accelerator") -> PriceRow:
-        """The one priced row for this choice; an unknown name, a missing price or an ambiguity is an error."""
+               key: str = "cost.accelerator", cheapest: bool = False) -> PriceRow:
+        """The one priced row for this choice; an unknown name, a missing price or an ambiguity is an error
+        (``cheapest``: the cheapest of several clouds/regions instead, as a planner compares them). A
+        contract rate for the accelerator (``cost.contract_rates``) is the price, whatever the catalog says."""
+        if kind == "accelerator" and name in self.contract_rates:
+            return self.contract(name, pricing)
+        return self.priced_rows(name, pricing, cloud, region, kind, key, cheapest)[0]
+
+    def priced_rows(self, name: str, pricing: str, cloud: str = "", region: str = "", kind: str = "accelerator",
+                    key: str = "cost.accelerator", cheapest: bool = False) -> list[PriceRow]:
+        """The priced rows for this choice, cheapest first (one unless ``cheapest``); errors as ``lookup``."""
         candidates = [row for row in self.prices if row.kind == kind and row.name == name]
         if not candidates:
             known = self.names(kind)
@@ -191,18 +247,20 @@ class Catalog:
             modes = sorted({row.pricing for row in candidates})
             raise CatalogError(f"config key '{key}': {name} has no '{pricing}' price in the catalog "
                                f"(available: {', '.join(modes)})")
-        priced = [row for row in moded if row.usd is not None]
+        priced = sorted((row for row in moded if row.usd is not None), key=lambda row: row.usd or 0.0)
         if not priced:
             row = moded[0]
+            where = "/".join(p for p in (row.cloud, row.region) if p) or "any cloud"
             why = f": {row.note}" if row.note else ""
-            raise CatalogError(f"config key '{key}': the catalog has no published {pricing} price (USD per "
-                               f"{row.unit}) for {row.describe()}{why}; give one in a user catalog "
-                               "(cost.catalog_path)")
-        if len(priced) > 1:
+            contract = f" or your contract rate (cost.contract_rates: {{{name}: <USD per chip-hour>}})" \
+                if kind == "accelerator" else ""
+            raise CatalogError(f"config key '{key}': the catalog has no {pricing} price for {name} ({where}){why}; "
+                               f"give one in a user catalog (cost.catalog_path){contract}")
+        if len(priced) > 1 and not cheapest:
             options = "; ".join(f"cloud={r.cloud} region={r.region} ({r.usd} USD/{r.unit})" for r in priced)
             raise CatalogError(f"config key '{key}': {name} {pricing} is sold by several clouds/regions, choose "
                                f"one with cost.cloud / cost.region: {options}")
-        return priced[0]
+        return priced
 
     def chip(self, name: str, key: str = "cost.accelerator") -> HardwareRow:
         row = self.hardware.get(name)

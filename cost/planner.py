@@ -9,12 +9,17 @@ own model section), a token budget and a list of accelerator / slice / pricing o
     rubles                 = hours x chips x USD per chip-hour x USD->RUB
 
 MFU per option comes from the option (``cost.plan_options[i].mfu``), else from a measured run of
-ours on the same accelerator (the ledger), else from a published anchor on that accelerator
-(``cost/anchors.csv``; off with ``cost.plan_mfu_from_anchors: false``), else ``cost.plan_mfu``.
+ours on the same accelerator (the ledger), else from the nearest anchor in size (``cost/anchors.csv``:
+published runs and our own H200 bench) on hardware of the same vendor and within
+``cost.plan_anchor_size_ratio`` of the planned model's parameters (off with
+``cost.plan_mfu_from_anchors: false``), else ``cost.plan_mfu``; the row names its source. MFU is per
+device: a chip that shows two JAX devices (TPU7x) has half its peak on each.
 
-Recomputation is priced: the setting a run needs to fit (``model.remat``, the attention kernel, the
-chunked loss; the fit check's choice from ``reports/fit_check.json`` for a slice it checked, else the
-config's) makes the hardware do ``recompute`` x the model FLOPs (the family's ``train_costs``).
+Each option is planned with its own setting (``model.remat`` and micro-batches): recipe 04b's choice
+from ``reports/fit_check.json`` for a slice it checked; else, on TPUs, the config's (what 04b checks);
+else (GPUs, Trainium) the least-recompute setting whose memory estimate fits the device
+(``cost/memory.py``): an 80-141 GB GPU that holds the step without remat is not charged for it.
+The setting makes the hardware do ``recompute`` x the model FLOPs (the family's ``train_costs``).
 An anchor's MFU (or ``cost.plan_mfu``) is taken as the hardware FLOPs utilisation its own setting reached
 and held fixed, so a setting that recomputes more runs at a proportionally lower MFU: "fits with full
 remat" costs what it costs. Every plan also re-derives the
@@ -32,10 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cost.catalog import Catalog, CatalogError
+from cost.catalog import Catalog, CatalogError, PriceRow
 from cost.hf_shapes import hf_model_shape, is_hf_spec
 from cost.ledger_format import LEDGER_FILE
 from cost.ledger_pricing import summarize_ledger
+from cost.memory import STATE_BYTES_PER_PARAM, cheapest_fitting, step_bytes
 from cost.rates import UsdRubRate, resolve_usd_rub
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from cost.target import Target, TargetCrossing, cost_to_target, eval_points, read_train_log, target_of
@@ -46,21 +52,23 @@ from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import family_presets
 from experiment.stages import FIT_CHECK, TOKENIZER
+from model.family import params_label
 from model.llama.config import LlamaConfig
 from model.registry import family_of
 
 log = logging.getLogger("cost.planner")
 
 ANCHORS = Path(__file__).with_name("anchors.csv")
-# fp32 parameters, fp32 gradients and Adam's two fp32 moments, fully sharded (FSDP) over the slice
-STATE_BYTES_PER_PARAM = 16
 
 COLUMNS = (
     Column("accelerator", "accelerator"),
-    Column("cloud", "cloud", terminal=False),
+    Column("cloud", "cloud"),
     Column("pricing", "pricing"),
     Column("chips", "chips", "{:d}"),
+    Column("devices", "devices", "{:d}", terminal=False),
     Column("usd_per_chip_hour", "USD/chip-h", "{:.3f}"),
+    Column("price_kind", "price from"),
+    Column("other_clouds", "other clouds", terminal=False),
     Column("peak_tflops", "peak TFLOP/s", "{:,.0f}", terminal=False),
     Column("remat", "remat"),
     Column("grad_accum_steps", "micro-batches", "{:d}"),
@@ -75,10 +83,11 @@ COLUMNS = (
     Column("usd", "USD", SIG),
     Column("rub", "rubles", SIG),
     Column("rub_per_1b_tokens", "RUB / 1B tokens", SIG),
-    Column("state_gib_per_chip", "state GiB/chip", "{:,.1f}", terminal=False),
+    Column("state_gib_per_device", "state GiB/device", "{:,.1f}", terminal=False),
+    Column("memory_gib_per_device", "step GiB/device (estimate)", "{:,.1f}", terminal=False),
     Column("hours_to_target", "hours to target", SIG),  # with cost.plan_target_from only
     Column("rub_to_target", "RUB to target", SIG),
-    Column("fits", "state fits HBM"),
+    Column("fits", "fits HBM"),
     Column("price_date", "price date"),
 )
 
@@ -110,6 +119,7 @@ class Anchor:
     note: str
     remat: str = "none"  # the anchor's activation checkpointing, as published (assumed none when not)
     loss_chunk_len: int = 0  # the anchor's chunked loss (0: none or not published)
+    plannable: bool = True  # false: its setting is not one we model, so plans never borrow its MFU
 
     @property
     def recompute(self) -> float:
@@ -145,9 +155,12 @@ def read_anchors(path: Path = ANCHORS) -> list[Anchor]:
                 tokens_per_s, mfu = float(row["tokens_per_s_per_chip"]), float(row["mfu"])
                 if not (math.isfinite(tokens_per_s) and math.isfinite(mfu)):
                     raise ValueError("tokens_per_s_per_chip and mfu must be finite numbers")
+                plannable = (row.get("plannable") or "true").strip().lower()
+                if plannable not in ("true", "false"):
+                    raise ValueError(f"plannable must be true or false, got {plannable!r}")
                 anchors.append(Anchor(model, row["accelerator"], tokens_per_s, mfu, row["source"], row["date"],
                                       row.get("note", ""), row.get("remat") or "none",
-                                      int(row.get("loss_chunk_len") or 0)))
+                                      int(row.get("loss_chunk_len") or 0), plannable == "true"))
             except (KeyError, ValueError) as exc:
                 raise DataError(f"{path} line {line}: bad anchor row ({exc})") from exc
     return anchors
@@ -231,11 +244,15 @@ def measured_mfu(run_folder: RunFolder | None, model: PlanModel, catalog: Catalo
 @dataclass(frozen=True)
 class MfuChoices:
     """Where an option's MFU comes from, first match wins: the option, our own run on that accelerator,
-    a published anchor on it (``cost.plan_mfu_from_anchors``), ``cost.plan_mfu``."""
+    the nearest anchor in size on the same vendor's hardware within ``size_ratio`` (``cost/anchors.csv``),
+    ``cost.plan_mfu``."""
 
     default: float
     measured: tuple[str, float] | None = None  # (accelerator, MFU) of our run
     anchors: tuple[Anchor, ...] = ()
+    vendors: dict[str, str] = dataclasses.field(default_factory=dict)  # accelerator -> vendor (cost/hardware.csv)
+    params: int = 0  # the planned model's
+    size_ratio: float = 4.0
 
     def pick(self, option: Any) -> tuple[float, str, float | None]:
         """(MFU, its source, the recompute factor it was reached at); None: it already is this setting's
@@ -244,10 +261,17 @@ class MfuChoices:
             return option.mfu, "option", None
         if self.measured is not None and self.measured[0] == option.accelerator:
             return self.measured[1], "our run", None
-        for anchor in self.anchors:
-            if anchor.accelerator == option.accelerator:
-                return anchor.mfu, f"anchor {anchor.model.label}", anchor.recompute
-        return self.default, "cost.plan_mfu", 1.0
+        vendor = self.vendors.get(option.accelerator, "")
+        kin = [a for a in self.anchors if a.plannable and self.vendors.get(a.accelerator) == vendor]
+        if not kin:
+            return self.default, f"cost.plan_mfu (no anchor on {vendor or option.accelerator} hardware)", 1.0
+        nearest = min(kin, key=lambda a: (abs(math.log(a.model.params / self.params)), a.accelerator != option.accelerator))
+        ratio = nearest.model.params / self.params
+        if max(ratio, 1 / ratio) > self.size_ratio:
+            return self.default, (f"cost.plan_mfu (nearest {vendor} anchor {nearest.model.label} is {ratio:.2g}x the "
+                                  f"size, beyond cost.plan_anchor_size_ratio {self.size_ratio:g})"), 1.0
+        where = "" if nearest.accelerator == option.accelerator else f" on {nearest.accelerator}"
+        return nearest.mfu, f"anchor {nearest.model.label}{where}", nearest.recompute
 
 
 @dataclass(frozen=True)
@@ -259,7 +283,13 @@ class RunSetting:
     source: str  # "fit check <slice>" or "config"
 
 
-def fit_settings(run_folder: RunFolder | None) -> dict[tuple[str, int], RunSetting]:
+def slice_accelerator(slice_name: str) -> str:
+    """The catalog's accelerator of a fit-check slice: v6e-8 -> tpu-v6e, tpu7x-8 -> tpu7x."""
+    generation = slice_name.split("-")[0]
+    return generation if generation.startswith("tpu") else f"tpu-{generation}"
+
+
+def fit_settings(run_folder: RunFolder | None, catalog: Catalog) -> dict[tuple[str, int], RunSetting]:
     """(accelerator, chips) -> the setting recipe 04b chose (or checked) for that slice, when it fits."""
     path = None if run_folder is None else FIT_CHECK.dir(run_folder) / FIT_CHECK.output
     if path is None or not path.is_file():
@@ -268,41 +298,90 @@ def fit_settings(run_folder: RunFolder | None) -> dict[tuple[str, int], RunSetti
 
     try:
         reports = json.loads(path.read_text(encoding="utf-8"))
-        return {(f"tpu-{r['slice'].split('-')[0]}", int(r["devices"])):
-                RunSetting(r["remat"], int(r["grad_accum_steps"]), f"fit check {r['slice']}")
-                for r in reports if r.get("fits") and "remat" in r}
+        settings = {}
+        for r in reports:
+            if r.get("fits") and "remat" in r:
+                accelerator = slice_accelerator(r["slice"])
+                chip = catalog.hardware.get(accelerator)
+                chips = int(r["devices"]) // (chip.devices_per_chip if chip else 1)
+                settings[accelerator, chips] = RunSetting(r["remat"], int(r["grad_accum_steps"]),
+                                                          f"fit check {r['slice']}")
+        return settings
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DataError(f"{path}: not a fit-check report ({exc}); {FIT_CHECK.run_again}") from exc
 
 
+def option_setting(option: Any, devices: int, hbm_gib_per_device: float | None, model: PlanModel, train_cfg: Any,
+                   chosen: dict[tuple[str, int], RunSetting], configured: RunSetting) -> RunSetting:
+    """The setting ``option`` runs with: the fit check's for its slice, the config's on other TPU slices, else
+    the least-recompute setting whose memory estimate fits the device (GPUs, Trainium)."""
+    if (option.accelerator, option.chips) in chosen:
+        return chosen[option.accelerator, option.chips]
+    if platform_of(option.accelerator) == "tpu" or hbm_gib_per_device is None:
+        return configured
+    estimate = cheapest_fitting(model.cfg, model.params, model.vocab_size, model.seq_len, train_cfg.batch_size,
+                                devices, hbm_gib_per_device, train_cfg.loss_chunk_len)
+    if not estimate.fits:
+        return RunSetting(estimate.remat, estimate.grad_accum_steps, f"does not fit: {estimate.describe()}")
+    return RunSetting(estimate.remat, estimate.grad_accum_steps, estimate.describe())
+
+
+def option_price(option: Any, key: str, catalog: Catalog) -> tuple[PriceRow, list[PriceRow]]:
+    """The option's price row, and the other clouds' when it names none (the cheapest is planned)."""
+    if option.accelerator in catalog.contract_rates:
+        return catalog.lookup(option.accelerator, option.pricing, key=key), []
+    rows = catalog.priced_rows(option.accelerator, option.pricing, option.cloud, option.region, key=key,
+                               cheapest=not option.cloud)
+    return rows[0], rows[1:]
+
+
 def estimate(option: Any, index: int, model: PlanModel, tokens: int, catalog: Catalog, rate: UsdRubRate,
-             mfu_choices: MfuChoices, setting: RunSetting, train_cfg: Any) -> dict[str, Any]:
+             mfu_choices: MfuChoices, chosen: dict[tuple[str, int], RunSetting], configured: RunSetting,
+             train_cfg: Any) -> dict[str, Any]:
     """One table row: time and money of ``tokens`` on this option, at the setting the run fits with."""
     key = f"cost.plan_options[{index}]"
-    price = catalog.lookup(option.accelerator, option.pricing, option.cloud, option.region, key=f"{key}.accelerator")
+    price, others = option_price(option, f"{key}.accelerator", catalog)
     chip = catalog.chip(option.accelerator, key=f"{key}.accelerator")
     if not chip.peak_bf16_tflops:
         raise CatalogError(f"config key '{key}.accelerator': no peak bf16 TFLOP/s for {option.accelerator} in "
                            "cost/hardware.csv, so its time cannot be estimated")
+    devices = option.chips * chip.devices_per_chip
+    hbm_per_device = None if chip.hbm_gib is None else chip.hbm_gib / chip.devices_per_chip
+    setting = option_setting(option, devices, hbm_per_device, model, train_cfg, chosen, configured)
     recompute = recompute_factor(dataclasses.replace(model.cfg, remat=setting.remat), model.vocab_size, model.seq_len,
                                  platform_of(option.accelerator), train_cfg.compute_dtype, train_cfg.loss_chunk_len)
     mfu, mfu_source, basis = mfu_choices.pick(option)
     if basis is not None:  # the source's hardware utilisation, spent on this setting's extra work
         mfu = mfu * basis / recompute
         mfu_source += f", x{basis:.2f}/{recompute:.2f} recompute"
-    per_chip = tokens_per_s_per_chip(mfu, chip.peak_bf16_tflops, model.flops_per_token)
-    hours = tokens / (per_chip * option.chips) / 3600
-    usd = hours * option.chips * price.usd
-    state_gib = model.params * STATE_BYTES_PER_PARAM / option.chips / 2**30
-    fits = None if chip.hbm_gib is None else ("yes" if state_gib <= chip.hbm_gib else "no")
+    per_device = tokens_per_s_per_chip(mfu, chip.peak_bf16_tflops_per_device or 0.0, model.flops_per_token)
+    per_chip = per_device * chip.devices_per_chip
+    hours = tokens / (per_device * devices) / 3600
+    usd = hours * option.chips * (price.usd or 0.0)
+    state_gib = model.params * STATE_BYTES_PER_PARAM / devices / 2**30
+    memory_gib = step_bytes(model.cfg, model.params, model.vocab_size, model.seq_len,
+                            max(train_cfg.batch_size / devices, 1.0) / setting.grad_accum_steps, devices, setting.remat,
+                            train_cfg.loss_chunk_len) / 2**30
+    if hbm_per_device is None:
+        fits = None
+    elif setting.source.startswith("fit check"):
+        fits = "yes (fit check)"
+    elif platform_of(option.accelerator) == "tpu":  # the config's setting, unchecked here: state only
+        fits = "state only: yes" if state_gib <= hbm_per_device else "no"
+    else:
+        fits = "no" if setting.source.startswith("does not fit") else "yes (estimate)"
     return {
-        "accelerator": option.accelerator, "cloud": price.cloud, "region": price.region, "pricing": price.pricing,
-        "chips": option.chips, "usd_per_chip_hour": price.usd, "peak_tflops": chip.peak_bf16_tflops,
+        "accelerator": option.accelerator, "cloud": price.cloud or "any", "region": price.region,
+        "pricing": price.pricing, "chips": option.chips, "devices": devices, "usd_per_chip_hour": price.usd,
+        "price_kind": price.source_kind,
+        "other_clouds": "; ".join(f"{r.cloud} {r.usd:.3f}" for r in others) or None,
+        "peak_tflops": chip.peak_bf16_tflops,
         "remat": setting.remat, "grad_accum_steps": setting.grad_accum_steps, "setting_from": setting.source,
         "recompute": recompute, "mfu": mfu, "hfu": mfu * recompute, "mfu_source": mfu_source,
-        "tokens_per_s_per_chip": per_chip, "hours": hours,
+        "tokens_per_s_per_chip": per_chip, "tokens_per_s_per_device": per_device, "hours": hours,
         "chip_hours": hours * option.chips, "usd": usd, "rub": usd * rate.rate,
-        "rub_per_1b_tokens": usd * rate.rate / tokens * 1e9, "state_gib_per_chip": state_gib, "fits": fits,
+        "rub_per_1b_tokens": usd * rate.rate / tokens * 1e9, "state_gib_per_device": state_gib,
+        "memory_gib_per_device": memory_gib, "fits": fits,
         "hbm_gib": chip.hbm_gib, "price_date": price.date, "price_source": price.source,
     }
 
@@ -375,11 +454,12 @@ def plan(cfg: ExperimentConfig, run_folder: RunFolder | None, catalog: Catalog |
     tokens = planned_tokens(cfg)
     anchors = tuple(read_anchors())
     mfu_choices = MfuChoices(cfg.cost.plan_mfu, measured_mfu(mfu_folder, measured_model, catalog),
-                             anchors if cfg.cost.plan_mfu_from_anchors else ())
-    chosen = fit_settings(run_folder)
+                             anchors if cfg.cost.plan_mfu_from_anchors else (),
+                             {name: row.vendor for name, row in catalog.hardware.items()}, model.params,
+                             cfg.cost.plan_anchor_size_ratio)
+    chosen = fit_settings(run_folder, catalog)
     configured = RunSetting(cfg.model.remat, cfg.train.grad_accum_steps, "config")
-    rows = [estimate(option, i, model, tokens, catalog, rate, mfu_choices,
-                     chosen.get((option.accelerator, option.chips), configured), cfg.train)
+    rows = [estimate(option, i, model, tokens, catalog, rate, mfu_choices, chosen, configured, cfg.train)
             for i, option in enumerate(cfg.cost.plan_options)]
     if not rows:
         raise ConfigError("config key 'cost.plan_options': give at least one accelerator option")
@@ -395,8 +475,9 @@ def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> 
     """Recipe 07: print and write the plan table (reports/plan.md, .csv) and chart (reports/plan.png)."""
     rate = resolve_usd_rub(cfg.cost)
     model, tokens, rows, checks = plan(cfg, run_folder, rate=rate)
-    title = f"Plan: {model.label}, {tokens / 1e9:,.4g}B tokens" if tokens >= 1e9 else f"Plan: {model.label}, {tokens:,} tokens"
-    preamble = (f"Model {model.label}: {model.params / 1e6:,.1f}M parameters, vocabulary {model.vocab_size}, "
+    amount = f"{tokens / 1e9:,.4g}B tokens" if tokens >= 1e9 else f"{tokens:,} tokens"
+    title = f"Plan: {model.label} ({params_label(model.params)} parameters, vocabulary {model.vocab_size:,}), {amount}"
+    preamble = (f"Model {model.label}: {params_label(model.params)} parameters, vocabulary {model.vocab_size}, "
                 f"sequence {model.seq_len}, {model.flops_per_token / 1e9:,.3f} GFLOP per trained token "
                 f"(the family's hand count, 3x forward). USD->RUB {rate.rate:.4f} of {rate.date} ({rate.source}).")
     notes = [f"anchor: {c['model']} on {c['accelerator']} at {c['mfu']:.1%} MFU: our arithmetic gives "
@@ -405,8 +486,16 @@ def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> 
     notes.append("recompute = hardware / model FLOPs of the setting (remat, the flash kernel's backward, the chunked "
                  "loss; the family's hand count); an anchor's MFU or cost.plan_mfu is held as hardware utilisation (HFU) and "
                  "divided by it; 'setting from' says whether recipe 04b's fit check or the config chose the setting")
-    notes.append(f"state = {STATE_BYTES_PER_PARAM} bytes/parameter (fp32 weights, gradients, Adam moments) "
-                 "sharded over the slice; activations are not included, so 'yes' is necessary, not sufficient")
+    notes.append(f"setting: recipe 04b's choice for a slice it checked; else the config's on TPUs (state = "
+                 f"{STATE_BYTES_PER_PARAM} bytes/parameter sharded over the devices: 'state only: yes' is necessary, "
+                 "not sufficient: run recipe 04b); else the least-recompute setting whose memory estimate (state, one "
+                 "micro-batch's activations and logits; cost/memory.py) fits the device")
+    notes.append("price from: 'catalog snapshot' (SkyPilot's catalog of the clouds' lists), 'provider list', "
+                 "'third-party' (not the provider's own figure: check it), 'contract' (cost.contract_rates); an "
+                 "option without a cloud is priced at the cheapest cloud, the others in 'other clouds'")
+    notes.append("MFU is per device (a TPU7x chip is two devices, each with half its peak); 'MFU from' names the "
+                 "measured or published anchor (the nearest in size on the same vendor's hardware, within "
+                 "cost.plan_anchor_size_ratio) or cost.plan_mfu")
     measured = measured_target_run(cfg, run_folder)
     if measured is not None:
         notes.append(f"to target: experiment '{measured.folder.root.name}' reached {measured.target.label} after "

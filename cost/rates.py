@@ -3,12 +3,15 @@
 The CBR publishes ``https://www.cbr.ru/scripts/XML_daily.asp?date_req=DD/MM/YYYY``: windows-1251
 XML, ``<ValCurs Date="DD.MM.YYYY">`` (the date the rates are set for), one ``<Valute ID=...>`` per
 currency with ``<Nominal>`` units costing ``<Value>`` rubles written with a decimal comma (100 JPY,
-10 CNY, ...). The request has a short timeout; offline it falls back to the newest cached file and
-says so. A rate older than ``cost.max_rate_age_days`` gives a warning, or an error when configured.
+10 CNY, ...). The request has a short timeout; offline it falls back to the newest cached file, and
+with no cache to the dated rate shipped in ``cost/usd_rub_fallback.csv`` (a Bank of Russia rate with its
+source), saying so each time. A rate older than ``cost.max_rate_age_days`` gives a warning, or an error
+when configured (``cost.stale_rate: error``).
 """
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import logging
 import math
@@ -26,6 +29,7 @@ log = logging.getLogger("cost.rates")
 
 CBR_URL = "https://www.cbr.ru/scripts/XML_daily.asp?date_req={date:%d/%m/%Y}"
 USD_VALUTE_ID = "R01235"
+SHIPPED_FALLBACK = Path(__file__).with_name("usd_rub_fallback.csv")
 
 
 @dataclass
@@ -150,12 +154,35 @@ def _from_cbr(cost_cfg: Any, today: dt.date) -> UsdRubRate:
             failure = f"cbr.ru unreachable or unreadable ({exc})"
     fallback = newest_cached(cache_dir)
     if fallback is None:
-        raise ConfigError(f"config key 'cost.usd_rub_rate': no USD->RUB rate: {failure} and no cached CBR file in "
-                          f"{cache_dir}; set cost.usd_rub_rate and cost.usd_rub_date")
+        shipped = shipped_fallback()
+        note = (f"{failure} and no cached CBR file in {cache_dir}; using the rate shipped with the catalog: "
+                f"{shipped.rate:.4f} set by the Bank of Russia for {shipped.date} ({shipped.source}); set "
+                "cost.usd_rub_rate and cost.usd_rub_date for the rate of your own date")
+        log.warning("%s", note)
+        shipped.notes.append(note)
+        return shipped
     daily = parse_cbr_xml(fallback.read_bytes(), str(fallback))
     note = f"{failure}; using the cached CBR rate set for {daily.date} ({fallback.name})"
     log.warning("%s", note)
     return UsdRubRate(usd_from_daily(daily, str(fallback)), daily.date, f"cache {fallback}", [note])
+
+
+def shipped_fallback(path: Path = SHIPPED_FALLBACK) -> UsdRubRate:
+    """The dated Bank of Russia rate shipped beside the catalog (its one row: date, usd_rub, source)."""
+    with path.open(encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    if len(rows) != 1:
+        raise DataError(f"{path}: expected one rate row (date,usd_rub,source,note), found {len(rows)}")
+    row = rows[0]
+    try:
+        date = dt.date.fromisoformat(row["date"])
+        rate = float(row["usd_rub"])
+        source = row["source"].strip()
+    except (KeyError, ValueError, AttributeError) as exc:
+        raise DataError(f"{path} line 2: not a dated rate row ({exc})") from exc
+    if not (math.isfinite(rate) and rate > 0) or not source:
+        raise DataError(f"{path} line 2: the rate must be a positive finite number with its source")
+    return UsdRubRate(rate, date, f"shipped fallback {path.name} ({source})")
 
 
 def check_age(rate: UsdRubRate, cost_cfg: Any, today: dt.date) -> UsdRubRate:

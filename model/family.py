@@ -100,6 +100,28 @@ class HFAdapter(Protocol):
 Builder = Callable[[Any, int, nnx.Rngs], nnx.Module]
 
 
+def params_label(n_params: int) -> str:
+    """A parameter count as every report, log line and doc writes it, to 3 significant digits: 3.98M, 787M, 8.03B."""
+    return f"{n_params / 1e6:.3g}M" if n_params < 999.5e6 else f"{n_params / 1e9:.3g}B"
+
+
+def decoder_saved_values(cfg: Any, remat: str, head_dim: int) -> float:
+    """Activation values per token a pre-norm decoder with a gated MLP keeps for its backward pass, all layers.
+
+    Per layer, without remat: the residual input and its norm's output, the RoPE'd queries, keys and values,
+    the attention output, the second residual and its norm's output, gate, up and their product (a flash
+    kernel keeps only its softmax statistics, not the T x T scores; Korthikanti et al. 2022, "Reducing
+    Activation Recomputation in Large Transformer Models", section 4, count the same tensors for GPT). With
+    ``save_dots``/``offload``: the projections' outputs and the layer input; with ``full``: the layer input
+    only (one layer's full set is live again while it recomputes, counted once)."""
+    kv_heads = getattr(cfg, "n_kv_heads", cfg.n_heads)  # a family without the field has one KV head per head
+    q, kv, d, ff = cfg.n_heads * head_dim, kv_heads * head_dim, cfg.d_model, cfg.d_ff
+    every = 4 * d + 2 * q + 2 * kv + 3 * ff
+    per_layer = {"none": every, "save_dots": 3 * d + q + 2 * kv + 2 * ff, "offload": 3 * d + q + 2 * kv + 2 * ff,
+                 "full": d}[remat]
+    return float(cfg.n_layers * per_layer + (every if remat == "full" else 0))
+
+
 @dataclass(frozen=True)
 class ModelFamily:
     """One architecture, registered once (``register_family``); see the module docstring."""
@@ -122,6 +144,9 @@ class ModelFamily:
     # regex over the paths of its submodules (e.g. "blocks/0/mlp") inside which ``train.quantization``
     # quantizes the matmuls against a parameter (trainer/quantization.py); "": int8/fp8 not supported
     quantized_modules: str = ""
+    # (model_cfg, remat, head_dim) -> activation values one trained token keeps for the backward pass, all
+    # layers (the planner's memory estimate where no fit check ran); the default counts a pre-norm decoder
+    saved_values_per_token: Callable[[Any, str, int], float] = decoder_saved_values
 
     def train_costs(self, model_cfg: Any, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
                     loss_chunk_len: int) -> TrainCosts:
@@ -136,6 +161,10 @@ class ModelFamily:
         if 0 < loss_chunk_len < seq_len:
             extra += 2.0 * model_cfg.d_model * vocab_size
         return TrainCosts(kernel, model_flops, model_flops + extra)
+
+    def saved_values(self, model_cfg: Any, remat: str) -> float:
+        """Activation values per trained token kept for the backward pass under ``remat``, over all layers."""
+        return self.saved_values_per_token(model_cfg, remat, self.head_dim(model_cfg))
 
     def mesh_rules(self, configured: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
         """The rules a run lays this family out with: its defaults, with the config's rules

@@ -6,6 +6,7 @@ import csv
 import datetime as dt
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from cost.catalog import Catalog, CatalogError
 from cost.planner import ANCHORS, anchor_check, experiment_model, plan, read_anchors, tokens_per_s_per_chip
 from cost.rates import UsdRubRate
 from experiment.config import load_config
-from experiment.errors import DataError
+from experiment.errors import ConfigError, DataError
 from experiment.runfolder import RunFolder
 from model.llama.flops import attention_forward_flops_per_token
 from tests.recipe_runner import error_line, run_recipe, tiny_config
@@ -103,27 +104,93 @@ def test_worked_example_one_option() -> None:
     assert row["hours"] == pytest.approx(hours)
     assert row["rub"] == pytest.approx(hours * 8 * 2.70 * 100.0)
     assert row["mfu_source"] == "option"
-    assert row["fits"] == "yes"  # 16 B x ~6.6B params / 8 chips = ~12.5 GiB < 32 GiB
+    assert row["fits"] == "state only: yes"  # 16 B x ~6.6B params / 8 chips = ~12.5 GiB < 32 GiB (no fit check ran)
     assert tokens == 100_000_000_000
     assert tokens_per_s_per_chip(0.5, 100, 1e9) == pytest.approx(50_000)
 
 
-def test_seed_comparison_set_is_planned_by_default() -> None:
+def test_seed_comparison_set_is_planned_by_default_on_demand_and_spot_at_the_cheapest_cloud() -> None:
     _, _, rows, _ = plan(demo_cfg("cost.plan_model=1b"), None, rate=RATE)
-    assert [r["accelerator"] for r in rows] == ["tpu-v5e", "tpu-v5p", "tpu-v6e", "nvidia-h100", "nvidia-b200",
-                                                "aws-trainium1"]
+    pairs = [(r["accelerator"], r["pricing"]) for r in rows]
+    for accelerator in ("tpu-v5e", "tpu-v5p", "tpu-v6e", "nvidia-h100", "nvidia-h200", "nvidia-b200", "aws-trainium1"):
+        assert (accelerator, "on-demand") in pairs and (accelerator, "spot") in pairs, accelerator
+    assert ("aws-trainium2", "on-demand") in pairs
     assert all(r["rub"] > 0 and r["hours"] > 0 for r in rows)
-    by_source = {r["accelerator"]: (r["mfu"], r["mfu_source"]) for r in rows}
-    v6e = next(r for r in rows if r["accelerator"] == "tpu-v6e")
-    anchor = read_anchors()[0]  # the first anchor on an accelerator gives its MFU
-    assert (anchor.model.label, anchor.mfu) == ("llama3.1-8b", 0.4546)
-    # MaxText's published MFU on v6e, held as hardware utilisation across the two settings' recompute
-    assert v6e["mfu"] == pytest.approx(0.4546 * anchor.recompute / v6e["recompute"])
-    assert v6e["mfu_source"].startswith("anchor llama3.1-8b")
-    assert by_source["tpu-v5e"][0] == pytest.approx(0.4 / next(r["recompute"] for r in rows if r["accelerator"] == "tpu-v5e"))
-    assert by_source["tpu-v5e"][1].startswith("cost.plan_mfu")
+    catalog = Catalog.load()
+    for row in rows:  # no cloud given: the cheapest that sells it, the others named beside it
+        offers = catalog.priced_rows(row["accelerator"], row["pricing"], cheapest=True)
+        assert row["usd_per_chip_hour"] == min(r.usd for r in offers)
+        assert (row["other_clouds"] is None) == (len(offers) == 1)
+    h100 = next(r for r in rows if (r["accelerator"], r["pricing"]) == ("nvidia-h100", "on-demand"))
+    assert (h100["cloud"], h100["other_clouds"]) == ("gcp", "aws 6.880")  # GCP's H100 is the cheaper on demand
     _, _, rows, _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_mfu_from_anchors=false"), None, rate=RATE)
-    assert {r["mfu_source"].split(",")[0] for r in rows} == {"cost.plan_mfu"}
+    assert {r["mfu_source"].split(" (")[0].split(",")[0] for r in rows} == {"cost.plan_mfu"}
+
+
+def test_an_anchor_lends_its_mfu_only_to_its_vendor_and_a_similar_size() -> None:
+    """The 8b plan on v6e and v5e takes MaxText's v6e Llama-3.1-8B MFU (same vendor, same size; named with
+    the chip it ran on); the 1b plan does not (10x smaller: cost.plan_mfu, saying why), nor do AWS rows; a
+    wider cost.plan_anchor_size_ratio lends it; the 70B anchor (custom remat, plannable false) never lends."""
+    anchor = next(a for a in read_anchors() if a.model.label == "llama3.1-8b")
+    options = "cost.plan_options=[{accelerator: tpu-v6e}, {accelerator: tpu-v5e}, {accelerator: aws-trainium1, chips: 16}]"
+    _, _, (v6e, v5e, trn), _ = plan(demo_cfg("cost.plan_model=llama3.1-8b", options), None, rate=RATE)
+    assert v6e["mfu_source"].startswith("anchor llama3.1-8b,")
+    assert v5e["mfu_source"].startswith("anchor llama3.1-8b on tpu-v6e,")
+    assert v5e["mfu"] == pytest.approx(anchor.mfu * anchor.recompute / v5e["recompute"])
+    assert trn["mfu_source"].startswith("cost.plan_mfu (no anchor on aws hardware)")
+    _, _, (small, _, _), _ = plan(demo_cfg("cost.plan_model=1b", options), None, rate=RATE)
+    assert re.match(r"cost.plan_mfu \(nearest google anchor llama3.1-8b is 1\dx the size", small["mfu_source"])
+    _, _, (wide, _, _), _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_anchor_size_ratio=12", options), None, rate=RATE)
+    assert wide["mfu_source"].startswith("anchor llama3.1-8b")
+    _, _, (big, _, _), _ = plan(demo_cfg("cost.plan_model=70b", "cost.plan_anchor_size_ratio=100", options), None,
+                                rate=RATE)
+    assert not big["mfu_source"].startswith("anchor llama3.1-70b") and "llama3.1-8b" in big["mfu_source"]
+
+
+def test_each_gpu_option_gets_the_setting_its_memory_holds() -> None:
+    """The shipped 1B config's save_dots is what its TPU v6e-8 needs; an 80 GB H100 or a 141 GB H200 holds the
+    step without remat, so they are planned (and priced) without it; an 8B step on 8 x 16 GiB v5e-sized chips
+    needs micro-batches or remat, chosen from the estimate, and a too-small device says it does not fit."""
+    from cost.memory import HBM_BUDGET, step_bytes
+
+    cfg = load_config(REPO / "recipes" / "configs" / "ru-1b-fineweb2-v6e-8.yaml",
+                      ["cost.plan_options=[{accelerator: tpu-v6e}, {accelerator: nvidia-h100}, {accelerator: nvidia-h200}]"])
+    model, _, (v6e, h100, h200), _ = plan(cfg, None, rate=RATE)
+    assert (v6e["remat"], v6e["setting_from"]) == ("save_dots", "config")
+    for row, hbm in ((h100, 80), (h200, 141)):
+        assert (row["remat"], row["grad_accum_steps"]) == ("none", 1)
+        assert row["setting_from"].startswith("memory estimate") and row["fits"] == "yes (estimate)"
+        need = step_bytes(model.cfg, model.params, model.vocab_size, model.seq_len, 128 / 8, 8, "none", 1024)
+        assert need <= HBM_BUDGET * hbm * 2**30 and row["memory_gib_per_device"] == pytest.approx(need / 2**30)
+        assert row["recompute"] < v6e["recompute"]  # no recompute of attention charged to the GPUs
+    tight = demo_cfg("cost.plan_model=llama3.1-8b", "train.batch_size=64",
+                     "cost.plan_options=[{accelerator: nvidia-h100}, {accelerator: aws-trainium1, chips: 2}]")
+    _, _, (h100_8b, tiny), _ = plan(tight, None, rate=RATE)
+    assert (h100_8b["remat"], h100_8b["grad_accum_steps"]) != ("none", 1) and h100_8b["fits"] == "yes (estimate)"
+    assert tiny["fits"] == "no" and tiny["setting_from"].startswith("does not fit")
+
+
+def test_the_shipped_1b_plan_runs_offline_with_the_dated_fallback_and_fair_gpu_rows(tmp_path: Path) -> None:
+    """Recipe 07 on the shipped 1B config, no rate configured, cbr.ru unreachable, no cache: it warns and plans
+    at the Bank of Russia rate shipped beside the catalog; the H100 and H200 rows run without remat at our
+    H200 bench's MFU, the anchor named in the row."""
+    from cost.rates import shipped_fallback
+
+    config = REPO / "recipes" / "configs" / "ru-1b-fineweb2-v6e-8.yaml"
+    proc = run_recipe("07_plan_costs.py", config, f"experiment.run_root={tmp_path}", "wandb.mode=disabled",
+                      f"cost.rate_cache_dir={tmp_path / 'cbr'}", "cost.fetch_rate=false")
+    fallback = shipped_fallback()
+    assert "using the rate shipped with the catalog" in proc.stderr and f"for {fallback.date}" in proc.stderr
+    with (tmp_path / "ru-1b-fineweb2-v6e-8" / "reports" / "plan.csv").open(encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert "787M parameters" in (tmp_path / "ru-1b-fineweb2-v6e-8" / "reports" / "plan.md").read_text(encoding="utf-8")
+    anchor = next(a for a in read_anchors() if a.accelerator == "nvidia-h200")
+    gpus = [r for r in rows if r["accelerator"] in ("nvidia-h100", "nvidia-h200")]
+    assert len(gpus) == 4  # on demand and spot each
+    for row in gpus:
+        assert row["remat"] == "none" and row["mfu_source"].startswith(f"anchor {anchor.model.label}")
+        assert float(row["rub"]) == pytest.approx(float(row["usd"]) * fallback.rate)
+        assert float(row["mfu"]) == pytest.approx(anchor.mfu)  # the bench's own setting: no recompute adjustment
 
 
 def test_full_remat_is_priced_by_hand() -> None:
@@ -166,8 +233,9 @@ def test_plan_uses_the_setting_the_fit_check_chose(tmp_path: Path) -> None:
 def test_bad_options_name_the_key() -> None:
     with pytest.raises(CatalogError, match=r"cost.plan_options\[0\].accelerator.*unknown accelerator 'h100'"):
         plan(demo_cfg("cost.plan_options=[{accelerator: h100}]"), None, rate=RATE)
-    with pytest.raises(CatalogError, match=r"cost.plan_options\[1\].accelerator.*no published on-demand price"):
-        plan(demo_cfg("cost.plan_options=[{accelerator: tpu-v5e}, {accelerator: aws-trainium2}]"), None, rate=RATE)
+    with pytest.raises(CatalogError, match=r"cost.plan_options\[1\].accelerator.*no spot price for aws-trainium2"):
+        plan(demo_cfg("cost.plan_options=[{accelerator: tpu-v5e}, {accelerator: aws-trainium2, pricing: spot}]"), None,
+             rate=RATE)
     with pytest.raises(CatalogError, match=r"no peak bf16 TFLOP/s for cpu-e2-standard-2"):
         plan(demo_cfg("cost.plan_options=[{accelerator: cpu-e2-standard-2, chips: 1}]"), None, rate=RATE)
 
@@ -215,7 +283,7 @@ def test_mfu_calibrated_from_our_own_ledger(tmp_path: Path) -> None:
     trained = experiment_model(cfg, folder)  # the demo model measured by the ledger, not the planned 1b
     expected = 1.2e9 / 3600 / 8 * trained.flops_per_token / 197e12
     assert rows[0]["mfu_source"] == "our run" and rows[0]["mfu"] == pytest.approx(expected)
-    assert rows[1]["mfu_source"].startswith("anchor llama3.1-8b")  # not measured on v6e: the published MFU there
+    assert rows[1]["mfu_source"].startswith("cost.plan_mfu")  # not measured on v6e; the 8B anchor is 10x the size
 
 
 def test_a_damaged_tokenizer_manifest_is_one_error_naming_it(tmp_path: Path) -> None:
@@ -298,3 +366,66 @@ def test_an_anchor_figure_that_is_not_finite_names_the_file_and_line(tmp_path: P
         csv.writer(handle).writerows([header, first])
     with pytest.raises(DataError, match=r"anchors.csv line 2: bad anchor row \(.*must be finite numbers\)"):
         read_anchors(anchors)
+
+
+def test_a_tpu7x_plan_divides_by_devices_not_chips(tmp_path: Path) -> None:
+    """Ironwood shows each chip as two JAX devices with half its peak (2,307 / 2 TFLOP/s) and half its HBM: 4
+    chips are 8 devices. At a given MFU per device the 4-chip slice runs 8 x (MFU x 1,153.5 TFLOP/s) / FLOPs per
+    token and pays 4 chip-hours an hour; the state is spread over 8 devices; a fit check of tpu7x-8 (8 devices)
+    is the setting of the 4-chip option."""
+    cfg = demo_cfg("cost.plan_model=1b", "cost.contract_rates={tpu7x: 5.0}", f"experiment.run_root={tmp_path}",
+                   "cost.plan_options=[{accelerator: tpu7x, chips: 4, mfu: 0.5}]")
+    model, tokens, (row,), _ = plan(cfg, None, rate=RATE)
+    per_device = 0.5 * 2307e12 / 2 / model.flops_per_token
+    assert row["devices"] == 8 and row["tokens_per_s_per_device"] == pytest.approx(per_device)
+    assert row["tokens_per_s_per_chip"] == pytest.approx(2 * per_device)
+    assert row["hours"] == pytest.approx(tokens / (8 * per_device) / 3600)
+    assert row["usd"] == pytest.approx(row["hours"] * 4 * 5.0)
+    assert row["state_gib_per_device"] == pytest.approx(model.params * 16 / 8 / 2**30)
+    assert row["price_kind"] == "contract"
+    folder = RunFolder.for_config(cfg)
+    folder.reports.mkdir(parents=True)
+    (folder.reports / "fit_check.json").write_text(json.dumps([
+        {"slice": "tpu7x-8", "devices": 8, "fits": True, "remat": "full", "grad_accum_steps": 2}]), encoding="utf-8")
+    (checked,) = plan(cfg, folder, rate=RATE)[2]
+    assert (checked["remat"], checked["grad_accum_steps"], checked["setting_from"]) == ("full", 2, "fit check tpu7x-8")
+
+
+def test_training_mfu_on_tpu7x_is_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On 8 TPU7x devices (4 chips) the run pays for 4 chips and its MFU divides by 8 half-chip peaks."""
+    from types import SimpleNamespace
+
+    from experiment.sections.cost import CostConfig
+    from trainer import throughput
+
+    class FakeDevice:
+        platform = "tpu"
+
+    monkeypatch.setattr(throughput.jax, "devices", lambda: [FakeDevice()] * 8)
+    monkeypatch.setattr(throughput.jax, "device_count", lambda: 8)
+    cfg = SimpleNamespace(cost=CostConfig(accelerator="tpu7x", chips=4), train=SimpleNamespace(peak_flops_per_chip=None))
+    assert throughput.devices_per_chip(cfg) == 2 and throughput.chips_in_use(2) == 4
+    peak = throughput.peak_flops_per_device(cfg)
+    assert peak == pytest.approx(2307e12 / 2)
+    window = throughput.MetricsWindow(tokens_per_step=1000, flops_per_token=1e9, peak_flops=peak)
+    window.add()
+    out = window.flush()
+    assert out["train/mfu"] == pytest.approx(out["train/tokens_per_s"] * 1e9 / (8 * 2307e12 / 2))
+    with pytest.raises(Exception, match="not a whole number of chips"):
+        monkeypatch.setattr(throughput.jax, "device_count", lambda: 7)
+        throughput.chips_in_use(2)
+
+
+def test_a_trainium2_plan_says_which_figure_priced_it() -> None:
+    """No provider publishes a Trainium2 on-demand price: the plan uses the third party's figure and says so
+    (kind and source in the row, a note under the table); a contract rate replaces it and is named."""
+    option = "cost.plan_options=[{accelerator: aws-trainium2, chips: 16}]"
+    _, _, (row,), _ = plan(demo_cfg("cost.plan_model=1b", option), None, rate=RATE)
+    assert (row["usd_per_chip_hour"], row["price_kind"], row["price_date"]) == (2.235, "third-party", "2026-05")
+    assert "benchmark report" in row["price_source"]
+    _, _, (mine,), _ = plan(demo_cfg("cost.plan_model=1b", option, "cost.contract_rates={aws-trainium2: 1.5}"), None,
+                            rate=RATE)
+    assert (mine["usd_per_chip_hour"], mine["price_kind"]) == (1.5, "contract")
+    assert mine["usd"] == pytest.approx(row["usd"] * 1.5 / 2.235)
+    with pytest.raises(ConfigError, match=r"cost.contract_rates.aws-trainium2': must be a positive number"):
+        demo_cfg("cost.contract_rates={aws-trainium2: -1}")

@@ -76,18 +76,35 @@ def test_fetch_caches_and_offline_falls_back_to_cache(tmp_path: Path, monkeypatc
     assert "unreachable" in later.notes[0] and "2024-12-28" in later.notes[0]
 
 
-def test_no_rate_anywhere_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_rate_anywhere_falls_back_to_the_shipped_dated_rate_with_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(rates, "fetch_cbr_xml", lambda *a: (_ for _ in ()).throw(OSError("timed out")))
-    with pytest.raises(ConfigError, match=r"no USD->RUB rate: cbr.ru unreachable.*set cost.usd_rub_rate"):
-        resolve_usd_rub(cfg_for(tmp_path / "empty"), today=TODAY)
+    today = dt.date(2026, 12, 2)
+    with caplog.at_level(logging.WARNING, logger="cost.rates"):
+        rate = resolve_usd_rub(cfg_for(tmp_path / "empty"), today=today)
+    shipped = (Path(rates.__file__).parent / "usd_rub_fallback.csv").read_text(encoding="utf-8").splitlines()[1]
+    date, value = shipped.split(",")[:2]
+    assert (rate.rate, rate.date.isoformat()) == (float(value), date)
+    assert "cbr.ru" in rate.source and "usd_rub_fallback.csv" in rate.source
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "cbr.ru unreachable" in warned and f"set by the Bank of Russia for {date}" in warned
+    assert "days old" in warned  # and its age is said, as for any old rate
+    assert any("shipped with the catalog" in note for note in rate.notes)
+    with pytest.raises(ConfigError, match=r"cost.usd_rub_date.*days old"):  # unless old rates are refused
+        resolve_usd_rub(cfg_for(tmp_path / "empty", stale_rate="error"), today=today)
+
+
+def test_a_damaged_shipped_rate_is_one_error_naming_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "usd_rub_fallback.csv"
+    bad.write_text("date,usd_rub,source,note\n2024-12-28,nan,https://www.cbr.ru,x\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"usd_rub_fallback.csv line 2: .*positive finite"):
+        rates.shipped_fallback(bad)
 
 
 def test_real_fetch_never_hangs(tmp_path: Path) -> None:
     """Whatever the network does here, the answer (a rate or a clear error) comes within the timeout."""
     shutil.rmtree(tmp_path, ignore_errors=True)
     started = time.monotonic()
-    try:
-        resolve_usd_rub(cfg_for(tmp_path, fetch_timeout_s=1.0), today=dt.date.today())
-    except ConfigError as exc:
-        assert "cost.usd_rub_rate" in str(exc)
+    rate = resolve_usd_rub(cfg_for(tmp_path, fetch_timeout_s=1.0), today=dt.date.today())
+    assert rate.source == "cbr.ru" or "usd_rub_fallback.csv" in rate.source
     assert time.monotonic() - started < 10  # DNS + connect + read, each bounded

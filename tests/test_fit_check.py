@@ -52,6 +52,17 @@ def test_oversized_model_gets_a_clear_error(tmp_path: Path) -> None:
     assert "RESOURCE_EXHAUSTED" in line or "GiB of 15.75 GiB" in line
 
 
+def test_a_tpu7x_slice_compiles_as_two_devices_per_chip(tmp_path: Path) -> None:
+    """libtpu knows Ironwood: tpu7x-8 is 8 devices (each chip's two TensorCores) of 94.75 GiB on 4 chips, and
+    the plan of the 4-chip option takes the setting checked on its 8 devices."""
+    proc = run_fit_check(tmp_path, "train.fit_topologies=[tpu7x-8]", "train.mesh.fsdp=8", "train.mesh.data=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (report,) = json.loads((tmp_path / "runs" / "tiny" / "reports" / "fit_check.json").read_text(encoding="utf-8"))
+    assert (report["slice"], report["topology"], report["devices"]) == ("tpu7x-8", "tpu7x:2x2x1", 8)
+    assert report["fits"] and report["capacity_gib"] == 94.75
+    assert "tpu7x-8 (tpu7x:2x2x1, 8 devices" in proc.stderr
+
+
 SHIPPED = sorted((REPO / "recipes" / "configs").glob("*.yaml"))
 
 

@@ -113,7 +113,7 @@ def test_toy_family_trains_evaluates_and_plans_through_the_recipes(fixture_stage
     seq_len = json.loads((run_dir / "shards" / "manifest.json").read_text(encoding="utf-8"))["seq_len"]
     toy_flops = TOY.flops(toy_cfg, vocab, seq_len)
     assert float(row["tokens_per_s_per_chip"]) == pytest.approx(0.5 * float(row["peak_tflops"]) * 1e12 / toy_flops)
-    assert float(row["state_gib_per_chip"]) == pytest.approx(meta["n_params"] * 16 / 8 / 2**30)
+    assert float(row["state_gib_per_device"]) == pytest.approx(meta["n_params"] * 16 / 8 / 2**30)
     assert float(row["recompute"]) == 1.0
 
 

@@ -36,8 +36,9 @@ class Topology:
     usable_hbm_gib: float  # what the compiler lets a program use per device
 
 
-# Cloud TPU slice names (chips for v5e/v6e, TensorCores for v5p) -> topology
-_V5E, _V6E, _V5P = 15.75, 31.24, 95.73  # usable HBM per chip as reported by libtpu here (STACK_NOTES)
+# Cloud TPU slice names (chips for v5e/v6e, TensorCores for v5p and tpu7x) -> topology. A tpu7x chip shows its
+# two TensorCores as two devices (no megacore): tpu7x-8 is 8 devices on 4 chips (2x2x1), 94.75 GiB each.
+_V5E, _V6E, _V5P, _TPU7X = 15.75, 31.24, 95.73, 94.75  # usable HBM per device as libtpu reports it here
 TOPOLOGIES: dict[str, Topology] = {
     "v5e-4": Topology("v5e:2x2", "default", _V5E),
     "v5e-8": Topology("v5e:2x4", "default", _V5E),
@@ -57,6 +58,11 @@ TOPOLOGIES: dict[str, Topology] = {
     "v5p-32": Topology("v5:2x2x4", "megacore", _V5P),
     "v5p-64": Topology("v5:2x4x4", "megacore", _V5P),
     "v5p-128": Topology("v5:4x4x4", "megacore", _V5P),
+    "tpu7x-8": Topology("tpu7x:2x2x1", "default", _TPU7X),
+    "tpu7x-16": Topology("tpu7x:2x2x2", "default", _TPU7X),
+    "tpu7x-32": Topology("tpu7x:2x2x4", "default", _TPU7X),
+    "tpu7x-64": Topology("tpu7x:2x4x4", "default", _TPU7X),
+    "tpu7x-128": Topology("tpu7x:4x4x4", "default", _TPU7X),
 }
 
 

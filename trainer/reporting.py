@@ -22,7 +22,7 @@ from experiment.runfolder import RunFolder
 from tracking.metrics import log_step
 from tracking.wandb_run import warn_if_folder_gone
 from trainer.distributed import is_primary
-from trainer.throughput import chips_in_use
+from trainer.throughput import chips_in_use, devices_per_chip
 
 log = logging.getLogger("trainer")
 
@@ -57,7 +57,7 @@ def open_ledger(cfg: Any, run_folder: RunFolder, run_id: str) -> Any:
     from cost.chips import reconcile_chips
     from cost.ledger import Ledger
 
-    in_use = reconcile_chips(cfg.cost.chips, chips_in_use(), jax.devices()[0].platform)  # every host stops alike
+    in_use = reconcile_chips(cfg.cost.chips, chips_in_use(devices_per_chip(cfg)), jax.devices()[0].platform)
     if not is_primary():
         return OtherHostLedger()
     return Ledger.open(run_folder.ledger, cfg.cost, run_id, chips_in_use=in_use)

@@ -39,6 +39,7 @@ from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import TOKENIZER
+from model.family import params_label
 from model.registry import family_of
 from model.sharding import build_mesh
 from model.stacking import LAYOUT_KEY, layout_meta
@@ -142,8 +143,8 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         program = TrainProgram(model_cfg, train_cfg, data.vocab_size, mesh, seed=cfg.experiment.seed)
         family = family_of(model_cfg)
         n_params = family.param_count(model_cfg, data.vocab_size)
-        log.info("model: %s family, %.2fM parameters (%s, vocab %d)",
-                 family.name, n_params / 1e6, family.describe(model_cfg), data.vocab_size)
+        log.info("model: %s family, %s parameters (%s, vocab %d)",
+                 family.name, params_label(n_params), family.describe(model_cfg), data.vocab_size)
         kernel, _, _ = family.train_costs(model_cfg, data.vocab_size, data.seq_len, mesh.devices.flat[0].platform,
                                           train_cfg.compute_dtype, train_cfg.loss_chunk_len)
         log.info("attention kernel: %s (model.attention=%s on %s); remat %s; loss logits in chunks of %s positions",

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,16 +41,15 @@ class PlanOption:
 
 
 def _seed_plan_options() -> list[PlanOption]:
-    # The comparison set the project was started for: three TPU generations, two NVIDIA GPUs, Trainium (the
-    # first generation: no public Trainium2 price in cost/catalog.csv's sources).
-    return [
-        PlanOption("tpu-v5e", 8, "on-demand"),
-        PlanOption("tpu-v5p", 8, "on-demand"),
-        PlanOption("tpu-v6e", 8, "on-demand"),
-        PlanOption("nvidia-h100", 8, "on-demand", cloud="aws"),
-        PlanOption("nvidia-b200", 8, "on-demand", cloud="aws"),
-        PlanOption("aws-trainium1", 16, "on-demand"),
-    ]
+    # The comparison set the project was started for, on demand and on spot: three TPU generations, three NVIDIA
+    # GPUs (each at the cheapest cloud that sells it), Trainium 1 and 2 (Trainium2 has no spot price anywhere we
+    # read; its on-demand figure is a third party's, and the plan says so). TPU7x has no public price: give
+    # cost.contract_rates and add it.
+    options = []
+    for accelerator, chips in (("tpu-v5e", 8), ("tpu-v5p", 8), ("tpu-v6e", 8), ("nvidia-h100", 8),
+                               ("nvidia-h200", 8), ("nvidia-b200", 8), ("aws-trainium1", 16)):
+        options += [PlanOption(accelerator, chips, "on-demand"), PlanOption(accelerator, chips, "spot")]
+    return [*options, PlanOption("aws-trainium2", 16, "on-demand")]
 
 
 @dataclass
@@ -62,6 +62,9 @@ class CostConfig:
     catalog_path: str = ""  # a user price catalog (CSV, same columns) that extends or overrides the bundled one
     hardware_path: str = ""  # a user hardware catalog (CSV) that extends or overrides cost/hardware.csv
     infrastructure: list[InfraItem] = field(default_factory=list)
+    # your own USD per chip-hour for an accelerator (a contract, a Capacity Block, a quote): used instead of the
+    # catalog's price by the ledger and the planner, and named as the figure used, e.g. {aws-trainium2: 2.1}
+    contract_rates: dict[str, float] = field(default_factory=dict)
     usd_rub_rate: float | None = None  # None: fetch the Bank of Russia rate (cache / offline fallback)
     usd_rub_date: str = ""  # YYYY-MM-DD of the rate
     max_rate_age_days: int = 30
@@ -79,7 +82,9 @@ class CostConfig:
     # planned model's: model.max_seq_len, a preset's own, or an anchor's from cost/anchors.csv
     plan_tokens: int = 0
     plan_mfu: float = 0.4
-    plan_mfu_from_anchors: bool = True  # a published MFU on the same accelerator beats plan_mfu
+    plan_mfu_from_anchors: bool = True  # a measured or published MFU (cost/anchors.csv) beats plan_mfu
+    # an anchor lends its MFU to plans of models within this factor of its parameter count (same vendor's hardware)
+    plan_anchor_size_ratio: float = 4.0
     plan_options: list[PlanOption] = field(default_factory=_seed_plan_options)
     # compare (recipe 06)
     compare_experiments: list[str] = field(default_factory=list)  # more experiments under the same run_root
@@ -110,6 +115,10 @@ class CostConfig:
             except ValueError as exc:
                 raise ConfigError(f"config key '{prefix}usd_rub_date': {self.usd_rub_date!r} is not a "
                                   "YYYY-MM-DD date") from exc
+        for name, usd in self.contract_rates.items():
+            if not isinstance(usd, (int, float)) or isinstance(usd, bool) or not math.isfinite(usd) or usd <= 0:
+                raise ConfigError(f"config key '{prefix}contract_rates.{name}': must be a positive number of USD per "
+                                  f"chip-hour, got {usd!r}")
         if self.max_rate_age_days < 0:
             raise ConfigError(f"config key '{prefix}max_rate_age_days': must be >= 0")
         if self.fetch_timeout_s <= 0 or self.fetch_timeout_s > 60:
@@ -127,5 +136,8 @@ class CostConfig:
         if self.plan_target_from and self.target_bpb is None and self.target_score is None:
             raise ConfigError(f"config key '{prefix}plan_target_from': needs a target (cost.target_bpb or "
                               "cost.target_score) to project")
+        if not self.plan_anchor_size_ratio >= 1:
+            raise ConfigError(f"config key '{prefix}plan_anchor_size_ratio': must be >= 1, got "
+                              f"{self.plan_anchor_size_ratio}")
         if self.plan_tokens < 0:
             raise ConfigError(f"config key '{prefix}plan_tokens': must be >= 0")

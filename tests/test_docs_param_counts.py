@@ -1,0 +1,50 @@
+"""Plan, docs and README quote one parameter count per shipped config: the family's, as the planner prints it.
+
+Every place a shipped config is introduced by name with a parenthesis (README.md, docs/launch.md) and gives
+a parameter figure there must give the count the model family computes for that config at its tokenizer's
+vocabulary (``model.family.params_label``); the README's list of configs and each config's header comment
+must give it; and recipe 07's plan of the config says the same number.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+
+import pytest
+
+from cost.planner import plan
+from cost.rates import UsdRubRate
+from experiment.config import load_config
+from model.family import params_label
+from model.registry import family_of
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = ("demo.yaml", "ru-1b-fineweb2-v6e-8.yaml", "ru-8b-v6e-64.yaml", "ru-70b-v5p-128.yaml")
+DOCS = (REPO / "README.md", REPO / "docs" / "launch.md")
+FIGURE = re.compile(r"(\d[\d.,]*\s?[MB])[- ]parameters?\b")
+
+
+def family_label(name: str) -> str:
+    cfg = load_config(REPO / "recipes" / "configs" / name)
+    return params_label(family_of(cfg.model).param_count(cfg.model, cfg.tokenizer.vocab_size))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_docs_readme_config_and_plan_agree_on_the_parameter_count(name: str) -> None:
+    label = family_label(name)
+    introduced = 0
+    for doc in DOCS:
+        text = " ".join(doc.read_text(encoding="utf-8").split())  # a parenthesis may wrap across lines
+        for parenthesis in re.findall(rf"`{re.escape(name)}` \(([^()]*(?:\([^()]*\)[^()]*)*)\)", text):
+            for figure in FIGURE.findall(parenthesis):
+                assert figure.replace(" ", "") == label, f"{doc.name}: `{name}` ({parenthesis}) says {figure}, " \
+                                                          f"the family counts {label}"
+                introduced += doc.name == "README.md"
+    assert introduced, f"README.md never gives `{name}`'s parameter count ({label} parameters)"
+    header = (REPO / "recipes" / "configs" / name).read_text(encoding="utf-8").splitlines()[0]
+    assert [f.replace(" ", "") for f in FIGURE.findall(header)] == [label], header
+    cfg = load_config(REPO / "recipes" / "configs" / name, ["cost.plan_model=", "cost.plan_options=[{accelerator: tpu-v6e, mfu: 0.4}]"])
+    model, _, _, _ = plan(cfg, None, rate=UsdRubRate(100.0, dt.date.today(), "test"))
+    assert params_label(model.params) == label
