@@ -30,11 +30,14 @@ WEIGHTS_FILE = "model.safetensors"
 
 def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, sp: Any = None,
                  special_ids: dict[str, int] | None = None, metadata: dict[str, str] | None = None,
-                 tokenizer_files: Path | None = None) -> Path:
+                 tokenizer_files: Path | None = None, base_context: int | None = None) -> Path:
     """Write the export into a staging folder and move it over ``out_dir`` only when complete.
 
     The tokenizer: ``sp`` (a trained SentencePiece model, converted by the tokenizer stage's exporter)
-    or ``tokenizer_files`` (an adopted tokenizer's folder, copied as it is)."""
+    or ``tokenizer_files`` (an adopted tokenizer's folder, copied as it is). ``base_context``: the
+    ``max_position_embeddings`` of the base model a continued run started from; the export declares the
+    larger of it and the trained ``model.max_seq_len`` (a 512-context base trained at 128 stays a
+    512-context model: RoPE has no learned positions to lose), and says so when they differ."""
     from safetensors.numpy import save_file
 
     family = family_of(model_cfg)
@@ -51,6 +54,11 @@ def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, 
                 if path.is_file():
                     shutil.copyfile(path, staging / path.name)
         tensors, config = family.hf_adapter.export(model, model_cfg, vocab_size, special_ids)
+        if base_context and base_context != config.get("max_position_embeddings"):
+            context = max(base_context, model_cfg.max_seq_len)
+            log.info("max_position_embeddings %d: the larger of the base model's %d and the trained "
+                     "model.max_seq_len %d", context, base_context, model_cfg.max_seq_len)
+            config["max_position_embeddings"] = context
         save_file(tensors, str(staging / WEIGHTS_FILE),
                   metadata={"format": "pt", "family": family.name, **(metadata or {})})
         atomic_write_text(staging / "config.json", json.dumps(config, indent=2) + "\n")
@@ -87,4 +95,5 @@ def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: A
     special_ids = {name: i for name, i in (manifest.get("special_ids") or {}).items() if i is not None}
     return write_export(model, model_cfg, meta["vocab_size"], out_dir,
                         sp=None if adopted else tokenizer.sp, tokenizer_files=adopted, special_ids=special_ids,
-                        metadata={"experiment": cfg.experiment.name, "tokenizer_sha256": manifest.get("sha256", "")})
+                        metadata={"experiment": cfg.experiment.name, "tokenizer_sha256": manifest.get("sha256", "")},
+                        base_context=(meta.get("init_from") or {}).get("max_position_embeddings"))

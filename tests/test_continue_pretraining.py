@@ -101,6 +101,7 @@ def test_mean_adaptation_step0_then_exact_resume(fixture_stages: Path, base_fold
     assert lineage["files"]["model.safetensors"] == hashlib.sha256(
         (base_folder / "model.safetensors").read_bytes()).hexdigest()
     assert lineage["vocab_adaptation"]["copied"] > 0 and lineage["vocab_adaptation"]["averaged"] > 0
+    assert lineage["max_position_embeddings"] == BASE_MODEL.max_seq_len  # what an export of this run declares
     assert json.loads((run_dir / "checkpoints" / "init_from.json").read_text(encoding="utf-8")) == lineage
 
     # the next session resumes from step 0 (init_from is not read again) and trains exactly like one

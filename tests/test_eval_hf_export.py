@@ -127,25 +127,68 @@ def test_trained_checkpoint_restored_from_orbax_matches_transformers(tmp_path: P
     np.testing.assert_allclose(theirs, np.asarray(model(jnp.asarray(tokens)), np.float32), atol=1e-4, rtol=0)
 
 
-def test_exported_tokenizer_gives_sentencepiece_ids(tmp_path: Path) -> None:
-    transformers = import_extra("transformers", "hf")
+@pytest.fixture(scope="module")
+def russian_tokenizer() -> tuple[object, object, Path]:
+    """A SentencePiece BPE (the default model type) trained on a Pushkin novel, its special ids, and the novel."""
     import sentencepiece as spm
 
-    from eval.hf_export import write_export
     from experiment.sections.tokenizer import TokenizerConfig
     from tokenizer.train import special_ids, train_sentencepiece, trainer_options
 
     novel = shared_data_dir() / "text" / "ruslit" / "prose" / "Pushkin" / "Капитанская дочка.txt"
     needs_shared(novel)
     lines = [line for line in novel.read_text(encoding="utf-8").splitlines() if line.strip()][:800]
-    tok_cfg = TokenizerConfig(vocab_size=600, model_type="unigram")
+    tok_cfg = TokenizerConfig(vocab_size=600, model_type="bpe")
     sp = spm.SentencePieceProcessor(model_proto=train_sentencepiece(iter(lines), trainer_options(tok_cfg, 0)))
-    model, cfg = tiny_model(tie=True)
-    out = write_export(model, cfg, sp.get_piece_size(), tmp_path / "hf", sp=sp, special_ids=special_ids(tok_cfg))
-    hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    return sp, special_ids(tok_cfg), novel
+
+
+@pytest.mark.parametrize("family,overrides", [("llama", {}), ("mistral", {}), ("qwen2", {"tie_embeddings": True}),
+                                              ("qwen3", {"head_dim": 16}), ("gemma3", {"head_dim": 8})])
+def test_every_familys_export_round_trips_through_autotokenizer(tmp_path: Path, russian_tokenizer: tuple,
+                                                                family: str, overrides: dict) -> None:
+    """AutoTokenizer on each family's export gives our ids and text back on unseen Russian: transformers picks a
+    model type's own tokenizer class for some types (qwen2's byte-level Qwen2Tokenizer encoded Russian into
+    byte pieces before the export named its class); AutoModelForCausalLM loads the same folder."""
+    transformers = import_extra("transformers", "hf")
+    from eval.hf_export import write_export
+    from model.registry import get_family
+
+    sp, ids, novel = russian_tokenizer
+    fam = get_family(family)
+    cfg = fam.config_cls(**{**dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64),
+                            **overrides})
+    out = write_export(fam.init(cfg, sp.get_piece_size(), seed=0), cfg, sp.get_piece_size(), tmp_path / family,
+                       sp=sp, special_ids=ids)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert type(hf_tok).__name__ != "Qwen2Tokenizer"
     unseen = (novel.parent / "Дубровский.txt").read_text(encoding="utf-8").splitlines()[10:15]
     for text in unseen + ["Ёжик в тумане, 2024 год!", "  два пробела\nи перевод строки"]:
-        assert hf_tok.encode(text, add_special_tokens=False) == sp.encode(text), text
+        encoded = hf_tok.encode(text, add_special_tokens=False)
+        assert encoded == sp.encode(text), (family, text)
+        assert hf_tok.decode(encoded) == sp.decode(encoded)  # the normalized text (no-break spaces become spaces)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
+    assert model.config.vocab_size == sp.get_piece_size()
+
+
+def test_a_continued_run_exports_the_base_models_context(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A base built for 64 positions trained at 16 exports as a 64-position model, and says why; a run trained
+    longer than its base declares its own length; a run from scratch declares model.max_seq_len."""
+    import dataclasses
+    import logging
+
+    from eval.hf_export import write_export
+
+    model, cfg = tiny_model(tie=True)
+    short = dataclasses.replace(cfg, max_seq_len=16)
+    with caplog.at_level(logging.INFO, logger="eval.hf_export"):
+        out = write_export(model, short, VOCAB, tmp_path / "a", base_context=64)
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 64
+    assert "the larger of the base model's 64 and the trained model.max_seq_len 16" in caplog.text
+    out = write_export(model, cfg, VOCAB, tmp_path / "b", base_context=32)
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 64
+    out = write_export(model, short, VOCAB, tmp_path / "c")
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 16
 
 
 @pytest.mark.parametrize("tie", [True, False])

@@ -93,6 +93,10 @@ def tokenizer_config(sp: spm.SentencePieceProcessor, special_ids: dict[str, int]
         "clean_up_tokenization_spaces": False,
         # "<s>" typed in text stays text, as in SentencePiece, instead of becoming the BOS id.
         "split_special_tokens": True,
+        # AutoTokenizer picks a model type's own class over tokenizer_class for some types (transformers 5:
+        # qwen2's Qwen2Tokenizer rebuilds a byte-level pipeline from our vocabulary and encodes Russian into
+        # byte pieces); naming the class here keeps tokenizer.json's pipeline for every model type.
+        "auto_map": {"AutoTokenizer": [None, "PreTrainedTokenizerFast"]},
     }
 
 

@@ -78,7 +78,9 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
     params, adaptation = embeddings.apply(imported, cfg.experiment.seed)
     lineage = {"folder": str(Path(folder).resolve()), "family": imported.family, "files": imported.source_files,
                "tokenizer_files": [Path(p).name for p in imported.tokenizer_files], "base_vocab_size": imported.vocab_size,
-               "vocab_adaptation": adaptation}
+               "vocab_adaptation": adaptation,
+               # the context the base was built for: an export keeps it when the run trains at a shorter one
+               "max_position_embeddings": int(base_cfg.max_seq_len)}
     log.info("model.init_from: %s (%s family, vocabulary %d); embeddings: %s", folder, imported.family,
              imported.vocab_size, describe_adaptation(adaptation))
     return StartPoint(model_cfg, params, lineage)
