@@ -21,12 +21,14 @@ from typing import Any
 from experiment.errors import ConfigError, RecipeError
 from experiment.manifest import linked_run
 from experiment.runfolder import RunFolder
-from experiment.stages import CORPUS, EVAL, FIT_CHECK, PRETRAIN, SHARDS, TOKENIZER, Stage
+from experiment.stages import CORPUS, EVAL, FIT_CHECK, NEURON_CHECK, PRETRAIN, SHARDS, TOKENIZER, Stage
 
 log = logging.getLogger("experiment.links")
 DATA_STAGES = (CORPUS, TOKENIZER, SHARDS)  # the stages whose outputs other runs read through links
-# the stages that read experiment.data_from's data (recipe 04b: the tokenizer's and shards' manifests)
-DATA_READERS = (PRETRAIN, FIT_CHECK, EVAL)
+# the stages that read experiment.data_from's data (recipes 04b and 04c: the tokenizer's and shards' manifests)
+DATA_READERS = (PRETRAIN, FIT_CHECK, NEURON_CHECK, EVAL)
+# of those, the checks that size the model from the config when there is no data yet
+CONFIG_SIZED = (FIT_CHECK, NEURON_CHECK)
 BRANCH_DATA = (TOKENIZER, SHARDS)  # the stages a decay branch reads from its parent
 
 
@@ -69,7 +71,7 @@ def check_own_output(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
 
 
 def link_data_from(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
-    """``experiment.data_from``: recipes 04, 04b and 05 read that experiment's corpus, tokenizer and shards
+    """``experiment.data_from``: recipes 04, 04b, 04c and 05 read that experiment's corpus, tokenizer and shards
     through links; recipes 01-03 build them only in that experiment's own folder; 06 and 07 read none."""
     name = cfg.experiment.data_from
     if not name:
@@ -87,9 +89,9 @@ def link_data_from(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
         raise ConfigError(f"{key}: a branch reads its parent's tokenizer and shards (train.branch_from="
                           f"{cfg.train.branch_from}): leave experiment.data_from unset")
     if not SHARDS.dir(source).is_dir():
-        if stage is FIT_CHECK:  # the fit check sizes the model from the config when there is no data yet
-            log.info("experiment.data_from=%s: %s has no shards yet; the fit check reads the vocabulary and "
-                     "sequence length from the config", name, source.root)
+        if stage in CONFIG_SIZED:
+            log.info("experiment.data_from=%s: %s has no shards yet; the %s reads the vocabulary and "
+                     "sequence length from the config", name, source.root, stage.name.replace("_", " "))
             return
         raise ConfigError(f"{key}: {source.root} holds no shards/ folder: run recipes 01-03 with "
                           f"experiment.name={name} first")

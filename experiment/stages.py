@@ -94,13 +94,15 @@ SHARDS = Stage("shards", "shards", "recipes/03_shard.py",
                {"tokenizer_sha256": str, "seq_len": int, "splits": dict}, reads=("corpus", "tokenizer"))
 PRETRAIN = Stage("pretrain", "checkpoints", "recipes/04_pretrain.py", output="", reads=("tokenizer", "shards"))
 FIT_CHECK = Stage("fit_check", "reports", "recipes/04b_tpu_fit_check.py", output="fit_check.json")
+NEURON_CHECK = Stage("neuron_check", "reports", "recipes/04c_neuron_check.py", output="neuron_check.json")
 # not the checkpoints: recipe 05 evaluates finished ones while recipe 04 goes on training
 EVAL = Stage("eval", "eval", "recipes/05_evaluate.py", {"latest": str, "latest_step": int},
              reads=("tokenizer", "shards"))
 COMPARE = Stage("compare", "reports", "recipes/06_compare_costs.py", output="costs.csv")
 PLAN = Stage("plan", "reports", "recipes/07_plan_costs.py", output="plan.csv")
 
-STAGES: dict[str, Stage] = {s.name: s for s in (CORPUS, TOKENIZER, SHARDS, PRETRAIN, FIT_CHECK, EVAL, COMPARE, PLAN)}
+STAGES: dict[str, Stage] = {s.name: s for s in (CORPUS, TOKENIZER, SHARDS, PRETRAIN, FIT_CHECK, NEURON_CHECK, EVAL,
+                                               COMPARE, PLAN)}
 
 
 def stage_named(name: str) -> Stage:

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from experiment.errors import ConfigError
 
@@ -152,7 +152,15 @@ def compiled_platform() -> str:
     """The platform the step being traced is compiled for: the mesh's (a TPU topology's in an ahead-of-time
     compile on a CPU host), or the default backend outside a trainer's layout."""
     layout = _ACTIVATION_LAYOUT.get()
-    return layout[0].devices.flat[0].platform if layout is not None else jax.default_backend()
+    return mesh_platform(layout[0]) if layout is not None else jax.default_backend()
+
+
+def mesh_platform(mesh: Mesh | AbstractMesh) -> str:
+    """The platform of a mesh's devices. An ``AbstractMesh`` (no devices: a step traced for a machine this
+    host does not have, e.g. the Trainium check of trainer/neuron_check.py) names it in its abstract device."""
+    if isinstance(mesh, AbstractMesh):
+        return mesh.abstract_device.platform if mesh.abstract_device is not None else jax.default_backend()
+    return mesh.devices.flat[0].platform
 
 
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:

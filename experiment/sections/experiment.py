@@ -21,7 +21,7 @@ class ExperimentSection:
     variant: str = ""  # the variant this run is (set by recipe 08; its overrides are applied at load)
     group: str = ""  # W&B group; empty: the experiment's name (a variant: its sweep's name, set at load)
     # the experiment (a plain name under the same run_root) whose corpus/tokenizer/shards this run reads:
-    # recipes 04/04b/05 link them into its folder, read-only (experiment/links.py); a sweep's variants all
+    # recipes 04/04b/04c/05 link them into its folder, read-only (experiment/links.py); a sweep's variants all
     # read them. Empty: the run's own (a sweep's: the sweep's folder)
     data_from: str = ""
 
