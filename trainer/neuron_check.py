@@ -42,6 +42,7 @@ from jax._src import source_info_util  # the frames of an equation's traceback, 
 from jax.extend import core as jcore
 from jax.sharding import AbstractMesh, AxisType
 
+from experiment.config import to_dict
 from experiment.errors import RecipeError
 from experiment.files import atomic_write_json
 from experiment.runfolder import RunFolder
@@ -374,14 +375,17 @@ def flops_text(flops: float) -> str:
 def neuron_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:
     """Recipe 04c: trace the run's train step for jax-neuronx and list what AWS documents as unsupported.
 
-    Writes ``reports/neuron_check.json`` (atomically), prints the findings or ``CLEAN`` as the last line
-    of stdout, and raises ``UnsupportedOnNeuron`` (one line) when something is found.
+    Writes ``reports/neuron_check.json`` (atomically: findings, equations, FLOPs, the settings traced and the
+    config's model and train sections), prints the findings or ``CLEAN`` as the last lines of stdout, and
+    raises ``UnsupportedOnNeuron`` (one line) when something is found.
     """
     vocab, seq_len = vocab_and_seq_len(cfg, run_folder)
     packed = cfg.shards.packing == "document"
     log.info("tracing the train step for jax-neuronx (vocab %d, seq_len %d, batch %d)", vocab, seq_len,
              cfg.train.batch_size)
-    report = {"experiment": cfg.experiment.name, **check_step(cfg.model, cfg.train, vocab, seq_len, packed)}
+    recorded = to_dict(cfg)  # credentials as the ${VAR} they were read from, as in config.resolved.yaml
+    report = {"experiment": cfg.experiment.name, **check_step(cfg.model, cfg.train, vocab, seq_len, packed),
+              "config": {"model": recorded["model"], "train": recorded["train"]}}
     log.info("%s", describe(cfg.experiment.name, report))
     atomic_write_json(Path(run_folder.reports) / NEURON_CHECK.output, report)
     if wandb_run is not None:
