@@ -32,14 +32,15 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
-from jax._src import source_info_util  # the frames of an equation's traceback, jax's own filtered out
 from jax.extend import core as jcore
+from jax.extend import source_info_util
 from jax.sharding import AbstractMesh, AxisType
 
 from experiment.config import to_dict
@@ -125,8 +126,8 @@ def source_line(eqn: jcore.JaxprEqn, callers: tuple[jcore.JaxprEqn, ...] = ()) -
     library's or jax's own jitted function, e.g. ``jax.random.normal``'s: jax traces those apart) takes the
     line of the innermost equation holding it that has one. A custom VJP's backward rule is named at the
     call of the custom_vjp function: jax gives transposed equations the source line of what they transpose."""
-    frames = list(source_info_util.user_frames(eqn.source_info.traceback))
-    ours = next((f for f in frames if _in_repo(f.file_name)), None)
+    frames = user_frames(eqn)
+    ours = next((f for f in frames if _in_repo(f[0])), None)
     library = frames[0] if frames and frames[0] is not ours else None
     if ours is None:
         holder = next((line for caller in reversed(callers) if (line := _repo_line(caller)) is not None), None)
@@ -136,8 +137,20 @@ def source_line(eqn: jcore.JaxprEqn, callers: tuple[jcore.JaxprEqn, ...] = ()) -
     return _frame_text(ours) if library is None else f"{_frame_text(ours)} (via {_frame_text(library)})"
 
 
+FRAME = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?::\d+)? \(.*\)$")  # jax's "file:line[:column] (function)"
+MAX_FRAMES = 200
+
+
+def user_frames(eqn: jcore.JaxprEqn) -> list[tuple[str, int]]:
+    """(file, line) of the frames of ``eqn``'s traceback outside jax and the standard library, innermost
+    first (read from jax's public ``summarize``, which lists them outermost first)."""
+    text = source_info_util.summarize(eqn.source_info, num_frames=MAX_FRAMES)
+    found = (FRAME.match(line) for line in reversed(text.splitlines()))
+    return [(m["file"], int(m["line"])) for m in found if m is not None]
+
+
 def _repo_line(eqn: jcore.JaxprEqn) -> str | None:
-    frame = next((f for f in source_info_util.user_frames(eqn.source_info.traceback) if _in_repo(f.file_name)), None)
+    frame = next((f for f in user_frames(eqn) if _in_repo(f[0])), None)
     return None if frame is None else _frame_text(frame)
 
 
@@ -146,15 +159,15 @@ def _in_repo(file_name: str) -> bool:
     return path.is_relative_to(REPO) and "site-packages" not in path.parts
 
 
-def _frame_text(frame: Any) -> str:
-    path = Path(frame.file_name)
+def _frame_text(frame: tuple[str, int]) -> str:
+    path = Path(frame[0])
     if path.is_relative_to(REPO):
         shown = str(path.relative_to(REPO))
     elif "site-packages" in path.parts:  # a library: from its package folder on
         shown = str(Path(*path.parts[path.parts.index("site-packages") + 1:]))
     else:
         shown = str(path)
-    return f"{shown}:{frame.start_line}"
+    return f"{shown}:{frame[1]}"
 
 
 def _dtype_name(aval: Any) -> str:
