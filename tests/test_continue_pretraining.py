@@ -183,6 +183,9 @@ def test_embeddings_only_steps_freeze_the_body_then_train_it(groups: dict[str, A
     start = leaves(state)
     body = [k for k in start if not k.startswith(("['embed']", "['lm_head']"))]
     embed, head = (next(k for k in start if k.startswith(name)) for name in ("['embed']", "['lm_head']"))
+    # what the log and W&B say trains: the two tables while the body is frozen, of every parameter
+    assert prog.param_trainable_frozen == start[embed].size + start[head].size
+    assert prog.param_total == sum(v.size for v in start.values()) > prog.param_trainable_frozen
     for _ in range(2):
         state, _ = prog.step(state, batch)
         now = leaves(state)
@@ -239,3 +242,29 @@ def test_continued_pretraining_trains_on_another_experiments_shards_through_data
               if "train/loss" in json.loads(line)]
     assert len(losses) == 3 and all(np.isfinite(losses))
     assert hashes() == before
+
+
+def test_the_switch_to_full_training_is_logged_once_with_its_step(caplog: pytest.LogCaptureFixture) -> None:
+    """train.embeddings_only_steps=3: the hook is due at 3, 6, ...; it says once, at step 3, that step 4 trains
+    everything, and records that step in W&B's summary; under trainable=embeddings it never fires."""
+    import logging
+    from types import SimpleNamespace
+
+    from experiment.sections.train import TrainConfig
+    from trainer.hooks import BodyUnfreezes
+
+    hook, summary = BodyUnfreezes(), {}
+    train = TrainConfig(steps=10, embeddings_only_steps=3)
+    assert hook.schedule(TrainConfig(steps=10, trainable="embeddings", embeddings_only_steps=3)).every == 0
+    schedule = hook.schedule(train)
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        for step in range(1, 10):
+            ctx = SimpleNamespace(step=step, at_end=False, signalled=False, cfg=SimpleNamespace(train=train),
+                                  program=SimpleNamespace(param_total=1_234_567),
+                                  wandb_run=SimpleNamespace(summary=summary))
+            if schedule.due(ctx):
+                hook(ctx)
+    lines = [r.getMessage() for r in caplog.records if "warm-up done" in r.getMessage()]
+    assert lines == ["step 3: embeddings-only warm-up done (train.embeddings_only_steps); from step 4 all 1.23M "
+                     "parameters train"]
+    assert summary == {"train/full_training_from_step": 4}

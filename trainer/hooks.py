@@ -26,6 +26,7 @@ from typing import Any, Protocol, TextIO
 
 from experiment.runfolder import RunFolder
 from experiment.sections.train import TrainConfig
+from model.family import params_label
 from trainer import checkpoint
 from trainer.guard import GUARD_KEY, Guard
 from trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch
@@ -149,6 +150,24 @@ class LogMetrics:
             record["data/skipped_records"] = ctx.loader.skipped_records
             ctx.wandb_run.summary["data/skipped_at"] = [f"{f}@{o}" for f, o in ctx.loader.skipped_at]
         ctx.log(record)
+
+
+class BodyUnfreezes:
+    """Says when ``train.embeddings_only_steps`` ends: the log line, and the step in W&B's summary."""
+
+    def schedule(self, train_cfg: TrainConfig) -> Schedule:
+        warmup = train_cfg.embeddings_only_steps if train_cfg.trainable != "embeddings" else 0
+        return Schedule(every=warmup)
+
+    def __call__(self, ctx: LoopContext) -> None:
+        warmup = ctx.cfg.train.embeddings_only_steps
+        if ctx.step != warmup:  # every multiple of it is due; the switch happens once
+            return
+        total = ctx.program.param_total
+        log.info("step %d: embeddings-only warm-up done (train.embeddings_only_steps); from step %d all %s "
+                 "parameters train", warmup, warmup + 1, params_label(total))
+        if ctx.wandb_run is not None:
+            ctx.wandb_run.summary["train/full_training_from_step"] = warmup + 1
 
 
 # evaluate(model, cfg, run_folder, step) -> flat metrics such as {"eval/loss": 3.1}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -79,6 +80,11 @@ class TrainProgram:
         check_batch(train_cfg, self.batch_sharding)
         # which leaves train while the body is frozen (train.trainable, train.embeddings_only_steps)
         self.trainable = embedding_mask(shapes["params"]) if freezes_body(train_cfg) else None
+        # parameters that train while the body is frozen, and in all (the log and W&B say both)
+        self.param_total = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes["params"]))
+        self.param_trainable_frozen = self.param_total if self.trainable is None else sum(
+            math.prod(leaf.shape) for leaf, keep in zip(jax.tree.leaves(shapes["params"]),
+                                                        jax.tree.leaves(self.trainable), strict=True) if keep)
 
         # the step keeps the state where it is (no recompilation after the first step) and reuses its
         # buffers for the next state (donated: one copy of the parameters and moments, not two)

@@ -49,7 +49,7 @@ from trainer import checkpoint, checkpoint_integrity
 from trainer.branch import Branch, link_wandb, open_branch, restore_or_branch
 from trainer.distributed import is_primary
 from trainer.guard import DIVERGED_DIR, Guard, TrainingDiverged, describe, stop_message, usable_step
-from trainer.hooks import CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCheckpoint, StopOnSignal
+from trainer.hooks import BodyUnfreezes, CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCheckpoint, StopOnSignal
 from trainer.init_from import check_init_from, record_lineage, start_point
 from trainer.preemption import PreemptionWatch
 from trainer.profiling import StepTrace
@@ -116,6 +116,20 @@ def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
     check_schedule(saved_meta, cfg.train, step, checkpoint_dir)
 
 
+def log_trainable(program: TrainProgram, train_cfg: Any) -> None:
+    """Say what trains: everything, the embeddings and head only, or those first and everything after."""
+    total, frozen = program.param_total, program.param_trainable_frozen
+    if program.trainable is None:
+        log.info("trainable: all %s parameters", params_label(total))
+    elif train_cfg.trainable == "embeddings":
+        log.info("trainable: the embeddings and output head only, %s of %s parameters (train.trainable=embeddings)",
+                 params_label(frozen), params_label(total))
+    else:
+        log.info("trainable: the embeddings and output head only (%s of %s parameters) for steps 1-%d "
+                 "(train.embeddings_only_steps), then all %s", params_label(frozen), params_label(total),
+                 train_cfg.embeddings_only_steps, params_label(total))
+
+
 def pretrain(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any, hooks: Sequence[Hook] = ()) -> dict[str, Any]:
     """Train to ``train.steps``; ``hooks`` (the recipe's, such as eval during training) run after the
     metrics are logged and before the checkpoint of the same step."""
@@ -128,7 +142,8 @@ def pretrain(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any, hooks
     trace = StepTrace()  # train.profile_steps: stops first, starts last (trainer/profiling.py)
     with ledger:
         return _pretrain(cfg, model_cfg, train_cfg, data, run_folder, wandb_run, ledger, run_id, branch,
-                         [trace.stop, LogMetrics(), *hooks, SaveCheckpoint(), StopOnSignal(), trace.start])
+                         [trace.stop, LogMetrics(), BodyUnfreezes(), *hooks, SaveCheckpoint(), StopOnSignal(),
+                          trace.start])
 
 
 def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_folder: RunFolder, wandb_run: Any,
@@ -145,6 +160,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         n_params = family.param_count(model_cfg, data.vocab_size)
         log.info("model: %s family, %s parameters (%s, vocab %d)",
                  family.name, params_label(n_params), family.describe(model_cfg), data.vocab_size)
+        log_trainable(program, train_cfg)
         kernel, _, _ = family.train_costs(model_cfg, data.vocab_size, data.seq_len, mesh.devices.flat[0].platform,
                                           train_cfg.compute_dtype, train_cfg.loss_chunk_len)
         log.info("attention kernel: %s (model.attention=%s on %s); remat %s; loss logits in chunks of %s positions",
@@ -191,6 +207,8 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                            peak_flops_per_device(cfg))
     define_cost_metrics(wandb_run)
     wandb_run.summary["model/n_params"] = n_params
+    if program.trainable is not None:  # what trains while the body is frozen
+        wandb_run.summary["model/trainable_params_frozen_body"] = program.param_trainable_frozen
     wandb_run.config.update({"model_attention_kernel": kernel}, allow_val_change=True)
     wandb_run.summary["model/attention_kernel"] = kernel
     log_mixture(wandb_run, loader.mixture)
