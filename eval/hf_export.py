@@ -72,10 +72,10 @@ def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, 
 
 
 def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: Any, cfg: Any,
-                      tokenizer: RunTokenizer) -> Path | None:
+                      tokenizer: RunTokenizer, out_root: Path | None = None) -> Path | None:
     """Export a loaded checkpoint with the run's tokenizer (loaded by the caller, from ``run_folder.tokenizer``)
-    into ``eval/hf/step_NNNNNNN``; None (and a log line) when the checkpoint's model family has no Hugging
-    Face adapter."""
+    into ``<out_root>/step_NNNNNNN`` (default ``eval/hf``, recipe 05's); None (and a log line) when the
+    checkpoint's model family has no Hugging Face adapter."""
     from trainer.trained_model import model_config_from_meta
 
     model_cfg = model_config_from_meta(meta)
@@ -87,7 +87,7 @@ def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: A
     if meta.get("tokenizer_sha256") and meta["tokenizer_sha256"] != manifest.get("sha256"):
         raise DataError(f"the checkpoint was trained with tokenizer {meta['tokenizer_sha256'][:12]}..., not the one "
                         f"in {run_folder.tokenizer}: cannot export a matching tokenizer")
-    out_dir = Path(run_folder.eval) / "hf" / f"step_{step:07d}"
+    out_dir = Path(out_root if out_root is not None else Path(run_folder.eval) / "hf") / f"step_{step:07d}"
     # an adopted tokenizer is exported as the base model shipped it; a trained one is converted
     adopted = Path(run_folder.tokenizer) / "hf" if manifest.get("adopted_from") else None
     if adopted is not None and not (adopted / manifest["model_file"]).is_file():
@@ -97,3 +97,22 @@ def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: A
                         sp=None if adopted else tokenizer.sp, tokenizer_files=adopted, special_ids=special_ids,
                         metadata={"experiment": cfg.experiment.name, "tokenizer_sha256": manifest.get("sha256", "")},
                         base_context=(meta.get("init_from") or {}).get("max_position_embeddings"))
+
+
+def export_only(cfg: Any, run_folder: Any, wandb_run: Any) -> Path:
+    """Recipe 05b: the Hugging Face folder of one step (``eval.checkpoint_step``, else the latest) in
+    ``export/hf/step_NNNNNNN``, and nothing else: no evaluation, nothing under ``eval/``."""
+    from tokenizer.loaded import load_run_tokenizer
+    from trainer.trained_model import load_trained_model, model_config_from_meta
+
+    tokenizer = load_run_tokenizer(run_folder.tokenizer)
+    model, step, meta = load_trained_model(run_folder, step=cfg.eval.checkpoint_step)
+    family = family_of(model_config_from_meta(meta))
+    if family.hf_adapter is None:
+        raise ConfigError(f"checkpoint step {step} is a '{family.name}' model: that family has no Hugging Face "
+                          "adapter, so it cannot be exported")
+    out_dir = export_checkpoint(model, int(step), meta, run_folder, cfg, tokenizer, out_root=Path(run_folder.export) / "hf")
+    assert out_dir is not None  # the family has an adapter
+    if wandb_run is not None:
+        wandb_run.summary.update({"export/step": int(step), "export/hf_folder": str(out_dir)})
+    return out_dir

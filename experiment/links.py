@@ -21,12 +21,13 @@ from typing import Any
 from experiment.errors import ConfigError, RecipeError
 from experiment.manifest import linked_run
 from experiment.runfolder import RunFolder
-from experiment.stages import CORPUS, EVAL, FIT_CHECK, NEURON_CHECK, PRETRAIN, SHARDS, TOKENIZER, Stage
+from experiment.stages import CORPUS, EVAL, EXPORT, FIT_CHECK, NEURON_CHECK, PRETRAIN, SHARDS, TOKENIZER, Stage
 
 log = logging.getLogger("experiment.links")
 DATA_STAGES = (CORPUS, TOKENIZER, SHARDS)  # the stages whose outputs other runs read through links
-# the stages that read experiment.data_from's data (recipes 04b and 04c: the tokenizer's and shards' manifests)
-DATA_READERS = (PRETRAIN, FIT_CHECK, NEURON_CHECK, EVAL)
+# the stages that read experiment.data_from's data (recipes 04b and 04c: the tokenizer's and shards' manifests;
+# 05b: the tokenizer)
+DATA_READERS = (PRETRAIN, FIT_CHECK, NEURON_CHECK, EVAL, EXPORT)
 # of those, the checks that size the model from the config when there is no data yet
 CONFIG_SIZED = (FIT_CHECK, NEURON_CHECK)
 BRANCH_DATA = (TOKENIZER, SHARDS)  # the stages a decay branch reads from its parent

@@ -57,6 +57,10 @@ class RunFolder:
         return self.root / "eval"
 
     @property
+    def export(self) -> Path:
+        return self.root / "export"
+
+    @property
     def wandb(self) -> Path:
         return self.root / "wandb"
 

@@ -98,11 +98,13 @@ NEURON_CHECK = Stage("neuron_check", "reports", "recipes/04c_neuron_check.py", o
 # not the checkpoints: recipe 05 evaluates finished ones while recipe 04 goes on training
 EVAL = Stage("eval", "eval", "recipes/05_evaluate.py", {"latest": str, "latest_step": int},
              reads=("tokenizer", "shards"))
+# a step's Hugging Face folder and nothing else (recipe 05's eval/ is never touched)
+EXPORT = Stage("export", "export", "recipes/05b_export_hf.py", output="", reads=("tokenizer",))
 COMPARE = Stage("compare", "reports", "recipes/06_compare_costs.py", output="costs.csv")
 PLAN = Stage("plan", "reports", "recipes/07_plan_costs.py", output="plan.csv")
 
 STAGES: dict[str, Stage] = {s.name: s for s in (CORPUS, TOKENIZER, SHARDS, PRETRAIN, FIT_CHECK, NEURON_CHECK, EVAL,
-                                               COMPARE, PLAN)}
+                                               EXPORT, COMPARE, PLAN)}
 
 
 def stage_named(name: str) -> Stage:
