@@ -46,7 +46,8 @@ def test_shipped_configs_are_priced_on_v5e_v6e_and_h100(name: str, family: str, 
         hours = tokens / (row["tokens_per_s_per_chip"] * row["chips"]) / 3600
         assert row["hours"] == pytest.approx(hours)
         assert row["rub"] == pytest.approx(hours * row["chips"] * row["usd_per_chip_hour"] * RATE.rate)
-        assert row["fits"] == "yes"  # 16 B per parameter, fully sharded: ~2-3 GiB per chip
+        # 16 B per parameter, fully sharded: ~2-3 GiB per chip (TPUs: the state; the H100: the whole step's estimate)
+        assert row["fits"] == ("yes (estimate)" if row["accelerator"] == "nvidia-h100" else "state only: yes")
     if name == "Qwen3-1.7B":
         # Qwen3 sets head_dim 128 with 16 heads of a 2048 model: the query projection is 2048 x 2048
         assert (model.cfg.resolved_head_dim, model.cfg.qk_norm) == (128, True)
@@ -95,5 +96,5 @@ def test_recipe_07_prices_a_hugging_face_model_folder(tmp_path: Path) -> None:
     config = tiny_config(tmp_path, cost={"plan_model": f"hf:{folder}", "plan_tokens": 10_000_000_000})
     proc = run_recipe("07_plan_costs.py", config, timeout=120)
     md = (tmp_path / "runs" / "tiny" / "reports" / "plan.md").read_text(encoding="utf-8")
-    assert "Qwen3-1.7B-Base: 1,720.6M parameters, vocabulary 151936" in md, md[:600]
+    assert "Qwen3-1.7B-Base: 1.72B parameters, vocabulary 151936" in md, md[:600]
     assert "tpu-v6e" in proc.stdout
