@@ -27,6 +27,7 @@ from model.llama.config import LlamaConfig
 from model.llama.family import LLAMA
 from model.llama.model import Decoder
 from model.loss import chunked_cross_entropy, cross_entropy, output_logits
+from tests.xla_flags import with_fast_cpu_compile
 
 REPO = Path(__file__).resolve().parents[1]
 B, T, H, KV, D = 2, 128, 4, 2, 16  # splash needs a sequence divisible by 128
@@ -167,8 +168,8 @@ SHARDED = textwrap.dedent('''
 
 def test_splash_train_step_on_an_8_device_mesh_equals_the_reference() -> None:
     """Splash inside shard_map (batch over data x fsdp, heads over tensor) with the chunked loss."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "XLA_FLAGS": with_fast_cpu_compile("--xla_force_host_platform_device_count=8"),
+           "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", SHARDED], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
