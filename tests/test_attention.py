@@ -113,7 +113,8 @@ def test_chunked_loss_equals_full_logits_loss(length: int, chunk: int, weighted:
             nll, z = fn(h, w)
             return nll + 1e-2 * z
 
-        return fn(hidden, weight), jax.grad(total, argnums=(0, 1))(hidden, weight)
+        # jitted: one compile of each path, not an eager dispatch (and a compile) per op and shape
+        return jax.jit(lambda h, w: (fn(h, w), jax.grad(total, argnums=(0, 1))(h, w)))(hidden, weight)
 
     full = losses(lambda h, w: cross_entropy(output_logits(h, w), targets, weights=weights))
     chunked = losses(lambda h, w: chunked_cross_entropy(h, w, targets, chunk, weights=weights))
