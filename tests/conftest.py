@@ -22,6 +22,7 @@ from typing import NoReturn
 import pytest
 
 from tests.device_worker import DeviceWorker
+from tests.xla_flags import with_fast_cpu_compile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _WANDB_HOME = Path(tempfile.mkdtemp(prefix="wandb-tests-"))
@@ -48,6 +49,7 @@ else:
     _OWNS_XLA_CACHE = False
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_SESSION_XLA_CACHE]
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny programs compile in well under 1 s
+os.environ["XLA_FLAGS"] = with_fast_cpu_compile(os.environ.get("XLA_FLAGS", ""))
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.xla_flags import with_fast_cpu_compile
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -46,7 +48,7 @@ class DeviceWorker:
 
     def _start(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ, JAX_PLATFORMS="cpu",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={self.devices}",
+                   XLA_FLAGS=with_fast_cpu_compile(f"--xla_force_host_platform_device_count={self.devices}"),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         # the worker inherits no other test's device count
         env.pop("JAX_NUM_CPU_DEVICES", None)

@@ -27,6 +27,7 @@ from model.llama.config import LlamaConfig
 from model.llama.family import LLAMA
 from model.llama.model import Decoder
 from model.loss import chunked_cross_entropy, cross_entropy, output_logits
+from tests.xla_flags import with_fast_cpu_compile
 
 REPO = Path(__file__).resolve().parents[1]
 B, T, H, KV, D = 2, 128, 4, 2, 16  # splash needs a sequence divisible by 128
@@ -112,7 +113,8 @@ def test_chunked_loss_equals_full_logits_loss(length: int, chunk: int, weighted:
             nll, z = fn(h, w)
             return nll + 1e-2 * z
 
-        return fn(hidden, weight), jax.grad(total, argnums=(0, 1))(hidden, weight)
+        # jitted: one compile of each path, not an eager dispatch (and a compile) per op and shape
+        return jax.jit(lambda h, w: (fn(h, w), jax.grad(total, argnums=(0, 1))(h, w)))(hidden, weight)
 
     full = losses(lambda h, w: cross_entropy(output_logits(h, w), targets, weights=weights))
     chunked = losses(lambda h, w: chunked_cross_entropy(h, w, targets, chunk, weights=weights))
@@ -167,8 +169,8 @@ SHARDED = textwrap.dedent('''
 
 def test_splash_train_step_on_an_8_device_mesh_equals_the_reference() -> None:
     """Splash inside shard_map (batch over data x fsdp, heads over tensor) with the chunked loss."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "XLA_FLAGS": with_fast_cpu_compile("--xla_force_host_platform_device_count=8"),
+           "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", SHARDED], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
