@@ -222,13 +222,14 @@ class Catalog:
         """The one priced row for this choice; an unknown name, a missing price or an ambiguity is an error
         (``cheapest``: the cheapest of several clouds/regions instead, as a planner compares them). A
         contract rate for the accelerator (``cost.contract_rates``) is the price, whatever the catalog says."""
-        if kind == "accelerator" and name in self.contract_rates:
-            return self.contract(name, pricing)
         return self.priced_rows(name, pricing, cloud, region, kind, key, cheapest)[0]
 
     def priced_rows(self, name: str, pricing: str, cloud: str = "", region: str = "", kind: str = "accelerator",
                     key: str = "cost.accelerator", cheapest: bool = False) -> list[PriceRow]:
-        """The priced rows for this choice, cheapest first (one unless ``cheapest``); errors as ``lookup``."""
+        """The priced rows for this choice, cheapest first (one unless ``cheapest``; only the contract rate
+        when one is given); errors as ``lookup``."""
+        if kind == "accelerator" and name in self.contract_rates:
+            return [self.contract(name, pricing)]
         candidates = [row for row in self.prices if row.kind == kind and row.name == name]
         if not candidates:
             known = self.names(kind)

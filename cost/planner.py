@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cost.catalog import Catalog, CatalogError, PriceRow
+from cost.catalog import Catalog, CatalogError
 from cost.hf_shapes import hf_model_shape, is_hf_spec
 from cost.ledger_format import LEDGER_FILE
 from cost.ledger_pricing import summarize_ledger
-from cost.memory import STATE_BYTES_PER_PARAM, cheapest_fitting, step_bytes
+from cost.memory import STATE_BYTES_PER_PARAM, MemoryEstimate, cheapest_fitting, step_bytes
 from cost.rates import UsdRubRate, resolve_usd_rub
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from cost.target import Target, TargetCrossing, cost_to_target, eval_points, read_train_log, target_of
@@ -280,7 +280,9 @@ class RunSetting:
 
     remat: str
     grad_accum_steps: int
-    source: str  # "fit check <slice>" or "config"
+    source: str  # what the table says it came from: "fit check <slice>", "config", or the memory estimate
+    basis: str = "config"  # "fit check", "config" or "estimate"
+    estimate: MemoryEstimate | None = None  # the memory estimate it was chosen by (basis "estimate")
 
 
 def slice_accelerator(slice_name: str) -> str:
@@ -305,7 +307,7 @@ def fit_settings(run_folder: RunFolder | None, catalog: Catalog) -> dict[tuple[s
                 chip = catalog.hardware.get(accelerator)
                 chips = int(r["devices"]) // (chip.devices_per_chip if chip else 1)
                 settings[accelerator, chips] = RunSetting(r["remat"], int(r["grad_accum_steps"]),
-                                                          f"fit check {r['slice']}")
+                                                          f"fit check {r['slice']}", "fit check")
         return settings
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DataError(f"{path}: not a fit-check report ({exc}); {FIT_CHECK.run_again}") from exc
@@ -321,18 +323,8 @@ def option_setting(option: Any, devices: int, hbm_gib_per_device: float | None, 
         return configured
     estimate = cheapest_fitting(model.cfg, model.params, model.vocab_size, model.seq_len, train_cfg.batch_size,
                                 devices, hbm_gib_per_device, train_cfg.loss_chunk_len)
-    if not estimate.fits:
-        return RunSetting(estimate.remat, estimate.grad_accum_steps, f"does not fit: {estimate.describe()}")
-    return RunSetting(estimate.remat, estimate.grad_accum_steps, estimate.describe())
-
-
-def option_price(option: Any, key: str, catalog: Catalog) -> tuple[PriceRow, list[PriceRow]]:
-    """The option's price row, and the other clouds' when it names none (the cheapest is planned)."""
-    if option.accelerator in catalog.contract_rates:
-        return catalog.lookup(option.accelerator, option.pricing, key=key), []
-    rows = catalog.priced_rows(option.accelerator, option.pricing, option.cloud, option.region, key=key,
-                               cheapest=not option.cloud)
-    return rows[0], rows[1:]
+    source = estimate.describe() if estimate.fits else f"does not fit: {estimate.describe()}"
+    return RunSetting(estimate.remat, estimate.grad_accum_steps, source, "estimate", estimate)
 
 
 def estimate(option: Any, index: int, model: PlanModel, tokens: int, catalog: Catalog, rate: UsdRubRate,
@@ -340,7 +332,9 @@ def estimate(option: Any, index: int, model: PlanModel, tokens: int, catalog: Ca
              train_cfg: Any) -> dict[str, Any]:
     """One table row: time and money of ``tokens`` on this option, at the setting the run fits with."""
     key = f"cost.plan_options[{index}]"
-    price, others = option_price(option, f"{key}.accelerator", catalog)
+    # no cloud named: the cheapest that sells it is planned, the others shown beside it
+    price, *others = catalog.priced_rows(option.accelerator, option.pricing, option.cloud, option.region,
+                                         key=f"{key}.accelerator", cheapest=not option.cloud)
     chip = catalog.chip(option.accelerator, key=f"{key}.accelerator")
     if not chip.peak_bf16_tflops:
         raise CatalogError(f"config key '{key}.accelerator': no peak bf16 TFLOP/s for {option.accelerator} in "
@@ -357,19 +351,21 @@ def estimate(option: Any, index: int, model: PlanModel, tokens: int, catalog: Ca
     per_device = tokens_per_s_per_chip(mfu, chip.peak_bf16_tflops_per_device or 0.0, model.flops_per_token)
     per_chip = per_device * chip.devices_per_chip
     hours = tokens / (per_device * devices) / 3600
-    usd = hours * option.chips * (price.usd or 0.0)
+    assert price.usd is not None  # priced_rows returns priced rows only
+    usd = hours * option.chips * price.usd
     state_gib = model.params * STATE_BYTES_PER_PARAM / devices / 2**30
-    memory_gib = step_bytes(model.cfg, model.params, model.vocab_size, model.seq_len,
-                            max(train_cfg.batch_size / devices, 1.0) / setting.grad_accum_steps, devices, setting.remat,
-                            train_cfg.loss_chunk_len) / 2**30
+    estimated = setting.estimate.bytes_per_device if setting.estimate else step_bytes(
+        model.cfg, model.params, model.vocab_size, model.seq_len,
+        max(train_cfg.batch_size / devices, 1.0) / setting.grad_accum_steps, devices, setting.remat,
+        train_cfg.loss_chunk_len)
     if hbm_per_device is None:
         fits = None
-    elif setting.source.startswith("fit check"):
+    elif setting.basis == "fit check":
         fits = "yes (fit check)"
-    elif platform_of(option.accelerator) == "tpu":  # the config's setting, unchecked here: state only
+    elif setting.estimate is not None:
+        fits = "yes (estimate)" if setting.estimate.fits else "no"
+    else:  # the config's setting on a TPU slice 04b did not check: the state alone is compared
         fits = "state only: yes" if state_gib <= hbm_per_device else "no"
-    else:
-        fits = "no" if setting.source.startswith("does not fit") else "yes (estimate)"
     return {
         "accelerator": option.accelerator, "cloud": price.cloud or "any", "region": price.region,
         "pricing": price.pricing, "chips": option.chips, "devices": devices, "usd_per_chip_hour": price.usd,
@@ -381,7 +377,7 @@ def estimate(option: Any, index: int, model: PlanModel, tokens: int, catalog: Ca
         "tokens_per_s_per_chip": per_chip, "tokens_per_s_per_device": per_device, "hours": hours,
         "chip_hours": hours * option.chips, "usd": usd, "rub": usd * rate.rate,
         "rub_per_1b_tokens": usd * rate.rate / tokens * 1e9, "state_gib_per_device": state_gib,
-        "memory_gib_per_device": memory_gib, "fits": fits,
+        "memory_gib_per_device": estimated / 2**30, "fits": fits,
         "hbm_gib": chip.hbm_gib, "price_date": price.date, "price_source": price.source,
     }
 

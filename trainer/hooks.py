@@ -163,7 +163,7 @@ class BodyUnfreezes:
         warmup = ctx.cfg.train.embeddings_only_steps
         if ctx.step != warmup:  # every multiple of it is due; the switch happens once
             return
-        total = ctx.program.param_total
+        total = ctx.meta["n_params"]  # the family's count, as the start of the run logged it
         log.info("step %d: embeddings-only warm-up done (train.embeddings_only_steps); from step %d all %s "
                  "parameters train", warmup, warmup + 1, params_label(total))
         if ctx.wandb_run is not None:

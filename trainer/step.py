@@ -80,9 +80,8 @@ class TrainProgram:
         check_batch(train_cfg, self.batch_sharding)
         # which leaves train while the body is frozen (train.trainable, train.embeddings_only_steps)
         self.trainable = embedding_mask(shapes["params"]) if freezes_body(train_cfg) else None
-        # parameters that train while the body is frozen, and in all (the log and W&B say both)
-        self.param_total = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes["params"]))
-        self.param_trainable_frozen = self.param_total if self.trainable is None else sum(
+        # parameters that train while the body is frozen (None: every parameter always trains)
+        self.param_trainable_frozen: int | None = None if self.trainable is None else sum(
             math.prod(leaf.shape) for leaf, keep in zip(jax.tree.leaves(shapes["params"]),
                                                         jax.tree.leaves(self.trainable), strict=True) if keep)
 

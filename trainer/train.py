@@ -116,10 +116,11 @@ def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
     check_schedule(saved_meta, cfg.train, step, checkpoint_dir)
 
 
-def log_trainable(program: TrainProgram, train_cfg: Any) -> None:
-    """Say what trains: everything, the embeddings and head only, or those first and everything after."""
-    total, frozen = program.param_total, program.param_trainable_frozen
-    if program.trainable is None:
+def log_trainable(program: TrainProgram, train_cfg: Any, total: int) -> None:
+    """Say what trains of the ``total`` parameters: everything, the embeddings and head only, or those first
+    and everything after."""
+    frozen = program.param_trainable_frozen
+    if frozen is None:
         log.info("trainable: all %s parameters", params_label(total))
     elif train_cfg.trainable == "embeddings":
         log.info("trainable: the embeddings and output head only, %s of %s parameters (train.trainable=embeddings)",
@@ -160,7 +161,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         n_params = family.param_count(model_cfg, data.vocab_size)
         log.info("model: %s family, %s parameters (%s, vocab %d)",
                  family.name, params_label(n_params), family.describe(model_cfg), data.vocab_size)
-        log_trainable(program, train_cfg)
+        log_trainable(program, train_cfg, n_params)
         kernel, _, _ = family.train_costs(model_cfg, data.vocab_size, data.seq_len, mesh.devices.flat[0].platform,
                                           train_cfg.compute_dtype, train_cfg.loss_chunk_len)
         log.info("attention kernel: %s (model.attention=%s on %s); remat %s; loss logits in chunks of %s positions",
@@ -207,7 +208,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                            peak_flops_per_device(cfg))
     define_cost_metrics(wandb_run)
     wandb_run.summary["model/n_params"] = n_params
-    if program.trainable is not None:  # what trains while the body is frozen
+    if program.param_trainable_frozen is not None:  # what trains while the body is frozen
         wandb_run.summary["model/trainable_params_frozen_body"] = program.param_trainable_frozen
     wandb_run.config.update({"model_attention_kernel": kernel}, allow_val_change=True)
     wandb_run.summary["model/attention_kernel"] = kernel
