@@ -51,3 +51,22 @@ def test_export_without_the_runs_tokenizer_names_the_recipe_to_run(fixture_pretr
     shutil.rmtree(tmp_path / "runs" / "tiny" / "tokenizer")
     proc = run_recipe("05b_export_hf.py", config, check=False)
     assert proc.returncode == 2 and "recipes/02_train_tokenizer.py" in error_line(proc)
+
+
+def test_a_second_export_of_the_run_stops_at_once_naming_the_first(fixture_pretrained: Path, tmp_path: Path) -> None:
+    """Two exports of one run at once: the second finds the first's lock (here held by this process), says who
+    holds it in one line and writes nothing."""
+    import os
+    import socket
+
+    from experiment.lock import hold, lock_path
+    from experiment.runfolder import RunFolder
+
+    config = pretrained_copy(fixture_pretrained, tmp_path)
+    run = RunFolder(tmp_path / "runs" / "tiny")
+    with hold(lock_path(run, "export"), "export"):
+        proc = run_recipe("05b_export_hf.py", config, check=False)
+    assert proc.returncode == 2 and error_line(proc).startswith(
+        f"error: {run.root} is already running recipes/05b_export_hf.py (host {socket.gethostname()}, pid {os.getpid()}"), \
+        proc.stderr[-2000:]
+    assert not run.export.exists() or not any(run.export.rglob("*.safetensors"))
