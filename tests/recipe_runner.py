@@ -211,9 +211,7 @@ def recipe_process_state(shared_xla_cache: bool = True) -> Iterator[None]:
     # allow only in a process where JAX has not started, and a test run here must not change the device
     # count of the tests after it (they keep this process's devices, as a library user's run does)
     jax.devices()
-    env = recipe_env(Path(cwd))
-    os.environ.clear()
-    os.environ.update(env)
+    replace_environ(recipe_env(Path(cwd)))
     os.chdir(REPO)
     if shared_xla_cache:
         jax.config.update("jax_compilation_cache_dir", str(session_xla_cache()))
@@ -226,8 +224,7 @@ def recipe_process_state(shared_xla_cache: bool = True) -> Iterator[None]:
         yield
     finally:
         os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(environ)
+        replace_environ(environ)
         for handler in root.handlers[:]:
             if handler not in handlers:
                 root.removeHandler(handler)
@@ -250,6 +247,18 @@ def recipe_process_state(shared_xla_cache: bool = True) -> Iterator[None]:
 
 
 CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+
+
+def replace_environ(env: dict[str, str]) -> None:
+    """Make ``os.environ`` equal ``env`` by setting and unsetting only the variables that differ: each
+    ``putenv``/``unsetenv`` races any native thread reading the environment at that moment (glibc's
+    ``getenv`` is not safe against a concurrent ``unsetenv``), and clearing and refilling the whole
+    environment made a hundred such calls per run where a few differ."""
+    for name in [name for name in os.environ if name not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def start_recipe(script: str, config: Path, output: Path, *overrides: str, env: dict[str, str] | None = None,
