@@ -183,7 +183,8 @@ def anchor_check(anchor: Anchor, catalog: Catalog) -> dict[str, Any]:
 
 
 def resolve_plan_model(cfg: ExperimentConfig, run_folder: RunFolder | None) -> PlanModel:
-    """``cost.plan_model``: a preset (at its own context length, with our tokenizer's vocabulary), a
+    """``cost.plan_model``: a preset (at its own context length, with ``cost.plan_vocab_size`` or else our
+    tokenizer's vocabulary), a
     published anchor's reference shape (at its CSV length), a Hugging Face config.json (``hf:<folder
     or file>``, its own vocabulary, at model.max_seq_len), or (empty) the experiment's model at
     model.max_seq_len."""
@@ -196,7 +197,8 @@ def resolve_plan_model(cfg: ExperimentConfig, run_folder: RunFolder | None) -> P
     presets = family_presets(cfg.model.family)
     if name in presets:
         model_cfg = preset_model_config(name, cfg.model.family)
-        return PlanModel(name, model_cfg, vocab_size_of(cfg, run_folder), model_cfg.max_seq_len)
+        vocab_size = cfg.cost.plan_vocab_size or vocab_size_of(cfg, run_folder)
+        return PlanModel(name, model_cfg, vocab_size, model_cfg.max_seq_len)
     anchors = {anchor.model.label: anchor.model for anchor in read_anchors()}
     if name in anchors:
         return anchors[name]

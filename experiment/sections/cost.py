@@ -78,6 +78,9 @@ class CostConfig:
     # a model preset, an anchor shape (llama3.1-8b), or a Hugging Face config.json: hf:<folder or file>
     # (hf:Qwen3-1.7B and hf:Llama-3.2-1B are shipped in cost/hf_configs/); empty: the experiment's model
     plan_model: str = ""
+    # the vocabulary a preset is planned at; 0: our tokenizer's (recipe 02's, else tokenizer.vocab_size). A Hugging
+    # Face config.json and an anchor bring their own
+    plan_vocab_size: int = 0
     # 0: cost.token_budget, else train.steps x batch x model.max_seq_len. The planned length is the
     # planned model's: model.max_seq_len, a preset's own, or an anchor's from cost/anchors.csv
     plan_tokens: int = 0
@@ -141,3 +144,5 @@ class CostConfig:
                               f"{self.plan_anchor_size_ratio}")
         if self.plan_tokens < 0:
             raise ConfigError(f"config key '{prefix}plan_tokens': must be >= 0")
+        if self.plan_vocab_size < 0:
+            raise ConfigError(f"config key '{prefix}plan_vocab_size': must be >= 0 (0: our tokenizer's vocabulary)")
