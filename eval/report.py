@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 BASELINE_NAMES = {"chance": "chance", "majority": "majority", "fewer_tokens": "fewer tokens wins",
-                  "fewer_bytes": "fewer bytes wins", "random_init": "random init"}
+                  "fewer_bytes": "fewer bytes wins", "random_init": "random init", "base_model": "base model"}
 
 
 def results_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -104,12 +104,15 @@ def _headline(results: dict[str, Any]) -> list[str]:
 
 
 def _baseline_table(results: dict[str, Any]) -> list[str]:
+    # the base model's column only for a continued run
+    names = [name for name in BASELINE_NAMES
+             if name != "base_model" or any(name in r.get("baselines", {}) for r in results["tasks"].values())]
     lines = ["", "## Baselines (accuracy, 95% Wilson interval)", "",
-             "| task | " + " | ".join(BASELINE_NAMES.values()) + " |", "|---|" + "---|" * len(BASELINE_NAMES)]
+             "| task | " + " | ".join(BASELINE_NAMES[name] for name in names) + " |", "|---|" + "---|" * len(names)]
     for task, r in results["tasks"].items():
         if "baselines" in r:
             lines.append(f"| {task} | " + " | ".join(_with_interval(r["baselines"].get(name)) or "n/a"
-                                                      for name in BASELINE_NAMES) + " |")
+                                                      for name in names) + " |")
     return lines
 
 
@@ -149,6 +152,31 @@ def _group_table(task: str, r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _base_model(results: dict[str, Any]) -> list[str]:
+    """A continued run's trained step against the base model it started from, on the same texts and items."""
+    base = results.get("base_model")
+    if not base:
+        skipped = results.get("base_model_skipped")
+        return ["## Against the base model", "", f"Not scored: {skipped}", ""] if skipped else []
+    lines = ["## Against the base model", "",
+             f"This run continued pretraining {base['folder']} ({base.get('family')} family; "
+             f"{base['vocab_adaptation']}); the base model, re-imported as the run imported it, scored on the same "
+             "texts and items. Bits per byte: lower is better.", "",
+             "| measure | trained | base model | change |", "|---|---:|---:|---:|"]
+    trained_texts = [("validation shards bits per byte", results.get("validation"), base.get("validation"))]
+    trained_texts += [(f"{name} bits per byte", results.get("heldout", {}).get(name), acc)
+                      for name, acc in base.get("heldout", {}).items()]
+    for name, ours, theirs in trained_texts:
+        if ours and theirs:
+            lines.append(f"| {name} | {ours['bits_per_byte']:.4f} | {theirs['bits_per_byte']:.4f} | "
+                         f"{ours['bits_per_byte'] - theirs['bits_per_byte']:+.4f} |")
+    for task, r in base.get("tasks", {}).items():
+        ours, theirs = results["tasks"][task]["metrics"]["acc"], r["metrics"]["acc"]
+        lines.append(f"| {task} acc | {_with_interval(ours)} | {_with_interval(theirs)} | "
+                     f"{ours['value'] - theirs['value']:+.3f} |")
+    return [*lines, ""]
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     lines = [f"# Evaluation of {results.get('experiment', '')} at step {results['step']}", ""]
     if "validation" in results or "heldout" in results:
@@ -158,6 +186,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines += [f"| {name} | {v['bits_per_byte']:.4f} | {v['perplexity']:.2f} | {v['tokens']} | {v['bytes']} |"
                   for name, v in texts]
         lines.append("")
+    lines += _base_model(results)
     if results.get("tasks"):
         lines += _headline(results)
         lines += ["", "## Scores", "",

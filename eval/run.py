@@ -181,13 +181,34 @@ def add_random_init(results: dict[str, Any], scored: dict[str, Any], init: dict[
         target["random_init"] = entry
 
 
-def join_baselines(target: dict[str, Any], random_acc: dict[str, Any], own: dict[str, Any] | None = None) -> None:
-    """Add the random-init accuracy to ``target['baselines']`` and redo the headline comparison."""
+def join_baselines(target: dict[str, Any], model_acc: dict[str, Any], own: dict[str, Any] | None = None,
+                   name: str = "random_init") -> None:
+    """Add another model's accuracy (the random-init or the base model's) to ``target['baselines']`` as ``name``
+    and redo the headline comparison."""
     baselines = target["baselines"]
-    baselines["random_init"] = {"value": random_acc["value"], "ci95": random_acc["ci95"]}
-    if random_acc["value"] > baselines[baselines["strongest"]]["value"]:
-        baselines["strongest"] = "random_init"
+    baselines[name] = {"value": model_acc["value"], "ci95": model_acc["ci95"]}
+    if model_acc["value"] > baselines[baselines["strongest"]]["value"]:
+        baselines["strongest"] = name
     target["vs_strongest_baseline"] = harness.versus_baseline(own or target["metrics"]["acc"], baselines)
+
+
+BITS_PER_BYTE_PARTS = ("validation", "validation_by_set", "heldout")  # what run_suite measures besides the tasks
+
+
+def add_base_model(results: dict[str, Any], scored: dict[str, Any], info: dict[str, Any]) -> None:
+    """Put the base model's bits per byte and accuracies beside the trained step's: ``results['base_model']``
+    holds them (with the trained minus base difference in bits per byte), and each task's base accuracy joins its
+    baselines as ``base_model`` (the headline is against it where it is the strongest)."""
+    entry: dict[str, Any] = {**info, **{part: scored[part] for part in BITS_PER_BYTE_PARTS if part in scored}}
+    if "validation" in scored and "validation" in results:
+        entry["val_bpb_change"] = results["validation"]["bits_per_byte"] - scored["validation"]["bits_per_byte"]
+    entry["tasks"] = {}
+    for task, result in scored.get("tasks", {}).items():
+        if task not in results["tasks"]:
+            continue
+        entry["tasks"][task] = {"metrics": dict(result["metrics"]), "answers": result["answers"]}
+        join_baselines(results["tasks"][task], result["metrics"]["acc"], name="base_model")
+    results["base_model"] = entry
 
 
 def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, float]:
@@ -214,6 +235,13 @@ def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, flo
             flat[f"{prefix}/{task}/one_answer"] = float(result["answers"]["one_answer"])
         if "random_init" in result:
             flat[f"{prefix}/{task}/random_init_acc"] = result["random_init"]["metrics"]["acc"]["value"]
+    base = results.get("base_model", {})
+    if "validation" in base:
+        flat[f"{prefix}/base_model/val_bpb"] = base["validation"]["bits_per_byte"]
+    for name, acc in base.get("heldout", {}).items():
+        flat[f"{prefix}/base_model/heldout/{Path(name).stem}/bpb"] = acc["bits_per_byte"]
+    for task, result in base.get("tasks", {}).items():
+        flat[f"{prefix}/{task}/base_model_acc"] = result["metrics"]["acc"]["value"]
     return flat
 
 
@@ -329,6 +357,30 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
                                 max_len=max_len, quiet=True)
         add_random_init(results, scored, init)
         results["random_init_seconds"] = round(time.perf_counter() - random_started, 2)
+    if eval_cfg.base_model_baseline and meta.get("init_from"):
+        # a continued run: the model it started from, on the same shards, texts and items
+        base_started = time.perf_counter()
+        from trainer.init_from import reimport_base
+
+        try:
+            base, info = reimport_base(run_folder, meta)
+        except (DataError, OSError) as exc:  # the base moved or changed: the trained step's results still stand
+            results["base_model_skipped"] = str(exc)
+            log.warning("not scoring the base model: %s", exc)
+        else:
+            log.info("scoring the same shards, texts and items with the base model %s", info["folder"])
+            scored = run_suite(model_logits_fn(base), tok, eval_cfg, run_folder, max_len=max_len,
+                               tasks=list(results["tasks"]), max_items=eval_cfg.max_items_per_task,
+                               validation_batches=eval_cfg.max_validation_batches,
+                               heldout_files=eval_cfg.heldout_text_files,
+                               mixture=mixture_sets(cfg.train.mixture, run_folder.shards))
+            del base
+            add_base_model(results, scored, info)
+            if "val_bpb_change" in results["base_model"]:
+                log.info("validation bits per byte: %.4f trained against %.4f for the base model (%+.4f)",
+                         results["validation"]["bits_per_byte"], scored["validation"]["bits_per_byte"],
+                         results["base_model"]["val_bpb_change"])
+            results["base_model_seconds"] = round(time.perf_counter() - base_started, 2)
     results["seconds"] = round(time.perf_counter() - started, 2)
     if eval_cfg.export_hf:
         from eval.hf_export import export_checkpoint

@@ -268,3 +268,47 @@ def test_the_switch_to_full_training_is_logged_once_with_its_step(caplog: pytest
     assert lines == ["step 3: embeddings-only warm-up done (train.embeddings_only_steps); from step 4 all 1.23M "
                      "parameters train"]
     assert summary == {"train/full_training_from_step": 4}
+
+
+def test_recipe_05_scores_the_base_model_beside_the_trained_step(fixture_stages: Path, base_folder: Path,
+                                                                 tmp_path: Path) -> None:
+    """A continued run's evaluation re-imports the base model it started from and scores it on the same texts and
+    items: at step 0 (the base as imported) its figures are the trained step's exactly; after training, the report
+    gives the change in bits per byte; a base whose files changed is named and not scored."""
+    import shutil
+
+    from eval.run import flat_metrics
+
+    base = shutil.copytree(base_folder, tmp_path / "base")
+    config = continue_config(fixture_stages, tmp_path / "a", base, steps=0)
+    # the fixture's validation split is empty: a held-out text gives the bits per byte
+    text = sorted((Path(__file__).parent / "fixtures" / "corpus").glob("ru_*.txt"))[0]
+    evaluate = ("05_evaluate.py", config, "eval.random_init_baseline=false", f"eval.heldout_text_files=[{text}]")
+    run_recipe("04_pretrain.py", config)
+    run_recipe(*evaluate)
+    eval_dir = tmp_path / "a" / "runs" / "tiny" / "eval"
+    step0 = json.loads((eval_dir / "step_0000000.json").read_text(encoding="utf-8"))
+    at_start = step0["base_model"]
+    assert at_start["heldout"] == step0["heldout"]
+    assert at_start["tasks"], "no task was scored with the base model"
+    for task, scored in at_start["tasks"].items():
+        assert scored["metrics"]["acc"] == step0["tasks"][task]["metrics"]["acc"]
+        assert step0["tasks"][task]["baselines"]["base_model"]["value"] == scored["metrics"]["acc"]["value"]
+
+    run_recipe("04_pretrain.py", config, "train.steps=4")
+    run_recipe(*evaluate)
+    step4 = json.loads((eval_dir / "step_0000004.json").read_text(encoding="utf-8"))
+    assert step4["base_model"]["heldout"] == at_start["heldout"]  # the same base on the same text
+    name = str(text)
+    change = step4["heldout"][name]["bits_per_byte"] - at_start["heldout"][name]["bits_per_byte"]
+    assert change < 0  # four steps on this Russian text lowered it
+    assert flat_metrics(step4)[f"eval/base_model/heldout/{text.stem}/bpb"] == at_start["heldout"][name]["bits_per_byte"]
+    report = (eval_dir / "step_0000004.md").read_text(encoding="utf-8")
+    assert "## Against the base model" in report and f"{change:+.4f}" in report
+
+    config_json = base / "config.json"
+    config_json.write_text(config_json.read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    run_recipe(*evaluate)
+    again = json.loads((eval_dir / "step_0000004.json").read_text(encoding="utf-8"))
+    assert "base_model" not in again and "config.json" in again["base_model_skipped"]
+    assert again["heldout"] == step4["heldout"]

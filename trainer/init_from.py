@@ -86,6 +86,48 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
     return StartPoint(model_cfg, params, lineage)
 
 
+def reimport_base(run_folder: RunFolder, meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The model a continued run started from, imported again as its first session imported it: the base folder
+    its checkpoint's lineage names (``meta['init_from']``), each file's sha256 checked against the lineage, its
+    embeddings adapted to the run's tokenizer by the recorded mode and the run's seed, in the checkpoint's model
+    config and layer layout, on the default device. The adaptation's counts must equal the recorded ones (else the
+    run's tokenizer is not the one the run started with). Returns the model and what it is, for eval's report.
+
+    So recipe 05 scores the base beside the trained step ("did continued pretraining help?") without the run
+    keeping a step-0 checkpoint of a model that may be many times the size of its trained deltas."""
+    from flax import nnx
+
+    from experiment.files import sha256_file
+    from model.registry import get_family
+
+    lineage = meta["init_from"]
+    folder = Path(lineage["folder"])
+    changed = [name for name, digest in sorted((lineage.get("files") or {}).items())
+               if not (folder / name).is_file() or sha256_file(folder / name) != digest]
+    if changed:
+        raise DataError(f"{folder}: {', '.join(changed)} missing or changed since the run started from it (sha256 "
+                        f"against {Path(run_folder.checkpoints) / LINEAGE_FILE}): the base model cannot be scored")
+    model_cfg = model_config_from_meta(meta)
+    vocab_size = int(meta["vocab_size"])
+    base_config = read_config(folder)
+    _, _, base_vocab = hf_model_config(base_config, str(folder / "config.json"))
+    recorded = lineage.get("vocab_adaptation") or {"mode": "none"}
+    embeddings = EmbeddingPlan.for_mode(recorded.get("mode", "none"), folder, run_folder, base_config, base_vocab,
+                                        vocab_size)
+    imported = load_hf_checkpoint(folder, meta.get("param_dtype", "float32"),
+                                  scan_layers=getattr(model_cfg, "scan_layers", None))
+    pure, adaptation = embeddings.apply(imported, int(meta.get("seed", 0)))
+    if adaptation != recorded:
+        raise DataError(f"{run_folder.tokenizer}: adapting {folder} to this tokenizer gives {adaptation}, the run "
+                        f"recorded {recorded} at its start: the base model cannot be rebuilt as the run began")
+    graphdef, state = nnx.split(get_family(model_cfg.family).abstract(model_cfg, vocab_size))
+    nnx.replace_by_pure_dict(state, pure)
+    info = {"folder": str(folder), "family": lineage.get("family"), "vocab_adaptation": describe_adaptation(adaptation)}
+    log.info("re-imported the base model %s (%s) to score it beside the trained step", folder,
+             info["vocab_adaptation"])
+    return nnx.merge(graphdef, state), info
+
+
 def check_init_from(cfg: Any, saved_meta: dict[str, Any], where: Path) -> None:
     """A run with checkpoints trains the checkpoints' model: a ``model.init_from`` that names another base
     model than the one the run started from (or a run that started from scratch) is a ConfigError. The same
@@ -146,8 +188,13 @@ class EmbeddingPlan:
     @classmethod
     def for_run(cls, cfg: Any, run_folder: RunFolder, base_config: dict[str, Any], base_vocab: int,
                 vocab_size: int) -> EmbeddingPlan:
-        mode = getattr(cfg.model, "vocab_adaptation", "none")
-        folder = Path(cfg.model.init_from)
+        return cls.for_mode(getattr(cfg.model, "vocab_adaptation", "none"), Path(cfg.model.init_from), run_folder,
+                            base_config, base_vocab, vocab_size)
+
+    @classmethod
+    def for_mode(cls, mode: str, folder: Path, run_folder: RunFolder, base_config: dict[str, Any], base_vocab: int,
+                 vocab_size: int) -> EmbeddingPlan:
+        """The plan of ``model.vocab_adaptation`` = ``mode`` from the base model in ``folder`` to the run's tokenizer."""
         if mode == "none":
             if vocab_size != base_vocab:
                 raise ConfigError(f"config key 'model.vocab_adaptation': none keeps the base model's token ids, but the "

@@ -32,6 +32,9 @@ class EvalConfig:
     train_max_items_per_task: int = 10
     train_validation_batches: int = 5
     random_init_baseline: bool = True  # recipe 05 also scores the tasks with the untrained model (the run's step 0)
+    # a continued run (model.init_from): recipe 05 also scores the base model it started from (re-imported as the
+    # run imported it) on the same validation shards, held-out texts and task items, beside the trained step
+    base_model_baseline: bool = True
     export_hf: bool = False  # also write a Hugging Face (Llama) export of the checkpoint to eval/hf/
 
     def validate(self, key: str) -> None:
