@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from experiment.errors import ConfigError
+from model.family import CachedDecoding
 from model.kv_cache import KVCache, init_cache
 
 BUCKET = 16  # prompt and cache lengths are rounded up to a multiple of this: a compile per bucket, not per length
@@ -106,6 +107,16 @@ def _step(graphdef: nnx.GraphDef, state: nnx.State, token: jax.Array, cache: KVC
     return sample(logits[:, -1], jax.random.fold_in(key, i), sampling), cache
 
 
+def check_decodes(model: Any) -> None:
+    """A one-line error unless ``model`` implements cached decoding (``model.family.CachedDecoding``)."""
+    from model.layers import CausalLM
+
+    inherited = isinstance(model, CausalLM) and type(model).decode_hidden is CausalLM.decode_hidden
+    if not isinstance(model, CachedDecoding) or inherited:
+        raise ConfigError(f"{type(model).__module__}.{type(model).__name__} has no KV-cache decoding "
+                          "(model.family.CachedDecoding): its family cannot generate text")
+
+
 def generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_id: int | Sequence[int] | None = None,
              pad_id: int = 0, max_len: int | None = None) -> Generated:
@@ -113,6 +124,7 @@ def generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, 
 
     ``eos_id``: one id or several that end a row. ``max_len``: the longest sequence the model takes (its
     ``max_seq_len``); a prompt plus ``max_new_tokens`` longer than that is a one-line error."""
+    check_decodes(model)
     sampling = Sampling(float(temperature), int(top_k), float(top_p))
     sampling.check()
     if not prompts:

@@ -149,3 +149,11 @@ def test_bad_requests_are_one_line() -> None:
         generate(model, [[1]], 4, temperature=-1.0)
     with pytest.raises(ConfigError, match="empty"):
         generate(model, [[1], []], 4)
+
+
+def test_a_family_without_cached_decoding_is_one_line() -> None:
+    from tests.toy_family import TOY, ToyConfig
+
+    model = TOY.init(ToyConfig(), 50)
+    with pytest.raises(ConfigError, match="no KV-cache decoding"):
+        generate(model, [[1, 2]], 4)
