@@ -59,3 +59,47 @@ def test_bad_generate_settings_are_one_line_naming_the_key(fixture_pretrained: P
                                                                        "max_seq_len")):
         proc = run_recipe("09_generate.py", config, override, check=False)
         assert proc.returncode == 2 and key in error_line(proc), (override, error_line(proc))
+
+
+def test_generate_with_a_hugging_face_folder_uses_its_tokenizer_and_eos(tmp_path: Path) -> None:
+    """generate.hf_model: a Qwen3 folder (our export of a tiny random model, no torch needed) with a word-level
+    tokenizer.json; the recipe's ids are what ``generate`` gives the imported model, and its EOS ends a row."""
+    import dataclasses
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from eval.hf_export import write_export
+    from model.generate import generate
+    from model.hf_checkpoint import load_hf_checkpoint
+    from model.registry import get_family
+    from tests.recipe_runner import tiny_config
+
+    words = ["<pad>", "<s>", "</s>", *(f"w{i}" for i in range(61))]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    files = tmp_path / "tokenizer_files"
+    files.mkdir()
+    tokenizer.save(str(files / "tokenizer.json"))
+    fam = get_family("qwen3")
+    cfg = dataclasses.replace(fam.config_cls(), d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
+                              max_seq_len=64, init_std=0.5)
+    ours = fam.init(cfg, len(words), seed=2)
+    prompts = ["w1 w2 w3", "w40 w41 w42 w43 w44 w45"]
+    ids = [tokenizer.encode(p).ids for p in prompts]
+    eos = generate(ours, ids, 12).tokens[0][2]  # row 0's third new token: the folder's EOS
+    folder = write_export(ours, cfg, len(words), tmp_path / "hf", special_ids={"bos": 1, "eos": eos, "pad": 0},
+                          tokenizer_files=files)
+
+    model = load_hf_checkpoint(folder).model()
+    want = generate(model, ids, 12, eos_id=eos).tokens
+    assert len(want[0]) == 2
+    config = tiny_config(tmp_path)
+    run_recipe("09_generate.py", config, f"generate.hf_model={folder}", f"generate.prompts={json.dumps(prompts)}",
+               "generate.max_new_tokens=12")
+    files_out = sorted((tmp_path / "runs" / "tiny" / "generate").glob("*.jsonl"))
+    records = [json.loads(line) for line in files_out[0].read_text(encoding="utf-8").splitlines()]
+    assert [r["token_ids"] for r in records] == want
+    assert [r["prompt_token_ids"] for r in records] == ids
+    assert all(r["hf_model"] == str(folder) and r["family"] == "qwen3" for r in records)
+    assert [r["completion"] for r in records] == [tokenizer.decode(t) for t in want]
+    assert records[0]["finished"] == "eos"
