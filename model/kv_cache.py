@@ -63,9 +63,10 @@ def init_cache(model: Any, batch: int, length: int, start: Any = None, dtype: An
     ``start`` [B]: each row's first real slot (default 0: no padding)."""
     layers, kv_heads, head_dim = cache_shape(model)
     dtype = model.compute_dtype() if dtype is None else dtype
-    zeros = jnp.zeros((layers, batch, length, kv_heads, head_dim), dtype)
+    shape = (layers, batch, length, kv_heads, head_dim)
     first = jnp.zeros((batch,), jnp.int32) if start is None else jnp.asarray(start, jnp.int32)
-    return KVCache(zeros, zeros, jnp.zeros((), jnp.int32), first)
+    # two buffers, not one zeros array twice: a jitted step donates k and v (one buffer cannot be donated twice)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32), first)
 
 
 def cache_mask(cache: KVCache, t: int, window: int = 0) -> jax.Array:
