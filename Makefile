@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED := 1
 # five venvs are built from the same wheels: a pip cache would only hold a second copy of them on disk
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup demo demo-sweep test test-base test-extras install-extras lint clean-demo
+.PHONY: setup demo generate demo-sweep test test-base test-extras install-extras lint clean-demo
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ demo: setup
 	$(PY) recipes/05_evaluate.py --config $(CONFIG)
 	$(PY) recipes/06_compare_costs.py --config $(CONFIG)
 	$(PY) recipes/07_plan_costs.py --config $(CONFIG)
+
+# The demo model's completions of generate.prompts (after `make demo`; overrides: ARGS='generate.temperature=0.8')
+generate: setup
+	$(PY) recipes/09_generate.py --config $(CONFIG) $(ARGS)
 
 # Three widths of the demo decoder compared by rubles to a target quality (reuses runs/demo's data)
 demo-sweep: setup

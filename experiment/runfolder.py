@@ -61,6 +61,10 @@ class RunFolder:
         return self.root / "export"
 
     @property
+    def generate(self) -> Path:
+        return self.root / "generate"
+
+    @property
     def wandb(self) -> Path:
         return self.root / "wandb"
 

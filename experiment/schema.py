@@ -9,6 +9,7 @@ from experiment.sections.corpus import CorpusConfig, SourceConfig
 from experiment.sections.cost import CostConfig
 from experiment.sections.eval import EvalConfig
 from experiment.sections.experiment import ExperimentSection
+from experiment.sections.generate import GenerateConfig
 from experiment.sections.model import ModelSection, model_section_class
 from experiment.sections.shards import ShardsConfig
 from experiment.sections.tokenizer import TokenizerConfig
@@ -16,7 +17,8 @@ from experiment.sections.tracking import WandbConfig
 from experiment.sections.train import MeshConfig, TrainConfig
 
 __all__ = [
-    "CorpusConfig", "CostConfig", "EvalConfig", "ExperimentConfig", "ExperimentSection", "MeshConfig",
+    "CorpusConfig", "CostConfig", "EvalConfig", "ExperimentConfig", "ExperimentSection", "GenerateConfig",
+    "MeshConfig",
     "ModelSection", "ShardsConfig", "SourceConfig", "TokenizerConfig", "TrainConfig", "WandbConfig",
 ]
 
@@ -32,6 +34,7 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     # the dotted keys the YAML and the overrides set (experiment.config.build_config records them on the
     # instance; not a config key): what model.init_from checks against the base model's config.json

@@ -63,6 +63,27 @@ class FamilyModel(Protocol):
         ...
 
 
+@runtime_checkable
+class CachedDecoding(Protocol):
+    """What text generation (model/generate.py) calls on a family's module besides ``FamilyModel``'s: a
+    forward pass of a few tokens over a KV cache (model/kv_cache.py). Optional: a family without it trains,
+    evaluates and exports, and generation says it cannot. ``model.layers.CausalLM`` implements ``decode``
+    from the family's ``decode_hidden``."""
+
+    def decode(self, tokens: jax.Array, cache: Any, last: bool = False) -> tuple[jax.Array, Any]:
+        """tokens [B, T] written into ``cache`` at its index -> (logits [B, T, V] float32, or [B, 1, V] of the
+        last position with ``last``; the cache holding their keys and values, its index T further)."""
+        ...
+
+    def cache_shape(self) -> tuple[int, int, int]:
+        """(layers, KV heads, head dim) of the cache it reads and writes."""
+        ...
+
+    def compute_dtype(self) -> Any:
+        """The dtype its activations (and so its cache) are in."""
+        ...
+
+
 class FamilyConfig(Protocol):
     """Fields every family's ``model:`` section has, because stages other than the model read them."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,9 @@ from flax import nnx
 from model.linear import project
 from model.loss import output_logits
 from model.sharding import constrain
+
+if TYPE_CHECKING:
+    from model.kv_cache import KVCache
 
 # activation checkpointing per decoder block (``model.remat``); "none" runs without jax.checkpoint
 REMAT_POLICIES = {
@@ -83,13 +87,16 @@ def rope_table(length: int, head_dim: int, theta: float | Rope) -> tuple[np.ndar
     return np.sin(angles), np.cos(angles)
 
 
-def rope_angles(positions: jax.Array, head_dim: int, theta: float | Rope) -> tuple[jax.Array, jax.Array]:
-    """sin and cos [B, T, 1, head_dim / 2] for row-local positions (< T), shared by all layers.
+def rope_angles(positions: jax.Array, head_dim: int, theta: float | Rope,
+                length: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """sin and cos [B, T, 1, head_dim / 2] for row-local positions (< ``length``, default T), shared by all layers.
 
     Looked up in a table made at trace time, not computed in the graph: XLA:CPU recomputed sin and
     cos inside every fusion that read them (per head, forward and backward), ~5% of a train step.
+    ``length``: the table's, when positions may reach past T (a cached decode step: T = 1, positions
+    up to the cache length).
     """
-    sin, cos = rope_table(positions.shape[1], head_dim, theta)
+    sin, cos = rope_table(positions.shape[1] if length is None else length, head_dim, theta)
     return jnp.take(sin, positions, axis=0)[:, :, None, :], jnp.take(cos, positions, axis=0)[:, :, None, :]
 
 
@@ -137,6 +144,23 @@ class CausalLM(nnx.Module):
 
     def output_weight(self) -> jax.Array:
         raise NotImplementedError
+
+    def decode(self, tokens: jax.Array, cache: KVCache, last: bool = False) -> tuple[jax.Array, KVCache]:
+        """tokens [B, T] written into ``cache`` at its index -> (logits [B, T, V] float32, or [B, 1, V] of the
+        last position with ``last``; the cache with their keys and values, its index T further)."""
+        hidden, cache = self.decode_hidden(tokens, cache)
+        return output_logits(hidden[:, -1:] if last else hidden, self.output_weight()), cache
+
+    def decode_hidden(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        raise NotImplementedError
+
+    def cache_shape(self) -> tuple[int, int, int]:
+        """(layers, KV heads, head dim): what a KV cache (model/kv_cache.py) holds per slot."""
+        return self.n_layers, self.n_kv_heads, self.head_dim
+
+    def compute_dtype(self) -> jnp.dtype:
+        """The dtype it computes in: its parameters' (the embedding table's)."""
+        return self.embed[...].dtype
 
 
 def default_positions(tokens: jax.Array, positions: jax.Array | None) -> jax.Array:

@@ -95,6 +95,23 @@ def scan_layers(stack: nnx.Module, x: jax.Array, run: Callable[[nnx.Module, jax.
     return out
 
 
+def scan_layers_xs(stack: nnx.Module, x: jax.Array, xs: Any,
+                   run: Callable[[nnx.Module, jax.Array, Any], tuple[jax.Array, Any]],
+                   unroll: int = 1) -> tuple[jax.Array, Any]:
+    """``scan_layers`` with a per-layer input and output: ``run(layer, x, layer_xs) -> (x, layer_ys)``.
+
+    ``xs``: a tree whose leaves have the layer axis first (e.g. a KV cache's [L, B, S, KV, D] keys and
+    values); each layer gets its slice, and the slices it returns come back stacked the same way. No
+    remat: this is for inference (text generation), where nothing is differentiated."""
+    graphdef, params = nnx.split(stack)
+
+    def body(h: jax.Array, layer: tuple[Any, Any]) -> tuple[jax.Array, Any]:
+        layer_params, layer_xs = layer
+        return run(nnx.merge(graphdef, layer_params), h, layer_xs)
+
+    return jax.lax.scan(body, x, (params, xs), unroll=unroll)
+
+
 def n_stacked(stack: nnx.Module) -> int:
     """How many layers a stacked module holds (the length of its parameters' axis 0)."""
     return int(jax.tree.leaves(nnx.state(stack, nnx.Param))[0].shape[0])

@@ -34,6 +34,7 @@ from flax import nnx
 
 from model.attention import attend, resolve_attention
 from model.gemma3.config import GLOBAL, LOCAL, Gemma3Config
+from model.kv_cache import KVCache, LayerKV, attend_cached
 from model.layers import REMAT_POLICIES, CausalLM, GatedMLP, Rope, default_positions, param, rope_angles, rotary
 from model.linear import project
 from model.sharding import compiled_platform, constrain
@@ -95,13 +96,24 @@ class Attention(nnx.Module):
         self.k_norm = GemmaRMSNorm(hd, cfg.norm_eps, "head_dim")
 
     def __call__(self, x: jax.Array, rope: RopeTable, segments: Segments, window: int) -> jax.Array:
-        q, k, v = (project(x, w[...]) for w in (self.wq, self.wk, self.wv))
-        q = constrain(rotary(self.q_norm(q), rope), ("batch", "length", "act_heads", "head_dim"))
-        k = rotary(self.k_norm(k), rope)
+        q, k, v = self.qkv(x, rope)
         impl = resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, x.shape[1])
         out = attend(impl, q, k, v, segments, window=window, scale=self.scale)
         out = constrain(out, ("batch", "length", "act_heads", "head_dim"))
         return project(out, self.wo[...], n_in=2)
+
+    def qkv(self, x: jax.Array, rope: RopeTable) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The normed, RoPE'd queries and keys and the values of ``x``: [B, T, H or KV, D]."""
+        q, k, v = (project(x, w[...]) for w in (self.wq, self.wk, self.wv))
+        q = constrain(rotary(self.q_norm(q), rope), ("batch", "length", "act_heads", "head_dim"))
+        return q, rotary(self.k_norm(k), rope), v
+
+    def decode(self, x: jax.Array, rope: RopeTable, window: int, layer: LayerKV,
+               cache: KVCache) -> tuple[jax.Array, LayerKV]:
+        """``__call__`` over this layer's cached keys and values (model/kv_cache.py): (output, updated k and v)."""
+        q, k, v = self.qkv(x, rope)
+        out, layer = attend_cached(q, k, v, layer, cache, window=window, scale=self.scale)
+        return project(out, self.wo[...], n_in=2), layer
 
 
 class Block(nnx.Module):
@@ -122,6 +134,12 @@ class Block(nnx.Module):
         x = x + self.post_mlp_norm(self.mlp(self.mlp_norm(x)))
         return constrain(x, ("batch", "length", "act_embed"))
 
+    def decode(self, x: jax.Array, rope: RopeTable, window: int, layer: LayerKV,
+               cache: KVCache) -> tuple[jax.Array, LayerKV]:
+        attn, layer = self.attn.decode(self.attn_norm(x), rope, window, layer, cache)
+        x = x + self.post_attn_norm(attn)
+        return x + self.post_mlp_norm(self.mlp(self.mlp_norm(x))), layer
+
 
 class Decoder(CausalLM):
     def __init__(self, cfg: Gemma3Config, vocab_size: int, rngs: nnx.Rngs):
@@ -129,7 +147,7 @@ class Decoder(CausalLM):
         self.scanned, self.scan_unroll, self.n_layers = cfg.scan_layers, cfg.scan_unroll, cfg.n_layers
         # a tuple, not a dict: static attributes are part of the graphdef, which jit hashes
         self.head_dim, self.ropes = cfg.resolved_head_dim, tuple(sorted(ropes_of(cfg).items()))
-        self.pattern, self.sliding_window = cfg.pattern, cfg.sliding_window
+        self.pattern, self.sliding_window, self.n_kv_heads = cfg.pattern, cfg.sliding_window, cfg.n_kv_heads
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         # scanned (model/stacking.py): one Block whose parameters carry a leading layer axis; else a list.
         # ``stacked`` gives layer i the values the list's i-th Block gets: init is the same in either layout
@@ -142,11 +160,7 @@ class Decoder(CausalLM):
         """tokens [B, T] int32 -> the final-normed hidden states [B, T, D] the output projection reads."""
         positions = default_positions(tokens, positions)
         ropes = {kind: rope_angles(positions, self.head_dim, rope) for kind, rope in self.ropes}
-        table = self.embed[...]
-        # Transformers multiplies by sqrt(d_model) made a float32 tensor and then cast to the weights' dtype
-        # (Gemma3TextScaledWordEmbedding): in bf16 that is bf16(sqrt(d)), e.g. 55.5 for sqrt(3072) = 55.43
-        normalizer = jnp.asarray(np.float32(math.sqrt(self.d_model))).astype(table.dtype)
-        x = constrain(jnp.take(table, tokens, axis=0) * normalizer, ("batch", "length", "act_embed"))
+        x = constrain(self.embedded(tokens), ("batch", "length", "act_embed"))
         layer = self.layer_fn(ropes, segment_ids)
         if self.scanned:
             x = self.scan_groups(x, layer)
@@ -154,6 +168,69 @@ class Decoder(CausalLM):
             for i, block in enumerate(self.blocks):
                 x = layer(block, x, self.pattern[i % len(self.pattern)])
         return self.final_norm(x)
+
+    def embedded(self, tokens: jax.Array) -> jax.Array:
+        """The embeddings [B, T, D] of ``tokens``, scaled by sqrt(d_model)."""
+        table = self.embed[...]
+        # Transformers multiplies by sqrt(d_model) made a float32 tensor and then cast to the weights' dtype
+        # (Gemma3TextScaledWordEmbedding): in bf16 that is bf16(sqrt(d)), e.g. 55.5 for sqrt(3072) = 55.43
+        normalizer = jnp.asarray(np.float32(math.sqrt(self.d_model))).astype(table.dtype)
+        return jnp.take(table, tokens, axis=0) * normalizer
+
+    def decode_hidden(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """``hidden`` of tokens [B, T] that continue the sequences in ``cache`` (``CausalLM.decode``): each layer
+        reads and writes its own slice of the cache, in the scanned layout through the same groups and tail."""
+        t = tokens.shape[1]
+        positions = cache.positions(t)
+        ropes = {kind: rope_angles(positions, self.head_dim, rope, length=cache.length) for kind, rope in self.ropes}
+
+        def layer(block: Block, h: jax.Array, kind: str, kv: LayerKV) -> tuple[jax.Array, LayerKV]:
+            return block.decode(h, ropes[kind], self.window(kind), kv, cache)
+
+        x = self.embedded(tokens)
+        if self.scanned:
+            x, (k, v) = self.scan_groups_cached(x, (cache.k, cache.v), layer)
+        else:
+            layers = []
+            for i, block in enumerate(self.blocks):
+                x, kv = layer(block, x, self.pattern[i % len(self.pattern)], (cache.k[i], cache.v[i]))
+                layers.append(kv)
+            k, v = (jnp.stack(kv) for kv in zip(*layers, strict=True))
+        return self.final_norm(x), cache.advanced(k, v, t)
+
+    def scan_groups_cached(self, x: jax.Array, kv: LayerKV,
+                           layer: Callable[[Block, jax.Array, str, LayerKV], tuple[jax.Array, LayerKV]]
+                           ) -> tuple[jax.Array, LayerKV]:
+        """``scan_groups`` with each layer's cache slice: the [L, ...] keys and values are viewed as
+        [L // g, g, ...] scan inputs beside the parameters, the updated slices come back as scan outputs, and
+        the tail layers' are appended after them."""
+        graphdef, params = nnx.split(self.blocks)
+        g = len(self.pattern)
+        n_groups, n_tail = divmod(self.n_layers, g)
+
+        def at(tree: Any, i: int) -> Any:
+            return jax.tree.map(lambda a: a[i], tree)
+
+        def grouped(tree: Any) -> Any:
+            return jax.tree.map(lambda a: a[:n_groups * g].reshape(n_groups, g, *a.shape[1:]), tree)
+
+        outs: list[LayerKV] = []
+        if n_groups:
+            def body(h: jax.Array, group: tuple[Any, LayerKV]) -> tuple[jax.Array, LayerKV]:
+                group_params, group_kv = group
+                written = []
+                for j in range(g):
+                    h, layer_kv = layer(nnx.merge(graphdef, at(group_params, j)), h, self.pattern[j], at(group_kv, j))
+                    written.append(layer_kv)
+                return h, jax.tree.map(lambda *a: jnp.stack(a), *written)
+
+            x, scanned = jax.lax.scan(body, x, (grouped(params), grouped(kv)), unroll=self.unroll(n_groups))
+            outs.append(jax.tree.map(lambda a: a.reshape(n_groups * g, *a.shape[2:]), scanned))
+        for j in range(n_tail):  # layer n_groups * g + j has the type pattern[j]
+            i = n_groups * g + j
+            x, layer_kv = layer(nnx.merge(graphdef, at(params, i)), x, self.pattern[j], at(kv, i))
+            outs.append(jax.tree.map(lambda a: a[None], layer_kv))
+        return x, jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
 
     def window(self, kind: str) -> int:
         """A layer type's attention window (0: global, causal over the whole sequence)."""

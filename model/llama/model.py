@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from model.attention import attend, resolve_attention
+from model.kv_cache import KVCache, LayerKV, attend_cached
 from model.layers import (
     REMAT_POLICIES,
     CausalLM,
@@ -36,7 +37,7 @@ from model.layers import (
 from model.linear import project
 from model.llama.config import LlamaConfig
 from model.sharding import compiled_platform, constrain
-from model.stacking import scan_layers, stacked
+from model.stacking import scan_layers, scan_layers_xs, stacked
 
 # the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules):
 # attention's and the MLP's projections; attention's score and value einsums (activation x activation)
@@ -73,16 +74,27 @@ class Attention(nnx.Module):
 
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], segments: Segments) -> jax.Array:
         t = x.shape[1]
+        q, k, v = self.qkv(x, rope)
+        impl = resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, t)
+        out = constrain(attend(impl, q, k, v, segments), ("batch", "length", "act_heads", "head_dim"))
+        return project(out, self.wo[...], n_in=2)
+
+    def qkv(self, x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The queries and keys (RoPE'd) and values of ``x``: [B, T, H or KV, D]."""
         q, k, v = (project(x, w[...]) for w in (self.wq, self.wk, self.wv))
         if self.bq is not None:
             q, k, v = (y + bias[...].astype(y.dtype) for y, bias in ((q, self.bq), (k, self.bk), (v, self.bv)))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = constrain(rotary(q, rope), ("batch", "length", "act_heads", "head_dim"))
-        k = rotary(k, rope)
-        impl = resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, t)
-        out = constrain(attend(impl, q, k, v, segments), ("batch", "length", "act_heads", "head_dim"))
-        return project(out, self.wo[...], n_in=2)
+        return q, rotary(k, rope), v
+
+    def decode(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], layer: LayerKV,
+               cache: KVCache) -> tuple[jax.Array, LayerKV]:
+        """``__call__`` over this layer's cached keys and values (model/kv_cache.py): (output, updated k and v)."""
+        q, k, v = self.qkv(x, rope)
+        out, layer = attend_cached(q, k, v, layer, cache)
+        return project(out, self.wo[...], n_in=2), layer
 
 
 class Block(nnx.Module):
@@ -97,12 +109,18 @@ class Block(nnx.Module):
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "length", "act_embed"))
 
+    def decode(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], layer: LayerKV,
+               cache: KVCache) -> tuple[jax.Array, LayerKV]:
+        attn, layer = self.attn.decode(self.attn_norm(x), rope, layer, cache)
+        x = x + attn
+        return x + self.mlp(self.mlp_norm(x)), layer
+
 
 class Decoder(CausalLM):
     def __init__(self, cfg: LlamaConfig, vocab_size: int, rngs: nnx.Rngs):
         self.vocab_size, self.remat = vocab_size, cfg.remat
         self.scanned, self.scan_unroll, self.n_layers = cfg.scan_layers, cfg.scan_unroll, cfg.n_layers
-        self.head_dim, self.rope = cfg.resolved_head_dim, rope_of(cfg)
+        self.head_dim, self.rope, self.n_kv_heads = cfg.resolved_head_dim, rope_of(cfg), cfg.n_kv_heads
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         # scanned (model/stacking.py): one Block whose parameters carry a leading layer axis; else a list
         self.blocks = (stacked(lambda layer_rngs: Block(cfg, layer_rngs), cfg.n_layers, rngs) if cfg.scan_layers
@@ -123,6 +141,25 @@ class Decoder(CausalLM):
             for block in self.blocks:
                 x = self.run_block(block, x, rope, segment_ids)
         return self.final_norm(x)
+
+    def decode_hidden(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """``hidden`` of tokens [B, T] that continue the sequences in ``cache`` (``CausalLM.decode``)."""
+        t = tokens.shape[1]
+        rope = rope_angles(cache.positions(t), self.head_dim, self.rope, length=cache.length)
+        x = jnp.take(self.embed[...], tokens, axis=0)
+
+        def run(block: Block, h: jax.Array, layer: LayerKV) -> tuple[jax.Array, LayerKV]:
+            return block.decode(h, rope, layer, cache)
+
+        if self.scanned:
+            x, (k, v) = scan_layers_xs(self.blocks, x, (cache.k, cache.v), run, unroll=self.unroll())
+        else:
+            layers = []
+            for i, block in enumerate(self.blocks):
+                x, layer = run(block, x, (cache.k[i], cache.v[i]))
+                layers.append(layer)
+            k, v = (jnp.stack(kv) for kv in zip(*layers, strict=True))
+        return self.final_norm(x), cache.advanced(k, v, t)
 
     def unroll(self) -> int:
         """Layers per scan iteration: ``model.scan_unroll``, or by the platform compiled for (its comment)."""

@@ -1,0 +1,152 @@
+"""Recipe 09: prompts continued by a trained checkpoint (or a Hugging Face folder), as text.
+
+    prompt text --normalize, encode (as eval does: EOS first)--> ids --model/generate.py--> new ids
+               --decode, cut before the first stop string--> completion
+
+A run's checkpoint reads its prompts the way eval scores a context (eval/harness.py's ``PairEncoder``):
+the run tokenizer's normalization, EOS first as the start of a document, no other special tokens. A
+Hugging Face folder (``generate.hf_model``) encodes with its own tokenizer.json and its own special
+tokens (its post-processor adds BOS where the model expects one), and stops at config.json's EOS ids.
+
+Every run of the recipe writes ``generate/<UTC time>.jsonl``: one line per prompt with its completion,
+the new token ids, and the decode throughput of its batch (docs/CONTRACTS.md).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiment.errors import ConfigError, DataError
+from experiment.files import atomic_write_text
+from experiment.stages import GENERATE
+
+log = logging.getLogger("eval.completions")
+
+BATCH_SIZE = 8  # prompts generated together (left-padded into one batch)
+
+
+@dataclass
+class PromptCodec:
+    """How prompts become ids and ids text again, and which ids end a completion."""
+
+    encode: Callable[[str], list[int]]
+    decode: Callable[[Sequence[int]], str]
+    eos_ids: tuple[int, ...]
+    pad_id: int = 0
+
+
+def run_codec(tokenizer: Any) -> PromptCodec:
+    """The run tokenizer's (tokenizer/loaded.py ``RunTokenizer``): normalized text, EOS first, as eval encodes."""
+    def encode(text: str) -> list[int]:
+        return [tokenizer.eos_id, *tokenizer.encode(tokenizer.normalize(text))]
+
+    return PromptCodec(encode, tokenizer.decode, (int(tokenizer.eos_id),), int(tokenizer.pad_id))
+
+
+def hf_codec(folder: Path, hf_config: dict[str, Any]) -> PromptCodec:
+    """A Hugging Face folder's own tokenizer.json, with its special tokens; EOS ids from config.json."""
+    from tokenizer.loaded import read_hf_tokenizer
+
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise DataError(f"{path}: not found (generate.hf_model needs the folder's tokenizer.json)")
+    hf = read_hf_tokenizer(path)
+    eos = hf_config.get("eos_token_id")
+    eos_ids = () if eos is None else (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
+    pad = hf_config.get("pad_token_id")
+    return PromptCodec(lambda text: hf.encode(text, add_special_tokens=True).ids,
+                       lambda ids: hf.decode([int(i) for i in ids], skip_special_tokens=True), eos_ids,
+                       int(pad) if isinstance(pad, int) else (eos_ids[0] if eos_ids else 0))
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """``text`` up to the first occurrence of any stop string, and whether one was found."""
+    hits = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return (text[:min(hits)], True) if hits else (text, False)
+
+
+def complete(model: Any, codec: PromptCodec, prompts: Sequence[str], *, max_new_tokens: int,
+             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             stop: Sequence[str] = (), max_len: int | None = None,
+             batch_size: int = BATCH_SIZE) -> list[dict[str, Any]]:
+    """Each prompt's completion as a record (prompt, completion, token ids, new tokens, why it stopped,
+    tokens/s of its batch's decode), in the order of ``prompts``."""
+    from model.generate import generate
+
+    records = []
+    for first in range(0, len(prompts), batch_size):
+        texts = list(prompts[first:first + batch_size])
+        ids = [codec.encode(text) for text in texts]
+        out = generate(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                       seed=seed + first, eos_id=codec.eos_ids or None, pad_id=codec.pad_id, max_len=max_len)
+        for text, prompt_ids, new, finished in zip(texts, ids, out.tokens, out.finished, strict=True):
+            completion, stopped = cut_at_stop(codec.decode(new), stop)
+            records.append({"prompt": text, "completion": completion, "prompt_token_ids": prompt_ids,
+                            "token_ids": new, "new_tokens": len(new), "finished": "stop" if stopped else finished,
+                            "tokens_per_s": round(out.decode_tokens_per_second, 2),
+                            "prefill_s": round(out.prefill_seconds, 4)})
+    return records
+
+
+def read_prompts(gen_cfg: Any) -> list[str]:
+    """``generate.prompts`` and then ``generate.prompt_file``'s non-blank lines."""
+    prompts = list(gen_cfg.prompts)
+    if gen_cfg.prompt_file:
+        path = Path(gen_cfg.prompt_file)
+        if not path.is_file():
+            raise ConfigError(f"config key 'generate.prompt_file': {path} is not a file")
+        prompts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not prompts:
+        raise ConfigError("config key 'generate.prompt_file': it has no prompts (and generate.prompts is empty)")
+    return prompts
+
+
+def load_generator(cfg: Any, run_folder: Any) -> tuple[Any, PromptCodec, int, dict[str, Any]]:
+    """(model, codec, max_seq_len, what it is) of ``generate.hf_model``, else of the run's checkpoint
+    (``generate.checkpoint_step``, else the latest) with the run's tokenizer."""
+    gen = cfg.generate
+    if gen.hf_model:
+        from model.hf_checkpoint import load_hf_checkpoint
+
+        folder = Path(gen.hf_model)
+        imported = load_hf_checkpoint(folder)
+        codec = hf_codec(folder, imported.hf_config)
+        return imported.model(), codec, int(imported.model_cfg.max_seq_len), {"hf_model": str(folder),
+                                                                              "family": imported.family}
+    from tokenizer.loaded import load_run_tokenizer
+    from trainer.trained_model import load_trained_model, model_config_from_meta
+
+    model, step, meta = load_trained_model(run_folder, step=gen.checkpoint_step)
+    tokenizer = load_run_tokenizer(run_folder.tokenizer)
+    model_cfg = model_config_from_meta(meta)
+    return model, run_codec(tokenizer), int(model_cfg.max_seq_len), {"step": int(step), "family": model_cfg.family}
+
+
+def generate_stage(cfg: Any, run_folder: Any, wandb_run: Any) -> Path:
+    """Recipe 09: complete every prompt, print each, write ``generate/<UTC time>.jsonl`` (atomically)."""
+    gen = cfg.generate
+    prompts = read_prompts(gen)
+    model, codec, max_len, source = load_generator(cfg, run_folder)
+    records = complete(model, codec, prompts, max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
+                       top_k=gen.top_k, top_p=gen.top_p, seed=gen.seed, stop=gen.stop, max_len=max_len)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    out = GENERATE.dir(run_folder) / f"{stamp}.jsonl"
+    sampling = {"temperature": gen.temperature, "top_k": gen.top_k, "top_p": gen.top_p, "seed": gen.seed,
+                "max_new_tokens": gen.max_new_tokens}
+    atomic_write_text(out, "".join(json.dumps({**record, **source, **sampling}, ensure_ascii=False) + "\n"
+                                   for record in records))
+    for record in records:
+        print(f"> {record['prompt']}\n{record['completion']}\n")
+    rate = sum(r["tokens_per_s"] for r in records) / len(records)
+    log.info("%d completions (%s) in %s; decode %.1f tokens/s", len(records),
+             ", ".join(f"{k} {v}" for k, v in source.items()), out, rate)
+    if wandb_run is not None:
+        wandb_run.summary.update({"generate/file": str(out), "generate/prompts": len(records),
+                                  "generate/tokens_per_s": rate})
+    return out

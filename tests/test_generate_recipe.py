@@ -1,0 +1,105 @@
+"""Recipe 09: a trained run's checkpoint continues prompts; the completions are printed and written as jsonl."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.fixture_run import pretrained_copy
+from tests.recipe_runner import error_line, run_recipe
+from tokenizer.loaded import load_run_tokenizer
+
+
+def test_generate_writes_one_record_per_prompt(fixture_pretrained: Path, tmp_path: Path) -> None:
+    config = pretrained_copy(fixture_pretrained, tmp_path)
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("Капитанская дочка\n\nБерегите честь смолоду\n", encoding="utf-8")
+    proc = run_recipe("09_generate.py", config, 'generate.prompts=["Жили-были"]', f"generate.prompt_file={prompt_file}",
+                      "generate.max_new_tokens=6", "generate.checkpoint_step=3")
+    files = sorted((tmp_path / "runs" / "tiny" / "generate").glob("*.jsonl"))
+    assert len(files) == 1
+    records = [json.loads(line) for line in files[0].read_text(encoding="utf-8").splitlines()]
+    eos = load_run_tokenizer(tmp_path / "runs" / "tiny" / "tokenizer").eos_id
+    assert [r["prompt"] for r in records] == ["Жили-были", "Капитанская дочка", "Берегите честь смолоду"]
+    for record in records:
+        assert record["step"] == 3 and record["family"] == "llama" and record["temperature"] == 0.0
+        assert 0 < record["new_tokens"] == len(record["token_ids"]) <= 6 or record["finished"] == "eos"
+        assert record["prompt_token_ids"][0] == eos  # a document's start, as eval encodes a context
+        assert record["tokens_per_s"] >= 0 and isinstance(record["completion"], str)
+        assert f"> {record['prompt']}" in proc.stdout
+
+    # greedy is deterministic: the same step gives the same ids; a stop string cuts the text
+    first = records[0]["completion"]
+    stop = first[1:3] if len(first) >= 3 else None
+    overrides = ["generate.max_new_tokens=6", "generate.checkpoint_step=3", 'generate.prompts=["Жили-были"]']
+    if stop:
+        overrides.append(f"generate.stop=[{json.dumps(stop, ensure_ascii=False)}]")
+    run_recipe("09_generate.py", config, *overrides)
+    files = sorted((tmp_path / "runs" / "tiny" / "generate").glob("*.jsonl"))
+    assert len(files) == 2
+    again = json.loads(files[1].read_text(encoding="utf-8").splitlines()[0])
+    assert again["token_ids"] == records[0]["token_ids"]
+    if stop:
+        assert again["completion"] == first[:first.find(stop)] and again["finished"] == "stop"
+
+
+def test_generate_without_a_checkpoint_names_recipe_04(fixture_pretrained: Path, tmp_path: Path) -> None:
+    config = pretrained_copy(fixture_pretrained, tmp_path)
+    shutil.rmtree(tmp_path / "runs" / "tiny" / "checkpoints")
+    proc = run_recipe("09_generate.py", config, check=False)
+    assert proc.returncode == 2 and "recipes/04_pretrain.py" in error_line(proc), error_line(proc)
+    assert not list((tmp_path / "runs" / "tiny").glob("generate/*.jsonl"))
+
+
+def test_bad_generate_settings_are_one_line_naming_the_key(fixture_pretrained: Path, tmp_path: Path) -> None:
+    config = pretrained_copy(fixture_pretrained, tmp_path)
+    for override, key in (("generate.top_p=0", "generate.top_p"), ("generate.temperature=-1", "generate.temperature"),
+                          ("generate.prompts=[]", "generate.prompts"), ("generate.max_new_tokens=100",
+                                                                       "max_seq_len")):
+        proc = run_recipe("09_generate.py", config, override, check=False)
+        assert proc.returncode == 2 and key in error_line(proc), (override, error_line(proc))
+
+
+def test_generate_with_a_hugging_face_folder_uses_its_tokenizer_and_eos(tmp_path: Path) -> None:
+    """generate.hf_model: a Qwen3 folder (our export of a tiny random model, no torch needed) with a word-level
+    tokenizer.json; the recipe's ids are what ``generate`` gives the imported model, and its EOS ends a row."""
+    import dataclasses
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from eval.hf_export import write_export
+    from model.generate import generate
+    from model.hf_checkpoint import load_hf_checkpoint
+    from model.registry import get_family
+    from tests.recipe_runner import tiny_config
+
+    words = ["<pad>", "<s>", "</s>", *(f"w{i}" for i in range(61))]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    files = tmp_path / "tokenizer_files"
+    files.mkdir()
+    tokenizer.save(str(files / "tokenizer.json"))
+    fam = get_family("qwen3")
+    cfg = dataclasses.replace(fam.config_cls(), d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
+                              max_seq_len=64, init_std=0.5)
+    ours = fam.init(cfg, len(words), seed=2)
+    prompts = ["w1 w2 w3", "w40 w41 w42 w43 w44 w45"]
+    ids = [tokenizer.encode(p).ids for p in prompts]
+    eos = generate(ours, ids, 12).tokens[0][2]  # row 0's third new token: the folder's EOS
+    folder = write_export(ours, cfg, len(words), tmp_path / "hf", special_ids={"bos": 1, "eos": eos, "pad": 0},
+                          tokenizer_files=files)
+
+    model = load_hf_checkpoint(folder).model()
+    want = generate(model, ids, 12, eos_id=eos).tokens
+    assert len(want[0]) == 2
+    config = tiny_config(tmp_path)
+    run_recipe("09_generate.py", config, f"generate.hf_model={folder}", f"generate.prompts={json.dumps(prompts)}",
+               "generate.max_new_tokens=12")
+    files_out = sorted((tmp_path / "runs" / "tiny" / "generate").glob("*.jsonl"))
+    records = [json.loads(line) for line in files_out[0].read_text(encoding="utf-8").splitlines()]
+    assert [r["token_ids"] for r in records] == want
+    assert [r["prompt_token_ids"] for r in records] == ids
+    assert all(r["hf_model"] == str(folder) and r["family"] == "qwen3" for r in records)
+    assert [r["completion"] for r in records] == [tokenizer.decode(t) for t in want]
+    assert records[0]["finished"] == "eos"
