@@ -274,6 +274,22 @@ def evaluate_model(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, ste
     return flat
 
 
+def sample_completions(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, step: int) -> list[dict[str, Any]]:
+    """Samples during training: ``eval.sample_prompts`` continued greedily by ``model`` (``eval.sample_max_new_tokens``
+    new tokens each, the run's tokenizer, recipe 09's code: eval/completions.py). Greedy, so the completions at a
+    step depend on the weights alone and two evals of the same weights read the same."""
+    from eval.completions import complete, run_codec
+
+    if not cfg.eval.sample_max_new_tokens or not cfg.eval.sample_prompts:
+        return []
+    started = time.perf_counter()
+    records = complete(model, run_codec(load_run_tokenizer(run_folder.tokenizer)), cfg.eval.sample_prompts,
+                       max_new_tokens=cfg.eval.sample_max_new_tokens, max_len=max_len_of(cfg))
+    log.info("samples at step %s (%.1f s): %s", step, time.perf_counter() - started,
+             " | ".join(f"{r['prompt']}{r['completion']}" for r in records))
+    return records
+
+
 def step_name(step: int) -> str:
     return f"step_{step:07d}"
 

@@ -3,7 +3,7 @@
 import functools
 from typing import Any
 
-from eval.run import evaluate_model
+from eval.run import evaluate_model, sample_completions
 from eval.tasks import check_task_names
 from experiment.stages import PRETRAIN
 from tracking.harness import recipe_main
@@ -21,7 +21,7 @@ def prepare(cfg: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     """The recipe; ``argv`` is its command line without the program name (tests call this in process)."""
     recipe_main(PRETRAIN, "Pretrain the Flax decoder; rerun the same command to resume",
-                functools.partial(pretrain, hooks=[EvalHook(evaluate_model)]),
+                functools.partial(pretrain, hooks=[EvalHook(evaluate_model, sample_completions)]),
                 wandb_run_id=resume_wandb_run_id, prepare=prepare, reports=reports, check=check, argv=argv)
 
 

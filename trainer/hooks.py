@@ -30,7 +30,7 @@ from model.family import params_label
 from trainer import checkpoint
 from trainer.guard import GUARD_KEY, Guard
 from trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch
-from trainer.reporting import log_metrics
+from trainer.reporting import log_metrics, log_samples
 from trainer.step import TrainProgram
 from trainer.throughput import MetricsWindow
 
@@ -172,21 +172,28 @@ class BodyUnfreezes:
 
 # evaluate(model, cfg, run_folder, step) -> flat metrics such as {"eval/loss": 3.1}
 EvaluateFn = Callable[[Any, Any, RunFolder, int], Mapping[str, float]]
+# sample(model, cfg, run_folder, step) -> records with "prompt" and "completion" (eval.run.sample_completions)
+SampleFn = Callable[[Any, Any, RunFolder, int], list[dict[str, Any]]]
 
 
 class EvalHook:
-    """Eval during training every ``train.eval_every`` steps (0: never), booked as the ledger's eval phase."""
+    """Eval during training every ``train.eval_every`` steps (0: never), booked as the ledger's eval phase; with
+    ``sample``, the model's completions of fixed prompts too, logged against the step and the rubles spent."""
 
-    def __init__(self, evaluate: EvaluateFn) -> None:
-        self.evaluate = evaluate
+    def __init__(self, evaluate: EvaluateFn, sample: SampleFn | None = None) -> None:
+        self.evaluate, self.sample = evaluate, sample
 
     def schedule(self, train_cfg: TrainConfig) -> Schedule:
         return Schedule(every=train_cfg.eval_every)
 
     def __call__(self, ctx: LoopContext) -> None:
+        model = ctx.program.model(ctx.state["params"])
         with ctx.ledger.phase("eval"):
-            metrics = self.evaluate(ctx.program.model(ctx.state["params"]), ctx.cfg, ctx.run_folder, ctx.step)
+            metrics = self.evaluate(model, ctx.cfg, ctx.run_folder, ctx.step)
+            samples = self.sample(model, ctx.cfg, ctx.run_folder, ctx.step) if self.sample is not None else []
         ctx.log({"train/step": ctx.step, **metrics})
+        if samples:
+            log_samples(ctx.wandb_run, ctx.run_folder, ctx.step, samples, ctx.ledger.summary())
 
 
 class SaveCheckpoint:

@@ -19,7 +19,7 @@ import jax
 from cost.summary import CostSummary
 from cost.target import TRAIN_LOG
 from experiment.runfolder import RunFolder
-from tracking.metrics import log_step
+from tracking.metrics import RUB_SPENT, log_step
 from tracking.wandb_run import warn_if_folder_gone
 from trainer.distributed import is_primary
 from trainer.throughput import chips_in_use, devices_per_chip
@@ -66,6 +66,33 @@ def open_ledger(cfg: Any, run_folder: RunFolder, run_id: str) -> Any:
 def open_train_log(run_folder: RunFolder) -> TextIO | None:
     """``train_log.jsonl`` for appending on process 0; None elsewhere."""
     return (Path(run_folder.root) / TRAIN_LOG).open("a", encoding="utf-8") if is_primary() else None
+
+
+SAMPLES_DIR = "samples"  # in the run folder: step_NNNNNNN.jsonl, the completions of each eval during training
+SAMPLES_TABLE = "samples/completions"  # the W&B table of them, one per eval step
+SAMPLE_COLUMNS = ("step", "rub_spent", "prompt", "completion")
+
+
+def log_samples(wandb_run: Any, run_folder: RunFolder, step: int, records: list[dict[str, Any]],
+                ledger_summary: CostSummary | None) -> None:
+    """The completions of the fixed prompts at ``step`` (process 0): a W&B table (step, rubles spent so far, prompt,
+    completion) logged at the step, and ``samples/step_NNNNNNN.jsonl`` written whole and atomically (a resumed run
+    that evaluates the step again replaces it, as it retraces the same weights)."""
+    if not is_primary():
+        return
+    from experiment.files import atomic_write_text
+
+    rub = ledger_summary.step_metrics().get(RUB_SPENT) if ledger_summary is not None else None
+    rows = [{"step": step, "rub_spent": rub, "prompt": r["prompt"], "completion": r["completion"],
+             "token_ids": r.get("token_ids"), "new_tokens": r.get("new_tokens")} for r in records]
+    atomic_write_text(Path(run_folder.root) / SAMPLES_DIR / f"step_{step:07d}.jsonl",
+                      "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    if wandb_run is None:
+        return
+    import wandb
+
+    table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[row[c] for c in SAMPLE_COLUMNS] for row in rows])
+    wandb_run.log({SAMPLES_TABLE: table}, step=step)
 
 
 def log_metrics(wandb_run: Any, train_log: TextIO | None, step: int, record: dict[str, Any],

@@ -8,6 +8,11 @@ from experiment.errors import ConfigError
 SHARED_BENCH = "${RU_SHARED_DATA:-../shared/data}/bench"
 
 
+# Russian openings of different kinds (a fact, narrative prose, a definition, an everyday sentence): what a
+# team reads at each eval to see the model learn to write
+SAMPLE_PROMPTS = ("Москва — столица", "Однажды зимним вечером", "Язык — это", "Завтра утром я пойду")
+
+
 @dataclass
 class EvalConfig:
     checkpoint_step: int | None = None  # None: the latest checkpoint
@@ -31,6 +36,10 @@ class EvalConfig:
     train_tasks: list[str] = field(default_factory=lambda: ["rublimp"])
     train_max_items_per_task: int = 10
     train_validation_batches: int = 5
+    # samples during training: at each eval (train.eval_every) the model continues these prompts greedily and the
+    # completions go to W&B (a table: step, rubles spent, prompt, completion) and samples/step_NNNNNNN.jsonl
+    sample_prompts: list[str] = field(default_factory=lambda: list(SAMPLE_PROMPTS))
+    sample_max_new_tokens: int = 24  # 0: no samples
     random_init_baseline: bool = True  # recipe 05 also scores the tasks with the untrained model (the run's step 0)
     # a continued run (model.init_from): recipe 05 also scores the base model it started from (re-imported as the
     # run imported it) on the same validation shards, held-out texts and task items, beside the trained step
@@ -41,6 +50,11 @@ class EvalConfig:
         prefix = f"{key}." if key else ""
         if self.batch_size <= 0:
             raise ConfigError(f"config key '{prefix}batch_size': must be positive, got {self.batch_size}")
+        if self.sample_max_new_tokens < 0:
+            raise ConfigError(f"config key '{prefix}sample_max_new_tokens': must be >= 0 (0: no samples), got "
+                              f"{self.sample_max_new_tokens}")
+        if any(not prompt.strip() for prompt in self.sample_prompts):
+            raise ConfigError(f"config key '{prefix}sample_prompts': a prompt is empty")
         for name in ("max_validation_batches", "max_items_per_task", "train_max_items_per_task",
                      "train_validation_batches", "checkpoint_step"):
             value = getattr(self, name)
