@@ -38,3 +38,16 @@ def test_each_eval_writes_the_completions_of_the_fixed_prompts_to_the_run_and_to
         expected = by_step[int(row["_step"])]
         assert [r[2:] for r in table["data"]] == [[e["prompt"], e["completion"]] for e in expected]
         assert [r[:2] for r in table["data"]] == [[e["step"], e["rub_spent"]] for e in expected]
+
+
+def test_sample_settings_out_of_range_are_one_error_line_naming_the_key() -> None:
+    import pytest
+
+    from experiment.errors import ConfigError
+    from experiment.sections.eval import EvalConfig
+
+    with pytest.raises(ConfigError, match="'eval.sample_max_new_tokens': must be >= 0"):
+        EvalConfig(sample_max_new_tokens=-1).validate("eval")
+    with pytest.raises(ConfigError, match="'eval.sample_prompts': a prompt is empty"):
+        EvalConfig(sample_prompts=["Москва", "  "]).validate("eval")
+    EvalConfig(sample_max_new_tokens=0).validate("eval")  # 0 turns the samples off
