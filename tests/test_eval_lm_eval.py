@@ -103,3 +103,69 @@ def test_simple_evaluate_runs_a_local_lm_eval_task(tmp_path: Path) -> None:
                                 batch_size=4, max_len=64)
         correct += int(np.argmax([s.logprob for s in scores]) == doc["gold"])
     assert acc == pytest.approx(correct / len(docs))
+
+
+def tiny_generator():
+    """A tiny random Llama of our own and a byte codec: what generate_until continues with."""
+    from eval.completions import PromptCodec
+    from model.llama.config import LlamaConfig
+    from model.registry import get_family
+
+    cfg = LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64)
+    model = get_family("llama").init(cfg, VOCAB, seed=3)
+
+    def decode(ids):
+        return bytes(max(0, min(255, i - OFFSET)) for i in ids).decode("utf-8", errors="replace")
+
+    return model, PromptCodec(lambda text: [EOS, *encode(text)], decode, (EOS,))
+
+
+def test_generate_until_runs_a_local_generative_task_through_our_decoder(tmp_path: Path) -> None:
+    from lm_eval.tasks import TaskManager
+
+    from eval.completions import complete
+    from eval.lm_eval_adapter import RuPretrainLM
+
+    docs = [{"question": f"{a} + {b} =", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (20, 22), (5, 1)]]
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    (tmp_path / "sums.yaml").write_text(
+        "task: ru_sums_generate\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\n"
+        "output_type: generate_until\n"
+        "doc_to_text: '{{question}}'\n"
+        "doc_to_target: '{{answer}}'\n"
+        "generation_kwargs:\n  until: ['\\n']\n  max_gen_toks: 8\n  do_sample: false\n"
+        "metric_list:\n  - metric: exact_match\n",
+        encoding="utf-8",
+    )
+    model, codec = tiny_generator()
+    lm = RuPretrainLM(logits_fn=prefix_mean_model(), encode=encode, eos_id=EOS, max_length=64, batch_size=3,
+                      model=model, codec=codec)
+    results = lm_eval.simple_evaluate(model=lm, tasks=["ru_sums_generate"], log_samples=True,
+                                      task_manager=TaskManager(include_path=str(tmp_path)))
+    samples = results["samples"]["ru_sums_generate"]
+    ours = {r["prompt"]: r["completion"] for r in complete(model, codec, [d["question"] for d in docs],
+                                                            max_new_tokens=8, stop=["\n"], max_len=64)}
+    assert len(samples) == len(docs)
+    for sample in samples:
+        assert sample["resps"][0][0] == ours[sample["doc"]["question"]]
+        assert "\n" not in sample["resps"][0][0] and len(encode(sample["resps"][0][0])) <= 8 * 4
+    exact = sum(ours[d["question"]].strip() == d["answer"] for d in docs) / len(docs)
+    assert results["results"]["ru_sums_generate"]["exact_match,none"] == pytest.approx(exact)
+
+
+def test_generate_until_keeps_the_end_of_a_long_context() -> None:
+    from eval.lm_eval_adapter import RuPretrainLM
+
+    model, codec = tiny_generator()
+    lm = RuPretrainLM(logits_fn=prefix_mean_model(), encode=encode, eos_id=EOS, max_length=64, batch_size=2,
+                      model=model, codec=codec)
+    long = "слово " * 40  # 480 byte tokens: far past the model's 64
+    (out,) = lm.generate_until([SimpleNamespace(args=(long, {"max_gen_toks": 5}))], disable_tqdm=True)
+    (same,) = lm.generate_until([SimpleNamespace(args=(long[-200:], {"max_gen_toks": 5}))], disable_tqdm=True)
+    assert out == same  # both keep the same last 59 tokens
+    with pytest.raises(ValueError, match="leaves no room"):
+        lm.generate_until([SimpleNamespace(args=("x", {"max_gen_toks": 64}))], disable_tqdm=True)
