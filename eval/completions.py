@@ -14,6 +14,7 @@ the new token ids, and the decode throughput of its batch (docs/CONTRACTS.md).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -150,3 +151,13 @@ def generate_stage(cfg: Any, run_folder: Any, wandb_run: Any) -> Path:
         wandb_run.summary.update({"generate/file": str(out), "generate/prompts": len(records),
                                   "generate/tokens_per_s": rate})
     return out
+
+
+def keeping_the_end(codec: PromptCodec, max_len: int, max_new_tokens: int) -> PromptCodec:
+    """``codec`` whose prompts keep their last ``max_len - max_new_tokens`` tokens, so prompt and answer fit the
+    model (lm-eval's Hugging Face model cuts long contexts the same way: the end is what is being continued)."""
+    keep = max_len - max_new_tokens
+    if keep <= 0:
+        raise ConfigError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's {max_len} tokens")
+    encode = codec.encode
+    return dataclasses.replace(codec, encode=lambda text: encode(text)[-keep:])

@@ -241,6 +241,12 @@ def baselines_summary(credits: dict[str, list[float]], indices: Sequence[int] | 
     return out
 
 
+def headline_metric(result: dict[str, Any]) -> str:
+    """The metric a task's headline compares with its baselines: ``acc`` (log-likelihood tasks), else the first
+    (``exact_match`` for a generative task)."""
+    return "acc" if "acc" in result["metrics"] else next(iter(result["metrics"]))
+
+
 def versus_baseline(summary: dict[str, Any], baselines: dict[str, Any]) -> dict[str, Any]:
     """The headline comparison: the score against the strongest baseline. 'above' / 'below' when the
     score's 95% interval excludes the baseline's value, else 'not distinguishable'."""

@@ -100,10 +100,6 @@ class RuPretrainLM(LM):
 
     def _truncating(self, max_new: int) -> Any:
         """The codec whose prompts keep their last ``max_length - max_new`` tokens (room for the new ones)."""
-        import dataclasses
+        from eval.completions import keeping_the_end
 
-        keep = self.max_length - max_new
-        if keep <= 0:
-            raise ValueError(f"max_gen_toks {max_new} leaves no room for a context in the model's {self.max_length} tokens")
-        encode = self.codec.encode
-        return dataclasses.replace(self.codec, encode=lambda text: encode(text)[-keep:])
+        return keeping_the_end(self.codec, self.max_length, max_new)

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from eval.harness import headline_metric
+
 BASELINE_NAMES = {"chance": "chance", "majority": "majority", "fewer_tokens": "fewer tokens wins",
-                  "fewer_bytes": "fewer bytes wins", "random_init": "random init", "base_model": "base model"}
+                  "fewer_bytes": "fewer bytes wins", "copy_number": "copy the last number",
+                  "fewshot_answer": "repeat the last example's answer", "random_init": "random init",
+                  "base_model": "base model"}
 
 
 def results_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -92,9 +96,9 @@ def _headline(results: dict[str, Any]) -> list[str]:
     for task, r in results["tasks"].items():
         if "vs_strongest_baseline" not in r:
             continue
-        m, versus = r["metrics"]["acc"], r["vs_strongest_baseline"]
+        m, versus = r["metrics"][headline_metric(r)], r["vs_strongest_baseline"]
         flag = " (one answer throughout)" if r.get("answers", {}).get("one_answer") else ""
-        random_acc = r.get("random_init", {}).get("metrics", {}).get("acc")
+        random_acc = r.get("random_init", {}).get("metrics", {}).get(headline_metric(r))
         lines.append(f"| {task} | {_fmt(m['value'])} | {_interval(m['ci95'])} | "
                      f"{BASELINE_NAMES.get(versus['baseline'], versus['baseline'])} | "
                      f"{_fmt(versus['baseline_value'])} {_interval(versus['baseline_ci95'])} | "
@@ -104,9 +108,8 @@ def _headline(results: dict[str, Any]) -> list[str]:
 
 
 def _baseline_table(results: dict[str, Any]) -> list[str]:
-    # the base model's column only for a continued run
-    names = [name for name in BASELINE_NAMES
-             if name != "base_model" or any(name in r.get("baselines", {}) for r in results["tasks"].values())]
+    # a column per baseline some task has (the base model's: a continued run; copy rules: generative tasks)
+    names = [name for name in BASELINE_NAMES if any(name in r.get("baselines", {}) for r in results["tasks"].values())]
     lines = ["", "## Baselines (accuracy, 95% Wilson interval)", "",
              "| task | " + " | ".join(BASELINE_NAMES[name] for name in names) + " |", "|---|" + "---|" * len(names)]
     for task, r in results["tasks"].items():
@@ -131,6 +134,19 @@ def _answers_table(results: dict[str, Any]) -> list[str]:
 
         flag = f"**one answer ('{a['top']}') throughout**" if a["one_answer"] else ""
         lines.append(f"| {task} | {shares(a['predicted'])} | {shares(a['gold'])} | {flag} |")
+    return lines
+
+
+def _generated_examples(results: dict[str, Any]) -> list[str]:
+    """The first items of each generative task: the query's last line, what the model wrote, the answer."""
+    lines: list[str] = []
+    for task, r in results["tasks"].items():
+        if not r.get("examples"):
+            continue
+        lines += ["", f"## {task}: generated answers (first items)", "", "| query | generated | answer |",
+                  "|---|---|---|"]
+        lines += [f"| {e['query'].splitlines()[-1]} | {e['prediction'] or '(empty)'} | {e['answer']} |"
+                  for e in r["examples"]]
     return lines
 
 
@@ -171,8 +187,9 @@ def _base_model(results: dict[str, Any]) -> list[str]:
             lines.append(f"| {name} | {ours['bits_per_byte']:.4f} | {theirs['bits_per_byte']:.4f} | "
                          f"{ours['bits_per_byte'] - theirs['bits_per_byte']:+.4f} |")
     for task, r in base.get("tasks", {}).items():
-        ours, theirs = results["tasks"][task]["metrics"]["acc"], r["metrics"]["acc"]
-        lines.append(f"| {task} acc | {_with_interval(ours)} | {_with_interval(theirs)} | "
+        metric = headline_metric(r)
+        ours, theirs = results["tasks"][task]["metrics"][metric], r["metrics"][metric]
+        lines.append(f"| {task} {metric} | {_with_interval(ours)} | {_with_interval(theirs)} | "
                      f"{ours['value'] - theirs['value']:+.3f} |")
     return [*lines, ""]
 
@@ -203,6 +220,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                              f"{_fmt(m['chance'])} | {_fmt(m.get('majority'))} | {m['n']} | {r['labels']} |")
         lines += _baseline_table(results)
         lines += _answers_table(results)
+        lines += _generated_examples(results)
         for task, r in results["tasks"].items():
             if r.get("groups"):
                 lines += _group_table(task, r)

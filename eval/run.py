@@ -20,11 +20,12 @@ from typing import Any
 
 from data_prep.shards.loader import mixture_sets
 from eval import bpb, harness
-from eval.harness import PairEncoder, TaskData
+from eval.generative import GenerateTexts, GenTaskData, evaluate_generative, load_generative
+from eval.harness import PairEncoder, TaskData, headline_metric
 from eval.loaders import SourceUnavailable
 from eval.report import render_markdown, results_rows
 from eval.scoring import LogitsFn, model_logits_fn
-from eval.tasks import check_task_names, get_task
+from eval.tasks import GENERATIVE_TASKS, check_task_names, get_task
 from experiment.config import redact
 from experiment.errors import DataError
 from experiment.files import atomic_write_json, atomic_write_text
@@ -37,12 +38,12 @@ from tokenizer.loaded import RunTokenizer, load_run_tokenizer
 log = logging.getLogger("eval")
 
 
-_TASK_CACHE: dict[tuple[Any, ...], TaskData] = {}
+_TASK_CACHE: dict[tuple[Any, ...], TaskData | GenTaskData] = {}
 _SKIPPED_CACHE: dict[tuple[Any, ...], str] = {}
 
 
 def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
-               skipped: dict[str, str] | None = None) -> list[TaskData]:
+               skipped: dict[str, str] | None = None) -> list[TaskData | GenTaskData]:
     """Load (and, for repeated eval during training, remember) the items of each task.
 
     With ``eval.missing_tasks: skip`` a task whose files are absent is left out with a warning and
@@ -59,10 +60,14 @@ def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
             continue
         if key not in _TASK_CACHE:
             try:
-                _TASK_CACHE[key] = harness.load_task(get_task(name), bench_dir=bench_dir, rublimp_dir=rublimp_dir,
-                                                     task_files=task_files, task_schemas=eval_cfg.task_schemas,
-                                                     max_items=max_items,
-                                                     seed=eval_cfg.seed, balance=eval_cfg.balance_labels)
+                if name in GENERATIVE_TASKS:
+                    _TASK_CACHE[key] = load_generative(GENERATIVE_TASKS[name], bench_dir=bench_dir,
+                                                       task_files=task_files, max_items=max_items, seed=eval_cfg.seed)
+                else:
+                    _TASK_CACHE[key] = harness.load_task(get_task(name), bench_dir=bench_dir, rublimp_dir=rublimp_dir,
+                                                         task_files=task_files, task_schemas=eval_cfg.task_schemas,
+                                                         max_items=max_items,
+                                                         seed=eval_cfg.seed, balance=eval_cfg.balance_labels)
             except SourceUnavailable as exc:
                 if eval_cfg.missing_tasks != "skip" or skipped is None:
                     raise
@@ -75,7 +80,8 @@ def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
 
 def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder: RunFolder, *, max_len: int,
               tasks: Sequence[str], max_items: int | None, validation_batches: int | None,
-              heldout_files: Sequence[str] = (), mixture: Sequence[tuple[str, Path, float]] = ()) -> dict[str, Any]:
+              heldout_files: Sequence[str] = (), mixture: Sequence[tuple[str, Path, float]] = (),
+              generate: GenerateTexts | None = None) -> dict[str, Any]:
     """Bits per byte (validation shards, each ``mixture`` set's, held-out files) and task scores: the results body."""
     results: dict[str, Any] = {}
     shards_manifest = SHARDS.read_manifest_if_present(run_folder.shards)
@@ -107,32 +113,40 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder:
             results["heldout"][name] = acc.to_dict()
             log.info("held-out %s: %s", name, bpb.describe(acc))
     results["tasks"], skipped = score_tasks(logits_fn, tok, eval_cfg, tasks=tasks, max_items=max_items,
-                                            max_len=max_len)
+                                            max_len=max_len, generate=generate)
     if skipped:
         results["tasks_skipped"] = skipped
     return results
 
 
 def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, *, tasks: Sequence[str],
-                max_items: int | None, max_len: int, quiet: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
-    """Every task's result (see ``harness.evaluate_task``) and the tasks skipped for missing files."""
+                max_items: int | None, max_len: int, quiet: bool = False,
+                generate: GenerateTexts | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every task's result (see ``harness.evaluate_task``, ``generative.evaluate_generative``: the generative
+    tasks need ``generate``) and the tasks skipped for missing files."""
     encoder = PairEncoder(tok.encode, tok.eos_id, tok.normalize)
     scored: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for data in load_tasks(tasks, eval_cfg, max_items, skipped):
         started = time.perf_counter()
-        result = harness.evaluate_task(data, logits_fn, encoder, batch_size=eval_cfg.batch_size, max_len=max_len,
-                                       num_fewshot=eval_cfg.num_fewshot, seed=eval_cfg.seed, pad_id=tok.pad_id)
+        if isinstance(data, GenTaskData):
+            if generate is None:
+                raise ValueError(f"task {data.task.name} is generative: score_tasks needs generate=")
+            result = evaluate_generative(data, generate, seed=eval_cfg.seed, batch_size=eval_cfg.batch_size)
+        else:
+            result = harness.evaluate_task(data, logits_fn, encoder, batch_size=eval_cfg.batch_size, max_len=max_len,
+                                           num_fewshot=eval_cfg.num_fewshot, seed=eval_cfg.seed, pad_id=tok.pad_id)
         result["seconds"] = round(time.perf_counter() - started, 2)
-        scored[data.spec.name] = result
+        scored[result["task"]] = result
         if quiet:
             continue
-        acc, versus = result["metrics"]["acc"], result["vs_strongest_baseline"]
-        log.info("%s: acc %.3f [%.3f, %.3f] (strongest baseline %s %.3f: %s; chance %.3f, %d items, %s labels)",
-                 data.spec.name, acc["value"], *acc["ci95"], versus["baseline"], versus["baseline_value"],
+        metric = headline_metric(result)
+        acc, versus = result["metrics"][metric], result["vs_strongest_baseline"]
+        log.info("%s: %s %.3f [%.3f, %.3f] (strongest baseline %s %.3f: %s; chance %.3f, %d items, %s labels)",
+                 result["task"], metric, acc["value"], *acc["ci95"], versus["baseline"], versus["baseline_value"],
                  versus["verdict"], acc["chance"], result["items"], result["labels"])
         if result["answers"]["one_answer"]:
-            log.warning("%s: one answer ('%s') takes %.0f%% of the predictions", data.spec.name,
+            log.warning("%s: one answer ('%s') takes %.0f%% of the predictions", result["task"],
                         result["answers"]["top"], 100 * result["answers"]["top_share"])
     return scored, skipped
 
@@ -171,7 +185,7 @@ def add_random_init(results: dict[str, Any], scored: dict[str, Any], init: dict[
             continue
         target = results["tasks"][task]
         entry: dict[str, Any] = {**init, "metrics": dict(result["metrics"]), "answers": result["answers"]}
-        join_baselines(target, result["metrics"]["acc"])
+        join_baselines(target, result["metrics"][headline_metric(result)])
         if "groups" in result:
             entry["groups"] = {g: {"value": m["value"], "ci95": m["ci95"], "n": m["n"]}
                                for g, m in result["groups"].items()}
@@ -189,7 +203,8 @@ def join_baselines(target: dict[str, Any], model_acc: dict[str, Any], own: dict[
     baselines[name] = {"value": model_acc["value"], "ci95": model_acc["ci95"]}
     if model_acc["value"] > baselines[baselines["strongest"]]["value"]:
         baselines["strongest"] = name
-    target["vs_strongest_baseline"] = harness.versus_baseline(own or target["metrics"]["acc"], baselines)
+    target["vs_strongest_baseline"] = harness.versus_baseline(own or target["metrics"][headline_metric(target)],
+                                                              baselines)
 
 
 BITS_PER_BYTE_PARTS = ("validation", "validation_by_set", "heldout")  # what run_suite measures besides the tasks
@@ -207,7 +222,7 @@ def add_base_model(results: dict[str, Any], scored: dict[str, Any], info: dict[s
         if task not in results["tasks"]:
             continue
         entry["tasks"][task] = {"metrics": dict(result["metrics"]), "answers": result["answers"]}
-        join_baselines(results["tasks"][task], result["metrics"]["acc"], name="base_model")
+        join_baselines(results["tasks"][task], result["metrics"][headline_metric(result)], name="base_model")
     results["base_model"] = entry
 
 
@@ -234,14 +249,16 @@ def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, flo
             flat[f"{prefix}/{task}/answer_top_share"] = result["answers"]["top_share"]
             flat[f"{prefix}/{task}/one_answer"] = float(result["answers"]["one_answer"])
         if "random_init" in result:
-            flat[f"{prefix}/{task}/random_init_acc"] = result["random_init"]["metrics"]["acc"]["value"]
+            metric = headline_metric(result)
+            flat[f"{prefix}/{task}/random_init_{metric}"] = result["random_init"]["metrics"][metric]["value"]
     base = results.get("base_model", {})
     if "validation" in base:
         flat[f"{prefix}/base_model/val_bpb"] = base["validation"]["bits_per_byte"]
     for name, acc in base.get("heldout", {}).items():
         flat[f"{prefix}/base_model/heldout/{Path(name).stem}/bpb"] = acc["bits_per_byte"]
     for task, result in base.get("tasks", {}).items():
-        flat[f"{prefix}/{task}/base_model_acc"] = result["metrics"]["acc"]["value"]
+        metric = headline_metric(result)
+        flat[f"{prefix}/{task}/base_model_{metric}"] = result["metrics"][metric]["value"]
     return flat
 
 
@@ -263,6 +280,7 @@ def evaluate_model(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, ste
     started = time.perf_counter()
     results = run_suite(
         model_logits_fn(model), tok, eval_cfg, run_folder, max_len=max_len_of(cfg),
+        generate=text_generator(model, tok, max_len_of(cfg)),
         tasks=eval_cfg.train_tasks if subset else eval_cfg.tasks,
         max_items=eval_cfg.train_max_items_per_task if subset else eval_cfg.max_items_per_task,
         validation_batches=eval_cfg.train_validation_batches if subset else eval_cfg.max_validation_batches,
@@ -272,6 +290,23 @@ def evaluate_model(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, ste
     flat["eval/seconds"] = time.perf_counter() - started
     log.info("eval at step %s: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in flat.items()))
     return flat
+
+
+def text_generator(model: Any, tok: RunTokenizer, max_len: int) -> GenerateTexts:
+    """(prompts, max new tokens, stop strings) -> completions of ``model`` with the run's tokenizer: greedy,
+    recipe 09's code (eval/completions.py), a prompt too long for ``max_len`` cut to its end; what the generative
+    tasks call."""
+    from eval.completions import complete, keeping_the_end, run_codec
+
+    codec = run_codec(tok)
+
+    def generate(prompts: list[str], max_new_tokens: int, stop: Sequence[str]) -> list[str]:
+        # a few-shot prompt longer than the model's context keeps its end, the query (as lm-eval does)
+        records = complete(model, keeping_the_end(codec, max_len, max_new_tokens), prompts,
+                           max_new_tokens=max_new_tokens, stop=stop, max_len=max_len, batch_size=len(prompts))
+        return [record["completion"] for record in records]
+
+    return generate
 
 
 def sample_completions(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, step: int) -> list[dict[str, Any]]:
@@ -359,6 +394,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
                                "max_len": max_len, "num_fewshot": eval_cfg.num_fewshot, "seed": eval_cfg.seed,
                                "config": redact(dataclasses.asdict(eval_cfg))}
     results.update(run_suite(model_logits_fn(model), tok, eval_cfg, run_folder, max_len=max_len,
+                             generate=text_generator(model, tok, max_len),
                              tasks=eval_cfg.tasks, max_items=eval_cfg.max_items_per_task,
                              validation_batches=eval_cfg.max_validation_batches,
                              heldout_files=eval_cfg.heldout_text_files,
@@ -370,7 +406,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
         log.info("scoring the same items with the step-0 model (seed %d from %s)", init["seed"], init["seed_from"])
         scored, _ = score_tasks(model_logits_fn(random_model), tok, eval_cfg,
                                 tasks=list(results["tasks"]), max_items=eval_cfg.max_items_per_task,
-                                max_len=max_len, quiet=True)
+                                max_len=max_len, quiet=True, generate=text_generator(random_model, tok, max_len))
         add_random_init(results, scored, init)
         results["random_init_seconds"] = round(time.perf_counter() - random_started, 2)
     if eval_cfg.base_model_baseline and meta.get("init_from"):
@@ -386,6 +422,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
         else:
             log.info("scoring the same shards, texts and items with the base model %s", info["folder"])
             scored = run_suite(model_logits_fn(base), tok, eval_cfg, run_folder, max_len=max_len,
+                               generate=text_generator(base, tok, max_len),
                                tasks=list(results["tasks"]), max_items=eval_cfg.max_items_per_task,
                                validation_batches=eval_cfg.max_validation_batches,
                                heldout_files=eval_cfg.heldout_text_files,

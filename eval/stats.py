@@ -23,7 +23,11 @@ def wilson_interval(successes: float, n: int, z: float = Z_95) -> tuple[float, f
     denom = 1.0 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # at 0 or n successes the bound is exactly 0 or 1: centre - half leaves a rounding residue (3e-18) that
+    # would read as 'above' a baseline scoring 0
+    low = 0.0 if successes <= 0 else max(0.0, centre - half)
+    high = 1.0 if successes >= n else min(1.0, centre + half)
+    return (low, high)
 
 
 def matthews_corrcoef(y_true: Sequence[int], y_pred: Sequence[int]) -> float:

@@ -286,26 +286,73 @@ TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in (
 )}
 
 
+# generative tasks (scored by eval/generative.py): the model writes the answer, exact match decides
+
+
+@dataclass(frozen=True)
+class GenSource:
+    path: str  # a local file (may start with {bench}) or a hub dataset id
+    schema: str  # "mera" or "humanbench"
+    hub: bool = False
+    config: str | None = None
+    split: str = "train"
+    labels: str = "gold"
+
+
+@dataclass(frozen=True)
+class GenerativeTask:
+    name: str
+    description: str
+    sources: tuple[GenSource, ...]
+    instruction: str  # the query for a record without its own instruction; {inputs} is the item's
+    num_fewshot: int  # MERA's
+    max_new_tokens: int = 16
+    stop: tuple[str, ...] = ("\n",)
+
+
+GENERATIVE_TASKS: dict[str, GenerativeTask] = {task.name: task for task in (
+    GenerativeTask(
+        name="simplear", description="SimpleAr (MERA): add two numbers, the answer written out",
+        sources=(GenSource(f"{BENCH}/mera_humanbench/simplear_items_human_mv.jsonl", "humanbench",
+                           labels="gold (computed from the formula)"),
+                 GenSource("MERA-evaluation/MERA", "mera", hub=True, config="simplear")),
+        instruction="Вычислите значение выражения.\n{inputs} =", num_fewshot=2),
+    GenerativeTask(
+        name="rumultiar", description="ruMultiArithmetic (MERA): a nested arithmetic expression, the answer written out",
+        sources=(GenSource("MERA-evaluation/MERA", "mera", hub=True, config="rumultiar"),),
+        instruction="Вычислите значение выражения.\n{inputs}", num_fewshot=1),
+)}
+
+
+def known_task_names() -> list[str]:
+    """Every task recipe 05 can score: the log-likelihood ones and the generative ones (eval/generative.py)."""
+    return sorted({*TASKS, *GENERATIVE_TASKS})
+
+
 def check_task_names(eval_cfg: Any) -> None:
     """The configured task names (``eval.tasks``, ``eval.train_tasks``, ``eval.task_files``) are known;
     checked where recipe 05 starts and, before the first step, where recipe 04 starts."""
+    known = known_task_names()
     for name in ("tasks", "train_tasks"):
         for task in getattr(eval_cfg, name):
-            if task not in TASKS:
+            if task not in known:
                 raise ConfigError(f"config key 'eval.{name}': unknown task '{task}'{_known_tasks(task)}")
-    for key in ("task_files", "task_schemas"):
-        for task in getattr(eval_cfg, key):
-            if task not in TASKS:
-                raise ConfigError(f"config key 'eval.{key}.{task}': unknown task{_known_tasks(task)}")
+    for task in eval_cfg.task_files:
+        if task not in known:
+            raise ConfigError(f"config key 'eval.task_files.{task}': unknown task{_known_tasks(task)}")
+    for task in eval_cfg.task_schemas:
+        if task not in TASKS:  # a generative task's schema is read from its records
+            raise ConfigError(f"config key 'eval.task_schemas.{task}': unknown task{_known_tasks(task)}")
     for task, schema in eval_cfg.task_schemas.items():
         named_schema(TASKS[task], schema)
 
 
 def _known_tasks(task: str) -> str:
     """The tail of an unknown task's error: the nearest known name, as for a misspelled config key, and all of them."""
-    near = difflib.get_close_matches(task, sorted(TASKS), n=1, cutoff=0.5)
+    known = known_task_names()
+    near = difflib.get_close_matches(task, known, n=1, cutoff=0.5)
     hint = f"; did you mean '{near[0]}'?" if near else ""
-    return f"{hint} (known: {', '.join(sorted(TASKS))})"
+    return f"{hint} (known: {', '.join(known)})"
 
 
 def named_schema(spec: TaskSpec, name: str) -> Source:
