@@ -100,13 +100,15 @@ EVAL = Stage("eval", "eval", "recipes/05_evaluate.py", {"latest": str, "latest_s
              reads=("tokenizer", "shards"))
 # a step's Hugging Face folder and nothing else (recipe 05's eval/ is never touched)
 EXPORT = Stage("export", "export", "recipes/05b_export_hf.py", output="", reads=("tokenizer",))
+# a MERA leaderboard submission of a checkpoint (its test predictions as the ZIP the site takes)
+MERA = Stage("mera", "mera", "recipes/05c_mera_submission.py", output="", reads=("tokenizer",))
 # completions of prompts by a checkpoint (or a Hugging Face folder), one jsonl per run of recipe 09
 GENERATE = Stage("generate", "generate", "recipes/09_generate.py", output="", reads=("tokenizer",))
 COMPARE = Stage("compare", "reports", "recipes/06_compare_costs.py", output="costs.csv")
 PLAN = Stage("plan", "reports", "recipes/07_plan_costs.py", output="plan.csv")
 
 STAGES: dict[str, Stage] = {s.name: s for s in (CORPUS, TOKENIZER, SHARDS, PRETRAIN, FIT_CHECK, NEURON_CHECK, EVAL,
-                                               EXPORT, GENERATE, COMPARE, PLAN)}
+                                               EXPORT, MERA, GENERATE, COMPARE, PLAN)}
 
 
 def stage_named(name: str) -> Stage:

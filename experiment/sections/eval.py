@@ -10,6 +10,9 @@ SHARED_BENCH = "${RU_SHARED_DATA:-../shared/data}/bench"
 
 # Russian openings of different kinds (a fact, narrative prose, a definition, an everyday sentence): what a
 # team reads at each eval to see the model learn to write
+# MERA's text tasks recipe 05c predicts (eval/mera.py's table, by its hub config names)
+MERA_CONFIGS = ("parus", "rcb", "rwsd", "ruworldtree", "ruopenbookqa", "rummlu", "mamuramu", "mathlogicqa", "ruhhh",
+                "ruhatespeech", "bps", "lcs", "simplear", "rumodar", "rumultiar", "multiq", "chegeka", "use")
 SAMPLE_PROMPTS = ("Москва — столица", "Однажды зимним вечером", "Язык — это", "Завтра утром я пойду")
 
 
@@ -45,6 +48,11 @@ class EvalConfig:
     # run imported it) on the same validation shards, held-out texts and task items, beside the trained step
     base_model_baseline: bool = True
     export_hf: bool = False  # also write a Hugging Face (Llama) export of the checkpoint to eval/hf/
+    # recipe 05c (a MERA submission): the MERA tasks predicted (eval.mera.MERA_TASKS' configs), their test inputs
+    # from <mera_dir>/<task>.jsonl in MERA's schema, else the hub; mera_max_items caps each (a trial run)
+    mera_tasks: list[str] = field(default_factory=lambda: list(MERA_CONFIGS))
+    mera_dir: str = ""
+    mera_max_items: int | None = None
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
@@ -55,7 +63,11 @@ class EvalConfig:
                               f"{self.sample_max_new_tokens}")
         if any(not prompt.strip() for prompt in self.sample_prompts):
             raise ConfigError(f"config key '{prefix}sample_prompts': a prompt is empty")
-        for name in ("max_validation_batches", "max_items_per_task", "train_max_items_per_task",
+        for task in self.mera_tasks:
+            if task not in MERA_CONFIGS:
+                raise ConfigError(f"config key '{prefix}mera_tasks': unknown MERA task '{task}' (known: "
+                                  f"{', '.join(MERA_CONFIGS)})")
+        for name in ("max_validation_batches", "max_items_per_task", "train_max_items_per_task", "mera_max_items",
                      "train_validation_batches", "checkpoint_step"):
             value = getattr(self, name)
             if value is not None and value < (0 if name == "checkpoint_step" else 1):
