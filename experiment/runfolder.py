@@ -65,6 +65,10 @@ class RunFolder:
         return self.root / "generate"
 
     @property
+    def mera(self) -> Path:
+        return self.root / "mera"
+
+    @property
     def wandb(self) -> Path:
         return self.root / "wandb"
 

@@ -35,7 +35,7 @@ def test_every_recipe_runs_a_registered_stage_and_every_stage_has_its_recipe() -
 def test_stage_folders_are_the_run_folder_ones(tmp_path: Path) -> None:
     folder = RunFolder(tmp_path)
     known = {folder.corpus, folder.tokenizer, folder.shards, folder.checkpoints, folder.eval, folder.export,
-             folder.generate, folder.reports}
+             folder.generate, folder.mera, folder.reports}
     assert {stage.dir(folder) for stage in STAGES.values()} <= known
     assert stage_named("shards") is SHARDS
     with pytest.raises(ValueError, match="unknown stage 'shard'"):
