@@ -5,8 +5,8 @@
 
 A run's checkpoint reads its prompts the way eval scores a context (eval/harness.py's ``PairEncoder``):
 the run tokenizer's normalization, EOS first as the start of a document, no other special tokens. A
-Hugging Face folder (``generate.hf_model``) encodes with its own tokenizer.json and its own special
-tokens (its post-processor adds BOS where the model expects one), and stops at config.json's EOS ids.
+Hugging Face folder (``generate.hf_model``) encodes with its own tokenizer (tokenizer.json with the special
+tokens its post-processor adds, else tokenizer.model with BOS first), and stops at config.json's EOS ids.
 
 Every run of the recipe writes ``generate/<UTC time>.jsonl``: one line per prompt with its completion,
 the new token ids, and the decode throughput of its batch (docs/CONTRACTS.md).
@@ -51,19 +51,40 @@ def run_codec(tokenizer: Any) -> PromptCodec:
 
 
 def hf_codec(folder: Path, hf_config: dict[str, Any]) -> PromptCodec:
-    """A Hugging Face folder's own tokenizer.json, with its special tokens; EOS ids from config.json."""
-    from tokenizer.loaded import read_hf_tokenizer
+    """A Hugging Face folder's own tokenizer: its tokenizer.json with the special tokens its post-processor
+    adds, else its SentencePiece tokenizer.model with BOS first where the folder names one. EOS: config.json's
+    ids (one or several), else the folder's EOS token."""
+    from tokenizer.adopt import HF_TOKENIZER_FILE, SPM_TOKENIZER_FILE, special_ids_from_folder
+    from tokenizer.loaded import read_hf_tokenizer, read_sentencepiece
 
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
-        raise DataError(f"{path}: not found (generate.hf_model needs the folder's tokenizer.json)")
-    hf = read_hf_tokenizer(path)
-    eos = hf_config.get("eos_token_id")
+    folder = Path(folder)
+    if (folder / HF_TOKENIZER_FILE).is_file():
+        hf = read_hf_tokenizer(folder / HF_TOKENIZER_FILE)
+        special = special_ids_from_folder(folder, hf.token_to_id, {})
+
+        def encode(text: str) -> list[int]:
+            return hf.encode(text, add_special_tokens=True).ids
+
+        def decode(ids: Sequence[int]) -> str:
+            return hf.decode([int(i) for i in ids], skip_special_tokens=True)
+    elif (folder / SPM_TOKENIZER_FILE).is_file():
+        sp = read_sentencepiece(folder / SPM_TOKENIZER_FILE)
+        special = special_ids_from_folder(folder, sp.piece_to_id, {"bos": sp.bos_id(), "eos": sp.eos_id(),
+                                                                   "pad": sp.pad_id()})
+        bos = [] if special.get("bos") is None else [int(special["bos"])]
+
+        def encode(text: str) -> list[int]:
+            return [*bos, *sp.encode(text, out_type=int)]
+
+        def decode(ids: Sequence[int]) -> str:
+            return sp.decode([int(i) for i in ids])
+    else:
+        raise DataError(f"{folder}: neither {HF_TOKENIZER_FILE} nor {SPM_TOKENIZER_FILE} (generate.hf_model needs "
+                        "the folder's tokenizer)")
+    eos = hf_config.get("eos_token_id", special.get("eos"))
     eos_ids = () if eos is None else (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
-    pad = hf_config.get("pad_token_id")
-    return PromptCodec(lambda text: hf.encode(text, add_special_tokens=True).ids,
-                       lambda ids: hf.decode([int(i) for i in ids], skip_special_tokens=True), eos_ids,
-                       int(pad) if isinstance(pad, int) else (eos_ids[0] if eos_ids else 0))
+    pad = special.get("pad")
+    return PromptCodec(encode, decode, eos_ids, int(pad) if pad is not None else (eos_ids[0] if eos_ids else 0))
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

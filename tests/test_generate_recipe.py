@@ -6,6 +6,9 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
+from experiment.errors import DataError
 from tests.fixture_run import pretrained_copy
 from tests.recipe_runner import error_line, run_recipe
 from tokenizer.loaded import load_run_tokenizer
@@ -103,3 +106,23 @@ def test_generate_with_a_hugging_face_folder_uses_its_tokenizer_and_eos(tmp_path
     assert all(r["hf_model"] == str(folder) and r["family"] == "qwen3" for r in records)
     assert [r["completion"] for r in records] == [tokenizer.decode(t) for t in want]
     assert records[0]["finished"] == "eos"
+
+
+def test_a_folder_with_only_a_sentencepiece_model_encodes_with_bos_first(tmp_path: Path) -> None:
+    import io
+
+    import sentencepiece as spm
+
+    from eval.completions import hf_codec
+
+    model = io.BytesIO()
+    text = ["Жили-были старик со старухой у самого синего моря", "Однажды в студёную зимнюю пору"] * 20
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text), model_writer=model, vocab_size=60,
+                                   model_type="bpe", bos_id=1, eos_id=2, unk_id=0, minloglevel=2)
+    (tmp_path / "tokenizer.model").write_bytes(model.getvalue())
+    codec = hf_codec(tmp_path, {"eos_token_id": [2, 5]})
+    ids = codec.encode("Жили-были")
+    assert ids[0] == 1 and codec.decode(ids[1:]) == "Жили-были"
+    assert codec.eos_ids == (2, 5)
+    with pytest.raises(DataError, match="tokenizer.model"):
+        hf_codec(tmp_path / "nowhere", {})
