@@ -16,6 +16,18 @@ Both sides: fp32 master weights and AdamW moments, bf16 compute (ours: a cast of
 step; PyTorch: ``torch.autocast``), tied embeddings, gradient clipping at 1.0, one optimizer step
 per batch. PyTorch uses SDPA attention (FlashAttention-2 kernels) and fused AdamW, eager; with
 ``--torch-compile`` also ``torch.compile``.
+
+Decode (after the train step, or alone with ``--decode-only``; ``--no-decode`` skips it): greedy generation
+of ``--decode-new-tokens`` (64) tokens from random prompts of ``--decode-prompt-len`` (16) ids at batch 1 and 8
+(``--decode-batches``), on the preset's shape in bf16: our ``model.generate.generate`` (KV cache, one jitted
+prefill and decode step) against Transformers' ``generate(..., cache_implementation="static")``, eager
+(``disable_compile=True``) and with its own auto-compile (``torch.compile`` of the decode forward, mode
+reduce-overhead: CUDA graphs), both on the same weights (ours, exported by the Llama HF adapter and loaded
+into ``LlamaForCausalLM``). Decode tokens/s excludes the prefill and the first (compiling) call per batch size;
+``--rounds`` interleaved rounds of one call per side (bench/bench_decode.py's ``OursDecoder`` /
+``TheirsDecoder``). Greedy tokens are compared with ours and the result recorded (bf16: a difference is
+possible and not a failure). NOT YET RUN on a GPU: only its CPU-side code paths were exercised (a tiny
+preset on a CPU, ``--decode-only --preset demo-5m --vocab 4000``).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench_train_step import step_runner  # noqa: E402 - bench/ is this script's folder
+from interleave import interleaved_rounds  # noqa: E402
 
 
 def emit(out: Path | None, record: dict[str, Any]) -> None:
@@ -169,6 +182,55 @@ def torch_side(args: argparse.Namespace, compiled: bool) -> tuple[dict[str, Any]
     return facts, run, finish
 
 
+def torch_decode_model(state_dict: dict[str, Any], config: dict[str, Any]) -> tuple[str, Any]:
+    """(device, ``LlamaForCausalLM`` in bf16 on it) holding our exported weights (numpy fp32, Transformers' names)."""
+    import torch
+    import transformers
+
+    theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig.from_dict(config))
+    missing, unexpected = theirs.load_state_dict({k: torch.tensor(v) for k, v in state_dict.items()}, strict=False)
+    if unexpected or set(missing) - ({"lm_head.weight"} if config.get("tie_word_embeddings") else set()):
+        raise SystemExit(f"exported weights do not fit LlamaForCausalLM: missing {missing}, unexpected {unexpected}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return device, theirs.to(device=device, dtype=torch.bfloat16).eval()
+
+
+def decode_rows(args: argparse.Namespace) -> None:
+    """Decode tokens/s of ours and Transformers' static-cache generate, bf16, one row per batch size (emitted)."""
+    import jax
+    import jax.numpy as jnp
+    from bench_decode import OursDecoder, TheirsDecoder, make_prompts, summarize
+    from flax import nnx
+
+    from model.llama.config import PRESETS, LlamaConfig
+    from model.registry import get_family
+
+    shape = {k: v for k, v in PRESETS[args.preset].items() if k != "max_seq_len"}
+    cfg = LlamaConfig(**shape, max_seq_len=args.seq_len)
+    llama = get_family("llama")
+    model = llama.init(cfg, args.vocab, seed=0)
+    state_dict, config = llama.hf_adapter.export(model, cfg, args.vocab)  # fp32 numpy, Transformers' names
+    graphdef, state = nnx.split(model)
+    model = nnx.merge(graphdef, jax.tree.map(
+        lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, state))
+    decoders: dict[str, Any] = {"ours": OursDecoder(model, args.decode_new_tokens)}
+    device = jax.default_backend()
+    if not args.no_torch:
+        device, theirs = torch_decode_model(state_dict, config)
+        decoders["hf_static"] = TheirsDecoder(theirs, args.decode_new_tokens, compiled=False)
+        if not args.no_torch_compile_decode:
+            decoders["hf_static_compiled"] = TheirsDecoder(theirs, args.decode_new_tokens, compiled=True)
+    del state_dict
+    prompts = make_prompts(args.vocab, max(args.decode_batches), args.decode_prompt_len, seed=0)
+    for batch in args.decode_batches:
+        first_call_s = {name: round(decoder.run(prompts[:batch])["call_s"], 3) for name, decoder in decoders.items()}
+        runs = interleaved_rounds({name: (lambda d=decoder, b=batch: d.run(prompts[:b]))
+                                   for name, decoder in decoders.items()}, args.rounds)
+        emit(args.out, {"decode": f"{args.preset} bf16, prompt {args.decode_prompt_len}, "
+                                  f"{args.decode_new_tokens} new tokens, greedy", "device": device,
+                        "first_call_s": first_call_s, **summarize(batch, runs)})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="1b")
@@ -186,14 +248,24 @@ def main() -> None:
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--torch-compile", action="store_true")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--no-decode", action="store_true", help="skip the decode measurement")
+    parser.add_argument("--decode-only", action="store_true", help="only the decode measurement (no train step)")
+    parser.add_argument("--decode-batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--decode-prompt-len", type=int, default=16)
+    parser.add_argument("--decode-new-tokens", type=int, default=64)
+    parser.add_argument("--no-torch-compile-decode", action="store_true",
+                        help="decode: leave out Transformers' compiled static-cache peer")
     args = parser.parse_args()
 
     import jax
 
     device = jax.devices()[0]
-    measured = matmul_tflops_jax()
+    measured = None if args.decode_only else matmul_tflops_jax()
     emit(args.out, {"device": getattr(device, "device_kind", str(device)), "jax": jax.__version__,
                     "matmul_bf16_tflops_measured": measured, "date": time.strftime("%Y-%m-%d")})
+    if args.decode_only:
+        decode_rows(args)
+        return
     if jax.default_backend() == "gpu":
         emit(args.out, {"cudnn_attention_vs_einsum_bf16": check_cudnn_attention()})
 
@@ -226,6 +298,14 @@ def main() -> None:
                         "rounds": series, "tokens_per_s": tokens / seconds,
                         "mfu_vs_datasheet": flops * tokens / seconds / (args.peak_tflops * 1e12),
                         "mfu_vs_measured_matmul": flops * tokens / seconds / (measured * 1e12), **finish()})
+    if not args.no_decode:
+        del sides, times  # the train sides' states (the torch side's memory goes back to its cache)
+        import gc
+
+        gc.collect()
+        if "torch" in sys.modules and sys.modules["torch"].cuda.is_available():
+            sys.modules["torch"].cuda.empty_cache()
+        decode_rows(args)
 
 
 if __name__ == "__main__":
