@@ -404,8 +404,8 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
     cfg = build_dataclass(ExperimentConfig, {
         "experiment": {"name": "ruslit-unseen", "run_root": str(args.unseen), "seed": 0},
         "tokenizer": {"vocab_size": args.vocab_size, "model_type": args.model_type, "report_max_docs": 100_000,
-                      "split_digits": not args.no_split_digits, "normalization": args.normalization,
-                      "heldout_sources": unseen, "extra_train_sources": extra_sources, "hf_export": False, "num_threads": os.cpu_count() or 1,
+                      "split_digits": not args.no_split_digits, "space_digit_pieces": not args.no_space_digit_pieces,
+                      "normalization": args.normalization, "heldout_sources": unseen, "extra_train_sources": extra_sources, "hf_export": False, "num_threads": os.cpu_count() or 1,
                       "baseline_hf_bpe": not args.no_hf_baseline,
                       **({} if args.character_coverage is None else {"character_coverage": args.character_coverage}),
                       **({} if args.max_piece_length is None else {"max_piece_length": args.max_piece_length}),
@@ -435,8 +435,8 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
                     for source, m in result["by_source"].items()}
              for name, result in results.items()}
     return {"bench": "tokenizer-unseen", "vocab_size": args.vocab_size, "model_type": args.model_type,
-            "split_digits": not args.no_split_digits, "normalization": args.normalization,
-            "character_coverage": cfg.tokenizer.character_coverage, "max_piece_length": cfg.tokenizer.max_piece_length,
+            "split_digits": not args.no_split_digits, "space_digit_symbols": list(cfg.tokenizer.space_digit_symbols()),
+            "normalization": args.normalization, "character_coverage": cfg.tokenizer.character_coverage, "max_piece_length": cfg.tokenizer.max_piece_length,
             "user_defined_symbols": cfg.tokenizer.user_defined_symbols, "trainer_options_overridden": extra_options,
             "extra_corpus": args.extra_corpus,
             "single_char_pieces": single_char_pieces(folder.tokenizer),
@@ -470,6 +470,7 @@ def main() -> None:
     parser.add_argument("--character-coverage", type=float, default=None,
                         help="tokenizer.character_coverage (default: the config's)")
     parser.add_argument("--no-split-digits", action="store_true", help="tokenizer.split_digits=false")
+    parser.add_argument("--no-space-digit-pieces", action="store_true", help="tokenizer.space_digit_pieces=false")
     parser.add_argument("--no-hf-baseline", action="store_true", help="skip the HF byte-level BPE baseline (--unseen)")
     parser.add_argument("--normalization", default="ru_text_v1", choices=["ru_text_v1", "identity"])
     parser.add_argument("--debian-cache", type=Path, default=Path("/tmp/bench-debian"))
