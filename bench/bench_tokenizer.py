@@ -26,6 +26,10 @@ read with ``tiktoken``). Debian packages are fetched with ``apt-get download`` i
 ``--extra-corpus`` puts Debian packages' text into the corpus instead (5% of it held out and measured),
 ``--character-coverage`` overrides ``tokenizer.character_coverage``; the JSON also counts the single-character
 pieces (what a higher coverage spends) and measures the unseen samples' digit-dense lines (``split_digits``).
+``line_by_line`` in the JSON measures ours and the HF peer with every held-out line encoded alone (single
+sentences or posts: no newline tokens). Levers: ``--no-split-digits``, ``--no-space-digit-pieces``,
+``--max-piece-length``, ``--user-symbols``, ``--trainer-option KEY=VALUE`` (SentencePiece options that are no
+config key, e.g. ``split_by_unicode_script=false``).
 """
 
 from __future__ import annotations
