@@ -26,6 +26,10 @@ read with ``tiktoken``). Debian packages are fetched with ``apt-get download`` i
 ``--extra-corpus`` puts Debian packages' text into the corpus instead (5% of it held out and measured),
 ``--character-coverage`` overrides ``tokenizer.character_coverage``; the JSON also counts the single-character
 pieces (what a higher coverage spends) and measures the unseen samples' digit-dense lines (``split_digits``).
+``line_by_line`` in the JSON measures ours and the HF peer with every held-out line encoded alone (single
+sentences or posts: no newline tokens). Levers: ``--no-split-digits``, ``--no-space-digit-pieces``,
+``--max-piece-length``, ``--user-symbols``, ``--trainer-option KEY=VALUE`` (SentencePiece options that are no
+config key, e.g. ``split_by_unicode_script=false``).
 """
 
 from __future__ import annotations
@@ -230,7 +234,7 @@ def stage_report(args: argparse.Namespace) -> dict[str, Any]:
     cfg = build_dataclass(ExperimentConfig, {
         "experiment": {"name": "ruslit-tokenizer", "run_root": str(args.stage_report), "seed": 0},
         "tokenizer": {"vocab_size": args.vocab_size, "model_type": args.model_type, "report_max_docs": 100_000,
-                      "max_piece_length": args.max_piece_length},
+                      **({} if args.max_piece_length is None else {"max_piece_length": args.max_piece_length})},
         "shards": {"validation_percent": VALIDATION_PERCENT},
     })
     folder = RunFolder.for_config(cfg)
@@ -245,7 +249,7 @@ def stage_report(args: argparse.Namespace) -> dict[str, Any]:
             "train_seconds": result["train_seconds"],
         }
     return {"bench": "tokenizer-stage", "vocab_size": args.vocab_size, "model_type": args.model_type,
-            "max_piece_length": args.max_piece_length,
+            "max_piece_length": cfg.tokenizer.max_piece_length,
             "stage_seconds": round(time.perf_counter() - started, 1), "report": str(folder.tokenizer / "report.md"),
             **headline}
 
@@ -328,6 +332,55 @@ def digit_dense_lines(tokenizer_dir: Path, docs: list[dict[str, Any]], sources: 
             "chars_per_token": round(chars / max(tokens, 1), 4)}
 
 
+def line_by_line(encoders: dict[str, Any], heldout: dict[str, list[dict[str, Any]]], unseen: list[str],
+                 min_digits: int = 4) -> dict[str, Any]:
+    """Chars/token with every non-empty line encoded alone, per tokenizer and sample: what a sample of
+    single sentences or posts sees (no newline tokens; ``"\\n\\n"`` as one piece is no help there), and
+    the same over the unseen samples' lines with at least ``min_digits`` digits (``split_digits``)."""
+    lines = {source: [line for d in docs for line in d["text"].split("\n") if line] for source, docs in heldout.items()}
+    dense = [line for source in unseen for line in lines.get(source, []) if sum(c.isdigit() for c in line) >= min_digits]
+
+    def measure(encode: Any, texts: list[str]) -> dict[str, Any]:
+        chars = sum(len(t) for t in texts)
+        tokens = sum(len(encode(t)) for t in texts)
+        return {"lines": len(texts), "chars": chars, "tokens": tokens, "chars_per_token": round(chars / max(tokens, 1), 4)}
+
+    return {name: {"by_source": {source: measure(encode, texts) for source, texts in lines.items()},
+                   "digit_dense_lines": {"min_digits": min_digits, **measure(encode, dense)}}
+            for name, encode in encoders.items()}
+
+
+def trainer_option_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` SentencePiece trainer options that are no config key (split_by_unicode_script, ...),
+    laid over what ``trainer_options`` gives: for measuring a lever before it becomes one."""
+    import tokenizer.train as train
+
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        overrides[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.lstrip("-").isdigit() else value)
+    if overrides:
+        plain = train.trainer_options
+        train.trainer_options = lambda tok, seed: {**plain(tok, seed), **overrides}
+    return overrides
+
+
+def keep_baseline() -> dict[str, Any]:
+    """The HF byte-level BPE the stage trains for its report, kept here (filled in once the stage has run)
+    so the bench can measure it beyond the report."""
+    import tokenizer.report as report_module
+
+    kept: dict[str, Any] = {}
+    train = report_module.train_bytelevel_bpe
+
+    def train_and_keep(lines: Any, vocab_size: int) -> Any:
+        kept["tokenizer"] = train(lines, vocab_size)
+        return kept["tokenizer"]
+
+    report_module.train_bytelevel_bpe = train_and_keep
+    return kept
+
+
 def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
     """Recipe 02 with whole authors and two outside samples held out, then LLM tokenizers on the same text."""
     from data_prep.corpus.normalize import normalize_text
@@ -355,17 +408,30 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
     cfg = build_dataclass(ExperimentConfig, {
         "experiment": {"name": "ruslit-unseen", "run_root": str(args.unseen), "seed": 0},
         "tokenizer": {"vocab_size": args.vocab_size, "model_type": args.model_type, "report_max_docs": 100_000,
-                      "split_digits": not args.no_split_digits, "normalization": args.normalization,
-                      "heldout_sources": unseen, "extra_train_sources": extra_sources, "hf_export": False, "num_threads": os.cpu_count() or 1,
+                      "split_digits": not args.no_split_digits, "space_digit_pieces": not args.no_space_digit_pieces,
+                      "normalization": args.normalization, "heldout_sources": unseen, "extra_train_sources": extra_sources, "hf_export": False, "num_threads": os.cpu_count() or 1,
                       "baseline_hf_bpe": not args.no_hf_baseline,
-                      **({} if args.character_coverage is None else {"character_coverage": args.character_coverage})},
+                      **({} if args.character_coverage is None else {"character_coverage": args.character_coverage}),
+                      **({} if args.max_piece_length is None else {"max_piece_length": args.max_piece_length}),
+                      **({} if args.user_symbols is None else {"user_defined_symbols": args.user_symbols})},
         "shards": {"validation_percent": VALIDATION_PERCENT},
     })
     folder = RunFolder.for_config(cfg)
+    extra_options = trainer_option_overrides(args.trainer_option)
+    peer = keep_baseline()
     started = time.perf_counter()
     report = run_stage_on(cfg, folder, docs)
     results = report["tokenizers"]
+    import sentencepiece as spm
+
+    from tokenizer.spm import MODEL_FILE
+
+    sp = spm.SentencePieceProcessor(model_file=str(folder.tokenizer / MODEL_FILE))
+    encoders = {"sentencepiece": sp.encode}
+    if "tokenizer" in peer:
+        encoders["hf_bytelevel_bpe"] = lambda text: peer["tokenizer"].encode(text, add_special_tokens=False).ids
     split = split_corpus(folder.corpus, VALIDATION_PERCENT, 100_000, unseen)
+    lines = line_by_line(encoders, split.heldout, unseen)
     for tok in llm_tokenizers(args.llm_dir):
         results[tok.name] = measure_tokenizer(tok, split.heldout)
     metrics = ("chars_per_token", "bytes_per_token", "byte_fallback_share", "words_within_two_tokens")
@@ -373,10 +439,12 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
                     for source, m in result["by_source"].items()}
              for name, result in results.items()}
     return {"bench": "tokenizer-unseen", "vocab_size": args.vocab_size, "model_type": args.model_type,
-            "split_digits": not args.no_split_digits, "normalization": args.normalization,
-            "character_coverage": cfg.tokenizer.character_coverage, "extra_corpus": args.extra_corpus,
+            "split_digits": not args.no_split_digits, "space_digit_symbols": list(cfg.tokenizer.space_digit_symbols()),
+            "normalization": args.normalization, "character_coverage": cfg.tokenizer.character_coverage, "max_piece_length": cfg.tokenizer.max_piece_length,
+            "user_defined_symbols": cfg.tokenizer.user_defined_symbols, "trainer_options_overridden": extra_options,
+            "extra_corpus": args.extra_corpus,
             "single_char_pieces": single_char_pieces(folder.tokenizer),
-            "digit_dense_lines": digit_dense_lines(folder.tokenizer, docs, unseen), "unseen_authors": args.unseen_authors, "excluded_authors": args.exclude_authors, "unseen_sources": unseen, "extra_train": args.extra_train,
+            "digit_dense_lines": digit_dense_lines(folder.tokenizer, docs, unseen), "line_by_line": lines, "unseen_authors": args.unseen_authors, "excluded_authors": args.exclude_authors, "unseen_sources": unseen, "extra_train": args.extra_train,
             "train": report["train"], "stage_seconds": round(time.perf_counter() - started, 1),
             "report": str(folder.tokenizer / "report.md"), "by_source": table}
 
@@ -385,7 +453,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab-size", type=int, default=32_000)
     parser.add_argument("--model-type", choices=["unigram", "bpe"], default="bpe")
-    parser.add_argument("--max-piece-length", type=int, default=16, help="SentencePiece max_piece_length")
+    parser.add_argument("--max-piece-length", type=int, default=None,
+                        help="tokenizer.max_piece_length (default: the config's)")
+    parser.add_argument("--user-symbols", nargs="*", default=None,
+                        help="tokenizer.user_defined_symbols (--unseen; default: the config's)")
+    parser.add_argument("--trainer-option", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="SentencePiece trainer options that are no config key, e.g. split_by_unicode_script=false (--unseen)")
     parser.add_argument("--max-mb", type=float, default=None, help="cap the ruslit text used (MB of UTF-8)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (a fresh process per side each)")
     parser.add_argument("--stage-report", type=Path, default=None,
@@ -401,6 +474,7 @@ def main() -> None:
     parser.add_argument("--character-coverage", type=float, default=None,
                         help="tokenizer.character_coverage (default: the config's)")
     parser.add_argument("--no-split-digits", action="store_true", help="tokenizer.split_digits=false")
+    parser.add_argument("--no-space-digit-pieces", action="store_true", help="tokenizer.space_digit_pieces=false")
     parser.add_argument("--no-hf-baseline", action="store_true", help="skip the HF byte-level BPE baseline (--unseen)")
     parser.add_argument("--normalization", default="ru_text_v1", choices=["ru_text_v1", "identity"])
     parser.add_argument("--debian-cache", type=Path, default=Path("/tmp/bench-debian"))

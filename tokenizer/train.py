@@ -44,8 +44,10 @@ _VOCAB_TOO_HIGH = re.compile(r"Vocabulary size (?:is )?too high \((\d+)\)\. Plea
 
 
 def user_symbols(tok: TokenizerConfig) -> list[str]:
-    """User-defined symbols: the newline first (so it never needs byte fallback), then the config's."""
-    return [NEWLINE] + [s for s in tok.user_defined_symbols if s != NEWLINE]
+    """User-defined symbols: the newline first (so it never needs byte fallback), then the config's, then
+    the "▁<digit>" pieces of ``tokenizer.space_digit_pieces``."""
+    symbols = [NEWLINE] + [s for s in tok.user_defined_symbols if s != NEWLINE]
+    return symbols + [s for s in tok.space_digit_symbols() if s not in symbols]
 
 
 def trainer_options(tok: TokenizerConfig, seed: int) -> dict[str, Any]:
