@@ -158,8 +158,8 @@ def test_every_familys_export_round_trips_through_autotokenizer(tmp_path: Path, 
     fam = get_family(family)
     cfg = fam.config_cls(**{**dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64),
                             **overrides})
-    out = write_export(fam.init(cfg, sp.get_piece_size(), seed=0), cfg, sp.get_piece_size(), tmp_path / family,
-                       sp=sp, special_ids=ids)
+    ours_model = fam.init(cfg, sp.get_piece_size(), seed=0)
+    out = write_export(ours_model, cfg, sp.get_piece_size(), tmp_path / family, sp=sp, special_ids=ids)
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
     assert type(hf_tok).__name__ != "Qwen2Tokenizer"
     unseen = (novel.parent / "Дубровский.txt").read_text(encoding="utf-8").splitlines()[10:15]
@@ -169,6 +169,15 @@ def test_every_familys_export_round_trips_through_autotokenizer(tmp_path: Path, 
         assert hf_tok.decode(encoded) == sp.decode(encoded)  # the normalized text (no-break spaces become spaces)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
     assert model.config.vocab_size == sp.get_piece_size()
+    # the exported model continues a Russian prompt (encoded by AutoTokenizer) with our greedy tokens
+    torch = import_extra("torch", "hf")
+    from model.generate import generate
+
+    prompt = hf_tok.encode("Ёжик в тумане шёл по лесу", add_special_tokens=False)
+    theirs = model.float().generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                    max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ours = generate(ours_model, [prompt], 12).tokens[0]
+    assert theirs[0, len(prompt):].tolist() == ours, family
 
 
 def test_a_continued_run_exports_the_base_models_context(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
