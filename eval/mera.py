@@ -87,12 +87,19 @@ class MeraItem:
 
 
 def read_records(task: MeraTask, mera_dir: str) -> tuple[list[Record], str]:
-    """The test records of a task: ``<mera_dir>/<config>.jsonl|.json``, else the hub's test split."""
-    for suffix in (".jsonl", ".json"):
-        path = Path(mera_dir) / f"{task.config}{suffix}" if mera_dir else None
-        if path is not None and path.is_file():
-            return read_file(path), str(path)
-    return read_hub(HUB, task.config, "test"), f"hub:{HUB}/{task.config}[test]"
+    """The test records of a task: ``<mera_dir>/<config>.jsonl|.json`` when ``mera_dir`` is set (a task without a
+    file there is unavailable: the hub is not asked, each unreachable ask costs ~20 s), else the hub's test split."""
+    if mera_dir:
+        for suffix in (".jsonl", ".json"):
+            path = Path(mera_dir) / f"{task.config}{suffix}"
+            if path.is_file():
+                return read_file(path), str(path)
+        raise SourceUnavailable(f"no {task.config}.jsonl or {task.config}.json in eval.mera_dir ({mera_dir})")
+    try:
+        return read_hub(HUB, task.config, "test"), f"hub:{HUB}/{task.config}[test]"
+    except SourceUnavailable as exc:
+        raise SourceUnavailable(f"{str(exc).split('; put')[0]}; put its test split in eval.mera_dir as "
+                                f"{task.config}.jsonl") from exc
 
 
 def build_mera_item(task: MeraTask, record: Record) -> MeraItem:
