@@ -11,7 +11,10 @@ apart is the loss measured on them, the loss of the step right after the checkpo
 carried from checkpoint to checkpoint in their meta, so that every process of a run, and a later session,
 knows it). The checkpoint a stopped run names (``usable_step``) is the newest one whose measured loss is
 finite and not above the measured loss of the checkpoint before it: a loss that rose right after a
-checkpoint means its weights had already been pushed off course. The newer checkpoints are moved aside
+checkpoint means its weights had already been pushed off course. A gradient norm of exactly zero on a
+checkpoint's parameters rules it out too: nothing flows back through a network whose every logit is alike,
+and its loss, ln V, can sit below a fresh model's (a random init scores a little above ln V), so the loss
+comparison alone would vouch for it. The newer checkpoints are moved aside
 (``checkpoints/diverged/``), so that rerunning the command, with a lower learning rate, resumes from it.
 """
 
@@ -70,10 +73,11 @@ class Guard:
         trained = bool(metrics["finite"])
         self.state_finite = trained or (kept_previous and self.state_finite)
         loss = float(metrics["loss"])  # the cross-entropy, as train_log.jsonl has it
+        alive = trained and math.isfinite(loss) and float(metrics["grad_norm"]) > 0.0
         if self.on_params_of is not None:
             # a skipped step ran on the same parameters again: a finite one later still measures them
             if trained or not math.isfinite(self.measured.get(self.on_params_of, math.nan)):
-                self.measured[self.on_params_of] = loss if trained and math.isfinite(loss) else math.nan
+                self.measured[self.on_params_of] = loss if alive else math.nan
             if trained:
                 self.on_params_of = None
         self.skipped_in_a_row = 0 if trained else self.skipped_in_a_row + 1
