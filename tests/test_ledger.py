@@ -454,7 +454,7 @@ class FakeProgram:
 
     def step(self, state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         self.clock.t += STEP_S
-        return state, {"loss": 1.0, "finite": True}
+        return state, {"loss": 1.0, "grad_norm": 1.0, "finite": True}
 
 
 class FakeLoader:
