@@ -284,6 +284,8 @@ def evaluate_model(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, ste
         tasks=eval_cfg.train_tasks if subset else eval_cfg.tasks,
         max_items=eval_cfg.train_max_items_per_task if subset else eval_cfg.max_items_per_task,
         validation_batches=eval_cfg.train_validation_batches if subset else eval_cfg.max_validation_batches,
+        # held-out texts whole at every eval: bits per byte on text no split of the corpus holds, against rubles
+        heldout_files=eval_cfg.heldout_text_files,
         mixture=mixture_sets(cfg.train.mixture, run_folder.shards),
     )
     flat = flat_metrics(results)

@@ -213,6 +213,9 @@ def test_evaluate_model_gives_flat_metrics_for_the_trainer(evaluated) -> None:
     metrics = evaluate_model(model, evaluated.cfg, evaluated.run_folder, step=7)
     assert {"eval/val_bpb", "eval/val_ppl", "eval/rublimp/acc", "eval/seconds"} <= set(metrics)
     assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+    # the held-out texts are scored whole during training too, to the figure recipe 05 gives them
+    for name, acc in evaluated.results["heldout"].items():
+        assert metrics[f"eval/heldout/{Path(name).stem}/bpb"] == pytest.approx(acc["bits_per_byte"], rel=1e-5)
 
 
 def test_a_checkpoint_trained_with_another_tokenizer_is_refused(evaluated, monkeypatch) -> None:

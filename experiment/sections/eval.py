@@ -34,7 +34,8 @@ class EvalConfig:
     balance_labels: bool = False  # draw capped items evenly over gold answers (chance = 1/choices exactly)
     num_fewshot: int = 0  # solved examples put before each item (tasks with a prompt only)
     seed: int = 0  # item sampling and few-shot example choice
-    heldout_text_files: list[str] = field(default_factory=list)  # raw UTF-8 texts: bits per byte on each
+    # raw UTF-8 texts: bits per byte on each, by recipe 05 and at every eval during training (train.eval_every)
+    heldout_text_files: list[str] = field(default_factory=list)
     # eval during training (train.eval_every > 0): a quick subset, logged against step and rubles
     train_tasks: list[str] = field(default_factory=lambda: ["rublimp"])
     train_max_items_per_task: int = 10
