@@ -96,9 +96,9 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
 def complete(model: Any, codec: PromptCodec, prompts: Sequence[str], *, max_new_tokens: int,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              stop: Sequence[str] = (), max_len: int | None = None,
-             batch_size: int = BATCH_SIZE) -> list[dict[str, Any]]:
+             batch_size: int = BATCH_SIZE, layout: Any = None) -> list[dict[str, Any]]:
     """Each prompt's completion as a record (prompt, completion, token ids, new tokens, why it stopped,
-    tokens/s of its batch's decode), in the order of ``prompts``."""
+    tokens/s of its batch's decode), in the order of ``prompts``; ``layout``: (mesh, rules) to generate on."""
     from model.generate import generate
 
     records = []
@@ -106,7 +106,8 @@ def complete(model: Any, codec: PromptCodec, prompts: Sequence[str], *, max_new_
         texts = list(prompts[first:first + batch_size])
         ids = [codec.encode(text) for text in texts]
         out = generate(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                       seed=seed + first, eos_id=codec.eos_ids or None, pad_id=codec.pad_id, max_len=max_len)
+                       seed=seed + first, eos_id=codec.eos_ids or None, pad_id=codec.pad_id, max_len=max_len,
+                       layout=layout)
         for text, prompt_ids, new, finished in zip(texts, ids, out.tokens, out.finished, strict=True):
             completion, stopped = cut_at_stop(codec.decode(new), stop)
             records.append({"prompt": text, "completion": completion, "prompt_token_ids": prompt_ids,
@@ -129,34 +130,61 @@ def read_prompts(gen_cfg: Any) -> list[str]:
     return prompts
 
 
-def load_generator(cfg: Any, run_folder: Any) -> tuple[Any, PromptCodec, int, dict[str, Any]]:
-    """(model, codec, max_seq_len, what it is) of ``generate.hf_model``, else of the run's checkpoint
-    (``generate.checkpoint_step``, else the latest) with the run's tokenizer."""
-    gen = cfg.generate
+def generation_mesh(cfg: Any) -> Any:
+    """The mesh recipe 09 generates on where there are several devices: the training mesh (``train.mesh``), or,
+    where it does not fit the devices here (a checkpoint of a slice read on a smaller machine), every device
+    on the data axis, with a warning; None on one device."""
+    import jax
+
+    from model.sharding import build_mesh
+
+    if jax.device_count() == 1:
+        return None
+    try:
+        return build_mesh(cfg.train.mesh)
+    except ConfigError as exc:
+        log.warning("%s: generating with the %d devices here on the data axis", exc, jax.device_count())
+        return build_mesh(dataclasses.replace(cfg.train.mesh, data=-1, fsdp=1, tensor=1, dcn_data=1))
+
+
+def load_generator(cfg: Any, run_folder: Any) -> tuple[Any, PromptCodec, int, dict[str, Any], Any]:
+    """(model, codec, max_seq_len, what it is, layout) of ``generate.hf_model``, else of the run's checkpoint
+    (``generate.checkpoint_step``, else the latest) with the run's tokenizer. On several devices the
+    parameters are read straight onto the mesh (``generation_mesh``) and ``layout`` is (mesh, the family's
+    rules under ``train.mesh.rules``); on one device it is None."""
+    from model.registry import get_family
+
+    gen, mesh, rules = cfg.generate, generation_mesh(cfg), cfg.train.mesh.rules
     if gen.hf_model:
         from model.hf_checkpoint import load_hf_checkpoint
 
         folder = Path(gen.hf_model)
-        imported = load_hf_checkpoint(folder)
+        imported = load_hf_checkpoint(folder, mesh=mesh, rules=rules)
         codec = hf_codec(folder, imported.hf_config)
+        layout = None if mesh is None else (mesh, get_family(imported.family).mesh_rules(rules))
         return imported.model(), codec, int(imported.model_cfg.max_seq_len), {"hf_model": str(folder),
-                                                                              "family": imported.family}
+                                                                              "family": imported.family}, layout
     from tokenizer.loaded import load_run_tokenizer
     from trainer.trained_model import load_trained_model, model_config_from_meta
 
-    model, step, meta = load_trained_model(run_folder, step=gen.checkpoint_step)
+    model, step, meta = load_trained_model(run_folder, step=gen.checkpoint_step, mesh=mesh, rules=rules)
     tokenizer = load_run_tokenizer(run_folder.tokenizer)
     model_cfg = model_config_from_meta(meta)
-    return model, run_codec(tokenizer), int(model_cfg.max_seq_len), {"step": int(step), "family": model_cfg.family}
+    layout = None if mesh is None else (mesh, get_family(model_cfg.family).mesh_rules(rules))
+    return model, run_codec(tokenizer), int(model_cfg.max_seq_len), {"step": int(step),
+                                                                     "family": model_cfg.family}, layout
 
 
 def generate_stage(cfg: Any, run_folder: Any, wandb_run: Any) -> Path:
     """Recipe 09: complete every prompt, print each, write ``generate/<UTC time>.jsonl`` (atomically)."""
     gen = cfg.generate
     prompts = read_prompts(gen)
-    model, codec, max_len, source = load_generator(cfg, run_folder)
+    model, codec, max_len, source, layout = load_generator(cfg, run_folder)
+    if layout is not None:
+        log.info("generating on mesh %s", dict(layout[0].shape))
     records = complete(model, codec, prompts, max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
-                       top_k=gen.top_k, top_p=gen.top_p, seed=gen.seed, stop=gen.stop, max_len=max_len)
+                       top_k=gen.top_k, top_p=gen.top_p, seed=gen.seed, stop=gen.stop, max_len=max_len,
+                       layout=layout)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
     out = GENERATE.dir(run_folder) / f"{stamp}.jsonl"
     sampling = {"temperature": gen.temperature, "top_k": gen.top_k, "top_p": gen.top_p, "seed": gen.seed,

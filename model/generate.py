@@ -12,11 +12,19 @@ Sampling: greedy at temperature 0; else softmax of logits / temperature, restric
 most likely tokens (0: all) and to the smallest set whose probability reaches ``top_p`` (1: all), drawn
 with the key ``fold_in(key(seed), i)`` at new token ``i``: one seed gives the same tokens every time.
 A row stops at its first ``eos_id`` (not returned); the decode stops when every row has.
+
+On a mesh (``layout``: the training mesh and its rules): the parameters are laid out by their logical axes as
+the trainer lays them out, the prompts and the cache are split over the batch's mesh axes and the cache's KV
+heads over the heads' (the cache sharded like the activations), and the model's own activation constraints
+apply while the calls trace. A batch that does not divide the batch's axes is padded with copies of its first
+prompt, dropped from the result: rows are independent, so the real rows' tokens are those of a one-device run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,10 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from experiment.errors import ConfigError
 from model.family import CachedDecoding
 from model.kv_cache import KVCache, init_cache
+from model.sharding import Rules, activation_layout, check_divisible, logical_to_spec
+
+CACHE_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")  # KVCache.k and .v [L, B, S, KV, D]
 
 BUCKET = 16  # prompt and cache lengths are rounded up to a multiple of this: a compile per bucket, not per length
 
@@ -66,6 +78,7 @@ class Generated:
     decode_seconds: float  # the decode steps after it, but a step that compiled
     decode_steps: int  # the decode steps timed (each gives one token to every row)
     compiled: list[str] = field(default_factory=list)  # which calls compiled in this run (prefill, decode)
+    devices: int = 1  # the devices the decode ran over (its new tokens' placement)
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -125,11 +138,12 @@ def check_decodes(model: Any) -> None:
 
 def generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_id: int | Sequence[int] | None = None,
-             pad_id: int = 0, max_len: int | None = None) -> Generated:
+             pad_id: int = 0, max_len: int | None = None, layout: tuple[Mesh, Rules] | None = None) -> Generated:
     """Continue each prompt (token ids) by up to ``max_new_tokens`` ids (see the module docstring).
 
     ``eos_id``: one id or several that end a row. ``max_len``: the longest sequence the model takes (its
-    ``max_seq_len``); a prompt plus ``max_new_tokens`` longer than that is a one-line error."""
+    ``max_seq_len``); a prompt plus ``max_new_tokens`` longer than that is a one-line error. ``layout``: the
+    mesh and rules to run on (None: where the model's parameters are)."""
     check_decodes(model)
     sampling = Sampling(float(temperature), int(top_k), float(top_p))
     sampling.check()
@@ -146,19 +160,79 @@ def generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, 
                           f"model's max_seq_len={max_len}")
     stops = set() if eos_id is None else {int(eos_id)} if isinstance(eos_id, int) else {int(e) for e in eos_id}
 
+    real_rows = len(prompts)
+    if layout is not None:  # whole rows per device: pad with copies of the first prompt
+        parts = batch_parts(*layout)
+        prompts = [*prompts, *[prompts[0]] * (-real_rows % parts)]
     batch, width = len(prompts), bucketed(longest)
     padded = np.full((batch, width), pad_id, np.int32)
     for row, ids in enumerate(prompts):
         padded[row, width - len(ids):] = np.asarray(ids, np.int32)
-    start = np.asarray([width - n for n in lengths], np.int32)
+    start = np.asarray([width - len(ids) for ids in prompts], np.int32)
     cache = init_cache(model, batch, width + bucketed(max_new_tokens), start=start)
     graphdef, state = nnx.split(model)
+    tokens = jnp.asarray(padded)
+    if layout is not None:
+        state, tokens, cache = on_mesh(state, tokens, cache, *layout)
     key = jax.random.key(seed)
+    with contextlib.ExitStack() as scope:
+        if layout is not None:  # the model's activation constraints pin their layout while the calls trace
+            scope.enter_context(activation_layout(*layout))
+        drawn, prefill_seconds, timed, compiled, devices = _decode(graphdef, state, tokens, cache, key, sampling,
+                                                                   max_new_tokens, stops)
+    tokens_out, finished = [], []
+    for row in drawn[:real_rows].tolist():
+        cut = next((i for i, t in enumerate(row) if t in stops), None)
+        tokens_out.append(row if cut is None else row[:cut])
+        finished.append("length" if cut is None else "eos")
+    return Generated(tokens_out, finished, lengths, prefill_seconds, sum(timed), len(timed), compiled, devices)
+
+
+def batch_parts(mesh: Mesh, rules: Rules) -> int:
+    """How many parts the batch is split into on ``mesh``: the product of the mesh axes ``batch`` maps to."""
+    spec = logical_to_spec(("batch",), rules)[0]
+    axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+    return math.prod(mesh.shape[axis] for axis in axes)
+
+
+def on_mesh(state: nnx.State, tokens: jax.Array, cache: KVCache, mesh: Mesh,
+            rules: Rules) -> tuple[nnx.State, jax.Array, KVCache]:
+    """The parameters, prompts and cache placed on ``mesh``: parameters by their logical axes (a model restored
+    onto the mesh already is, and stays where it is; a variable without axis names is replicated), prompts
+    [B, T] and the cache's k and v split like the activations, the row starts over the batch's axes, the write
+    index replicated. A dim that does not divide its mesh axes is a one-line error naming it."""
+
+    def placed(what: str, logical: Sequence[str], shape: Sequence[int]) -> NamedSharding:
+        spec = logical_to_spec([name if name in rules else None for name in logical], rules)
+        check_divisible(f"{what} {tuple(logical)}", shape, spec, mesh)
+        return NamedSharding(mesh, spec)
+
+    def parameter(path: tuple[Any, ...], leaf: Any) -> Any:
+        names = leaf.get_metadata().get("out_sharding") if isinstance(leaf, nnx.Variable) else None
+        if names is None:
+            return jax.device_put(leaf, NamedSharding(mesh, PartitionSpec()))
+        where = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+        return jax.device_put(leaf, leaf.replace(placed(f"parameter {where}", names, leaf.shape)))
+
+    state = jax.tree_util.tree_map_with_path(parameter, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    kv = placed("the KV cache", CACHE_AXES, cache.k.shape)
+    cache = KVCache(jax.device_put(cache.k, kv), jax.device_put(cache.v, kv),
+                    jax.device_put(cache.index, NamedSharding(mesh, PartitionSpec())),
+                    jax.device_put(cache.start, placed("the row starts", ("batch",), cache.start.shape)))
+    return state, jax.device_put(tokens, placed("the prompts", ("batch", "length"), tokens.shape)), cache
+
+
+def _decode(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array, cache: KVCache, key: jax.Array,
+            sampling: Sampling, max_new_tokens: int,
+            stops: set[int]) -> tuple[np.ndarray, float, list[float], list[str], int]:
+    """The prefill and the decode steps: (new ids [B, N], prefill seconds, timed steps' seconds, what compiled,
+    the devices the last new tokens were on)."""
     compiled: list[str] = []
+    batch = tokens.shape[0]
 
     began = time.perf_counter()
     before = compiled_programs(_prefill)
-    token, cache = _prefill(graphdef, state, jnp.asarray(padded), cache, key, sampling)
+    token, cache = _prefill(graphdef, state, tokens, cache, key, sampling)
     if compiled_programs(_prefill) > before:
         compiled.append("prefill")
     new = [np.asarray(token)]
@@ -179,11 +253,4 @@ def generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, 
         if stops:
             done |= np.isin(new[-1], list(stops))
     timed = [s for s in step_seconds if s is not None]
-
-    drawn = np.stack(new, axis=1)
-    tokens, finished = [], []
-    for row in drawn.tolist():
-        cut = next((i for i, t in enumerate(row) if t in stops), None)
-        tokens.append(row if cut is None else row[:cut])
-        finished.append("length" if cut is None else "eos")
-    return Generated(tokens, finished, lengths, prefill_seconds, sum(timed), len(timed), compiled)
+    return np.stack(new, axis=1), prefill_seconds, timed, compiled, len(token.sharding.device_set)

@@ -2,7 +2,9 @@
 
 The cached prefill and decode give the full forward pass's logits of the same sequence (within 1e-5), in
 both layer layouts; a batch of prompts of different lengths (left-padded) generates what each prompt does
-alone; sampling is reproducible by seed; EOS stops a row.
+alone; sampling is reproducible by seed; EOS stops a row; on a mesh of 8 devices (the training mesh's axes)
+the parameters and the cache are laid out like the trainer's and the activations, and the tokens are the
+one-device tokens.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ import pytest
 from flax import nnx
 
 from experiment.errors import ConfigError
-from model.generate import Sampling, generate, sample
+from experiment.sections.train import MeshConfig
+from model.generate import Sampling, generate, on_mesh, sample
 from model.kv_cache import init_cache
 from model.registry import get_family
+from model.sharding import build_mesh
+from tests.device_worker import DeviceWorker
 
 VOCAB = 97
 SHAPES: dict[str, dict[str, Any]] = {
@@ -39,10 +44,10 @@ FAMILIES = sorted(SHAPES)
 
 
 @cache
-def tiny(family: str, scan_layers: bool) -> Any:
+def tiny(family: str, scan_layers: bool, vocab: int = VOCAB) -> Any:
     fam = get_family(family)
     cfg = dataclasses.replace(fam.config_cls(), **SHAPES[family], scan_layers=scan_layers)
-    model = fam.init(cfg, VOCAB, seed=3)
+    model = fam.init(cfg, vocab, seed=3)
     if family == "qwen2":  # biases start at zero: make them count
         state = nnx.state(model, nnx.Param)
         rng = np.random.default_rng(0)
@@ -158,3 +163,53 @@ def test_a_family_without_cached_decoding_is_one_line() -> None:
     model = TOY.init(ToyConfig(), 50)
     with pytest.raises(ConfigError, match="no KV-cache decoding"):
         generate(model, [[1, 2]], 4)
+
+
+def generate_on_8_devices(family: str, fsdp: int, tensor: int) -> dict[str, Any]:
+    """In the 8-device worker: greedy and sampled tokens on a data x fsdp x tensor mesh and on one device, and
+    where the mesh put the parameters, the prompts and the cache."""
+    model = tiny(family, True, vocab=96)  # the vocabulary is split over tensor too
+    mesh = build_mesh(MeshConfig(fsdp=fsdp, tensor=tensor))
+    layout = (mesh, get_family(family).mesh_rules({}))
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(1, VOCAB, size=n).tolist() for n in (3, 17, 9)]  # 3 rows: padded to the batch axes
+    sampled = dict(temperature=1.2, top_k=20, seed=5)
+    on_the_mesh = generate(model, prompts, 12, layout=layout)
+    out: dict[str, Any] = {
+        "devices": jax.device_count(), "mesh": dict(mesh.shape), "decoded_on": on_the_mesh.devices,
+        "greedy": on_the_mesh.tokens,
+        "greedy_one_device": generate(model, prompts, 12).tokens,
+        "sampled": [generate(model, prompts, 12, layout=layout, **sampled).tokens for _ in range(2)],
+    }
+    graphdef, state = nnx.split(model)
+    state, tokens, cache = on_mesh(state, jnp.zeros((8, 16), jnp.int32), init_cache(model, 8, 32), *layout)
+    out["cache_spec"] = str(cache.k.sharding.spec)
+    out["prompts_spec"] = str(tokens.sharding.spec)
+    out["cache_devices"] = len(cache.k.sharding.device_set)
+    leaves = jax.tree.leaves(state)
+    out["params"] = len(leaves)
+    out["params_split"] = sum(not leaf.sharding.is_fully_replicated for leaf in leaves)
+    try:
+        generate(model, prompts, 4, layout=(build_mesh(MeshConfig(fsdp=1, tensor=8)), layout[1]))
+        out["error"] = None
+    except ConfigError as exc:
+        out["error"] = str(exc)
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "qwen3"])
+def test_generation_on_a_mesh_lays_out_the_cache_like_the_activations_and_gives_the_one_device_tokens(
+        family: str, eight_devices: DeviceWorker) -> None:
+    tensor = 1 if family == "qwen3" else 2  # qwen3's one KV head cannot be split over tensor
+    out = eight_devices.run(generate_on_8_devices, family, 2, tensor)
+    assert out["devices"] == 8 and out["mesh"] == {"data": 4 // tensor, "fsdp": 2, "tensor": tensor}
+    assert out["decoded_on"] == 8  # the new tokens come out split over the batch's axes
+    assert out["greedy"] == out["greedy_one_device"] and all(len(t) == 12 for t in out["greedy"])
+    assert out["sampled"][0] == out["sampled"][1]
+    # [L, B, S, KV, D]: the batch over data and fsdp, the KV heads over tensor, as the activations are
+    assert out["cache_spec"] == "P(None, ('data', 'fsdp'), None, 'tensor', None)"
+    assert out["prompts_spec"] == "P(('data', 'fsdp'), None)" and out["cache_devices"] == 8
+    # the parameters as the trainer lays them out: all but the norms' scales are split over fsdp or tensor
+    assert out["params_split"] >= out["params"] // 2
+    # the KV heads (2, or qwen3's 1) do not divide a tensor axis of 8: one line names what does not fit
+    assert out["error"] is not None and "\n" not in out["error"] and "tensor" in out["error"]

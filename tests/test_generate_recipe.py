@@ -10,7 +10,7 @@ import pytest
 
 from experiment.errors import DataError
 from tests.fixture_run import pretrained_copy
-from tests.recipe_runner import error_line, run_recipe
+from tests.recipe_runner import error_line, run_recipe, start_recipe
 from tokenizer.loaded import load_run_tokenizer
 
 
@@ -45,6 +45,26 @@ def test_generate_writes_one_record_per_prompt(fixture_pretrained: Path, tmp_pat
     assert again["token_ids"] == records[0]["token_ids"]
     if stop:
         assert again["completion"] == first[:first.find(stop)] and again["finished"] == "stop"
+
+
+def test_generate_on_several_devices_reads_the_checkpoint_onto_the_training_mesh(fixture_pretrained: Path,
+                                                                                  tmp_path: Path) -> None:
+    """Four devices, the training mesh fsdp=2: the parameters are restored onto it and the prompts and cache split
+    over it; the tokens are the one-device run's. A mesh that does not fit the devices here falls back to the data
+    axis with a warning."""
+    config = pretrained_copy(fixture_pretrained, tmp_path)
+    prompts = 'generate.prompts=["Жили-были", "Берегите честь смолоду", "Мороз и солнце"]'
+    run_recipe("09_generate.py", config, prompts, "generate.max_new_tokens=8")
+    one_device = sorted((tmp_path / "runs" / "tiny" / "generate").glob("*.jsonl"))
+    expected = [json.loads(line)["token_ids"] for line in one_device[0].read_text(encoding="utf-8").splitlines()]
+    for mesh, says in (("train.mesh.fsdp=2", "generating on mesh {'data': 2, 'fsdp': 2, 'tensor': 1}"),
+                       ("train.mesh.fsdp=8", "generating with the 4 devices here on the data axis")):
+        output = tmp_path / "generate.out"
+        proc = start_recipe("09_generate.py", config, output, prompts, "generate.max_new_tokens=8", mesh, devices=4)
+        assert proc.wait(timeout=300) == 0, output.read_text(encoding="utf-8")[-3000:]
+        assert says in output.read_text(encoding="utf-8")
+        newest = sorted((tmp_path / "runs" / "tiny" / "generate").glob("*.jsonl"))[-1]
+        assert [json.loads(line)["token_ids"] for line in newest.read_text(encoding="utf-8").splitlines()] == expected
 
 
 def test_generate_without_a_checkpoint_names_recipe_04(fixture_pretrained: Path, tmp_path: Path) -> None:

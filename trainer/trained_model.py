@@ -1,7 +1,8 @@
 """A trained model loaded back from a run's checkpoints, for eval and export (the parameters alone).
 
 The model is rebuilt by the family its checkpoint's meta names, in the layer layout it was saved
-in, on the default device; the newest step that passes its checksums is used
+in, on the default device or restored straight onto a mesh (each device reads its own shards: a model too
+large for one device loads); the newest step that passes its checksums is used
 (``trainer.checkpoint_integrity.restore_verified``).
 """
 
@@ -9,17 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.sharding import Mesh
 
 from experiment.errors import DataError
 from experiment.stages import PRETRAIN
 from model.family import FamilyModel
 from model.registry import get_family
+from model.sharding import tree_shardings
 from model.stacking import saved_scan_layers
 from trainer.checkpoint import open_manager, read_meta
 from trainer.checkpoint_integrity import restore_verified
@@ -40,8 +44,10 @@ def model_config_from_meta(meta: dict[str, Any]) -> Any:
     return dataclasses.replace(cfg, attention="auto") if getattr(cfg, "attention", "") in ("splash", "cudnn") else cfg
 
 
-def load_trained_model(run_folder: Any, step: int | None = None) -> tuple[FamilyModel, int, dict[str, Any]]:
-    """The trained model of a run folder (latest checkpoint by default) on the default device.
+def load_trained_model(run_folder: Any, step: int | None = None, mesh: Mesh | None = None,
+                       rules: Mapping[str, Sequence[str]] | None = None) -> tuple[FamilyModel, int, dict[str, Any]]:
+    """The trained model of a run folder (latest checkpoint by default) on the default device, or with
+    ``mesh`` laid out over it by its parameters' logical axes (the family's rules, ``rules`` taking precedence).
 
     Returns ``(model, step, meta)``; ``meta`` has ``family``, ``model``, ``vocab_size``, ``tokenizer_sha256``,
     ``seq_len``; the model is rebuilt by the family the meta names. Raises MissingStageError when the run has no finished checkpoint.
@@ -62,10 +68,15 @@ def load_trained_model(run_folder: Any, step: int | None = None) -> tuple[Family
             model_cfg = model_config_from_meta(meta)
             abstract_model = get_family(model_cfg.family).abstract(model_cfg, meta["vocab_size"])
             graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
-            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            if mesh is None:
+                device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+                shardings = jax.tree.map(lambda _: device, abstract_params)
+            else:
+                layout = get_family(model_cfg.family).mesh_rules(rules or {})
+                shardings = tree_shardings(abstract_params, mesh, layout)
             param_dtype = jax.numpy.dtype(meta.get("param_dtype", "float32"))
-            target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, param_dtype, sharding=device),
-                                  abstract_params)
+            target = jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, param_dtype, sharding=sharding),
+                                  abstract_params, shardings)
             params = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
             return meta, graphdef, params["params"]
 
