@@ -55,8 +55,9 @@ test:
 	$(MAKE) -k -j3 test-base install-extras
 	$(MAKE) -k -j2 --output-sync=target test-extras
 
+# --durations: the slowest tests in the log, so a CI run shows where the suite's time goes
 test-base: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # extra name : test files run in that extra's venv
 EXTRA_TESTS_tf := tests/test_tfrecord_tf.py

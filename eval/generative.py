@@ -1,7 +1,10 @@
-"""Generative tasks: the model writes the answer, scored by exact match (MERA's arithmetic tasks).
+"""Generative tasks: the model writes the answer, scored by exact match (MERA's arithmetic tasks) or by SQuAD's
+token F1 and exact match (MERA's MultiQ).
 
     few-shot examples + the item's query --our KV-cache decoder, greedy, cut at the first newline--> answer
     answer.strip() == gold  -> exact match, with its Wilson interval, beside no-model baselines
+    squad: F1 of the answer's and a gold's words after SQuAD's normalization (lower case, ASCII punctuation and
+           the English articles removed, spaces collapsed), the best over the golds (MERA's outputs "a;b")
 
 Prompts follow MERA's lm-eval task configs (MERA-Evaluation/MERA, ``benchmark_tasks/<task>/<task>.yaml``): a
 fixed number of solved examples (SimpleAr 2, ruMultiAr 1), each its ``inputs``, a space and its answer, separated
@@ -14,9 +17,15 @@ task's local file, else the hub (MERA's labelled train split; the test split's a
 (``formula``): its answer is computed from the formula (integer ``a op b``), which is exact where a crowd vote is
 silver, and a formula that is not of that form is one error line.
 
-Baselines a model must beat: ``copy_number`` (the last number of the item's inputs), ``fewshot_answer`` (the
-answer of the last example in its prompt: what a model that only repeats the pattern writes), and, through
-recipe 05, the run's step-0 weights and a continued run's base model.
+A MERA record whose ``inputs`` are fields (MultiQ: question, support_text, text) fills the instruction by name,
+and reads as the task's ``example`` template where it is a solved example.
+
+Baselines a model must beat: exact tasks: ``copy_number`` (the last number of the item's inputs),
+``fewshot_answer`` (the answer of the last example in its prompt: what a model that only repeats the pattern
+writes); squad tasks: ``majority_answer`` (the split's most common answer, said for every item) and
+``text_start`` (the first three words of the item's passage, e.g. MultiQ's second text); through recipe 05, the run's step-0 weights and a
+continued run's base model. Intervals are Wilson's on the mean credit (for an F1 in [0, 1] that bounds the
+variance from above: conservative).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,8 +58,14 @@ FORMULA = re.compile(r"^\s*(-?\d+)\s*([-+*])\s*(-?\d+)\s*$")
 class GenItem:
     id: str  # "<file>:<row>"
     inputs: str
-    answer: str
+    answer: str  # the first gold answer (a solved example's)
     query: str
+    golds: tuple[str, ...] = ()  # every gold answer (squad scoring: the best counts); () = (answer,)
+    passage: str = ""  # the text the answer is taken from (the task's ``passage`` field of its inputs)
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        return self.golds or (self.answer,)
 
 
 SCHEMA_FIELDS = {"mera": "inputs, outputs (the answer), instruction (optional)", "humanbench": "formula (a op b)"}
@@ -74,19 +90,69 @@ def build_gen_item(task: GenerativeTask, schema: str, record: Record) -> GenItem
         if answer is None:
             raise DataError(f"{where}: field 'formula' is {formula!r}, not an integer 'a op b' with op in + - *")
         inputs, instruction = formula.strip(), task.instruction
+        golds: tuple[str, ...] = ()
     else:
-        inputs, answer = str(fields.get("inputs") or "").strip(), str(fields.get("outputs") or "").strip()
-        if not inputs:
+        raw = fields.get("inputs")
+        golds = gold_answers(fields.get("outputs"))
+        if not raw:
             raise DataError(f"{where}: missing field 'inputs'")
-        if not answer:
+        if not golds:
             raise DataError(f"{where}: missing field 'outputs' (the answer; a test split's answers are closed: "
                             "score a labelled split)")
+        answer = golds[0]
         instruction = str(fields.get("instruction") or task.instruction)
+        if isinstance(raw, dict):
+            try:
+                query, inputs = instruction.format(**raw).strip(), task.example.format(**raw).strip()
+            except (KeyError, IndexError, ValueError) as exc:
+                raise DataError(f"{where}: field 'inputs' has no field {exc} the task's prompt names") from exc
+            return GenItem(id=f"{record.where}:{record.row}", inputs=inputs, answer=answer, query=query, golds=golds,
+                           passage=str(raw.get(task.passage) or ""))
+        inputs = str(raw).strip()
     try:
         query = instruction.format(inputs=inputs).strip()
     except (KeyError, IndexError, ValueError) as exc:
         raise DataError(f"{where}: field 'instruction' is not a template over {{inputs}} ({exc!r})") from exc
-    return GenItem(id=f"{record.where}:{record.row}", inputs=inputs, answer=answer, query=query)
+    return GenItem(id=f"{record.where}:{record.row}", inputs=inputs, answer=answer, query=query, golds=golds)
+
+
+def gold_answers(outputs: Any) -> tuple[str, ...]:
+    """A record's gold answers: MERA's ``outputs`` as a string (several joined by ";", as its MultiQ has them) or
+    as a list of spans (``segment``, an earlier MultiQ release); () when there is none."""
+    if isinstance(outputs, list):
+        spans = [str(o.get("segment") if isinstance(o, dict) else o) for o in outputs]
+    else:
+        spans = str(outputs if outputs is not None else "").split(";")
+    return tuple(span.strip() for span in spans if span and span.strip())
+
+
+ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def squad_words(text: str) -> list[str]:
+    """SQuAD's answer normalization (lower case, ASCII punctuation and English articles dropped), as words."""
+    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
+    return ARTICLES.sub(" ", text).split()
+
+
+def squad_exact(prediction: str, gold: str) -> float:
+    return float(squad_words(prediction) == squad_words(gold))
+
+
+def squad_f1(prediction: str, gold: str) -> float:
+    """Token F1 of two answers after normalization; two empty answers agree (1), one empty scores 0."""
+    predicted, wanted = squad_words(prediction), squad_words(gold)
+    if not predicted or not wanted:
+        return float(predicted == wanted)
+    same = sum((Counter(predicted) & Counter(wanted)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(predicted), same / len(wanted)
+    return 2 * precision * recall / (precision + recall)
+
+
+def best_over(golds: Sequence[str], score: Callable[[str, str], float], prediction: str) -> float:
+    return max(score(prediction, gold) for gold in golds)
 
 
 def schema_of(task: GenerativeTask, record: Record) -> str:
@@ -174,22 +240,37 @@ def evaluate_generative(data: GenTaskData, generate: GenerateTexts, *, seed: int
     for first in range(0, len(prompts), batch_size):
         completions += generate(prompts[first:first + batch_size], task.max_new_tokens, task.stop)
     predicted = [prediction(c, task.stop) for c in completions]
-    exact = [float(p == item.answer) for p, item in zip(predicted, data.items, strict=True)]
-    metrics = {"exact_match": metric_summary(exact, 0.0)}
-    credits = {
-        "copy_number": [float((NUMBER.findall(item.inputs) or [""])[-1] == item.answer) for item in data.items],
-        "fewshot_answer": [float(bool(s) and s[-1].answer == item.answer) for item, s in
-                           zip(data.items, shots, strict=True)],
-    }
+    metrics, credits = scores(data, predicted, shots)
     baselines = baselines_summary(credits)
     top = Counter(predicted).most_common(1)[0]
     gold_top = Counter(item.answer for item in data.items).most_common(1)[0][1] / len(data.items)
     answers = {"predicted": answer_shares(predicted), "gold": answer_shares([it.answer for it in data.items]),
                "top": top[0], "top_share": top[1] / len(predicted),
                "one_answer": bool(top[1] / len(predicted) >= 0.95 and gold_top < 0.95)}
+    headline = next(iter(metrics))
     return {"task": task.name, "description": task.description, "source": data.where, "labels": data.labels,
             "items": len(data.items), "num_fewshot": task.num_fewshot, "kind": "generative",
-            "metrics": metrics, "baselines": baselines,
-            "vs_strongest_baseline": versus_baseline(metrics["exact_match"], baselines), "answers": answers,
-            "examples": [{"id": item.id, "query": item.query, "prediction": p, "answer": item.answer}
+            "scoring": task.scoring, "metrics": metrics, "baselines": baselines,
+            "vs_strongest_baseline": versus_baseline(metrics[headline], baselines), "answers": answers,
+            "examples": [{"id": item.id, "query": item.query, "prediction": p, "answer": ";".join(item.answers)}
                          for item, p in list(zip(data.items, predicted, strict=True))[:5]]}
+
+
+def scores(data: GenTaskData, predicted: Sequence[str],
+           shots: Sequence[Sequence[GenItem]]) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """The metrics of the predictions (headline first) and each baseline's per-item credits, by the task's scoring."""
+    items = data.items
+    if data.task.scoring == "squad":
+        f1 = [best_over(item.answers, squad_f1, p) for p, item in zip(predicted, items, strict=True)]
+        exact = [best_over(item.answers, squad_exact, p) for p, item in zip(predicted, items, strict=True)]
+        majority = Counter(item.answer for item in data.pool).most_common(1)[0][0]
+        starts = [" ".join((item.passage or item.inputs).split()[:3]) for item in items]
+        return ({"f1": metric_summary(f1, 0.0), "exact_match": metric_summary(exact, 0.0)},
+                {"majority_answer": [best_over(item.answers, squad_f1, majority) for item in items],
+                 "text_start": [best_over(item.answers, squad_f1, start) for item, start in
+                                zip(items, starts, strict=True)]})
+    exact = [float(p == item.answer) for p, item in zip(predicted, items, strict=True)]
+    return ({"exact_match": metric_summary(exact, 0.0)},
+            {"copy_number": [float((NUMBER.findall(item.inputs) or [""])[-1] == item.answer) for item in items],
+             "fewshot_answer": [float(bool(s) and s[-1].answer == item.answer) for item, s in
+                                zip(items, shots, strict=True)]})

@@ -10,7 +10,8 @@ from eval.harness import headline_metric
 BASELINE_NAMES = {"chance": "chance", "majority": "majority", "fewer_tokens": "fewer tokens wins",
                   "fewer_bytes": "fewer bytes wins", "copy_number": "copy the last number",
                   "fewshot_answer": "repeat the last example's answer", "random_init": "random init",
-                  "base_model": "base model"}
+                  "base_model": "base model", "majority_answer": "the most common answer",
+                  "text_start": "the text's first three words"}
 
 
 def results_rows(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ import re
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from eval.loaders import Record
 from experiment.errors import ConfigError, DataError
@@ -308,6 +308,13 @@ class GenerativeTask:
     num_fewshot: int  # MERA's
     max_new_tokens: int = 16
     stop: tuple[str, ...] = ("\n",)
+    # "exact": the answer equals the gold; "squad": SQuAD's token F1 and exact match after its normalization, the
+    # best over the gold answers (MERA's MultiQ scorer)
+    scoring: Literal["exact", "squad"] = "exact"
+    # a record whose inputs are fields (a dict): how they read as a solved example's text (MERA's
+    # doc_to_text_without_instruction); the instruction fills them by name
+    example: str = ""
+    passage: str = ""  # the inputs field holding the text an answer is taken from (squad: the text_start baseline)
 
 
 GENERATIVE_TASKS: dict[str, GenerativeTask] = {task.name: task for task in (
@@ -321,6 +328,14 @@ GENERATIVE_TASKS: dict[str, GenerativeTask] = {task.name: task for task in (
         name="rumultiar", description="ruMultiArithmetic (MERA): a nested arithmetic expression, the answer written out",
         sources=(GenSource("MERA-evaluation/MERA", "mera", hub=True, config="rumultiar"),),
         instruction="Вычислите значение выражения.\n{inputs}", num_fewshot=1),
+    GenerativeTask(
+        name="multiq", description="MultiQ (MERA): a question answered by a span of two linked texts (multi-hop), "
+                                   "scored by token F1 and exact match",
+        sources=(GenSource("MERA-evaluation/MERA", "mera", hub=True, config="multiq"),),
+        instruction="Прочитайте два текста и ответьте на вопрос одним словом или словосочетанием из текста.\n"
+                    "Вопрос: {question}\nТекст 1: {support_text}\nТекст 2: {text}\nОтвет:",
+        example="Вопрос: {question}\nТекст 1: {support_text}\nТекст 2: {text}\nОтвет:",
+        num_fewshot=0, max_new_tokens=32, scoring="squad", passage="text"),
 )}
 
 
