@@ -1,24 +1,29 @@
-"""A miniature of the RuAdapt experiment through the recipes: adapt a foreign (English) base model to Russian.
+"""Vocabulary adaptation as teams meet it, through the recipes: a base that knows Russian through a tokenizer poor
+at it, adapted to a Russian tokenizer, measured on authors no run trained on, over several seeds.
 
-1. The foreign base, "the checkpoint the user brings": recipes 01-04 pretrain a small decoder on English text
-   (Debian's English documentation) with an English tokenizer, and recipe 05 exports it in Hugging Face format.
-2. Four arms continue on Russian (the shared ruslit corpus) for the same number of train steps:
+1. The base, "the checkpoint the user brings": recipes 01-04 pretrain a small decoder on English and Russian text
+   (Debian's English documentation plus a share of the ruslit prose of the training authors) with a tokenizer
+   trained on that mixture, English-centric as Llama's and Qwen's are (English is most of its text, so Russian
+   gets few pieces); recipe 05 exports it in Hugging Face format.
+2. Five arms continue on Russian prose of the training authors for the same number of train steps, once per seed:
    ``keep`` (the base tokenizer, ``tokenizer.adopt_from``, ``model.vocab_adaptation=none``), ``mean`` and
-   ``random`` (a Russian tokenizer with that ``model.vocab_adaptation``) and ``scratch`` (the Russian
-   tokenizer, the same shape, no base). Each arm runs in segments and the arms take turns in rotating order
-   (``interleave.interleaved_rounds``; recipe 04 resumes from its checkpoint when ``train.steps`` is raised),
-   so a slow spell of the shared machine hits every arm.
-3. Per arm: held-out Russian bits per byte (the eval code's validation-split bpb, logged by recipe 04's
-   ``train.eval_every`` against the ledger's rubles; recipe 05 confirms the final one), chars per token and the
-   share of Russian word occurrences of at most two tokens on the validation documents, and the rubles at which
-   the arm first reaches the from-scratch arm's final bits per byte (linear interpolation between eval points).
+   ``random`` (a Russian tokenizer trained by recipe 02 on the arms' corpus, with that
+   ``model.vocab_adaptation``), ``mean_warmup`` (``mean`` with ``train.embeddings_only_steps``) and ``scratch``
+   (the Russian tokenizer, the same shape, no base). Each seed runs the arms in a rotated order, so a slow spell
+   of the shared machine does not always hit the same arm.
+3. Measured at every eval of recipe 04 (``train.eval_every``; ``eval.heldout_text_files`` are scored whole at
+   each): bits per byte on two authors whose text no stage of any run saw (the held-out authors), pooled by
+   their texts' bytes, against the ledger's rubles. Across seeds: each arm's mean with a 95% t-interval, and the
+   paired differences between arms of the same seed with theirs; chars per token and the share of Russian word
+   occurrences of at most two tokens on the held-out text; the steps and rubles at which an arm first reaches
+   the from-scratch arm's final held-out bits per byte (its own seed's, interpolated between evals).
 
 Every recipe runs as a subprocess, as a user would run it; the configs are written by this script into the work
-folder. Progress lines go to stderr, the JSON result to stdout (and ``--json``), a markdown table to ``--table``
-and the plot to ``--plot``. A stage whose manifest is already in its folder is not rerun (a second call of the
-same command continues an interrupted bench).
+folder. Progress lines go to stderr, the JSON result to stdout (and ``--json``), markdown tables to ``--table``
+and the plot to ``--plot``. A stage whose manifest is in its folder, or an arm that logged its last eval, is not
+rerun (a second call of the same command continues an interrupted bench).
 
-    python bench/bench_vocab_adaptation.py --work /tmp/ruadapt --base-steps 300 --arm-steps 280
+    python bench/bench_vocab_adaptation.py --work /tmp/ruadapt
 """
 
 from __future__ import annotations
@@ -31,25 +36,33 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
-from interleave import interleaved_rounds
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-ARMS = ("keep", "mean", "random", "scratch")
+ARMS = ("keep", "mean", "random", "mean_warmup", "scratch")
 ARM_LABELS = {"keep": "base tokenizer kept (none)", "mean": "Russian tokenizer, mean init",
-              "random": "Russian tokenizer, random init", "scratch": "from scratch, Russian tokenizer"}
+              "random": "Russian tokenizer, random init",
+              "mean_warmup": "Russian tokenizer, mean init, embeddings-only warm-up",
+              "scratch": "from scratch, Russian tokenizer"}
+# (arm, reference): the paired differences reported, arm minus reference on the same seed
+COMPARISONS = (("mean", "random"), ("mean", "scratch"), ("random", "scratch"), ("mean_warmup", "mean"),
+               ("keep", "scratch"))
 ENGLISH_PACKAGES = ["debian-reference-en", "manpages", "debian-faq"]
-RUSLIT_AUTHORS = ["Tolstoy", "Dostoevsky", "Gogol", "Pushkin", "Lermontov", "Gorky", "Herzen", "Blok", "Bryusov"]
+TRAIN_AUTHORS = ["Tolstoy", "Dostoevsky", "Gogol", "Pushkin", "Lermontov", "Gorky", "Blok"]
+HELDOUT_AUTHORS = ["Herzen", "Bryusov"]
 CYRILLIC_WORD = re.compile(r"[А-Яа-яЁё]+")
+# Student's t, two-sided 95%, by degrees of freedom (any statistics table); beyond 10 the normal's 1.96 is close
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 STARTED = time.monotonic()
 
 
@@ -75,26 +88,25 @@ def shape_section(args: argparse.Namespace) -> dict[str, Any]:
             "n_kv_heads": args.n_kv_heads, "d_ff": args.d_ff, "max_seq_len": args.seq_len}
 
 
-def common_sections(args: argparse.Namespace, name: str) -> dict[str, Any]:
+def common_sections(args: argparse.Namespace, name: str, seed: int) -> dict[str, Any]:
     """What every run shares: run root, shards, training hyperparameters, eval, prices, W&B offline."""
     return {
-        "experiment": {"name": name, "run_root": str(args.work / "runs"), "seed": args.seed},
+        "experiment": {"name": name, "run_root": str(args.work / "runs"), "seed": seed},
         "shards": {"packing": "concat", "validation_percent": args.validation_percent, "records_per_shard": 4096},
         "train": {"batch_size": args.batch_size, "learning_rate": args.learning_rate, "warmup_steps": args.warmup,
-                  # constant after warmup: a run cut into segments follows the same schedule as one run
-                  "schedule": "constant", "checkpoint_every": 1000, "keep_checkpoints": 2,
+                  "schedule": "constant", "checkpoint_every": 1000, "keep_checkpoints": 1,
                   "log_every": 10, "eval_every": args.eval_every},
-        "eval": {"tasks": [], "train_tasks": [], "missing_tasks": "skip",
-                 # the whole validation split, the same documents for every tokenizer
-                 "train_validation_batches": 100_000, "max_validation_batches": None},
+        "eval": {"tasks": [], "train_tasks": [], "missing_tasks": "skip", "sample_max_new_tokens": 0,
+                 "train_validation_batches": args.validation_batches,
+                 "max_validation_batches": args.validation_batches},
         "cost": {"accelerator": "cpu-e2-standard-2", "pricing": "on-demand", "chips": 1,
                  "usd_rub_rate": 101.6797, "usd_rub_date": "2025-01-01", "max_rate_age_days": 100_000},
         "wandb": {"project": "ru-pretrain-vocab-bench", "mode": "offline"},
     }
 
 
-def write_config(args: argparse.Namespace, name: str, sections: dict[str, Any]) -> Path:
-    cfg = common_sections(args, name)
+def write_config(args: argparse.Namespace, name: str, sections: dict[str, Any], seed: int = 0) -> Path:
+    cfg = common_sections(args, name, seed)
     for key, values in sections.items():
         cfg.setdefault(key, {}).update(values)
     path = args.work / "configs" / f"{name}.yaml"
@@ -147,7 +159,7 @@ def run_stage(args: argparse.Namespace, script: str, config: Path, folder: str, 
 
 
 def copy_stage(args: argparse.Namespace, source: str, target: str, folder: str) -> None:
-    """Give an arm the same stage output as another (same corpus, tokenizer or shards: built once)."""
+    """Give a run the same stage output as another (same corpus, tokenizer or shards: built once)."""
     dst = run_folder(args, target) / folder
     if (dst / "manifest.json").is_file():
         return
@@ -155,159 +167,209 @@ def copy_stage(args: argparse.Namespace, source: str, target: str, folder: str) 
     shutil.copytree(run_folder(args, source) / folder, dst)
 
 
-# ---------------------------------------------------------------- the foreign base
+def ruslit_source(args: argparse.Namespace, name: str, authors: Sequence[str], share: float) -> dict[str, Any]:
+    paths = [f"{args.shared}/text/ruslit/prose/{author}/*.txt" for author in authors]
+    return {"kind": "files", "name": name, "paths": paths, "split_rule": "chunk", "chunk_chars": 3000,
+            "weight": share}
+
+
+# ---------------------------------------------------------------- held-out authors
+
+def write_heldout(args: argparse.Namespace) -> list[Path]:
+    """One text per held-out author: ``--heldout-chunk`` characters from the middle of each of the author's works
+    (by file name), until ``--heldout-chars``; cut at whitespace. No stage of any run reads these authors."""
+    folder = args.work / "heldout"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for author in HELDOUT_AUTHORS:
+        pieces, total = [], 0
+        for work in sorted((Path(args.shared) / "text" / "ruslit" / "prose" / author).glob("*.txt")):
+            text = " ".join(work.read_text(encoding="utf-8").split())
+            if len(text) < 2 * args.heldout_chunk:
+                continue
+            middle = len(text) // 2
+            start = text.find(" ", middle - args.heldout_chunk // 2) + 1
+            end = text.rfind(" ", start, start + args.heldout_chunk)
+            pieces.append(text[start:end])
+            total += end - start
+            if total >= args.heldout_chars:
+                break
+        if total < args.heldout_chars // 2:
+            raise SystemExit(f"error: {author}'s works under {args.shared}/text/ruslit/prose give only {total} "
+                             f"characters of held-out text (--heldout-chars {args.heldout_chars})")
+        path = folder / f"{author}.txt"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("\n\n".join(pieces) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------- the base
 
 def build_base(args: argparse.Namespace) -> Path:
-    """The English base model exported as a Hugging Face folder; its path."""
-    config = write_config(args, "en-base", {
+    """The base model (English and Russian, an English-centric tokenizer) exported as a Hugging Face folder."""
+    config = write_config(args, "base", {
         "corpus": {"sources": [{"kind": "debian", "name": "debian-en", "packages": ENGLISH_PACKAGES,
-                                "cache_dir": str(args.work / "debian-cache")}],
-                   "min_cyrillic_share": 0.0, "langid": {"target": "en"},
-                   "quality": {"min_stop_words": 0}},  # the stop-word list is Russian
+                                "cache_dir": str(args.work / "debian-cache")},
+                               ruslit_source(args, "ruslit-base", TRAIN_AUTHORS, args.base_ru_share)],
+                   # two languages: no language filter, and the stop-word check is Russian
+                   "min_cyrillic_share": 0.0, "langid": {"enabled": False}, "quality": {"min_stop_words": 0}},
         "tokenizer": {"vocab_size": args.vocab_size, "model_type": "bpe", "baseline_hf_bpe": False},
         "model": shape_section(args),
         "train": {"steps": args.base_steps, "eval_every": 0, "checkpoint_every": args.base_steps},
-        "eval": {"max_validation_batches": 20, "export_hf": True},
-    })
+        "eval": {"export_hf": True},
+    }, seed=args.seeds[0])
     run_stage(args, "01_build_corpus.py", config, "corpus")
     run_stage(args, "02_train_tokenizer.py", config, "tokenizer")
     run_stage(args, "03_shard.py", config, "shards")
-    base = run_folder(args, "en-base")
+    base = run_folder(args, "base")
     latest = base / "eval" / f"step_{args.base_steps:07d}.json"
     if not latest.is_file():
-        progress(f"en-base: pretraining {args.base_steps} steps on English")
+        progress(f"base: pretraining {args.base_steps} steps on English and Russian")
         seconds = run_recipe(args, "04_pretrain.py", config)
-        progress(f"en-base: 04_pretrain.py done in {seconds:.0f} s")
+        progress(f"base: 04_pretrain.py done in {seconds:.0f} s")
         run_recipe(args, "05_evaluate.py", config)
     results = json.loads(latest.read_text(encoding="utf-8"))
-    progress(f"en-base: English validation {results['validation']['bits_per_byte']:.3f} bits/byte, "
+    progress(f"base: validation (English and Russian) {results['validation']['bits_per_byte']:.3f} bits/byte, "
              f"exported to {results['hf_export']}")
     return Path(results["hf_export"])
 
 
 # ---------------------------------------------------------------- the Russian arms
 
-def arm_sections(args: argparse.Namespace, arm: str, base_hf: Path) -> dict[str, Any]:
-    authors = args.authors.split(",")
-    paths = [f"{args.shared}/text/ruslit/prose/{author}/*.txt" for author in authors]
+def run_name(arm: str, seed: int) -> str:
+    return f"ru-{arm}-s{seed}"
+
+
+def arm_sections(args: argparse.Namespace, arm: str, base_hf: Path, heldout: list[Path]) -> dict[str, Any]:
     sections: dict[str, Any] = {
-        "corpus": {"sources": [{"kind": "files", "name": "ruslit", "paths": paths, "split_rule": "chunk",
-                                "chunk_chars": 3000, "weight": args.ru_share}]},
+        "corpus": {"sources": [ruslit_source(args, "ruslit", TRAIN_AUTHORS, args.ru_share)]},
         "tokenizer": {"vocab_size": args.vocab_size, "model_type": "bpe", "baseline_hf_bpe": False},
-        "train": {"embeddings_only_steps": args.embeddings_only_steps if arm != "scratch" else 0},
+        "train": {"embeddings_only_steps": args.embeddings_only_steps if arm == "mean_warmup" else 0},
+        "eval": {"heldout_text_files": [str(p) for p in heldout]},
     }
     if arm == "keep":
         sections["tokenizer"]["adopt_from"] = str(base_hf)
     if arm == "scratch":
         sections["model"] = shape_section(args)
     else:
-        sections["model"] = {"init_from": str(base_hf), "vocab_adaptation": "none" if arm == "keep" else arm,
-                             "max_seq_len": args.seq_len}
+        adaptation = {"keep": "none", "mean_warmup": "mean"}.get(arm, arm)
+        sections["model"] = {"init_from": str(base_hf), "vocab_adaptation": adaptation, "max_seq_len": args.seq_len}
     return sections
 
 
-def prepare_arms(args: argparse.Namespace, base_hf: Path) -> dict[str, Path]:
-    """Configs per arm; corpus built once, the Russian tokenizer and its shards once (the keep arm shards with
-    the base's tokenizer)."""
-    configs = {arm: write_config(args, f"ru-{arm}", arm_sections(args, arm, base_hf)) for arm in ARMS}
-    run_stage(args, "01_build_corpus.py", configs["mean"], "corpus")
-    for arm in ARMS:
-        if arm != "mean":
-            copy_stage(args, "ru-mean", f"ru-{arm}", "corpus")
-    run_stage(args, "02_train_tokenizer.py", configs["mean"], "tokenizer")
-    run_stage(args, "02_train_tokenizer.py", configs["keep"], "tokenizer")
-    run_stage(args, "03_shard.py", configs["mean"], "shards")
-    run_stage(args, "03_shard.py", configs["keep"], "shards")
-    for arm in ("random", "scratch"):
-        copy_stage(args, "ru-mean", f"ru-{arm}", "tokenizer")
-        copy_stage(args, "ru-mean", f"ru-{arm}", "shards")
+def prepare_arms(args: argparse.Namespace, base_hf: Path, heldout: list[Path]) -> dict[tuple[str, int], Path]:
+    """Configs per arm and seed; the corpus built once, the Russian tokenizer and its shards once (the keep arm
+    shards with the base's tokenizer), copied to the other runs."""
+    configs = {(arm, seed): write_config(args, run_name(arm, seed), arm_sections(args, arm, base_hf, heldout), seed)
+               for arm in ARMS for seed in args.seeds}
+    first = args.seeds[0]
+    russian, kept = run_name("mean", first), run_name("keep", first)
+    run_stage(args, "01_build_corpus.py", configs["mean", first], "corpus")
+    copy_stage(args, russian, kept, "corpus")
+    run_stage(args, "02_train_tokenizer.py", configs["mean", first], "tokenizer")
+    run_stage(args, "02_train_tokenizer.py", configs["keep", first], "tokenizer")
+    run_stage(args, "03_shard.py", configs["mean", first], "shards")
+    run_stage(args, "03_shard.py", configs["keep", first], "shards")
+    for arm, seed in configs:
+        source = kept if arm == "keep" else russian
+        if run_name(arm, seed) != source:
+            for folder in ("corpus", "tokenizer", "shards"):
+                copy_stage(args, source, run_name(arm, seed), folder)
     return configs
 
 
-def segment_runner(args: argparse.Namespace, arm: str, config: Path, bounds: Sequence[int]) -> Callable[[], float]:
-    """A callable running the arm's next segment (recipe 04 with train.steps raised to the next bound)."""
-    done = {"segments": 0}
-
-    def run_next() -> float:
-        index = done["segments"]
-        steps = bounds[index]
-        progress(f"{arm}: segment {index + 1}/{len(bounds)}, training to step {steps}")
-        seconds = run_recipe(args, "04_pretrain.py", config, f"train.steps={steps}")
-        done["segments"] += 1
-        points = eval_points(args, arm)
-        last = points[-1] if points else None
-        progress(f"{arm}: step {steps} in {seconds:.0f} s" + (
-            f", val {last['bpb']:.4f} bits/byte at {last['rub']:.4f} RUB" if last else ""))
-        return seconds
-
-    return run_next
+def heldout_bpb(record: dict[str, Any], weights: dict[str, int]) -> float:
+    """The held-out authors' bits per byte pooled: each text's bits per byte weighted by its bytes."""
+    return sum(float(record[f"eval/heldout/{stem}/bpb"]) * n for stem, n in weights.items()) / sum(weights.values())
 
 
-def eval_points(args: argparse.Namespace, arm: str) -> list[dict[str, float]]:
-    """(step, bits per byte, rubles) at each eval of recipe 04, from train_log.jsonl (last record per step).
+def eval_points(args: argparse.Namespace, name: str, weights: dict[str, int]) -> list[dict[str, float]]:
+    """(step, held-out bpb, validation bpb, rubles) at each eval of recipe 04, from train_log.jsonl (the last
+    record per step, read with the project's torn-tail policy).
 
     ``rub`` is the ledger's total so far, the evals included (booked before the record is logged);
     ``rub_excl_eval`` takes out the evals' own seconds at the run's rubles per hour, because an arm whose
     tokenizer cuts Russian into more tokens also pays more for every eval of the same text.
     """
-    log_path = run_folder(args, f"ru-{arm}") / "train_log.jsonl"
+    from experiment.jsonl import read_jsonl
+
+    log_path = run_folder(args, name) / "train_log.jsonl"
     by_step: dict[int, dict[str, float]] = {}
     eval_seconds: dict[int, float] = {}
-    if log_path.is_file():
-        for line in log_path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            if "eval/val_bpb" in record:
-                step = int(record["train/step"])
-                eval_seconds[step] = float(record["eval/seconds"])
-                rub, hours = float(record["cost/rub_spent"]), float(record["cost/hours"])
-                spent_on_evals = sum(eval_seconds.values()) / 3600 * (rub / hours)
-                by_step[step] = {"step": step, "bpb": float(record["eval/val_bpb"]), "rub": rub,
-                                 "rub_excl_eval": rub - spent_on_evals}
+    for record in read_jsonl(log_path, torn_tail="ignore", missing_ok=True).values:
+        if "eval/val_bpb" in record:
+            step = int(record["train/step"])
+            eval_seconds[step] = float(record["eval/seconds"])
+            rub, hours = float(record["cost/rub_spent"]), float(record["cost/hours"])
+            spent_on_evals = sum(eval_seconds.values()) / 3600 * (rub / hours)
+            by_step[step] = {"step": step, "bpb": heldout_bpb(record, weights), "val_bpb": float(record["eval/val_bpb"]),
+                             **{stem: float(record[f"eval/heldout/{stem}/bpb"]) for stem in weights},
+                             "rub": rub, "rub_excl_eval": rub - spent_on_evals}
     return [by_step[s] for s in sorted(by_step)]
 
 
-def ledger_rubles(args: argparse.Namespace, arm: str) -> dict[str, Any]:
-    """The arm's ledger total, read back through the cost package."""
+def run_arms(args: argparse.Namespace, configs: dict[tuple[str, int], Path], weights: dict[str, int]) -> dict[str, Any]:
+    """Each seed's arms in an order rotated by the seed's index; an arm that logged its last eval is kept."""
+    seconds: dict[str, float] = {}
+    for index, seed in enumerate(args.seeds):
+        order = ARMS[index % len(ARMS):] + ARMS[:index % len(ARMS)]
+        for arm in order:
+            name = run_name(arm, seed)
+            points = eval_points(args, name, weights)
+            if points and points[-1]["step"] >= args.arm_steps:
+                progress(f"{name}: already trained to step {args.arm_steps}, kept")
+                continue
+            progress(f"{name}: training {args.arm_steps} steps")
+            seconds[name] = run_recipe(args, "04_pretrain.py", configs[arm, seed], f"train.steps={args.arm_steps}")
+            last = eval_points(args, name, weights)[-1]
+            progress(f"{name}: {seconds[name]:.0f} s, held-out {last['bpb']:.4f} bits/byte at {last['rub']:.4f} RUB")
+    return seconds
+
+
+def ledger_rubles(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """The run's ledger total, read back through the cost package."""
     from cost.ledger_pricing import summarize_ledger
 
-    summary = summarize_ledger(run_folder(args, f"ru-{arm}") / "ledger")
+    summary = summarize_ledger(run_folder(args, name) / "ledger")
     return {"rub": summary.rub_total, "hours": summary.hours, "sessions": summary.sessions,
             "rub_by_phase": dict(summary.rub_by_phase)}
 
 
 # ---------------------------------------------------------------- tokenizer measures
 
-def validation_texts(args: argparse.Namespace) -> list[str]:
-    from data_prep.shards.layout import split_of
-    from experiment.corpus_format import iter_documents
-
-    corpus = run_folder(args, "ru-mean") / "corpus"
-    return [doc["text"] for doc in iter_documents(corpus)
-            if split_of(doc["id"], args.validation_percent) == "validation"]
-
-
-def tokenizer_measures(args: argparse.Namespace, arm: str, texts: list[str]) -> dict[str, float]:
-    """Chars per token on the validation documents; share of Cyrillic word occurrences of <= 2 tokens.
+def tokenizer_measures(args: argparse.Namespace, name: str, texts: list[str]) -> dict[str, float]:
+    """Chars per token on the held-out texts; share of Cyrillic word occurrences of <= 2 tokens.
 
     A word's tokens: len(encode("а " + word)) - len(encode("а")), so it carries its leading space (or
     SentencePiece's ▁) as it does inside running text, for SentencePiece and byte-level BPE alike.
     """
     from tokenizer.loaded import load_run_tokenizer
 
-    tok = load_run_tokenizer(run_folder(args, f"ru-{arm}") / "tokenizer")
+    tok = load_run_tokenizer(run_folder(args, name) / "tokenizer")
     chars = sum(len(t) for t in texts)
     tokens = sum(len(ids) for ids in tok.encode_batch(texts))
     words = collections.Counter(w for t in texts for w in CYRILLIC_WORD.findall(t))
     prefix = len(tok.encode("а"))
     short = sum(count for word, count in words.items() if len(tok.encode("а " + word)) - prefix <= 2)
     return {"chars_per_token": chars / tokens, "words_le2_tokens": short / sum(words.values()),
-            "validation_chars": chars, "validation_words": sum(words.values())}
+            "heldout_chars": chars, "heldout_words": sum(words.values())}
 
 
-# ---------------------------------------------------------------- results
+# ---------------------------------------------------------------- statistics
 
-def rubles_to_reach(points: Sequence[dict[str, float]], target: float) -> dict[str, Any]:
-    """Rubles (and steps) at which bpb first reaches ``target``, interpolated linearly between eval points."""
+def interval(values: Sequence[float]) -> dict[str, Any]:
+    """Mean and 95% t-interval over seeds (a single value has no interval)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return {"mean": mean, "ci95": None, "n": len(values), "values": list(values)}
+    half = T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return {"mean": mean, "ci95": [mean - half, mean + half], "n": len(values), "values": list(values)}
+
+
+def reach(points: Sequence[dict[str, float]], target: float) -> dict[str, Any]:
+    """Steps and rubles at which bpb first reaches ``target``, interpolated linearly between eval points."""
     keys = ("rub", "rub_excl_eval", "step")
     previous = None
     for point in points:
@@ -320,23 +382,107 @@ def rubles_to_reach(points: Sequence[dict[str, float]], target: float) -> dict[s
     return {**dict.fromkeys(keys), "bound": "not reached"}
 
 
-def plot(points: dict[str, list[dict[str, float]]], target: float, path: Path, title: str) -> None:
+def summarize(points: dict[tuple[str, int], list[dict[str, float]]], seeds: Sequence[int]) -> dict[str, Any]:
+    """Per arm and eval step: the mean over seeds with its interval; per comparison and step: the paired
+    difference (arm minus reference on the same seed) with its interval and how many seeds it is below zero;
+    per arm: steps and rubles to the scratch arm's final held-out bpb of the same seed, as a share of scratch's."""
+    steps = sorted({p["step"] for run in points.values() for p in run})
+    at = {key: {p["step"]: p for p in run} for key, run in points.items()}
+    by_arm = {arm: {str(step): interval([at[arm, s][step]["bpb"] for s in seeds]) for step in steps
+                    if all(step in at[arm, s] for s in seeds)} for arm in ARMS}
+    paired = {}
+    for arm, ref in COMPARISONS:
+        rows = {}
+        for step in steps:
+            if all(step in at[arm, s] and step in at[ref, s] for s in seeds):
+                diffs = [at[arm, s][step]["bpb"] - at[ref, s][step]["bpb"] for s in seeds]
+                rows[str(step)] = {**interval(diffs), "seeds_below_zero": sum(d < 0 for d in diffs)}
+        paired[f"{arm} - {ref}"] = rows
+    to_scratch_final = {}
+    for arm in ARMS:
+        shares: dict[str, list[float | None]] = {"step": [], "rub": [], "rub_excl_eval": []}
+        for s in seeds:
+            scratch = points["scratch", s][-1]
+            hit = reach(points[arm, s], scratch["bpb"])
+            for key in shares:
+                shares[key].append(None if hit[key] is None else hit[key] / scratch[key])
+        to_scratch_final[arm] = shares
+    return {"steps": steps, "heldout_bpb": by_arm, "paired": paired, "to_scratch_final": to_scratch_final}
+
+
+# ---------------------------------------------------------------- report
+
+def fmt_interval(summary: dict[str, Any], digits: int = 3, signed: bool = False) -> str:
+    sign = "+" if signed else ""
+    text = f"{summary['mean']:{sign}.{digits}f}"
+    if summary["ci95"]:
+        low, high = summary["ci95"]
+        text += f" [{low:{sign}.{digits}f}, {high:{sign}.{digits}f}]"
+    return text
+
+
+def fmt_shares(shares: Sequence[float | None]) -> str:
+    if any(x is None for x in shares):
+        reached = sum(x is not None for x in shares)
+        return f"not reached ({reached} of {len(shares)} seeds did)"
+    return f"{statistics.fmean(shares):.2f}x ({min(shares):.2f}-{max(shares):.2f})"
+
+
+def markdown_tables(result: dict[str, Any]) -> str:
+    summary, arms = result["summary"], result["arms"]
+    first, last = str(summary["steps"][0]), str(summary["steps"][-1])
+    n = len(result["settings"]["seeds"])
+    lines = [f"| arm | chars/token (held-out) | ru words <= 2 tokens | held-out bpb, step {first} | "
+             f"held-out bpb, step {last} | steps to scratch's final bpb (x scratch's) | same, rubles excl. evals | "
+             "RUB at the end (excl. evals) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for arm in ARMS:
+        a = arms[arm]
+        rub = statistics.fmean(a["rub_end"])
+        rub_excl = statistics.fmean(a["rub_end_excl_eval"])
+        lines.append(f"| {ARM_LABELS[arm]} | {a['tokenizer']['chars_per_token']:.2f} | "
+                     f"{a['tokenizer']['words_le2_tokens']:.1%} | {fmt_interval(summary['heldout_bpb'][arm][first])} | "
+                     f"{fmt_interval(summary['heldout_bpb'][arm][last])} | "
+                     f"{fmt_shares(summary['to_scratch_final'][arm]['step'])} | "
+                     f"{fmt_shares(summary['to_scratch_final'][arm]['rub_excl_eval'])} | {rub:.3f} ({rub_excl:.3f}) |")
+    lines += ["", f"(mean over {n} seeds [95% t-interval]; held-out: {', '.join(HELDOUT_AUTHORS)}, pooled by bytes)", "",
+              "| step | " + " | ".join(f"{arm} - {ref}" for arm, ref in COMPARISONS) + " |",
+              "|---:|" + "---:|" * len(COMPARISONS)]
+    for step in summary["steps"]:
+        cells = []
+        for arm, ref in COMPARISONS:
+            row = summary["paired"][f"{arm} - {ref}"].get(str(step))
+            cells.append(f"{fmt_interval(row, signed=True)} ({row['seeds_below_zero']}/{row['n']})" if row else "-")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    lines += ["", "(held-out bits per byte, arm minus reference on the same seed: mean [95% t-interval] "
+              "(seeds where the arm is lower / seeds))"]
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    summary = result["summary"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, key, xlabel in ((axes[0], "rub", "rubles spent (ledger, evals included)"),
-                            (axes[1], "rub_excl_eval", "rubles spent, evals excluded")):
-        for arm in ARMS:
-            ax.plot([p[key] for p in points[arm]], [p["bpb"] for p in points[arm]], marker="o", ms=3,
-                    label=ARM_LABELS[arm])
-        ax.axhline(target, color="grey", ls=":", lw=1, label="from-scratch final")
-        ax.set_xlabel(xlabel)
+    for arm in ARMS:
+        rows = summary["heldout_bpb"][arm]
+        steps = [int(s) for s in rows]
+        means = [rows[s]["mean"] for s in rows]
+        line, = axes[0].plot(steps, means, marker="o", ms=3, label=ARM_LABELS[arm])
+        if all(rows[s]["ci95"] for s in rows):
+            axes[0].fill_between(steps, [rows[s]["ci95"][0] for s in rows], [rows[s]["ci95"][1] for s in rows],
+                                 color=line.get_color(), alpha=0.15)
+        runs = result["arms"][arm]["points"]
+        rub = [statistics.fmean(run[i]["rub_excl_eval"] for run in runs.values()) for i in range(len(steps))]
+        axes[1].plot(rub, means, marker="o", ms=3, color=line.get_color())
+    axes[0].set_xlabel("train step (band: 95% t-interval over seeds)")
+    axes[1].set_xlabel("rubles spent, evals excluded (mean over seeds)")
+    axes[0].set_ylabel("held-out authors' bits per byte")
+    for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("held-out Russian bits per byte")
-    axes[1].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -345,55 +491,20 @@ def plot(points: dict[str, list[dict[str, float]]], target: float, path: Path, t
     os.replace(tmp, path)
 
 
-def fmt(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-
-
-def reach_cell(reach: dict[str, Any], key: str, scratch_rub: float) -> str:
-    if reach[key] is None:
-        return "not reached"
-    at_most = "<= " if reach["bound"] != "interpolated" else ""  # reached by the first eval already
-    return f"{at_most}{reach[key]:.3f} = {at_most}{reach[key] / scratch_rub:.2f}x"
-
-
-def markdown_table(result: dict[str, Any]) -> str:
-    arms = result["arms"]
-    scratch_last = arms["scratch"]["points"][-1]
-    lines = ["| arm | chars/token (ru) | ru words <= 2 tokens | bpb, first eval | bpb, final (recipe 05) | "
-             "RUB at the end (excl. evals) | RUB to scratch's final bpb, x scratch's (ledger) | "
-             "same, excl. evals |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for arm in ARMS:
-        a = arms[arm]
-        last, reach = a["points"][-1], a["reach_scratch_final"]
-        lines.append(f"| {ARM_LABELS[arm]} | {a['tokenizer']['chars_per_token']:.2f} | "
-                     f"{a['tokenizer']['words_le2_tokens']:.1%} | {fmt(a['points'][0]['bpb'], 3)} | "
-                     f"{fmt(a['final_bpb'], 3)} | {last['rub']:.3f} ({last['rub_excl_eval']:.3f}) | "
-                     f"{reach_cell(reach, 'rub', scratch_last['rub'])} | "
-                     f"{reach_cell(reach, 'rub_excl_eval', scratch_last['rub_excl_eval'])} |")
-    steps = sorted({p["step"] for a in arms.values() for p in a["points"]})
-    lines += ["", "| step | " + " | ".join(ARM_LABELS[arm] for arm in ARMS) + " |", "|---:|" + "---:|" * len(ARMS)]
-    for step in steps:
-        row = []
-        for arm in ARMS:
-            match = [p for p in arms[arm]["points"] if p["step"] == step]
-            row.append(f"{match[0]['bpb']:.3f} @ {match[0]['rub']:.3f}" if match else "-")
-        lines.append(f"| {step} | " + " | ".join(row) + " |")
-    lines += ["", "(held-out bits per byte @ ledger rubles at that eval)"]
-    return "\n".join(lines)
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", type=Path, default=Path("/tmp/ru-vocab-bench"), help="run root, configs and logs")
     p.add_argument("--shared", default=os.environ.get("RU_SHARED_DATA", str(REPO.parent / "shared" / "data")))
     p.add_argument("--json", type=Path, default=None, help="also write the JSON result here")
-    p.add_argument("--table", type=Path, default=None, help="write the markdown table here")
+    p.add_argument("--table", type=Path, default=None, help="write the markdown tables here")
     p.add_argument("--plot", type=Path, default=REPO / "bench" / "results" / "vocab_adaptation.png")
-    p.add_argument("--base-steps", type=int, default=300)
-    p.add_argument("--arm-steps", type=int, default=280)
-    p.add_argument("--segments", type=int, default=4, help="segments per arm, run in rotating order")
+    p.add_argument("--seeds", default="0,1,2", help="experiment.seed of each arm's runs, comma-separated")
+    p.add_argument("--base-steps", type=int, default=400)
+    p.add_argument("--base-ru-share", type=float, default=0.03,
+                   help="share of the training authors' documents in the base's corpus (beside the English)")
+    p.add_argument("--arm-steps", type=int, default=210)
     p.add_argument("--eval-every", type=int, default=35)
-    p.add_argument("--embeddings-only-steps", type=int, default=0, help="for the arms that start from the base")
+    p.add_argument("--embeddings-only-steps", type=int, default=35, help="the mean_warmup arm's warm-up")
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--n-layers", type=int, default=6)
     p.add_argument("--n-heads", type=int, default=4)
@@ -404,79 +515,73 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--learning-rate", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--report-only", action="store_true", help="run nothing: report on the work folder's runs")
     p.add_argument("--validation-percent", type=float, default=2.0)
+    p.add_argument("--validation-batches", type=int, default=10,
+                   help="batches of the training authors' validation split scored at each eval")
     p.add_argument("--ru-share", type=float, default=0.15,
-                   help="share of the ruslit prose documents kept (a stable hash of each document)")
-    p.add_argument("--authors", default=",".join(RUSLIT_AUTHORS), help="ruslit prose authors, comma-separated")
+                   help="share of the training authors' documents in the arms' corpus (a stable hash of each)")
+    p.add_argument("--heldout-chars", type=int, default=40_000, help="characters of held-out text per author")
+    p.add_argument("--heldout-chunk", type=int, default=2_000, help="characters taken from each held-out work")
+    p.add_argument("--report-only", action="store_true", help="run nothing: report on the work folder's runs")
     args = p.parse_args(argv)
-    if args.arm_steps % args.segments or (args.arm_steps // args.segments) % args.eval_every:
-        p.error("--arm-steps must split into --segments equal segments, each a multiple of --eval-every")
+    args.seeds = [int(x) for x in args.seeds.split(",")]
+    if args.arm_steps % args.eval_every:
+        p.error("--arm-steps must be a multiple of --eval-every")
+    if args.embeddings_only_steps >= args.arm_steps:
+        p.error("--embeddings-only-steps must be below --arm-steps")
     args.work = args.work.resolve()
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    heldout = write_heldout(args)
+    weights = {p.stem: len(p.read_bytes()) for p in heldout}
+    seconds: dict[str, float] = {}
     try:
+        base_hf = build_base(args)
+        configs = prepare_arms(args, base_hf, heldout)
         if not args.report_only:
-            base_hf = build_base(args)
-            configs = prepare_arms(args, base_hf)
-            segment = args.arm_steps // args.segments
-            bounds = [segment * (i + 1) for i in range(args.segments)]
-            seconds = interleaved_rounds({arm: segment_runner(args, arm, configs[arm], bounds) for arm in ARMS},
-                                         args.segments)
-            for arm in ARMS:  # the eval stage itself on each arm's last checkpoint
-                run_recipe(args, "05_evaluate.py", configs[arm])
+            seconds = run_arms(args, configs, weights)
     except RecipeFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    finals = {}
-    for arm in ARMS:
-        final = run_folder(args, f"ru-{arm}") / "eval" / f"step_{args.arm_steps:07d}.json"
-        finals[arm] = json.loads(final.read_text(encoding="utf-8"))["validation"]["bits_per_byte"]
-    base_hf = Path(json.loads((run_folder(args, "en-base") / "eval" / f"step_{args.base_steps:07d}.json")
-                              .read_text(encoding="utf-8"))["hf_export"])
-    texts = validation_texts(args)
-    points = {arm: eval_points(args, arm) for arm in ARMS}
-    target = finals["scratch"]
+    texts = [p.read_text(encoding="utf-8") for p in heldout]
+    points = {(arm, s): eval_points(args, run_name(arm, s), weights) for arm in ARMS for s in args.seeds}
+    unfinished = [run_name(*key) for key, run in points.items() if not run or run[-1]["step"] < args.arm_steps]
+    if unfinished:
+        print(f"error: not trained to step {args.arm_steps}: {', '.join(unfinished)} (run without --report-only)",
+              file=sys.stderr)
+        return 1
     arms: dict[str, Any] = {}
     for arm in ARMS:
-        arms[arm] = {"label": ARM_LABELS[arm], "points": points[arm], "final_bpb": finals[arm],
-                     "segment_seconds": seconds[arm], "ledger": ledger_rubles(args, arm),
-                     "tokenizer": tokenizer_measures(args, arm, texts),
-                     "reach_scratch_final": rubles_to_reach(points[arm], target)}
-    mean_reach = arms["mean"]["reach_scratch_final"]["rub"]
-    mean_reach_excl = arms["mean"]["reach_scratch_final"]["rub_excl_eval"]
-    common = sorted({p["step"] for p in points["mean"]} & {p["step"] for p in points["random"]})
-    by_step = {arm: {p["step"]: p["bpb"] for p in points[arm]} for arm in ("mean", "random")}
+        names = {s: run_name(arm, s) for s in args.seeds}
+        arms[arm] = {"label": ARM_LABELS[arm],
+                     "points": {str(s): points[arm, s] for s in args.seeds},
+                     "rub_end": [points[arm, s][-1]["rub"] for s in args.seeds],
+                     "rub_end_excl_eval": [points[arm, s][-1]["rub_excl_eval"] for s in args.seeds],
+                     "train_seconds": {str(s): seconds.get(names[s]) for s in args.seeds},
+                     "ledger": {str(s): ledger_rubles(args, names[s]) for s in args.seeds},
+                     "tokenizer": tokenizer_measures(args, names[args.seeds[0]], texts)}
+    base_tokenizer = tokenizer_measures(args, "base", texts)
     result = {
         "bench": "vocab_adaptation", "cpu": cpu_model(), "cores": os.cpu_count(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "base_hf": str(base_hf), "scratch_final_bpb": target, "arms": arms,
-        "goals": {
-            "mean_reaches_scratch_final_with_half_the_rubles": (
-                mean_reach is not None and mean_reach <= 0.5 * arms["scratch"]["points"][-1]["rub"]),
-            "mean_reaches_scratch_final_with_half_the_rubles_excl_evals": (
-                mean_reach_excl is not None
-                and mean_reach_excl <= 0.5 * arms["scratch"]["points"][-1]["rub_excl_eval"]),
-            "mean_beats_random_at_every_logged_step": all(by_step["mean"][s] < by_step["random"][s] for s in common),
-            "steps_compared": common,
-        },
+        "base_hf": str(base_hf), "base_tokenizer_on_heldout": base_tokenizer,
+        "heldout": {"authors": HELDOUT_AUTHORS, "bytes": weights},
+        "train_authors": TRAIN_AUTHORS, "arms": arms, "summary": summarize(points, args.seeds),
         "wall_seconds": round(time.monotonic() - STARTED, 1),
     }
-    plot(points, target, args.plot, f"English base -> Russian, {args.arm_steps} steps per arm, "
-                                     f"{cpu_model()}, one seed")
-    table = markdown_table(result)
+    plot(result, args.plot, f"bilingual base (English-centric tokenizer) -> Russian tokenizer, {args.arm_steps} "
+                            f"steps per arm, {len(args.seeds)} seeds, held-out {' and '.join(HELDOUT_AUTHORS)}")
+    tables = markdown_tables(result)
     if args.table:
-        args.table.write_text(table + "\n", encoding="utf-8")
+        args.table.write_text(tables + "\n", encoding="utf-8")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2, ensure_ascii=False))
-    progress("done\n" + table)
+    progress("done\n" + tables)
     return 0
 
 
