@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiment.errors import ConfigError
 from tests.conftest import import_extra
 
 lm_eval = import_extra("lm_eval", "lm-eval")
@@ -167,5 +168,5 @@ def test_generate_until_keeps_the_end_of_a_long_context() -> None:
     (out,) = lm.generate_until([SimpleNamespace(args=(long, {"max_gen_toks": 5}))], disable_tqdm=True)
     (same,) = lm.generate_until([SimpleNamespace(args=(long[-200:], {"max_gen_toks": 5}))], disable_tqdm=True)
     assert out == same  # both keep the same last 59 tokens
-    with pytest.raises(ValueError, match="leaves no room"):
+    with pytest.raises(ConfigError, match="leaves no room"):  # the project's one-line error
         lm.generate_until([SimpleNamespace(args=("x", {"max_gen_toks": 64}))], disable_tqdm=True)
