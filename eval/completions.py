@@ -152,8 +152,6 @@ def load_generator(cfg: Any, run_folder: Any) -> tuple[Any, PromptCodec, int, di
     (``generate.checkpoint_step``, else the latest) with the run's tokenizer. On several devices the
     parameters are read straight onto the mesh (``generation_mesh``) and ``layout`` is (mesh, the family's
     rules under ``train.mesh.rules``); on one device it is None."""
-    from model.registry import get_family
-
     gen, mesh, rules = cfg.generate, generation_mesh(cfg), cfg.train.mesh.rules
     if gen.hf_model:
         from model.hf_checkpoint import load_hf_checkpoint
@@ -161,18 +159,25 @@ def load_generator(cfg: Any, run_folder: Any) -> tuple[Any, PromptCodec, int, di
         folder = Path(gen.hf_model)
         imported = load_hf_checkpoint(folder, mesh=mesh, rules=rules)
         codec = hf_codec(folder, imported.hf_config)
-        layout = None if mesh is None else (mesh, get_family(imported.family).mesh_rules(rules))
         return imported.model(), codec, int(imported.model_cfg.max_seq_len), {"hf_model": str(folder),
-                                                                              "family": imported.family}, layout
+                                                                              "family": imported.family}, \
+            layout_of(mesh, imported.family, rules)
     from tokenizer.loaded import load_run_tokenizer
     from trainer.trained_model import load_trained_model, model_config_from_meta
 
     model, step, meta = load_trained_model(run_folder, step=gen.checkpoint_step, mesh=mesh, rules=rules)
     tokenizer = load_run_tokenizer(run_folder.tokenizer)
     model_cfg = model_config_from_meta(meta)
-    layout = None if mesh is None else (mesh, get_family(model_cfg.family).mesh_rules(rules))
     return model, run_codec(tokenizer), int(model_cfg.max_seq_len), {"step": int(step),
-                                                                     "family": model_cfg.family}, layout
+                                                                     "family": model_cfg.family}, \
+        layout_of(mesh, model_cfg.family, rules)
+
+
+def layout_of(mesh: Any, family: str, rules: Any) -> Any:
+    """(mesh, the family's axis rules under the config's) to generate on; None without a mesh."""
+    from model.registry import get_family
+
+    return None if mesh is None else (mesh, get_family(family).mesh_rules(rules))
 
 
 def generate_stage(cfg: Any, run_folder: Any, wandb_run: Any) -> Path:
