@@ -27,7 +27,7 @@ read with ``tiktoken``). Debian packages are fetched with ``apt-get download`` i
 ``--character-coverage`` overrides ``tokenizer.character_coverage``; the JSON also counts the single-character
 pieces (what a higher coverage spends) and measures the unseen samples' digit-dense lines (``split_digits``).
 ``line_by_line`` in the JSON measures ours and the HF peer with every held-out line encoded alone (single
-sentences or posts: no newline tokens). Levers: ``--no-split-digits``, ``--no-space-digit-pieces``,
+sentences or posts: no newline tokens). Levers: ``--split-digits``, ``--no-space-digit-pieces``,
 ``--max-piece-length``, ``--user-symbols``, ``--trainer-option KEY=VALUE`` (SentencePiece options that are no
 config key, e.g. ``split_by_unicode_script=false``).
 """
@@ -350,6 +350,24 @@ def line_by_line(encoders: dict[str, Any], heldout: dict[str, list[dict[str, Any
             for name, encode in encoders.items()}
 
 
+# GPT-2's pre-tokenization (the peer's, without its English contractions) over characters, not bytes
+GPT2_WORDS = r" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+
+def train_charlevel_bpe(texts: Any, vocab_size: int) -> Any:
+    """The peer's recipe on characters: Hugging Face's BPE trainer with the peer's word boundaries, spaces
+    as SentencePiece's "▁", no bytes. Where it gives our figure and not the peer's, the difference is
+    characters against bytes, not SentencePiece's trainer or its boundaries (``--char-level-peer``)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(GPT2_WORDS), behavior="isolated"),
+        pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never", split=False)])
+    tokenizer.train_from_iterator(texts, trainer=trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False))
+    return tokenizer
+
+
 def trainer_option_overrides(pairs: list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` SentencePiece trainer options that are no config key (split_by_unicode_script, ...),
     laid over what ``trainer_options`` gives: for measuring a lever before it becomes one."""
@@ -408,7 +426,7 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
     cfg = build_dataclass(ExperimentConfig, {
         "experiment": {"name": "ruslit-unseen", "run_root": str(args.unseen), "seed": 0},
         "tokenizer": {"vocab_size": args.vocab_size, "model_type": args.model_type, "report_max_docs": 100_000,
-                      "split_digits": not args.no_split_digits, "space_digit_pieces": not args.no_space_digit_pieces,
+                      "split_digits": args.split_digits, "space_digit_pieces": not args.no_space_digit_pieces,
                       "normalization": args.normalization, "heldout_sources": unseen, "extra_train_sources": extra_sources, "hf_export": False, "num_threads": os.cpu_count() or 1,
                       "baseline_hf_bpe": not args.no_hf_baseline,
                       **({} if args.character_coverage is None else {"character_coverage": args.character_coverage}),
@@ -430,6 +448,13 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
     encoders = {"sentencepiece": sp.encode}
     if "tokenizer" in peer:
         encoders["hf_bytelevel_bpe"] = lambda text: peer["tokenizer"].encode(text, add_special_tokens=False).ids
+    if args.char_level_peer:
+        from experiment.corpus_format import iter_documents
+        from tokenizer.texts import training_texts
+
+        char_level = train_charlevel_bpe(training_texts(iter_documents(folder.corpus), VALIDATION_PERCENT, unseen),
+                                         args.vocab_size)
+        encoders["hf_charlevel_bpe"] = lambda text: char_level.encode(text, add_special_tokens=False).ids
     split = split_corpus(folder.corpus, VALIDATION_PERCENT, 100_000, unseen)
     lines = line_by_line(encoders, split.heldout, unseen)
     for tok in llm_tokenizers(args.llm_dir):
@@ -439,7 +464,7 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
                     for source, m in result["by_source"].items()}
              for name, result in results.items()}
     return {"bench": "tokenizer-unseen", "vocab_size": args.vocab_size, "model_type": args.model_type,
-            "split_digits": not args.no_split_digits, "space_digit_symbols": list(cfg.tokenizer.space_digit_symbols()),
+            "split_digits": args.split_digits, "space_digit_symbols": list(cfg.tokenizer.space_digit_symbols()),
             "normalization": args.normalization, "character_coverage": cfg.tokenizer.character_coverage, "max_piece_length": cfg.tokenizer.max_piece_length,
             "user_defined_symbols": cfg.tokenizer.user_defined_symbols, "trainer_options_overridden": extra_options,
             "extra_corpus": args.extra_corpus,
@@ -473,8 +498,10 @@ def main() -> None:
                         help="Debian packages whose text joins the corpus (5%% held out, source debian-train as in the earlier runs)")
     parser.add_argument("--character-coverage", type=float, default=None,
                         help="tokenizer.character_coverage (default: the config's)")
-    parser.add_argument("--no-split-digits", action="store_true", help="tokenizer.split_digits=false")
+    parser.add_argument("--split-digits", action="store_true", help="tokenizer.split_digits=true (every digit a token)")
     parser.add_argument("--no-space-digit-pieces", action="store_true", help="tokenizer.space_digit_pieces=false")
+    parser.add_argument("--char-level-peer", action="store_true",
+                        help="also the peer's recipe on characters (Hugging Face BPE, its word boundaries), line by line")
     parser.add_argument("--no-hf-baseline", action="store_true", help="skip the HF byte-level BPE baseline (--unseen)")
     parser.add_argument("--normalization", default="ru_text_v1", choices=["ru_text_v1", "identity"])
     parser.add_argument("--debian-cache", type=Path, default=Path("/tmp/bench-debian"))

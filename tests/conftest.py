@@ -22,6 +22,7 @@ from typing import NoReturn
 import pytest
 
 from tests.device_worker import DeviceWorker
+from tests.recipe_runner import default_test_xla_cache, xla_cache_env
 from tests.xla_flags import with_fast_cpu_compile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -37,18 +38,18 @@ for _var, _sub in (("WANDB_DIR", "runs"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_
                    ("WANDB_DATA_DIR", "data")):
     os.environ[_var] = str(_WANDB_HOME / _sub)
 os.environ.setdefault("RU_SHARED_DATA", str((REPO_ROOT.parent / "shared" / "data").resolve()))
-# One XLA compilation cache for the session: the tests build the same tiny programs again and again (in
-# tests, recipe runs, the pytest workers, the 8-device workers and subprocesses), and a cache hit skips the
-# compile. Made by the first process (the controller under pytest-xdist; its workers inherit the variables)
-# and removed by it at the end; it starts empty, so every session compiles everything once.
+# One XLA compilation cache for the tests: they build the same tiny programs again and again (in tests,
+# recipe runs, the pytest workers, the 8-device workers and subprocesses), and a cache hit skips the
+# compile. It outlives the session, in the user's cache folder, so the next run of the suite compiles only
+# what changed (JAX keys each entry by the program, the compile options, the XLA flags and jax/jaxlib's
+# versions: a hit is the program a compile would give; an entry JAX cannot read is compiled again, with a
+# warning). Emptied by a session that finds it over TEST_XLA_CACHE_MAX_BYTES. RU_TEST_XLA_CACHE names
+# another folder (an empty one measures a cold start); the pytest workers inherit the controller's.
 _SESSION_XLA_CACHE = "RU_TEST_XLA_CACHE"
 if not os.environ.get(_SESSION_XLA_CACHE):
-    os.environ[_SESSION_XLA_CACHE] = tempfile.mkdtemp(prefix="xla-cache-tests-")
-    _OWNS_XLA_CACHE = True
-else:
-    _OWNS_XLA_CACHE = False
-os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_SESSION_XLA_CACHE]
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny programs compile in well under 1 s
+    os.environ[_SESSION_XLA_CACHE] = str(default_test_xla_cache())
+Path(os.environ[_SESSION_XLA_CACHE]).mkdir(parents=True, exist_ok=True)
+os.environ.update(xla_cache_env())
 os.environ["XLA_FLAGS"] = with_fast_cpu_compile(os.environ.get("XLA_FLAGS", ""))
 
 
@@ -61,8 +62,6 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the offline W&B home: hundreds of offline runs would otherwise pile up in /tmp across CI runs."""
     shutil.rmtree(_WANDB_HOME, ignore_errors=True)
-    if _OWNS_XLA_CACHE:
-        shutil.rmtree(os.environ[_SESSION_XLA_CACHE], ignore_errors=True)
 
 
 def shared_data_dir() -> Path:

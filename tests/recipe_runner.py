@@ -56,6 +56,11 @@ def check_integration(script: str) -> None:
 
 
 XLA_CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+# A whole suite's programs take about 25 MB of cache; as the code changes, entries nobody asks for again
+# pile up, so a session that finds more than this empties the folder first. (Not JAX's own cap,
+# jax_compilation_cache_max_size: it rescans the folder at every write, which cost the unit loop more
+# than its warm cache saved a first session.)
+TEST_XLA_CACHE_MAX_BYTES = 1024**3
 
 
 SESSION_XLA_CACHE_VAR = "RU_TEST_XLA_CACHE"  # set by tests/conftest.py for the session, its workers included
@@ -69,6 +74,16 @@ def session_xla_cache() -> Path:
         return Path(os.environ[SESSION_XLA_CACHE_VAR])
     path = Path(tempfile.mkdtemp(prefix="xla-cache-tests-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def default_test_xla_cache(max_bytes: int = TEST_XLA_CACHE_MAX_BYTES) -> Path:
+    """The tests' compilation cache when RU_TEST_XLA_CACHE names none: in the user's cache folder, emptied
+    when it holds more than ``max_bytes``."""
+    path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ru-pretrain" / "xla-tests"
+    if path.is_dir() and sum(f.stat().st_size for f in path.iterdir() if f.is_file()) > max_bytes:
+        shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
     return path
 
 

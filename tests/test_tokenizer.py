@@ -352,27 +352,34 @@ def test_default_coverage_keeps_a_symbol_rare_as_in_technical_text() -> None:
         assert (len(ids) == 1 and not sp.is_byte(ids[0])) == kept, coverage
 
 
-def test_default_keeps_digits_split_with_the_space_before_a_number_in_its_first_digit() -> None:
-    """Digits stay one token each, but " 1812" is "▁1" 8 1 2 (no lone "▁" before every number); with
-    tokenizer.space_digit_pieces=false, or split_digits=false, the ten pieces are not added. The Hugging
-    Face export gives the same ids."""
+def test_numbers_are_whole_by_default_and_split_digits_gives_one_token_per_digit_after_a_space_piece() -> None:
+    """By default BPE learns numbers as it learns words (a frequent " 1812" one piece, as the byte-level
+    peer has it). With tokenizer.split_digits=true digits stay one token each, but " 1812" is "▁1" 8 1 2
+    (no lone "▁" before every number); with tokenizer.space_digit_pieces=false too the ten pieces are not
+    added. The Hugging Face export gives the same ids."""
     from experiment.sections.tokenizer import SPACE_DIGIT_PIECES, TokenizerConfig
 
     lines = [line for d in fixture_documents() for line in d["text"].split("\n") if line]
+    lines += ["Это было в 1812 году, а потом в 1825 году."] * 40  # years frequent enough to be merged
     text = "В 1812 году, 12.05.2023 и 3,14; 12 и 34 (стр. 7)"
 
     def trained(**tok: Any) -> spm.SentencePieceProcessor:
         options = trainer_options(TokenizerConfig(vocab_size=600, **tok), seed=0)
         return spm.SentencePieceProcessor(model_proto=train_sentencepiece(lines, options))
 
-    sp = trained()
+    default = trained()
+    assert default.encode(" 1812", out_type=str) == ["▁1812"]
+    assert default.piece_to_id("▁1") == default.unk_id()  # no space-digit pieces without the split
+    assert default.decode(default.encode(text)) == text
+    assert build_hf_tokenizer(default).encode(text, add_special_tokens=False).ids == default.encode(text)
+
+    sp = trained(split_digits=True)
     assert [sp.id_to_piece(i) for i in range(4, 16)] == ["\n", "\n\n", *SPACE_DIGIT_PIECES]
     pieces = sp.encode(text, out_type=str)
     assert pieces[1:5] == ["▁1", "8", "1", "2"] and "▁" not in pieces
     assert all(len(p.lstrip("▁")) == 1 for p in pieces if any(c.isdigit() for c in p))  # one digit per token
     assert sp.decode(sp.encode(text)) == text
     assert build_hf_tokenizer(sp).encode(text, add_special_tokens=False).ids == sp.encode(text)
-    for off in ({"space_digit_pieces": False}, {"split_digits": False}):
-        other = trained(**off)
-        assert other.piece_to_id("▁1") == other.unk_id(), off
-    assert trained(space_digit_pieces=False).encode(" 7", out_type=str) == ["▁", "7"]
+    plain_split = trained(split_digits=True, space_digit_pieces=False)
+    assert plain_split.piece_to_id("▁1") == plain_split.unk_id()
+    assert plain_split.encode(" 7", out_type=str) == ["▁", "7"]
