@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from experiment.errors import ConfigError
 from model.family import CachedDecoding
 from model.kv_cache import KVCache, init_cache
-from model.sharding import Rules, activation_layout, check_divisible, logical_to_spec
+from model.sharding import Rules, activation_layout, check_divisible, logical_to_spec, mesh_parts
 
 CACHE_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")  # KVCache.k and .v [L, B, S, KV, D]
 
@@ -190,9 +189,7 @@ def generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, 
 
 def batch_parts(mesh: Mesh, rules: Rules) -> int:
     """How many parts the batch is split into on ``mesh``: the product of the mesh axes ``batch`` maps to."""
-    spec = logical_to_spec(("batch",), rules)[0]
-    axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
-    return math.prod(mesh.shape[axis] for axis in axes)
+    return mesh_parts(mesh, logical_to_spec(("batch",), rules)[0])
 
 
 def on_mesh(state: nnx.State, tokens: jax.Array, cache: KVCache, mesh: Mesh,

@@ -83,12 +83,22 @@ def logical_to_spec(logical: Sequence[str | None], rules: Rules) -> PartitionSpe
     return PartitionSpec(*spec)
 
 
+def spec_axes(entry: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry (None, one axis name or several)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def mesh_parts(mesh: Mesh, entry: str | Sequence[str] | None) -> int:
+    """How many parts a dim laid out by one PartitionSpec entry is split into on ``mesh``."""
+    return math.prod(mesh.shape[axis] for axis in spec_axes(entry))
+
+
 def check_divisible(what: str, shape: Sequence[int], spec: PartitionSpec, mesh: Mesh) -> None:
-    for dim, axes in zip(shape, spec, strict=False):
-        if axes is None:
+    for dim, entry in zip(shape, spec, strict=False):
+        if entry is None:
             continue
-        axes = (axes,) if isinstance(axes, str) else axes
-        parts = math.prod(mesh.shape[a] for a in axes)
+        axes = spec_axes(entry)
+        parts = mesh_parts(mesh, axes)
         if dim % parts:
             raise ConfigError(
                 f"{what}: dimension of size {dim} cannot be split over mesh axes {'x'.join(axes)} ({parts} devices); "

@@ -35,7 +35,7 @@ from experiment.sections.train import TrainConfig
 from model.family import FamilyModel, run_once_compile_options
 from model.loss import chunked_cross_entropy
 from model.registry import family_of
-from model.sharding import activation_layout, batch_sharding, replicated, tree_shardings
+from model.sharding import activation_layout, batch_sharding, mesh_parts, replicated, spec_axes, tree_shardings
 from model.stacking import layer_ndim, stack_tree, unstack_tree
 from model.vocab_adaptation import EMBEDDING_PARAMS
 from trainer.quantization import quantize_module, tracing
@@ -304,10 +304,7 @@ def with_shardings(shapes: Any, shardings: Any) -> Any:
 
 def check_batch(train_cfg: TrainConfig, data_sharding: NamedSharding) -> None:
     spec = data_sharding.spec[0] if data_sharding.spec else None
-    axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
-    parts = 1
-    for axis in axes:
-        parts *= data_sharding.mesh.shape[axis]
+    axes, parts = spec_axes(spec), mesh_parts(data_sharding.mesh, spec)
     micro = train_cfg.batch_size // train_cfg.grad_accum_steps
     if micro % parts:
         raise ConfigError(
