@@ -56,10 +56,10 @@ def check_integration(script: str) -> None:
 
 
 XLA_CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
-# A whole suite's programs take about 25 MB of cache; as the code changes, entries nobody asks for again
+# The base suite's programs take about 36 MB of cache; as the code changes, entries nobody asks for again
 # pile up, so a session that finds more than this empties the folder first. (Not JAX's own cap,
-# jax_compilation_cache_max_size: it rescans the folder at every write, which cost the unit loop more
-# than its warm cache saved a first session.)
+# jax_compilation_cache_max_size: it takes a file lock at every read and write and rescans the whole
+# folder at every write.)
 TEST_XLA_CACHE_MAX_BYTES = 1024**3
 
 
