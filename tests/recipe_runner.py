@@ -79,11 +79,19 @@ def session_xla_cache() -> Path:
 
 def default_test_xla_cache(max_bytes: int = TEST_XLA_CACHE_MAX_BYTES) -> Path:
     """The tests' compilation cache when RU_TEST_XLA_CACHE names none: in the user's cache folder, emptied
-    when it holds more than ``max_bytes``."""
+    when it holds more than ``max_bytes``; where that folder cannot be written (a read-only home), a
+    folder of this session, removed at exit."""
     path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ru-pretrain" / "xla-tests"
-    if path.is_dir() and sum(f.stat().st_size for f in path.iterdir() if f.is_file()) > max_bytes:
-        shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        if path.is_dir() and sum(f.stat().st_size for f in path.iterdir() if f.is_file()) > max_bytes:
+            shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".writable-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError:
+        path = Path(tempfile.mkdtemp(prefix="xla-cache-tests-"))
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 
 
