@@ -90,8 +90,7 @@ def default_test_xla_cache(max_bytes: int = TEST_XLA_CACHE_MAX_BYTES) -> Path:
         probe.touch()
         probe.unlink()
     except OSError:
-        path = Path(tempfile.mkdtemp(prefix="xla-cache-tests-"))
-        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        return session_xla_cache()  # RU_TEST_XLA_CACHE is not set yet: a folder of this process
     return path
 
 
