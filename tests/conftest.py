@@ -21,6 +21,7 @@ from typing import NoReturn
 
 import pytest
 
+from tests import module_order
 from tests.device_worker import DeviceWorker
 from tests.recipe_runner import default_test_xla_cache, xla_cache_env
 from tests.xla_flags import with_fast_cpu_compile
@@ -59,9 +60,40 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
+_RECORDED_DURATIONS = pytest.StashKey[dict[str, float]]()
+_WORKER_DURATIONS = "recorded_test_durations"  # the controller's record, in each worker's workerinput
+_measured_durations: dict[str, float] = {}
+
+
+def recorded_durations(config: pytest.Config) -> dict[str, float]:
+    """The earlier sessions' test times (tests/module_order.py): read once by the controlling process,
+    handed to the workers, so that all of them order the collection alike."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return workerinput.get(_WORKER_DURATIONS, {})
+    if _RECORDED_DURATIONS not in config.stash:
+        config.stash[_RECORDED_DURATIONS] = module_order.read_durations(module_order.durations_file())
+    return config.stash[_RECORDED_DURATIONS]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    """(xdist, in the controller) each worker gets the durations the controller read."""
+    node.workerinput[_WORKER_DURATIONS] = recorded_durations(node.config)  # type: ignore[attr-defined]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """The controller sums each test's setup, call and teardown (xdist relays the workers' reports to it)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        _measured_durations[report.nodeid] = _measured_durations.get(report.nodeid, 0.0) + report.duration
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Remove the offline W&B home: hundreds of offline runs would otherwise pile up in /tmp across CI runs."""
+    """Remove the offline W&B home: hundreds of offline runs would otherwise pile up in /tmp across CI runs;
+    the controller records this session's test times for the next one's order."""
     shutil.rmtree(_WANDB_HOME, ignore_errors=True)
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        module_order.write_durations(module_order.durations_file(), _measured_durations)
 
 
 def shared_data_dir() -> Path:
@@ -81,7 +113,7 @@ def needs_shared(path: Path) -> None:
 # Fixtures that run recipes (directly or through another fixture): a test using any of them is integration.
 RECIPE_FIXTURES = frozenset({"fixture_stages", "fixture_pretrained", "data_root", "straight_run"})
 # Fixtures whose users train on the real shared corpus (a tokenizer on the novels: tens of seconds), also
-# integration: the unit loop needs no shared data
+# integration, as is every test marked shared_data: the unit loop needs no shared data
 REAL_DATA_FIXTURES = frozenset({"shared_data"})
 # Names whose use in a test, or in a function of its module that it calls, means that it runs a recipe.
 RECIPE_CALLS = frozenset({"run_recipe", "run_recipe_on_full_disk", "run_in_process", "start_recipe", "start_pretrain",
@@ -89,7 +121,7 @@ RECIPE_CALLS = frozenset({"run_recipe", "run_recipe_on_full_disk", "run_in_proce
 # Fixtures and names that start other processes (the 8-device worker, a training subprocess, two JAX processes,
 # a fresh interpreter): integration too, the unit loop runs in its own process on one device
 PROCESS_FIXTURES = frozenset({"eight_devices"})
-PROCESS_CALLS = frozenset({"subprocess", "Popen"})
+PROCESS_CALLS = frozenset({"subprocess", "Popen", "DeviceWorker"})
 
 
 def runs_a_recipe(function: object, namespace: dict[str, object], seen: set[int] | None = None) -> bool:
@@ -117,17 +149,21 @@ def runs_a_recipe(function: object, namespace: dict[str, object], seen: set[int]
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``integration`` every test that runs a recipe or uses a fixture that does (RECIPE_FIXTURES, and
-    every fixture depending on them), the real shared data (REAL_DATA_FIXTURES) or other processes
+    every fixture depending on them), the real shared data (REAL_DATA_FIXTURES, the shared_data marker) or other processes
     (PROCESS_FIXTURES, PROCESS_CALLS), so that ``-m "not integration"`` is the fast unit loop. The
     ``recipe_runner`` guard below fails a test that runs a recipe without the marker, so the loop stays fast."""
     for item in items:
         if item.get_closest_marker("integration"):
+            continue
+        if item.get_closest_marker("shared_data"):
+            item.add_marker(pytest.mark.integration)
             continue
         function = getattr(item, "function", None)
         fixtures = set(getattr(item, "fixturenames", ()))
         module = getattr(function, "__globals__", {})
         if fixtures & (RECIPE_FIXTURES | REAL_DATA_FIXTURES | PROCESS_FIXTURES) or (function is not None and runs_a_recipe(function, module)):
             item.add_marker(pytest.mark.integration)
+    items[:] = module_order.longest_modules_first(items, recorded_durations(config))
 
 
 @pytest.fixture(autouse=True)

@@ -30,12 +30,39 @@ def tpu_python() -> str:
     missing_extra("tpu", "libtpu does not import (or set RU_TPU_PYTHON to a python that has it)")
 
 
-def run_fit_check(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+def fit_check_env(tmp_path: Path) -> dict[str, str]:
+    """Recipe 04b's environment: the tests' compilation cache, where it keeps the compiler's answers
+    (``tpu_fit/``; a program compiled for a target by an earlier session is not compiled again)."""
+    return {**recipe_env(tmp_path), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+
+def run_fit_check(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     config = tiny_config(tmp_path)
-    # TPU AOT compiles: kept out of the tests' shared CPU compilation cache
-    env = {**recipe_env(tmp_path, shared_xla_cache=False), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     cmd = [tpu_python(), str(REPO / "recipes" / "04b_tpu_fit_check.py"), "--config", str(config), *overrides]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(cmd, cwd=REPO, env=env or fit_check_env(tmp_path), capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_a_rerun_takes_the_compilers_answer_back_and_a_changed_program_compiles(tmp_path: Path) -> None:
+    """The kept answer of an identical program and target is the compile's; one dimension more is another
+    program (compiled); the folder holds answers only, no TPU executable JAX could not read back."""
+    cache = tmp_path / "xla_cache"
+    env = {**fit_check_env(tmp_path), "JAX_COMPILATION_CACHE_DIR": str(cache)}
+    report_file = tmp_path / "runs" / "tiny" / "reports" / "fit_check.json"
+
+    def check(*overrides: str) -> dict:
+        proc = run_fit_check(tmp_path, "train.fit_topologies=[v5e-16]", "train.batch_size=16", *overrides, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (report,) = json.loads(report_file.read_text(encoding="utf-8"))
+        return {**report, "log": proc.stderr}
+
+    first, again, wider = check(), check(), check("model.d_ff=384")
+    assert (first["verdict_cached"], again["verdict_cached"], wider["verdict_cached"]) == (False, True, False)
+    same = ("needed_gib", "argument_gib", "temp_gib", "output_gib", "alias_gib", "fits", "compile_s", "mesh")
+    assert {k: again[k] for k in same} == {k: first[k] for k in same}
+    assert "by an earlier run (the same program for this slice: its answer was kept)" in again["log"]
+    assert wider["temp_gib"] != first["temp_gib"] or wider["argument_gib"] > first["argument_gib"]
+    assert sorted(p.relative_to(cache).parts[0] for p in cache.rglob("*") if p.is_file()) == ["tpu_fit"] * 2
 
 
 def test_oversized_model_gets_a_clear_error(tmp_path: Path) -> None:
@@ -69,8 +96,7 @@ SHIPPED = sorted((REPO / "recipes" / "configs").glob("*.yaml"))
 @pytest.mark.parametrize("config", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_every_shipped_config_fits_the_slices_it_names(tmp_path: Path, config: Path) -> None:
     """What a user runs first on a laptop: recipe 04b on the config as shipped (no data prepared yet)."""
-    # TPU AOT compiles: kept out of the tests' shared CPU compilation cache
-    env = {**recipe_env(tmp_path, shared_xla_cache=False), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    env = fit_check_env(tmp_path)
     cmd = [tpu_python(), str(REPO / "recipes" / "04b_tpu_fit_check.py"), "--config", str(config),
            f"experiment.run_root={tmp_path / 'runs'}", "wandb.mode=disabled"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)

@@ -36,9 +36,10 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen2": dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=96, init_std=0.3),
     "qwen3": dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=1, head_dim=16, d_ff=64, max_seq_len=96,
                   init_std=0.3),
-    # 8 layers of 5 local : 1 global: one scanned group and a tail of two; a window of 5 under longer sequences
-    "gemma3": dict(d_model=32, n_layers=8, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=64, sliding_window=5,
-                   query_pre_attn_scalar=12, max_seq_len=96, init_std=0.3, rope_theta_global=1000.0),
+    # 5 layers of 2 local : 1 global: one scanned group and a tail of two, so both kinds of layer's caches, in
+    # the scan and after it, in fewer layers than the 5 : 1 pattern needs; a window of 5 under longer sequences
+    "gemma3": dict(d_model=32, n_layers=5, layer_pattern="LLG", n_heads=4, n_kv_heads=2, head_dim=16, d_ff=64,
+                   sliding_window=5, query_pre_attn_scalar=12, max_seq_len=96, init_std=0.3, rope_theta_global=1000.0),
 }
 FAMILIES = sorted(SHAPES)
 

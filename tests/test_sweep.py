@@ -48,15 +48,42 @@ def test_bad_sweeps_are_one_config_error(experiment: dict, message: str) -> None
         build_config({"experiment": {"name": "sw", **experiment}})
 
 
+@pytest.mark.integration
+def test_a_stage_runs_in_its_own_process_and_its_failure_names_it(tmp_path: Path) -> None:
+    """The sweep's launcher as a user meets it: the recipe in a process of its own, its exit code a RecipeError
+    naming the recipe, the overrides and how to resume (the group test below runs the stages in process)."""
+    from experiment.errors import RecipeError
+    from experiment.stages import EVAL
+    from tracking.sweep import run_stage
+
+    missing = tmp_path / "nowhere.yaml"
+    with pytest.raises(RecipeError, match=re.escape("recipes/05_evaluate.py experiment.variant=x exited 2; rerun "
+                                                    "recipes/08_sweep.py with the same arguments to resume")):
+        run_stage(EVAL, str(missing), ["experiment.variant=x"])
+
+
 def test_recipe_08_runs_a_group_of_variants_resumably_and_compares(tmp_path: Path, fixture_stages: Path,
-                                                                    restore_wandb_env: None) -> None:
+                                                                    restore_wandb_env: None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Two tiny learning-rate variants on the fixture data: two pretrain+eval run pairs in one W&B group,
-    a comparison with rubles to target and a frontier plot; a rerun skips what is done and redoes what is not."""
+    a comparison with rubles to target and a frontier plot; a rerun skips what is done and redoes what is not.
+    Recipe 08 runs its stages in this process (their own processes: the test above): each would otherwise
+    pay a fresh interpreter's imports and W&B service."""
+    import sys
+
     from cost.target import Target, cost_to_target, eval_points, read_train_log
     from experiment.stages import EVAL
     from tests.fixture_run import fixture_config, run_copy
-    from tests.recipe_runner import run_recipe
+    from tests.recipe_runner import run_in_process, run_recipe
     from tracking.readback import find_offline_runs, read_offline_run
+
+    def stage_in_process(recipe: str, argv: list[str]) -> int:
+        proc = run_in_process(Path(recipe).name, argv)
+        print(proc.stdout, end="")
+        print(proc.stderr, end="", file=sys.stderr)  # recipe 08's captured output, shown if it fails
+        return proc.returncode
+
+    monkeypatch.setattr("tracking.sweep.recipe_exit_code", stage_in_process)
 
     # runs/tiny: corpus, tokenizer and shards the variants share (re-sharded: the fixture's validation split is empty)
     run_recipe("03_shard.py", run_copy(fixture_stages, tmp_path, shards={"validation_percent": 40.0}))

@@ -36,11 +36,15 @@ REPO = Path(__file__).resolve().parents[1]
 VARIANT_STAGES = (PRETRAIN, EVAL)
 
 
+def recipe_exit_code(recipe: str, argv: list[str]) -> int:
+    """``recipe`` (a path under the repo) in its own process, as a user runs it; its output goes to ours."""
+    return subprocess.run([sys.executable, str(REPO / recipe), *argv], check=False).returncode
+
+
 def run_stage(stage: Stage, config: str, overrides: list[str]) -> None:
-    """One recipe in its own process (its output goes to ours); a failure is one error line naming it."""
-    cmd = [sys.executable, str(REPO / stage.recipe), "--config", config, *overrides]
+    """One recipe (``recipe_exit_code``); a failure is one error line naming it."""
     log.info("sweep: %s %s", stage.recipe, " ".join(overrides))
-    code = subprocess.run(cmd, check=False).returncode
+    code = recipe_exit_code(stage.recipe, ["--config", config, *overrides])
     if code != 0:
         raise RecipeError(f"{stage.recipe} {' '.join(overrides)} exited {code}; rerun recipes/08_sweep.py with the "
                           "same arguments to resume")

@@ -24,6 +24,7 @@ from experiment.files import atomic_write_json, atomic_write_text
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import FIT_CHECK, SHARDS, TOKENIZER
+from trainer.fit_verdicts import MEMORY_PARTS, FitVerdicts, verdict_key
 
 log = logging.getLogger("trainer.fit_check")
 GIB = 1024**3
@@ -121,10 +122,12 @@ def setting_costs(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int,
 
 
 def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, slice_name: str,
-              packed: bool = False, setting: Setting | None = None) -> dict[str, Any]:
+              packed: bool = False, setting: Setting | None = None, verdicts: FitVerdicts | None = None) -> dict[str, Any]:
     """Compile the train step for ``slice_name`` and report per-device memory; never raises on OOM.
 
     ``setting`` replaces the config's remat, attention and accumulation (the fit search's candidates).
+    ``verdicts``: the compiler's answers kept from earlier runs (trainer/fit_verdicts.py): the same lowered
+    program for the same target is not compiled again (``verdict_cached`` in the report).
     """
     from model.sharding import build_mesh
     from trainer.step import TrainProgram
@@ -141,26 +144,55 @@ def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, sli
                               "micro_batch_per_device": train_cfg.batch_size // setting.grad_accum_steps // _data_parts(mesh),
                               "loss_chunk_len": train_cfg.loss_chunk_len,
                               **setting_costs(model_cfg, train_cfg, vocab_size, seq_len, "tpu")}
-    started = time.perf_counter()
     try:
         program = TrainProgram(model_cfg, train_cfg, vocab_size, mesh, seed=0)
-        compiled = program.lower(program.abstract_batch(train_cfg.batch_size, seq_len, packed)).compile()
+        lowered = program.lower(program.abstract_batch(train_cfg.batch_size, seq_len, packed))
     except ConfigError:
         raise
-    except Exception as exc:  # the compiler reports OOM (and unsupported features) as generic runtime errors
-        text = str(exc)
-        out_of_memory = "RESOURCE_EXHAUSTED" in text or "HbmOom" in text
-        first = next((line for line in text.splitlines() if "RESOURCE_EXHAUSTED" in line), text.splitlines()[0][:300])
-        report.update(fits=False, compile_s=time.perf_counter() - started,
-                      error=first if out_of_memory else f"does not compile: {type(exc).__name__}: {first}")
-        return report
-    memory = compiled.memory_analysis()
-    parts = {name: int(getattr(memory, f"{name}_size_in_bytes", 0)) for name in
-             ("argument", "output", "alias", "temp", "generated_code")}
+    except Exception as exc:  # noqa: BLE001 (a feature the TPU path lacks, found while lowering its kernels)
+        return {**report, "fits": False, "compile_s": 0.0, "error": compiler_error(exc)}
+    if verdicts is None:
+        return {**report, **read_answer(compile_answer(lowered), capacity), "verdict_cached": False}
+    topology = TOPOLOGIES[slice_name]
+    key = verdict_key(lowered.as_text(), {"topology": topology.name, "chip_config": topology.chip_config,
+                                          "num_slices": train_cfg.mesh.dcn_data})
+    answer = verdicts.get(key)
+    cached = answer is not None
+    if answer is None:
+        answer = compile_answer(lowered)
+        verdicts.put(key, answer, {k: report[k] for k in ("slice", "mesh", "remat", "attention", "grad_accum_steps")})
+    return {**report, **read_answer(answer, capacity), "verdict_cached": cached}
+
+
+def compiler_error(exc: BaseException) -> str:
+    """The report's error: the compiler's out-of-memory line, else what would not compile (the compiler
+    reports OOM, and features a topology lacks, as generic runtime errors)."""
+    text = str(exc)
+    lines = text.splitlines() or [""]
+    if "RESOURCE_EXHAUSTED" in text or "HbmOom" in text:
+        return next((line for line in lines if "RESOURCE_EXHAUSTED" in line), lines[0][:300])
+    return f"does not compile: {type(exc).__name__}: {lines[0][:300]}"
+
+
+def compile_answer(lowered: Any) -> dict[str, Any]:
+    """What the compiler says of ``lowered``: its per-device memory parts in bytes, or its error line."""
+    started = time.perf_counter()
+    try:
+        memory = lowered.compile().memory_analysis()
+    except Exception as exc:  # noqa: BLE001 (compiler_error)
+        return {"error": compiler_error(exc), "compile_s": time.perf_counter() - started}
+    return {"memory_bytes": {name: int(getattr(memory, f"{name}_size_in_bytes", 0)) for name in MEMORY_PARTS},
+            "compile_s": time.perf_counter() - started}
+
+
+def read_answer(answer: dict[str, Any], capacity_gib: float) -> dict[str, Any]:
+    """The report's verdict from the compiler's answer and the slice's capacity."""
+    if "error" in answer:
+        return {"fits": False, "compile_s": answer["compile_s"], "error": answer["error"]}
+    parts = answer["memory_bytes"]
     needed = parts["argument"] + parts["output"] - parts["alias"] + parts["temp"] + parts["generated_code"]
-    report.update(fits=needed <= capacity * GIB, needed_gib=needed / GIB,
-                  **{f"{k}_gib": v / GIB for k, v in parts.items()}, compile_s=time.perf_counter() - started)
-    return report
+    return {"fits": needed <= capacity_gib * GIB, "needed_gib": needed / GIB,
+            **{f"{k}_gib": v / GIB for k, v in parts.items()}, "compile_s": answer["compile_s"]}
 
 
 def _data_parts(mesh: Any) -> int:
@@ -175,7 +207,8 @@ def describe(report: dict[str, Any]) -> str:
         verdict = "fits" if report["fits"] else "DOES NOT FIT"
         return (f"{head}: {verdict}, {report['needed_gib']:.2f} GiB of {report['capacity_gib']:.2f} GiB per device "
                 f"(arguments {report['argument_gib']:.2f}, temporaries {report['temp_gib']:.2f}); "
-                f"recompute {report['recompute_factor']:.2f}x; compiled in {report['compile_s']:.0f} s")
+                f"recompute {report['recompute_factor']:.2f}x; compiled in {report['compile_s']:.0f} s"
+                f"{' by an earlier run (the same program for this slice: its answer was kept)' if report.get('verdict_cached') else ''}")
     return f"{head}: DOES NOT FIT ({report['error']})"
 
 
@@ -189,7 +222,7 @@ def accumulation_splits(train_cfg: Any, data_parts: int) -> list[int]:
 
 
 def search_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, slice_name: str,
-               packed: bool = False) -> list[dict[str, Any]]:
+               packed: bool = False, verdicts: FitVerdicts | None = None) -> list[dict[str, Any]]:
     """Try remat policies x attention kernels x accumulation splits on ``slice_name``; every compile's report.
 
     For each remat policy and kernel, accumulation grows (1, 2, 4, ...; jumping by the compiler's
@@ -210,7 +243,7 @@ def search_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, sl
             accum: int | None = splits[0]
             while accum is not None and accum <= fewest:
                 report = check_fit(model_cfg, train_cfg, vocab_size, seq_len, slice_name, packed,
-                                   Setting(remat, attention, accum))
+                                   Setting(remat, attention, accum), verdicts)
                 log.info("  %s", describe(report))
                 rows.append(report)
                 if report["fits"]:
@@ -297,6 +330,19 @@ def fit_model(cfg: ExperimentConfig, run_folder: RunFolder) -> tuple[Any, int, i
     return cfg.model, vocab, seq_len
 
 
+def fit_verdicts(cfg: ExperimentConfig, run_folder: RunFolder) -> FitVerdicts | None:
+    """Where the compiler's answers are kept (``train.compilation_cache``): ``tpu_fit/`` in the compilation cache
+    JAX was given, else in the run's ``xla_cache/`` (recipe 04's). JAX's own cache is turned off for this
+    process: it would store each topology's executable, which it cannot read back without a TPU."""
+    import jax
+
+    folder = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_enable_compilation_cache", False)
+    if not cfg.train.compilation_cache:
+        return None
+    return FitVerdicts(Path(folder or Path(run_folder.root) / "xla_cache") / "tpu_fit")
+
+
 def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
     """Recipe 04b: check (or, with ``train.fit_search``, search) every slice in ``train.fit_topologies``.
 
@@ -306,6 +352,7 @@ def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> l
     where nothing fits.
     """
     require_libtpu()
+    verdicts = fit_verdicts(cfg, run_folder)
     model_cfg, vocab, seq_len = fit_model(cfg, run_folder)
     packed = cfg.shards.packing == "document"
     reports, searched = [], {}
@@ -313,7 +360,7 @@ def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> l
         log.info("compiling the train step for %s (vocab %d, seq_len %d, batch %d)", slice_name, vocab, seq_len,
                  cfg.train.batch_size)
         if cfg.train.fit_search:
-            rows = search_fit(model_cfg, cfg.train, vocab, seq_len, slice_name, packed)
+            rows = search_fit(model_cfg, cfg.train, vocab, seq_len, slice_name, packed, verdicts)
             searched[slice_name] = rows
             best = best_setting(rows)
             report = best if best is not None else min(rows, key=lambda r: r.get("needed_gib", float("inf")))
@@ -323,7 +370,7 @@ def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> l
                 log.info("best setting on %s: %s", slice_name, overrides)
                 report = {**report, "overrides": overrides}
         else:
-            report = check_fit(model_cfg, cfg.train, vocab, seq_len, slice_name, packed)
+            report = check_fit(model_cfg, cfg.train, vocab, seq_len, slice_name, packed, verdicts=verdicts)
         log.info("%s", describe(report))
         reports.append(report)
         if wandb_run is not None:

@@ -1,0 +1,82 @@
+"""The fit check's kept compiler answers: keyed by everything the answer depends on, verified when read back."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from trainer.fit_check import GIB, read_answer
+from trainer.fit_verdicts import FitVerdicts, verdict_key
+
+PROGRAM = "module @jit_train_step attributes {mhlo.num_partitions = 16 : i32} { ... }"
+TARGET = {"topology": "v5e:4x4", "chip_config": "default", "num_slices": 1}
+MEMORY = {"argument": 3 * GIB, "output": 3 * GIB, "alias": 3 * GIB, "temp": 5 * GIB, "generated_code": 1024}
+
+
+def test_the_key_changes_with_the_program_the_target_the_flags_and_the_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    key = verdict_key(PROGRAM, TARGET)
+    assert key == verdict_key(PROGRAM, dict(reversed(TARGET.items())))  # the same program and target: the same entry
+    others = {verdict_key(PROGRAM.replace("16", "32"), TARGET), verdict_key(PROGRAM, {**TARGET, "topology": "v6e:2x4"}),
+              verdict_key(PROGRAM, {**TARGET, "num_slices": 2})}
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_latency_hiding_scheduler=false")
+    others.add(verdict_key(PROGRAM, TARGET))
+    monkeypatch.delenv("LIBTPU_INIT_ARGS")
+    monkeypatch.setattr("trainer.fit_verdicts.compiler_versions", lambda: {"jax": "0.10.2", "libtpu": "another"})
+    others.add(verdict_key(PROGRAM, TARGET))
+    assert key not in others and len(others) == 5
+
+
+def test_an_answer_reads_back_and_fits_by_the_capacity_of_this_run(tmp_path: Path) -> None:
+    verdicts = FitVerdicts(tmp_path / "tpu_fit")
+    key = verdict_key(PROGRAM, TARGET)
+    assert verdicts.get(key) is None
+    verdicts.put(key, {"memory_bytes": MEMORY, "compile_s": 41.5}, {"slice": "v5e-16"})
+    answer = verdicts.get(key)
+    assert answer == {"memory_bytes": MEMORY, "compile_s": 41.5}
+    report = read_answer(answer, 15.75)
+    # arguments + outputs - aliased (donated) + temporaries + code
+    assert report["fits"] and report["needed_gib"] == pytest.approx(8 + 1024 / GIB)
+    assert not read_answer(answer, 7.5)["fits"]  # the capacity is this run's, never stored
+    oom = {"error": "RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm", "compile_s": 3.0}
+    verdicts.put("k2", oom, {})
+    assert read_answer(verdicts.get("k2"), 15.75) == {"fits": False, "compile_s": 3.0, "error": oom["error"]}
+    with pytest.raises(ValueError, match="not a fit verdict"):
+        verdicts.put("k3", {"memory_bytes": {"argument": 1}, "compile_s": 1.0}, {})
+
+
+@pytest.mark.parametrize("damage", ["torn", "flipped", "other key", "not an object"])
+def test_a_damaged_entry_is_compiled_again_with_a_warning_naming_it(tmp_path: Path, damage: str,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    verdicts = FitVerdicts(tmp_path)
+    key = verdict_key(PROGRAM, TARGET)
+    verdicts.put(key, {"memory_bytes": MEMORY, "compile_s": 41.5}, {})
+    path = verdicts.path(key)
+    text = path.read_text(encoding="utf-8")
+    entry = json.loads(text)
+    if damage == "torn":
+        path.write_text(text[: len(text) // 2], encoding="utf-8")
+    elif damage == "flipped":  # one byte count changed: the checksum no longer matches
+        entry["answer"]["memory_bytes"]["temp"] -= 2 * GIB
+        path.write_text(json.dumps(entry), encoding="utf-8")
+    elif damage == "other key":  # an entry copied under another program's name
+        path.write_text(json.dumps({**entry, "key": "0" * 64}), encoding="utf-8")
+    else:
+        path.write_text("[]", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="trainer.fit_check"):
+        assert verdicts.get(key) is None
+    assert str(path) in caplog.text and "compiling again" in caplog.text
+
+
+def test_a_folder_that_cannot_be_written_costs_only_the_next_compile(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("", encoding="utf-8")
+    verdicts = FitVerdicts(blocker / "tpu_fit")  # under a file: mkdir fails
+    with caplog.at_level(logging.WARNING, logger="trainer.fit_check"):
+        verdicts.put("k", {"memory_bytes": MEMORY, "compile_s": 1.0}, {})
+    assert "the next run compiles again" in caplog.text and verdicts.get("k") is None
