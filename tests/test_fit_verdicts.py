@@ -80,3 +80,31 @@ def test_a_folder_that_cannot_be_written_costs_only_the_next_compile(tmp_path: P
     with caplog.at_level(logging.WARNING, logger="trainer.fit_check"):
         verdicts.put("k", {"memory_bytes": MEMORY, "compile_s": 1.0}, {})
     assert "the next run compiles again" in caplog.text and verdicts.get("k") is None
+
+
+def test_the_answers_live_beside_jax_s_cache_or_in_the_run_and_jax_s_own_cache_is_off(tmp_path: Path) -> None:
+    import jax
+
+    from experiment.config import load_config
+    from experiment.runfolder import RunFolder
+    from trainer.fit_check import fit_verdicts
+
+    config = Path(__file__).parent / "configs" / "tiny.yaml"
+    cfg = load_config(config, [f"experiment.run_root={tmp_path / 'runs'}"])
+    run = RunFolder.for_config(cfg)
+    saved = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir", "jax_enable_compilation_cache")}
+    try:
+        where = {}
+        for cache_dir in (str(tmp_path / "xla"), "gs://bucket/xla", None):
+            jax.config.update("jax_compilation_cache_dir", cache_dir)
+            jax.config.update("jax_enable_compilation_cache", True)
+            where[cache_dir] = fit_verdicts(cfg, run).folder
+            # a topology's executable could not be read back: JAX's cache is off for the fit check's process
+            assert jax.config.jax_enable_compilation_cache is False
+        assert where == {str(tmp_path / "xla"): tmp_path / "xla" / "tpu_fit",
+                         "gs://bucket/xla": Path(run.root) / "xla_cache" / "tpu_fit",
+                         None: Path(run.root) / "xla_cache" / "tpu_fit"}
+        assert fit_verdicts(load_config(config, ["train.compilation_cache=false"]), run) is None
+    finally:
+        for key, value in saved.items():
+            jax.config.update(key, value)

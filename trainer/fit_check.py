@@ -340,7 +340,9 @@ def fit_verdicts(cfg: ExperimentConfig, run_folder: RunFolder) -> FitVerdicts | 
     jax.config.update("jax_enable_compilation_cache", False)
     if not cfg.train.compilation_cache:
         return None
-    return FitVerdicts(Path(folder or Path(run_folder.root) / "xla_cache") / "tpu_fit")
+    if not folder or "://" in folder:  # JAX's cache may be a bucket (gs://...): the answers stay with the run
+        folder = Path(run_folder.root) / "xla_cache"
+    return FitVerdicts(Path(folder) / "tpu_fit")
 
 
 def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
