@@ -108,3 +108,47 @@ def test_the_answers_live_beside_jax_s_cache_or_in_the_run_and_jax_s_own_cache_i
     finally:
         for key, value in saved.items():
             jax.config.update(key, value)
+
+
+def mosaic_kernel_call(source_file: str, op: str = "arith.addi") -> str:
+    """A lowered custom call carrying a Mosaic kernel as jax serializes one (the mosaic-serde pass, MLIR
+    bytecode, base64 in the JSON backend_config), its operation located in ``source_file``."""
+    import base64
+    import io
+
+    from jax._src.interpreters import mlir
+    from jax._src.lib import tpu
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.passmanager import PassManager
+
+    context = mlir.make_ir_context()
+    tpu.register_dialect(context)
+    with context:
+        module = ir.Module.parse(f"""module attributes {{stable_mosaic.version = 15 : i64}} {{
+          func.func @kernel(%a: i32, %b: i32) -> i32 {{
+            %c = {op} %a, %b : i32 loc("{source_file}":3:4)
+            return %c : i32
+          }}
+        }}""")
+        context.allow_unregistered_dialects = True  # as jax serializes
+        PassManager.parse("builtin.module(mosaic-serde{serialize=true})").run(module.operation)
+        buffer = io.BytesIO()
+        module.operation.write_bytecode(buffer, desired_version=0)
+    body = base64.b64encode(buffer.getvalue()).decode()
+    return ('%0 = stablehlo.custom_call @tpu_custom_call(%arg0) {backend_config = "{\\22custom_call_config\\22: '
+            f'{{\\22body\\22: \\22{body}\\22, \\22serialization_format\\22: 1}}}}"}}')
+
+
+def test_a_kernel_from_another_venv_is_the_same_program_and_another_kernel_is_not() -> None:
+    """A Pallas kernel's bytecode records the path of its source file, inside the venv: two checkouts of
+    the same code must still find each other's answers (measured: every kept answer of the tpu lane was
+    compiled again by a fresh clone's CI before this), while a kernel that computes otherwise must not."""
+    from trainer.fit_verdicts import program_fingerprint
+
+    here = mosaic_kernel_call("/work/main/.venvs/tpu/lib/python3.11/site-packages/jax/splash.py")
+    there = mosaic_kernel_call("/tmp/fresh/.venvs/tpu/lib/python3.11/site-packages/jax/splash.py")
+    other = mosaic_kernel_call("/work/main/.venvs/tpu/lib/python3.11/site-packages/jax/splash.py", "arith.muli")
+    assert here != there  # the raw texts differ by the path
+    assert program_fingerprint(here) == program_fingerprint(there) != program_fingerprint(other)
+    assert "mosaic-sha256:" in program_fingerprint(here) and "site-packages" not in program_fingerprint(here)
+    assert verdict_key(here, TARGET) == verdict_key(there, TARGET) != verdict_key(other, TARGET)

@@ -6,7 +6,8 @@ attached cannot be read back ("PjRtCompiler must be constructed with a Client").
 not the executable but what it reads from it: the per-device memory analysis, or the compiler's error.
 
 An entry is keyed by everything the compiler's answer depends on: the lowered program's text (the whole step
-with its shardings, donations and device count), the topology, the number of slices, the versions of jax,
+with its shardings, donations and device count; each Pallas kernel's Mosaic module printed without its source
+locations, see ``program_fingerprint``), the topology, the number of slices, the versions of jax,
 jaxlib and libtpu, and the flags that reach XLA and libtpu (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``). A change to
 any of them is another key and a fresh compile. Entries are written atomically, carry their key and a checksum
 of their answer, and one that does not verify (torn, edited, flipped) is compiled again with a warning naming
@@ -15,11 +16,13 @@ the file. What fits is decided at each run from the bytes and the current capaci
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.metadata
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +43,49 @@ def compiler_versions() -> dict[str, str]:
     return versions
 
 
+# a Pallas TPU kernel in the lowered text: its Mosaic module, MLIR bytecode in base64, inside the custom call's
+# JSON backend_config (quotes printed as \22)
+MOSAIC_BODY = re.compile(r'(\\22body\\22: \\22)([A-Za-z0-9+/=]+)(\\22)')
+
+
+def mosaic_module_text(body: str) -> str:
+    """A kernel's Mosaic module printed without source locations. Its bytecode records the file of every
+    operation, and the kernels' files live in the venv (site-packages/jax/experimental/pallas/...), so the
+    same program lowered from two checkouts would otherwise hash apart. jax's private MLIR bindings: if they
+    fail (another jax), the raw body is kept and such a program just is not found from another venv."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib import tpu
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.passmanager import PassManager
+
+    context = mlir.make_ir_context()
+    tpu.register_dialect(context)
+    with context, ir.Location.unknown():
+        context.allow_unregistered_dialects = True
+        module = ir.Module.parse(base64.b64decode(body))
+        PassManager.parse("builtin.module(mosaic-serde{serialize=false})").run(module.operation)
+        return module.operation.get_asm(enable_debug_info=False)
+
+
+def program_fingerprint(program_text: str) -> str:
+    """``program_text`` with each Mosaic kernel replaced by the hash of ``mosaic_module_text``."""
+    def canonical(match: re.Match[str]) -> str:
+        try:
+            text = mosaic_module_text(match.group(2))
+        except Exception as exc:  # noqa: BLE001 (see mosaic_module_text)
+            log.debug("a Mosaic kernel kept as lowered (%s)", exc)
+            return match.group(0)
+        return f"{match.group(1)}mosaic-sha256:{hashlib.sha256(text.encode()).hexdigest()}{match.group(3)}"
+
+    return MOSAIC_BODY.sub(canonical, program_text)
+
+
 def verdict_key(program_text: str, target: dict[str, Any]) -> str:
-    """The entry's name: a hash of the lowered program and of ``target`` (topology, slices), the compiler's
-    versions and the flags that reach it."""
+    """The entry's name: a hash of the lowered program (``program_fingerprint``) and of ``target`` (topology,
+    slices), the compiler's versions and the flags that reach it."""
     context = {"target": target, "versions": compiler_versions(), "flags": {v: os.environ.get(v, "") for v in FLAG_VARS}}
     digest = hashlib.sha256(json.dumps(context, sort_keys=True).encode())
-    digest.update(program_text.encode())
+    digest.update(program_fingerprint(program_text).encode())
     return digest.hexdigest()
 
 
