@@ -152,3 +152,16 @@ def test_a_kernel_from_another_venv_is_the_same_program_and_another_kernel_is_no
     assert program_fingerprint(here) == program_fingerprint(there) != program_fingerprint(other)
     assert "mosaic-sha256:" in program_fingerprint(here) and "site-packages" not in program_fingerprint(here)
     assert verdict_key(here, TARGET) == verdict_key(there, TARGET) != verdict_key(other, TARGET)
+
+
+def test_only_the_programs_own_answers_are_kept() -> None:
+    """Memory figures and HBM exhaustion belong to the program; a host that ran out of memory while compiling
+    does not, nor does a feature a newer libtpu may compile: the next run tries those again."""
+    from trainer.fit_check import compiler_error
+    from trainer.fit_verdicts import worth_keeping
+
+    hbm = RuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm.")
+    assert worth_keeping({"memory_bytes": MEMORY, "compile_s": 1.0})
+    assert worth_keeping({"error": compiler_error(hbm), "compile_s": 1.0})
+    assert not worth_keeping({"error": compiler_error(MemoryError("std::bad_alloc")), "compile_s": 1.0})
+    assert not worth_keeping({"error": compiler_error(NotImplementedError("no lowering for x")), "compile_s": 1.0})

@@ -24,7 +24,7 @@ from experiment.files import atomic_write_json, atomic_write_text
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import FIT_CHECK, SHARDS, TOKENIZER
-from trainer.fit_verdicts import MEMORY_PARTS, FitVerdicts, verdict_key
+from trainer.fit_verdicts import MEMORY_PARTS, FitVerdicts, verdict_key, worth_keeping
 
 log = logging.getLogger("trainer.fit_check")
 GIB = 1024**3
@@ -160,7 +160,8 @@ def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, sli
     cached = answer is not None
     if answer is None:
         answer = compile_answer(lowered)
-        verdicts.put(key, answer, {k: report[k] for k in ("slice", "mesh", "remat", "attention", "grad_accum_steps")})
+        if worth_keeping(answer):
+            verdicts.put(key, answer, {k: report[k] for k in ("slice", "mesh", "remat", "attention", "grad_accum_steps")})
     return {**report, **read_answer(answer, capacity), "verdict_cached": cached}
 
 

@@ -104,6 +104,13 @@ def _is_answer(answer: Any) -> bool:
         set(memory) == set(MEMORY_PARTS) and all(isinstance(v, int) and v >= 0 for v in memory.values())
 
 
+def worth_keeping(answer: dict[str, Any]) -> bool:
+    """Memory figures and the compiler's out-of-HBM errors are the program's; any other failure (a host out
+    of memory, a crash in the compiler, a feature the topology lacks that a newer libtpu may have) is not
+    kept, so the next run tries again."""
+    return "memory_bytes" in answer or not str(answer.get("error", "")).startswith("does not compile")
+
+
 class FitVerdicts:
     """The verdicts in one folder (``<xla cache>/tpu_fit``), one JSON file per key."""
 
