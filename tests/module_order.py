@@ -15,11 +15,15 @@ run whose workers collected different orders). With no record (a fresh machine) 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from experiment.files import atomic_write_json
+from tests.recipe_runner import suite_cache_home
 
 DURATIONS_VAR = "RU_TEST_DURATIONS"  # another file (or "" for none): e.g. to measure a run in collection order
 
@@ -27,7 +31,7 @@ DURATIONS_VAR = "RU_TEST_DURATIONS"  # another file (or "" for none): e.g. to me
 def durations_file() -> Path | None:
     if DURATIONS_VAR in os.environ:
         return Path(os.environ[DURATIONS_VAR]) if os.environ[DURATIONS_VAR] else None
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ru-pretrain" / "test-durations.json"
+    return suite_cache_home() / "test-durations.json"
 
 
 def read_durations(path: Path | None) -> dict[str, float]:
@@ -50,13 +54,9 @@ def write_durations(path: Path | None, measured: dict[str, float]) -> None:
     if path is None or not measured:
         return
     merged = {**read_durations(path), **{k: round(v, 3) for k, v in measured.items()}}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(merged, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+        atomic_write_json(path, dict(sorted(merged.items())))
 
 
 def module_of(nodeid: str) -> str:

@@ -77,11 +77,16 @@ def session_xla_cache() -> Path:
     return path
 
 
+def suite_cache_home() -> Path:
+    """Where the test suite keeps what outlives a session (its compilation cache, the tests' times)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ru-pretrain"
+
+
 def default_test_xla_cache(max_bytes: int = TEST_XLA_CACHE_MAX_BYTES) -> Path:
     """The tests' compilation cache when RU_TEST_XLA_CACHE names none: in the user's cache folder, emptied
     when it holds more than ``max_bytes``; where that folder cannot be written (a read-only home), a
     folder of this session, removed at exit."""
-    path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ru-pretrain" / "xla-tests"
+    path = suite_cache_home() / "xla-tests"
     try:
         if path.is_dir() and sum(f.stat().st_size for f in path.iterdir() if f.is_file()) > max_bytes:
             shutil.rmtree(path, ignore_errors=True)

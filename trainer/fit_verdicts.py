@@ -17,6 +17,7 @@ the file. What fits is decided at each run from the bytes and the current capaci
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -33,6 +34,7 @@ FLAG_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 MEMORY_PARTS = ("argument", "output", "alias", "temp", "generated_code")
 
 
+@functools.cache
 def compiler_versions() -> dict[str, str]:
     versions = {}
     for package in ("jax", "jaxlib", "libtpu"):
