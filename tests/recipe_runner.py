@@ -149,15 +149,35 @@ def run_recipe(script: str, config: Path, *overrides: str, timeout: float = 600,
     """
     check_integration(script)
     if subprocess_:
-        proc = subprocess.run(recipe_command(script, config, *overrides), cwd=REPO,
-                              env=recipe_env(config.parent, shared_xla_cache), capture_output=True, text=True,
-                              timeout=timeout)
+        proc = run_in_own_process(script, config, overrides, recipe_env(config.parent, shared_xla_cache), timeout)
     else:
         proc = run_in_process(script, ["--config", str(config), *overrides], shared_xla_cache)
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
                              f"stderr:\n{proc.stderr[-5000:]}")
     return proc
+
+
+def run_in_own_process(script: str, config: Path, overrides: tuple[str, ...], env: dict[str, str],
+                       timeout: float) -> subprocess.CompletedProcess[str]:
+    """The recipe in a process of its own (forked from tests/recipe_forkserver.py's server unless that is
+    switched off), waited for; its exit code and output as ``subprocess.run``'s."""
+    from tests.recipe_forkserver import fork_enabled, start_forked
+
+    command = recipe_command(script, config, *overrides)
+    if not fork_enabled():
+        return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="recipe-output-") as folder:
+        stdout, stderr = Path(folder) / "stdout", Path(folder) / "stderr"
+        proc = start_forked(Path(command[1]), command[2:], env, stdout, stderr)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        return subprocess.CompletedProcess(command, proc.wait(), stdout.read_text(errors="replace"),
+                                           stderr.read_text(errors="replace"))
 
 
 @cache
@@ -294,10 +314,13 @@ def start_recipe(script: str, config: Path, output: Path, *overrides: str, env: 
     reads could fill and stall it); read it with ``output.read_text()``. ``env`` replaces
     ``recipe_env(config.parent, shared_xla_cache, devices)``."""
     check_integration(script)
+    command, env = recipe_command(script, config, *overrides), env or recipe_env(config.parent, shared_xla_cache, devices)
+    from tests.recipe_forkserver import fork_enabled, start_forked
+
+    if fork_enabled():
+        return start_forked(Path(command[1]), command[2:], env, output)  # type: ignore[return-value]
     with output.open("wb") as sink:
-        return subprocess.Popen(recipe_command(script, config, *overrides), cwd=REPO,
-                                env=env or recipe_env(config.parent, shared_xla_cache, devices), stdout=sink,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
 
 
 def start_pretrain(config: Path, output: Path, *overrides: str, env: dict[str, str] | None = None,

@@ -29,8 +29,8 @@ from model.stacking import stack_tree, unrolled_pure
 from tests.recipe_runner import REPO
 
 VOCAB, SEQ = 61, 16
-CFG = Gemma3Config(d_model=32, n_layers=8, n_heads=4, n_kv_heads=2, head_dim=12, d_ff=48, max_seq_len=SEQ,
-                   sliding_window=4, global_every=3, query_pre_attn_scalar=10, init_std=0.3)
+CFG = Gemma3Config(d_model=32, n_layers=5, n_heads=4, n_kv_heads=2, head_dim=12, d_ff=48, max_seq_len=SEQ,
+                   sliding_window=4, global_every=2, query_pre_attn_scalar=10, init_std=0.3)
 GEMMA3 = get_family("gemma3")
 
 
@@ -87,7 +87,7 @@ def layouts() -> tuple[nnx.Module, nnx.Module]:
 def test_scanned_and_unrolled_layouts_agree(layouts: tuple[nnx.Module, nnx.Module]) -> None:
     scanned, unrolled = layouts
     a, b = flat_params(scanned), flat_params(unrolled)
-    assert a.keys() == b.keys() and len(a) == 2 + 8 * 13
+    assert a.keys() == b.keys() and len(a) == 2 + 5 * 13
     for name in a:  # model.stacking.stacked: bit-identical initialisation in either layout
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     # the generic [L, ...] layout: checkpoints restack between the layouts (trainer.checkpoint.restore_any_layout)
@@ -130,11 +130,11 @@ def test_sliding_window_limits_what_local_layers_see() -> None:
 
 def test_flops_and_parameters_by_hand() -> None:
     cfg = dataclasses.replace(CFG, remat="save_dots")
-    d, h, kv, hd, f, n = 32, 4, 2, 12, 48, 8
+    d, h, kv, hd, f, n = 32, 4, 2, 12, 48, 5
     per_layer = d * h * hd + 2 * d * kv * hd + h * hd * d + 3 * d * f
     assert flops.param_count(cfg, VOCAB) == n * per_layer + VOCAB * d + n * (4 * d + 2 * hd) + d
-    # layers 2 and 5 global (T = 16 keys per query), the six others local (window 4)
-    keys = 2 * 16 + 6 * 4
+    # layers 1 and 3 global (T = 16 keys per query), the three others local (window 4)
+    keys = 2 * 16 + 3 * 4
     attention = 4 * h * hd * keys
     forward = 2 * (n * per_layer + d * VOCAB) + attention
     assert flops.train_flops_per_token(cfg, VOCAB, 16) == 3 * forward
@@ -143,7 +143,7 @@ def test_flops_and_parameters_by_hand() -> None:
     full = dataclasses.replace(cfg, remat="full")
     assert flops.recompute_flops(full, VOCAB, 16, "dot_product") == forward - 2 * d * VOCAB
     # at T within the window local and global layers count alike
-    assert flops.keys_per_query(cfg, 3) == 8 * 3
+    assert flops.keys_per_query(cfg, 3) == 5 * 3
     costs = GEMMA3.train_costs(cfg, VOCAB, 16, "cpu", "float32", 8)
     assert costs.model_flops == 3 * forward and costs.hardware_flops == 3 * forward + attention + 2 * d * VOCAB
 
@@ -169,7 +169,7 @@ def test_train_step_lowers_the_loss() -> None:
 
 def test_quantized_training_quantizes_the_projections_of_every_layer() -> None:
     """int8 (trainer/quantization.py, Qwix): forward, input- and weight-gradient dot of the 7 projections of
-    each layer in the lowered step: the scan body's 3 layers (one group per iteration) and the 2 tail layers."""
+    each layer in the lowered step: the scan body's 2 layers (one group per iteration) and the tail layer."""
     from experiment.sections.train import TrainConfig
     from model.sharding import build_mesh
     from trainer.step import TrainProgram
@@ -178,7 +178,7 @@ def test_quantized_training_quantizes_the_projections_of_every_layer() -> None:
     program = TrainProgram(dataclasses.replace(CFG, scan_unroll=1), train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
     text = program.lower(program.abstract_batch(2, SEQ)).as_text()
     dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
-    assert len([line for line in dots if re.search(r"tensor<[0-9x]*xi8>", line)]) == 3 * 7 * (3 + 2)
+    assert len([line for line in dots if re.search(r"tensor<[0-9x]*xi8>", line)]) == 3 * 7 * (2 + 1)
 
 
 @pytest.mark.integration
