@@ -112,9 +112,12 @@ REQUIREMENTS_PY := import sys, tomllib; p = tomllib.load(open("pyproject.toml", 
 
 install-extras: $(foreach e,$(EXTRAS),.venvs/$(e)/.installed)
 
-# every extra that venv installed must import: a broken install fails instead of skipping
+# every extra that venv installed must import: a broken install fails instead of skipping. Each lane has
+# a temporary folder of its own, removed after it: Beam's job server makes a beam-temp* folder in it per
+# pipeline and leaves it behind (8 per run of the lane)
 test-extra-%: .venvs/%/.installed
-	RU_REQUIRE_EXTRAS=$(EXTRA_PIP_$*) .venvs/$*/bin/python -m pytest -q -n 0 $(EXTRA_TESTS_$*)
+	lane_tmp=$$(mktemp -d) && trap 'rm -rf "$$lane_tmp"' EXIT && \
+	TMPDIR=$$lane_tmp RU_REQUIRE_EXTRAS=$(EXTRA_PIP_$*) .venvs/$*/bin/python -m pytest -q -n 0 $(EXTRA_TESTS_$*)
 
 # The tpu lane (recipe 04b's TPU compiles) in two halves of similar CPU time that run in parallel: the
 # fit search (8 compiles) with the shipped 1B config and the kept-answer test (which always compiles), and
