@@ -119,9 +119,10 @@ REAL_DATA_FIXTURES = frozenset({"shared_data"})
 RECIPE_CALLS = frozenset({"run_recipe", "run_recipe_on_full_disk", "run_in_process", "start_recipe", "start_pretrain",
                           "prepare_stages"})
 # Fixtures and names that start other processes (the 8-device worker, a training subprocess, two JAX processes,
-# a fresh interpreter): integration too, the unit loop runs in its own process on one device
+# a fresh interpreter, the wandb CLI that reads an offline run back): integration too, the unit loop runs in
+# its own process on one device
 PROCESS_FIXTURES = frozenset({"eight_devices"})
-PROCESS_CALLS = frozenset({"subprocess", "Popen", "DeviceWorker"})
+PROCESS_CALLS = frozenset({"subprocess", "Popen", "DeviceWorker", "read_offline_run", "read_offline_runs"})
 
 
 def runs_a_recipe(function: object, namespace: dict[str, object], seen: set[int] | None = None) -> bool:
