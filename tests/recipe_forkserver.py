@@ -210,6 +210,7 @@ class ForkServer:
         self._pids: dict[int, int] = {}
         self._exits: dict[int, int] = {}
         self._next_id = 0
+        self._server_gone = False
         self._server = subprocess.Popen([sys.executable, "-c", "from tests.recipe_forkserver import serve; serve()"],
                                         cwd=REPO, env=server_environment(), stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE)
@@ -233,8 +234,6 @@ class ForkServer:
         with self._changed:
             self._server_gone = True
             self._changed.notify_all()
-
-    _server_gone = False
 
     def start(self, script: Path, argv: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> ForkedRecipe:
         assert self._server.stdin is not None

@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from tests.recipe_forkserver import fork_enabled, start_forked
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "configs" / "tiny.yaml"
 TRAIN_LOG = "train_log.jsonl"
@@ -160,16 +162,12 @@ def run_recipe(script: str, config: Path, *overrides: str, timeout: float = 600,
 
 def run_in_own_process(script: str, config: Path, overrides: tuple[str, ...], env: dict[str, str],
                        timeout: float) -> subprocess.CompletedProcess[str]:
-    """The recipe in a process of its own (forked from tests/recipe_forkserver.py's server unless that is
-    switched off), waited for; its exit code and output as ``subprocess.run``'s."""
-    from tests.recipe_forkserver import fork_enabled, start_forked
-
+    """The recipe in a process of its own (``start_process``), waited for; its exit code and output as
+    ``subprocess.run``'s."""
     command = recipe_command(script, config, *overrides)
-    if not fork_enabled():
-        return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     with tempfile.TemporaryDirectory(prefix="recipe-output-") as folder:
         stdout, stderr = Path(folder) / "stdout", Path(folder) / "stderr"
-        proc = start_forked(Path(command[1]), command[2:], env, stdout, stderr)
+        proc = start_process(command, env, stdout, stderr)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -178,6 +176,20 @@ def run_in_own_process(script: str, config: Path, overrides: tuple[str, ...], en
             raise
         return subprocess.CompletedProcess(command, proc.wait(), stdout.read_text(errors="replace"),
                                            stderr.read_text(errors="replace"))
+
+
+def start_process(command: list[str], env: dict[str, str], stdout: Path,
+                  stderr: Path | None = None) -> subprocess.Popen[bytes]:
+    """``command`` (``recipe_command``'s) started with its output in files (``stderr`` None: both in
+    ``stdout``): forked from tests/recipe_forkserver.py's server, or, with that switched off, a fresh
+    interpreter. Either has the part of ``Popen``'s interface the tests use."""
+    if fork_enabled():
+        return start_forked(Path(command[1]), command[2:], env, stdout, stderr)  # type: ignore[return-value]
+    with stdout.open("wb") as out:
+        if stderr is None:
+            return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        with stderr.open("wb") as err:
+            return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err)
 
 
 @cache
@@ -314,13 +326,8 @@ def start_recipe(script: str, config: Path, output: Path, *overrides: str, env: 
     reads could fill and stall it); read it with ``output.read_text()``. ``env`` replaces
     ``recipe_env(config.parent, shared_xla_cache, devices)``."""
     check_integration(script)
-    command, env = recipe_command(script, config, *overrides), env or recipe_env(config.parent, shared_xla_cache, devices)
-    from tests.recipe_forkserver import fork_enabled, start_forked
-
-    if fork_enabled():
-        return start_forked(Path(command[1]), command[2:], env, output)  # type: ignore[return-value]
-    with output.open("wb") as sink:
-        return subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    return start_process(recipe_command(script, config, *overrides),
+                         env or recipe_env(config.parent, shared_xla_cache, devices), output)
 
 
 def start_pretrain(config: Path, output: Path, *overrides: str, env: dict[str, str] | None = None,

@@ -5,7 +5,6 @@ codes, signals, uncaught exceptions, atexit handlers after the other threads).""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.recipe_forkserver import start_forked
+from tests.recipe_forkserver import server_environment, start_forked
 from tests.recipe_runner import REPO
 
 # a fork server per test process imports the recipes: as slow to start as a recipe run
@@ -65,8 +64,7 @@ def probe(tmp_path: Path) -> Path:
 
 
 def environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") and k != "XLA_FLAGS"}
-    return {**env, "JAX_PLATFORMS": "cpu", **extra}
+    return {**server_environment(), "JAX_PLATFORMS": "cpu", **extra}
 
 
 def run_both(probe: Path, tmp_path: Path, argv: list[str], env: dict[str, str],
