@@ -17,7 +17,7 @@ registry). A family defined elsewhere calls ``register_family`` when its module 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
@@ -193,9 +193,13 @@ class ModelFamily:
         return {**{k: list(v) for k, v in self.axis_rules.items()}, **{k: list(v) for k, v in configured.items()}}
 
     def abstract(self, model_cfg: Any, vocab_size: int) -> nnx.Module:
-        """The module with shape-only parameters (no memory, no compute): graphdef and restore targets."""
-        with nnx.use_eager_sharding(False):
-            return nnx.eval_shape(lambda: self.build(model_cfg, vocab_size, nnx.Rngs(0)))
+        """The module with shape-only parameters (no memory, no compute): graphdef and restore targets.
+
+        A module of its own at every call (callers wrap it or fill its state); the build is traced once per
+        configuration in a process: a run asks for it several times (its step, its quantized step, the
+        evaluation's model, an import), and tracing a scanned 80-layer build is not free."""
+        graphdef, state = abstract_parts(self.build, model_cfg, vocab_size)
+        return nnx.merge(graphdef, state, copy=True)  # new Variables: the cached ones are never handed out
 
     def init(self, model_cfg: Any, vocab_size: int, seed: int = 0) -> nnx.Module:
         """A freshly initialised module on the default device (no mesh), e.g. for tests and benchmarks."""
@@ -220,17 +224,35 @@ def remat_recompute_flops(remat: str, kernel: str, blocks_forward: float, attent
     return extra
 
 
+_ABSTRACT_PARTS: dict[tuple[Any, ...], tuple[nnx.GraphDef[Any], nnx.State]] = {}
+
+
+def abstract_parts(build: Builder, model_cfg: Any, vocab_size: int) -> tuple[nnx.GraphDef[Any], nnx.State]:
+    """(graphdef, shape-only state) of ``build(model_cfg, vocab_size)``, traced once per process for each
+    configuration (the config sections are mutable dataclasses: keyed by the type and every field's repr)."""
+    key = (build, type(model_cfg), tuple((f.name, repr(getattr(model_cfg, f.name))) for f in fields(model_cfg)),
+           vocab_size)
+    if key not in _ABSTRACT_PARTS:
+        with nnx.use_eager_sharding(False):
+            _ABSTRACT_PARTS[key] = nnx.split(nnx.eval_shape(lambda: build(model_cfg, vocab_size, nnx.Rngs(0))))
+    return _ABSTRACT_PARTS[key]
+
+
 def init_module(build: Builder, model_cfg: Any, vocab_size: int, seed: int = 0) -> nnx.Module:
     """``build(model_cfg, vocab_size, Rngs(seed))`` on the default device (no mesh), under ``jax.jit``:
-    eager initialisation compiles every random op on its own."""
+    eager initialisation compiles every random op on its own. The build is traced once: the jitted
+    function's trace also gives the module's graphdef."""
+    graphdefs: list[nnx.GraphDef[Any]] = []
+
+    def make() -> nnx.State:
+        graphdef, state = nnx.split(build(model_cfg, vocab_size, nnx.Rngs(seed)))
+        graphdefs.append(graphdef)  # static structure, no tracer: the same as outside the trace
+        return state
+
     with nnx.use_eager_sharding(False):
-        graphdef = nnx.graphdef(nnx.eval_shape(lambda: build(model_cfg, vocab_size, nnx.Rngs(0))))
-
-        def make() -> nnx.State:
-            return nnx.state(build(model_cfg, vocab_size, nnx.Rngs(seed)))
-
         options = run_once_compile_options(jax.devices()[0].platform)
-        return nnx.merge(graphdef, jax.jit(make).lower().compile(compiler_options=options)())
+        compiled = jax.jit(make).lower().compile(compiler_options=options)
+        return nnx.merge(graphdefs[-1], compiled())
 
 
 def run_once_compile_options(platform: str) -> dict[str, Any]:

@@ -191,13 +191,12 @@ def fake_training_with_evals(cfg: ExperimentConfig, bpb: dict[int, float]) -> No
 
 def test_sweep_comparison_rubles_to_target_frontier_and_wandb_table(tmp_path: Path, restore_wandb_env: None) -> None:
     """Recipe 06 on a sweep's config compares its variants (one W&B group), with the rubles when each first
-    reached cost.target_bpb, a frontier plot, and a W&B table read back from the offline run with wandb's CLI."""
+    reached cost.target_bpb, a frontier plot, and a W&B table read back from the offline run with wandb's log reader."""
     import json
     import subprocess
-    import sys
 
     from experiment.config import load_config
-    from tracking.readback import find_offline_runs, read_offline_run
+    from tracking.readback import find_offline_runs, inspect_command, read_offline_run
 
     config = sweep_yaml(tmp_path, target_bpb=1.8)
     fast = load_config(config, ["experiment.variant=fast"])
@@ -230,9 +229,8 @@ def test_sweep_comparison_rubles_to_target_frontier_and_wandb_table(tmp_path: Pa
     assert [b for _, b in bpb_by_rub] == [2.4, 2.0, 1.7]
     assert [r for r, _ in bpb_by_rub] == pytest.approx([960.0, 1920.0, 2880.0])
     (compare_dir,) = find_offline_runs(tmp_path / "runs" / "sw" / "wandb")
-    wandb_cli = Path(sys.executable).parent / "wandb"
-    summary = json.loads(subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(compare_dir)],
-                                        capture_output=True, text=True, check=True).stdout)["summary"]
+    summary = json.loads(subprocess.run(inspect_command(compare_dir.resolve(), summary=True), capture_output=True,
+                                        text=True, check=True).stdout)["summary"]
     assert summary["costs/table"]["_type"] == "table-file" and summary["costs/table"]["nrows"] == 2
     assert summary["costs/frontier"]["_type"] == "image-file"
     table = json.loads((compare_dir / "files" / summary["costs/table"]["path"]).read_text(encoding="utf-8"))

@@ -235,14 +235,13 @@ def test_a_checkpoint_trained_with_another_tokenizer_is_refused(evaluated, monke
 
 def test_wandb_summary_and_table_are_logged(evaluated) -> None:
     import subprocess
-    import sys
+
+    from tracking.readback import inspect_command
 
     runs = sorted((evaluated.run_folder.wandb / "wandb").glob("offline-run-*"))
     assert runs, "no offline W&B run folder"
-    wandb_cli = Path(sys.executable).parent / "wandb"
-    proc = subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(runs[-1])],
-                          capture_output=True, text=True, timeout=120)
-    summary = json.loads(proc.stdout)["summary"]
+    summary = json.loads(subprocess.run(inspect_command(runs[-1].resolve(), summary=True), capture_output=True,
+                                        text=True, timeout=120, check=True).stdout)["summary"]
     assert summary["eval/step"] == 7
     assert summary["eval/rublimp/acc"] == pytest.approx(evaluated.results["tasks"]["rublimp"]["metrics"]["acc"]["value"])
     assert summary["eval/val_bpb"] == pytest.approx(evaluated.results["validation"]["bits_per_byte"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from experiment.config import build_dataclass
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from tracking.metrics import RUB_SPENT, by_rubles, define_cost_metrics, log_step
-from tracking.readback import find_offline_runs, read_offline_run, read_offline_runs
+from tracking.readback import find_offline_runs, inspect_command, read_offline_run, read_offline_runs
 from tracking.wandb_run import open_run
 
 
@@ -80,6 +82,11 @@ def test_offline_run_read_back_with_wandb_cli(tmp_path: Path, restore_wandb_env:
     assert [(h[RUB_SPENT], h["by_rub/train/loss"]) for h in record.history] == [(0.1, 5.0), (0.2, 4.0), (0.3, 3.5)]
     assert read_offline_runs(folder.wandb, group="other") == []
     assert read_offline_runs(folder.wandb, exclude_ids=(run_id,)) == []
+    # what we run is what wandb's own CLI runs: the same records, byte for byte
+    cli = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
+                         capture_output=True, text=True, timeout=120, check=True)
+    ours = subprocess.run(inspect_command(run_dir), capture_output=True, text=True, timeout=120, check=True)
+    assert ours.stdout == cli.stdout and '"type":"history"' in ours.stdout
 
 
 def test_a_process_that_does_not_report_opens_no_run_and_writes_nothing(tmp_path: Path,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from experiment.errors import ConfigError
 from experiment.sections.train import TrainConfig
 from tests.fixture_run import run_copy
 from tests.recipe_runner import run_recipe
+from tracking.readback import inspect_command
 
 pytestmark = pytest.mark.integration
 STEP_RUN = "CommonPjRtLoadedExecutable::Execute (jit_train_step)"  # one per train step run on the devices
@@ -35,7 +35,7 @@ def test_profile_steps_writes_a_trace_of_those_steps_and_logs_it(fixture_stages:
     assert sum(e.get("name") == STEP_RUN for e in events) == 3, "steps 2, 3 and 4, and not step 1 or 5"
 
     (run,) = (run_dir / "wandb" / "wandb").glob("offline-run-*")
-    inspected = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run)],
+    inspected = subprocess.run(inspect_command(run),
                                capture_output=True, text=True, check=True, timeout=120).stdout
     (artifact,) = [r["artifact"] for r in map(json.loads, inspected.splitlines()) if r.get("type") == "artifact"]
     assert artifact["type"] == "profile" and artifact["name"] == f"profile-{run.name.rsplit('-', 1)[-1]}"

@@ -11,6 +11,7 @@ import pytest
 from experiment.errors import ConfigError
 from experiment.sections.train import MeshConfig, TrainConfig
 from model.llama.config import LlamaConfig
+from model.registry import family_of
 from model.sharding import build_mesh, mesh_shape
 from trainer.step import TrainProgram, global_batch
 
@@ -148,3 +149,32 @@ def test_partial_rules_keep_the_familys_other_defaults(tmp_path) -> None:
     config.write_text("experiment: {name: t}\ntrain: {mesh: {rules: {embd: [fsdp]}}}\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"^config key 'train\.mesh\.rules': unknown logical axes \['embd'\] for the llama"):
         load_config(config)
+
+
+@pytest.mark.parametrize("fields", [{}, {"param_dtype": "bfloat16"}, {"quantization": "int8"},
+                                    {"trainable": "embeddings"}])
+def test_the_restore_target_is_the_initial_states_shape(fields: dict) -> None:
+    """TrainProgram takes its state's shapes from the abstract module, not from tracing ``initial_state``: they
+    must be what ``initial_state`` makes (tree, metadata, shapes, dtypes), or a restore or the init misplaces."""
+    prog = program(**fields)
+    made = jax.eval_shape(prog.initial_state)
+    assert jax.tree.structure(made) == jax.tree.structure(prog.abstract_state)
+    assert [(a.shape, a.dtype) for a in jax.tree.leaves(made)] == [
+        (a.shape, a.dtype) for a in jax.tree.leaves(prog.abstract_state)]
+
+
+def test_an_abstract_module_is_a_module_of_its_own_each_time() -> None:
+    """The abstract build is traced once per configuration (cached): each call still gets its own module,
+    and another configuration another shape."""
+    from flax import nnx
+
+    family = family_of(MODEL)
+    first, second = family.abstract(MODEL, VOCAB), family.abstract(MODEL, VOCAB)
+    state = nnx.state(first, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), nnx.to_pure_dict(state)))
+    nnx.update(first, state)
+    assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(nnx.state(second, nnx.Param)))
+    wider = family.abstract(dataclasses.replace(MODEL, d_ff=96), VOCAB)
+    assert {leaf.shape for leaf in jax.tree.leaves(nnx.state(wider, nnx.Param))} != {
+        leaf.shape for leaf in jax.tree.leaves(nnx.state(second, nnx.Param))}
+    assert family.abstract(MODEL, VOCAB + 1).embed.shape == (VOCAB + 1, MODEL.d_model)

@@ -1,17 +1,21 @@
-"""Read W&B runs back: local offline runs with wandb's own CLI, or the W&B API when online.
+"""Read W&B runs back: local offline runs with wandb's own log reader, or the W&B API when online.
 
 wandb 0.31 offline writes no ``wandb-summary.json``; the run lives in a ``run-<id>.wandb``
 transaction log. ``wandb leet inspect --json <run dir>`` prints its records, one JSON object a
 line: ``run`` (name, group, job type, config), ``history`` rows, ``summary`` updates, ``exit``.
 We fold those into a ``RunRecord``: the same shape the API path gives, so callers do not care
 where a run came from.
+
+That CLI command is a Python wrapper that resolves the log file and runs wandb's bundled ``wandb-core``
+binary with ``leet inspect``; we run the binary with the same arguments ourselves (``inspect_command``):
+the wrapper's interpreter start and ``import wandb`` cost ~1.2 s of CPU per run read (~30x the read
+itself), paid for every run a comparison reads. tests/test_tracking.py checks that both print the same.
 """
 
 from __future__ import annotations
 
 import logging
 import subprocess
-import sys
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,8 +50,18 @@ def find_offline_runs(wandb_dir: str | Path) -> list[Path]:
     return sorted(found)
 
 
-def _inspect_command(run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)]
+def inspect_command(run_dir: Path, summary: bool = False) -> list[str]:
+    """What ``wandb leet inspect --json [--summary] <run_dir>`` runs: wandb-core's reader of the run's one
+    ``run-*.wandb`` log (the wrapper's own path resolution, without observability uploads: the run is offline).
+    ``summary``: print the run's final summary as one object, nested values (a logged table's fields) as
+    nested objects; the record stream spells them as dotted keys (``eval/results._type``)."""
+    from wandb.util import get_core_path  # imports wandb, as every caller has (to log)
+
+    logs = sorted(run_dir.glob("run-*.wandb"))
+    if len(logs) != 1:
+        raise DataError(f"{run_dir}: expected one run-*.wandb log, found {len(logs)}")
+    return [get_core_path(), "leet", "inspect", "--no-observability", "--json", *(["--summary"] if summary else []),
+            "--run-file", str(logs[0]), str(run_dir.parent)]
 
 
 def _fold(records: Iterable[dict[str, Any]], source: str) -> RunRecord:
@@ -83,9 +97,9 @@ def _config_values(update: dict[str, Any]) -> dict[str, Any]:
 
 def read_offline_run(run_dir: str | Path, timeout_s: float = 120.0) -> RunRecord:
     """One offline run, read with ``wandb leet inspect --json``."""
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).resolve()
     try:
-        proc = subprocess.run(_inspect_command(run_dir), capture_output=True, text=True, timeout=timeout_s,
+        proc = subprocess.run(inspect_command(run_dir), capture_output=True, text=True, timeout=timeout_s,
                               check=False)
     except subprocess.TimeoutExpired as exc:
         raise DataError(f"{run_dir}: 'wandb leet inspect' did not answer within {timeout_s:.0f} s") from exc

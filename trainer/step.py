@@ -67,12 +67,15 @@ class TrainProgram:
 
         # eval and export merge the float ``graphdef``; the step merges its own: the same parameters, its
         # matmuls quantized by Qwix under train.quantization
-        self.graphdef = nnx.graphdef(family.abstract(model_cfg, vocab_size))
+        abstract = family.abstract(model_cfg, vocab_size)
+        self.graphdef = nnx.graphdef(abstract)
         self.step_graphdef = (
             nnx.graphdef(quantize_module(family.abstract(model_cfg, vocab_size), family, train_cfg.quantization))
             if train_cfg.quantization != "none" else self.graphdef)
 
-        shapes = jax.eval_shape(self.initial_state)
+        # initial_state's shapes, without tracing the build again: its parameters, cast, and what state_of adds
+        shapes = jax.eval_shape(self.state_of, jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, self.param_dtype),
+                                                            nnx.state(abstract, nnx.Param)))
         tree_shardings(shapes["params"], mesh, self.rules)  # checked alone first so an error names the parameter
         self.state_shardings: State = tree_shardings(shapes, mesh, self.rules)
         self.abstract_state: State = with_shardings(shapes, self.state_shardings)  # the restore target
