@@ -229,7 +229,7 @@ def test_sweep_comparison_rubles_to_target_frontier_and_wandb_table(tmp_path: Pa
     assert [b for _, b in bpb_by_rub] == [2.4, 2.0, 1.7]
     assert [r for r, _ in bpb_by_rub] == pytest.approx([960.0, 1920.0, 2880.0])
     (compare_dir,) = find_offline_runs(tmp_path / "runs" / "sw" / "wandb")
-    summary = json.loads(subprocess.run(inspect_command(compare_dir.resolve(), summary=True), capture_output=True,
+    summary = json.loads(subprocess.run(inspect_command(compare_dir, summary=True), capture_output=True,
                                         text=True, check=True).stdout)["summary"]
     assert summary["costs/table"]["_type"] == "table-file" and summary["costs/table"]["nrows"] == 2
     assert summary["costs/frontier"]["_type"] == "image-file"

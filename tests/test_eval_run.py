@@ -240,7 +240,7 @@ def test_wandb_summary_and_table_are_logged(evaluated) -> None:
 
     runs = sorted((evaluated.run_folder.wandb / "wandb").glob("offline-run-*"))
     assert runs, "no offline W&B run folder"
-    summary = json.loads(subprocess.run(inspect_command(runs[-1].resolve(), summary=True), capture_output=True,
+    summary = json.loads(subprocess.run(inspect_command(runs[-1], summary=True), capture_output=True,
                                         text=True, timeout=120, check=True).stdout)["summary"]
     assert summary["eval/step"] == 7
     assert summary["eval/rublimp/acc"] == pytest.approx(evaluated.results["tasks"]["rublimp"]["metrics"]["acc"]["value"])

@@ -63,7 +63,8 @@ def offline_cfg(tmp_path: Path, name: str = "trk", mode: str = "offline") -> Exp
                                               "wandb": {"mode": mode, "project": "t"}})
 
 
-def test_offline_run_read_back_with_wandb_cli(tmp_path: Path, restore_wandb_env: None) -> None:
+def test_offline_run_read_back_with_wandb_cli(tmp_path: Path, restore_wandb_env: None,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = offline_cfg(tmp_path)
     folder = RunFolder.for_config(cfg)
     with open_run(cfg, folder, job_type="pretrain") as run:
@@ -87,6 +88,11 @@ def test_offline_run_read_back_with_wandb_cli(tmp_path: Path, restore_wandb_env:
                          capture_output=True, text=True, timeout=120, check=True)
     ours = subprocess.run(inspect_command(run_dir), capture_output=True, text=True, timeout=120, check=True)
     assert ours.stdout == cli.stdout and '"type":"history"' in ours.stdout
+    # a bare relative name, as a user types it beside the run, reads the same run
+    monkeypatch.chdir(run_dir.parent)
+    relative = subprocess.run(inspect_command(Path(run_dir.name)), capture_output=True, text=True, timeout=120,
+                              check=True)
+    assert relative.stdout == ours.stdout
 
 
 def test_a_process_that_does_not_report_opens_no_run_and_writes_nothing(tmp_path: Path,
