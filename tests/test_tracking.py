@@ -95,6 +95,35 @@ def test_offline_run_read_back_with_wandb_cli(tmp_path: Path, restore_wandb_env:
     assert relative.stdout == ours.stdout
 
 
+def test_a_damaged_run_log_is_read_around_the_damage_and_named(tmp_path: Path, restore_wandb_env: None,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A flipped byte in a run's log (a disk error, a copy gone wrong): the rows outside the damaged block are
+    read, and a warning names the run and what the reader skipped, so a comparison never uses it unawares."""
+    cfg = offline_cfg(tmp_path)
+    with open_run(cfg, RunFolder.for_config(cfg), job_type="pretrain") as run:
+        for step in range(1, 201):
+            log_step(run, step, {"train/loss": 1.0 / step}, {RUB_SPENT: 0.01 * step})
+    (run_dir,) = find_offline_runs(RunFolder.for_config(cfg).wandb)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "tracking.readback" and r.levelname == "WARNING"]
+
+    with caplog.at_level("WARNING", logger="tracking.readback"):
+        whole = read_offline_run(run_dir)
+    assert warnings() == [], "an intact log read with a warning"
+    (log,) = run_dir.glob("run-*.wandb")
+    damaged = bytearray(log.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    log.write_bytes(bytes(damaged))
+    with caplog.at_level("WARNING", logger="tracking.readback"):
+        record = read_offline_run(run_dir)
+    assert 0 < len(record.history) < len(whole.history) == 200
+    remaining = iter(whole.history)  # what was read is the intact run's rows, in order, less the damaged block's
+    assert all(row in remaining for row in record.history)
+    (warning,) = warnings()
+    assert str(run_dir) in warning and "corrupt" in warning
+
+
 def test_a_process_that_does_not_report_opens_no_run_and_writes_nothing(tmp_path: Path,
                                                                        restore_wandb_env: None) -> None:
     """JAX processes other than the first: the stage logs as usual, and nothing reaches W&B or the disk."""

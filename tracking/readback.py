@@ -106,6 +106,10 @@ def read_offline_run(run_dir: str | Path, timeout_s: float = 120.0) -> RunRecord
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
         raise DataError(f"{run_dir}: 'wandb leet inspect' failed: {detail[-1] if detail else proc.returncode}")
+    # the reader reads past what it cannot (a damaged block, a log cut by a kill) and says so on stderr: the
+    # run is what it could read, and whoever compares runs is told that it is not all of it
+    if reported := proc.stderr.strip().splitlines():
+        log.warning("%s: read only what wandb's reader could: %s", run_dir, reported[-1])
     # the command has exited: its whole output is here, a torn last line is a fault
     records = parse_jsonl(proc.stdout, f"{run_dir}: 'wandb leet inspect' output", torn_tail="error").values
     return _fold(records, str(run_dir))
