@@ -6,6 +6,13 @@ of 3 s (jax 0.10.2, 2 cores); the programs compute what they did (the HLO and XL
 unchanged), in machine code LLVM has not tuned for speed. The same setting compiles every run-once program
 of the package (``model.family.run_once_compile_options``), so it is the path the package itself relies on.
 
+The default optimisation level instead (measured 2026-12-05, 2 vCPU, base-suite runs interleaved with these,
+each setting on the compilation cache it had filled): 240 and 288 s against 276 s here, within this VM's
+run-to-run spread, though the tests that compute most ran faster (recipe 05 three times on the fixture run,
+20 items a task: 12-14 s instead of 23 s). On an empty cache it took 935 s, this setting 576 s. A warm cache
+is most runs, but a new machine's first run is all compiles, and there the cheaper compile counts for the
+whole suite.
+
 Not used, on purpose: ``--xla_cpu_use_fusion_emitters=false`` (XLA:CPU's older per-fusion IR emitters) cut
 that compile further, to 1.5 s, but the first CI run with it died of a segmentation fault inside a test worker (not
 reproduced in a run here; that flag was the change to the native code path since the last green CI), and a
