@@ -9,9 +9,9 @@ of the package (``model.family.run_once_compile_options``), so it is the path th
 The default optimisation level instead (measured 2026-12-05, 2 vCPU, base-suite runs interleaved with these,
 each setting on the compilation cache it had filled): 240 and 288 s against 276 s here, within this VM's
 run-to-run spread, though the tests that compute most ran faster (recipe 05 three times on the fixture run,
-20 items a task: 12-14 s instead of 23 s). On an empty cache it took 935 s, this setting 576 s. A warm cache
-is most runs, but a new machine's first run is all compiles, and there the cheaper compile counts for the
-whole suite.
+20 items a task: 12-14 s instead of 23 s). On an empty cache it took 935 s, this setting 576 s (and 718 s in a
+later run at 4 items a task: the VM's spread again). A warm cache is most runs, but a new machine's first
+run is all compiles, and there the cheaper compile counts for the whole suite.
 
 Not used, on purpose: ``--xla_cpu_use_fusion_emitters=false`` (XLA:CPU's older per-fusion IR emitters) cut
 that compile further, to 1.5 s, but the first CI run with it died of a segmentation fault inside a test worker (not
