@@ -1,9 +1,13 @@
 """The price and hardware catalogs: real published figures, each with its source and date.
 
 ``cost/catalog.csv`` holds prices: accelerators in USD per chip-hour by cloud, region and pricing
-mode (on-demand, spot, 1y, 3y), and infrastructure rows (CPU hosts per hour, storage per GB-month,
-egress per GB). ``cost/hardware.csv`` holds peak dense bf16 TFLOP/s and HBM per chip, and how many
-JAX devices one chip shows (two on TPU7x). Every row, with a figure or without, names where it was
+mode (on-demand, spot, 1y, 3y), infrastructure rows (CPU hosts per hour, a disk per GB-month, egress
+per GB), and object storage rows (kind ``storage``: one row per figure of a bucket's storage class, the
+GB-month, 1,000 write-class and 1,000 read-class requests, and egress per GB; ``cost.storage`` names
+the class, ``cost/storage.py`` prices it). A provider that prices in rubles is written in rubles: the
+optional ``rub`` column holds such a figure (storage rows only), never a conversion of it.
+``cost/hardware.csv`` holds peak dense bf16 TFLOP/s and HBM per chip, and how many JAX devices one
+chip shows (two on TPU7x). Every row, with a figure or without, names where it was
 read (a page or a machine-readable catalog with its version and row), the day it was read, and how
 strong that source is (``source_kind``: a provider's own list, a snapshot of a catalog built from
 them, a third party's page, or none published). A cell we have no published figure for stays empty:
@@ -32,7 +36,10 @@ BUNDLED_HARDWARE = Path(__file__).with_name("hardware.csv")
 
 PRICE_COLUMNS = ("kind", "name", "cloud", "region", "pricing", "usd", "unit", "source", "date", "note")
 HARDWARE_COLUMNS = ("name", "vendor", "peak_bf16_tflops", "hbm_gib", "source", "date", "note")
-UNITS_BY_KIND = {"accelerator": ("chip-hour",), "infra": ("hour", "gb-month", "gb")}
+# storage: a bucket's storage class, one row per figure (GB-month; 1,000 write-class requests: PUT, POST, COPY,
+# LIST; 1,000 read-class requests: GET, HEAD; egress per GB), the rows of one class sharing its name
+STORAGE_UNITS = ("gb-month", "1000-writes", "1000-reads", "gb")
+UNITS_BY_KIND = {"accelerator": ("chip-hour",), "infra": ("hour", "gb-month", "gb"), "storage": STORAGE_UNITS}
 PRICING_MODES = ("on-demand", "spot", "1y", "3y")
 # How strong a figure's source is, strongest first. The bundled catalogs must say it on every row; a user's
 # catalog may (its rows are "user catalog" otherwise); "contract" is a rate given in cost.contract_rates.
@@ -60,10 +67,25 @@ class PriceRow:
     note: str = ""
     origin: str = ""  # the file the row came from
     source_kind: str = "user catalog"
+    rub: float | None = None  # the figure of a provider that prices in rubles (storage rows only; usd is then None)
 
     @property
-    def key(self) -> tuple[str, str, str, str, str]:
-        return (self.kind, self.name, self.cloud, self.region, self.pricing)
+    def key(self) -> tuple[str, ...]:
+        """What a user catalog's row replaces the bundled one by; a storage class's rows differ by their unit."""
+        base = (self.kind, self.name, self.cloud, self.region, self.pricing)
+        return (*base, self.unit) if self.kind == "storage" else base
+
+    @property
+    def currency(self) -> str:
+        return "RUB" if self.rub is not None else "USD"
+
+    @property
+    def figure(self) -> float | None:
+        """The price in the row's own currency (``currency``); None: no published figure."""
+        return self.rub if self.rub is not None else self.usd
+
+    def describe_figure(self) -> str:
+        return "no published figure" if self.figure is None else f"{self.figure:g} {self.currency} per {self.unit}"
 
     def describe(self) -> str:
         where = "/".join(p for p in (self.cloud, self.region) if p) or "any cloud"
@@ -158,11 +180,18 @@ def read_prices(path: Path, bundled: bool = False) -> list[PriceRow]:
         if not raw["name"]:
             raise DataError(f"{path} line {line}: empty 'name'")
         usd = _number(raw["usd"], path, line, "usd")
-        _check_sourced(path, line, usd is not None, raw["source"], raw["date"])  # every row, priced or not
+        rub = _number(raw.get("rub", ""), path, line, "rub")  # an optional column
+        if rub is not None and kind != "storage":
+            raise DataError(f"{path} line {line}: only storage rows may be priced in RUB (column 'rub'); a {kind} row "
+                            "is priced in USD")
+        if rub is not None and usd is not None:
+            raise DataError(f"{path} line {line}: a row is priced in one currency: fill 'usd' or 'rub', not both")
+        priced = usd is not None or rub is not None
+        _check_sourced(path, line, priced, raw["source"], raw["date"])  # every row, priced or not
         rows.append(PriceRow(kind=kind, name=raw["name"], cloud=raw["cloud"], region=raw["region"],
                              pricing=raw["pricing"], usd=usd, unit=raw["unit"], source=raw["source"],
                              date=raw["date"], note=raw.get("note", ""), origin=str(path),
-                             source_kind=_source_kind(raw, path, line, bundled, usd is not None)))
+                             source_kind=_source_kind(raw, path, line, bundled, priced), rub=rub))
     return rows
 
 
@@ -262,6 +291,35 @@ class Catalog:
             raise CatalogError(f"config key '{key}': {name} {pricing} is sold by several clouds/regions, choose "
                                f"one with cost.cloud / cost.region: {options}")
         return priced
+
+    def storage_rows(self, name: str, region: str = "", key: str = "cost.storage") -> dict[str, PriceRow]:
+        """The rows of the storage class ``name`` (in ``region`` when its rows name several), by unit: the GB-month
+        row is required and priced; a request or egress figure without a row (or without a figure) is left out,
+        and whoever prices a count of it says so (``cost.storage``). An unknown name, a region without rows or a
+        class sold in several regions without ``region`` is a CatalogError naming ``key``."""
+        candidates = [row for row in self.prices if row.kind == "storage" and row.name == name]
+        if not candidates:
+            known = self.names("storage")
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise CatalogError(f"config key '{key}': unknown storage class '{name}'{hint}; known: "
+                               f"{', '.join(known) or 'none'} (add rows of kind storage with cost.catalog_path)")
+        regions = sorted({row.region for row in candidates})
+        if region:
+            candidates = [row for row in candidates if row.region == region]
+            if not candidates:
+                raise CatalogError(f"config key '{key}_region': no {name} rows for region {region} (the catalog has "
+                                   f"{', '.join(regions)})")
+        elif len(regions) > 1:
+            raise CatalogError(f"config key '{key}_region': {name} is priced in several regions, choose one: "
+                               f"{', '.join(regions)}")
+        rows = {row.unit: row for row in candidates if row.figure is not None}
+        if "gb-month" not in rows:
+            row = next((r for r in candidates if r.unit == "gb-month"), None)
+            why = f": {row.note}" if row is not None and row.note else ""
+            raise CatalogError(f"config key '{key}': the catalog has no GB-month price for {name}{why}; give one in a "
+                               "user catalog (cost.catalog_path)")
+        return rows
 
     def chip(self, name: str, key: str = "cost.accelerator") -> HardwareRow:
         row = self.hardware.get(name)

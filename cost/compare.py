@@ -33,6 +33,7 @@ from cost.target import (
     read_train_log,
     target_of,
 )
+from experiment import appendlog
 from experiment.errors import MissingStageError
 from experiment.runfolder import RunFolder
 from experiment.stages import EVAL, PRETRAIN
@@ -272,7 +273,7 @@ def cost_row(cfg: Any, exp: ExperimentRuns, metric: str | None, target: Target |
     if latest is not None and CostSummary.logged_in(latest.summary):
         cost = CostSummary.from_wandb(latest.summary, latest.config, latest.run_id)
         row.update(run=latest.name or latest.run_id, cost_source=f"W&B run {latest.run_id}", **cost.compare_row())
-    elif (ledger_dir / LEDGER_FILE).is_file():
+    elif appendlog.exists(ledger_dir / LEDGER_FILE):
         cost = summarize_ledger(ledger_dir)
         row.update(run=(latest.name if latest else None) or cost.run_id, cost_source=f"ledger {ledger_dir}",
                    **cost.compare_row())

@@ -10,6 +10,12 @@ fsyncs; so does a checkpoint mark and the start of every checkpoint save (``chec
 After a SIGKILL the file holds all but the last few seconds of the session, always every step up to
 any checkpoint the next session can restore, and a half-written last line is dropped on reopen.
 
+Object storage: when the run folder is priced as a bucket (``cost.storage``; ``cost.storage``'s module
+docstring has the model), the session measures what the folder holds when it opens and at every durable
+checkpoint (``stored`` records), takes what a caller knows better (``set_stored_bytes``) and the requests it
+counted (``add_requests``, written with each flush as a ``requests`` record), and its rubles carry the
+GB-months and requests as a line of their own, ``storage``.
+
 This module is the live session the trainer books into (``Ledger``). Reading a ledger back is split
 by concern: which seconds and tokens survived restarts (``cost.ledger_sessions``), what they cost
 and the totals of a ledger on disk (``cost.ledger_pricing``: ``summarize_ledger``,
@@ -25,7 +31,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from cost.catalog import Catalog
@@ -43,10 +48,13 @@ from cost.ledger_format import (
 )
 from cost.ledger_pricing import summarize
 from cost.ledger_report import write_report
-from cost.ledger_sessions import Tally, resume_from_checkpoint, tally_finished
+from cost.ledger_sessions import Tally, resume_from_checkpoint, stored_level, tally_finished
 from cost.rates import UsdRubRate, resolve_usd_rub
+from cost.storage import AUTO, NONE, StorageChoice, folder_bytes, listing_requests, resolve_storage
 from cost.summary import LOST, CostSummary, price_dict
+from experiment import appendlog
 from experiment.errors import DataError
+from experiment.storage import RunPath, is_bucket, location
 
 log = logging.getLogger("cost.ledger")
 
@@ -82,13 +90,29 @@ def price_rows(cost_cfg: Any, catalog: Catalog | None = None) -> tuple[Any, list
         key = f"cost.infrastructure[{index}].name"
         row = catalog.lookup(item.name, "on-demand", item.cloud, item.region, kind="infra", key=key)
         infra.append({**price_dict(row), "quantity": item.quantity})
+    storage = getattr(cost_cfg, "storage", AUTO) or AUTO
+    if storage not in (AUTO, NONE):  # a named storage class: known before anything opens (auto needs the run folder)
+        catalog.storage_rows(storage, getattr(cost_cfg, "storage_region", ""), key="cost.storage")
     return price, infra
+
+
+def storage_choice(cost_cfg: Any, ledger_dir: RunPath, catalog: Catalog | None = None) -> StorageChoice:
+    """The storage class the run folder holding ``ledger_dir`` is priced at (``cost.storage``), or none; ``auto``
+    that finds no price for a bucket says so once, as a warning."""
+    run_folder = ledger_dir.parent
+    choice = resolve_storage(cost_cfg, run_folder, catalog or Catalog.from_config(cost_cfg))
+    if not choice.priced and is_bucket(run_folder) and (getattr(cost_cfg, "storage", AUTO) or AUTO) == AUTO:
+        log.warning("cost.storage: auto prices no object storage for %s: %s", run_folder, choice.why)
+    elif choice.priced and choice.unpriced_units():
+        log.warning("storage class %s has no price for %s in the catalog: those counts are not priced",
+                    choice.name, ", ".join(choice.unpriced_units()))
+    return choice
 
 
 class Ledger:
     """The live ledger of this process's session; see the module docstring for the accounting."""
 
-    def __init__(self, path: Path, meta: dict[str, Any], past: list[Session], clock: Callable[[], float],
+    def __init__(self, path: RunPath, meta: dict[str, Any], past: list[Session], clock: Callable[[], float],
                  flush_seconds: float, background: bool) -> None:
         self.path = path
         self.meta = meta
@@ -109,6 +133,14 @@ class Ledger:
         self._pending_tokens: TokenBatch | None = None
         self._last_step_done = meta["opened"]  # when the latest step finished (or this session opened)
         self._last_sync = clock()
+        # object storage: the level the run folder holds since when (the earlier sessions' last one to start with),
+        # requests counted since the last flush, and how to measure the folder (Ledger.open sets it when priced)
+        self._storage_level = stored_level(past) or 0
+        self._storage_since = meta["t"]
+        self._current.storage.last_bytes = stored_level(past)
+        self._pending_requests = [0, 0, 0]  # writes, reads, egress bytes
+        self._measure: Callable[[], tuple[int, int]] | None = None
+        self._listing_path: RunPath | None = None  # the bucket folder a default measurement lists (its LISTs count)
         self._closed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -118,10 +150,11 @@ class Ledger:
 
     # ----------------------------------------------------------------------------------- opening
     @classmethod
-    def open(cls, ledger_dir: str | os.PathLike[str], cost_cfg: Any, run_id: str, *,
+    def open(cls, ledger_dir: str | os.PathLike[str] | RunPath, cost_cfg: Any, run_id: str, *,
              catalog: Catalog | None = None, rate: UsdRubRate | None = None,
              clock: Callable[[], float] = time.time, started_at: float | None = None,
-             background: bool = True, chips_in_use: int | None = None) -> Ledger:
+             background: bool = True, chips_in_use: int | None = None,
+             measure_storage: Callable[[], tuple[int, int]] | None = None) -> Ledger:
         """Open (or continue) ``ledger_dir/ledger.jsonl`` and start a session priced by ``cost_cfg``.
 
         ``chips_in_use``: the chips training this session (``cost.chips.reconcile_chips``), recorded
@@ -129,14 +162,19 @@ class Ledger:
 
         ``started_at`` (default: this process's start time) prices the start-up before this call;
         ``clock`` and ``background=False`` exist for tests with a fake clock.
+
+        ``measure_storage`` (default: every object's size under the run folder, ``ledger_dir``'s parent) gives
+        (bytes, objects) the run folder holds, when its object storage is priced (``cost.storage``).
         """
-        ledger_dir = Path(ledger_dir)
+        ledger_dir = location(ledger_dir)
         ledger_dir.mkdir(parents=True, exist_ok=True)
         path = ledger_dir / LEDGER_FILE
+        catalog = catalog or Catalog.from_config(cost_cfg)
         price, infra = price_rows(cost_cfg, catalog)
+        storage = storage_choice(cost_cfg, ledger_dir, catalog)
         rate = rate or resolve_usd_rub(cost_cfg)
         past: list[Session] = []
-        if path.is_file():
+        if appendlog.exists(path):
             records, torn = read_records(path)
             end_on_a_newline(path, torn)
             past = sessions_of(records, path)
@@ -150,11 +188,17 @@ class Ledger:
             "chips": cost_cfg.chips, "chips_in_use": chips_in_use, "devices": _device_description(),
             "price": price_dict(price), "infra": infra,
             **rate.as_dict(), "token_budget": cost_cfg.token_budget,
+            **({"storage": storage.meta()} if storage.priced else {}),
         }
         ledger = cls(path, meta, past, clock, cost_cfg.flush_seconds, background)
         with ledger._lock:
             ledger._write(meta)
             ledger._flush()  # the start-up before this call, as the first time record
+            if storage.priced:  # what the folder holds now, it held since the process started (nothing wrote yet)
+                run_folder = ledger_dir.parent
+                ledger._measure = measure_storage or (lambda: folder_bytes(run_folder))
+                ledger._listing_path = None if measure_storage else run_folder
+                ledger._measure_storage(at=begin)
         action = f"continuing a ledger with {len(past)} earlier session(s)" if past else "new ledger"
         log.info("cost ledger %s (%s): %d x %s at %.4g USD/chip-hour, USD->RUB %.4f of %s",
                  path, action, cost_cfg.chips, price.describe(), price.usd, rate.rate, rate.date)
@@ -194,6 +238,10 @@ class Ledger:
             batch = self._pending_tokens
             self._write(batch.record())
             self._pending_tokens = None
+        if any(self._pending_requests):
+            writes, reads, egress = self._pending_requests
+            self._write({"e": "requests", "t": now, "writes": writes, "reads": reads, "egress_bytes": egress})
+            self._pending_requests = [0, 0, 0]
         self._file.sync()
         self._last_sync = now
         return now
@@ -295,6 +343,8 @@ class Ledger:
             self._write({"e": "ckpt", "step": int(step), "t": now})
             self._file.sync()
             self._durable_step = int(step) if self._durable_step is None else max(self._durable_step, int(step))
+            if self._measure is not None:  # the folder now holds this checkpoint (and not those it replaced)
+                self._measure_storage()
 
     def mark_resume(self, step: int, checkpoint_item: dict[str, Any] | None = None) -> None:
         """Say which checkpoint step this session restored (the earlier sessions' later work was
@@ -322,13 +372,71 @@ class Ledger:
             self.meta["inherited"] = record
             self._flush()
 
+    # ----------------------------------------------------------------------------------- object storage
+    def _storage_to(self, now: float) -> float:
+        """Count the level held up to ``now`` (in memory) and return the moment counted to."""
+        now = max(now, self._storage_since)
+        self._current.storage.byte_seconds += self._storage_level * (now - self._storage_since)
+        self._storage_since = now
+        return now
+
+    def _set_level(self, stored_bytes: int, at: float, objects: int | None = None) -> None:
+        t = self._storage_to(at)
+        self._storage_level = int(stored_bytes)
+        self._current.storage.last_bytes = int(stored_bytes)
+        record = {"e": "stored", "t": t, "bytes": int(stored_bytes)}
+        self._write({**record, "objects": objects} if objects is not None else record)
+        self._file.sync()
+
+    def _measure_storage(self, at: float | None = None) -> None:
+        """Measure the run folder (one listing, itself counted as LIST requests) and record its level; a listing
+        that fails keeps the level it had, with a warning: the bill is never worth a run."""
+        assert self._measure is not None
+        try:
+            stored_bytes, objects = self._measure()
+        except Exception as exc:  # any listing failure (a network error is not always an OSError)
+            log.warning("could not measure the run folder's storage (%s): keeping %d bytes", exc, self._storage_level)
+            return
+        if self._listing_path is not None:
+            self._count_requests(listing_requests(self._listing_path, objects), 0, 0)
+        self._set_level(stored_bytes, self._clock() if at is None else at, objects)
+
+    def _count_requests(self, writes: int, reads: int, egress_bytes: int) -> None:
+        for index, value in enumerate((writes, reads, egress_bytes)):
+            self._pending_requests[index] += int(value)
+        self._current.storage.writes += int(writes)
+        self._current.storage.reads += int(reads)
+        self._current.storage.egress_bytes += int(egress_bytes)
+
+    def set_stored_bytes(self, stored_bytes: int) -> None:
+        """The run folder holds ``stored_bytes`` from now on (a caller that knows it better than a listing: the
+        checkpoints kept x their size, the shards, the corpus). Priced when ``cost.storage`` prices the folder."""
+        if stored_bytes < 0:
+            raise ValueError(f"stored bytes must be >= 0, got {stored_bytes}")
+        with self._lock:
+            self._check_open()
+            self._set_level(stored_bytes, self._clock())
+
+    def add_requests(self, writes: int = 0, reads: int = 0, egress_bytes: int = 0) -> None:
+        """Requests made to the run's bucket since the last call: write class (PUT, POST, COPY, LIST), read class
+        (GET, HEAD), and bytes read out of the provider's network; written with the next flush."""
+        if min(writes, reads, egress_bytes) < 0:
+            raise ValueError(f"request counts must be >= 0, got {writes}, {reads}, {egress_bytes}")
+        with self._lock:
+            self._check_open()
+            self._count_requests(writes, reads, egress_bytes)
+            self._maybe_flush()
+
     # ----------------------------------------------------------------------------------- reading
     def summary(self) -> CostSummary:
         """Totals so far, including the phase in progress."""
         with self._lock:
-            current = Tally(dict(self._current.seconds), self._current.tokens, self._current.last_step)
+            current = Tally(dict(self._current.seconds), self._current.tokens, self._current.last_step,
+                            self._current.storage.copy())
             if not self._closed:
                 current.add(self._phase_now(), self._clock() - self._phase_start)
+                now = max(self._clock(), self._storage_since)
+                current.storage.byte_seconds += self._storage_level * (now - self._storage_since)
             return summarize([*self._past_tallies, (self.meta, current)], self.meta.get("token_budget"))
 
     @property
@@ -348,6 +456,7 @@ class Ledger:
             last = self._current.last_step
             clean = clean or last is None or (self._durable_step is not None and last <= self._durable_step)
             now = self._flush()
+            self._storage_to(now)
             self._write({"e": "close", "clean": clean, "t": now})
             self._file.sync()
             self._closed = True

@@ -12,6 +12,10 @@ The ledger is an append-only JSONL file, one record a line, each with its kind u
 - ``resume``: this session restored the checkpoint of ``step``, with what that checkpoint's ledger
   item says (``saved_by`` session, ``saved_at`` moment, ``tokens`` up to the step);
 - ``inherit``: a decay branch starts from its parent's totals at ``step``;
+- ``stored``: from ``t`` on the run folder holds ``bytes`` (in ``objects`` objects when measured), for a session
+  whose open record prices object storage (``storage``; ``cost.storage``);
+- ``requests``: the ``writes``, ``reads`` and ``egress_bytes`` counted against the bucket up to ``t`` since the
+  last such record;
 - ``close``: the session ended at ``t``; ``clean`` says whether its unsaved work survived.
 
 A kill mid-write leaves a torn last line: readers drop it with a warning (``experiment.jsonl``), and
@@ -25,12 +29,13 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from experiment import appendlog
 from experiment.errors import DataError
 from experiment.jsonl import read_jsonl
 from experiment.stages import PRETRAIN
+from experiment.storage import BucketPath, RunPath, location
 
 LEDGER_FILE = "ledger.jsonl"
 PHASES = ("startup", "compile", "train", "data", "eval", "checkpoint", "idle")  # "data": waiting for a batch
@@ -96,6 +101,8 @@ class Session:
     resume: Resume | None = None
     clean: bool = False  # a close record saying nothing of this session's work was lost
     closed: bool = False  # a close record, clean or not (none after SIGKILL)
+    stored: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes the run folder holds from then on)
+    requests: list[tuple[float, int, int, int]] = field(default_factory=list)  # (time, writes, reads, egress bytes)
 
     @property
     def resume_step(self) -> int | None:
@@ -103,7 +110,7 @@ class Session:
 
     def last_time(self) -> float:
         times = [self.meta["t"], *(i.t1 for i in self.intervals), *(b.t for b in self.tokens),
-                 *(t for _, t in self.checkpoints)]
+                 *(t for _, t in self.checkpoints), *(t for t, _ in self.stored), *(r[0] for r in self.requests)]
         return max(times)
 
 
@@ -111,7 +118,7 @@ class Session:
 # Reading
 
 
-def read_records(path: Path) -> tuple[list[dict[str, Any]], bool]:
+def read_records(path: RunPath) -> tuple[list[dict[str, Any]], bool]:
     """All complete records, and whether the file ends with a torn line (a crash mid-write; dropped
     with a warning, and cut off the file by the next session)."""
     contents = read_jsonl(path, torn_tail="warn")
@@ -121,7 +128,7 @@ def read_records(path: Path) -> tuple[list[dict[str, Any]], bool]:
     return contents.values, contents.torn_tail is not None
 
 
-def sessions_of(records: list[dict[str, Any]], path: Path) -> list[Session]:
+def sessions_of(records: list[dict[str, Any]], path: RunPath) -> list[Session]:
     sessions: list[Session] = []
     for number, record in enumerate(records, start=1):
         try:
@@ -154,6 +161,11 @@ def _apply(record: dict[str, Any], sessions: list[Session]) -> None:
                                 None if saved_at is None else float(saved_at), None if tokens is None else int(tokens))
     elif kind == "inherit":
         session.meta["inherited"] = record  # the latest one counts: a branch that started over from its parent
+    elif kind == "stored":
+        session.stored.append((float(record["t"]), int(record["bytes"])))
+    elif kind == "requests":
+        session.requests.append((float(record["t"]), int(record.get("writes", 0)), int(record.get("reads", 0)),
+                                 int(record.get("egress_bytes", 0))))
     elif kind == "close":
         session.closed = True
         session.clean = bool(record.get("clean", True))
@@ -166,7 +178,7 @@ def _record_time(record: dict[str, Any]) -> float:
     return float(record.get("t1", record.get("t", -math.inf)))
 
 
-def records_until(records: list[dict[str, Any]], checkpoint_item: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+def records_until(records: list[dict[str, Any]], checkpoint_item: dict[str, Any], path: RunPath) -> list[dict[str, Any]]:
     """The records up to the session and moment of a checkpoint's ledger item (``Ledger.checkpoint_record``)."""
     try:
         session, moment = int(checkpoint_item["session"]), float(checkpoint_item["t"])
@@ -183,11 +195,12 @@ def records_until(records: list[dict[str, Any]], checkpoint_item: dict[str, Any]
     return kept
 
 
-def read_sessions(ledger_dir: str | os.PathLike[str], checkpoint_item: dict[str, Any] | None = None) -> list[Session]:
-    """The sessions of a ledger on disk; with ``checkpoint_item``, only the records up to the session
-    and moment of that checkpoint's ledger item."""
-    path = Path(ledger_dir) / LEDGER_FILE
-    if not path.is_file():
+def read_sessions(ledger_dir: str | os.PathLike[str] | RunPath,
+                  checkpoint_item: dict[str, Any] | None = None) -> list[Session]:
+    """The sessions of a ledger (on a disk or in a bucket); with ``checkpoint_item``, only the records up to the
+    session and moment of that checkpoint's ledger item."""
+    path = location(ledger_dir) / LEDGER_FILE
+    if not appendlog.exists(path):
         raise DataError(f"no ledger at {path}: {PRETRAIN.run_first}")
     records, _ = read_records(path)
     if checkpoint_item is not None:
@@ -202,9 +215,11 @@ def read_sessions(ledger_dir: str | os.PathLike[str], checkpoint_item: dict[str,
 # Writing
 
 
-def end_on_a_newline(path: Path, torn: bool) -> None:
+def end_on_a_newline(path: RunPath, torn: bool) -> None:
     """Make the next record start on a fresh line: cut a torn last line off, or end a complete last
-    record that a kill left without its newline."""
+    record that a kill left without its newline (a bucket's segments are never torn: nothing to do)."""
+    if isinstance(path, BucketPath):
+        return
     with path.open("r+b") as handle:
         size = handle.seek(0, os.SEEK_END)
         if torn:
@@ -217,18 +232,18 @@ def end_on_a_newline(path: Path, torn: bool) -> None:
 
 
 class LedgerWriter:
-    """Appends records to a ledger file; ``sync`` makes what was appended durable (flush and fsync)."""
+    """Appends records to a ledger; ``sync`` makes what was appended durable (on a disk: flush and fsync; in a
+    bucket: one more immutable segment, ``experiment.appendlog``)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: RunPath) -> None:
         self.path = path
-        self._handle: IO[str] = path.open("a", encoding="utf-8")
+        self._log = appendlog.LogWriter(path)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._log.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     def sync(self) -> None:
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        self._log.sync()
 
     def close(self) -> None:
-        self._handle.close()
+        self._log.close()

@@ -1,5 +1,7 @@
 """Pricing a ledger's tallies: rubles = wall-clock hours x chips x USD per chip-hour (+ infrastructure
-rows) x the session's USD->RUB rate, each session at its own price row and dated rate.
+rows) x the session's USD->RUB rate, each session at its own price row and dated rate; plus, for a session
+whose run folder is priced as object storage (``cost.storage``), its GB-months and requests at its storage
+class's rows (``cost.storage``: a line of its own, ``storage``, beside the phases).
 
 Decay branches: a run started from another run's checkpoint (``trainer/branch.py``) stands on the
 parent's work up to that step. Its first session writes an ``inherit`` record with the parent's
@@ -16,10 +18,11 @@ from typing import Any
 from cost.catalog import PriceRow
 from cost.ledger_format import read_sessions
 from cost.ledger_sessions import Tally, tally_on_disk
+from cost.storage import HOURS_PER_MONTH, storage_usd
 from cost.summary import CostSummary
 from experiment.errors import DataError
 
-HOURS_PER_MONTH = 730.0  # the cloud billing convention for GB-month prices
+STORAGE = "storage"  # the line of object storage in a ledger's rubles (not a phase: bytes x time, and requests)
 
 
 def hourly_usd(meta: dict[str, Any]) -> float:
@@ -38,11 +41,14 @@ def one_off_usd(meta: dict[str, Any]) -> float:
 
 
 def usd_by_phase(meta: dict[str, Any], tally: Tally, first: bool) -> dict[str, float]:
-    """A session's dollars by phase at its own price row (and, for the first session, per-GB charges)."""
+    """A session's dollars by phase at its own price row (and, for the first session, per-GB charges; for a
+    session that prices its run folder's object storage, ``storage``)."""
     hourly = hourly_usd(meta)
     usd = {phase: secs / 3600 * hourly for phase, secs in tally.seconds.items()}
     if first and one_off_usd(meta):
         usd["one_off"] = one_off_usd(meta)
+    if meta.get("storage"):
+        usd[STORAGE] = storage_usd(meta["storage"], tally.storage, meta["usd_rub_rate"])
     return usd
 
 

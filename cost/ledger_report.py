@@ -1,21 +1,24 @@
 """The cost report beside a ledger: ``cost_report.md`` and ``cost_sessions.csv``, rewritten at every close.
 
 Each session with its hardware, price row and dated rate (a run that moved between hardware is
-priced session by session), then goodput and badput by phase in RUB, USD and share.
+priced session by session), then goodput and badput by phase in RUB, USD and share; for a run whose folder
+is priced as object storage (``cost.storage``), its storage line session by session: GB-months held,
+requests, egress, their rubles, and the price rows with their sources.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from cost.ledger_format import Session, read_sessions
-from cost.ledger_pricing import summarize, usd_by_phase
+from cost.ledger_pricing import STORAGE, summarize, usd_by_phase
 from cost.ledger_sessions import Tally, tally_on_disk
 from cost.report import SIG, Column, to_csv, to_markdown
+from cost.storage import GIB, cost_by_unit, figure_of
 from cost.summary import PHASE_COLUMNS
 from experiment.files import atomic_write_text
+from experiment.storage import RunPath, location
 
 REPORT_FILE = "cost_report.md"  # rewritten at every close: sessions with their hardware, then goodput/badput
 SESSIONS_CSV = "cost_sessions.csv"
@@ -26,13 +29,30 @@ SESSION_COLUMNS = (
     Column("tokens", "tokens", "{:,.0f}"), Column("hours", "hours", SIG), Column("rub", "rubles", SIG),
     Column("usd", "USD", SIG), Column("rate_label", "RUB per USD (date)"),
 )
+STORAGE_COLUMN = Column("storage_rub", "of which storage RUB", SIG)  # only in a ledger that prices storage
+STORAGE_COLUMNS = (
+    Column("session", "session", "{:d}"), Column("storage", "storage class"), Column("stored_where", "run folder"),
+    Column("gb_months", "GB-months", "{:.4g}"), Column("stored_gb", "GB held at the end", "{:,.3f}"),
+    Column("writes", "write requests", "{:,d}"), Column("reads", "read requests", "{:,d}"),
+    Column("egress_gb", "egress GB", "{:,.3f}"), Column("storage_rub", "rubles", SIG),
+)
 
 
 def session_row(index: int, session: Session, tally: Tally) -> dict[str, Any]:
     meta = session.meta
-    usd = sum(usd_by_phase(meta, tally, first=index == 0).values())
+    by_phase = usd_by_phase(meta, tally, first=index == 0)
+    usd = sum(by_phase.values())
     price = meta["price"]
-    return {"session": index, "seconds_by_phase": dict(tally.seconds), "tokens": tally.tokens,
+    storage = meta.get("storage")
+    use = tally.storage
+    stored = {"storage": storage["name"], "stored_where": storage.get("where", ""), "gb_months": use.gb_months,
+              "stored_gb": None if use.last_bytes is None else use.last_bytes / GIB, "writes": use.writes,
+              "reads": use.reads, "egress_gb": use.egress_bytes / GIB,
+              "storage_rub": by_phase[STORAGE] * meta["usd_rub_rate"],
+              "storage_rub_by_unit": {unit: v * meta["usd_rub_rate"]
+                                      for unit, v in cost_by_unit(storage["rows"], use, meta["usd_rub_rate"]).items()}
+              } if storage else {"storage": None, "storage_rub": None}
+    return {**stored, "session": index, "seconds_by_phase": dict(tally.seconds), "tokens": tally.tokens,
             "last_step": tally.last_step, "resumed_from": session.resume_step, "closed": session.closed,
             "clean": session.clean if session.closed else None,
             "accelerator": price["name"], "pricing": price["pricing"],
@@ -58,20 +78,44 @@ def _rows(sessions: list[Session], tallies: list[tuple[dict[str, Any], Tally]]) 
                                                                                                     strict=True))]
 
 
-def write_report(ledger_dir: str | os.PathLike[str]) -> Path:
+def write_report(ledger_dir: str | os.PathLike[str] | RunPath) -> RunPath:
     """``cost_report.md`` (each session with its hardware, price row and dated rate, then goodput and
     badput by phase in RUB, USD and share) and ``cost_sessions.csv`` beside the ledger, atomically."""
-    ledger_dir = Path(ledger_dir)
+    ledger_dir = location(ledger_dir)
     sessions = read_sessions(ledger_dir)  # read once: the report and the table describe the same records
     tallies = tally_on_disk(sessions)
     rows = _rows(sessions, tallies)
     summary = summarize(tallies, sessions[-1].meta.get("token_budget"))
     rates = sorted({row["rate_label"] for row in rows})
+    priced_storage = [(session, row) for session, row in zip(sessions, rows, strict=True) if row["storage"]]
+    columns = (*SESSION_COLUMNS, STORAGE_COLUMN) if priced_storage else SESSION_COLUMNS
     text = (f"# Cost of run {summary.run_id}\n\n{summary.rub_total:,.2f} RUB = {summary.usd_total:,.2f} USD at "
             f"USD->RUB {', '.join(rates)} (each session at its own rate); {summary.tokens:,} tokens.\n\n"
-            f"## Sessions\n\n{to_markdown(rows, SESSION_COLUMNS)}\n"
+            f"## Sessions\n\n{to_markdown(rows, columns)}\n"
             f"## Goodput and badput\n\n{to_markdown(summary.badput_rows(), PHASE_COLUMNS)}")
+    if priced_storage:
+        text += "\n" + storage_section(priced_storage)
     path = ledger_dir / REPORT_FILE
     atomic_write_text(path, text)
-    atomic_write_text(ledger_dir / SESSIONS_CSV, to_csv(rows, SESSION_COLUMNS))
+    atomic_write_text(ledger_dir / SESSIONS_CSV, to_csv(rows, columns))
     return path
+
+
+def storage_section(priced: list[tuple[Session, dict[str, Any]]]) -> str:
+    """The report's storage line, session by session, and the price rows it was priced at with their sources."""
+    text = ("## Storage\n\nThe run folder in a bucket (cost.storage): GB-months held over each session's wall time "
+            "(measured at its start and at every durable checkpoint), requests and egress counted, at the storage "
+            "class's rows; the time between sessions is not in the ledger (cost/storage.py).\n\n"
+            f"{to_markdown([row for _, row in priced], STORAGE_COLUMNS)}\n")
+    seen = set()
+    for session, _ in priced:
+        storage = session.meta["storage"]
+        for unit, row in storage["rows"].items():
+            key = (storage["name"], unit, row.get("source"), row.get("date"))
+            if key in seen:
+                continue
+            seen.add(key)
+            figure, currency = figure_of(row)
+            text += (f"- {storage['name']} {unit}: {figure:g} {currency} ({row.get('source_kind', '')}; "
+                     f"{row.get('source', '')}; {row.get('date', '')})\n")
+    return text

@@ -12,7 +12,11 @@ session's work exactly at that moment, and credits any steps up to the checkpoin
 missed (a checkpoint saved before the save flushed the ledger), so every step up to the restored
 checkpoint is counted exactly once whatever the crash pattern.
 
-The result is a ``Tally`` per session (seconds by phase, tokens, last step), which
+Object storage (``cost.storage``) is not reconciled: the bytes a run folder held were held, and requests were
+paid, whether the work that made them survived or not. A session's storage is the integral of its ``stored``
+levels over its wall time, from its start (at the level the earlier sessions left) to its last record.
+
+The result is a ``Tally`` per session (seconds by phase, tokens, last step, storage use), which
 ``cost.ledger_pricing`` prices.
 """
 
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cost.ledger_format import Resume, Session
+from cost.storage import StorageUse
 from cost.summary import LOST
 
 log = logging.getLogger("cost.ledger")
@@ -41,6 +46,7 @@ class Tally:
     seconds: dict[str, float] = field(default_factory=dict)
     tokens: int = 0
     last_step: int | None = None
+    storage: StorageUse = field(default_factory=StorageUse)  # what the run folder held and was asked, this session
 
     def add(self, phase: str, seconds: float) -> None:
         if seconds > 0:
@@ -107,6 +113,32 @@ def tally_session(session: Session, survived_step: int | None, saved_at: float |
     return tally
 
 
+def stored_level(sessions: list[Session]) -> int | None:
+    """The bytes the run folder held when the last of ``sessions`` ended (None: never measured nor set)."""
+    for session in reversed(sessions):
+        if session.stored:
+            return max(session.stored, key=lambda level: level[0])[1]
+    return None
+
+
+def add_storage(tally: Tally, session: Session, carried: int | None) -> int | None:
+    """Count ``session``'s storage into ``tally``: its levels over its wall time, starting at the level the earlier
+    sessions left (``carried``), and its requests. Returns the level it leaves."""
+    start, end = float(session.meta["t"]), session.last_time()
+    level, since = carried or 0, start
+    for t, stored in sorted(session.stored, key=lambda level: level[0]):
+        t = min(max(t, start), end)
+        tally.storage.byte_seconds += level * (t - since)
+        level, since = stored, t
+    tally.storage.byte_seconds += level * (end - since)
+    tally.storage.last_bytes = level if session.stored or carried is not None else None
+    for _, writes, reads, egress in session.requests:
+        tally.storage.writes += writes
+        tally.storage.reads += reads
+        tally.storage.egress_bytes += egress
+    return level if session.stored else carried
+
+
 def tally_finished(sessions: list[Session], resume_after: Resume | None) -> list[tuple[dict[str, Any], Tally]]:
     """Tallies of finished sessions. A later session that resumed from step S (the smallest such S
     after a session) means that session's work past S was redone; without one, a session that did
@@ -134,6 +166,9 @@ def tally_finished(sessions: list[Session], resume_after: Resume | None) -> list
             if missing > 0:
                 tallies[index].tokens += missing
                 tallies[index].last_step = resume.step
+    carried: int | None = None
+    for session, tally in zip(sessions, tallies, strict=True):
+        carried = add_storage(tally, session, carried)
     return [(session.meta, tally) for session, tally in zip(sessions, tallies, strict=True)]
 
 
@@ -141,4 +176,6 @@ def tally_on_disk(sessions: list[Session]) -> list[tuple[dict[str, Any], Tally]]
     """The tallies of a ledger read from disk: the last session is taken as it is (a crash in it is
     only known once a later session resumes)."""
     last = sessions[-1]
-    return [*tally_finished(sessions[:-1], last.resume), (last.meta, tally_session(last, None))]
+    tally = tally_session(last, None)
+    add_storage(tally, last, stored_level(sessions[:-1]))
+    return [*tally_finished(sessions[:-1], last.resume), (last.meta, tally)]

@@ -45,6 +45,7 @@ from cost.memory import STATE_BYTES_PER_PARAM, MemoryEstimate, cheapest_fitting,
 from cost.rates import UsdRubRate, resolve_usd_rub
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
 from cost.target import Target, TargetCrossing, cost_to_target, eval_points, read_train_log, target_of
+from experiment import appendlog
 from experiment.config import load_config
 from experiment.errors import ConfigError, DataError
 from experiment.presets import preset_model_config
@@ -52,6 +53,7 @@ from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import family_presets
 from experiment.stages import FIT_CHECK, TOKENIZER
+from experiment.storage import location
 from model.family import params_label
 from model.llama.config import LlamaConfig
 from model.registry import family_of
@@ -232,7 +234,7 @@ def experiment_model(cfg: Any, run_folder: RunFolder | None) -> PlanModel:
 def measured_mfu(run_folder: RunFolder | None, model: PlanModel, catalog: Catalog) -> tuple[str, float] | None:
     """MFU of our own training run of ``model`` (its ledger): train-phase tokens/s per chip x FLOPs per
     token / peak. The planner carries it over to the planned model on the same accelerator."""
-    if run_folder is None or not (run_folder.ledger / LEDGER_FILE).is_file():
+    if run_folder is None or not appendlog.exists(run_folder.ledger / LEDGER_FILE):
         return None
     summary = summarize_ledger(run_folder.ledger)
     train_seconds = summary.seconds_by_phase.get("train", 0.0)
@@ -424,7 +426,7 @@ def measured_target_run(cfg: ExperimentConfig, run_folder: RunFolder | None) -> 
     if not name:
         return None
     key = "config key 'cost.plan_target_from'"
-    folder = RunFolder(Path(cfg.experiment.run_root) / name)
+    folder = RunFolder(location(cfg.experiment.run_root) / name)
     resolved = folder.root / "config.resolved.yaml"
     if not resolved.is_file():
         raise ConfigError(f"{key}: {folder.root} holds no run (no config.resolved.yaml): run recipes/04_pretrain.py "

@@ -9,10 +9,10 @@ import math
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from experiment.files import atomic_write_bytes, atomic_write_text
+from experiment.storage import BucketPath, RunPath
 from tracking.artifacts import log_files
 
 log = logging.getLogger("cost.report")
@@ -117,9 +117,9 @@ def to_terminal(rows: Sequence[dict[str, Any]], columns: Sequence[Column], title
     return console.export_text()
 
 
-def write_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], out_base: Path, title: str,
+def write_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], out_base: RunPath, title: str,
                 preamble: str = "", notes: Sequence[str] = (),
-                terminal_columns: Sequence[Column] | None = None) -> tuple[Path, Path]:
+                terminal_columns: Sequence[Column] | None = None) -> tuple[RunPath, RunPath]:
     """``<out_base>.md`` (title, preamble, table, notes) and ``<out_base>.csv``; prints the table (with
     ``terminal_columns``' order when given: its first column names each row)."""
     md = f"# {title}\n\n" + (preamble.strip() + "\n\n" if preamble.strip() else "") + to_markdown(rows, columns)
@@ -135,7 +135,7 @@ def write_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], out_b
     return md_path, csv_path
 
 
-def save_figure(fig: Any, path: Path) -> Path:
+def save_figure(fig: Any, path: RunPath) -> RunPath:
     """Save a matplotlib figure atomically as PNG and close it."""
     import matplotlib.pyplot as plt
 
@@ -148,16 +148,19 @@ def save_figure(fig: Any, path: Path) -> Path:
 
 
 def log_to_wandb(wandb_run: Any, name: str, rows: Sequence[dict[str, Any]], columns: Sequence[Column],
-                 images: dict[str, Path], files: Sequence[Path], artifact_type: str) -> None:
+                 images: dict[str, RunPath], files: Sequence[RunPath], artifact_type: str) -> None:
     """The table and plots into the run, and every file as one artifact (lineage for the report)."""
     if wandb_run is None or getattr(wandb_run, "disabled", False):
         return
+    import PIL.Image
     import wandb
 
     table = wandb.Table(columns=[c.key for c in columns],
                         data=[[row.get(c.key) for c in columns] for row in rows])
     payload: dict[str, Any] = {f"{name}/table": table}
-    payload.update({f"{name}/{key}": wandb.Image(str(path)) for key, path in images.items()})
+    for key, path in images.items():  # W&B takes images from local files: a bucket's is read into memory
+        payload[f"{name}/{key}"] = wandb.Image(PIL.Image.open(io.BytesIO(path.read_bytes())) if isinstance(
+            path, BucketPath) else str(path))
     wandb_run.log(payload)
     log_files(wandb_run, name, artifact_type, [*files, *images.values()])
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from experiment.errors import DataError
 from experiment.jsonl import read_jsonl
+from experiment.storage import location
 from tracking.metrics import RUB_SPENT
 
 TRAIN_LOG = "train_log.jsonl"  # the trainer's one JSON line per log step, in the run folder
@@ -147,4 +148,4 @@ def read_train_log(run_root: Path) -> list[dict[str, Any]]:
     """``train_log.jsonl`` of a run folder (empty when absent). A torn last line is a record being
     written (compare and plan read runs still training) and is ignored; a damaged line before it is a
     DataError naming the file and line."""
-    return read_jsonl(Path(run_root) / TRAIN_LOG, torn_tail="ignore", missing_ok=True).values
+    return read_jsonl(location(run_root) / TRAIN_LOG, torn_tail="ignore", missing_ok=True).values

@@ -20,6 +20,7 @@ import numpy as np
 from eval.scoring import LogitsFn, ScoreRequest, score_requests, target_logprobs
 from experiment.errors import DataError
 from experiment.progress import progress
+from experiment.storage import location
 
 log = logging.getLogger("eval.bpb")
 
@@ -95,7 +96,7 @@ def sets_validation_bpb(logits_fn: LogitsFn, sets: Sequence[tuple[str, Path, flo
         if not manifest["splits"].get("validation", {}).get("records"):
             log.warning("mixture set %s (%s) has no validation records: no bits per byte for it", name, shards_dir)
             continue
-        by_set[name] = validation_bpb(logits_fn, Path(shards_dir), piece_bytes, batch_size, max_batches=max_batches,
+        by_set[name] = validation_bpb(logits_fn, location(shards_dir), piece_bytes, batch_size, max_batches=max_batches,
                                       tokenizer_sha256=tokenizer_sha256)
     return by_set
 
@@ -129,11 +130,11 @@ def text_bpb(logits_fn: LogitsFn, encode: Callable[[str], Sequence[int]], texts:
     return acc
 
 
-def read_text_files(paths: Sequence[str | Path]) -> list[tuple[str, str]]:
+def read_text_files(paths: Sequence[str | RunPath]) -> list[tuple[str, str]]:
     """Read held-out UTF-8 text files; a missing or undecodable one is named in the error."""
     texts = []
     for path in paths:
-        path = Path(path)
+        path = location(path)
         try:
             texts.append((str(path), path.read_text(encoding="utf-8")))
         except FileNotFoundError as exc:

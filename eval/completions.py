@@ -26,6 +26,7 @@ from typing import Any
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_text
 from experiment.stages import GENERATE
+from experiment.storage import local_folder, location
 
 log = logging.getLogger("eval.completions")
 
@@ -50,7 +51,7 @@ def run_codec(tokenizer: Any) -> PromptCodec:
     return PromptCodec(encode, tokenizer.decode, (int(tokenizer.eos_id),), int(tokenizer.pad_id))
 
 
-def hf_codec(folder: Path, hf_config: dict[str, Any]) -> PromptCodec:
+def hf_codec(folder: Path | str, hf_config: dict[str, Any]) -> PromptCodec:
     """A Hugging Face folder's own tokenizer: its tokenizer.json with the special tokens its post-processor
     adds, else its SentencePiece tokenizer.model with BOS first where the folder names one. EOS: config.json's
     ids (one or several), else the folder's EOS token."""
@@ -121,7 +122,7 @@ def read_prompts(gen_cfg: Any) -> list[str]:
     """``generate.prompts`` and then ``generate.prompt_file``'s non-blank lines."""
     prompts = list(gen_cfg.prompts)
     if gen_cfg.prompt_file:
-        path = Path(gen_cfg.prompt_file)
+        path = location(gen_cfg.prompt_file, "generate.prompt_file")
         if not path.is_file():
             raise ConfigError(f"config key 'generate.prompt_file': {path} is not a file")
         prompts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -156,10 +157,10 @@ def load_generator(cfg: Any, run_folder: Any) -> tuple[Any, PromptCodec, int, di
     if gen.hf_model:
         from model.hf_checkpoint import load_hf_checkpoint
 
-        folder = Path(gen.hf_model)
+        folder = local_folder(location(gen.hf_model, "generate.hf_model"), "generate.hf_model")
         imported = load_hf_checkpoint(folder, mesh=mesh, rules=rules)
         codec = hf_codec(folder, imported.hf_config)
-        return imported.model(), codec, int(imported.model_cfg.max_seq_len), {"hf_model": str(folder),
+        return imported.model(), codec, int(imported.model_cfg.max_seq_len), {"hf_model": gen.hf_model,
                                                                               "family": imported.family}, \
             layout_of(mesh, imported.family, rules)
     from tokenizer.loaded import load_run_tokenizer

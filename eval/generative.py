@@ -37,13 +37,13 @@ import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from eval.harness import baselines_summary, metric_summary, versus_baseline
 from eval.loaders import Record, read_file, read_hub
 from eval.tasks import BENCH, GenerativeTask
 from experiment.errors import DataError
+from experiment.storage import location
 
 log = logging.getLogger("eval.generative")
 
@@ -182,7 +182,7 @@ def load_generative(task: GenerativeTask, *, bench_dir: str, task_files: dict[st
         records = read_file(override)
         schema, where, labels = schema_of(task, records[0]), override, "gold"
     else:
-        local = [s for s in task.sources if not s.hub and Path(s.path.replace(BENCH, bench_dir)).exists()]
+        local = [s for s in task.sources if not s.hub and location(s.path.replace(BENCH, bench_dir)).exists()]
         hub = [s for s in task.sources if s.hub]
         if local:
             source = local[0]

@@ -19,7 +19,6 @@ import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from eval.loaders import Record, SourceUnavailable, read_file, read_hub
 from eval.scoring import LogitsFn, ScoreRequest, score_requests
 from eval.tasks import Item, Source, TaskSpec, build_in_schema, named_schema, schema_of
 from experiment.errors import DataError
+from experiment.storage import RunPath, location
 
 log = logging.getLogger("eval.harness")
 
@@ -51,7 +51,7 @@ def _expand(path: str, bench_dir: str, rublimp_dir: str) -> str:
     return path.replace("{bench}", bench_dir).replace("{rublimp_dir}", rublimp_dir or f"{bench_dir}/rublimp")
 
 
-def _directory_records(folder: Path) -> list[tuple[str, list[Record]]]:
+def _directory_records(folder: RunPath) -> list[tuple[str, list[Record]]]:
     files = sorted(folder.glob("*.csv"))
     if not files:
         raise DataError(f"task folder {folder} has no .csv files")
@@ -91,14 +91,14 @@ def load_task(spec: TaskSpec, *, bench_dir: str, rublimp_dir: str = "", task_fil
         candidates = [(spec.sources[0], override, False)]
     else:
         candidates = [(s, _expand(s.path, bench_dir, rublimp_dir), s.hub) for s in spec.sources]
-    chosen = next(((s, p, hub) for s, p, hub in candidates if hub or Path(p).exists()), None)
+    chosen = next(((s, p, hub) for s, p, hub in candidates if hub or location(p).exists()), None)
     if chosen is None:
         paths = ", ".join(p for _, p, _ in candidates)
         raise SourceUnavailable(f"task '{spec.name}': no source found ({paths}); set eval.task_files.{spec.name} "
                                 "or eval.bench_dir")
     source, path, hub = chosen
     if spec.directory:
-        grouped = _directory_records(Path(path))
+        grouped = _directory_records(location(path))
         items = [build_in_schema(spec, source, r, "its own source", group=stem) for stem, records in grouped for r in records]
     else:
         records = read_hub(source.path, source.config, source.split) if hub else read_file(path)

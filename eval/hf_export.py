@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_dir, atomic_write_text
 from experiment.stages import TOKENIZER
+from experiment.storage import location
 from model.registry import family_of
 
 if TYPE_CHECKING:
@@ -43,14 +44,14 @@ def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, 
     family = family_of(model_cfg)
     if family.hf_adapter is None:
         raise ConfigError(f"the '{family.name}' model family has no Hugging Face adapter: it cannot be exported")
-    out_dir = Path(out_dir)
+    out_dir = location(out_dir)
     with atomic_dir(out_dir) as staging:
         if sp is not None:  # the tokenizer stage's exporter writes its files into the staging folder
             from tokenizer.hf_export import export_hf
 
             export_hf(sp, staging, special_ids or {}, model_max_length=model_cfg.max_seq_len)
         elif tokenizer_files is not None:
-            for path in sorted(Path(tokenizer_files).iterdir()):
+            for path in sorted(location(tokenizer_files).iterdir()):
                 if path.is_file():
                     shutil.copyfile(path, staging / path.name)
         tensors, config = family.hf_adapter.export(model, model_cfg, vocab_size, special_ids)
@@ -87,9 +88,9 @@ def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: A
     if meta.get("tokenizer_sha256") and meta["tokenizer_sha256"] != manifest.get("sha256"):
         raise DataError(f"the checkpoint was trained with tokenizer {meta['tokenizer_sha256'][:12]}..., not the one "
                         f"in {run_folder.tokenizer}: cannot export a matching tokenizer")
-    out_dir = Path(out_root if out_root is not None else Path(run_folder.eval) / "hf") / f"step_{step:07d}"
+    out_dir = location(out_root if out_root is not None else run_folder.eval / "hf") / f"step_{step:07d}"
     # an adopted tokenizer is exported as the base model shipped it; a trained one is converted
-    adopted = Path(run_folder.tokenizer) / "hf" if manifest.get("adopted_from") else None
+    adopted = run_folder.tokenizer / "hf" if manifest.get("adopted_from") else None
     if adopted is not None and not (adopted / manifest["model_file"]).is_file():
         raise DataError(f"{adopted} lacks the adopted {manifest['model_file']}: {TOKENIZER.run_again}")
     special_ids = {name: i for name, i in (manifest.get("special_ids") or {}).items() if i is not None}
@@ -111,7 +112,7 @@ def export_only(cfg: Any, run_folder: Any, wandb_run: Any) -> Path:
     if family.hf_adapter is None:
         raise ConfigError(f"checkpoint step {step} is a '{family.name}' model: that family has no Hugging Face "
                           "adapter, so it cannot be exported")
-    out_dir = export_checkpoint(model, int(step), meta, run_folder, cfg, tokenizer, out_root=Path(run_folder.export) / "hf")
+    out_dir = export_checkpoint(model, int(step), meta, run_folder, cfg, tokenizer, out_root=run_folder.export / "hf")
     assert out_dir is not None  # the family has an adapter
     if wandb_run is not None:
         wandb_run.summary.update({"export/step": int(step), "export/hf_folder": str(out_dir)})

@@ -14,7 +14,6 @@ The other path to lm-eval is the Hugging Face export (``--model hf``, see eval/R
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from lm_eval.api.model import LM
@@ -24,6 +23,7 @@ from eval.bpb import text_bpb
 from eval.harness import Encode, PairEncoder
 from eval.scoring import LogitsFn, model_logits_fn, score_requests
 from experiment.progress import progress
+from experiment.storage import location
 
 
 @register_model("ru-pretrain")
@@ -43,7 +43,7 @@ class RuPretrainLM(LM):
             from tokenizer.loaded import load_run_tokenizer
             from trainer.trained_model import load_trained_model
 
-            folder = RunFolder(Path(run_folder))
+            folder = RunFolder(location(run_folder))
             model, _, meta = load_trained_model(folder, step=None if step in (None, "") else int(step))
             tok = load_run_tokenizer(folder.tokenizer)
             logits_fn, encode, eos_id, pad_id = model_logits_fn(model), tok.encode, tok.eos_id, tok.pad_id

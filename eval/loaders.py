@@ -17,6 +17,7 @@ from typing import Any
 
 from experiment.errors import DataError
 from experiment.jsonl import iter_jsonl
+from experiment.storage import RunPath, location
 
 log = logging.getLogger("eval.loaders")
 
@@ -83,9 +84,9 @@ def _read_json(path: Path) -> Iterator[Record]:
 READERS = {".csv": _read_csv, ".jsonl": _read_jsonl, ".json": _read_json}
 
 
-def read_file(path: str | Path) -> list[Record]:
-    """All records of a local task file; an empty file is an error (an empty split scores nothing)."""
-    path = Path(path)
+def read_file(path: str | RunPath) -> list[Record]:
+    """All records of a task file (local or in a bucket); an empty file is an error (an empty split scores nothing)."""
+    path = location(path)
     if not path.is_file():
         raise DataError(f"task file {path} does not exist")
     reader = READERS.get(path.suffix.lower())

@@ -41,6 +41,7 @@ from eval.scoring import LogitsFn, score_requests
 from experiment.errors import DataError
 from experiment.files import atomic_write_bytes, atomic_write_json
 from experiment.stages import MERA
+from experiment.storage import location
 
 log = logging.getLogger("eval.mera")
 
@@ -91,7 +92,7 @@ def read_records(task: MeraTask, mera_dir: str) -> tuple[list[Record], str]:
     file there is unavailable: the hub is not asked, each unreachable ask costs ~20 s), else the hub's test split."""
     if mera_dir:
         for suffix in (".jsonl", ".json"):
-            path = Path(mera_dir) / f"{task.config}{suffix}"
+            path = location(mera_dir) / f"{task.config}{suffix}"
             if path.is_file():
                 return read_file(path), str(path)
         raise SourceUnavailable(f"no {task.config}.jsonl or {task.config}.json in eval.mera_dir ({mera_dir})")

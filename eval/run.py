@@ -34,6 +34,7 @@ from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import EVAL, SHARDS
 from tokenizer.loaded import RunTokenizer, load_run_tokenizer
+from tracking.artifacts import add_files
 
 log = logging.getLogger("eval")
 
@@ -370,8 +371,7 @@ def log_to_wandb(wandb_run: Any, cfg: Any, results: dict[str, Any], files: Seque
                               metadata={"step": results["step"], "train_wandb_run_id": results.get("train_wandb_run_id"),
                                         "tokenizer_sha256": results.get("tokenizer_sha256"), "inputs": list(inputs),
                                         **flat})
-    for path in files:
-        artifact.add_file(str(path), name=path.name)
+    add_files(artifact, files)
     wandb_run.log_artifact(artifact, aliases=["latest", step_name(results["step"])])
 
 

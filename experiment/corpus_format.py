@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 from experiment.errors import DataError
@@ -20,19 +19,20 @@ from experiment.files import atomic_open, sha256_file
 from experiment.jsonl import iter_jsonl
 from experiment.manifest import invalidate
 from experiment.stages import CORPUS
+from experiment.storage import RunPath, location
 
 
 def shard_name(index: int) -> str:
     return f"docs-{index:05d}.jsonl"
 
 
-def read_corpus_manifest(corpus_dir: Path) -> dict[str, Any]:
-    return CORPUS.read_manifest(Path(corpus_dir))
+def read_corpus_manifest(corpus_dir: RunPath) -> dict[str, Any]:
+    return CORPUS.read_manifest(location(corpus_dir))
 
 
-def iter_documents(corpus_dir: Path, manifest: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+def iter_documents(corpus_dir: RunPath, manifest: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
     """Yield every cleaned document in manifest order."""
-    corpus_dir = Path(corpus_dir)
+    corpus_dir = location(corpus_dir)
     manifest = manifest or read_corpus_manifest(corpus_dir)
     for shard in manifest["shards"]:
         path = corpus_dir / shard["file"]
@@ -47,10 +47,10 @@ def iter_documents(corpus_dir: Path, manifest: dict[str, Any] | None = None) -> 
             yield from parse_document_lines(handle, str(path))
 
 
-def verify_corpus(corpus_dir: Path, manifest: dict[str, Any]) -> None:
+def verify_corpus(corpus_dir: RunPath, manifest: dict[str, Any]) -> None:
     """Check every local corpus shard against the manifest's sha256 (sizes alone miss a same-size edit);
     one DataError naming the first that differs. Shards that Beam workers left elsewhere are read there."""
-    corpus_dir = Path(corpus_dir)
+    corpus_dir = location(corpus_dir)
     for shard in manifest["shards"]:
         path = corpus_dir / shard["file"]
         if not shard.get("sha256") or not path.is_file() and manifest.get("data_uri"):
@@ -89,8 +89,8 @@ class CorpusShardWriter:
     Use as a context manager; ``shards`` lists ``{"file", "documents", "bytes", "sha256"}``.
     """
 
-    def __init__(self, corpus_dir: Path, docs_per_shard: int, first_index: int = 0) -> None:
-        self.corpus_dir = Path(corpus_dir)
+    def __init__(self, corpus_dir: RunPath, docs_per_shard: int, first_index: int = 0) -> None:
+        self.corpus_dir = location(corpus_dir)
         self.first_index = first_index  # a Beam worker writes shard N alone
         self.docs_per_shard = docs_per_shard
         self.shards: list[dict[str, Any]] = []
@@ -135,9 +135,9 @@ class CorpusShardWriter:
         self._handle = None
 
 
-def clear_corpus_folder(corpus_dir: Path) -> None:
+def clear_corpus_folder(corpus_dir: RunPath) -> None:
     """Remove a previous run's manifest first, then its shards, report and temporary files."""
-    corpus_dir = Path(corpus_dir)
+    corpus_dir = location(corpus_dir)
     invalidate(corpus_dir)
     for pattern in ("docs-*.jsonl", ".docs-*.tmp", "report.md", ".report.md.*.tmp"):
         for path in corpus_dir.glob(pattern):

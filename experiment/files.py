@@ -1,4 +1,10 @@
-"""Atomic file writes and hashing: a crash never leaves a half-written file under its final name."""
+"""Atomic file writes and hashing: a crash never leaves a half-written file under its final name.
+
+Every function takes a local path or a bucket location (``experiment.storage``). Locally a file is
+written under a temporary name beside its final one, fsynced and renamed over it; in a bucket it is one
+object put (or a streamed upload published when it closes): either way a reader sees the old file or
+the whole new one, never a part.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from experiment.errors import DataError, WriteError
+from experiment.storage import BucketPath, RunPath, location
 
 
 @functools.cache
@@ -61,8 +68,11 @@ def format_bytes(size: float) -> str:
     return f"{size:.1f} TiB"
 
 
-def free_bytes(path: str | os.PathLike[str]) -> int | None:
-    """Free bytes on the disk that holds ``path`` (or its nearest existing parent)."""
+def free_bytes(path: str | os.PathLike[str] | BucketPath) -> int | None:
+    """Free bytes on the disk that holds ``path`` (or its nearest existing parent); None for a bucket (no
+    such limit) or where the disk cannot tell."""
+    if isinstance(path, BucketPath):
+        return None
     where = Path(path).absolute()
     while not where.exists() and where != where.parent:
         where = where.parent
@@ -72,23 +82,32 @@ def free_bytes(path: str | os.PathLike[str]) -> int | None:
         return None
 
 
-def free_space(path: str | os.PathLike[str]) -> str:
+def free_space(path: str | os.PathLike[str] | BucketPath) -> str:
     """Free space on the disk that holds ``path``, e.g. '1.3 MiB'."""
     free = free_bytes(path)
     return "unknown space" if free is None else format_bytes(free)
 
 
-def write_error(exc: OSError, path: str | os.PathLike[str], advice: str = "free some space and rerun the same "
-                "command") -> WriteError:
+def write_error(exc: OSError, path: str | os.PathLike[str] | BucketPath, advice: str = "free some space and "
+                "rerun the same command") -> WriteError:
     """One line for a failed write: the file (or ``path``), the reason and the space left on that disk."""
     where = exc.filename2 or exc.filename or path  # a failed copy names its source, then its destination
+    if isinstance(path, BucketPath) and not exc.filename:
+        return WriteError(f"cannot write {path}: {exc.strerror or exc}: rerun the same command once the storage "
+                          "takes writes again")
     return WriteError(f"cannot write {where}: {exc.strerror or exc} ({free_space(where)} free on that disk): {advice}")
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
-    """Write to a temporary file beside ``path``; rename it over ``path`` only on success."""
-    path = Path(path)
+def atomic_open(path: str | os.PathLike[str] | BucketPath, mode: str = "w",
+                encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
+    """Write to a temporary file beside ``path``; rename it over ``path`` only on success. In a bucket: an
+    upload published when the block ends without error, discarded when it raises."""
+    path = location(path)
+    if isinstance(path, BucketPath):
+        with path.open("wb" if "b" in mode else "w", encoding=None if "b" in mode else encoding) as handle:
+            yield handle
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600 files; give them the usual permissions
@@ -109,32 +128,53 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | N
         raise
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    with atomic_open(path, "w") as handle:
-        handle.write(text)
+def atomic_write_text(path: str | os.PathLike[str] | BucketPath, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str] | BucketPath, data: bytes) -> None:
+    path = location(path)
+    if isinstance(path, BucketPath):
+        path.write_bytes(data)  # one object put: whole or nothing
+        return
     with atomic_open(path, "wb") as handle:
         handle.write(data)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+def atomic_write_json(path: str | os.PathLike[str] | BucketPath, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=False) + "\n")
 
 
-def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+def atomic_open_exclusive(path: Path, data: bytes) -> None:
+    """Publish ``data`` at the local ``path`` only if no file is there (FileExistsError otherwise): written
+    and fsynced under a temporary name, then hard-linked to ``path``, which fails if it exists."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp_name, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.link(tmp_name, path)
+        fsync_dir(path.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+
+
+def sha256_file(path: str | os.PathLike[str] | BucketPath, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with location(path).open("rb") as handle:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
 
 
-def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_json_object(path: str | os.PathLike[str] | BucketPath) -> dict[str, Any]:
     """A JSON object from a file someone else wrote (a model's config.json); anything else is one DataError naming it."""
     try:
-        body = json.loads(Path(path).read_text(encoding="utf-8"))
+        body = json.loads(location(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise DataError(f"{path} is not readable JSON ({exc})") from exc
     if not isinstance(body, dict):
@@ -142,10 +182,24 @@ def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     return body
 
 
+# the files of a folder that its readers open first: published last, removed first (a Hugging Face folder's
+# config.json, a stage's manifest)
+COMMIT_FILES = ("config.json", "manifest.json")
+
+
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Build a folder under a hidden temporary name beside ``path``; it replaces ``path`` only on success."""
-    path = Path(path)
+def atomic_dir(path: str | os.PathLike[str] | BucketPath) -> Iterator[Path]:
+    """Build a folder under a hidden temporary name beside ``path``; it replaces ``path`` only on success.
+
+    In a bucket the folder is built in a local temporary folder and uploaded on success: a bucket has no
+    atomic rename of a prefix, so the files its readers open first (``COMMIT_FILES``) are removed before
+    anything else and published after everything else: a reader never finds them beside a partial folder."""
+    path = location(path)
+    if isinstance(path, BucketPath):
+        with tempfile.TemporaryDirectory(prefix="ru-pretrain-upload-") as staging:
+            yield Path(staging)
+            publish_dir(Path(staging), path)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     os.chmod(staging, 0o777 & ~_umask())
@@ -158,3 +212,23 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def publish_dir(source: Path, target: RunPath) -> None:
+    """Copy the local folder ``source`` to ``target`` (a bucket prefix or a local folder), replacing what
+    is there, the ``COMMIT_FILES`` last (see ``atomic_dir``)."""
+    files = sorted(p for p in source.rglob("*") if p.is_file())
+    names = {p.relative_to(source).as_posix() for p in files}
+    if isinstance(target, BucketPath):
+        old = target.list_objects()
+        for name in sorted(old, key=lambda n: n.rsplit("/", 1)[-1] not in COMMIT_FILES):
+            if name not in names or name.rsplit("/", 1)[-1] in COMMIT_FILES:
+                (target / name).unlink(missing_ok=True)
+    last = [p for p in files if p.name in COMMIT_FILES]
+    for file in [p for p in files if p.name not in COMMIT_FILES] + last:
+        dest = target / file.relative_to(source).as_posix()
+        if isinstance(dest, BucketPath):
+            dest.fs.put_file(str(file), dest.fs_path)
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, dest)

@@ -26,10 +26,11 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any, Literal
 
+from experiment import appendlog
 from experiment.errors import DataError
+from experiment.storage import BucketPath, location
 
 log = logging.getLogger("experiment.jsonl")
 
@@ -112,12 +113,13 @@ def parse_jsonl(text: str, name: str, *, torn_tail: TornTail, malformed: Malform
     return JsonlContents(name, records, torn)
 
 
-def read_jsonl(path: str | os.PathLike[str], *, torn_tail: TornTail, malformed: Malformed = "error",
+def read_jsonl(path: str | os.PathLike[str] | BucketPath, *, torn_tail: TornTail, malformed: Malformed = "error",
                missing_ok: bool = False) -> JsonlContents:
-    """Every record of the file at ``path`` (UTF-8); with ``missing_ok``, a missing file has none."""
-    path = Path(path)
+    """Every record of the file at ``path`` (UTF-8; in a bucket also an append-only log's segments,
+    ``experiment.appendlog``); with ``missing_ok``, a missing file has none."""
+    path = location(path)
     try:
-        data = path.read_bytes()
+        data = appendlog.read_bytes(path)
     except FileNotFoundError:
         if missing_ok:
             return JsonlContents(str(path), [])

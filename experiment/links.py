@@ -20,8 +20,9 @@ from typing import Any
 
 from experiment.errors import ConfigError, RecipeError
 from experiment.manifest import linked_run
-from experiment.runfolder import RunFolder
+from experiment.runfolder import RunFolder, is_linked, link_target, make_link
 from experiment.stages import CORPUS, EVAL, EXPORT, FIT_CHECK, NEURON_CHECK, PRETRAIN, SHARDS, TOKENIZER, Stage
+from experiment.storage import BucketPath, RunPath, location
 
 log = logging.getLogger("experiment.links")
 DATA_STAGES = (CORPUS, TOKENIZER, SHARDS)  # the stages whose outputs other runs read through links
@@ -37,15 +38,23 @@ class LinkedOutputError(RecipeError):
     """A stage's output folder is a link to another run's: its data is read-only here."""
 
 
+def resolved(folder: RunPath) -> RunPath:
+    """Where a stage folder's data is: the folder a link stands for, else the folder itself."""
+    target = link_target(folder)
+    if target is not None:
+        return resolved(target) if target != folder else target
+    return folder if isinstance(folder, BucketPath) else folder.resolve()
+
+
 def link_stages(run_folder: RunFolder, source: RunFolder, stages: Iterable[Stage], why: str) -> None:
     """Link each of ``stages``' folders of ``run_folder`` to ``source``'s where it has none of its own
     (and ``source`` has one); ``why`` says who asked, for the log."""
     run_folder.root.mkdir(parents=True, exist_ok=True)
     for stage in stages:
-        mine, theirs = stage.dir(run_folder), stage.dir(source).resolve()
-        if not mine.exists() and not mine.is_symlink() and theirs.is_dir():
+        mine, theirs = stage.dir(run_folder), resolved(stage.dir(source))
+        if not mine.exists() and not is_linked(mine) and theirs.is_dir():
             with contextlib.suppress(FileExistsError):  # another process of this run made it first
-                mine.symlink_to(theirs, target_is_directory=True)
+                make_link(mine, theirs)
                 log.info("%s: %s links to %s", why, mine, theirs)
 
 
@@ -67,7 +76,7 @@ def check_own_output(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
     owner = linked_run(folder)
     if owner is None:
         return
-    raise LinkedOutputError(f"{folder} is a link to {folder.resolve()} ({_link_reason(cfg)}): its data is read-only "
+    raise LinkedOutputError(f"{folder} is a link to {link_target(folder)} ({_link_reason(cfg)}): its data is read-only "
                             f"here; remove the link to build this run's own")
 
 
@@ -77,8 +86,8 @@ def link_data_from(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
     name = cfg.experiment.data_from
     if not name:
         return
-    source = RunFolder(Path(cfg.experiment.run_root) / name)
-    if source.root.resolve() == run_folder.root.resolve():
+    source = RunFolder(location(cfg.experiment.run_root) / name)
+    if resolved(source.root) == resolved(run_folder.root):
         return  # the data's own folder (a sweep builds its shared data there)
     key = "config key 'experiment.data_from'"
     if stage in DATA_STAGES:
@@ -89,7 +98,7 @@ def link_data_from(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
     if getattr(getattr(cfg, "train", None), "branch_from", ""):
         raise ConfigError(f"{key}: a branch reads its parent's tokenizer and shards (train.branch_from="
                           f"{cfg.train.branch_from}): leave experiment.data_from unset")
-    if not SHARDS.dir(source).is_dir():
+    if not resolved(SHARDS.dir(source)).is_dir():
         if stage in CONFIG_SIZED:
             log.info("experiment.data_from=%s: %s has no shards yet; the %s reads the vocabulary and "
                      "sequence length from the config", name, source.root, stage.name.replace("_", " "))
@@ -97,17 +106,23 @@ def link_data_from(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
         raise ConfigError(f"{key}: {source.root} holds no shards/ folder: run recipes 01-03 with "
                           f"experiment.name={name} first")
     for data in DATA_STAGES:
-        mine, theirs = data.dir(run_folder), data.dir(source)
-        if (mine.exists() or mine.is_symlink()) and theirs.is_dir() and mine.resolve() != theirs.resolve():
+        mine, theirs = data.dir(run_folder), resolved(data.dir(source))
+        if (mine.exists() or is_linked(mine)) and theirs.is_dir() and resolved(mine) != theirs:
             raise ConfigError(f"{key}: {mine} is this run's own {data.name}, not {name}'s: remove it to read "
                               f"{theirs}, or leave experiment.data_from unset")
     link_stages(run_folder, source, DATA_STAGES, f"experiment.data_from={name}")
 
 
 def branch_parent(cfg: Any) -> RunFolder | None:
-    """The run folder ``train.branch_from`` names (an experiment under the run root, or a path); None: no branch."""
+    """The run folder ``train.branch_from`` names (an experiment under the run root, a path or a bucket URL);
+    None: no branch."""
     parent = getattr(getattr(cfg, "train", None), "branch_from", "")
-    return RunFolder((Path(cfg.experiment.run_root) / parent).resolve()) if parent else None
+    if not parent:
+        return None
+    named = location(parent, "train.branch_from")
+    if isinstance(named, Path) and not named.is_absolute():
+        named = location(cfg.experiment.run_root) / parent
+    return RunFolder(resolved(named))
 
 
 def prepare_links(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
@@ -115,6 +130,6 @@ def prepare_links(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
     branch's parent data are linked (before the stage locks what it reads: through the links)."""
     link_data_from(cfg, run_folder, stage)
     parent = branch_parent(cfg)
-    if stage in DATA_READERS and parent is not None and parent.root != run_folder.root.resolve():
+    if stage in DATA_READERS and parent is not None and parent.root != resolved(run_folder.root):
         link_stages(run_folder, parent, BRANCH_DATA, "branch")
     check_own_output(cfg, run_folder, stage)

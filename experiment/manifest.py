@@ -17,29 +17,30 @@ from typing import Any
 
 from experiment.errors import DataError, MissingStageError
 from experiment.files import atomic_write_json
-from experiment.runfolder import linked_run
+from experiment.runfolder import link_target, linked_run
+from experiment.storage import RunPath, location
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
 FILE_KEYS = frozenset({"file", "model_file"})  # manifest entries that name a file of the stage's folder
 
 
-def manifest_path(stage_dir: Path) -> Path:
-    return Path(stage_dir) / MANIFEST_NAME
+def manifest_path(stage_dir: RunPath | str) -> RunPath:
+    return location(stage_dir) / MANIFEST_NAME
 
 
-def invalidate(stage_dir: Path) -> None:
+def invalidate(stage_dir: RunPath | str) -> None:
     """Mark a stage folder as unfinished before rewriting it."""
-    stage_dir = Path(stage_dir)
+    stage_dir = location(stage_dir)
     owner = linked_run(stage_dir)
     if owner is not None:
-        raise DataError(f"{stage_dir} is a link to {stage_dir.resolve()} (the data of run {owner}): its data is "
+        raise DataError(f"{stage_dir} is a link to {link_target(stage_dir)} (the data of run {owner}): its data is "
                         "read-only here; remove the link to build this run's own")
     stage_dir.mkdir(parents=True, exist_ok=True)
     manifest_path(stage_dir).unlink(missing_ok=True)
 
 
-def write_manifest(stage_dir: Path, stage: str, payload: dict[str, Any]) -> Path:
+def write_manifest(stage_dir: RunPath | str, stage: str, payload: dict[str, Any]) -> RunPath:
     body = {
         "stage": stage,
         "schema_version": SCHEMA_VERSION,
@@ -51,7 +52,7 @@ def write_manifest(stage_dir: Path, stage: str, payload: dict[str, Any]) -> Path
     return path
 
 
-def read_manifest(stage_dir: Path, stage: str, recipe: str) -> dict[str, Any]:
+def read_manifest(stage_dir: RunPath | str, stage: str, recipe: str) -> dict[str, Any]:
     """Read a finished stage's manifest or say which recipe to run first."""
     path = manifest_path(stage_dir)
     if not path.is_file():
@@ -70,7 +71,7 @@ def read_manifest(stage_dir: Path, stage: str, recipe: str) -> dict[str, Any]:
     return body
 
 
-def _check_entries(node: Any, path: Path, where: str) -> None:
+def _check_entries(node: Any, path: RunPath, where: str) -> None:
     """Every file a manifest names is a relative path inside its folder (not absolute, no ``..``)."""
     if isinstance(node, list):
         for index, item in enumerate(node):
@@ -80,7 +81,7 @@ def _check_entries(node: Any, path: Path, where: str) -> None:
             entry = f"{where}.{key}" if where else str(key)
             if key in FILE_KEYS and isinstance(value, str):
                 parts = Path(value).parts
-                if not value or Path(value).is_absolute() or ".." in parts:
+                if not value or Path(value).is_absolute() or ".." in parts or "://" in value:
                     raise DataError(f"{path}: entry '{entry}' is {value!r}, not a file name inside {path.parent}: "
                                     "a manifest lists only files of its own folder")
             else:

@@ -10,12 +10,12 @@ that names the file and the recipe to run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from experiment import manifest as manifests
 from experiment.errors import DataError, MissingStageError
 from experiment.runfolder import RunFolder
+from experiment.storage import RunPath
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Stage:
     def run_again(self) -> str:
         return f"run {self.recipe} again"
 
-    def dir(self, run_folder: RunFolder) -> Path:
+    def dir(self, run_folder: RunFolder) -> RunPath:
         return run_folder.root / self.folder
 
     def missing(self, what: str) -> MissingStageError:
@@ -53,7 +53,7 @@ class Stage:
         if not self.has_manifest:
             raise ValueError(f"stage '{self.name}' writes no manifest")
 
-    def read_manifest(self, stage_dir: Path) -> dict[str, Any]:
+    def read_manifest(self, stage_dir: RunPath) -> dict[str, Any]:
         """The checked manifest of a finished stage (``stage_dir`` is its folder)."""
         self._check_has_manifest()
         body = manifests.read_manifest(stage_dir, self.name, self.recipe)
@@ -66,14 +66,14 @@ class Stage:
                 raise DataError(f"{path}: '{key}' is {value!r}, not {_kind_name(kind)}: {self.run_again}")
         return body
 
-    def read_manifest_if_present(self, stage_dir: Path) -> dict[str, Any] | None:
+    def read_manifest_if_present(self, stage_dir: RunPath) -> dict[str, Any] | None:
         """None when the stage has not run (no manifest file); a present manifest is read checked."""
         self._check_has_manifest()
         if not manifests.manifest_path(stage_dir).is_file():
             return None
         return self.read_manifest(stage_dir)
 
-    def write_manifest(self, stage_dir: Path, payload: dict[str, Any]) -> Path:
+    def write_manifest(self, stage_dir: RunPath, payload: dict[str, Any]) -> RunPath:
         """Write the manifest last (its presence means the stage finished); its readers' keys must be in it."""
         self._check_has_manifest()
         absent = [key for key in self.manifest_keys if key not in payload]

@@ -134,9 +134,9 @@ REAL_DATA_FIXTURES = frozenset({"shared_data"})
 RECIPE_CALLS = frozenset({"run_recipe", "run_recipe_on_full_disk", "run_in_process", "start_recipe", "start_pretrain",
                           "prepare_stages"})
 # Fixtures and names that start other processes (the 8-device worker, a training subprocess, two JAX processes,
-# a fresh interpreter, the wandb CLI that reads an offline run back): integration too, the unit loop runs in
+# a fresh interpreter, the wandb CLI that reads an offline run back, the storage API servers): integration too, the unit loop runs in
 # its own process on one device
-PROCESS_FIXTURES = frozenset({"eight_devices"})
+PROCESS_FIXTURES = frozenset({"eight_devices", "storage_servers", "bucket", "any_root"})
 PROCESS_CALLS = frozenset({"subprocess", "Popen", "DeviceWorker", "read_offline_run", "read_offline_runs"})
 
 
@@ -313,3 +313,47 @@ def eight_devices() -> Iterator[DeviceWorker]:
     """The session's one subprocess with 8 fake CPU devices: ``eight_devices.run(check, *args)`` (tests/device_worker.py)."""
     with DeviceWorker(8) as worker:
         yield worker
+
+
+@pytest.fixture(scope="session")
+def storage_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """fake-gcs-server and moto on loopback for this worker (tests/storage_servers.py), their endpoints and test
+    credentials in the environment for the session (recipes and the processes they start inherit them)."""
+    from tests.storage_servers import ServersMissing, StorageServers
+
+    try:
+        servers = StorageServers(tmp_path_factory.mktemp("storage-servers"))
+    except ServersMissing as exc:
+        if os.environ.get("RU_REQUIRE_SHARED_DATA") == "1":
+            pytest.fail(f"{exc}; RU_REQUIRE_SHARED_DATA=1 makes this a failure", pytrace=False)
+        pytest.skip(str(exc))
+    saved = {var: os.environ.get(var) for var in servers.env}
+    os.environ.update(servers.env)
+    try:
+        yield servers
+    finally:
+        servers.close()
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+@pytest.fixture(params=["gs", "s3"])
+def bucket(request: pytest.FixtureRequest, storage_servers: object) -> object:
+    """A fresh empty bucket on each of the two servers, as a ``BucketPath``."""
+    from experiment.storage import location
+
+    return location(storage_servers.new_bucket(request.param))  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["local", "gs", "s3"])
+def any_root(request: pytest.FixtureRequest, tmp_path: Path) -> object:
+    """A fresh folder on each backend: a local temporary folder, a GCS bucket, an S3 bucket."""
+    if request.param == "local":
+        return tmp_path / "root"
+    from experiment.storage import location
+
+    servers = request.getfixturevalue("storage_servers")
+    return location(servers.new_bucket(request.param))

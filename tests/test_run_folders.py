@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,23 +76,88 @@ def test_a_lock_of_another_live_process_holds_and_is_taken_over_with_a_warning_o
     assert f"pid {holder.pid}" in caplog.text and "that process is gone" in caplog.text
 
 
-def test_a_lock_of_another_host_is_taken_over_only_when_its_lease_ran_out(tmp_path: Path) -> None:
-    """Over NFS the OS lock of a dead host may stand: its lease (renewed while it lives) tells."""
+@pytest.mark.parametrize("flock_stuck", [True, False])
+def test_a_lock_of_another_host_is_taken_over_only_when_its_lease_ran_out(tmp_path: Path, flock_stuck: bool) -> None:
+    """Over NFS the OS lock of a dead host may stand (``flock_stuck``), or an flock may hold only within one host
+    (a record whose flock is free): either way the record's lease tells, measured by the filesystem's clock (the
+    file's modification time), not by the holder's own ``renewed`` time: a holder whose clock is an hour behind
+    (``renewed`` an hour ago, file written just now) is live; one that stopped writing an hour ago is gone."""
     import fcntl
     import time
 
     path = tmp_path / ".locks" / "shards.lock"
     path.parent.mkdir(parents=True)
-    for renewed, taken in ((time.time(), False), (time.time() - 3600, True)):
-        path.write_text(holder_record("other-host", 1, renewed))
-        with open(path, "rb") as stuck:  # the lock the other host's dead process still holds
-            fcntl.flock(stuck, fcntl.LOCK_EX)
+    for skewed, idle_s, taken in ((0, 0, False), (-3600, 0, False), (0, 3600, True)):
+        path.write_text(holder_record("other-host", 1, time.time() + skewed))
+        os.utime(path, (time.time() - idle_s, time.time() - idle_s))
+        with contextlib.ExitStack() as stack:
+            if flock_stuck:  # the lock the other host's process still holds
+                fcntl.flock(stack.enter_context(open(path, "rb")), fcntl.LOCK_EX)
             if taken:
                 with hold(path, "shards"):
                     assert json.loads(path.read_text())["host"] == socket.gethostname()
             else:
                 with pytest.raises(BusyError, match="host other-host, pid 1"), hold(path, "shards"):
                     pass
+                assert json.loads(path.read_text())["host"] == "other-host", "a live lease is left as it was"
+
+
+def test_two_hosts_sharing_a_bucket_one_holds_the_other_stops_and_a_lapsed_lease_is_taken_over(
+        bucket: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket lock: a second holder is refused with one line naming the first; a reader is refused while a
+    writer holds it and a writer while a reader does; a record whose lease lapsed by the bucket's clock (the
+    holder's host is elsewhere, its renewals stopped) is taken over with a warning, and the old holder, should it
+    come back, finds the lock gone from under it (``lost_lease``) instead of writing on."""
+    from experiment import lock
+    from experiment.storage import backends
+
+    run = RunFolder(bucket / "runs" / "x")
+    path = lock_path(run, "shards")
+    with stage_lock(run, SHARDS):
+        holder = json.loads(path.read_text())
+        assert holder["pid"] == os.getpid()
+        for stage, doing in ((SHARDS, "writing"), (PRETRAIN, "reading")):
+            with pytest.raises(BusyError) as caught, stage_lock(run, stage):
+                pass
+            assert str(caught.value) == (
+                f"{run.root} is already running recipes/03_shard.py (host {socket.gethostname()}, pid {os.getpid()}, "
+                f"since {holder['since']}): wait for it to finish or stop it before {doing} its shards output")
+    assert not path.exists(), "a released bucket lock leaves no object"
+    with stage_lock(run, PRETRAIN), pytest.raises(BusyError, match="a running stage reads its shards output"), \
+            stage_lock(run, SHARDS):
+        pass
+    with stage_lock(run, PRETRAIN), stage_lock(run, EVAL):
+        pass  # two readers
+    # another host's holder that stopped renewing: only the bucket's clock tells it lapsed
+    written = backends.create(path.url, holder_record("other-host", 7, 0.0).encode())
+    with pytest.raises(BusyError, match="host other-host, pid 7"), hold(path, "shards"):
+        pass
+    monkeypatch.setattr(lock, "LEASE_S", -1.0)  # every lease has lapsed
+    with caplog.at_level(logging.WARNING, "experiment.lock"), hold(path, "shards"):
+        assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert "taking over the lock" in caplog.text and "pid 7" in caplog.text
+    with pytest.raises(backends.PreconditionFailed):
+        backends.replace_if(path.url, b"the old holder renews", written.generation)
+
+
+def test_a_bucket_lease_taken_over_is_reported_lost_to_its_old_holder(
+        bucket: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from experiment import lock
+
+    monkeypatch.setattr(lock, "RENEW_S", 0.05)
+    monkeypatch.setattr(lock, "_lost", [])
+    path = lock_path(RunFolder(bucket / "x"), "pretrain")
+    with hold(path, "pretrain"):
+        # another process takes the lock over (as after this holder's lease lapsed in a storage outage)
+        path.write_bytes(holder_record("other-host", 9, time.time()).encode())
+        deadline = time.monotonic() + 20
+        while lock.lost_lease() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(lock.LeaseLost, match="was taken over by host other-host, pid 9"):
+            lock.check_lease()
+    assert json.loads(path.read_text())["host"] == "other-host", "releasing a lost lock leaves the new holder's"
 
 
 def test_a_holder_renews_its_lease_while_it_holds_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

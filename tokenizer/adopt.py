@@ -15,7 +15,6 @@ import hashlib
 import logging
 from collections.abc import Iterator
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from experiment.config import redact
@@ -24,6 +23,7 @@ from experiment.files import atomic_dir, atomic_write_bytes, read_json_object, s
 from experiment.manifest import invalidate
 from experiment.schema import ExperimentConfig
 from experiment.stages import TOKENIZER
+from experiment.storage import RunPath, location
 from tokenizer.loaded import KIND_HF, KIND_SENTENCEPIECE, read_hf_tokenizer, read_sentencepiece
 from tokenizer.measured import MeasuredTokenizer, hf_tokenizer_under_test, sentencepiece_under_test
 from tokenizer.report import build_report, log_report, write_report
@@ -44,10 +44,10 @@ SPECIAL_NAMES = ("pad", "unk", "bos", "eos")
 ADOPTED_NAME = "adopted"  # the run's tokenizer in the report when it was adopted
 
 
-def locate_source(adopt_from: str) -> tuple[str, Path]:
+def locate_source(adopt_from: str) -> tuple[str, RunPath]:
     """``(kind, model file)`` of ``tokenizer.adopt_from``: a folder (its tokenizer.json, else its
     tokenizer.model) or one of those files."""
-    path = Path(adopt_from).expanduser()
+    path = location(adopt_from, "tokenizer.adopt_from").expanduser()
     key = "config key 'tokenizer.adopt_from'"
     if path.is_dir():
         for name, kind in ((HF_TOKENIZER_FILE, KIND_HF), (SPM_TOKENIZER_FILE, KIND_SENTENCEPIECE)):
@@ -59,7 +59,7 @@ def locate_source(adopt_from: str) -> tuple[str, Path]:
     return (KIND_SENTENCEPIECE if path.suffix == ".model" else KIND_HF), path
 
 
-def _present(folder: Path, names: tuple[str, ...]) -> Iterator[tuple[Path, dict[str, Any]]]:
+def _present(folder: RunPath, names: tuple[str, ...]) -> Iterator[tuple[RunPath, dict[str, Any]]]:
     """``(path, JSON object)`` of each of ``names`` that ``folder`` holds, in order."""
     for name in names:
         if (folder / name).is_file():
@@ -73,7 +73,7 @@ def _token_content(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def special_ids_from_folder(folder: Path, token_to_id: Any, own: dict[str, int | None]) -> dict[str, int | None]:
+def special_ids_from_folder(folder: RunPath, token_to_id: Any, own: dict[str, int | None]) -> dict[str, int | None]:
     """pad/unk/bos/eos ids: tokens named in tokenizer_config.json / special_tokens_map.json, then ids in
     config.json / generation_config.json, then the tokenizer's own (``own``, SentencePiece's ids)."""
     ids: dict[str, int | None] = {}
@@ -99,7 +99,7 @@ def special_ids_from_folder(folder: Path, token_to_id: Any, own: dict[str, int |
     return ids
 
 
-def model_vocab_size(folder: Path) -> int | None:
+def model_vocab_size(folder: RunPath) -> int | None:
     """``vocab_size`` of the base model's config.json beside the tokenizer (its embedding rows), if any."""
     path = folder / "config.json"
     if not path.is_file():
@@ -111,7 +111,7 @@ def model_vocab_size(folder: Path) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def load_source(kind: str, model_file: Path, data: bytes) -> tuple[MeasuredTokenizer, int, dict[str, int | None]]:
+def load_source(kind: str, model_file: RunPath, data: bytes) -> tuple[MeasuredTokenizer, int, dict[str, int | None]]:
     """Load the adopted file from its bytes (one error line naming it if it does not load): what the
     report measures, its vocabulary size and its special ids."""
     folder = model_file.parent
@@ -130,7 +130,7 @@ def load_source(kind: str, model_file: Path, data: bytes) -> tuple[MeasuredToken
     return sentencepiece_under_test(sp, name=ADOPTED_NAME), sp.get_piece_size(), special
 
 
-def copy_hf_files(model_file: Path, data: bytes, target: str, out_dir: Path) -> dict[str, str]:
+def copy_hf_files(model_file: RunPath, data: bytes, target: str, out_dir: RunPath) -> dict[str, str]:
     """Write the adopted file (``data``, as ``target``) and copy its folder's other tokenizer files into
     ``out_dir/hf``, atomically as one folder; returns their sha256 by name."""
     names = [name for name in HF_TOKENIZER_FILES
@@ -146,8 +146,8 @@ def copy_hf_files(model_file: Path, data: bytes, target: str, out_dir: Path) -> 
 def adopt_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     """Recipe 02 with ``tokenizer.adopt_from``: copy, measure, write the manifest last."""
     tok = cfg.tokenizer
-    out_dir = Path(run_folder.tokenizer)
-    corpus_dir = Path(run_folder.corpus)
+    out_dir = run_folder.tokenizer
+    corpus_dir = run_folder.corpus
     kind, model_file = locate_source(tok.adopt_from)
     data = model_file.read_bytes()  # read once: what is measured is what is copied
     measured, vocab_size, special = load_source(kind, model_file, data)

@@ -11,7 +11,6 @@ shards stage appends EOS itself).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
@@ -20,6 +19,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from experiment.errors import ConfigError
 from experiment.files import atomic_dir, atomic_write_bytes, atomic_write_text
+from experiment.storage import RunPath, location
 from tokenizer.spm import WHITESPACE_MARK
 
 # Control and byte pieces are never matched against text by SentencePiece; in the HF Unigram lattice
@@ -100,10 +100,10 @@ def tokenizer_config(sp: spm.SentencePieceProcessor, special_ids: dict[str, int]
     }
 
 
-def export_hf(sp: spm.SentencePieceProcessor, out_dir: Path, special_ids: dict[str, int],
-              model_max_length: int) -> Path:
+def export_hf(sp: spm.SentencePieceProcessor, out_dir: RunPath, special_ids: dict[str, int],
+              model_max_length: int) -> RunPath:
     """Write the export into a temporary folder and move it over ``out_dir`` only when complete."""
-    out_dir = Path(out_dir)
+    out_dir = location(out_dir)
     with atomic_dir(out_dir) as staging:
         build_hf_tokenizer(sp).save(str(staging / "tokenizer.json"))
         config = tokenizer_config(sp, special_ids, model_max_length)

@@ -21,6 +21,7 @@ import sentencepiece as spm
 
 from experiment.errors import DataError
 from experiment.stages import TOKENIZER
+from experiment.storage import RunPath, location
 from tokenizer.measured import BYTE_PIECE
 from tokenizer.normalization import normalize_characters
 from tokenizer.spm import MODEL_FILE, eos_and_pad_ids, load_tokenizer, piece_byte_lengths, verified_model_file
@@ -166,9 +167,9 @@ def encode_one(tokenizer: Any, text: str) -> np.ndarray:
     return np.asarray(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 
 
-def load_run_tokenizer(tokenizer_dir: str | Path) -> RunTokenizer:
+def load_run_tokenizer(tokenizer_dir: str | RunPath) -> RunTokenizer:
     """The finished tokenizer folder of recipe 02 (trained or adopted), checked against its manifest."""
-    tokenizer_dir = Path(tokenizer_dir)
+    tokenizer_dir = location(tokenizer_dir)
     manifest = TOKENIZER.read_manifest(tokenizer_dir)
     kind = manifest.get("kind", KIND_SENTENCEPIECE)  # manifests written before adoption existed: SentencePiece
     if kind == KIND_SENTENCEPIECE:

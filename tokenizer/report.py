@@ -22,6 +22,7 @@ from experiment.sections.tokenizer import RUSSIAN_REQUIRED_CHARS
 from tokenizer.baselines import bytelevel_bpe_under_test, train_bytelevel_bpe
 from tokenizer.measured import MeasuredTokenizer
 from tokenizer.texts import training_texts
+from tracking.artifacts import add_folder
 
 log = logging.getLogger("tokenizer")
 
@@ -224,5 +225,5 @@ def log_report(wandb_run: Any, report: dict[str, Any], out_dir: Path, artifact_n
         wandb_run.summary[f"tokenizer/{metric}"] = sp_overall[metric]
     artifact = wandb.Artifact(artifact_name, type="tokenizer",
                               metadata={m: sp_overall[m] for m in _TABLE_METRICS})
-    artifact.add_dir(str(out_dir))
+    add_folder(artifact, out_dir)
     wandb_run.log_artifact(artifact)

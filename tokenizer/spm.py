@@ -6,7 +6,6 @@ is missing (an unfinished run) or whose model bytes do not match the manifest's 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +15,7 @@ from experiment.errors import DataError
 from experiment.files import sha256_file
 from experiment.manifest import manifest_path
 from experiment.stages import TOKENIZER
+from experiment.storage import RunPath, location
 
 MODEL_FILE = "spm.model"
 VOCAB_FILE = "spm.vocab"
@@ -24,7 +24,8 @@ VOCAB_FILE = "spm.vocab"
 WHITESPACE_MARK = "\u2581"
 
 
-def verified_model_file(tokenizer_dir: Path, manifest: dict[str, Any], default_name: str = MODEL_FILE) -> tuple[Path, str]:
+def verified_model_file(tokenizer_dir: RunPath, manifest: dict[str, Any],
+                        default_name: str = MODEL_FILE) -> tuple[RunPath, str]:
     """``(path, sha256)`` of the model file a tokenizer manifest lists, refused when it is missing or its
     bytes do not match the manifest's hash (hashed once, here, for every tokenizer kind)."""
     model_path = tokenizer_dir / str(manifest.get("model_file", default_name))
@@ -39,16 +40,15 @@ def verified_model_file(tokenizer_dir: Path, manifest: dict[str, Any], default_n
     return model_path, digest
 
 
-def load_tokenizer(tokenizer_dir: str | Path, manifest: dict[str, Any] | None = None
+def load_tokenizer(tokenizer_dir: str | RunPath, manifest: dict[str, Any] | None = None
                    ) -> tuple[spm.SentencePieceProcessor, dict[str, Any]]:
     """Load a finished tokenizer folder: ``(SentencePieceProcessor, manifest)``; ``manifest``: the folder's,
     when the caller has already read it."""
-    tokenizer_dir = Path(tokenizer_dir)
+    tokenizer_dir = location(tokenizer_dir)
     manifest = TOKENIZER.read_manifest(tokenizer_dir) if manifest is None else manifest
     model_path, _ = verified_model_file(tokenizer_dir, manifest)
-    processor = spm.SentencePieceProcessor()
     try:
-        processor.Load(str(model_path))
+        processor = spm.SentencePieceProcessor(model_proto=model_path.read_bytes())
     except (OSError, RuntimeError) as exc:
         raise DataError(f"{model_path} is not a readable SentencePiece model ({exc})") from exc
     # an adopted model's manifest keeps its pieces apart from the base model's (larger) embedding rows
@@ -58,7 +58,8 @@ def load_tokenizer(tokenizer_dir: str | Path, manifest: dict[str, Any] | None = 
     return processor, manifest
 
 
-def eos_and_pad_ids(sp: spm.SentencePieceProcessor, manifest: dict[str, Any], tokenizer_dir: str | Path) -> tuple[int, int]:
+def eos_and_pad_ids(sp: spm.SentencePieceProcessor, manifest: dict[str, Any],
+                    tokenizer_dir: str | RunPath) -> tuple[int, int]:
     """``(eos, pad)`` of a loaded tokenizer: the manifest's ``special_ids``, else SentencePiece's own.
 
     A tokenizer without padding pads with EOS: padding is masked out wherever it is read (segment 0 in
@@ -68,7 +69,7 @@ def eos_and_pad_ids(sp: spm.SentencePieceProcessor, manifest: dict[str, Any], to
     special = manifest.get("special_ids") or {}
     eos = special.get("eos", sp.eos_id())
     if eos is None or eos < 0:
-        raise DataError(f"{manifest_path(Path(tokenizer_dir))}: the tokenizer has no EOS id (special_ids.eos); "
+        raise DataError(f"{manifest_path(location(tokenizer_dir))}: the tokenizer has no EOS id (special_ids.eos); "
                         f"{TOKENIZER.run_again} with one")
     pad = special.get("pad", sp.pad_id())
     return int(eos), int(pad) if pad is not None and pad >= 0 else int(eos)

@@ -10,7 +10,6 @@ import io
 import itertools
 import logging
 import re
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -30,6 +29,7 @@ from experiment.progress import progress
 from experiment.schema import ExperimentConfig
 from experiment.sections.tokenizer import TokenizerConfig
 from experiment.stages import TOKENIZER
+from experiment.storage import remove_tree
 from tokenizer.measured import sentencepiece_under_test
 from tokenizer.normalization import NORMALIZATION_NAME, normalization_record, write_rules_tsv
 from tokenizer.report import build_report, log_report, write_report
@@ -152,8 +152,8 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any,
         from tokenizer.adopt import adopt_tokenizer
 
         return adopt_tokenizer(cfg, run_folder, wandb_run)
-    out_dir = Path(run_folder.tokenizer)
-    corpus_dir = Path(run_folder.corpus)
+    out_dir = run_folder.tokenizer
+    corpus_dir = run_folder.corpus
     validation_percent = cfg.shards.validation_percent
     invalidate(out_dir)
 
@@ -201,7 +201,7 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any,
 
         export_hf(sp, out_dir / "hf", special_ids(tok), model_max_length=cfg.model.max_seq_len)
     elif (out_dir / "hf").exists():  # an export left by an earlier run would not match this model
-        shutil.rmtree(out_dir / "hf")
+        remove_tree(out_dir / "hf")
 
     manifest = {
         "model_file": MODEL_FILE,

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from experiment.storage import BucketPath, RunPath
+
+log = logging.getLogger("tracking")
 
 
 def artifact_name(text: str) -> str:
@@ -13,23 +19,31 @@ def artifact_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "artifact"
 
 
-def log_files(run: Any, name: str, artifact_type: str, paths: Iterable[Path], metadata: dict[str, Any] | None = None,
-              aliases: list[str] | None = None, root: Path | None = None) -> Any:
+def log_files(run: Any, name: str, artifact_type: str, paths: Iterable[RunPath],
+              metadata: dict[str, Any] | None = None, aliases: list[str] | None = None,
+              root: RunPath | None = None) -> Any:
     """Log ``paths`` (files, by their base names, or by their paths under ``root`` when given) as one
-    artifact of ``run``; returns the artifact, or None for a disabled run."""
+    artifact of ``run``; returns the artifact, or None for a disabled run. Files in a bucket are copied
+    through a local temporary file (W&B copies what it logs into its own folder)."""
     if run is None or getattr(run, "disabled", False):
         return None
     import wandb
 
     artifact = wandb.Artifact(artifact_name(name), type=artifact_type, metadata=metadata or {})
-    for path in paths:
-        name = Path(path).relative_to(root).as_posix() if root is not None else Path(path).name
-        artifact.add_file(str(path), name=name)
+    with tempfile.TemporaryDirectory(prefix="ru-pretrain-artifact-") as staging:
+        for index, path in enumerate(paths):
+            name = path.relative_to(root).as_posix() if root is not None else path.name  # type: ignore[arg-type]
+            if isinstance(path, BucketPath):
+                local = Path(staging) / f"{index}-{path.name}"
+                local.write_bytes(path.read_bytes())
+                artifact.add_file(str(local), name=name)
+            else:
+                artifact.add_file(str(path), name=name)
     run.log_artifact(artifact, aliases=aliases)
     return artifact
 
 
-def log_reference(run: Any, name: str, artifact_type: str, folder: str | Path,
+def log_reference(run: Any, name: str, artifact_type: str, folder: str | RunPath,
                   metadata: dict[str, Any] | None = None, files: list[dict[str, Any]] | None = None) -> Any:
     """Log a large output folder (a corpus, shards) as an artifact of ``run`` by reference: a ``file://``
     URI per file with its size and checksum (W&B's MD5, which reads each file once), never a copy, so the
@@ -43,10 +57,17 @@ def log_reference(run: Any, name: str, artifact_type: str, folder: str | Path,
     Returns the artifact, or None for a disabled run."""
     if run is None or getattr(run, "disabled", False):
         return None
-    if files is None:
-        artifact = _reference_artifact(name, artifact_type, folder, metadata, checksum=True)
-    else:
-        artifact = _measured_reference_artifact(name, artifact_type, Path(folder), metadata, files)
+    try:
+        if files is None:
+            artifact = _reference_artifact(name, artifact_type, folder, metadata, checksum=True)
+        else:
+            artifact = _measured_reference_artifact(name, artifact_type, Path(folder), metadata, files)
+    except Exception as exc:  # W&B's bucket handlers need their own clients and credentials: lineage is no reason to fail
+        if not isinstance(folder, BucketPath) and "://" not in str(folder):
+            raise
+        log.warning("W&B could not reference %s (%s: %s): the %s artifact is not logged", folder, type(exc).__name__,
+                    str(exc).splitlines()[0][:200] if str(exc) else "", artifact_type)
+        return None
     run.log_artifact(artifact)
     return artifact
 
@@ -77,7 +98,7 @@ def _measured_reference_artifact(name: str, artifact_type: str, folder: Path, me
     return artifact
 
 
-def _reference_artifact(name: str, artifact_type: str, folder: str | Path, metadata: dict[str, Any] | None,
+def _reference_artifact(name: str, artifact_type: str, folder: str | RunPath, metadata: dict[str, Any] | None,
                         checksum: bool) -> Any:
     import wandb
 
@@ -87,7 +108,7 @@ def _reference_artifact(name: str, artifact_type: str, folder: str | Path, metad
     return artifact
 
 
-def use_reference(run: Any, name: str, artifact_type: str, folder: str | Path,
+def use_reference(run: Any, name: str, artifact_type: str, folder: str | RunPath,
                   metadata: dict[str, Any] | None = None) -> Any:
     """Record ``folder`` (e.g. a base model the run starts from) as an input artifact of ``run``, by
     reference: nothing is uploaded or hashed again (put the files' hashes in ``metadata``). W&B cannot
@@ -101,3 +122,29 @@ def use_reference(run: Any, name: str, artifact_type: str, folder: str | Path,
     else:
         run.use_artifact(artifact)
     return artifact
+
+
+def add_folder(artifact: Any, folder: RunPath) -> None:
+    """``artifact.add_dir`` for a local folder or a bucket prefix (copied through a local temporary folder:
+    W&B copies what it adds into its own staging folder at once)."""
+    if not isinstance(folder, BucketPath):
+        artifact.add_dir(str(folder))
+        return
+    with tempfile.TemporaryDirectory(prefix="ru-pretrain-artifact-") as staging:
+        for name in folder.list_objects():
+            local = Path(staging) / name
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_bytes((folder / name).read_bytes())
+        artifact.add_dir(staging)
+
+
+def add_files(artifact: Any, paths: Iterable[RunPath]) -> None:
+    """``artifact.add_file`` of each of ``paths`` by its base name, local or in a bucket."""
+    with tempfile.TemporaryDirectory(prefix="ru-pretrain-artifact-") as staging:
+        for index, path in enumerate(paths):
+            if isinstance(path, BucketPath):
+                local = Path(staging) / f"{index}-{path.name}"
+                local.write_bytes(path.read_bytes())
+                artifact.add_file(str(local), name=path.name)
+            else:
+                artifact.add_file(str(path), name=path.name)

@@ -23,6 +23,9 @@ from experiment.lock import stage_lock
 from experiment.plugins import load_plugins
 from experiment.runfolder import RunFolder
 from experiment.stages import Stage, stage_named
+from experiment.storage import RunPath, describe
+from experiment.storage.backends import storage_failure_reason
+from experiment.storage.mounts import bucket_mount_of
 from tracking.process_hooks import install_process_hooks
 
 StageFn = Callable[[Any, RunFolder, Any], Any]
@@ -40,9 +43,33 @@ def setup_logging() -> None:
     line program sets at start-up, never a module on import."""
     # force: importing orbax (via grain) already called basicConfig() through absl, at WARNING level
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", force=True)
-    for noisy in ("absl", "jax._src", "orbax", "urllib3", "datasets", "filelock", "httpx"):
+    for noisy in ("absl", "jax._src", "orbax", "urllib3", "datasets", "filelock", "httpx", "fsspec", "gcsfs", "s3fs",
+                  "aiobotocore", "botocore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     install_process_hooks()
+
+
+def check_not_on_a_bucket_mount(run_folder: RunFolder) -> None:
+    """Refuse a run folder on a FUSE mount of a bucket: it would look like a disk and break the guarantees the
+    run folder rests on (experiment/storage/mounts.py); the bucket's URL gives them."""
+    if run_folder.in_bucket:
+        return
+    mount = bucket_mount_of(run_folder.root)
+    if mount is not None:
+        raise RecipeError(f"{run_folder.root} is on a {mount.fstype.removeprefix('fuse.')} mount of {mount.source} "
+                          f"({mount.point}): a run folder there breaks locks, renames and durable appends; set "
+                          "experiment.run_root to the bucket's URL (gs://bucket/prefix or s3://bucket/prefix) instead "
+                          "(docs/launch.md, buckets and mounts)")
+
+
+def storage_failure(exc: BaseException, run_root: RunPath | Path) -> str | None:
+    """One line for a bucket that could not be reached or refused a request after the client's retries
+    (None: not a storage failure)."""
+    reason = storage_failure_reason(exc)
+    if reason is None:
+        return None
+    return (f"storage at {describe(run_root)} failed after retries: {reason}: nothing half-written is trusted; "
+            "rerun the same command once it answers again (training resumes from its latest checkpoint)")
 
 
 def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[str] | None = None,
@@ -64,7 +91,7 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
     stage = stage if isinstance(stage, Stage) else stage_named(stage)
     args = make_parser(description).parse_args(argv)
     setup_logging()
-    run_root: Path = Path.cwd()
+    run_root: RunPath = Path.cwd()
     try:
         load_plugins()  # e.g. a model family defined outside the package, before its config section is read
         cfg = load_config(args.config, args.overrides)
@@ -72,6 +99,7 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
             prepare(cfg)
         run_folder = RunFolder.for_config(cfg)
         run_root = run_folder.root
+        check_not_on_a_bucket_mount(run_folder)
         run_folder.root.mkdir(parents=True, exist_ok=True)
         prepare_links(cfg, run_folder, stage)
         primary = reports(cfg) if reports else True
@@ -89,9 +117,19 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
         sys.exit(2)
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
-            raise
+            unreachable = storage_failure(exc, run_root)
+            if unreachable is None:
+                raise
+            print(f"error: {unreachable}", file=sys.stderr)
+            sys.exit(2)
         # a full disk (or quota, read-only, failing disk): the stage wrote no manifest, a rerun redoes it
         print(f"error: {write_error(exc, run_root)}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as exc:
+        unreachable = storage_failure(exc, run_root)
+        if unreachable is None:
+            raise
+        print(f"error: {unreachable}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print(f"error: {stage.name} interrupted", file=sys.stderr)

@@ -13,8 +13,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from experiment import appendlog
 from experiment.errors import RecipeError
 from experiment.jsonl import read_jsonl
+from experiment.storage import RunPath
 from tracking.readback import find_offline_runs, read_offline_run
 
 log = logging.getLogger("tracking.history")
@@ -31,11 +33,11 @@ def last_kept_step(wandb_run: Any) -> int:
     return kept
 
 
-def backfill_offline_history(wandb_run: Any, log_path: Path, resumed_step: int, step_key: str = "train/step") -> None:
+def backfill_offline_history(wandb_run: Any, log_path: RunPath, resumed_step: int, step_key: str = "train/step") -> None:
     """Re-log the records of ``log_path`` (one JSON object a line, its step under ``step_key``) after
     the last step earlier local folders of this run kept, up to ``resumed_step``."""
     kept = last_kept_step(wandb_run)
-    if kept >= resumed_step or not log_path.is_file():
+    if kept >= resumed_step or not appendlog.exists(log_path):
         return
     records: dict[int, dict[str, Any]] = {}
     # the trainer trimmed the log to the restored step before this runs: a torn tail would be a writer's

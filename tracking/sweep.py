@@ -28,6 +28,7 @@ from experiment.links import DATA_STAGES, link_stages
 from experiment.lock import SWEEP, hold, lock_path
 from experiment.runfolder import RunFolder
 from experiment.stages import COMPARE, EVAL, PRETRAIN, SHARDS, Stage
+from experiment.storage import location
 from experiment.sweep import Variant, sweep_name, sweep_variants
 from tracking.harness import make_parser, setup_logging
 
@@ -52,7 +53,7 @@ def run_stage(stage: Stage, config: str, overrides: list[str]) -> None:
 
 def data_folder(cfg: Any) -> RunFolder:
     """Where the variants' corpus, tokenizer and shards live."""
-    return RunFolder(Path(cfg.experiment.run_root) / (cfg.experiment.data_from or sweep_name(cfg.experiment)))
+    return RunFolder(location(cfg.experiment.run_root) / (cfg.experiment.data_from or sweep_name(cfg.experiment)))
 
 
 def ensure_data(cfg: Any, config: str, overrides: list[str]) -> RunFolder:

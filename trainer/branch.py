@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from cost.ledger_pricing import summarize_ledger_at
@@ -49,7 +48,7 @@ def open_branch(cfg: Any, run_folder: RunFolder) -> Branch | None:
     parent = branch_parent(cfg)
     if parent is None:
         return None
-    if parent.root == Path(run_folder.root).resolve():
+    if parent.root == run_folder.root.resolve():
         raise ConfigError(f"config key 'train.branch_from': {parent.root} is this run's own folder: a branch is "
                           "another experiment.name")
     if not parent.checkpoints.is_dir():

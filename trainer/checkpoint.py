@@ -9,7 +9,10 @@ One checkpoint step holds five items:
 - ``meta``: model family and config, vocab_size, tokenizer_sha256, seq_len, W&B run id (JSON).
 
 Orbax writes a step into a temporary folder and renames it when complete, so a crash mid-save
-leaves a ``*.orbax-checkpoint-tmp`` folder that a new manager ignores. The manager here adds the
+leaves a ``*.orbax-checkpoint-tmp`` folder that a new manager ignores. In a bucket, where a rename
+is a copy of every object, it writes the step in place and commits it with a marker object
+(``commit_success.txt``) written last; a step without it is ignored the same way. ``gs://`` is
+Orbax's own; ``s3://`` is taught to it by ``trainer.orbax_s3``. The manager here adds the
 checksums of each committed step and a free-space check (``trainer.checkpoint_integrity``), and
 turns write errors into one line. A checkpoint of either layer layout restores onto a program of
 the other (``restore_any_layout``). Loading a trained model for eval and export is
@@ -22,7 +25,6 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -31,7 +33,9 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from experiment.errors import WriteError
 from experiment.files import format_bytes, free_bytes, free_space, write_errno
+from experiment.lock import check_lease
 from experiment.sections.train import TrainConfig
+from experiment.storage import RunPath, location
 from model.stacking import saved_scan_layers
 from trainer.checkpoint_integrity import ChecksumWriter, committed_step_bytes, mark_checksummed
 
@@ -44,8 +48,13 @@ ITEMS = ("params", "train", "loader", "ledger", "meta")
 # (those are quieted by tracking.process_hooks, which the recipe harness installs)
 
 
+def checkpoint_location(directory: Any) -> RunPath:
+    """An Orbax manager's directory (an ``epath.Path``: ``gs://...`` stays a URL) as a ``RunPath``."""
+    return location(str(directory))
+
+
 @contextmanager
-def write_errors_as_one_line(directory: Path, what: str) -> Iterator[None]:
+def write_errors_as_one_line(directory: RunPath, what: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
@@ -61,16 +70,17 @@ class VerifiedCheckpointManager(ocp.CheckpointManager):
     """An Orbax manager that writes ``<step>/checksums.json`` after each committed save (process 0),
     checks the free space before a save, and turns write errors into one WriteError line."""
 
-    def __init__(self, directory: Path, *args: Any, **kwargs: Any) -> None:
-        super().__init__(directory, *args, **kwargs)
-        self._checksums = ChecksumWriter(Path(directory)) if jax.process_index() == 0 else None
+    def __init__(self, directory: RunPath | str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(str(directory), *args, **kwargs)
+        self._checksums = ChecksumWriter(location(directory)) if jax.process_index() == 0 else None
         self._in_flight: int | None = None  # the step of the save Orbax may still be writing
 
     def save(self, step: int, *args: Any, **kwargs: Any) -> bool:
-        directory = Path(self.directory)
+        directory = checkpoint_location(self.directory)
+        check_lease()  # a process whose run lock was taken over writes no more checkpoints
         self.wait_until_finished()  # Orbax's save starts with it too; free space is measured after it
-        last = committed_step_bytes(directory) if directory.is_dir() else None
-        free = free_bytes(directory)
+        free = free_bytes(directory)  # None in a bucket: no disk to fill
+        last = committed_step_bytes(directory) if free is not None and directory.is_dir() else None
         if last is not None and free is not None and free < last[1]:
             # refuse before Orbax starts: a save that fails half-way leaves tensorstore callbacks behind
             raise WriteError(f"not enough disk space for checkpoint step {step} in {directory}: a step takes "
@@ -87,7 +97,7 @@ class VerifiedCheckpointManager(ocp.CheckpointManager):
 
     def wait_until_finished(self) -> None:
         in_flight = getattr(self, "_in_flight", None)  # Orbax's __init__ may call this before ours ran
-        with write_errors_as_one_line(Path(self.directory), "a checkpoint" if in_flight is None else
+        with write_errors_as_one_line(checkpoint_location(self.directory), "a checkpoint" if in_flight is None else
                                        f"checkpoint step {in_flight}"):
             super().wait_until_finished()
             if getattr(self, "_checksums", None) is not None:
@@ -100,7 +110,7 @@ class VerifiedCheckpointManager(ocp.CheckpointManager):
             self._checksums.close()
 
 
-def open_manager(checkpoint_dir: Path, train_cfg: TrainConfig | None = None) -> ocp.CheckpointManager:
+def open_manager(checkpoint_dir: RunPath | str, train_cfg: TrainConfig | None = None) -> ocp.CheckpointManager:
     """A manager that keeps the latest ``keep_checkpoints`` plus every ``keep_checkpoints_every``-th step.
 
     Without ``train_cfg`` (eval, export) it only reads: nothing is created, cleaned or deleted, so
@@ -117,7 +127,8 @@ def open_manager(checkpoint_dir: Path, train_cfg: TrainConfig | None = None) -> 
         cleanup_tmp_directories=train_cfg is not None,
         create=train_cfg is not None,
     )
-    return VerifiedCheckpointManager(Path(checkpoint_dir).resolve(), item_names=ITEMS, options=options)
+    directory = location(checkpoint_dir)
+    return VerifiedCheckpointManager(directory.resolve(), item_names=ITEMS, options=options)
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: dict[str, Any], loader_state: dict[str, Any],

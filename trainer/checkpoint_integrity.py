@@ -8,6 +8,13 @@ and the latest step that passes is what resume and eval see (``restore_verified`
 are moved aside (``set_aside``). Checking first also keeps Orbax from failing half-way through a
 restore, which leaves tensorstore callbacks printing ``Event loop is closed`` tracebacks.
 
+In a bucket the checksums are the storage's own, read from one listing of the step, never by
+reading the step back (a 70B step is most of a terabyte): each object's size and the checksum the
+storage computed when it was written (GCS ``crc32c``, S3 ``ETag``). An object replaced, truncated,
+missing or flipped at rest (rewritten through the API) no longer matches. There a step is committed
+when Orbax's marker ``commit_success.txt`` appears in it (Orbax writes a bucket step in place, not
+into a folder it renames), and only then are its checksums written.
+
 This module knows Orbax only as a manager it is handed (``directory``, ``all_steps``, ``reload``);
 the Orbax wrapper (``trainer.checkpoint``) writes the checksums through ``ChecksumWriter``.
 """
@@ -30,12 +37,15 @@ import jax
 
 from experiment.errors import DataError
 from experiment.files import atomic_write_json, atomic_write_text
+from experiment.storage import BucketPath, RunPath, location
 
 if TYPE_CHECKING:  # a manager is handed in: this module itself never calls Orbax
     import orbax.checkpoint as ocp
 
 log = logging.getLogger("trainer.checkpoint")  # one log channel for everything about checkpoints
 CHECKSUMS = "checksums.json"
+COMMIT_MARKER = "commit_success.txt"  # Orbax's last object of a step it commits in place (a bucket)
+STORAGE_ALGORITHM = "storage"  # checksums.json in a bucket: each object's size and the storage's own checksum
 CHECKSUMMED = ".checksummed"  # in a checkpoint folder: its steps carry checksums (written by this version)
 DAMAGED_DIR = "damaged"  # not a step name for Orbax (digits, or ending in _digits)
 _CHUNK = 4 << 20
@@ -45,9 +55,9 @@ class CheckpointDamaged(DataError):
     """A checkpoint step fails its checksums or cannot be read (names the step folder and file)."""
 
 
-def file_crc32c(path: Path) -> str:
+def file_crc32c(path: RunPath) -> str:
     crc = 0
-    with open(path, "rb") as handle:
+    with path.open("rb") as handle:
         while block := handle.read(_CHUNK):
             crc = google_crc32c.extend(crc, block)
     return f"{crc:08x}"
@@ -59,9 +69,21 @@ def step_files(step_dir: Path) -> Iterator[Path]:
             yield path
 
 
-def write_checksums(step_dir: Path) -> None:
-    """Record size and CRC32C of every file of a committed step in ``<step>/checksums.json``."""
+def storage_checksums(step_dir: BucketPath) -> dict[str, dict[str, Any]]:
+    """Size and storage checksum of every object of a bucket step, from one listing."""
+    return {name: {"bytes": found.size, "checksum": found.checksum or found.generation}
+            for name, found in step_dir.list_objects().items() if name != CHECKSUMS}
+
+
+def write_checksums(step_dir: RunPath) -> None:
+    """Record size and checksum of every file of a committed step in ``<step>/checksums.json``: CRC32C read
+    from a disk; the storage's own checksums in a bucket."""
     started = time.perf_counter()
+    if isinstance(step_dir, BucketPath):
+        atomic_write_json(step_dir / CHECKSUMS, {"algorithm": STORAGE_ALGORITHM, "files": storage_checksums(step_dir)})
+        mark_checksummed(step_dir.parent)
+        log.debug("storage checksums of %s in %.3f s", step_dir, time.perf_counter() - started)
+        return
     files = {p.relative_to(step_dir).as_posix(): {"bytes": p.stat().st_size, "crc32c": file_crc32c(p)}
              for p in step_files(step_dir)}
     atomic_write_json(step_dir / CHECKSUMS, {"algorithm": "crc32c", "files": files})
@@ -69,7 +91,7 @@ def write_checksums(step_dir: Path) -> None:
     log.debug("checksums of %d files of %s in %.3f s", len(files), step_dir, time.perf_counter() - started)
 
 
-def uses_checksums(directory: Path) -> bool:
+def uses_checksums(directory: RunPath) -> bool:
     """Whether the steps of ``directory`` must have checksums: it says so, or one of them has them.
 
     A folder of an older version (steps, no marker, no checksums) is read unverified, so that an
@@ -80,17 +102,18 @@ def uses_checksums(directory: Path) -> bool:
     return directory.is_dir() and any((p / CHECKSUMS).is_file() for p in directory.iterdir() if p.name.isdigit())
 
 
-def mark_checksummed(directory: Path) -> None:
+def mark_checksummed(directory: RunPath) -> None:
     if not (directory / CHECKSUMMED).exists():
         atomic_write_text(directory / CHECKSUMMED, "every step of this folder has checksums.json\n")
 
 
-def verify_checksums(step_dir: Path, item: str | None = None) -> None:
+def verify_checksums(step_dir: RunPath, item: str | None = None) -> None:
     """Raise CheckpointDamaged naming the first file of ``step_dir`` (of its ``item`` folder alone when
     given, e.g. ``meta``) that differs from its checksum."""
     path = step_dir / CHECKSUMS
     try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))["files"]
+        body = json.loads(path.read_text(encoding="utf-8"))
+        recorded, algorithm = body["files"], body.get("algorithm", "crc32c")
         if not isinstance(recorded, dict) or not recorded:
             raise ValueError("no files listed")
     except FileNotFoundError:
@@ -98,6 +121,9 @@ def verify_checksums(step_dir: Path, item: str | None = None) -> None:
                                 "written)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointDamaged(f"{path} is unreadable ({exc})") from exc
+    if algorithm == STORAGE_ALGORITHM:
+        _verify_storage_checksums(step_dir, recorded, item, path)
+        return
     for name, expected in recorded.items():
         if item is not None and not name.startswith(f"{item}/"):
             continue
@@ -114,10 +140,40 @@ def verify_checksums(step_dir: Path, item: str | None = None) -> None:
             raise CheckpointDamaged(f"{file} cannot be checked ({exc})") from exc
 
 
+def _verify_storage_checksums(step_dir: RunPath, recorded: dict[str, Any], item: str | None, path: RunPath) -> None:
+    """A bucket step against the sizes and storage checksums its checksums.json recorded (one listing)."""
+    if not isinstance(step_dir, BucketPath):
+        raise CheckpointDamaged(f"{path} holds a bucket's checksums, but {step_dir} is on a disk: copy checkpoints "
+                                "between a bucket and a disk with their folder, then restore them where they are")
+    found = storage_checksums(step_dir)
+    for name, expected in recorded.items():
+        if item is not None and not name.startswith(f"{item}/"):
+            continue
+        file = step_dir / name
+        now = found.get(name)
+        try:
+            if now is None:
+                raise CheckpointDamaged(f"{file} is missing")
+            if now["bytes"] != expected["bytes"]:
+                raise CheckpointDamaged(f"{file} has {now['bytes']} bytes, its checksum file says {expected['bytes']}")
+            if now["checksum"] != expected["checksum"]:
+                raise CheckpointDamaged(f"{file} does not match the checksum the storage gave it when it was "
+                                        f"written ({path}): it was replaced or changed since")
+        except (KeyError, TypeError) as exc:
+            raise CheckpointDamaged(f"{file} cannot be checked ({exc})") from exc
+
+
+def committed(step_dir: RunPath) -> bool:
+    """Whether Orbax finished the step: its renamed folder exists (a disk), or its commit marker (a bucket)."""
+    if isinstance(step_dir, BucketPath):
+        return (step_dir / COMMIT_MARKER).is_file()
+    return step_dir.is_dir()
+
+
 class ChecksumWriter:
     """Writes the checksums of each saved step once its committed folder appears (one thread)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: RunPath) -> None:
         self.directory = directory
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-checksums")
         self._futures: list[Future[None]] = []
@@ -127,13 +183,14 @@ class ChecksumWriter:
         self._settled.clear()
         self._futures.append(self._pool.submit(self._write_when_committed, self.directory / str(step)))
 
-    def _write_when_committed(self, step_dir: Path) -> None:
-        while not step_dir.is_dir():
+    def _write_when_committed(self, step_dir: RunPath) -> None:
+        poll = 0.2 if isinstance(step_dir, BucketPath) else 0.02  # a request per look at a bucket
+        while not committed(step_dir):
             if self._settled.is_set():
-                if not step_dir.is_dir():
+                if not committed(step_dir):
                     return  # the save failed; Orbax reports why
                 break
-            time.sleep(0.02)
+            time.sleep(poll)
         write_checksums(step_dir)
 
     def settle(self) -> None:
@@ -147,7 +204,7 @@ class ChecksumWriter:
         self._pool.shutdown(wait=True)
 
 
-def committed_step_bytes(directory: Path) -> tuple[int, int] | None:
+def committed_step_bytes(directory: RunPath) -> tuple[int, int] | None:
     """``(step, bytes)`` of the newest step with checksums: what the next save will need on disk."""
     for step_dir in sorted((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name)):
         with suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -170,7 +227,7 @@ def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
     folder when no step is left. Errors of ``read`` other than read errors (e.g. a checkpoint of
     another model) propagate.
     """
-    directory = Path(manager.directory)
+    directory = location(str(manager.directory))
     candidates = sorted(manager.all_steps() if steps is None else steps, reverse=True)
     damaged: list[int] = []
     reasons: list[str] = []
@@ -205,7 +262,7 @@ def set_aside(manager: ocp.CheckpointManager, steps: Sequence[int], into: str = 
     kept for inspection: the run saves those steps again."""
     if not steps:
         return
-    directory = Path(manager.directory)
+    directory = location(str(manager.directory))
     if jax.process_index() == 0:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
         for step in steps:

@@ -52,7 +52,7 @@ def enable_compilation_cache(train_cfg: TrainConfig, run_root: Path) -> None:
 def prepare_processes(cfg: Any) -> None:
     """Everything recipe 4 sets before W&B opens and before JAX starts its backends."""
     prepare_cpu_host(cfg.train)
-    enable_compilation_cache(cfg.train, RunFolder.for_config(cfg).root)
+    enable_compilation_cache(cfg.train, RunFolder.for_config(cfg).local)  # a bucket run's: this host's disk
     maybe_initialize_distributed(cfg.train)
 
 

@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 from cost.hf_shapes import hf_model_shape
@@ -24,6 +23,7 @@ from experiment.files import atomic_write_json, atomic_write_text
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import FIT_CHECK, SHARDS, TOKENIZER
+from experiment.storage import location
 from trainer.fit_verdicts import MEMORY_PARTS, FitVerdicts, verdict_key, worth_keeping
 
 log = logging.getLogger("trainer.fit_check")
@@ -342,8 +342,8 @@ def fit_verdicts(cfg: ExperimentConfig, run_folder: RunFolder) -> FitVerdicts | 
     if not cfg.train.compilation_cache:
         return None
     if not folder or "://" in folder:  # JAX's cache may be a bucket (gs://...): the answers stay with the run
-        folder = Path(run_folder.root) / "xla_cache"
-    return FitVerdicts(Path(folder) / "tpu_fit")
+        folder = run_folder.root / "xla_cache"
+    return FitVerdicts(location(folder) / "tpu_fit")
 
 
 def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
@@ -379,7 +379,7 @@ def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> l
         if wandb_run is not None:
             wandb_run.summary.update({f"fit/{slice_name}/{k}": v for k, v in report.items()
                                       if isinstance(v, (int, float, bool, str)) and k != "error"})
-    reports_dir = Path(run_folder.reports)
+    reports_dir = run_folder.reports
     if searched:
         atomic_write_json(reports_dir / "fit_search.json", searched)
         atomic_write_text(reports_dir / "fit_search.md", "\n\n".join(

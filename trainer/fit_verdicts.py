@@ -24,10 +24,10 @@ import json
 import logging
 import os
 import re
-from pathlib import Path
 from typing import Any
 
 from experiment.files import atomic_write_json
+from experiment.storage import RunPath, location
 
 log = logging.getLogger("trainer.fit_check")
 FLAG_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
@@ -116,10 +116,10 @@ def worth_keeping(answer: dict[str, Any]) -> bool:
 class FitVerdicts:
     """The verdicts in one folder (``<xla cache>/tpu_fit``), one JSON file per key."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = Path(folder)
+    def __init__(self, folder: RunPath | str) -> None:
+        self.folder = location(folder)
 
-    def path(self, key: str) -> Path:
+    def path(self, key: str) -> RunPath:
         return self.folder / f"{key}.json"
 
     def get(self, key: str) -> dict[str, Any] | None:

@@ -22,8 +22,9 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol
 
+from experiment import appendlog
 from experiment.runfolder import RunFolder
 from experiment.sections.train import TrainConfig
 from model.family import params_label
@@ -80,7 +81,7 @@ class LoopContext:
     loader: Any
     ledger: Any
     wandb_run: Any
-    train_log: TextIO | None
+    train_log: appendlog.LogWriter | None
     saves: CheckpointSaves
     window: MetricsWindow
     meta: dict[str, Any]

@@ -23,6 +23,7 @@ import numpy as np
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
 from experiment.runfolder import RunFolder
+from experiment.storage import BucketPath, RunPath, local_folder, location
 from model.hf_checkpoint import ImportedCheckpoint, hf_model_config, load_hf_checkpoint, read_config
 from model.vocab_adaptation import adapt_embeddings
 from trainer.branch import Branch
@@ -57,10 +58,10 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
     folder = getattr(cfg.model, "init_from", "")
     if not folder:
         return StartPoint(cfg.model)
-    checkpoint_dir = Path(run_folder.checkpoints)
+    checkpoint_dir = run_folder.checkpoints
     steps = finished_steps(checkpoint_dir)
     if not steps and branch is not None:  # the branch's first session restores its parent's checkpoint
-        checkpoint_dir, steps = Path(branch.parent.checkpoints), [branch.step]
+        checkpoint_dir, steps = branch.parent.checkpoints, [branch.step]
     if steps:
         meta = latest_meta(checkpoint_dir, steps)
         base_cfg = model_config_from_meta(meta) if meta else None
@@ -69,14 +70,15 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
             return StartPoint(merge_model_config(cfg, base_cfg, f"the checkpoints in {checkpoint_dir}"),
                               lineage=meta.get("init_from"))
     # everything config.json and the tokenizers decide is checked before the weights are read
-    base_config = read_config(Path(folder))
-    _, base_cfg, base_vocab = hf_model_config(base_config, str(Path(folder) / "config.json"))
-    model_cfg = merge_model_config(cfg, base_cfg, str(Path(folder) / "config.json"))
+    named, local = base_folder(folder, "model.init_from")
+    base_config = read_config(local)
+    _, base_cfg, base_vocab = hf_model_config(base_config, str(named / "config.json"))
+    model_cfg = merge_model_config(cfg, base_cfg, str(named / "config.json"))
     embeddings = EmbeddingPlan.for_run(cfg, run_folder, base_config, base_vocab, vocab_size)
-    imported = load_hf_checkpoint(Path(folder), cfg.train.param_dtype, mesh=mesh, rules=cfg.train.mesh.rules,
+    imported = load_hf_checkpoint(local, cfg.train.param_dtype, mesh=mesh, rules=cfg.train.mesh.rules,
                                   scan_layers=getattr(model_cfg, "scan_layers", None))
     params, adaptation = embeddings.apply(imported, cfg.experiment.seed)
-    lineage = {"folder": str(Path(folder).resolve()), "family": imported.family, "files": imported.source_files,
+    lineage = {"folder": str(named), "family": imported.family, "files": imported.source_files,
                "tokenizer_files": [Path(p).name for p in imported.tokenizer_files], "base_vocab_size": imported.vocab_size,
                "vocab_adaptation": adaptation,
                # the context the base was built for: an export keeps it when the run trains at a shorter one
@@ -84,6 +86,14 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
     log.info("model.init_from: %s (%s family, vocabulary %d); embeddings: %s", folder, imported.family,
              imported.vocab_size, describe_adaptation(adaptation))
     return StartPoint(model_cfg, params, lineage)
+
+
+def base_folder(folder: str, key: str) -> tuple[RunPath, Path]:
+    """A base model's folder as named (resolved when local: what the lineage records) and as local files to read
+    (a bucket prefix is copied to this host first, ``experiment.storage.local_folder``)."""
+    named = location(folder, key)
+    named = named if isinstance(named, BucketPath) else named.resolve()
+    return named, local_folder(named, key)
 
 
 def reimport_base(run_folder: RunFolder, meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -101,12 +111,12 @@ def reimport_base(run_folder: RunFolder, meta: dict[str, Any]) -> tuple[Any, dic
     from model.registry import get_family
 
     lineage = meta["init_from"]
-    folder = Path(lineage["folder"])
+    _, folder = base_folder(lineage["folder"], f"{run_folder.checkpoints / LINEAGE_FILE}: folder")
     changed = [name for name, digest in sorted((lineage.get("files") or {}).items())
                if not (folder / name).is_file() or sha256_file(folder / name) != digest]
     if changed:
         raise DataError(f"{folder}: {', '.join(changed)} missing or changed since the run started from it (sha256 "
-                        f"against {Path(run_folder.checkpoints) / LINEAGE_FILE}): the base model cannot be scored")
+                        f"against {run_folder.checkpoints / LINEAGE_FILE}): the base model cannot be scored")
     model_cfg = model_config_from_meta(meta)
     vocab_size = int(meta["vocab_size"])
     base_config = read_config(folder)
@@ -140,9 +150,10 @@ def check_init_from(cfg: Any, saved_meta: dict[str, Any], where: Path) -> None:
     if lineage is None:
         raise ConfigError(f"config key 'model.init_from': the checkpoints in {where} were trained from scratch, "
                           f"not from {folder}: {advice}")
-    if Path(folder).resolve() == Path(lineage["folder"]):
+    named, local = base_folder(folder, "model.init_from")
+    if str(named) == str(lineage["folder"]):
         return
-    family, base_cfg, _ = hf_model_config(read_config(Path(folder)), str(Path(folder) / "config.json"))
+    family, base_cfg, _ = hf_model_config(read_config(local), str(named / "config.json"))
     saved_model = saved_meta.get("model") or {}
     differ = [f"family {lineage.get('family')} -> {family}"] if family != lineage.get("family") else [
         f"{f.name} {saved_model[f.name]!r} -> {getattr(base_cfg, f.name)!r}" for f in dataclasses.fields(base_cfg)
@@ -188,8 +199,9 @@ class EmbeddingPlan:
     @classmethod
     def for_run(cls, cfg: Any, run_folder: RunFolder, base_config: dict[str, Any], base_vocab: int,
                 vocab_size: int) -> EmbeddingPlan:
-        return cls.for_mode(getattr(cfg.model, "vocab_adaptation", "none"), Path(cfg.model.init_from), run_folder,
-                            base_config, base_vocab, vocab_size)
+        return cls.for_mode(getattr(cfg.model, "vocab_adaptation", "none"),
+                            base_folder(cfg.model.init_from, "model.init_from")[1], run_folder, base_config, base_vocab,
+                            vocab_size)
 
     @classmethod
     def for_mode(cls, mode: str, folder: Path, run_folder: RunFolder, base_config: dict[str, Any], base_vocab: int,
@@ -298,6 +310,6 @@ def record_lineage(wandb_run: Any, checkpoint_dir: Path, lineage: dict[str, Any]
     wandb_run.summary["init/family"] = lineage.get("family")
     if first_session:
         atomic_write_json(checkpoint_dir / LINEAGE_FILE, lineage)
-        use_reference(wandb_run, f"base-{Path(lineage['folder']).name}", "base-model", lineage["folder"],
+        use_reference(wandb_run, f"base-{location(lineage['folder']).name}", "base-model", lineage["folder"],
                       metadata={"files_sha256": lineage["files"], "family": lineage.get("family"),
                                 "vocab_size": lineage.get("base_vocab_size")})

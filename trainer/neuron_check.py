@@ -400,7 +400,7 @@ def neuron_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -
     report = {"experiment": cfg.experiment.name, **check_step(cfg.model, cfg.train, vocab, seq_len, packed),
               "config": {"model": recorded["model"], "train": recorded["train"]}}
     log.info("%s", describe(cfg.experiment.name, report))
-    atomic_write_json(Path(run_folder.reports) / NEURON_CHECK.output, report)
+    atomic_write_json(run_folder.reports / NEURON_CHECK.output, report)
     if wandb_run is not None:
         wandb_run.summary.update({"neuron/op_count": report["op_count"], "neuron/findings": len(report["findings"]),
                                   "neuron/model_flops_per_step": report["model_flops_per_step"]})

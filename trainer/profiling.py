@@ -36,7 +36,7 @@ class StepTrace:
         self.stop = _StopTrace(self)
 
     def begin(self, ctx: LoopContext) -> None:
-        folder = Path(ctx.run_folder.root) / PROFILE_DIR
+        folder = ctx.run_folder.local / PROFILE_DIR  # the profiler writes local files; a bucket run uploads them
         if jax.process_count() > 1:  # the trace files are named by host: keep the processes apart
             folder = folder / f"process-{jax.process_index()}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -52,6 +52,11 @@ class StepTrace:
         files = sorted(p for p in folder.rglob("*") if p.is_file() and p not in self.before)
         log.info("profiler trace of steps %d-%d in %s (%d files): tensorboard --logdir %s", self.first_traced,
                  ctx.step, folder, len(files), folder)
+        if ctx.run_folder.in_bucket:
+            target = ctx.run_folder.root / folder.relative_to(ctx.run_folder.local).as_posix()
+            for file in files:
+                (target / file.relative_to(folder).as_posix()).write_bytes(file.read_bytes())
+            log.info("profiler trace uploaded to %s", target)
         log_files(ctx.wandb_run, f"profile-{getattr(ctx.wandb_run, 'id', None) or 'run'}", "profile", files,
                   metadata={"first_step": self.first_traced, "last_step": ctx.step}, root=folder)
 

@@ -11,13 +11,13 @@ import contextlib
 import json
 import logging
 import math
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import jax
 
 from cost.summary import CostSummary
 from cost.target import TRAIN_LOG
+from experiment import appendlog
 from experiment.runfolder import RunFolder
 from tracking.metrics import RUB_SPENT, log_step
 from tracking.wandb_run import warn_if_folder_gone
@@ -63,9 +63,10 @@ def open_ledger(cfg: Any, run_folder: RunFolder, run_id: str) -> Any:
     return Ledger.open(run_folder.ledger, cfg.cost, run_id, chips_in_use=in_use)
 
 
-def open_train_log(run_folder: RunFolder) -> TextIO | None:
-    """``train_log.jsonl`` for appending on process 0; None elsewhere."""
-    return (Path(run_folder.root) / TRAIN_LOG).open("a", encoding="utf-8") if is_primary() else None
+def open_train_log(run_folder: RunFolder) -> appendlog.LogWriter | None:
+    """``train_log.jsonl`` for appending on process 0 (``experiment.appendlog``: a file on a disk, immutable
+    segments in a bucket); None elsewhere."""
+    return appendlog.LogWriter(run_folder.root / TRAIN_LOG) if is_primary() else None
 
 
 SAMPLES_DIR = "samples"  # in the run folder: step_NNNNNNN.jsonl, the completions of each eval during training
@@ -85,7 +86,7 @@ def log_samples(wandb_run: Any, run_folder: RunFolder, step: int, records: list[
     rub = ledger_summary.step_metrics().get(RUB_SPENT) if ledger_summary is not None else None
     rows = [{"step": step, "rub_spent": rub, "prompt": r["prompt"], "completion": r["completion"],
              "token_ids": r.get("token_ids"), "new_tokens": r.get("new_tokens")} for r in records]
-    atomic_write_text(Path(run_folder.root) / SAMPLES_DIR / f"step_{step:07d}.jsonl",
+    atomic_write_text(run_folder.root / SAMPLES_DIR / f"step_{step:07d}.jsonl",
                       "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     if wandb_run is None:
         return
@@ -95,7 +96,7 @@ def log_samples(wandb_run: Any, run_folder: RunFolder, step: int, records: list[
     wandb_run.log({SAMPLES_TABLE: table}, step=step)
 
 
-def log_metrics(wandb_run: Any, train_log: TextIO | None, step: int, record: dict[str, Any],
+def log_metrics(wandb_run: Any, train_log: appendlog.LogWriter | None, step: int, record: dict[str, Any],
                 ledger_summary: CostSummary | None) -> None:
     """To W&B at an explicit step (a resumed run, a new local folder offline, continues the axis),
     with the rubles spent so far; and one JSON line per log step to ``train_log.jsonl``."""

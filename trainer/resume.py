@@ -13,14 +13,14 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from experiment import appendlog
 from experiment.errors import ConfigError, DataError
-from experiment.files import atomic_write_text
 from experiment.jsonl import read_jsonl
 from experiment.runfolder import RunFolder
 from experiment.sections.model import model_section_class
+from experiment.storage import BucketPath, RunPath
 from trainer import checkpoint, checkpoint_integrity
 from trainer.schedules import schedule_change
 from trainer.step import TrainProgram
@@ -40,18 +40,26 @@ def resume_wandb_run_id(cfg: Any, run_folder: RunFolder) -> str | None:
     Only when a finished checkpoint exists: a run killed before its first checkpoint starts over
     from step 0, and is a new W&B run.
     """
-    path = Path(run_folder.checkpoints) / WANDB_ID_FILE
-    if not path.is_file() or not finished_steps(Path(run_folder.checkpoints)):
+    path = run_folder.checkpoints / WANDB_ID_FILE
+    if not path.is_file() or not finished_steps(run_folder.checkpoints):
         return None
     with contextlib.suppress(OSError, json.JSONDecodeError, KeyError):
         return str(json.loads(path.read_text(encoding="utf-8"))["run_id"])
     return None
 
 
-def finished_steps(checkpoint_dir: Path) -> list[int]:
+def finished_steps(checkpoint_dir: RunPath) -> list[int]:
     """Steps Orbax finished and whose checksums are written (an interrupted save stays a
-    ``*.orbax-checkpoint-tmp*`` folder; a step without checksums is not resumed from), or every
-    finished step of a folder an older version wrote (``checkpoint_integrity.uses_checksums``)."""
+    ``*.orbax-checkpoint-tmp*`` folder, or in a bucket a step without Orbax's commit marker, which gets no
+    checksums; a step without checksums is not resumed from), or every finished step of a folder an older
+    version wrote (``checkpoint_integrity.uses_checksums``)."""
+    if isinstance(checkpoint_dir, BucketPath):  # one listing, not a request per step
+        names = checkpoint_dir.list_objects()
+        steps = {name.split("/", 1)[0] for name in names if name.split("/", 1)[0].isdigit()}
+        checksummed = {name.split("/", 1)[0] for name in names if name.endswith(f"/{checkpoint_integrity.CHECKSUMS}")
+                       and name.count("/") == 1}
+        verified = checkpoint_integrity.CHECKSUMMED in names or bool(checksummed)
+        return sorted(int(step) for step in steps if not verified or step in checksummed)
     if not checkpoint_dir.is_dir():
         return []
     verified = checkpoint_integrity.uses_checksums(checkpoint_dir)
@@ -69,7 +77,7 @@ def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict
     """
     # a step Orbax finished but whose checksums were never written is a save the kill interrupted, not
     # a damaged checkpoint: set it aside (kept for inspection) and resume from the step before, or from 0
-    complete = finished_steps(Path(manager.directory))
+    complete = finished_steps(checkpoint.checkpoint_location(manager.directory))
     interrupted = [step for step in manager.all_steps() if step not in complete]
     if interrupted:
         log.warning("checkpoint step(s) %s have no checksums: their save was interrupted; training them again",
@@ -107,14 +115,14 @@ def check_steps_left(start_step: int, steps: int, checkpoint_dir: Any) -> None:
                  "train further)", checkpoint_dir, steps)
 
 
-def trim_train_log(path: Path, step: int) -> float:
+def trim_train_log(path: RunPath, step: int) -> float:
     """Keep the lines of ``train_log.jsonl`` up to the restored step; the resumed run retraces the rest.
 
     A killed session may have logged steps after its last checkpoint (and a half-written last
     line, dropped here): without this the retraced steps would get a second line. A damaged line
     before the end is a DataError naming the file and line. Returns the last loss kept.
     """
-    if not path.is_file():
+    if not appendlog.exists(path):
         return math.nan
     contents = read_jsonl(path, torn_tail="ignore")  # the torn tail is counted among the dropped lines
     kept: list[str] = []
@@ -132,19 +140,19 @@ def trim_train_log(path: Path, step: int) -> float:
         else:
             dropped += 1
     if dropped:
-        atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+        appendlog.rewrite(path, "".join(f"{line}\n" for line in kept))
         log.info("%s: dropped %d line(s) after step %d, which this run trains again", path, dropped, step)
     return last_loss
 
 
-def latest_meta(checkpoint_dir: Path, steps: list[int]) -> dict[str, Any] | None:
+def latest_meta(checkpoint_dir: RunPath, steps: list[int]) -> dict[str, Any] | None:
     """The meta of the newest of ``steps`` whose meta passes its checksums (None: none does); the step's
     other files are verified once, by the restore that follows (trainer.resume)."""
     latest = latest_step_meta(checkpoint_dir, steps)
     return None if latest is None else latest[1]
 
 
-def latest_step_meta(checkpoint_dir: Path, steps: list[int]) -> tuple[int, dict[str, Any]] | None:
+def latest_step_meta(checkpoint_dir: RunPath, steps: list[int]) -> tuple[int, dict[str, Any]] | None:
     """``(step, meta)`` of ``latest_meta``."""
     manager = checkpoint.open_manager(checkpoint_dir)
     try:

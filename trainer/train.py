@@ -28,7 +28,6 @@ import functools
 import logging
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -99,7 +98,7 @@ def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
         open_branch(cfg, run_folder)
     data = read_inputs(cfg, run_folder)
     price_rows(cfg.cost)
-    checkpoint_dir = Path(run_folder.checkpoints)
+    checkpoint_dir = run_folder.checkpoints
     steps = finished_steps(checkpoint_dir)
     latest = latest_step_meta(checkpoint_dir, steps) if steps else None
     if latest is None:  # a fresh run, or none readable: resume reports the damaged steps
@@ -182,7 +181,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                                      on_corrupt=cfg.shards.on_corrupt,
                                      mixture=mixture_sets(train_cfg.mixture, run_folder.shards))
         manager = checkpoint.open_manager(run_folder.checkpoints, train_cfg)
-        untrained = not finished_steps(Path(manager.directory))
+        untrained = not finished_steps(checkpoint.checkpoint_location(manager.directory))
         from_base = None if start.params is None else functools.partial(program.init_state_from, start.params)
         try:
             state, start_step, parent_run_id = restore_or_branch(manager, program, loader, meta, ledger, branch,
@@ -198,11 +197,11 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         schedule_changes = record_schedule(meta, saved_meta, train_cfg, start_step)
         last_loss = math.nan
         if is_primary():
-            atomic_write_json(Path(run_folder.checkpoints) / WANDB_ID_FILE, {"run_id": run_id})
-            last_loss = trim_train_log(Path(run_folder.root) / TRAIN_LOG, start_step)
+            atomic_write_json(run_folder.checkpoints / WANDB_ID_FILE, {"run_id": run_id})
+            last_loss = trim_train_log(run_folder.root / TRAIN_LOG, start_step)
 
     if start_step and getattr(wandb_run, "offline", False):
-        backfill_offline_history(wandb_run, Path(run_folder.root) / TRAIN_LOG, start_step)
+        backfill_offline_history(wandb_run, run_folder.root / TRAIN_LOG, start_step)
     tokens_per_step = train_cfg.batch_size * data.seq_len
     window = MetricsWindow(tokens_per_step, family_of(model_cfg).flops(model_cfg, data.vocab_size, data.seq_len),
                            peak_flops_per_device(cfg))
@@ -218,7 +217,7 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         wandb_run.config.update({"schedule_changes": schedule_changes}, allow_val_change=True)
         wandb_run.summary["train/schedule_changed_at_step"] = schedule_changes[-1]["step"]
     if start.lineage is not None:
-        record_lineage(wandb_run, Path(run_folder.checkpoints), start.lineage, first_session=from_base is not None and is_primary())
+        record_lineage(wandb_run, run_folder.checkpoints, start.lineage, first_session=from_base is not None and is_primary())
 
     ctx = LoopContext(cfg=cfg, run_folder=run_folder, program=program, loader=loader, ledger=ledger,
                       wandb_run=wandb_run, train_log=open_train_log(run_folder), saves=CheckpointSaves(manager, ledger, guard),
@@ -327,8 +326,8 @@ def guard_step(ctx: LoopContext) -> None:
                 f"{train_cfg.max_skipped_steps}"
     ctx.saves.wait()  # every checkpoint of the run on disk before one is chosen
     manager = ctx.saves.manager
-    steps = finished_steps(Path(manager.directory))
+    steps = finished_steps(checkpoint.checkpoint_location(manager.directory))
     usable = usable_step(steps, ctx.guard.measured)
     moved = [s for s in steps if usable is None or s > usable]
     checkpoint_integrity.set_aside(manager, moved, into=DIVERGED_DIR, why="diverged")
-    raise TrainingDiverged(stop_message(ctx.step, what, usable, moved, Path(manager.directory)))
+    raise TrainingDiverged(stop_message(ctx.step, what, usable, moved, checkpoint.checkpoint_location(manager.directory)))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -52,7 +51,7 @@ def load_trained_model(run_folder: Any, step: int | None = None, mesh: Mesh | No
     Returns ``(model, step, meta)``; ``meta`` has ``family``, ``model``, ``vocab_size``, ``tokenizer_sha256``,
     ``seq_len``; the model is rebuilt by the family the meta names. Raises MissingStageError when the run has no finished checkpoint.
     """
-    checkpoint_dir = Path(run_folder.checkpoints)
+    checkpoint_dir = run_folder.checkpoints
     if not checkpoint_dir.is_dir():
         raise PRETRAIN.missing(f"no checkpoints in {checkpoint_dir}")
     manager = open_manager(checkpoint_dir)

@@ -35,6 +35,7 @@ from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.corpus import CorpusConfig
 from experiment.stages import CORPUS
+from experiment.storage import RunPath
 from tracking.artifacts import log_reference
 
 log = logging.getLogger("data_prep.corpus.build")
@@ -91,7 +92,7 @@ def dedup_in_order(docs: Iterable[CleanDocument], cfg: CorpusConfig) -> Iterator
         yield doc, kind, earlier
 
 
-def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Path, wandb_run: Any,
+def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: RunPath, wandb_run: Any,
                  started: float, extra_manifest: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write kept documents to shards, count every outcome, then the report and the manifest (last)."""
     counts = CorpusCounts(max_examples=cfg.report_examples)
@@ -110,7 +111,7 @@ def write_corpus(outcomes: Iterable[Outcome], cfg: CorpusConfig, corpus_dir: Pat
     return finish_corpus(counts, writer.shards, cfg, corpus_dir, wandb_run, started, extra_manifest, extra_copies)
 
 
-def finish_corpus(counts: CorpusCounts, shards: list[dict[str, Any]], cfg: CorpusConfig, corpus_dir: Path,
+def finish_corpus(counts: CorpusCounts, shards: list[dict[str, Any]], cfg: CorpusConfig, corpus_dir: RunPath,
                   wandb_run: Any, started: float, extra_manifest: dict[str, Any] | None = None,
                   extra_copies: int = 0, references: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Check the counts, then write the report and the manifest (last); the shards are written.
@@ -159,7 +160,7 @@ def write_rehydrated_copies(writer: CorpusShardWriter, clusters: ClusterSizes) -
     added = 0
     for shard in list(writer.shards):
         path = writer.corpus_dir / shard["file"]
-        with open(path, encoding="utf-8") as handle:
+        with path.open(encoding="utf-8") as handle:
             for line in iter_jsonl(handle, str(path), torn_tail="error"):  # a shard this run just completed
                 record = line.value
                 for _ in range(clusters.copies(record["id"]) - 1):
@@ -170,8 +171,9 @@ def write_rehydrated_copies(writer: CorpusShardWriter, clusters: ClusterSizes) -
 
 
 def cache_root_for(run_folder: RunFolder) -> Path:
-    """Downloads shared by every experiment under the same run root (runs/.cache)."""
-    return run_folder.root.parent / ".cache"
+    """Downloads shared by every experiment under the same run root (runs/.cache), on this host's disk (for a
+    run folder in a bucket, beside its host-local files: RunFolder.local)."""
+    return run_folder.local.parent / ".cache"
 
 
 def build_corpus(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> dict[str, Any]:

@@ -15,13 +15,20 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from data_prep.shards.beam import run_beam_shards
-from data_prep.shards.layout import SPLITS, feature_schema, row_tokens, shard_file_name, shard_summary, split_of
+from data_prep.shards.layout import (
+    SPLITS,
+    VERIFIED_DIR,
+    feature_schema,
+    row_tokens,
+    shard_file_name,
+    shard_summary,
+    split_of,
+)
 from data_prep.shards.packing import Packer, PackingStats
 from data_prep.shards.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64_rows
 from experiment.config import redact
@@ -31,8 +38,9 @@ from experiment.manifest import MANIFEST_NAME, invalidate
 from experiment.progress import progress as progress_bar
 from experiment.schema import ExperimentConfig
 from experiment.stages import SHARDS
+from experiment.storage import BucketPath, RunPath, remove_tree
 from tokenizer.loaded import RunTokenizer, load_run_tokenizer
-from tracking.artifacts import log_reference
+from tracking.artifacts import add_folder, log_reference
 
 log = logging.getLogger("data_prep.shards.build")
 
@@ -41,7 +49,7 @@ log = logging.getLogger("data_prep.shards.build")
 class SplitWriter:
     """Writes one split's rows into ``<split>-NNNNN.tfrecord`` files of at most ``records_per_shard`` rows."""
 
-    out_dir: Path
+    out_dir: RunPath
     split: str
     records_per_shard: int
     shards: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -84,18 +92,23 @@ class SplitWriter:
                 "padding_tokens": stats.padding_tokens, "dropped_tokens": stats.dropped_tokens}
 
 
-def remove_old_shards(out_dir: Path) -> None:
-    """Delete the shard and index files of an earlier run (the manifest is already gone), and the
-    temporary files a killed run left behind."""
-    for path in out_dir.iterdir():
+def remove_old_shards(out_dir: RunPath) -> None:
+    """Delete the shard and index files of an earlier run (the manifest is already gone), the temporary
+    files a killed run left behind, and the loaders' records of shards they verified."""
+    if isinstance(out_dir, BucketPath):  # one listing, not a request per object
+        files = [out_dir / name for name in out_dir.list_objects() if "/" not in name]
+    else:
+        files = [path for path in out_dir.iterdir() if path.is_file()]
+    for path in files:
         name = path.name
         finished = name.endswith(".tfrecord") or name.endswith(".tfrecord" + INDEX_SUFFIX)
         leftover = name.startswith(".") and ".tfrecord" in name and name.endswith(".tmp")
-        if path.is_file() and (finished or leftover):
-            path.unlink()
+        if finished or leftover:
+            path.unlink(missing_ok=True)
+    remove_tree(out_dir / VERIFIED_DIR)
 
 
-def describe_previous(out_dir: Path, tokenizer_sha256: str, seq_len: int) -> None:
+def describe_previous(out_dir: RunPath, tokenizer_sha256: str, seq_len: int) -> None:
     """Say plainly when this run replaces shards built with another tokenizer or sequence length."""
     path = out_dir / MANIFEST_NAME
     if not path.is_file():
@@ -127,7 +140,7 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
     # data_prep.shards.beam.read_corpus_shard)
     eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
 
-    out_dir = Path(run_folder.shards)
+    out_dir = run_folder.shards
     out_dir.mkdir(parents=True, exist_ok=True)
     describe_previous(out_dir, tok_manifest["sha256"], seq_len)
     invalidate(out_dir)
@@ -138,7 +151,7 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
              corpus_manifest["documents"], threads, shards_cfg.packing, seq_len + 1)
     started = time.perf_counter()
     if shards_cfg.runner == "beam":
-        result, references = run_beam_shards(Path(run_folder.corpus), corpus_manifest, tokenizer.source, out_dir,
+        result, references = run_beam_shards(run_folder.corpus, corpus_manifest, tokenizer.source, out_dir,
                                              shards_cfg, seq_len, eos_id=eos_id, pad_id=pad_id)
     else:
         references = None  # W&B checksums the local shards itself
@@ -176,7 +189,7 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
     return payload
 
 
-def write_splits(documents: Any, tokenizer: RunTokenizer, out_dir: Path, shards_cfg: Any, seq_len: int, *, eos_id: int, pad_id: int,
+def write_splits(documents: Any, tokenizer: RunTokenizer, out_dir: RunPath, shards_cfg: Any, seq_len: int, *, eos_id: int, pad_id: int,
                  threads: int, total: int | None = None) -> dict[str, dict[str, Any]]:
     """Encode, split, pack and write every document; returns the manifest's ``splits`` section."""
     packers = {split: Packer(seq_len, shards_cfg.packing, pad_id) for split in SPLITS}
@@ -232,11 +245,11 @@ def log_to_wandb(wandb_run: Any, cfg: Any, run_folder: Any, payload: dict[str, A
     metadata = {"tokenizer_sha256": payload["tokenizer_sha256"], "tokenizer_artifact": tokenizer_artifact,
                 "seq_len": payload["seq_len"], "packing": payload["packing"],
                 **{f"{split}_tokens": info["tokens"] for split, info in splits.items()}}
-    if Path(run_folder.tokenizer, MANIFEST_NAME).is_file():
+    if (run_folder.tokenizer / MANIFEST_NAME).is_file():
         # The same folder content gives the same digest as the artifact recipe 2 logged, so W&B links
         # this run to that version. Offline runs cannot declare inputs; the metadata keeps the link.
         used = wandb.Artifact(tokenizer_artifact, type="tokenizer")
-        used.add_dir(str(run_folder.tokenizer))
+        add_folder(used, run_folder.tokenizer)
         try:
             wandb_run.use_artifact(used)
         except TypeError as exc:

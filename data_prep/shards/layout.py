@@ -14,6 +14,9 @@ from data_prep.shards.tfrecord import TFRecordWriter
 from experiment.split import is_validation
 
 SPLITS = ("train", "validation")
+# <shards>/verified/<shard file>.json: a loader's record that it hashed that shard in full against the manifest
+# (sha256) as the storage had it then (its generation); later loaders trust the record while the generation holds
+VERIFIED_DIR = "verified"
 FEATURE_FORMAT = "tfrecord/tf.train.Example"
 
 

@@ -33,32 +33,50 @@ sets and weights, and restoring it with other weights is refused.
 
 Damaged shards
 --------------
-Every shard is hashed once per process against the manifest's sha256, in a background thread
-started when a loader first opens it (off the step path): a mismatch stops the next batch with one
-error naming the shard, or is logged under ``shards.on_corrupt=skip``. Every read checks the
-record's CRCs; under ``skip`` a corrupt record is logged with its file and byte offset, counted,
-and becomes a row of zeros with ``loss_weights`` 0, so no other record is read in its place (none
-twice) while batch shapes and resume positions stay the same.
+Every read checks the record's CRCs; under ``shards.on_corrupt=skip`` a corrupt record is logged with its
+file and byte offset, counted, and becomes a row of zeros with ``loss_weights`` 0, so no other record is
+read in its place (none twice) while batch shapes and resume positions stay the same.
+
+Each shard is also hashed in full against the manifest's sha256 once per shard set, not by every process
+at every start: a loader that hashed a shard writes ``<shards>/verified/<file>.json`` naming the shard's
+sha256 and its *generation* (a bucket object's generation or ETag; a local file's size, mtime and inode),
+and later loaders trust that record while the shard's generation is unchanged (one listing tells, no
+reads). A shard without a valid record is hashed in a background thread (off the step path) by the
+processes that ``verify`` (the first process of a job): a mismatch stops the next batch with one error
+naming the shard, or is logged under ``shards.on_corrupt=skip``.
+
+Shards in a bucket
+------------------
+The shards folder may be a bucket prefix (``gs://``, ``s3://``). Opening a shard set lists its folder
+once (sizes and generations of every object) and reads every shard's index in parallel, so a thousand
+shards open in about the time of a few dozen requests. Each record is then read by one ranged request for
+exactly its bytes; ``BUCKET_READ_THREADS`` requests are in flight while batches are assembled.
 """
 
 from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import contextlib
+import datetime as dt
 import hashlib
+import json
 import logging
 import queue
+import socket
 import threading
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import grain
 import numpy as np
 
+from data_prep.shards.layout import VERIFIED_DIR
 from data_prep.shards.tfrecord import CorruptRecordError, OnCorrupt, TFRecordFile, decode_record, read_index
 from experiment.errors import ConfigError, DataError
+from experiment.files import atomic_write_json
 from experiment.stages import SHARDS
+from experiment.storage import BucketPath, ObjectStat, RunPath, location
 
 log = logging.getLogger("data_prep.shards.loader")
 
@@ -67,13 +85,13 @@ LOSS_WEIGHTS = "loss_weights"  # on_corrupt=skip: 0 for the tokens of a corrupt 
 _ROW_WEIGHT = "_row_weight"
 
 
-def read_shards_manifest(shards_dir: Path | str, *, tokenizer_sha256: str | None = None,
+def read_shards_manifest(shards_dir: RunPath | str, *, tokenizer_sha256: str | None = None,
                          seq_len: int | None = None) -> dict[str, Any]:
     """The finished shards' manifest, checked against the tokenizer and sequence length in use.
 
     Shards made with another tokenizer than the current one, or with a different ``seq_len``,
     end in one clear error instead of a model silently trained on the wrong ids."""
-    shards_dir = Path(shards_dir)
+    shards_dir = location(shards_dir)
     manifest = SHARDS.read_manifest(shards_dir)
     if tokenizer_sha256 is not None and manifest.get("tokenizer_sha256") != tokenizer_sha256:
         raise DataError(
@@ -101,24 +119,38 @@ def _to_model_batch(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return batch
 
 
-class ShardVerifier:
-    """Hashes shards against their manifest sha256 in one background thread, each once per process.
+def generation_of(path: RunPath, listed: ObjectStat | None = None) -> str:
+    """What changes whenever the shard's bytes may have: a bucket object's generation (or ETag); a local
+    file's size, modification time and inode."""
+    if isinstance(path, BucketPath):
+        found = listed or path.object_stat()
+        return "" if found is None else f"{found.size}-{found.generation}"
+    info = path.stat()
+    return f"{info.st_size}-{info.st_mtime_ns}-{info.st_ino}"
 
-    A daemon thread, so that a run that ends (or is preempted) never waits for hashes still running."""
+
+class ShardVerifier:
+    """Checks shards against their manifest sha256 in one background thread, each once per shard set.
+
+    A shard with a valid record (``VERIFIED_DIR``) is not read; one without is hashed when ``verify`` is
+    set (the first process of a job) and its record written, else left to the per-record CRCs. A daemon
+    thread, so that a run that ends (or is preempted) never waits for hashes still running."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[tuple[str, str], concurrent.futures.Future[str | None]] = {}
-        self._queue: queue.SimpleQueue[tuple[Path, str, concurrent.futures.Future[str | None]]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[RunPath, str, RunPath, str, bool,
+                                             concurrent.futures.Future[str | None]]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def submit(self, path: Path, sha256: str) -> concurrent.futures.Future[str | None]:
+    def submit(self, path: RunPath, sha256: str, record: RunPath, generation: str,
+               verify: bool = True) -> concurrent.futures.Future[str | None]:
         """The check of ``path`` (queued now unless it already was): its result is the error, or None."""
         key = (str(path.resolve()), sha256)
         with self._lock:
             if key not in self._jobs:
                 self._jobs[key] = concurrent.futures.Future()
-                self._queue.put((path, sha256, self._jobs[key]))
+                self._queue.put((path, sha256, record, generation, verify, self._jobs[key]))
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._work, name="shard-sha256", daemon=True)
                     self._thread.start()
@@ -126,25 +158,77 @@ class ShardVerifier:
 
     def _work(self) -> None:
         while True:
-            path, sha256, future = self._queue.get()
+            path, sha256, record, generation, verify, future = self._queue.get()
             try:
-                future.set_result(self._check(path, sha256))
+                future.set_result(self._check(path, sha256, record, generation, verify))
             except OSError as exc:
                 future.set_result(f"shard {path} cannot be read to check its sha256: {exc}")
 
     @staticmethod
-    def _check(path: Path, sha256: str) -> str | None:
+    def _check(path: RunPath, sha256: str, record: RunPath, generation: str, verify: bool) -> str | None:
+        if verified(record, sha256, generation):
+            return None
+        if not verify:
+            return None  # the first process hashes it; this one trusts the per-record CRCs meanwhile
         digest = hashlib.sha256()
-        with open(path, "rb") as handle:
+        with path.open("rb") as handle:
             while chunk := handle.read(1 << 22):  # hashlib releases the GIL on large blocks
                 digest.update(chunk)
         if digest.hexdigest() == sha256:
+            with contextlib.suppress(OSError):  # a read-only shards folder: hashed again next time
+                atomic_write_json(record, {"sha256": sha256, "generation": generation, "host": socket.gethostname(),
+                                           "verified_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")})
             return None
         return (f"shard {path} does not match its manifest: sha256 {digest.hexdigest()[:12]}..., the manifest says "
                 f"{sha256[:12]}... (the file changed after {SHARDS.recipe} wrote it): run it again")
 
 
+def verified(record: RunPath, sha256: str, generation: str) -> bool:
+    """Whether ``record`` says the shard was hashed in full, with this sha256, at this generation."""
+    try:
+        body = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(body, dict) and body.get("sha256") == sha256 and body.get("generation") == generation
+
+
 SHARD_VERIFIER = ShardVerifier()
+
+
+OPEN_THREADS = 32  # requests in flight while a shard set opens (its indexes, from a bucket)
+BUCKET_READ_THREADS = 32  # records read at once from a bucket (each a ranged request) while batches are assembled
+
+
+def open_shards(shards_dir: RunPath, manifest: dict[str, Any], entries: list[dict[str, Any]],
+                on_corrupt: OnCorrupt) -> list[TFRecordFile]:
+    """The manifest's shards of one split, each checked (present, its size, its index's record count), their
+    indexes read in parallel; in a bucket one listing gives every size and generation."""
+    base, data_uri = shards_dir, manifest.get("data_uri")
+    if data_uri and entries and not (shards_dir / entries[0]["file"]).is_file():
+        base = location(data_uri)  # Beam workers wrote the shards there (shards.output_uri): read them in place
+    listed = base.list_objects() if isinstance(base, BucketPath) else None
+
+    def open_one(entry: dict[str, Any]) -> TFRecordFile:
+        path = base / entry["file"]
+        found = listed.get(entry["file"]) if listed is not None else None
+        if listed is not None and found is None or listed is None and not path.is_file():
+            if base != shards_dir:
+                raise DataError(f"shard {entry['file']} is in {data_uri} (shards.output_uri), not in {shards_dir}, "
+                                f"and is missing there too: {SHARDS.run_again}")
+            raise DataError(f"shard {path} listed in the manifest is missing: {SHARDS.run_again}")
+        size = found.size if found is not None else path.stat().st_size
+        if "bytes" in entry and size != entry["bytes"]:
+            raise DataError(f"shard {path} has {size} bytes, the manifest says {entry['bytes']}: "
+                            f"it was truncated or replaced; {SHARDS.run_again}")
+        offsets = read_index(path)
+        if offsets.size != entry["records"]:
+            raise DataError(f"index of {path} lists {offsets.size} records, the manifest says {entry['records']}")
+        return TFRecordFile(path, offsets, on_corrupt=on_corrupt, size=size, generation=generation_of(path, found))
+
+    if len(entries) <= 1:
+        return [open_one(entry) for entry in entries]
+    with concurrent.futures.ThreadPoolExecutor(min(OPEN_THREADS, len(entries)), "open-shards") as pool:
+        return list(pool.map(open_one, entries))
 
 
 class ShardSource:
@@ -156,9 +240,9 @@ class ShardSource:
     zeros with weight 0 (so batch shapes and the resume position stay the same). Each shard is
     hashed against the manifest in the background (``check_shards``)."""
 
-    def __init__(self, shards_dir: Path | str, split: str, manifest: dict[str, Any] | None = None,
-                 on_corrupt: OnCorrupt | None = None) -> None:
-        self.shards_dir = Path(shards_dir)
+    def __init__(self, shards_dir: RunPath | str, split: str, manifest: dict[str, Any] | None = None,
+                 on_corrupt: OnCorrupt | None = None, verify: bool = True) -> None:
+        self.shards_dir = location(shards_dir)
         self.manifest = manifest if manifest is not None else read_shards_manifest(self.shards_dir)
         if split not in self.manifest["splits"]:
             raise DataError(f"{self.shards_dir}: no split '{split}' in the shards manifest "
@@ -167,25 +251,16 @@ class ShardSource:
         self.on_corrupt: OnCorrupt = on_corrupt or self.manifest.get("config", {}).get("on_corrupt", "error")
         self.features = sorted(self.manifest["feature_schema"]["features"])
         self.row_len = int(self.manifest["seq_len"]) + 1
-        self.files: list[TFRecordFile] = []
-        for shard in self.manifest["splits"][split]["shards"]:
-            path = self.shards_dir / shard["file"]
-            if not path.is_file() and self.manifest.get("data_uri"):  # Beam workers wrote them elsewhere
-                raise DataError(f"shard {shard['file']} is in {self.manifest['data_uri']} (shards.output_uri), not in "
-                                f"{self.shards_dir}: copy the shards and indexes there, or mount that storage there")
-            if not path.is_file():
-                raise DataError(f"shard {path} listed in the manifest is missing: {SHARDS.run_again}")
-            if "bytes" in shard and path.stat().st_size != shard["bytes"]:
-                raise DataError(f"shard {path} has {path.stat().st_size} bytes, the manifest says {shard['bytes']}: "
-                                f"it was truncated or replaced; {SHARDS.run_again}")
-            offsets = read_index(path)
-            if offsets.size != shard["records"]:
-                raise DataError(f"index of {path} lists {offsets.size} records, the manifest says {shard['records']}")
-            self.files.append(TFRecordFile(path, offsets, on_corrupt=self.on_corrupt))
-        self._checks = [(SHARD_VERIFIER.submit(f.path, s["sha256"]), f.path)
-                        for f, s in zip(self.files, self.manifest["splits"][split]["shards"], strict=True)
-                        if s.get("sha256")]
+        entries = self.manifest["splits"][split]["shards"]
+        self.files = open_shards(self.shards_dir, self.manifest, entries, self.on_corrupt)
+        self._checks = [(SHARD_VERIFIER.submit(f.path, s["sha256"], self.shards_dir / VERIFIED_DIR / f"{s['file']}.json",
+                                               f.generation, verify), f.path)
+                        for f, s in zip(self.files, entries, strict=True) if s.get("sha256")]
         self._starts = np.concatenate(([0], np.cumsum([len(f) for f in self.files]))).astype(np.int64).tolist()
+
+    @property
+    def in_bucket(self) -> bool:
+        return any(isinstance(f.path, BucketPath) for f in self.files)
 
     def __len__(self) -> int:
         return self._starts[-1]
@@ -281,6 +356,8 @@ class TrainIterator:
         self.process_index = process_index
         self.process_count = process_count
         self.batch_size = global_batch_size // process_count
+        if any(part.in_bucket for part in self.sources):  # requests wait on the network, not the CPU
+            read_threads = max(read_threads, BUCKET_READ_THREADS)
         self._read_options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=max(2 * read_threads, 2))
         streams = [grain.MapDataset.source(part)
                    .shuffle(seed=mixture_seed(self.seed, i))  # index shuffle: a new permutation per epoch
@@ -378,10 +455,10 @@ def mixture_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def make_train_iterator(shards_dir: Path | str, global_batch_size: int, seed: int, process_index: int = 0,
+def make_train_iterator(shards_dir: RunPath | str, global_batch_size: int, seed: int, process_index: int = 0,
                         process_count: int = 1, *, tokenizer_sha256: str | None = None, seq_len: int | None = None,
                         on_corrupt: OnCorrupt | None = None, read_threads: int = 4,
-                        mixture: Sequence[tuple[str, Path | str, float]] = ()) -> TrainIterator:
+                        mixture: Sequence[tuple[str, RunPath | str, float]] = ()) -> TrainIterator:
     """The training batches of process ``process_index`` (see the module docstring for the order).
 
     ``tokenizer_sha256`` and ``seq_len``, when given, are checked against the shards' manifest. A
@@ -391,13 +468,13 @@ def make_train_iterator(shards_dir: Path | str, global_batch_size: int, seed: in
                                      tokenizer_sha256=tokenizer_sha256, seq_len=seq_len, on_corrupt=on_corrupt,
                                      read_threads=read_threads)
     manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
-    source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt)
+    source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt, verify=process_index == 0)
     log.info("train loader: %d records, global batch %d = %d processes x %d, seed %d",
              len(source), global_batch_size, process_count, global_batch_size // max(process_count, 1), seed)
     return TrainIterator(source, global_batch_size, seed, process_index, process_count, read_threads)
 
 
-def make_mixture_iterator(sets: Sequence[tuple[str, Path | str, float]], global_batch_size: int, seed: int,
+def make_mixture_iterator(sets: Sequence[tuple[str, RunPath | str, float]], global_batch_size: int, seed: int,
                           process_index: int = 0, process_count: int = 1, *, tokenizer_sha256: str | None = None,
                           seq_len: int | None = None, on_corrupt: OnCorrupt | None = None,
                           read_threads: int = 4) -> TrainIterator:
@@ -414,7 +491,7 @@ def make_mixture_iterator(sets: Sequence[tuple[str, Path | str, float]], global_
         manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
         if tokenizer_sha256 is None:  # no tokenizer given: the sets must at least agree with each other
             tokenizer_sha256, seq_len = manifest["tokenizer_sha256"], manifest["seq_len"]
-        source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt)
+        source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt, verify=process_index == 0)
         if sources and source.features != sources[0].features:
             raise DataError(f"mixture set '{name}' ({shards_dir}) has features {source.features}, set "
                             f"'{sets[0][0]}' has {sources[0].features}: make both with the same shards.packing")
@@ -429,7 +506,7 @@ def make_mixture_iterator(sets: Sequence[tuple[str, Path | str, float]], global_
                          weights=weights, names=names)
 
 
-def iter_eval_batches(shards_dir: Path | str, split: str, batch_size: int, max_batches: int | None = None, *,
+def iter_eval_batches(shards_dir: RunPath | str, split: str, batch_size: int, max_batches: int | None = None, *,
                       tokenizer_sha256: str | None = None, seq_len: int | None = None,
                       on_corrupt: OnCorrupt | None = None, read_threads: int = 4) -> Iterator[dict[str, np.ndarray]]:
     """Every record of ``split`` once, in file order, as batches (the last one possibly smaller)."""
@@ -449,9 +526,10 @@ def iter_eval_batches(shards_dir: Path | str, split: str, batch_size: int, max_b
     source.check_shards(wait=True)  # a short pass: every shard it read is checked before it ends
 
 
-def mixture_sets(mixture: Sequence[Any], own_shards: Path | str) -> list[tuple[str, Path, float]]:
+def mixture_sets(mixture: Sequence[Any], own_shards: RunPath | str) -> list[tuple[str, RunPath, float]]:
     """``train.mixture`` entries as ``(name, shards folder, weight)``; an empty ``shards`` is this run's folder."""
-    return [(m.name, Path(m.shards) if m.shards else Path(own_shards), float(m.weight)) for m in mixture]
+    return [(m.name, location(m.shards, "train.mixture") if m.shards else location(own_shards), float(m.weight))
+            for m in mixture]
 
 
 def log_mixture(wandb_run: Any, mixture: dict[str, float] | None) -> None:

@@ -28,7 +28,6 @@ import logging
 import mmap
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
@@ -38,6 +37,7 @@ import numpy as np
 from experiment.errors import DataError
 from experiment.files import atomic_open
 from experiment.stages import SHARDS
+from experiment.storage import BucketPath, RunPath, as_local, location, read_range
 
 log = logging.getLogger("data_prep.shards.tfrecord")
 
@@ -60,12 +60,13 @@ OnCorrupt = Literal["error", "skip"]
 class CorruptRecordError(DataError):
     """A record whose framing or checksum is wrong: names the file, record number and byte offset."""
 
-    def __init__(self, path: Path | str, offset: int, reason: str, record: int | None = None) -> None:
+    def __init__(self, path: RunPath | str, offset: int, reason: str, record: int | None = None) -> None:
         where = f"record {record} at byte offset {offset}" if record is not None else f"byte offset {offset}"
         super().__init__(f"{path}: corrupt TFRecord {where}: {reason}")
-        self.path = Path(path)
+        self.path = location(path)
         self.offset = offset
         self.record = record
+        self.reason = reason
 
 
 # ----------------------------------------------------------------------------------------- CRC32C
@@ -330,8 +331,9 @@ def decode_example(payload: bytes | memoryview) -> dict[str, FeatureValue]:
 # ------------------------------------------------------------------------------------ writing
 
 
-def index_path(shard_path: Path | str) -> Path:
-    return Path(f"{shard_path}{INDEX_SUFFIX}")
+def index_path(shard_path: RunPath | str) -> RunPath:
+    path = location(shard_path)
+    return path.with_name(path.name + INDEX_SUFFIX)
 
 
 class TFRecordWriter:
@@ -340,11 +342,11 @@ class TFRecordWriter:
     Nothing appears under the final names until ``close()`` (or a clean ``with`` exit); an
     exception inside the ``with`` block leaves neither file behind."""
 
-    def __init__(self, path: Path | str, opener: Callable[[str], Any] | None = None) -> None:
+    def __init__(self, path: RunPath | str, opener: Callable[[str], Any] | None = None) -> None:
         """``opener(uri)``: a context manager giving a binary handle that puts the file in place on a clean
-        exit (a Beam worker's ``data_prep.beam_common.atomic_create``, for gs:// and the like); default: a
-        local ``atomic_open``. ``path`` stays a string for it, since ``Path`` folds ``gs://`` to ``gs:/``."""
-        self.path = Path(path)
+        exit (a Beam worker's ``data_prep.beam_common.atomic_create``, for gs:// and the like); default:
+        ``atomic_open`` (a local file, or a bucket object published when complete)."""
+        self.path = location(path)
         self._uri, self._opener = str(path), opener or (lambda uri: atomic_open(uri, "wb"))
         self._stack = contextlib.ExitStack()
         self._handle = self._stack.enter_context(self._opener(self._uri))
@@ -407,13 +409,18 @@ class TFRecordWriter:
 # ------------------------------------------------------------------------------------ reading
 
 
-def read_index(shard_path: Path | str) -> np.ndarray:
+def read_index(shard_path: RunPath | str) -> np.ndarray:
     """The record offsets of a shard from its sidecar; DataError if missing or malformed."""
     path = index_path(shard_path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise DataError(f"index {path} is missing: {SHARDS.run_again}") from exc
+    return parse_index(raw, path)
+
+
+def parse_index(raw: bytes, path: RunPath) -> np.ndarray:
+    """The record offsets in a sidecar's bytes; DataError naming ``path`` if malformed."""
     if len(raw) % 8:
         raise DataError(f"index {path} has {len(raw)} bytes, not a multiple of 8")
     offsets = np.frombuffer(raw, dtype="<u8").astype(np.int64)
@@ -425,11 +432,16 @@ def read_index(shard_path: Path | str) -> np.ndarray:
 class TFRecordFile:
     """Random access to the records of one shard through its index, CRCs checked on every read.
 
-    The file is memory-mapped on first use; the object pickles without the map (Grain workers)."""
+    A local file is memory-mapped on first use (the object pickles without the map, for Grain workers); a
+    shard in a bucket is read record by record, each record one ranged request for exactly its bytes (from
+    its offset to the next record's, or to ``size``, the file's size), never the whole object."""
 
-    def __init__(self, path: Path | str, offsets: np.ndarray | None = None, on_corrupt: OnCorrupt = "error") -> None:
-        self.path = Path(path)
+    def __init__(self, path: RunPath | str, offsets: np.ndarray | None = None, on_corrupt: OnCorrupt = "error",
+                 size: int | None = None, generation: str = "") -> None:
+        self.path = location(path)
         self.offsets = read_index(self.path) if offsets is None else offsets
+        self.size = size
+        self.generation = generation  # what the loader's verification record names (data_prep.shards.loader)
         self.on_corrupt = on_corrupt
         self.skipped = 0
         self.skipped_at: list[tuple[str, int]] = []  # (file, byte offset) of each skipped read
@@ -446,7 +458,7 @@ class TFRecordFile:
     def _buffer(self) -> mmap.mmap:
         if self._map is None:
             try:
-                with open(self.path, "rb") as handle:
+                with open(as_local(self.path, "an mmapped shard"), "rb") as handle:
                     self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
             except FileNotFoundError as exc:
                 raise DataError(f"shard {self.path} is missing: {SHARDS.run_again}") from exc
@@ -454,10 +466,26 @@ class TFRecordFile:
                 raise DataError(f"shard {self.path} is empty") from exc
         return self._map
 
+    def _ranged(self, record: int) -> bytes:
+        """Record ``record``'s bytes from a bucket: one request for ``[offset, next offset)``."""
+        start = int(self.offsets[record])
+        if record + 1 < self.offsets.size:
+            end = int(self.offsets[record + 1])
+        elif self.size is not None:
+            end = self.size
+        else:
+            end = self.size = int(self.path.stat().st_size)
+        try:
+            return read_range(self.path, start, end)
+        except FileNotFoundError as exc:
+            raise DataError(f"shard {self.path} is missing: {SHARDS.run_again}") from exc
+
     def read(self, record: int) -> bytes | None:
         """The payload of record ``record``; None if it is corrupt and ``on_corrupt='skip'``."""
         offset = int(self.offsets[record])
         try:
+            if isinstance(self.path, BucketPath):
+                return read_record_at(self._ranged(record), 0, self.path, record, base=offset)
             return read_record_at(self._buffer(), offset, self.path, record)
         except CorruptRecordError as exc:
             if self.on_corrupt == "skip":
@@ -482,8 +510,15 @@ def record_size(payload_len: int) -> int:
     return _HEADER.size + payload_len + _CRC.size
 
 
-def read_record_at(buf: mmap.mmap | bytes, offset: int, path: Path | str, record: int | None = None) -> bytes:
-    """Read and check the record starting at ``offset``; CorruptRecordError if anything is off."""
+def read_record_at(buf: mmap.mmap | bytes, offset: int, path: RunPath | str, record: int | None = None,
+                   base: int = 0) -> bytes:
+    """Read and check the record starting at ``offset`` of ``buf``; CorruptRecordError if anything is off.
+    ``base``: where ``buf`` starts in the file (a ranged read), for the offset errors name."""
+    if base:
+        try:
+            return read_record_at(buf, offset, path, record)
+        except CorruptRecordError as exc:
+            raise CorruptRecordError(path, base + exc.offset, exc.reason, record) from None
     size = len(buf)
     if offset + _HEADER.size > size:
         raise CorruptRecordError(path, offset, f"truncated header ({size - offset} of {_HEADER.size} bytes)", record)
@@ -501,7 +536,7 @@ def read_record_at(buf: mmap.mmap | bytes, offset: int, path: Path | str, record
     return payload
 
 
-def decode_record(payload: bytes, path: Path | str, offset: int, record: int | None = None) -> dict[str, FeatureValue]:
+def decode_record(payload: bytes, path: RunPath | str, offset: int, record: int | None = None) -> dict[str, FeatureValue]:
     """``decode_example`` with a DataError naming the file and offset for a malformed Example."""
     try:
         return decode_example(payload)

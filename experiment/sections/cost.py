@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from experiment.errors import ConfigError
 
+_STORAGE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")  # a catalog name: lowercase, no spaces or slashes
 
 @dataclass
 class InfraItem:
@@ -74,6 +76,13 @@ class CostConfig:
     rate_cache_dir: str = "${XDG_CACHE_HOME:-~/.cache}/ru-pretrain/cbr"
     token_budget: int | None = None  # tokens planned for the run, for the projection
     flush_seconds: float = 5.0  # the ledger is fsynced at least this often
+    # where the run's data lives, priced as object storage (cost/storage.py): a storage class of the catalog (rows of
+    # kind storage: gcs-standard, s3-standard, or a user catalog's, e.g. a Russian provider's in rubles), "none", or
+    # "auto": by experiment.run_root, a gs:// bucket is gcs-standard, an s3:// bucket on AWS s3-standard, a bucket at
+    # another S3-compatible endpoint asks for its class by name (unpriced, with a warning), a local folder is none
+    # (the planner: the option's own cloud's class, where a run on it would keep its data)
+    storage: str = "auto"
+    storage_region: str = ""  # the storage class's region, when its rows name several
     # planner (recipe 07)
     # a model preset, an anchor shape (llama3.1-8b), or a Hugging Face config.json: hf:<folder or file>
     # (hf:Qwen3-1.7B and hf:Llama-3.2-1B are shipped in cost/hf_configs/); empty: the experiment's model
@@ -128,6 +137,11 @@ class CostConfig:
             raise ConfigError(f"config key '{prefix}fetch_timeout_s': must be in (0, 60] seconds")
         if self.flush_seconds <= 0:
             raise ConfigError(f"config key '{prefix}flush_seconds': must be > 0")
+        if not _STORAGE_NAME.fullmatch(self.storage):
+            raise ConfigError(f"config key '{prefix}storage': {self.storage!r} is not a storage class name: 'auto' (by "
+                              "experiment.run_root), 'none', or a catalog row of kind storage such as gcs-standard")
+        if self.storage_region and self.storage == "none":
+            raise ConfigError(f"config key '{prefix}storage_region': set with cost.storage: none, which prices nothing")
         if self.token_budget is not None and self.token_budget <= 0:
             raise ConfigError(f"config key '{prefix}token_budget': must be > 0")
         if not 0 < self.plan_mfu <= 1:

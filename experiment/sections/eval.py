@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from experiment.errors import ConfigError
+from experiment.storage.urls import check_location
 
 SHARED_BENCH = "${RU_SHARED_DATA:-../shared/data}/bench"
 
@@ -57,6 +58,9 @@ class EvalConfig:
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
+        check_location(self.bench_dir, f"{prefix}bench_dir")
+        check_location(self.rublimp_dir, f"{prefix}rublimp_dir")
+        check_location(self.mera_dir, f"{prefix}mera_dir")
         if self.batch_size <= 0:
             raise ConfigError(f"config key '{prefix}batch_size': must be positive, got {self.batch_size}")
         if self.sample_max_new_tokens < 0:

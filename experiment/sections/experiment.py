@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from experiment.errors import ConfigError
+from experiment.storage.urls import check_location
 from experiment.sweep import expand_variants
 
 
@@ -26,6 +27,7 @@ class ExperimentSection:
     data_from: str = ""
 
     def validate(self, key: str) -> None:
+        check_location(self.run_root, f"{key}.run_root")
         for name in ("name", "data_from", "group"):
             _check_plain_name(f"{key}.{name}", getattr(self, name), allow_empty=name != "name")
         expand_variants(self.variants, self.grid)  # names and keys checked at load, not when the sweep starts

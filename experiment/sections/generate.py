@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from experiment.errors import ConfigError
+from experiment.storage.urls import check_location
 
 
 @dataclass
@@ -24,6 +25,8 @@ class GenerateConfig:
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
+        check_location(self.prompt_file, f"{prefix}prompt_file")
+        check_location(self.hf_model, f"{prefix}hf_model")
         if not self.prompts and not self.prompt_file:
             raise ConfigError(f"config key '{prefix}prompts': no prompts (prompts and prompt_file are both empty)")
         if self.max_new_tokens <= 0:

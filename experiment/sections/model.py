@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from experiment.errors import ConfigError
 from experiment.families import FAMILY_PACKAGES, family_config_module, shipped_families
+from experiment.storage.urls import check_location
 
 
 @dataclass
@@ -59,6 +60,7 @@ class ModelSection:
     def validate(self, key: str) -> None:
         """The common fields' checks; a family's section extends this with its own."""
         prefix = f"{key}." if key else ""
+        check_location(self.init_from, f"{prefix}init_from")
         if self.max_seq_len <= 0:
             raise ConfigError(f"config key '{prefix}max_seq_len': must be positive, got {self.max_seq_len}")
         if self.scan_unroll < 0:

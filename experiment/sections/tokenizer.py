@@ -5,6 +5,7 @@ from typing import Literal
 
 from experiment.errors import ConfigError
 from experiment.sections.corpus import SourceConfig
+from experiment.storage.urls import check_location
 
 # Letters and punctuation a Russian tokenizer must represent without byte fallback even when they
 # are rare in the training text (ё is often printed as е, so character_coverage alone drops it).
@@ -86,6 +87,7 @@ class TokenizerConfig:
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
+        check_location(self.adopt_from, f"{prefix}adopt_from")
         fixed = (SPECIAL_PIECES + 1 + len(set(self.user_defined_symbols) - {"\n"} | set(self.space_digit_symbols()))
                  + (BYTE_PIECES if self.byte_fallback else 0) + len(set(self.required_chars)))
         if self.vocab_size <= fixed:

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from experiment.errors import ConfigError
+from experiment.storage.urls import check_location
 
 
 @dataclass
@@ -117,6 +118,9 @@ class TrainConfig:
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
+        check_location(self.branch_from, f"{prefix}branch_from")
+        for index, part in enumerate(self.mixture):
+            check_location(part.shards, f"{prefix}mixture[{index}].shards")
         if self.steps < 0:  # 0: write the step-0 checkpoint (e.g. an imported model) without training
             raise ConfigError(f"config key '{prefix}steps': must be >= 0, got {self.steps}")
         for name in ("batch_size", "grad_accum_steps", "checkpoint_every", "keep_checkpoints", "log_every"):
