@@ -18,7 +18,8 @@ unexport PYTHONDONTWRITEBYTECODE
 # five venvs are built from the same wheels: a pip cache would only hold a second copy of them on disk
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup demo generate demo-sweep test test-base test-extras install-extras lint clean-demo
+.PHONY: setup demo demo-bucket storage-servers storage-emulators generate demo-sweep test test-base test-extras \
+	install-extras lint clean-demo
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,14 +32,35 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 
 setup: $(STAMP)
 
+# DEMO_ARGS: overrides for every recipe of the demo, e.g. DEMO_ARGS='experiment.run_root=gs://my-bucket/runs'
 demo: setup
-	$(PY) recipes/01_build_corpus.py --config $(CONFIG)
-	$(PY) recipes/02_train_tokenizer.py --config $(CONFIG)
-	$(PY) recipes/03_shard.py --config $(CONFIG)
-	$(PY) recipes/04_pretrain.py --config $(CONFIG)
-	$(PY) recipes/05_evaluate.py --config $(CONFIG)
-	$(PY) recipes/06_compare_costs.py --config $(CONFIG)
-	$(PY) recipes/07_plan_costs.py --config $(CONFIG)
+	$(PY) recipes/01_build_corpus.py --config $(CONFIG) $(DEMO_ARGS)
+	$(PY) recipes/02_train_tokenizer.py --config $(CONFIG) $(DEMO_ARGS)
+	$(PY) recipes/03_shard.py --config $(CONFIG) $(DEMO_ARGS)
+	$(PY) recipes/04_pretrain.py --config $(CONFIG) $(DEMO_ARGS)
+	$(PY) recipes/05_evaluate.py --config $(CONFIG) $(DEMO_ARGS)
+	$(PY) recipes/06_compare_costs.py --config $(CONFIG) $(DEMO_ARGS)
+	$(PY) recipes/07_plan_costs.py --config $(CONFIG) $(DEMO_ARGS)
+
+# The storage API servers the tests use (GCS: fake-gcs-server, S3: moto), in a venv of their own
+STORAGE_VENV := .venvs/storage
+storage-servers: $(STORAGE_VENV)/.installed
+$(STORAGE_VENV)/.installed: tests/storage-servers.txt
+	@mkdir -p .venvs
+	$(PYTHON) -m venv $(STORAGE_VENV)
+	$(STORAGE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(STORAGE_VENV)/bin/python -m pip install -q -r tests/storage-servers.txt
+	@touch $@
+
+# The demo with its run folder in a bucket: both servers start on loopback, the demo runs with
+# experiment.run_root=<bucket>/runs (BUCKET_SCHEME=gs or s3), the servers stop (and forget the bucket) at the end
+BUCKET_SCHEME ?= gs
+demo-bucket: setup storage-servers
+	$(PY) -m tests.storage_servers run --scheme $(BUCKET_SCHEME) -- $(MAKE) demo DEMO_ARGS='experiment.run_root=$${RU_DEMO_BUCKET}/runs $(DEMO_ARGS)'
+
+# Both servers in the foreground for trying a bucket by hand: prints the environment to export, Ctrl-C stops them
+storage-emulators: setup storage-servers
+	$(PY) -m tests.storage_servers serve
 
 # The demo model's completions of generate.prompts (after `make demo`; overrides: ARGS='generate.temperature=0.8')
 generate: setup
@@ -58,12 +80,12 @@ demo-sweep: setup
 #    others finish and report when one fails, and the step still fails.
 # 3. The extras' test lanes, two at a time (CI has 2 cores); -k: every lane runs and reports.
 test:
-	$(MAKE) setup
+	$(MAKE) setup storage-servers
 	$(MAKE) -k -j3 test-base install-extras
 	$(MAKE) -k -j2 --output-sync=target test-extras
 
 # --durations: the slowest tests in the log, so a CI run shows where the suite's time goes
-test-base: setup
+test-base: setup storage-servers
 	$(PY) -m pytest -q --durations=25
 
 # extra name : test files run in that extra's venv

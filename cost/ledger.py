@@ -10,8 +10,8 @@ fsyncs; so does a checkpoint mark and the start of every checkpoint save (``chec
 After a SIGKILL the file holds all but the last few seconds of the session, always every step up to
 any checkpoint the next session can restore, and a half-written last line is dropped on reopen.
 
-Object storage: when the run folder is priced as a bucket (``cost.storage``; ``cost.storage``'s module
-docstring has the model), the session measures what the folder holds when it opens and at every durable
+Object storage: when the run folder is priced as a bucket (``cost.storage``; the model is in
+``cost/storage.py``), the session measures what the folder holds when it opens and at every durable
 checkpoint (``stored`` records), takes what a caller knows better (``set_stored_bytes``) and the requests it
 counted (``add_requests``, written with each flush as a ``requests`` record), and its rubles carry the
 GB-months and requests as a line of their own, ``storage``.

@@ -22,7 +22,10 @@ else (GPUs, Trainium) the least-recompute setting whose memory estimate fits the
 The setting makes the hardware do ``recompute`` x the model FLOPs (the family's ``train_costs``).
 An anchor's MFU (or ``cost.plan_mfu``) is taken as the hardware FLOPs utilisation its own setting reached
 and held fixed, so a setting that recomputes more runs at a proportionally lower MFU: "fits with full
-remat" costs what it costs. Every plan also re-derives the
+remat" costs what it costs. Each plan also prices where the run's data lives (``cost/storage.py``):
+the token data and the checkpoints held over the option's hours, at the GB-month price of the storage
+class ``cost.storage`` names (``auto``: the run_root's bucket, or for a local run_root the option's own
+cloud's), a column of its own beside the compute rubles (``plan_storage``). Every plan also re-derives the
 published anchors in ``cost/anchors.csv`` (MaxText's Llama-3.1-8B and -70B on v6e) from the same arithmetic,
 so a drift in the FLOP count shows up next to the numbers it would distort.
 """
@@ -44,6 +47,7 @@ from cost.ledger_pricing import summarize_ledger
 from cost.memory import STATE_BYTES_PER_PARAM, MemoryEstimate, cheapest_fitting, step_bytes
 from cost.rates import UsdRubRate, resolve_usd_rub
 from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
+from cost.storage import GIB, HOURS_PER_MONTH, resolve_storage
 from cost.target import Target, TargetCrossing, cost_to_target, eval_points, read_train_log, target_of
 from experiment import appendlog
 from experiment.config import load_config
@@ -52,7 +56,7 @@ from experiment.presets import preset_model_config
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import family_presets
-from experiment.stages import FIT_CHECK, TOKENIZER
+from experiment.stages import FIT_CHECK, SHARDS, TOKENIZER
 from experiment.storage import location
 from model.family import params_label
 from model.llama.config import LlamaConfig
@@ -85,6 +89,10 @@ COLUMNS = (
     Column("usd", "USD", SIG),
     Column("rub", "rubles", SIG),
     Column("rub_per_1b_tokens", "RUB / 1B tokens", SIG),
+    Column("storage", "storage class", terminal=False),
+    Column("storage_gb", "GB stored (avg)", "{:,.0f}", terminal=False),
+    Column("storage_rub", "storage RUB", SIG),
+    Column("rub_with_storage", "RUB with storage", SIG),
     Column("state_gib_per_device", "state GiB/device", "{:,.1f}", terminal=False),
     Column("memory_gib_per_device", "step GiB/device (estimate)", "{:,.1f}", terminal=False),
     Column("hours_to_target", "hours to target", SIG),  # with cost.plan_target_from only
@@ -386,6 +394,88 @@ def estimate(option: Any, index: int, model: PlanModel, tokens: int, catalog: Ca
     }
 
 
+# bytes one parameter takes in a checkpoint per train.param_dtype: the weights and AdamW's two moments (optax keeps
+# them in the parameters' dtype), uncompressed
+CHECKPOINT_BYTES_PER_PARAM = {"float32": 3 * 4, "bfloat16": 3 * 2}
+TOKEN_BYTES = 4  # a token of the data without a shards manifest to measure: an int32
+
+
+@dataclass(frozen=True)
+class StoragePlan:
+    """What a planned run's folder holds on average over the run: its token data and checkpoints."""
+
+    checkpoint_bytes: float  # one checkpoint
+    checkpoints: float  # held on average over the run
+    data_bytes: float
+    bytes_per_token: float
+    bytes_per_token_from: str
+
+    @property
+    def stored_bytes(self) -> float:
+        return self.data_bytes + self.checkpoint_bytes * self.checkpoints
+
+    def note(self, rows: list[dict[str, Any]]) -> str:
+        classes = sorted({f"{r['storage']} ({r['storage_why']})" for r in rows if r.get("storage")})
+        unpriced = sorted({r["storage_why"] for r in rows if not r.get("storage")})
+        return (f"storage: the run folder held for the option's hours at its storage class's GB-month price (1 GB = "
+                f"2^30 bytes, a month {HOURS_PER_MONTH:g} hours): {self.stored_bytes / GIB:,.0f} GB on average = the "
+                f"token data ({self.data_bytes / GIB:,.0f} GB: the planned tokens x {self.bytes_per_token:.3g} bytes, "
+                f"{self.bytes_per_token_from}) + {self.checkpoints:.3g} checkpoints held on average (the latest "
+                f"train.keep_checkpoints, fewer during the first saves, and every train.keep_checkpoints_every-th, "
+                f"half of them on average) x {self.checkpoint_bytes / GIB:,.1f} GB (parameters x weights and Adam's "
+                f"two moments in train.param_dtype, uncompressed); the corpus, requests and the time the data is kept "
+                f"after the run are not planned; classes: {'; '.join(classes) or 'none'}"
+                + (f"; not priced: {'; '.join(unpriced)}" if unpriced else ""))
+
+
+def checkpoints_held(steps: int, checkpoint_every: int, keep: int, keep_every: int) -> float:
+    """Checkpoints a run holds on average over its steps: the latest ``keep`` of the saves every ``checkpoint_every``
+    steps and at the end (the j-th interval between saves holds min(j, keep)), plus every ``keep_every``-th step's,
+    which accumulate (half of them on average)."""
+    saves = max(1, math.ceil(steps / checkpoint_every)) if checkpoint_every else 1
+    last = min(saves - 1, keep)
+    latest = (last * (last + 1) / 2 + keep * max(0, saves - 1 - keep)) / saves
+    return latest + (steps // keep_every) / 2 if keep_every else latest
+
+
+def storage_plan(cfg: Any, run_folder: RunFolder | None, model: PlanModel, tokens: int) -> StoragePlan:
+    """The planned run's folder: ``tokens`` of data (the shards' own bytes per token when recipe 03's manifest is
+    at hand, else an int32 each) and its checkpoints (``CHECKPOINT_BYTES_PER_PARAM`` x the planned parameters)."""
+    per_token, source = float(TOKEN_BYTES), "an int32 per token: no shards manifest to measure"
+    manifest = None if run_folder is None else SHARDS.read_manifest_if_present(run_folder.shards)
+    if manifest is not None:
+        splits = manifest["splits"].values()
+        shard_bytes = sum(shard["bytes"] for split in splits for shard in split["shards"])
+        shard_tokens = sum(split["tokens"] for split in splits)
+        if shard_bytes and shard_tokens:
+            per_token, source = shard_bytes / shard_tokens, "the shards' bytes per token in recipe 03's manifest"
+    steps = math.ceil(tokens / (cfg.train.batch_size * model.seq_len))
+    held = checkpoints_held(steps, cfg.train.checkpoint_every, cfg.train.keep_checkpoints,
+                            cfg.train.keep_checkpoints_every)
+    return StoragePlan(model.params * CHECKPOINT_BYTES_PER_PARAM[cfg.train.param_dtype], held, tokens * per_token,
+                       per_token, source)
+
+
+def plan_storage(rows: list[dict[str, Any]], storage: StoragePlan, cfg: Any, catalog: Catalog,
+                 rate: UsdRubRate) -> None:
+    """Each option's storage: ``storage``'s bytes over its hours at the GB-month price of its storage class
+    (``cost.storage``; ``auto`` with a local run_root: the option's own cloud's), in the row's currency (a ruble
+    price as it is, a dollar one at ``rate``); an option no class prices gets none, and the note says why."""
+    where = location(cfg.experiment.run_root)
+    for row in rows:
+        choice = resolve_storage(cfg.cost, where, catalog, cloud=row["cloud"])
+        row["storage_why"] = choice.why
+        if not choice.priced:
+            row.update(storage=None, storage_gb=None, storage_rub=None, rub_with_storage=None)
+            continue
+        price = choice.rows["gb-month"]
+        gb_months = storage.stored_bytes / GIB * row["hours"] / HOURS_PER_MONTH
+        rub = gb_months * (price.figure or 0.0) * (rate.rate if price.currency == "USD" else 1.0)
+        row.update(storage=choice.name, storage_gb=storage.stored_bytes / GIB, storage_gb_months=gb_months,
+                   storage_rub=rub, rub_with_storage=row["rub"] + rub,
+                   storage_price=f"{price.describe_figure()} ({price.source_kind}, {price.date})")
+
+
 def plot_plan(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
     import matplotlib
 
@@ -467,6 +557,7 @@ def plan(cfg: ExperimentConfig, run_folder: RunFolder | None, catalog: Catalog |
         for row in rows:
             row.update(tokens_to_target=measured.tokens, hours_to_target=row["hours"] * measured.tokens / tokens,
                        rub_to_target=row["rub"] * measured.tokens / tokens)
+    plan_storage(rows, storage_plan(cfg, run_folder, model, tokens), cfg, catalog, rate)
     checks = [anchor_check(anchor, catalog) for anchor in anchors]
     return model, tokens, rows, checks
 
@@ -501,6 +592,7 @@ def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> 
         notes.append(f"to target: experiment '{measured.folder.root.name}' reached {measured.target.label} after "
                      f"{measured.tokens:,.0f} tokens ({measured.crossing.status(measured.target)}; its rubles "
                      f"{measured.crossing.rub:.4g}); hours to target = those tokens / the option's projected tokens/s")
+    notes.append(storage_plan(cfg, run_folder, model, tokens).note(rows))
     notes.extend(rate.notes)
     reports = run_folder.reports
     reports.mkdir(parents=True, exist_ok=True)

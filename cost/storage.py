@@ -14,9 +14,9 @@ the GB-month prices read (Google publishes its GB-month price as a price per GiB
 
 Which price: ``cost.storage`` names a storage class of the catalog (rows of kind ``storage``: ``gcs-standard``,
 ``s3-standard``, or a user catalog's, e.g. a Russian provider's in rubles), ``none`` prices no storage, and
-``auto`` (the default) reads where the run folder is: a ``gs://`` bucket is ``gcs-standard``; an ``s3://``
-bucket on AWS (no custom endpoint, or an ``*.amazonaws.com`` one) is ``s3-standard``; an ``s3://`` bucket at
-another endpoint (an S3-compatible provider, an emulator) is not priced, with a warning that asks for its row
+``auto`` (the default) reads where the run folder is: a ``gs://`` bucket (no emulator) is ``gcs-standard``; an
+``s3://`` bucket on AWS (no custom endpoint, or an ``*.amazonaws.com`` one) is ``s3-standard``; a bucket at
+another endpoint (an S3-compatible provider, an emulator) is not priced, with a warning that asks for its class
 by name; a local folder is not object storage (a disk is ``cost.infrastructure``'s). The planner, for a local
 ``run_root``, prices the data in the planned option's own cloud (``gcs-standard`` on gcp, ``s3-standard`` on
 aws), where a run on those accelerators would keep it.
@@ -36,7 +36,6 @@ volume tiers past a price's first; minimum storage durations of cold classes; a 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 from collections.abc import Mapping
@@ -47,8 +46,6 @@ from urllib.parse import urlparse
 from cost.catalog import STORAGE_UNITS, Catalog, PriceRow
 from cost.summary import price_dict
 from experiment.storage import BucketPath, RunPath, endpoint
-
-log = logging.getLogger("cost.storage")
 
 GIB = 2**30  # the GB of every storage price read
 HOURS_PER_MONTH = 730.0  # the cloud billing convention for GB-month prices
@@ -120,7 +117,9 @@ def default_storage(location: RunPath | None, cloud: str = "") -> tuple[str, str
         return "", (f"{location} is at {custom}, an S3-compatible endpoint the catalog cannot tell the provider of: "
                     "name its storage class in cost.storage (rows of kind storage, in cost.catalog_path)")
     if cloud in CLOUD_STORAGE:
-        return CLOUD_STORAGE[cloud], f"a run on {cloud} keeps its data in {cloud}'s object storage"
+        return CLOUD_STORAGE[cloud], f"a local run_root: a run on {cloud} keeps its data in {cloud}'s object storage"
+    if cloud:
+        return "", f"the option's cloud ({cloud}) has no storage class in the catalog: name one in cost.storage"
     return "", "a local folder: not object storage (cost.infrastructure prices a disk)"
 
 

@@ -27,7 +27,8 @@ from typing import IO
 
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
-from experiment.storage import BucketPath, RunPath, create_exclusive
+from experiment.storage import BucketPath, RunPath
+from experiment.storage.retry import create_exclusive_checked
 
 SEGMENTS = ".segments"
 PUBLISH_S = 30.0  # a bucket log's ``flush`` publishes a segment at most this often (``sync`` always does)
@@ -86,7 +87,7 @@ def rewrite(path: RunPath, text: str) -> None:
 def _publish(path: BucketPath, number: int, data: bytes, base: bool = False) -> None:
     name = f"{number:010d}{'.base' if base else ''}.jsonl"
     try:
-        create_exclusive(segments_folder(path) / name, data)
+        create_exclusive_checked(segments_folder(path) / name, data)  # a lost answer is no second writer
     except FileExistsError:
         raise DataError(f"{path}: segment {number} was written by another process: two writers append to this "
                         "log (one run folder, two runs?): stop the other one") from None

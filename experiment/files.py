@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import hashlib
 import json
 import os
@@ -23,28 +22,7 @@ from typing import IO, Any
 
 from experiment.errors import DataError, WriteError
 from experiment.storage import BucketPath, RunPath, location
-
-
-@functools.cache
-def _umask() -> int:
-    """The process's umask, read on first use rather than at import (importing changes no process state).
-
-    Linux reports it in /proc; elsewhere it can only be read by setting it, for the shortest moment."""
-    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status", encoding="ascii") as status:
-        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
+from experiment.storage.local import fsync_dir, umask
 
 # errors of writing (not of the data or the code): reported as one line, the run can be repeated
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
@@ -110,7 +88,7 @@ def atomic_open(path: str | os.PathLike[str] | BucketPath, mode: str = "w",
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600 files; give them the usual permissions
+    os.chmod(tmp_name, 0o666 & ~umask())  # mkstemp makes 0600 files; give them the usual permissions
     binary = "b" in mode
     try:
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
@@ -143,24 +121,6 @@ def atomic_write_bytes(path: str | os.PathLike[str] | BucketPath, data: bytes) -
 
 def atomic_write_json(path: str | os.PathLike[str] | BucketPath, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=False) + "\n")
-
-
-def atomic_open_exclusive(path: Path, data: bytes) -> None:
-    """Publish ``data`` at the local ``path`` only if no file is there (FileExistsError otherwise): written
-    and fsynced under a temporary name, then hard-linked to ``path``, which fails if it exists."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp_name, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.link(tmp_name, path)
-        fsync_dir(path.parent)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
 
 
 def sha256_file(path: str | os.PathLike[str] | BucketPath, chunk: int = 1 << 20) -> str:
@@ -202,7 +162,7 @@ def atomic_dir(path: str | os.PathLike[str] | BucketPath) -> Iterator[Path]:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    os.chmod(staging, 0o777 & ~_umask())
+    os.chmod(staging, 0o777 & ~umask())
     try:
         yield staging
         if path.exists():

@@ -47,6 +47,7 @@ from experiment.errors import RecipeError
 from experiment.runfolder import RunFolder, linked_run
 from experiment.stages import Stage, stage_named
 from experiment.storage import BucketPath, RunPath, backends
+from experiment.storage.retry import create_checked, replace_if_checked, unique_token
 
 log = logging.getLogger("experiment.lock")
 LOCKS_DIR = ".locks"
@@ -72,6 +73,9 @@ class Holder:
     since: str  # ISO time, UTC
     renewed: float  # Unix time of the last renewal, by the holder's clock (shown, never compared with ours)
     stage: str
+    # unique to this hold: a bucket write whose answer was lost is told apart from another holder's by it
+    # (experiment.storage.retry)
+    token: str = ""
 
     def describe(self) -> str:
         return f"host {self.host}, pid {self.pid}, since {self.since}"
@@ -102,7 +106,7 @@ def _decode(body: bytes | str) -> Holder | None:
     try:
         data = json.loads(body or "null")
         return Holder(str(data["host"]), int(data["pid"]), str(data["since"]), float(data["renewed"]),
-                      str(data["stage"]))
+                      str(data["stage"]), str(data.get("token", "")))
     except (ValueError, TypeError, KeyError):
         return None
 
@@ -116,7 +120,8 @@ def _read_holder(path: RunPath) -> Holder | None:
 
 def _new_holder(stage: str) -> Holder:
     now = dt.datetime.now(dt.UTC)
-    return Holder(socket.gethostname(), os.getpid(), now.isoformat(timespec="seconds"), now.timestamp(), stage)
+    return Holder(socket.gethostname(), os.getpid(), now.isoformat(timespec="seconds"), now.timestamp(), stage,
+                  unique_token())
 
 
 def _recipe(name: str) -> str:
@@ -155,7 +160,7 @@ def _disk_now(folder: Path) -> float:
 def _bucket_now(folder: BucketPath) -> float:
     """Now by the bucket's clock: the update time of an object written just now."""
     probe = folder / f".clock.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    written = backends.create(probe.url, b"")
+    written = create_checked(probe.url, unique_token().encode())
     with contextlib.suppress(OSError):
         probe.unlink(missing_ok=True)
     return written.updated
@@ -353,7 +358,7 @@ class _BucketLease:
     def renew(self) -> bool:
         holder = Holder(**{**self.holder.__dict__, "renewed": dt.datetime.now(dt.UTC).timestamp()})
         try:
-            written = backends.replace_if(self.path.url, holder.encode(), self.generation)
+            written = replace_if_checked(self.path.url, holder.encode(), self.generation)
         except backends.PreconditionFailed:
             now = _read_holder(self.path)
             reason = (f"this process's lock {self.path} was taken over by "
@@ -377,7 +382,7 @@ def _take_bucket_lock(path: BucketPath, name: str) -> tuple[_BucketLease, Holder
     for _ in range(5):
         holder = _new_holder(name)
         try:
-            return _BucketLease(path, holder, backends.create(path.url, holder.encode())), None
+            return _BucketLease(path, holder, create_checked(path.url, holder.encode())), None
         except FileExistsError:
             pass
         current = _bucket_holder(path)
@@ -387,7 +392,7 @@ def _take_bucket_lock(path: BucketPath, name: str) -> tuple[_BucketLease, Holder
         if not _gone_in_bucket(path, found, previous):
             raise _busy(path, previous, name, shared=False)
         try:
-            written = backends.replace_if(path.url, holder.encode(), found.generation)
+            written = replace_if_checked(path.url, holder.encode(), found.generation)
         except backends.PreconditionFailed:
             continue  # another process took it over (or renewed it) first: look again
         return _BucketLease(path, holder, written), previous
@@ -399,7 +404,7 @@ def _hold_in_bucket(path: BucketPath, name: str, shared: bool) -> Iterator[None]
     if shared:
         reader = path.with_name(path.name + READERS) / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         holder = _new_holder(name)
-        lease = _BucketLease(reader, holder, backends.create(reader.url, holder.encode()))
+        lease = _BucketLease(reader, holder, create_checked(reader.url, holder.encode()))
         try:
             current = _bucket_holder(path)  # a writer that started before our reader object appeared
             if current is not None and not _gone_in_bucket(path, *current):

@@ -21,7 +21,8 @@ from typing import Any
 from experiment.config import dump_yaml
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
-from experiment.storage import BucketPath, RunPath, create_exclusive, host_local_root, location
+from experiment.storage import BucketPath, RunPath, host_local_root, location
+from experiment.storage.retry import create_exclusive_checked
 
 RESOLVED_CONFIG = "config.resolved.yaml"  # every stage writes it first: its presence marks a run folder
 LINK_SUFFIX = ".link"  # <folder>.link: a JSON file naming the folder of another run that stands for <folder>
@@ -54,7 +55,8 @@ def make_link(folder: RunPath, target: RunPath) -> None:
     if isinstance(folder, Path) and isinstance(target, Path):
         folder.symlink_to(target, target_is_directory=True)
         return
-    create_exclusive(link_file(folder), (json.dumps({"target": str(target)}) + "\n").encode())
+    # the same link made by two processes of one run is the same bytes: either may report it as its own
+    create_exclusive_checked(link_file(folder), (json.dumps({"target": str(target)}) + "\n").encode())
 
 
 def stage_folder(root: RunPath, name: str) -> RunPath:

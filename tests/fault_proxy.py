@@ -10,17 +10,20 @@ costs the real clients (gcsfs on aiohttp, s3fs on botocore): retries, or an erro
         proxy.drop("response", count=1, path=r"/b/bkt/")  # the server acts on it; the client hears nothing
         proxy.cut(count=1, at=0.5)                        # half the response body, then the connection closes
         proxy.stall(5.0, count=1)                         # no answer for 5 s, then the connection closes
-        proxy.latency = 0.030                             # 30 ms before every request is forwarded
+        proxy.fail(500, count=1, method="POST", after=2)  # the third POST gets a 500
+        proxy.latency = 0.030                             # 30 ms before every request is answered or forwarded
         ...
-        proxy.seen, proxy.injected, rule.hits, proxy.log  # counters
+        proxy.seen, proxy.forwarded, proxy.injected, rule.hits, proxy.log  # counters
 
 Faults are rules, checked in the order they were added; the first active rule whose ``method`` and ``path``
 patterns match a request (``re.search`` on the method and on the raw request target, query included) takes
-it, until ``count`` requests were taken or ``seconds`` have passed (neither: until ``clear``/``remove``).
-A request no rule takes is forwarded, and its response is relayed byte for byte: a successful response is
-never altered. One upstream connection is opened per request (the server sees no keep-alive; the client
-does). ``Expect: 100-continue`` is answered by the proxy itself, which then reads the whole request body
-before forwarding it (the header is not forwarded).
+it (after letting ``after`` matching requests through), until ``count`` requests were taken or ``seconds``
+have passed (neither: until ``remove``/``clear``). A request no rule takes is forwarded, and the server's
+response is relayed byte for byte (head and body as they came, chunked framing included): a successful
+response is never altered. One upstream connection is opened per request (the server sees no keep-alive; the
+client keeps its connection). ``Expect: 100-continue`` is answered by the proxy itself, which then reads the
+whole request body before forwarding it (without that header). Bodies are held whole in memory: sized for
+tests, not for gigabytes.
 
 Fault kinds (``FaultProxy.add`` takes them directly):
 
@@ -54,7 +57,7 @@ _HEAD_LIMIT = 1 << 20
 _COPY = 1 << 16
 _REASONS = {400: "Bad Request", 408: "Request Timeout", 429: "Too Many Requests", 500: "Internal Server Error",
             502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
-_S3_CODES = {429: "SlowDown", 500: "InternalError", 503: "SlowDown", 504: "GatewayTimeout", 408: "RequestTimeout"}
+_S3_CODES = {429: "SlowDown", 500: "InternalError", 503: "ServiceUnavailable", 504: "GatewayTimeout", 408: "RequestTimeout"}
 _GCS_REASONS = {429: "rateLimitExceeded", 500: "backendError", 503: "backendError"}
 
 

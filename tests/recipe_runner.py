@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from experiment import appendlog
+from experiment.storage import BucketPath
 from tests.recipe_forkserver import fork_enabled, start_forked
 
 REPO = Path(__file__).resolve().parents[1]
@@ -368,13 +370,13 @@ def signal_when(proc: subprocess.Popen[Any], ready: Callable[[], bool], sig: int
     return proc.wait(timeout=exit_timeout)
 
 
-def read_train_log(run_dir: Path) -> list[dict[str, Any]]:
-    """The lines of ``train_log.jsonl`` a run has finished writing: a last line without its newline is
-    being written (or was cut by a kill) and is left out; any complete line must parse."""
+def read_train_log(run_dir: Path | BucketPath) -> list[dict[str, Any]]:
+    """The lines of ``train_log.jsonl`` a run has finished writing (on a disk or in a bucket): a last line
+    without its newline is being written (or was cut by a kill) and is left out; any complete line must parse."""
     path = run_dir / TRAIN_LOG
-    if not path.is_file():
+    if not appendlog.exists(path):
         return []
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = appendlog.read_text(path)
     complete = text[:text.rfind("\n") + 1]
     return [json.loads(line) for line in complete.splitlines() if line.strip()]
 

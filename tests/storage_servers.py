@@ -97,8 +97,10 @@ class StorageServers:
 
     @property
     def env(self) -> dict[str, str]:
+        # GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false: gcsfs's default filesystem (etils and Orbax open it) asks
+        # Google's gRPC APIs for a bucket's type and credentials at every open, which an emulator does not serve
         return {"STORAGE_EMULATOR_HOST": self.gcs_endpoint, "TENSORSTORE_GCS_HTTP_URL": self.gcs_endpoint,
-                "AWS_ENDPOINT_URL": self.s3_endpoint, **CREDENTIALS}
+                "AWS_ENDPOINT_URL": self.s3_endpoint, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", **CREDENTIALS}
 
     def endpoint(self, scheme: str) -> str:
         return self.gcs_endpoint if scheme == "gs" else self.s3_endpoint
@@ -131,3 +133,48 @@ def serve(log_dir: Path) -> Iterator[StorageServers]:
         yield servers
     finally:
         servers.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.storage_servers serve``: start both servers with a bucket on each, print the
+    environment that points a shell at them, and serve until interrupted. ``... run --scheme gs -- CMD``: the same
+    around one command (its exit code is ours), with ``RU_DEMO_BUCKET`` naming the bucket of that scheme."""
+    import argparse
+    import shlex
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="python -m tests.storage_servers", description=main.__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("serve", help="start the servers and print their environment; Ctrl-C stops them")
+    run = sub.add_parser("run", help="run a command with the servers up and the environment pointing at them")
+    run.add_argument("--scheme", choices=("gs", "s3"), default="gs")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ru-pretrain-storage-") as logs:
+        servers = StorageServers(Path(logs))
+        try:
+            buckets = {scheme: servers.new_bucket(scheme, "ru-pretrain-demo") for scheme in ("gs", "s3")}
+            if args.action == "serve":
+                for var, value in servers.env.items():
+                    print(f"export {var}={shlex.quote(value)}")
+                print(f"# buckets: {buckets['gs']} (fake-gcs-server), {buckets['s3']} (moto); e.g. "
+                      f"experiment.run_root={buckets['gs']}/runs; Ctrl-C stops both (and forgets their data)",
+                      flush=True)
+                try:
+                    while all(p.poll() is None for p in servers.processes):
+                        time.sleep(1)
+                except KeyboardInterrupt:
+                    pass
+                return 0
+            command = args.command[1:] if args.command[:1] == ["--"] else args.command
+            if not command:
+                parser.error("run: no command given")
+            env = {**os.environ, **servers.env, "RU_DEMO_BUCKET": buckets[args.scheme]}
+            print(f"storage servers up; RU_DEMO_BUCKET={buckets[args.scheme]}", flush=True)
+            return subprocess.call(command, env=env)
+        finally:
+            servers.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

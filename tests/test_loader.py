@@ -262,3 +262,26 @@ def test_shard_changed_behind_its_checksums_stops_the_run_naming_it(
     assert caplog.text.count(f"shard {path} does not match its manifest") == 1  # logged once, run goes on
     next(skipping)
     skipping.close()
+
+
+def test_a_shard_verified_once_is_not_read_again_while_its_generation_holds(tmp_path: Path) -> None:
+    """A run's record of a shard it hashed (``verified_dir``): trusted while the storage's generation of the shard is
+    the one recorded, so a later start reads nothing; a new generation (the file replaced) is hashed again."""
+    import hashlib
+
+    from data_prep.shards.loader import ShardVerifier, generation_of
+
+    shard = tmp_path / "train-00000.tfrecord"
+    shard.write_bytes(b"x" * 1000)
+    sha = hashlib.sha256(shard.read_bytes()).hexdigest()
+    record = tmp_path / "verified" / "train-00000.tfrecord.json"
+    generation = generation_of(shard)
+    assert ShardVerifier._check(shard, sha, record, generation, verify=True) is None
+    assert json.loads(record.read_text())["generation"] == generation
+    shard.unlink()  # were the shard read again, this would raise
+    assert ShardVerifier._check(shard, sha, record, generation, verify=True) is None
+    shard.write_bytes(b"y" * 1000)  # replaced, same size: another generation, hashed again and refused
+    error = ShardVerifier._check(shard, sha, record, generation_of(shard), verify=True)
+    assert error is not None and "does not match its manifest" in error
+    assert ShardVerifier._check(shard, sha, None, generation_of(shard), verify=False) is None, \
+        "a process that does not verify trusts the per-record CRCs"

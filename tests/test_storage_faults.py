@@ -1,34 +1,50 @@
 """A storage server that fails for a while costs retries, never data: the real clients (gcsfs on aiohttp, s3fs on
-botocore) against fake-gcs-server and moto, behind tests/fault_proxy.py, which injects the faults.
+aiobotocore) against fake-gcs-server and moto, behind tests/fault_proxy.py, which injects the faults.
 
-Every operation the run folder rests on meets every fault, on both backends, all cases of a backend at once
-(each on a bucket of its own, the fault matching that bucket's requests): the outcome is either the right bytes
-after retries, or an exception, and then the store holds the old version or the new one whole. EXPECTED says
-which, case by case; "wrong" marks the cases where the client reports something false (an exclusive create
-whose answer was lost reports FileExistsError though the object is its own): ``experiment.storage.retry``
-turns those into the right answer, and the ``checked`` rows show it.
+Every operation the run folder rests on meets every fault, on both backends, all the cases of a test at once
+(each on a bucket of its own, its fault matching only that bucket's requests). A case's outcome is "ok" (the
+right bytes, after retries: the fault was injected), "error" (an OSError, one line, and the store holds the old
+version or the new one whole), "exists"/"changed" (FileExistsError / PreconditionFailed where another writer's
+object is there) or "wrong" (the client reports something false, or the store holds bytes nobody wrote).
+``EXPECTED`` lists every outcome that is not "ok", and why. The "wrong" ones:
+
+- an exclusive create, or a conditional replace, whose answer is lost (the connection drops after the server
+  acted, or the response is cut): the client retries, the retry fails the precondition its first try met, and
+  the caller hears FileExistsError / PreconditionFailed about its own write, on both backends.
+  ``experiment.storage.retry``'s checked variants read the object back and answer right (the "(checked)" rows);
+- fake-gcs-server only: a resumable-upload chunk sent again after its answer was lost is appended again (the
+  emulator ignores Content-Range; GCS ignores the bytes it already has): the object grows by the chunk.
+
+Beyond the matrix: a hung request (gcsfs does not retry its request timeout), botocore's retry quota (an S3
+outage leaves the client retrying nothing for a while), the proxy relaying answers unchanged, and, with
+``RU_STORAGE_GIVE_UP=1`` (about two minutes), how long each client takes to give up on a server that is down.
 """
 
 from __future__ import annotations
 
+import http.client
+import os
 import random
+import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from experiment.files import atomic_open, atomic_write_json, read_json_object
-from experiment.storage import BucketPath, create_exclusive, location
-from experiment.storage import backends
+from experiment.storage import BucketPath, backends, create_exclusive, location
+from experiment.storage.retry import create_exclusive_checked, replace_if_checked
 from tests.fault_proxy import FaultProxy, Rule
 
 ENV = {"gs": "STORAGE_EMULATOR_HOST", "s3": "AWS_ENDPOINT_URL"}
 FLAVOR = {"gs": "gcs", "s3": "s3"}
 PART = 5 << 20  # upload part: gcsfs's block; s3fs's (50 MiB) is lowered to it so a 12 MiB stream is multipart
-CASE_TIMEOUT_S = 45.0
+CASE_TIMEOUT_S = 45.0  # every case of a test together; a case still running then is a hang
 
 
 def payload(size: int, seed: int) -> bytes:
@@ -37,23 +53,26 @@ def payload(size: int, seed: int) -> bytes:
 
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:160]}"
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+def _through_proxy(scheme: str, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point ``scheme``'s client at ``proxy``, through filesystems made from now on (the test's own)."""
+    monkeypatch.setenv(ENV[scheme], proxy.url)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setattr(backends, "_filesystems", {})
 
 
 @pytest.fixture(params=["gs", "s3"])
 def proxied(request: pytest.FixtureRequest, storage_servers: Any,
-            monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, FaultProxy]]:
-    """(storage_servers, proxy): the backend's client pointed at a fault proxy in front of its server, through
-    filesystems made for this test."""
+            monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Any, FaultProxy]]:
+    """(scheme, storage_servers, proxy): the backend's client pointed at a fault proxy in front of its server."""
     scheme = request.param
     with FaultProxy(storage_servers.endpoint(scheme), flavor=FLAVOR[scheme]) as proxy:
-        monkeypatch.setenv(ENV[scheme], proxy.url)
-        monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
-        monkeypatch.setattr(backends, "_filesystems", {})
+        _through_proxy(scheme, proxy, monkeypatch)
         if scheme == "s3":
             backends.filesystem("s3").default_block_size = PART
-        proxy.scheme = scheme  # type: ignore[attr-defined]
-        yield storage_servers, proxy
+        yield scheme, storage_servers, proxy
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,7 +86,7 @@ class Op:
     target: Callable[[str, str], tuple[Any, ...]]
     prepare: Callable[[BucketPath], Any]
     act: Callable[[BucketPath, Any], Any]
-    verify: Callable[[BucketPath, Any, Any, BaseException | None], str]  # -> "ok" | "error" | "wrong: ..."
+    verify: Callable[[BucketPath, Any, Any, BaseException | None], str]  # -> "ok" | "error" | "exists" | "wrong: ..."
 
 
 def _upload(scheme: str, bucket: str) -> tuple[str, str]:
@@ -93,17 +112,10 @@ def _stream_finish(scheme: str, bucket: str) -> tuple[str, str, int]:
         ("POST", f"^/{bucket}/.*\\?uploadId=", 0)
 
 
-def _same(found: bytes | None, expected: bytes, old: bytes | None, exc: BaseException | None, what: str) -> str:
-    """The outcome of a write: ok (new bytes, no error), error (an exception, the old or the new bytes whole)."""
-    if exc is None:
-        return "ok" if found == expected else f"wrong: {what} reads {_describe(found)} after a write that succeeded"
-    if found in (old, expected):
-        return "error"
-    return f"wrong: {what} reads {_describe(found)} after {one_line(exc)}"
-
-
-def _describe(data: bytes | None) -> str:
-    return "nothing" if data is None else f"{len(data)} bytes {data[:16]!r}"
+def _describe(data: Any) -> str:
+    if isinstance(data, bytes):
+        return f"{len(data)} bytes {data[:12]!r}"
+    return "nothing" if data is None else repr(data)[:80]
 
 
 def _read(path: BucketPath) -> bytes | None:
@@ -113,14 +125,23 @@ def _read(path: BucketPath) -> bytes | None:
         return None
 
 
+def _written(found: bytes | None, expected: bytes, exc: BaseException | None, what: str) -> str:
+    """A plain write's outcome: ok (the new bytes), error (raised; nothing there, or the new bytes whole)."""
+    if exc is None:
+        return "ok" if found == expected else f"wrong: {what} reads {_describe(found)} after a write that succeeded"
+    if found in (None, expected):
+        return "error"
+    return f"wrong: {what} reads {_describe(found)} after {one_line(exc)}"
+
+
 def _write_bytes() -> Op:
     data = payload(100_000, 1)
 
     def verify(root: BucketPath, state: Any, result: Any, exc: BaseException | None) -> str:
-        return _same(_read(root / "w" / "obj.bin"), data, None, exc, "the object")
+        return _written(_read(root / "w" / "obj.bin"), data, exc, "the object")
 
-    return Op("write_bytes", _upload, lambda root: None, lambda root, state: (root / "w" / "obj.bin").write_bytes(data),
-              verify)
+    return Op("write_bytes", _upload, lambda root: None,
+              lambda root, state: (root / "w" / "obj.bin").write_bytes(data), verify)
 
 
 def _write_json() -> Op:
@@ -128,13 +149,13 @@ def _write_json() -> Op:
 
     def verify(root: BucketPath, state: Any, result: Any, exc: BaseException | None) -> str:
         found = _read(root / "eval.json")
+        whole = found is not None and read_json_object(root / "eval.json") == record
         if exc is None:
-            return "ok" if read_json_object(root / "eval.json") == record else f"wrong: reads {_describe(found)}"
-        return "error" if found is None or read_json_object(root / "eval.json") == record else \
-            f"wrong: reads {_describe(found)} after {one_line(exc)}"
+            return "ok" if whole else f"wrong: reads {_describe(found)}"
+        return "error" if found is None or whole else f"wrong: reads {_describe(found)} after {one_line(exc)}"
 
-    return Op("atomic_write_json", _upload, lambda root: None, lambda root, state: atomic_write_json(root / "eval.json",
-                                                                                                    record), verify)
+    return Op("atomic_write_json", _upload, lambda root: None,
+              lambda root, state: atomic_write_json(root / "eval.json", record), verify)
 
 
 def _stream(finish: bool) -> Op:
@@ -146,9 +167,9 @@ def _stream(finish: bool) -> Op:
                 handle.write(chunk)
 
     def verify(root: BucketPath, state: Any, result: Any, exc: BaseException | None) -> str:
-        return _same(_read(root / "shard.bin"), b"".join(chunks), None, exc, "the 12 MiB object")
+        return _written(_read(root / "shard.bin"), b"".join(chunks), exc, "the 12 MiB object")
 
-    return Op("atomic_open wb (finish)" if finish else "atomic_open wb (part)",
+    return Op("atomic_open wb, last part" if finish else "atomic_open wb, a part",
               _stream_finish if finish else _stream_part, lambda root: None, act, verify)
 
 
@@ -174,20 +195,19 @@ def _reads(name: str) -> Op:
     def verify(root: BucketPath, state: Any, result: Any, exc: BaseException | None) -> str:
         if exc is not None:
             return "error"
-        return "ok" if result == expected else f"wrong: {name} returned {_describe(result) if isinstance(result, bytes) else result}"
+        return "ok" if result == expected else f"wrong: {name} returned {_describe(result)}"
 
     return Op(name, _listing if name in ("iterdir", "list_objects") else _get_object, prepare, act, verify)
 
 
+def _token() -> bytes:
+    return f"holder {os.getpid()} {threading.get_ident()} {time.time_ns()}".encode()
+
+
 def _create(checked: bool) -> Op:
     def act(root: BucketPath, state: Any) -> Any:
-        token = f"holder {threading.get_ident()} {time.time_ns()}".encode()
-        state["data"] = token
-        if checked:
-            from experiment.storage.retry import create_exclusive_checked
-
-            return create_exclusive_checked(root / "lock", token)
-        return create_exclusive(root / "lock", token)
+        state["data"] = _token()
+        return (create_exclusive_checked if checked else create_exclusive)(root / "lock", state["data"])
 
     def verify(root: BucketPath, state: Any, result: Any, exc: BaseException | None) -> str:
         found = _read(root / "lock")
@@ -200,11 +220,11 @@ def _create(checked: bool) -> Op:
     return Op("create_exclusive (checked)" if checked else "create_exclusive", _upload, lambda root: {}, act, verify)
 
 
-def _create_taken() -> Op:
+def _create_taken(checked: bool) -> Op:
     theirs = b"held by another process"
 
     def act(root: BucketPath, state: Any) -> Any:
-        return create_exclusive(root / "lock", b"mine")
+        return (create_exclusive_checked if checked else create_exclusive)(root / "lock", _token())
 
     def verify(root: BucketPath, state: Any, result: Any, exc: BaseException | None) -> str:
         found = _read(root / "lock")
@@ -214,56 +234,91 @@ def _create_taken() -> Op:
             return "wrong: created over another holder's object"
         return "exists" if isinstance(exc, FileExistsError) else "error"
 
-    return Op("create_exclusive on a taken name", _upload, lambda root: create_exclusive(root / "lock", theirs), act,
-              verify)
+    return Op(f"create_exclusive{' (checked)' if checked else ''}, name taken", _upload,
+              lambda root: create_exclusive(root / "lock", theirs), act, verify)
 
 
-def _replace(checked: bool) -> Op:
+def _replace(checked: bool, raced: bool = False) -> Op:
+    """replace_if at the generation read; ``raced``: another writer replaced the object after that read."""
+
     def prepare(root: BucketPath) -> dict[str, Any]:
         written = backends.create((root / "lease").url, b"renewed 1")
-        return {"generation": written.generation, "data": f"renewed 2 {time.time_ns()}".encode()}
+        if raced:
+            backends.replace_if((root / "lease").url, b"taken over", written.generation)
+        return {"generation": written.generation, "data": _token()}
 
     def act(root: BucketPath, state: Any) -> Any:
-        if checked:
-            from experiment.storage.retry import replace_if_checked
-
-            return replace_if_checked((root / "lease").url, state["data"], state["generation"])
-        return backends.replace_if((root / "lease").url, state["data"], state["generation"])
+        return (replace_if_checked if checked else backends.replace_if)((root / "lease").url, state["data"],
+                                                                        state["generation"])
 
     def verify(root: BucketPath, state: Any, result: Any, exc: BaseException | None) -> str:
         found = _read(root / "lease")
+        if raced:
+            if found != b"taken over":
+                return f"wrong: the other writer's object now reads {_describe(found)}"
+            if exc is None:
+                return "wrong: replaced an object another writer had replaced"
+            return "changed" if isinstance(exc, backends.PreconditionFailed) else "error"
         if exc is None:
-            stat = backends.stat((root / "lease").url)
+            now = backends.stat((root / "lease").url)
             if found != state["data"]:
                 return f"wrong: replaced, but the object reads {_describe(found)}"
-            return "ok" if stat is not None and stat.generation == result.generation else \
-                f"wrong: returned generation {result.generation}, the object is at {stat}"
+            return "ok" if now is not None and now.generation == result.generation else \
+                f"wrong: returned generation {result.generation}, the object is at {now}"
         if isinstance(exc, backends.PreconditionFailed) and found == state["data"]:
             return "wrong: PreconditionFailed (\"changed since it was read\"), though the object holds this write"
         return "error" if found in (b"renewed 1", state["data"]) else f"wrong: the object reads {_describe(found)}"
 
-    return Op("replace_if (checked)" if checked else "replace_if", _upload, prepare, act, verify)
+    name = f"replace_if{' (checked)' if checked else ''}{', raced' if raced else ''}"
+    return Op(name, _upload, prepare, act, verify)
 
 
 OPS = [_write_bytes(), _write_json(), _stream(False), _stream(True), _reads("read_bytes"), _reads("read_range"),
-       _reads("iterdir"), _reads("list_objects"), _create(False), _create(True), _create_taken(), _replace(False),
-       _replace(True)]
+       _reads("iterdir"), _reads("list_objects"), _create(False), _create(True), _create_taken(False),
+       _create_taken(True), _replace(False), _replace(True), _replace(True, raced=True)]
 
 
 # ---------------------------------------------------------------------------------------------
-# faults
+# faults and what each case is expected to come to
 
 
-FAULTS: dict[str, dict[str, Any]] = {
-    "503 x2": {"kind": "status", "status": 503, "count": 2},
-    "429 x2": {"kind": "status", "status": 429, "count": 2},
-    "429 plain x2": {"kind": "status", "status": 429, "count": 2, "body": b"Too Many Requests\n"},
+ANSWERS = {  # the server answers with an error: it never saw the request
+    "503 x2": {"kind": "status", "status": 503, "count": 2},  # s3: ServiceUnavailable
+    "429 x2": {"kind": "status", "status": 429, "count": 2},  # s3: SlowDown; gcs: rateLimitExceeded
+    "429 bare x2": {"kind": "status", "status": 429, "count": 2, "body": b"Too Many Requests\n"},  # a gateway's
     "500 x2": {"kind": "status", "status": 500, "count": 2},
-    "drop head x2": {"kind": "drop", "when": "head", "count": 2},
-    "drop before x2": {"kind": "drop", "when": "request", "count": 2},
-    "drop after x1": {"kind": "drop", "when": "response", "count": 1},
-    "cut body x1": {"kind": "cut", "count": 1},
 }
+LOST = {  # the connection is lost
+    "drop at head x2": {"kind": "drop", "when": "head", "count": 2},  # request body unread, never forwarded
+    "drop unsent x2": {"kind": "drop", "when": "request", "count": 2},  # request read, never forwarded
+    "drop answer x1": {"kind": "drop", "when": "response", "count": 1},  # the server acted; no answer
+    "cut body x1": {"kind": "cut", "count": 1},  # the answer's head and half its body (an empty body: half the head)
+}
+FAULTS = {**ANSWERS, **LOST}
+
+_LOST_ANSWER = ("drop answer x1", "cut body x1")
+_TAKEN = ("create_exclusive, name taken", "create_exclusive (checked), name taken")
+EXPECTED: dict[tuple[str, str, str], str] = {
+    # the object of another holder stays; the caller hears FileExistsError ("exists") whatever came between
+    **{(scheme, op, fault): "exists" for scheme in ("gs", "s3") for op in _TAKEN for fault in FAULTS},
+    **{(scheme, "replace_if (checked), raced", fault): "changed" for scheme in ("gs", "s3") for fault in FAULTS},
+    # WRONG: the answer to a conditional write is lost, the client's retry fails the precondition its first
+    # try met, and the caller hears that somebody else holds / changed its own object (fixed by the checked rows)
+    **{(scheme, op, fault): "wrong" for scheme in ("gs", "s3") for op in ("create_exclusive", "replace_if")
+       for fault in _LOST_ANSWER},
+    # fake-gcs-server appends a chunk sent again after its answer was lost, whatever its Content-Range says
+    # (GCS ignores the bytes it already has): the object grows by 5 MiB. An emulator's fault, not gcsfs's
+    **{("gs", "atomic_open wb, a part", fault): "wrong" for fault in _LOST_ANSWER},
+    # fake-gcs-server answers 404 to a finished upload session (GCS answers 200 and the object): the object is
+    # whole, the caller hears FileNotFoundError naming the upload URL
+    **{("gs", "atomic_open wb, last part", fault): "error" for fault in _LOST_ANSWER},
+    # (a 429 without S3's throttling code, a gateway's plain page, is retried too: botocore retries it only with a
+    # code, experiment.storage.backends makes s3fs retry it; measured as an error at once before that)
+}
+
+
+def expected(scheme: str, op: str, fault: str) -> str:
+    return EXPECTED.get((scheme, op, fault), "ok")
 
 
 @dataclass
@@ -274,14 +329,24 @@ class Case:
     state: Any = None
     rule: Rule | None = None
     outcome: str = "hang"
-    error: str = ""
+    exc: BaseException | None = None
     seconds: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def kind(self) -> str:
+        return self.outcome.split(":")[0]
 
-def run_cases(servers: Any, proxy: FaultProxy, ops: list[Op], faults: list[str]) -> list[Case]:
+    def row(self, scheme: str) -> str:
+        hits = self.rule.hits if self.rule else 0
+        error = one_line(self.exc) if self.exc else ""
+        return (f"{scheme} | {self.op.name:38} | {self.fault:16} | {self.outcome[:70]:8} | expected "
+                f"{expected(scheme, self.op.name, self.fault):7} | {hits} faults | {self.seconds:4.1f} s | {error}")
+
+
+def run_cases(scheme: str, servers: Any, proxy: FaultProxy, ops: list[Op], faults: dict[str, dict[str, Any]]) \
+        -> list[Case]:
     """Every op under every fault, at once, each on a bucket of its own; each case's outcome."""
-    scheme = proxy.scheme  # type: ignore[attr-defined]
     cases = []
     for op in ops:
         for fault in faults:
@@ -290,40 +355,274 @@ def run_cases(servers: Any, proxy: FaultProxy, ops: list[Op], faults: list[str])
             cases.append(Case(op, fault, root, op.prepare(root)))
     for case in cases:
         method, path, after = (*case.op.target(scheme, case.root.bucket), 0)[:3]
-        case.rule = proxy.add(method=method, path=path, after=after, **FAULTS[case.fault])
+        case.rule = proxy.add(method=method, path=path, after=after, **faults[case.fault])
 
     def run(case: Case) -> None:
         start = time.monotonic()
         result: Any = None
-        exc: BaseException | None = None
         try:
             result = case.op.act(case.root, case.state)
-        except Exception as caught:  # noqa: BLE001 - every outcome is recorded
-            exc = caught
+        except Exception as exc:  # noqa: BLE001 - every outcome is recorded
+            case.exc = exc
         case.seconds = time.monotonic() - start
-        if exc is not None:
-            case.error = one_line(exc)
         try:
-            case.outcome = case.op.verify(case.root, case.state, result, exc)
-        except Exception as caught:  # noqa: BLE001
-            case.outcome = f"verify failed: {one_line(caught)}"
+            case.outcome = case.op.verify(case.root, case.state, result, case.exc)
+        except Exception as exc:  # noqa: BLE001
+            case.outcome = f"wrong: cannot verify: {one_line(exc)}"
         case.done.set()
 
-    threads = [threading.Thread(target=run, args=(case,), daemon=True) for case in cases]
-    for thread in threads:
-        thread.start()
+    for case in cases:
+        threading.Thread(target=run, args=(case,), daemon=True).start()  # a hung case must not hang the session
     deadline = time.monotonic() + CASE_TIMEOUT_S
     for case in cases:
         case.done.wait(max(0.0, deadline - time.monotonic()))
     return cases
 
 
-def table(cases: list[Case]) -> str:
-    return "\n".join(f"{c.op.name:28} {c.fault:16} {c.outcome:8.60} hits={c.rule.hits if c.rule else 0} "
-                     f"{c.seconds:5.1f}s {c.error}" for c in cases)
+def check_cases(scheme: str, cases: list[Case]) -> None:
+    problems = []
+    for case in cases:
+        want = expected(scheme, case.op.name, case.fault)
+        if case.kind != want:
+            problems.append(case)
+            continue
+        assert case.rule is not None
+        if case.rule.hits == 0:
+            problems.append(case)  # the fault never met the request it was meant for: the case proves nothing
+        elif case.kind == "ok" and case.rule.count is not None and case.rule.hits != case.rule.count:
+            problems.append(case)  # succeeded without meeting every fault it was given
+        elif case.kind in ("error", "exists", "changed"):
+            assert case.exc is not None
+            if not isinstance(case.exc, OSError) or not str(case.exc).strip():
+                problems.append(case)  # callers turn an OSError into one line; anything else escapes them
+    table = "\n".join(case.row(scheme) for case in cases)
+    assert not problems, "\n".join(case.row(scheme) for case in problems) + "\n\nall cases:\n" + table
+    print("\n" + table)
 
 
-def test_explore(proxied: tuple[Any, FaultProxy]) -> None:
-    servers, proxy = proxied
-    cases = run_cases(servers, proxy, OPS, list(FAULTS))
-    print("\n" + table(cases))
+@pytest.mark.parametrize("faults", [ANSWERS, LOST], ids=["error answers", "lost connections"])
+def test_a_failing_server_costs_retries_not_data(proxied: tuple[str, Any, FaultProxy],
+                                                 faults: dict[str, dict[str, Any]]) -> None:
+    """Each group on a client of its own: botocore's retry quota (500 tokens, 5 a retry, refunded on success)
+    is per client, and one group's retries stay well within it."""
+    scheme, servers, proxy = proxied
+    check_cases(scheme, run_cases(scheme, servers, proxy, OPS, faults))
+
+
+def test_checked_create_is_plain_create_on_a_local_disk(tmp_path: Path) -> None:
+    create_exclusive_checked(tmp_path / "runs" / "lock", b"mine")
+    with pytest.raises(FileExistsError):
+        create_exclusive_checked(tmp_path / "runs" / "lock", b"mine")  # a local create loses no answer: no read-back
+    assert (tmp_path / "runs" / "lock").read_bytes() == b"mine"
+
+
+# ---------------------------------------------------------------------------------------------
+# a hung request, a long outage
+
+
+def _scale_timeouts(scheme: str, seconds: float) -> Any:
+    """The test's filesystem with its request timeout lowered from backends.REQUEST_TIMEOUT_S (60 s) to
+    ``seconds``, before its first request (s3fs makes its client then)."""
+    fs = backends.filesystem(scheme)
+    if scheme == "gs":
+        fs.requests_timeout = seconds
+    else:
+        fs.config_kwargs = {**fs.config_kwargs, "connect_timeout": seconds, "read_timeout": seconds}
+    return fs
+
+
+def test_a_hung_request_is_cut_after_the_timeout(proxied: tuple[str, Any, FaultProxy]) -> None:
+    """One request that never gets an answer. s3: cut after the read timeout and retried (botocore's 10 attempts,
+    inside s3fs's retries of ReadTimeoutError, nested twice for a read: a read that never gets an answer was
+    measured at 75 attempts, the rest cut by the retry quota: 75 x 60 s + backoff, over an hour, at the
+    production timeout). gs: cut after ``requests_timeout`` and NOT retried: aiohttp raises the builtin
+    TimeoutError for its total timeout, which gcsfs's ``retry_request`` does not catch; fsspec turns it into
+    FSTimeoutError, whose message is empty. With a socket-read timeout (``aiohttp.ClientTimeout(sock_read=...)``)
+    aiohttp raises a ClientError, which gcsfs retries: the fix for backends._make_gcs."""
+    import aiohttp
+    from fsspec.exceptions import FSTimeoutError
+
+    scheme, servers, proxy = proxied
+    fs = _scale_timeouts(scheme, 1.0)
+    root = location(servers.new_bucket(scheme))
+    assert isinstance(root, BucketPath)
+    (root / "obj").write_bytes(b"hello")
+    stall = proxy.stall(20.0, count=1, method="GET")
+    start = time.monotonic()
+    if scheme == "s3":
+        assert (root / "obj").read_bytes() == b"hello"
+        assert stall.hits == 1 and time.monotonic() - start < 10
+        return
+    with pytest.raises(FSTimeoutError) as caught:
+        (root / "obj").read_bytes()
+    assert stall.hits == 1 and 0.9 < time.monotonic() - start < 10
+    assert isinstance(caught.value, OSError) and str(caught.value) == ""  # nothing to say which object, or why
+    fs.requests_timeout = aiohttp.ClientTimeout(total=None, sock_connect=1.0, sock_read=1.0)
+    stall = proxy.stall(20.0, count=1, method="GET")
+    assert (root / "obj").read_bytes() == b"hello"
+    assert stall.hits == 1
+
+
+def test_an_s3_outage_spends_the_clients_retries(storage_servers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore's standard retry mode takes 5 tokens of a per-client quota of 500 for each retry and gives back
+    1 per call that succeeds at once: a few dozen calls failing together (an outage) leave the client with no
+    retries, and the next single 500 is an error, though a fresh client retries it."""
+    with FaultProxy(storage_servers.s3_endpoint, flavor="s3") as proxy:
+        _through_proxy("s3", proxy, monkeypatch)
+        root = location(storage_servers.new_bucket("s3"))
+        assert isinstance(root, BucketPath)
+        (root / "obj").write_bytes(b"hello")
+        outage = proxy.fail(503, method="GET")
+        errors: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                (root / "obj").read_bytes()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=read, daemon=True) for _ in range(40)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(CASE_TIMEOUT_S)
+        assert len(errors) == 40 and all(isinstance(e, OSError) for e in errors)
+        # 10 attempts each, 400 in all, but for the quota: 40 first tries and about 100 retries
+        assert outage.hits < 200, outage.hits
+        proxy.remove(outage)
+        blip = proxy.fail(500, count=1, method="GET")
+        with pytest.raises(OSError, match="InternalError|500"):
+            (root / "obj").read_bytes()
+        assert blip.hits == 1
+        monkeypatch.setattr(backends, "_filesystems", {})  # a fresh client, a full quota
+        blip = proxy.fail(500, count=1, method="GET")
+        assert (root / "obj").read_bytes() == b"hello" and blip.hits == 1
+
+
+@pytest.mark.skipif(os.environ.get("RU_STORAGE_GIVE_UP") != "1",
+                    reason="RU_STORAGE_GIVE_UP=1 measures how long each client retries a server that is down (~2 min)")
+def test_a_server_that_is_down_is_given_up_on(storage_servers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connection refused on every attempt. gcsfs: 6 attempts, sleeps of 2^k + rand(0, 1) s (k = 0..4): 31-36 s.
+    botocore: 10 attempts, sleeps of rand(0, 1) x min(2^k, 20) s (k = 0..8): 0-111 s, 55 s on average; s3fs does
+    not retry EndpointConnectionError again. Then, on gs, every connection dropped unanswered: as long, and the
+    error (aiohttp's ServerDisconnectedError) is no OSError; nor is botocore's EndpointConnectionError."""
+    import aiohttp
+    from botocore.exceptions import EndpointConnectionError
+
+    results: dict[str, tuple[float, BaseException | None]] = {}
+
+    def read(what: str, scheme: str) -> None:
+        start = time.monotonic()
+        try:
+            BucketPath(f"{scheme}://bucket-down/obj").read_bytes()
+            results[what] = (time.monotonic() - start, None)
+        except Exception as exc:  # noqa: BLE001
+            results[what] = (time.monotonic() - start, exc)
+
+    with socket.socket() as sock, FaultProxy(storage_servers.gcs_endpoint, flavor="gcs") as dropping:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # bound, not listening: connection refused
+        dropping.drop("request")
+        for scheme in ("gs", "s3"):
+            monkeypatch.setenv(ENV[scheme], dead)
+        monkeypatch.setattr(backends, "_filesystems", {})
+        backends.filesystem("s3")
+
+        def gs_reads() -> None:
+            read("gs refused", "gs")
+            monkeypatch.setenv(ENV["gs"], dropping.url)
+            backends._filesystems.pop(("gs", os.getpid()), None)
+            read("gs dropped", "gs")
+
+        threads = [threading.Thread(target=gs_reads, daemon=True),
+                   threading.Thread(target=read, args=("s3 refused", "s3"), daemon=True)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(150)
+    print({what: (round(seconds, 1), one_line(exc) if exc else None) for what, (seconds, exc) in results.items()})
+    assert set(results) == {"gs refused", "gs dropped", "s3 refused"}, f"still retrying after 150 s: {results}"
+    seconds, error = results["gs refused"]
+    assert 30 < seconds < 40 and isinstance(error, aiohttp.ClientConnectorError) and isinstance(error, OSError)
+    seconds, error = results["gs dropped"]
+    assert 30 < seconds < 40 and isinstance(error, aiohttp.ServerDisconnectedError) and not isinstance(error, OSError)
+    seconds, error = results["s3 refused"]
+    assert seconds < 115 and isinstance(error, EndpointConnectionError) and not isinstance(error, OSError)
+
+
+# ---------------------------------------------------------------------------------------------
+# the proxy itself
+
+
+class _Framings(socketserver.ThreadingTCPServer):
+    """An upstream answering each request in one framing: Content-Length, chunked, or until it closes."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    BODY = b"".join(b"line %d\n" % i for i in range(5000))
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            while True:
+                line = self.rfile.readline()
+                if not line:
+                    return
+                while self.rfile.readline() not in (b"\r\n", b""):
+                    pass
+                path = line.split()[1].decode()
+                body = _Framings.BODY
+                if path == "/chunked":
+                    pieces = [body[i:i + 7000] for i in range(0, len(body), 7000)]
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"".join(
+                        b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\nX-Trailer: 1\r\n\r\n")
+                elif path == "/eof":
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
+                    return
+                else:
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), self.Handler)
+
+
+def test_the_proxy_relays_answers_unchanged_and_counts(storage_servers: Any) -> None:
+    upstream = _Framings()
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    try:
+        with FaultProxy(f"http://127.0.0.1:{upstream.server_address[1]}", latency=0.03) as proxy:
+            connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+            start = time.monotonic()
+            for path in ("/length", "/chunked", "/length", "/eof"):  # one keep-alive connection, until /eof
+                connection.request("GET", path)
+                answer = connection.getresponse()
+                assert answer.status == 200 and answer.read() == _Framings.BODY, path
+            assert time.monotonic() - start >= 4 * 0.03  # the latency, per request
+            assert proxy.seen == proxy.forwarded == 4 and proxy.injected == 0
+            proxy.fail(503, count=1)
+            connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+            connection.request("GET", "/length")
+            refused = connection.getresponse()
+            assert refused.status == 503 and refused.read().startswith(b"503 Service Unavailable")
+            connection.request("GET", "/length")  # the same connection, after an error answer
+            assert connection.getresponse().read() == _Framings.BODY
+            assert (proxy.seen, proxy.forwarded, proxy.injected) == (6, 5, 1)
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
+    # a storage server's own answers, straight and through the proxy, after an Expect: 100-continue upload
+    bucket = storage_servers.new_bucket("gs")[len("gs://"):]
+    with FaultProxy(storage_servers.gcs_endpoint, flavor="gcs") as proxy:
+        body = payload(3 << 20, 7)
+        answers = []
+        for port in (proxy.port, int(storage_servers.gcs_endpoint.rsplit(":", 1)[1])):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            connection.request("POST", f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name=via-{port}", body=body,
+                               headers={"Expect": "100-continue", "Content-Type": "application/octet-stream"})
+            put = connection.getresponse()
+            put.read()
+            connection.request("GET", f"/download/storage/v1/b/{bucket}/o/via-{port}?alt=media",
+                               headers={"Range": "bytes=5-100004"})
+            got = connection.getresponse()
+            answers.append((put.status, got.status, got.read(), got.getheader("Content-Range")))
+        assert answers[0] == answers[1] and answers[0][:2] == (200, 206) and answers[0][2] == body[5:100005]
+        assert proxy.seen == proxy.forwarded == 2

@@ -106,7 +106,8 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
         with stage_lock(run_folder, stage, primary):
             if check is not None:
                 check(cfg, run_folder)
-            run_folder.save_resolved_config(cfg, stage.name)
+            if primary:  # run metadata: written by the first process of a job alone
+                run_folder.save_resolved_config(cfg, stage.name)
             from tracking.wandb_run import open_run
 
             run_id = wandb_run_id(cfg, run_folder) if wandb_run_id else None

@@ -37,6 +37,7 @@ from experiment.lock import check_lease
 from experiment.sections.train import TrainConfig
 from experiment.storage import RunPath, location
 from model.stacking import saved_scan_layers
+from trainer import orbax_s3
 from trainer.checkpoint_integrity import ChecksumWriter, committed_step_bytes, mark_checksummed
 
 log = logging.getLogger("trainer.checkpoint")
@@ -121,13 +122,14 @@ def open_manager(checkpoint_dir: RunPath | str, train_cfg: TrainConfig | None = 
         policies.append(preservation_policy.LatestN(train_cfg.keep_checkpoints))
         if train_cfg.keep_checkpoints_every:
             policies.append(preservation_policy.EveryNSteps(train_cfg.keep_checkpoints_every))
+    directory = location(checkpoint_dir)
     options = ocp.CheckpointManagerOptions(
         preservation_policy=preservation_policy.AnyPreservationPolicy(policies) if policies else None,
         enable_async_checkpointing=bool(train_cfg and train_cfg.async_checkpointing),
         cleanup_tmp_directories=train_cfg is not None,
         create=train_cfg is not None,
+        **orbax_s3.checkpoint_options_for(directory),  # a bucket: commit by a marker object, not a rename
     )
-    directory = location(checkpoint_dir)
     return VerifiedCheckpointManager(directory.resolve(), item_names=ITEMS, options=options)
 
 

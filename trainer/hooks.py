@@ -41,14 +41,20 @@ log = logging.getLogger("trainer")
 class CheckpointSaves:
     """Async Orbax saves, each booked in the ledger once it is known to be on disk."""
 
-    def __init__(self, manager: Any, ledger: Any, guard: Guard | None = None) -> None:
+    def __init__(self, manager: Any, ledger: Any, guard: Guard | None = None,
+                 train_log: appendlog.LogWriter | None = None) -> None:
         self.manager, self.ledger = manager, ledger
         self.guard = guard if guard is not None else Guard()
+        self.train_log = train_log
         self.unconfirmed: list[int] = []  # async saves not yet known to be on disk
 
     def save(self, step: int, state: dict[str, Any], loader_state: Any, meta: dict[str, Any]) -> None:
         """Save ``state`` (finite: the guard says so, or refuses) with ``meta`` and the guard's record."""
         record = self.guard.saved(step, [*self.manager.all_steps(), *self.unconfirmed])
+        if self.train_log is not None:
+            # the log up to this step is durable before the checkpoint that a resume cuts the log back to (in a
+            # bucket, lines reach the storage only with a segment: a kill would lose the lines this step keeps)
+            self.train_log.sync()
         with self.ledger.phase("checkpoint"):
             # Orbax finishes the previous async save before it starts this one
             checkpoint.save(self.manager, step, state, loader_state, self.ledger.checkpoint_record(step),

@@ -32,6 +32,7 @@ from typing import Any
 
 import jax
 
+from data_prep.shards.layout import VERIFIED_DIR
 from data_prep.shards.loader import log_mixture, make_train_iterator, mixture_sets, read_shards_manifest
 from experiment.files import atomic_write_json
 from experiment.progress import progress as progress_bar
@@ -179,7 +180,8 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
                                      jax.process_index(), jax.process_count(),
                                      tokenizer_sha256=data.tokenizer_sha256, seq_len=data.seq_len,
                                      on_corrupt=cfg.shards.on_corrupt,
-                                     mixture=mixture_sets(train_cfg.mixture, run_folder.shards))
+                                     mixture=mixture_sets(train_cfg.mixture, run_folder.shards),
+                                     verified_dir=run_folder.root / VERIFIED_DIR)
         manager = checkpoint.open_manager(run_folder.checkpoints, train_cfg)
         untrained = not finished_steps(checkpoint.checkpoint_location(manager.directory))
         from_base = None if start.params is None else functools.partial(program.init_state_from, start.params)
@@ -219,8 +221,9 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
     if start.lineage is not None:
         record_lineage(wandb_run, run_folder.checkpoints, start.lineage, first_session=from_base is not None and is_primary())
 
+    train_log = open_train_log(run_folder)
     ctx = LoopContext(cfg=cfg, run_folder=run_folder, program=program, loader=loader, ledger=ledger,
-                      wandb_run=wandb_run, train_log=open_train_log(run_folder), saves=CheckpointSaves(manager, ledger, guard),
+                      wandb_run=wandb_run, train_log=train_log, saves=CheckpointSaves(manager, ledger, guard, train_log),
                       window=window, meta=meta, tokens_per_step=tokens_per_step, start_step=start_step,
                       state=state, step=start_step, last_loss=last_loss)
     try:

@@ -22,7 +22,6 @@ import numpy as np
 from data_prep.shards.beam import run_beam_shards
 from data_prep.shards.layout import (
     SPLITS,
-    VERIFIED_DIR,
     feature_schema,
     row_tokens,
     shard_file_name,
@@ -38,7 +37,7 @@ from experiment.manifest import MANIFEST_NAME, invalidate
 from experiment.progress import progress as progress_bar
 from experiment.schema import ExperimentConfig
 from experiment.stages import SHARDS
-from experiment.storage import BucketPath, RunPath, remove_tree
+from experiment.storage import BucketPath, RunPath
 from tokenizer.loaded import RunTokenizer, load_run_tokenizer
 from tracking.artifacts import add_folder, log_reference
 
@@ -94,7 +93,7 @@ class SplitWriter:
 
 def remove_old_shards(out_dir: RunPath) -> None:
     """Delete the shard and index files of an earlier run (the manifest is already gone), the temporary
-    files a killed run left behind, and the loaders' records of shards they verified."""
+    files a killed run left behind."""
     if isinstance(out_dir, BucketPath):  # one listing, not a request per object
         files = [out_dir / name for name in out_dir.list_objects() if "/" not in name]
     else:
@@ -105,7 +104,6 @@ def remove_old_shards(out_dir: RunPath) -> None:
         leftover = name.startswith(".") and ".tfrecord" in name and name.endswith(".tmp")
         if finished or leftover:
             path.unlink(missing_ok=True)
-    remove_tree(out_dir / VERIFIED_DIR)
 
 
 def describe_previous(out_dir: RunPath, tokenizer_sha256: str, seq_len: int) -> None:

@@ -14,8 +14,9 @@ from data_prep.shards.tfrecord import TFRecordWriter
 from experiment.split import is_validation
 
 SPLITS = ("train", "validation")
-# <shards>/verified/<shard file>.json: a loader's record that it hashed that shard in full against the manifest
-# (sha256) as the storage had it then (its generation); later loaders trust the record while the generation holds
+# <run folder>/verified/<shard folder key>/<shard file>.json: a training run's record that its loader hashed that
+# shard in full against the manifest (sha256) as the storage had it then (its generation); the run's later loaders
+# trust the record while the generation holds. In the reading run's own folder: another run's shards stay untouched
 VERIFIED_DIR = "verified"
 FEATURE_FORMAT = "tfrecord/tf.train.Example"
 

@@ -37,13 +37,14 @@ Every read checks the record's CRCs; under ``shards.on_corrupt=skip`` a corrupt 
 file and byte offset, counted, and becomes a row of zeros with ``loss_weights`` 0, so no other record is
 read in its place (none twice) while batch shapes and resume positions stay the same.
 
-Each shard is also hashed in full against the manifest's sha256 once per shard set, not by every process
-at every start: a loader that hashed a shard writes ``<shards>/verified/<file>.json`` naming the shard's
-sha256 and its *generation* (a bucket object's generation or ETag; a local file's size, mtime and inode),
-and later loaders trust that record while the shard's generation is unchanged (one listing tells, no
-reads). A shard without a valid record is hashed in a background thread (off the step path) by the
-processes that ``verify`` (the first process of a job): a mismatch stops the next batch with one error
-naming the shard, or is logged under ``shards.on_corrupt=skip``.
+Each shard is also hashed in full against the manifest's sha256, in a background thread (off the step
+path), by the processes that ``verify`` (the first process of a job; the others read with the per-record
+CRCs alone): a mismatch stops the next batch with one error naming the shard, or is logged under
+``shards.on_corrupt=skip``. A training run hashes a shard set once, not at every start: given
+``verified_dir`` (the run's ``verified/``), a loader that hashed a shard writes a record there naming the
+shard's sha256 and its *generation* (a bucket object's generation or ETag; a local file's size, mtime and
+inode), and the run's later loaders trust that record while the shard's generation is unchanged (one
+listing tells, no reads). The records live in the reading run's folder, never beside another run's shards.
 
 Shards in a bucket
 ------------------
@@ -71,7 +72,6 @@ from typing import Any
 import grain
 import numpy as np
 
-from data_prep.shards.layout import VERIFIED_DIR
 from data_prep.shards.tfrecord import CorruptRecordError, OnCorrupt, TFRecordFile, decode_record, read_index
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
@@ -139,11 +139,11 @@ class ShardVerifier:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[tuple[str, str], concurrent.futures.Future[str | None]] = {}
-        self._queue: queue.SimpleQueue[tuple[RunPath, str, RunPath, str, bool,
+        self._queue: queue.SimpleQueue[tuple[RunPath, str, RunPath | None, str, bool,
                                              concurrent.futures.Future[str | None]]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def submit(self, path: RunPath, sha256: str, record: RunPath, generation: str,
+    def submit(self, path: RunPath, sha256: str, record: RunPath | None, generation: str,
                verify: bool = True) -> concurrent.futures.Future[str | None]:
         """The check of ``path`` (queued now unless it already was): its result is the error, or None."""
         key = (str(path.resolve()), sha256)
@@ -165,8 +165,8 @@ class ShardVerifier:
                 future.set_result(f"shard {path} cannot be read to check its sha256: {exc}")
 
     @staticmethod
-    def _check(path: RunPath, sha256: str, record: RunPath, generation: str, verify: bool) -> str | None:
-        if verified(record, sha256, generation):
+    def _check(path: RunPath, sha256: str, record: RunPath | None, generation: str, verify: bool) -> str | None:
+        if record is not None and verified(record, sha256, generation):
             return None
         if not verify:
             return None  # the first process hashes it; this one trusts the per-record CRCs meanwhile
@@ -175,12 +175,20 @@ class ShardVerifier:
             while chunk := handle.read(1 << 22):  # hashlib releases the GIL on large blocks
                 digest.update(chunk)
         if digest.hexdigest() == sha256:
-            with contextlib.suppress(OSError):  # a read-only shards folder: hashed again next time
+            if record is None:
+                return None
+            with contextlib.suppress(OSError):  # a record that cannot be written: hashed again next time
                 atomic_write_json(record, {"sha256": sha256, "generation": generation, "host": socket.gethostname(),
                                            "verified_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")})
             return None
         return (f"shard {path} does not match its manifest: sha256 {digest.hexdigest()[:12]}..., the manifest says "
                 f"{sha256[:12]}... (the file changed after {SHARDS.recipe} wrote it): run it again")
+
+
+def shard_set_key(shards_dir: RunPath) -> str:
+    """The folder name of a shard set's verification records: its location's last part and a hash of all of it."""
+    text = str(shards_dir.resolve())
+    return f"{shards_dir.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
 def verified(record: RunPath, sha256: str, generation: str) -> bool:
@@ -241,7 +249,8 @@ class ShardSource:
     hashed against the manifest in the background (``check_shards``)."""
 
     def __init__(self, shards_dir: RunPath | str, split: str, manifest: dict[str, Any] | None = None,
-                 on_corrupt: OnCorrupt | None = None, verify: bool = True) -> None:
+                 on_corrupt: OnCorrupt | None = None, verify: bool = True,
+                 verified_dir: RunPath | None = None) -> None:
         self.shards_dir = location(shards_dir)
         self.manifest = manifest if manifest is not None else read_shards_manifest(self.shards_dir)
         if split not in self.manifest["splits"]:
@@ -253,8 +262,9 @@ class ShardSource:
         self.row_len = int(self.manifest["seq_len"]) + 1
         entries = self.manifest["splits"][split]["shards"]
         self.files = open_shards(self.shards_dir, self.manifest, entries, self.on_corrupt)
-        self._checks = [(SHARD_VERIFIER.submit(f.path, s["sha256"], self.shards_dir / VERIFIED_DIR / f"{s['file']}.json",
-                                               f.generation, verify), f.path)
+        records = None if verified_dir is None else location(verified_dir) / shard_set_key(self.shards_dir)
+        self._checks = [(SHARD_VERIFIER.submit(f.path, s["sha256"], None if records is None else
+                                               records / f"{s['file']}.json", f.generation, verify), f.path)
                         for f, s in zip(self.files, entries, strict=True) if s.get("sha256")]
         self._starts = np.concatenate(([0], np.cumsum([len(f) for f in self.files]))).astype(np.int64).tolist()
 
@@ -458,7 +468,8 @@ def mixture_seed(seed: int, index: int) -> int:
 def make_train_iterator(shards_dir: RunPath | str, global_batch_size: int, seed: int, process_index: int = 0,
                         process_count: int = 1, *, tokenizer_sha256: str | None = None, seq_len: int | None = None,
                         on_corrupt: OnCorrupt | None = None, read_threads: int = 4,
-                        mixture: Sequence[tuple[str, RunPath | str, float]] = ()) -> TrainIterator:
+                        mixture: Sequence[tuple[str, RunPath | str, float]] = (),
+                        verified_dir: RunPath | None = None) -> TrainIterator:
     """The training batches of process ``process_index`` (see the module docstring for the order).
 
     ``tokenizer_sha256`` and ``seq_len``, when given, are checked against the shards' manifest. A
@@ -466,9 +477,10 @@ def make_train_iterator(shards_dir: RunPath | str, global_batch_size: int, seed:
     if mixture:
         return make_mixture_iterator(mixture, global_batch_size, seed, process_index, process_count,
                                      tokenizer_sha256=tokenizer_sha256, seq_len=seq_len, on_corrupt=on_corrupt,
-                                     read_threads=read_threads)
+                                     read_threads=read_threads, verified_dir=verified_dir)
     manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
-    source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt, verify=process_index == 0)
+    source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt, verify=process_index == 0,
+                         verified_dir=verified_dir)
     log.info("train loader: %d records, global batch %d = %d processes x %d, seed %d",
              len(source), global_batch_size, process_count, global_batch_size // max(process_count, 1), seed)
     return TrainIterator(source, global_batch_size, seed, process_index, process_count, read_threads)
@@ -477,7 +489,7 @@ def make_train_iterator(shards_dir: RunPath | str, global_batch_size: int, seed:
 def make_mixture_iterator(sets: Sequence[tuple[str, RunPath | str, float]], global_batch_size: int, seed: int,
                           process_index: int = 0, process_count: int = 1, *, tokenizer_sha256: str | None = None,
                           seq_len: int | None = None, on_corrupt: OnCorrupt | None = None,
-                          read_threads: int = 4) -> TrainIterator:
+                          read_threads: int = 4, verified_dir: RunPath | None = None) -> TrainIterator:
     """The training batches of a weighted mixture of shard sets ``(name, shards folder, weight)``.
 
     Every set must have the same tokenizer, ``seq_len`` and features (rows are mixed, never re-tokenized);
@@ -491,7 +503,8 @@ def make_mixture_iterator(sets: Sequence[tuple[str, RunPath | str, float]], glob
         manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
         if tokenizer_sha256 is None:  # no tokenizer given: the sets must at least agree with each other
             tokenizer_sha256, seq_len = manifest["tokenizer_sha256"], manifest["seq_len"]
-        source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt, verify=process_index == 0)
+        source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt, verify=process_index == 0,
+                             verified_dir=verified_dir)
         if sources and source.features != sources[0].features:
             raise DataError(f"mixture set '{name}' ({shards_dir}) has features {source.features}, set "
                             f"'{sets[0][0]}' has {sources[0].features}: make both with the same shards.packing")

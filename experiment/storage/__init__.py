@@ -85,11 +85,11 @@ def create_exclusive(path: RunPath, data: bytes) -> None:
     """Write ``path`` with ``data`` only if it does not exist; FileExistsError otherwise. The file appears
     whole or not at all."""
     if isinstance(path, BucketPath):
-        from experiment.storage import backends
+        from experiment.storage.backends import create
 
-        backends.create(path.url, data)
+        create(path.url, data)
         return
-    from experiment.files import atomic_open_exclusive
+    from experiment.storage.local import atomic_open_exclusive
 
     atomic_open_exclusive(path, data)
 

@@ -2,13 +2,20 @@
 
 - ``gs://``: gcsfs (the JSON API) with application default credentials; ``STORAGE_EMULATOR_HOST`` points it at an
   emulator, anonymously. Retries with exponential backoff on 429, 5xx and dropped connections are gcsfs's own
-  (``retry_request``); a request that hangs is cut after ``REQUEST_TIMEOUT_S`` and retried.
+  (``retry_request``, 6 attempts: about 35 s before it gives up on a server that refuses connections); a socket
+  that connects or reads nothing for ``REQUEST_TIMEOUT_S`` is cut and retried the same way (a timeout on the
+  whole request would neither be retried by gcsfs nor let a large download take its time).
 - ``s3://``: s3fs on botocore with botocore's own settings: ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for an
   S3-compatible provider (Yandex Object Storage, Cloud.ru, Selectel, VK Cloud, MinIO...), the region
   (``AWS_REGION`` / ``AWS_DEFAULT_REGION``, or the profile), path-style addressing from the profile
   (``s3 = addressing_style = path`` in ``~/.aws/config``, ``AWS_CONFIG_FILE``) or ``AWS_S3_ADDRESSING_STYLE``, and
   the usual credential chain. botocore retries throttling, 5xx and connection errors (``standard`` mode,
-  ``S3_MAX_ATTEMPTS`` attempts); s3fs retries dropped reads again.
+  ``S3_MAX_ATTEMPTS`` attempts), s3fs ``S3FS_RETRIES`` times more, a 429 without S3's throttling code too (a
+  provider's gateway answers so).
+
+What each backend does when a server fails for a while, measured against a fault-injecting proxy, is in
+tests/test_storage_faults.py; a conditional write whose answer was lost is told from another writer's by
+``experiment.storage.retry``.
 
 Listing caches are off: every host sees what the others wrote a moment ago. The operations the run folder's
 guarantees rest on, beyond reading and writing whole objects, are here per backend: creating an object only if
@@ -28,8 +35,10 @@ from typing import Any
 from experiment.errors import ConfigError
 from experiment.storage.urls import ObjectUrl
 
-REQUEST_TIMEOUT_S = 60.0  # one HTTP request; gcsfs and botocore retry a request that times out
-S3_MAX_ATTEMPTS = 10  # botocore's attempts per S3 request (first try included)
+REQUEST_TIMEOUT_S = 60.0  # connecting, or waiting for the next bytes of an answer; then the request is retried
+S3_READ_TIMEOUT_S = 30.0  # botocore's socket read timeout: a hung S3 server costs attempts x this
+S3_MAX_ATTEMPTS = 6  # botocore's attempts per S3 request (first try included)
+S3FS_RETRIES = 4  # s3fs's own tries around botocore's (a dropped read, a throttled answer botocore does not retry)
 GCS_EMULATOR = "STORAGE_EMULATOR_HOST"
 
 
@@ -75,9 +84,12 @@ def _make_gcs() -> Any:
         from gcsfs.core import GCSFileSystem
     except ImportError as exc:  # pragma: no cover - a base dependency
         raise ConfigError(f"gs:// paths need gcsfs ({exc}): pip install gcsfs") from exc
+    import aiohttp
+
     emulator = os.environ.get(GCS_EMULATOR, "")
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT_S, sock_read=REQUEST_TIMEOUT_S)
     return GCSFileSystem(token="anon" if emulator else None, use_listings_cache=False, skip_instance_cache=True,
-                         requests_timeout=REQUEST_TIMEOUT_S)
+                         requests_timeout=timeout)
 
 
 def _make_s3() -> Any:
@@ -86,7 +98,7 @@ def _make_s3() -> Any:
     except ImportError as exc:  # pragma: no cover - a base dependency
         raise ConfigError(f"s3:// paths need s3fs ({exc}): pip install s3fs") from exc
     config: dict[str, Any] = {"retries": {"max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"},
-                              "connect_timeout": REQUEST_TIMEOUT_S, "read_timeout": REQUEST_TIMEOUT_S}
+                              "connect_timeout": REQUEST_TIMEOUT_S, "read_timeout": S3_READ_TIMEOUT_S}
     style = os.environ.get("AWS_S3_ADDRESSING_STYLE", "").strip()
     if style:
         if style not in ("path", "virtual", "auto"):
@@ -96,8 +108,18 @@ def _make_s3() -> Any:
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
         client["region_name"] = region
-    return s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True, config_kwargs=config,
-                             client_kwargs=client)
+    # botocore retries a 429 only with a throttling error code; a gateway's bare "429 Too Many Requests" is
+    # throttling too (s3fs's hook is process-wide: set when the first S3 filesystem is made, never at import)
+    s3fs.core.set_custom_error_handler(_retry_bare_429)
+    fs = s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True, config_kwargs=config,
+                           client_kwargs=client)
+    fs.retries = S3FS_RETRIES  # a class attribute of s3fs (5), not a constructor argument
+    return fs
+
+
+def _retry_bare_429(exc: BaseException) -> bool:
+    response = getattr(exc, "response", None) or {}
+    return response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 429 or "(429)" in str(exc)
 
 
 def endpoint(scheme: str) -> str | None:
@@ -138,8 +160,8 @@ def create(url: ObjectUrl, data: bytes) -> ObjectStat:
     fs = filesystem(url.scheme)
     try:
         fs.pipe_file(url.fs_path, data, mode="create")
-    except FileExistsError:
-        raise
+    except FileExistsError as exc:  # gcsfs names the upload URL: name the object
+        raise FileExistsError(str(url)) from exc
     except OSError as exc:
         if _precondition(exc):  # s3fs reports a 412 as EINVAL
             raise FileExistsError(str(url)) from exc

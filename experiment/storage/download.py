@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 from experiment.errors import DataError
-from experiment.files import atomic_write_json
 from experiment.storage.path import BucketPath
 
 log = logging.getLogger("experiment.storage")
@@ -53,6 +52,7 @@ def local_copy(folder: BucketPath | Path, what: str, root: Path) -> Path:
         fetched += 1
     for stale in set(record) - set(wanted):
         (target / stale).unlink(missing_ok=True)
-    atomic_write_json(record_path, wanted)
-    log.info("%s: %s copied to %s (%d of %d files fetched)", what, folder, target, fetched, len(wanted))
+    partial = record_path.with_name(f".{record_path.name}.{os.getpid()}.part")
+    partial.write_text(json.dumps(wanted, indent=1), encoding="utf-8")
+    os.replace(partial, record_path)  # the record names only what is in place    log.info("%s: %s copied to %s (%d of %d files fetched)", what, folder, target, fetched, len(wanted))
     return target

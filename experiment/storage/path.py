@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import IO, Any
 
-from experiment.storage import backends
+from experiment.storage.backends import ObjectStat, filesystem, stat, stat_of
 from experiment.storage.urls import ObjectUrl, parse_url
 
 
@@ -243,11 +243,11 @@ class BucketPath:
     # ------------------------------------------------------------------------------------ queries
     @property
     def fs(self) -> Any:
-        return backends.filesystem(self.scheme)
+        return filesystem(self.scheme)
 
-    def object_stat(self) -> backends.ObjectStat | None:
+    def object_stat(self) -> ObjectStat | None:
         """The object's size, generation, update time and checksum (None: no such object)."""
-        return backends.stat(self.url)
+        return stat(self.url)
 
     def exists(self) -> bool:
         return self.fs.exists(self.fs_path)
@@ -285,14 +285,14 @@ class BucketPath:
             if entry.rstrip("/") != own:
                 yield self._child(entry)
 
-    def list_objects(self) -> dict[str, backends.ObjectStat]:
+    def list_objects(self) -> dict[str, ObjectStat]:
         """Every object under this prefix, by its name relative to it, with its stat: one listing."""
         prefix = self.fs_path.rstrip("/") + "/"
         try:
             found = self.fs.find(prefix, detail=True)
         except FileNotFoundError:
             return {}
-        return {name[len(prefix):]: backends.stat_of(self.scheme, info) for name, info in sorted(found.items())
+        return {name[len(prefix):]: stat_of(self.scheme, info) for name, info in sorted(found.items())
                 if name.startswith(prefix) and info.get("type") == "file"}
 
     def rglob(self, pattern: str) -> Iterator[BucketPath]:

@@ -1,0 +1,195 @@
+"""Whole runs whose folder is a bucket (gs:// on fake-gcs-server, s3:// on moto, both on loopback): the recipe
+chain with nothing written under the local run root, two JAX processes sharing nothing but the bucket killed and
+resumed, two trainers of one run, a kill during a checkpoint save. Each is compared with the same run on a disk,
+bit for bit."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cost.ledger_format import read_sessions
+from cost.ledger_pricing import summarize_ledger
+from experiment.files import publish_dir
+from experiment.storage import BucketPath, location
+from tests.fault_proxy import FaultProxy
+from tests.fixture_run import DETERMINISTIC_KEYS, PRETRAINED_TRAIN, fixture_config, log_records, run_copy
+from tests.recipe_runner import error_line, in_process_devices, recipe_env, run_recipe, signal_when, start_pretrain
+from tests.test_train_multiprocess_recipe import env_for, finish, free_port, kill
+from tracking.readback import run_id_of
+
+pytestmark = pytest.mark.integration
+
+CHAIN = ("01_build_corpus.py", "02_train_tokenizer.py", "03_shard.py", "04_pretrain.py", "05_evaluate.py",
+         "06_compare_costs.py", "07_plan_costs.py", "09_generate.py")
+
+
+def same_log(records: list[dict[str, Any]], reference: list[dict[str, Any]], steps: int) -> None:
+    assert [r["train/step"] for r in records] == list(range(1, steps + 1)), "each step logged once, in order"
+    for key in DETERMINISTIC_KEYS:
+        assert [r[key] for r in records] == [r[key] for r in reference], key
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
+def test_the_chain_in_a_bucket_leaves_the_local_run_root_empty_and_trains_as_on_disk(
+        scheme: str, storage_servers: Any, fixture_pretrained: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recipes 01-07 and 09 with ``experiment.run_root`` a bucket URL: every output is in the bucket, the
+    config's own folder gets nothing (W&B's files go to the host's local root), and the losses are those of the
+    same run on a disk (``fixture_pretrained``), bit for bit."""
+    monkeypatch.setenv("RU_PRETRAIN_LOCAL", str(tmp_path / "host"))
+    config = fixture_config(tmp_path / "config", train=PRETRAINED_TRAIN)
+    root = f"{storage_servers.new_bucket(scheme)}/runs"
+    for script in CHAIN:
+        run_recipe(script, config, f"experiment.run_root={root}")
+    assert files_under(config.parent) == ["tiny.yaml"], "nothing under the local run root"
+    run = location(root) / "tiny"
+    assert isinstance(run, BucketPath)
+    same_log(log_records(run), log_records(fixture_pretrained.parent / "runs" / "tiny"), PRETRAINED_TRAIN["steps"])
+    objects = run.list_objects()
+    for name in ("corpus/manifest.json", "tokenizer/manifest.json", "shards/manifest.json", "checkpoints/6/checksums.json",
+                 "eval/manifest.json", "eval/step_0000006.json", "reports/costs.csv", "reports/plan.csv",
+                 "config.resolved.yaml", "checkpoints/wandb_run.json"):
+        assert name in objects, name
+    assert any(name.startswith("generate/") and name.endswith(".jsonl") for name in objects)
+    assert any(name.startswith("ledger/ledger.jsonl.segments/") for name in objects), "the ledger's segments"
+    sessions = read_sessions(run / "ledger")
+    assert sum(batch.tokens for s in sessions for batch in s.tokens) == PRETRAINED_TRAIN["steps"] * 8 * 64
+    assert (tmp_path / "host" / scheme).is_dir(), "W&B's offline files stay on the host's disk"
+
+
+SECTIONS = {"train": {"steps": 16, "log_every": 1, "checkpoint_every": 4, "keep_checkpoints": 3, "warmup_steps": 2},
+            "wandb": {"mode": "offline"}}
+
+
+def start_hosts(config: Path, root: str, logs: Path, session: str) -> list[subprocess.Popen[bytes]]:
+    """Two processes of one jax.distributed job, each as on a VM of its own: an empty home, an empty host-local
+    root, nothing shared but the bucket (and the coordinator's port)."""
+    port = free_port()
+    procs = []
+    for index in range(2):
+        home = logs / f"{session}-host-{index}"
+        home.mkdir(parents=True)
+        env = env_for(config, 1, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                      JAX_PROCESS_ID=str(index), HOME=str(home), RU_PRETRAIN_LOCAL=str(home / "local"))
+        procs.append(start_pretrain(config, logs / f"{session}-{index}.err", "train.distributed=true",
+                                    f"experiment.run_root={root}", env=env))
+    return procs
+
+
+@pytest.fixture(scope="module")
+def pair_on_disk(fixture_stages: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted two-process run on a disk: the reference a bucket pair must match bit for bit (the same
+    rows on the same devices, summed in the same order)."""
+    root = tmp_path_factory.mktemp("pair-on-disk")
+    config = run_copy(fixture_stages, root, **SECTIONS)
+    port = free_port()
+    procs = [start_pretrain(config, root / f"ref-{i}.err", "train.distributed=true",
+                            env=env_for(config, 1, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                                        JAX_PROCESS_ID=str(i))) for i in range(2)]
+    finish(procs, root, "ref")
+    return root / "runs" / "tiny"
+
+
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
+def test_two_hosts_sharing_only_a_bucket_resume_after_a_kill_bit_for_bit(
+        scheme: str, storage_servers: Any, fixture_stages: Path, pair_on_disk: Path, tmp_path: Path) -> None:
+    root = f"{storage_servers.new_bucket(scheme)}/runs"
+    run = location(root) / "tiny"
+    for stage in ("corpus", "tokenizer", "shards"):  # the prepared stages, uploaded as recipes 01-03 would write them
+        publish_dir(fixture_stages / "runs" / "tiny" / stage, run / stage)
+    config = fixture_config(tmp_path / "config", **SECTIONS)
+    procs = start_hosts(config, root, tmp_path, "first")
+    deadline = time.monotonic() + 300
+    try:
+        while not (run / "checkpoints" / "8" / "checksums.json").is_file():
+            assert all(p.poll() is None for p in procs), (tmp_path / "first-0.err").read_text()[-3000:]
+            assert time.monotonic() < deadline, "checkpoint 8 never landed"
+            time.sleep(0.05)
+    finally:
+        kill(procs)  # SIGKILL: no cleanup, no flush
+    assert len(log_records(run)) < SECTIONS["train"]["steps"], "killed before the end"
+    finish(start_hosts(config, root, tmp_path, "resumed"), tmp_path, "resumed")
+    assert "resumed from the checkpoint of step" in (tmp_path / "resumed-0.err").read_text()
+
+    same_log(log_records(run), log_records(pair_on_disk), SECTIONS["train"]["steps"])
+    summary = json.loads((run / "checkpoints" / "wandb_run.json").read_text())
+    folders = sorted(p for p in tmp_path.glob("*-host-0/local/**/offline-run-*") if p.is_dir())
+    assert len(folders) == 2 and {run_id_of(p) for p in folders} == {summary["run_id"]}, folders
+    assert not list(tmp_path.glob("*-host-1/local/**/offline-run-*")), "process 1 opens no W&B run"
+    # the killed session's steps after its last checkpoint were trained again: counted once
+    assert summarize_ledger(run / "ledger").tokens == SECTIONS["train"]["steps"] * 8 * 64, "the ledger's tokens exact"
+
+
+def test_a_second_trainer_of_a_run_in_a_bucket_stops_with_one_line_and_a_killed_ones_lock_is_taken_over(
+        storage_servers: Any, fixture_stages: Path, tmp_path: Path) -> None:
+    root = f"{storage_servers.new_bucket('gs')}/runs"
+    run = location(root) / "tiny"
+    for stage in ("corpus", "tokenizer", "shards"):
+        publish_dir(fixture_stages / "runs" / "tiny" / stage, run / stage)
+    config = fixture_config(tmp_path / "config", train={"steps": 100_000, "checkpoint_every": 100_000})  # runs until killed
+    first = start_pretrain(config, tmp_path / "first.err", f"experiment.run_root={root}")
+    try:
+        deadline = time.monotonic() + 300
+        while not log_records(run):
+            assert first.poll() is None, (tmp_path / "first.err").read_text()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        second = run_recipe("04_pretrain.py", config, f"experiment.run_root={root}", check=False)
+        assert second.returncode == 2
+        assert error_line(second) == (
+            f"error: {run} is already running recipes/04_pretrain.py (host {json.loads((run / '.locks' / 'pretrain.lock').read_text())['host']}, "
+            f"pid {first.pid}, since {json.loads((run / '.locks' / 'pretrain.lock').read_text())['since']}): wait "
+            "for it to finish or stop it before writing its pretrain output")
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    assert (run / ".locks" / "pretrain.lock").is_file(), "a killed holder leaves its lock object"
+    taken = run_recipe("04_pretrain.py", config, f"experiment.run_root={root}", "train.steps=2", "train.warmup_steps=1")
+    assert "taking over the lock" in taken.stderr and f"pid {first.pid}" in taken.stderr
+    assert not (run / ".locks" / "pretrain.lock").exists(), "released at the end"
+
+
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
+def test_a_kill_during_a_checkpoint_save_in_a_bucket_leaves_nothing_a_restore_trusts(
+        scheme: str, storage_servers: Any, fixture_stages: Path, tmp_path: Path) -> None:
+    """SIGKILL while step 8 is being written (its objects appear, its commit marker not yet): the resumed run
+    restores step 4, trains again, and its log equals an uninterrupted run's."""
+    sections = {"train": {"steps": 12, "checkpoint_every": 4, "log_every": 1, "warmup_steps": 1,
+                          "async_checkpointing": False}}
+    reference = run_copy(fixture_stages, tmp_path / "disk", **sections)
+    run_recipe("04_pretrain.py", reference)
+    root = f"{storage_servers.new_bucket(scheme)}/runs"
+    run = location(root) / "tiny"
+    for stage in ("corpus", "tokenizer", "shards"):
+        publish_dir(fixture_stages / "runs" / "tiny" / stage, run / stage)
+    config = fixture_config(tmp_path / "config", **sections)
+
+    def saving_step_8() -> bool:
+        names = (run / "checkpoints").list_objects()
+        return any(n.startswith("8/") for n in names) and "8/commit_success.txt" not in names
+
+    # the killed run talks to the storage through a proxy adding 50 ms per request: a save of step 8 takes seconds,
+    # so the kill lands inside it, not before or after it
+    endpoint_var = "STORAGE_EMULATOR_HOST" if scheme == "gs" else "AWS_ENDPOINT_URL"
+    with FaultProxy(storage_servers.endpoint(scheme), flavor="gcs" if scheme == "gs" else "s3", latency=0.05) as slow:
+        # as many devices as the runs in this process (the reference, the resumed one): the same sums, bit for bit
+        env = {**recipe_env(config.parent, devices=in_process_devices()), endpoint_var: slow.url,
+               "TENSORSTORE_GCS_HTTP_URL": slow.url}
+        proc = start_pretrain(config, tmp_path / "killed.err", f"experiment.run_root={root}", env=env)
+        signal_when(proc, saving_step_8, poll_s=0.01, output=tmp_path / "killed.err")
+    names = (run / "checkpoints").list_objects()
+    assert any(n.startswith("8/") for n in names) and "8/commit_success.txt" not in names, "killed mid-save"
+    resumed = run_recipe("04_pretrain.py", config, f"experiment.run_root={root}")
+    assert "resumed from the checkpoint of step 4" in resumed.stderr, resumed.stderr[-3000:]
+    same_log(log_records(run), log_records(reference.parent / "runs" / "tiny"), sections["train"]["steps"])
