@@ -55,6 +55,7 @@ from cost.summary import LOST, CostSummary, price_dict
 from experiment import appendlog
 from experiment.errors import DataError
 from experiment.storage import RunPath, is_bucket, location
+from experiment.storage.backends import storage_failure_reason
 
 log = logging.getLogger("cost.ledger")
 
@@ -141,6 +142,7 @@ class Ledger:
         self._pending_requests = [0, 0, 0]  # writes, reads, egress bytes
         self._measure: Callable[[], tuple[int, int]] | None = None
         self._listing_path: RunPath | None = None  # the bucket folder a default measurement lists (its LISTs count)
+        self._measuring: threading.Thread | None = None
         self._closed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -344,7 +346,7 @@ class Ledger:
             self._file.sync()
             self._durable_step = int(step) if self._durable_step is None else max(self._durable_step, int(step))
             if self._measure is not None:  # the folder now holds this checkpoint (and not those it replaced)
-                self._measure_storage()
+                self._measure_later()
 
     def mark_resume(self, step: int, checkpoint_item: dict[str, Any] | None = None) -> None:
         """Say which checkpoint step this session restored (the earlier sessions' later work was
@@ -388,6 +390,31 @@ class Ledger:
         self._write({**record, "objects": objects} if objects is not None else record)
         self._file.sync()
 
+    def _measure_later(self) -> None:
+        """``_measure_storage`` in a thread of its own: a listing of a large bucket takes seconds, which the training
+        step (the caller holds the ledger's lock) must not wait for. One at a time; a newer one replaces a pending one."""
+        if self._measuring is not None and self._measuring.is_alive():
+            return  # the listing in progress sees this checkpoint too, or the next mark measures again
+
+        def measure() -> None:
+            try:
+                found = self._measure()  # type: ignore[misc]  # outside the lock: the listing is the slow part
+            except Exception as exc:  # any listing failure (a network error is not always an OSError)
+                log.warning("could not measure the run folder's storage (%s): keeping %d bytes", exc,
+                            self._storage_level)
+                return
+            with self._lock:
+                if not self._closed:
+                    self._record_measured(*found)
+
+        self._measuring = threading.Thread(target=measure, name="cost-ledger-storage", daemon=True)
+        self._measuring.start()
+
+    def _record_measured(self, stored_bytes: int, objects: int, at: float | None = None) -> None:
+        if self._listing_path is not None:
+            self._count_requests(listing_requests(self._listing_path, objects), 0, 0)
+        self._set_level(stored_bytes, self._clock() if at is None else at, objects)
+
     def _measure_storage(self, at: float | None = None) -> None:
         """Measure the run folder (one listing, itself counted as LIST requests) and record its level; a listing
         that fails keeps the level it had, with a warning: the bill is never worth a run."""
@@ -397,9 +424,7 @@ class Ledger:
         except Exception as exc:  # any listing failure (a network error is not always an OSError)
             log.warning("could not measure the run folder's storage (%s): keeping %d bytes", exc, self._storage_level)
             return
-        if self._listing_path is not None:
-            self._count_requests(listing_requests(self._listing_path, objects), 0, 0)
-        self._set_level(stored_bytes, self._clock() if at is None else at, objects)
+        self._record_measured(stored_bytes, objects, at)
 
     def _count_requests(self, writes: int, reads: int, egress_bytes: int) -> None:
         for index, value in enumerate((writes, reads, egress_bytes)):
@@ -473,5 +498,14 @@ class Ledger:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and storage_failure_reason(exc) is not None:
+            # the storage that holds the ledger gave up on this process: writing the close record would only wait
+            # out the client's retries again. The session ends as a killed one does; the next reconciles it
+            with self._lock:
+                self._closed = True
+            self._stop.set()
+            log.warning("the cost ledger %s could not be closed (its storage failed): the next session counts this "
+                        "one from its records up to the last flush", self.path)
+            return
         self.close(clean=exc_type is None)
 

@@ -138,9 +138,13 @@ class LogWriter:
         self._next += 1
         self._published = time.monotonic()
 
-    def close(self) -> None:
+    def close(self, publish: bool = True) -> None:
+        """Close the log; in a bucket, what was written since the last segment is published (``publish=False``:
+        dropped, when the storage is failing and it is work a resume retraces)."""
         if self._handle is not None:
             self._handle.close()
             self._handle = None
-        else:
+        elif publish:
             self.sync()
+        else:
+            self._pending.clear()

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -206,9 +207,10 @@ class _Lease:
             except Exception as exc:  # a storage outage: retried at the next renewal, within the lease
                 log.warning("could not renew a lock's lease (%s); trying again in %.0f s", exc, RENEW_S)
 
-    def release(self) -> None:
+    def release(self, wait: bool = True) -> None:
         self.stop.set()
-        self.thread.join()
+        if wait:  # else a renewal in flight finishes (or gives up) on its own: a daemon thread
+            self.thread.join()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,9 +373,16 @@ class _BucketLease:
         return True
 
     def release(self) -> None:
-        self.lease.release()
+        failing = sys.exc_info()[1]
+        storage_failed = failing is not None and backends.storage_failure_reason(failing) is not None
+        self.lease.release(wait=not storage_failed)
+        if storage_failed:
+            # the storage just failed this process: a delete would wait out the client's retries again. The lock
+            # stays; a rerun on this host takes it over at once (this pid is gone), another host after the lease
+            log.warning("leaving the lock %s in place: the storage is failing", self.path)
+            return
         if not any(self.path.name in reason for reason in _lost):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(Exception):  # a release that fails leaves a lease that lapses
                 backends.delete_if(self.path.url, self.generation)
 
 

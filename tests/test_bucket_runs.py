@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,15 @@ from experiment.files import publish_dir
 from experiment.storage import BucketPath, location
 from tests.fault_proxy import FaultProxy
 from tests.fixture_run import DETERMINISTIC_KEYS, PRETRAINED_TRAIN, fixture_config, log_records, run_copy
-from tests.recipe_runner import error_line, in_process_devices, recipe_env, run_recipe, signal_when, start_pretrain
+from tests.recipe_runner import (
+    error_line,
+    in_process_devices,
+    recipe_env,
+    run_recipe,
+    signal_when,
+    start_pretrain,
+    wait_until,
+)
 from tests.test_train_multiprocess_recipe import env_for, finish, free_port, kill
 from tracking.readback import run_id_of
 
@@ -193,3 +202,84 @@ def test_a_kill_during_a_checkpoint_save_in_a_bucket_leaves_nothing_a_restore_tr
     resumed = run_recipe("04_pretrain.py", config, f"experiment.run_root={root}")
     assert "resumed from the checkpoint of step 4" in resumed.stderr, resumed.stderr[-3000:]
     same_log(log_records(run), log_records(reference.parent / "runs" / "tiny"), sections["train"]["steps"])
+
+
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
+def test_a_storage_server_failing_now_and_then_costs_retries_not_data(
+        scheme: str, storage_servers: Any, fixture_stages: Path, tmp_path: Path) -> None:
+    """Recipe 04 through a proxy that keeps injecting faults (503s, 429s, connections dropped after the server
+    acted, answers cut mid-body) for the whole run: it finishes, and its log equals an undisturbed run's."""
+    sections = {"train": {"steps": 12, "checkpoint_every": 4, "log_every": 1, "warmup_steps": 1}}
+    reference = run_copy(fixture_stages, tmp_path / "disk", **sections)
+    run_recipe("04_pretrain.py", reference)
+    root = f"{storage_servers.new_bucket(scheme)}/runs"
+    run = location(root) / "tiny"
+    for stage in ("corpus", "tokenizer", "shards"):
+        publish_dir(fixture_stages / "runs" / "tiny" / stage, run / stage)
+    config = fixture_config(tmp_path / "config", **sections)
+    endpoint_var = "STORAGE_EMULATOR_HOST" if scheme == "gs" else "AWS_ENDPOINT_URL"
+    with FaultProxy(storage_servers.endpoint(scheme), flavor="gcs" if scheme == "gs" else "s3") as flaky:
+        stop = threading.Event()
+
+        # fake-gcs-server answers 404 to a resumable upload's chunk sent again after its answer was lost (GCS
+        # answers 200: tests/test_storage_faults.py): answers of those requests are not dropped on gs
+        lossy = r"^(?!.*upload_id=)" if scheme == "gs" else None
+
+        def storms() -> None:
+            # every 2 s, for half a second, the next few requests meet one fault each (a storm that never ends is
+            # an outage: below); rules last half a second, so faults never pile up on a quiet spell
+            while not stop.wait(2.0):
+                flaky.fail(503, count=2, seconds=0.5)
+                flaky.fail(429, count=1, seconds=0.5)
+                flaky.drop(when="response", count=1, seconds=0.5, path=lossy)
+                flaky.cut(at=0.5, count=1, method="GET", seconds=0.5)
+
+        thread = threading.Thread(target=storms, daemon=True)
+        thread.start()
+        env = {**recipe_env(config.parent, devices=in_process_devices()), endpoint_var: flaky.url,
+               "TENSORSTORE_GCS_HTTP_URL": flaky.url}
+        try:
+            proc = start_pretrain(config, tmp_path / "flaky.err", f"experiment.run_root={root}", env=env)
+            assert proc.wait(timeout=600) == 0, (tmp_path / "flaky.err").read_text()[-4000:]
+        finally:
+            stop.set()
+            thread.join()
+        injected = flaky.injected
+    assert injected >= 10, f"only {injected} faults reached the run"
+    same_log(log_records(run), log_records(reference.parent / "runs" / "tiny"), sections["train"]["steps"])
+    assert summarize_ledger(run / "ledger").tokens == sections["train"]["steps"] * 8 * 64
+
+
+def test_a_storage_outage_stops_the_run_with_one_line_and_a_rerun_resumes_exactly(
+        storage_servers: Any, fixture_stages: Path, tmp_path: Path) -> None:
+    """Once checkpoint 4 is in the bucket, every request fails (503) until the run gives up: it stops with one
+    line naming the storage; the same command, once the storage answers, resumes and gives an undisturbed run's
+    log."""
+    # a constant schedule: the run that stops (10,000 steps planned) and the reference (12) train at the same rates
+    sections = {"train": {"steps": 10_000, "checkpoint_every": 4, "log_every": 1, "warmup_steps": 1,
+                          "schedule": "constant"}}
+    reference = run_copy(fixture_stages, tmp_path / "disk", train={**sections["train"], "steps": 12})
+    run_recipe("04_pretrain.py", reference)
+    root = f"{storage_servers.new_bucket('gs')}/runs"
+    run = location(root) / "tiny"
+    for stage in ("corpus", "tokenizer", "shards"):
+        publish_dir(fixture_stages / "runs" / "tiny" / stage, run / stage)
+    config = fixture_config(tmp_path / "config", **sections)
+    with FaultProxy(storage_servers.endpoint("gs"), flavor="gcs") as proxy:
+        env = {**recipe_env(config.parent, devices=in_process_devices()), "STORAGE_EMULATOR_HOST": proxy.url,
+               "TENSORSTORE_GCS_HTTP_URL": proxy.url}
+        proc = start_pretrain(config, tmp_path / "outage.err", f"experiment.run_root={root}", env=env)
+        wait_until(proc, lambda: (run / "checkpoints" / "4" / "checksums.json").is_file(),
+                   output=tmp_path / "outage.err")
+        proxy.fail(503, seconds=900)
+        started = time.monotonic()
+        code = proc.wait(timeout=600)
+        gave_up_after = time.monotonic() - started
+    err = (tmp_path / "outage.err").read_text()
+    assert code == 2, err[-3000:]
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert last.startswith(f"error: storage at {run} (at http://127.0.0.1:") and "failed after retries" in last, last
+    print(f"gave up {gave_up_after:.0f} s into the outage")
+    resumed = run_recipe("04_pretrain.py", config, f"experiment.run_root={root}", "train.steps=12")
+    assert "resumed from the checkpoint of step" in resumed.stderr
+    same_log(log_records(run), log_records(reference.parent / "runs" / "tiny"), 12)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -122,7 +123,10 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
             if unreachable is None:
                 raise
             print(f"error: {unreachable}", file=sys.stderr)
-            sys.exit(2)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2)  # as below
         # a full disk (or quota, read-only, failing disk): the stage wrote no manifest, a rerun redoes it
         print(f"error: {write_error(exc, run_root)}", file=sys.stderr)
         sys.exit(2)
@@ -131,7 +135,12 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
         if unreachable is None:
             raise
         print(f"error: {unreachable}", file=sys.stderr)
-        sys.exit(2)
+        # the storage client's and Orbax's background threads may still wait out their retries and signals
+        # (minutes): nothing they could still write is trusted, so the process ends now
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)
     except KeyboardInterrupt:
         print(f"error: {stage.name} interrupted", file=sys.stderr)
         sys.exit(130)

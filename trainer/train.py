@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import logging
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import TOKENIZER
+from experiment.storage.backends import storage_failure_reason
 from model.family import params_label
 from model.registry import family_of
 from model.sharding import build_mesh
@@ -243,7 +245,10 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
         manager.close()
     finally:
         if ctx.train_log is not None:
-            ctx.train_log.close()
+            failing = sys.exc_info()[1]
+            # a storage that just failed would make the last segment wait out the retries again; its lines are
+            # after the last checkpoint, which a resume retraces anyway
+            ctx.train_log.close(publish=failing is None or storage_failure_reason(failing) is None)
     cost = ledger.summary()  # None on processes other than 0
     log.info("pretraining done at step %d: loss %.4f, %.2f RUB so far", ctx.step, ctx.last_loss,
              cost.rub_total if cost is not None else math.nan)
