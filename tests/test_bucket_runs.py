@@ -283,3 +283,27 @@ def test_a_storage_outage_stops_the_run_with_one_line_and_a_rerun_resumes_exactl
     resumed = run_recipe("04_pretrain.py", config, f"experiment.run_root={root}", "train.steps=12")
     assert "resumed from the checkpoint of step" in resumed.stderr
     same_log(log_records(run), log_records(reference.parent / "runs" / "tiny"), 12)
+
+
+def test_another_experiments_data_in_a_bucket_is_read_through_link_files_and_left_untouched(
+        storage_servers: Any, fixture_stages: Path, tmp_path: Path) -> None:
+    """``experiment.data_from`` in a bucket: the run's corpus/tokenizer/shards are link files naming the other
+    run's folders (a bucket has no symlinks), recipe 04 trains on them, recipe 03 refuses to write through them,
+    and not one object of the other run changes."""
+    root = f"{storage_servers.new_bucket('s3')}/runs"
+    data = location(root) / "tiny"
+    for stage in ("corpus", "tokenizer", "shards"):
+        publish_dir(fixture_stages / "runs" / "tiny" / stage, data / stage)
+    (data / "config.resolved.yaml").write_text("{}\n")  # what marks a run folder
+    before = {name: found.checksum for name, found in data.list_objects().items()}
+    config = fixture_config(tmp_path / "config", train={"steps": 2, "warmup_steps": 1, "checkpoint_every": 2})
+    reader = [f"experiment.run_root={root}", "experiment.name=reader", "experiment.data_from=tiny"]
+    run_recipe("04_pretrain.py", config, *reader)
+    run = location(root) / "reader"
+    for stage in ("corpus", "tokenizer", "shards"):
+        assert json.loads((run / f"{stage}.link").read_text()) == {"target": str(data / stage)}
+    assert log_records(run) and (run / "checkpoints" / "2" / "checksums.json").is_file()
+    refused = run_recipe("03_shard.py", config, f"experiment.run_root={root}", "experiment.name=reader", check=False)
+    assert refused.returncode == 2 and "is a link to" in error_line(refused) and "read-only" in error_line(refused)
+    after = {name: found.checksum for name, found in data.list_objects().items() if not name.startswith(".locks/")}
+    assert after == before, "the other run's folder is as it was"
