@@ -20,7 +20,7 @@ import numpy as np
 from eval.scoring import LogitsFn, ScoreRequest, score_requests, target_logprobs
 from experiment.errors import DataError
 from experiment.progress import progress
-from experiment.storage import location
+from experiment.storage import RunPath, location
 
 log = logging.getLogger("eval.bpb")
 

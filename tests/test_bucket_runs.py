@@ -49,6 +49,25 @@ def files_under(folder: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
+def bucket_run(storage_servers: Any, scheme: str, fixture_stages: Path, name: str = "tiny") -> tuple[str, BucketPath]:
+    """A fresh bucket's run root, and its run ``name`` holding the prepared stages, uploaded as recipes 01-03 would
+    write them."""
+    root = f"{storage_servers.new_bucket(scheme)}/runs"
+    run = location(root) / name
+    assert isinstance(run, BucketPath)
+    for stage in ("corpus", "tokenizer", "shards"):
+        publish_dir(fixture_stages / "runs" / "tiny" / stage, run / stage)
+    return root, run
+
+
+def through(proxy: FaultProxy, scheme: str, config: Path) -> dict[str, str]:
+    """A recipe's environment pointing its storage clients at ``proxy``, with as many devices as the runs of this
+    process (the reference runs it is compared with bit for bit)."""
+    endpoint_var = "STORAGE_EMULATOR_HOST" if scheme == "gs" else "AWS_ENDPOINT_URL"
+    return {**recipe_env(config.parent, devices=in_process_devices()), endpoint_var: proxy.url,
+            "TENSORSTORE_GCS_HTTP_URL": proxy.url}
+
+
 @pytest.mark.parametrize("scheme", ["gs", "s3"])
 def test_the_chain_in_a_bucket_leaves_the_local_run_root_empty_and_trains_as_on_disk(
         scheme: str, storage_servers: Any, fixture_pretrained: Path, tmp_path: Path,
@@ -142,10 +161,7 @@ def test_two_hosts_sharing_only_a_bucket_resume_after_a_kill_bit_for_bit(
 
 def test_a_second_trainer_of_a_run_in_a_bucket_stops_with_one_line_and_a_killed_ones_lock_is_taken_over(
         storage_servers: Any, fixture_stages: Path, tmp_path: Path) -> None:
-    root = f"{storage_servers.new_bucket('gs')}/runs"
-    run = location(root) / "tiny"
-    for stage in ("corpus", "tokenizer", "shards"):
-        publish_dir(fixture_stages / "runs" / "tiny" / stage, run / stage)
+    root, run = bucket_run(storage_servers, "gs", fixture_stages)
     config = fixture_config(tmp_path / "config", train={"steps": 100_000, "checkpoint_every": 100_000})  # runs until killed
     first = start_pretrain(config, tmp_path / "first.err", f"experiment.run_root={root}")
     try:
@@ -178,10 +194,7 @@ def test_a_kill_during_a_checkpoint_save_in_a_bucket_leaves_nothing_a_restore_tr
                           "async_checkpointing": False}}
     reference = run_copy(fixture_stages, tmp_path / "disk", **sections)
     run_recipe("04_pretrain.py", reference)
-    root = f"{storage_servers.new_bucket(scheme)}/runs"
-    run = location(root) / "tiny"
-    for stage in ("corpus", "tokenizer", "shards"):
-        publish_dir(fixture_stages / "runs" / "tiny" / stage, run / stage)
+    root, run = bucket_run(storage_servers, scheme, fixture_stages)
     config = fixture_config(tmp_path / "config", **sections)
 
     def saving_step_8() -> bool:
@@ -190,12 +203,9 @@ def test_a_kill_during_a_checkpoint_save_in_a_bucket_leaves_nothing_a_restore_tr
 
     # the killed run talks to the storage through a proxy adding 50 ms per request: a save of step 8 takes seconds,
     # so the kill lands inside it, not before or after it
-    endpoint_var = "STORAGE_EMULATOR_HOST" if scheme == "gs" else "AWS_ENDPOINT_URL"
     with FaultProxy(storage_servers.endpoint(scheme), flavor="gcs" if scheme == "gs" else "s3", latency=0.05) as slow:
-        # as many devices as the runs in this process (the reference, the resumed one): the same sums, bit for bit
-        env = {**recipe_env(config.parent, devices=in_process_devices()), endpoint_var: slow.url,
-               "TENSORSTORE_GCS_HTTP_URL": slow.url}
-        proc = start_pretrain(config, tmp_path / "killed.err", f"experiment.run_root={root}", env=env)
+        proc = start_pretrain(config, tmp_path / "killed.err", f"experiment.run_root={root}",
+                              env=through(slow, scheme, config))
         signal_when(proc, saving_step_8, poll_s=0.01, output=tmp_path / "killed.err")
     names = (run / "checkpoints").list_objects()
     assert any(n.startswith("8/") for n in names) and "8/commit_success.txt" not in names, "killed mid-save"
@@ -212,12 +222,8 @@ def test_a_storage_server_failing_now_and_then_costs_retries_not_data(
     sections = {"train": {"steps": 12, "checkpoint_every": 4, "log_every": 1, "warmup_steps": 1}}
     reference = run_copy(fixture_stages, tmp_path / "disk", **sections)
     run_recipe("04_pretrain.py", reference)
-    root = f"{storage_servers.new_bucket(scheme)}/runs"
-    run = location(root) / "tiny"
-    for stage in ("corpus", "tokenizer", "shards"):
-        publish_dir(fixture_stages / "runs" / "tiny" / stage, run / stage)
+    root, run = bucket_run(storage_servers, scheme, fixture_stages)
     config = fixture_config(tmp_path / "config", **sections)
-    endpoint_var = "STORAGE_EMULATOR_HOST" if scheme == "gs" else "AWS_ENDPOINT_URL"
     with FaultProxy(storage_servers.endpoint(scheme), flavor="gcs" if scheme == "gs" else "s3") as flaky:
         stop = threading.Event()
 
@@ -236,10 +242,9 @@ def test_a_storage_server_failing_now_and_then_costs_retries_not_data(
 
         thread = threading.Thread(target=storms, daemon=True)
         thread.start()
-        env = {**recipe_env(config.parent, devices=in_process_devices()), endpoint_var: flaky.url,
-               "TENSORSTORE_GCS_HTTP_URL": flaky.url}
         try:
-            proc = start_pretrain(config, tmp_path / "flaky.err", f"experiment.run_root={root}", env=env)
+            proc = start_pretrain(config, tmp_path / "flaky.err", f"experiment.run_root={root}",
+                                  env=through(flaky, scheme, config))
             assert proc.wait(timeout=600) == 0, (tmp_path / "flaky.err").read_text()[-4000:]
         finally:
             stop.set()
@@ -260,15 +265,11 @@ def test_a_storage_outage_stops_the_run_with_one_line_and_a_rerun_resumes_exactl
                           "schedule": "constant"}}
     reference = run_copy(fixture_stages, tmp_path / "disk", train={**sections["train"], "steps": 12})
     run_recipe("04_pretrain.py", reference)
-    root = f"{storage_servers.new_bucket('gs')}/runs"
-    run = location(root) / "tiny"
-    for stage in ("corpus", "tokenizer", "shards"):
-        publish_dir(fixture_stages / "runs" / "tiny" / stage, run / stage)
+    root, run = bucket_run(storage_servers, "gs", fixture_stages)
     config = fixture_config(tmp_path / "config", **sections)
     with FaultProxy(storage_servers.endpoint("gs"), flavor="gcs") as proxy:
-        env = {**recipe_env(config.parent, devices=in_process_devices()), "STORAGE_EMULATOR_HOST": proxy.url,
-               "TENSORSTORE_GCS_HTTP_URL": proxy.url}
-        proc = start_pretrain(config, tmp_path / "outage.err", f"experiment.run_root={root}", env=env)
+        proc = start_pretrain(config, tmp_path / "outage.err", f"experiment.run_root={root}",
+                              env=through(proxy, "gs", config))
         wait_until(proc, lambda: (run / "checkpoints" / "4" / "checksums.json").is_file(),
                    output=tmp_path / "outage.err")
         proxy.fail(503, seconds=900)

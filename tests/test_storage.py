@@ -9,8 +9,7 @@ import pytest
 
 from experiment.errors import ConfigError
 from experiment.files import atomic_dir, atomic_open, atomic_write_json, read_json_object, sha256_file
-from experiment.storage import BucketPath, RunPath, create_exclusive, location, read_range, remove_tree
-from experiment.storage import backends
+from experiment.storage import BucketPath, RunPath, backends, create_exclusive, location, read_range, remove_tree
 from experiment.storage.mounts import bucket_mount_of
 
 
@@ -39,7 +38,7 @@ def test_local_paths_stay_pathlib_and_urls_become_bucket_paths() -> None:
     assert (run / "shards" / "train-0.tfrecord").with_suffix(".index").name == "train-0.index"
     assert run.parent == location("gs://my-bucket/runs") and run.relative_to("gs://my-bucket").as_posix() == "runs/demo"
     with pytest.raises(TypeError):
-        open(run)  # type: ignore[call-overload]  # no __fspath__: a bucket path never becomes a local folder
+        open(run)  # type: ignore[call-overload]  # noqa: SIM115  # no __fspath__: never a local folder named gs:
 
 
 def test_files_read_write_list_and_range(bucket: BucketPath) -> None:

@@ -73,6 +73,20 @@ def storage_failure(exc: BaseException, run_root: RunPath | Path) -> str | None:
             "rerun the same command once it answers again (training resumes from its latest checkpoint)")
 
 
+def exit_on_storage_failure(exc: BaseException, run_root: RunPath | Path) -> None:
+    """End the process with one line and exit code 2 when ``exc`` is a storage failure; return otherwise."""
+    unreachable = storage_failure(exc, run_root)
+    if unreachable is None:
+        return
+    print(f"error: {unreachable}", file=sys.stderr)
+    # the storage client's and Orbax's background threads may still wait out their retries and signals
+    # (minutes): nothing they could still write is trusted, so the process ends now
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(2)
+
+
 def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[str] | None = None,
                 wandb_run_id: Callable[[Any, RunFolder], str | None] | None = None,
                 prepare: Callable[[Any], Any] | None = None, reports: Callable[[Any], bool] | None = None,
@@ -119,28 +133,14 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
         sys.exit(2)
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
-            unreachable = storage_failure(exc, run_root)
-            if unreachable is None:
-                raise
-            print(f"error: {unreachable}", file=sys.stderr)
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(2)  # as below
+            exit_on_storage_failure(exc, run_root)
+            raise
         # a full disk (or quota, read-only, failing disk): the stage wrote no manifest, a rerun redoes it
         print(f"error: {write_error(exc, run_root)}", file=sys.stderr)
         sys.exit(2)
     except Exception as exc:
-        unreachable = storage_failure(exc, run_root)
-        if unreachable is None:
-            raise
-        print(f"error: {unreachable}", file=sys.stderr)
-        # the storage client's and Orbax's background threads may still wait out their retries and signals
-        # (minutes): nothing they could still write is trusted, so the process ends now
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(2)
+        exit_on_storage_failure(exc, run_root)
+        raise
     except KeyboardInterrupt:
         print(f"error: {stage.name} interrupted", file=sys.stderr)
         sys.exit(130)
