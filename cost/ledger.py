@@ -346,7 +346,7 @@ class Ledger:
             self._file.sync()
             self._durable_step = int(step) if self._durable_step is None else max(self._durable_step, int(step))
             if self._measure is not None:  # the folder now holds this checkpoint (and not those it replaced)
-                self._measure_later()
+                self._measure_later(at=now)
 
     def mark_resume(self, step: int, checkpoint_item: dict[str, Any] | None = None) -> None:
         """Say which checkpoint step this session restored (the earlier sessions' later work was
@@ -390,9 +390,10 @@ class Ledger:
         self._write({**record, "objects": objects} if objects is not None else record)
         self._file.sync()
 
-    def _measure_later(self) -> None:
+    def _measure_later(self, at: float) -> None:
         """``_measure_storage`` in a thread of its own: a listing of a large bucket takes seconds, which the training
-        step (the caller holds the ledger's lock) must not wait for. One at a time; a newer one replaces a pending one."""
+        step (the caller holds the ledger's lock) must not wait for. The level is the folder's from ``at`` (the
+        checkpoint's moment) on. One at a time: a mark during a listing is measured by the next mark."""
         if self._measuring is not None and self._measuring.is_alive():
             return  # the listing in progress sees this checkpoint too, or the next mark measures again
 
@@ -405,10 +406,16 @@ class Ledger:
                 return
             with self._lock:
                 if not self._closed:
-                    self._record_measured(*found)
+                    self._record_measured(*found, at=at)
 
         self._measuring = threading.Thread(target=measure, name="cost-ledger-storage", daemon=True)
         self._measuring.start()
+
+    def settle_storage(self, timeout: float | None = None) -> None:
+        """Wait for a storage measurement in progress to be recorded (``close`` does; tests do)."""
+        measuring = self._measuring
+        if measuring is not None and measuring is not threading.current_thread():
+            measuring.join(timeout)
 
     def _record_measured(self, stored_bytes: int, objects: int, at: float | None = None) -> None:
         if self._listing_path is not None:
@@ -475,6 +482,7 @@ class Ledger:
         A session whose every step is in a durable checkpoint (a SIGTERM save, a crash right after a
         save) lost nothing: its close is clean whatever ended it.
         """
+        self.settle_storage(timeout=60)  # the level the last checkpoint left, measured before the session's end
         with self._lock:
             if self._closed:
                 return

@@ -15,9 +15,9 @@ object is there) or "wrong" (the client reports something false, or the store ho
 - fake-gcs-server only: a resumable-upload chunk sent again after its answer was lost is appended again (the
   emulator ignores Content-Range; GCS ignores the bytes it already has): the object grows by the chunk.
 
-Beyond the matrix: a hung request (gcsfs does not retry its request timeout), botocore's retry quota (an S3
-outage leaves the client retrying nothing for a while), the proxy relaying answers unchanged, and, with
-``RU_STORAGE_GIVE_UP=1`` (about two minutes), how long each client takes to give up on a server that is down.
+Beyond the matrix: a hung request (cut after the socket timeout and retried), botocore's retry quota (an S3
+outage leaves the client retrying nothing for a while), the proxy relaying answers unchanged. A whole run
+meeting an outage is tests/test_bucket_runs.py's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 import http.client
 import os
 import random
-import socket
 import socketserver
 import threading
 import time
@@ -497,61 +496,6 @@ def test_an_s3_outage_spends_the_clients_retries(storage_servers: Any, monkeypat
         monkeypatch.setattr(backends, "_filesystems", {})  # a fresh client, a full quota
         blip = proxy.fail(500, count=1, method="GET")
         assert (root / "obj").read_bytes() == b"hello" and blip.hits == 1
-
-
-@pytest.mark.skipif(os.environ.get("RU_STORAGE_GIVE_UP") != "1",
-                    reason="RU_STORAGE_GIVE_UP=1 measures how long each client retries a server that is down (~2 min)")
-def test_a_server_that_is_down_is_given_up_on(storage_servers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Connection refused on every attempt. gcsfs: 6 attempts, sleeps of 2^k + rand(0, 1) s (k = 0..4): 31-36 s.
-    botocore: 10 attempts, sleeps of rand(0, 1) x min(2^k, 20) s (k = 0..8): 0-111 s, 55 s on average; s3fs does
-    not retry EndpointConnectionError again. Then, on gs, every connection dropped unanswered: as long, and the
-    error (aiohttp's ServerDisconnectedError) is no OSError; nor is botocore's EndpointConnectionError."""
-    import aiohttp
-    from botocore.exceptions import EndpointConnectionError
-
-    results: dict[str, tuple[float, BaseException | None]] = {}
-
-    def read(what: str, scheme: str) -> None:
-        start = time.monotonic()
-        try:
-            BucketPath(f"{scheme}://bucket-down/obj").read_bytes()
-            results[what] = (time.monotonic() - start, None)
-        except Exception as exc:  # noqa: BLE001
-            results[what] = (time.monotonic() - start, exc)
-
-    with socket.socket() as sock, FaultProxy(storage_servers.gcs_endpoint, flavor="gcs") as dropping:
-        sock.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # bound, not listening: connection refused
-        dropping.drop("request")
-        for scheme in ("gs", "s3"):
-            monkeypatch.setenv(ENV[scheme], dead)
-        monkeypatch.setattr(backends, "_filesystems", {})
-        backends.filesystem("s3")
-
-        def gs_reads() -> None:
-            read("gs refused", "gs")
-            monkeypatch.setenv(ENV["gs"], dropping.url)
-            backends._filesystems.pop(("gs", os.getpid()), None)
-            read("gs dropped", "gs")
-
-        threads = [threading.Thread(target=gs_reads, daemon=True),
-                   threading.Thread(target=read, args=("s3 refused", "s3"), daemon=True)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(150)
-    print({what: (round(seconds, 1), one_line(exc) if exc else None) for what, (seconds, exc) in results.items()})
-    assert set(results) == {"gs refused", "gs dropped", "s3 refused"}, f"still retrying after 150 s: {results}"
-    seconds, error = results["gs refused"]
-    assert 30 < seconds < 40 and isinstance(error, aiohttp.ClientConnectorError) and isinstance(error, OSError)
-    seconds, error = results["gs dropped"]
-    assert 30 < seconds < 40 and isinstance(error, aiohttp.ServerDisconnectedError) and not isinstance(error, OSError)
-    seconds, error = results["s3 refused"]
-    assert seconds < 115 and isinstance(error, EndpointConnectionError) and not isinstance(error, OSError)
-
-
-# ---------------------------------------------------------------------------------------------
-# the proxy itself
 
 
 class _Framings(socketserver.ThreadingTCPServer):
