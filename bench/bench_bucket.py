@@ -567,13 +567,15 @@ def tables(result: dict[str, Any], names: list[str]) -> list[str]:
     loader, ckpt = result.get("loader"), result.get("checkpoint")
     if loader and ckpt:
         mb = result["checkpoint_mb"]
-        lines += ["| target | first batch s | of which open s | loader tokens/s | rows/s | checkpoint save MB/s | "
-                  "save + checksums MB/s | restore MB/s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["| target | first batch s | of which open s | loader tokens/s | rows/s | verification lookups "
+                  "done s | checkpoint save MB/s | save + checksums MB/s | restore MB/s |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name in names:
             lo, ck = loader[name]["median"], ckpt[name]["median"]
             lines.append(f"| {name} | {fmt(lo['first_batch_s'], 2)} | {fmt(lo['manifest_s'] + lo['open_s'], 2)} | "
-                         f"{fmt(lo['tokens_per_s'])} | {fmt(lo['rows_per_s'])} | {fmt(mb / ck['save_s'], 1)} | "
-                         f"{fmt(mb / (ck['save_s'] + ck['checksums_s']), 1)} | {fmt(mb / ck['restore_s'], 1)} |")
+                         f"{fmt(lo['tokens_per_s'])} | {fmt(lo['rows_per_s'])} | {fmt(lo['verified_lookups_done_s'], 1)} | "
+                         f"{fmt(mb / ck['save_s'], 1)} | {fmt(mb / (ck['save_s'] + ck['checksums_s']), 1)} | "
+                         f"{fmt(mb / ck['restore_s'], 1)} |")
         lines += ["", "| loader phase (medians) | target | wall s | requests | client CPU ms / request | "
                   "server CPU ms / request | proxy CPU ms / request |", "|---|---|---:|---:|---:|---:|---:|"]
         for phase in ("open", "first_batch", "stream"):
@@ -585,6 +587,13 @@ def tables(result: dict[str, Any], names: list[str]) -> list[str]:
                 lines.append(f"| {phase} | {name} | {fmt(ph['wall_s'], 2)} | {fmt(ph.get('requests'))} | "
                              f"{fmt(per(ph['client_cpu_s'], count), 2)} | {fmt(per(ph.get('server_cpu_s'), count), 2)} | "
                              f"{fmt(per(ph.get('proxy_cpu_s'), count), 2)} |")
+    if result.get("ceilings"):
+        lines += ["", "| loader stream (medians) | rows/s measured | ceiling from latency: threads / latency | "
+                  "ceiling from this machine's CPUs: CPUs / CPU per request (client + server + proxy) | "
+                  "client CPU ms / request |", "|---|---:|---:|---:|---:|"]
+        for name, ceiling in result["ceilings"].items():
+            lines.append(f"| {name} | {fmt(ceiling['rows_per_s'])} | {fmt(ceiling['latency_ceiling_rows_per_s'])} | "
+                         f"{fmt(ceiling['cpu_ceiling_rows_per_s'])} | {fmt(ceiling['client_cpu_ms_per_request'], 2)} |")
     if "open_dissected" in result:
         lines += ["", f"| opening {result['shard_set']['shards']:,} shards, {result['loader_threads']['OPEN_THREADS']} "
                   "threads (medians) | target | wall s | requests | server CPU s |", "|---|---|---:|---:|---:|"]
@@ -797,6 +806,20 @@ def main() -> None:
             rounds_ck = interleaved_rounds({t.name: checkpoint_side(t) for t in targets}, args.rounds)
             result["checkpoint"] = {name: {"rounds": runs, "median": median_tree(runs)}
                                     for name, runs in rounds_ck.items()}
+
+        if "loader" in parts:
+            # what bounds the stream through each proxy: requests in flight over the latency, or the CPU that the
+            # client, the emulator and the proxy spend per request on this machine's cores
+            result["ceilings"] = {}
+            for target in targets[3:]:
+                mid = result["loader"][target.name]["median"]
+                stream = mid["phases"]["stream"]
+                cpu = (stream["client_cpu_s"] + stream["server_cpu_s"] + stream["proxy_cpu_s"]) / stream["requests"]
+                result["ceilings"][target.name] = {
+                    "rows_per_s": mid["rows_per_s"], "latency_ceiling_rows_per_s": loader.BUCKET_READ_THREADS / latency,
+                    "cpu_ms_per_request": round(cpu * 1e3, 3),
+                    "cpu_ceiling_rows_per_s": round((os.cpu_count() or 1) / cpu, 1),
+                    "client_cpu_ms_per_request": round(stream["client_cpu_s"] / stream["requests"] * 1e3, 3)}
 
         # ---- goals
         rate = host_rate()

@@ -20,7 +20,7 @@ from cost.ledger_pricing import summarize_ledger
 from experiment.files import publish_dir
 from experiment.storage import BucketPath, location
 from tests.fault_proxy import FaultProxy
-from tests.fixture_run import DETERMINISTIC_KEYS, PRETRAINED_TRAIN, fixture_config, log_records, run_copy
+from tests.fixture_run import DETERMINISTIC_KEYS, FIXTURE_TEXTS, PRETRAINED_TRAIN, fixture_config, log_records, run_copy
 from tests.recipe_runner import (
     error_line,
     in_process_devices,
@@ -308,3 +308,41 @@ def test_another_experiments_data_in_a_bucket_is_read_through_link_files_and_lef
     assert refused.returncode == 2 and "is a link to" in error_line(refused) and "read-only" in error_line(refused)
     after = {name: found.checksum for name, found in data.list_objects().items() if not name.startswith(".locks/")}
     assert after == before, "the other run's folder is as it was"
+
+
+@pytest.mark.tools("s3fs", "fusermount")
+def test_a_run_folder_on_a_fuse_mount_of_a_bucket_is_refused_in_one_line_and_inputs_through_it_are_read(
+        storage_servers: Any, tmp_path: Path) -> None:
+    """A real s3fs-fuse mount of a bucket on moto: a run folder there would look like a disk and break its
+    guarantees (locks per mount, renames copying objects), so recipe 01 refuses it with one line naming the mount
+    and what to use instead, writing nothing; the same mount as a corpus source (read only) is fine."""
+    bucket = storage_servers.new_bucket("s3")
+    texts = sorted(FIXTURE_TEXTS.glob("ru_*.txt"))
+    for text in texts:
+        (location(bucket) / "texts" / text.name).write_bytes(text.read_bytes())
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    passwd = tmp_path / "s3fs-passwd"
+    passwd.write_text("test-key:test-secret\n")
+    passwd.chmod(0o600)
+    subprocess.run(["s3fs", bucket.removeprefix("s3://"), str(mount), "-o", f"passwd_file={passwd}",
+                    "-o", f"url={storage_servers.s3_endpoint}", "-o", "use_path_request_style"], check=True, timeout=60)
+    try:
+        deadline = time.monotonic() + 30
+        while not (mount / "texts" / texts[0].name).is_file():
+            assert time.monotonic() < deadline, "the s3fs mount never showed the bucket"
+            time.sleep(0.2)
+        config = fixture_config(tmp_path / "config")
+        refused = run_recipe("01_build_corpus.py", config, f"experiment.run_root={mount}/runs", check=False)
+        assert refused.returncode == 2
+        assert error_line(refused) == (
+            f"error: {mount}/runs/tiny is on a s3fs mount of s3fs ({mount}): a run folder there breaks locks, "
+            "renames and durable appends; set experiment.run_root to the bucket's URL (gs://bucket/prefix or "
+            "s3://bucket/prefix) instead (docs/launch.md, buckets and mounts)")
+        assert not (mount / "runs").exists(), "nothing written"
+        source = [f"corpus.sources=[{{kind: files, name: mounted, paths: ['{mount}/texts/*.txt']}}]",
+                  f"experiment.run_root={tmp_path / 'runs'}"]
+        run_recipe("01_build_corpus.py", config, *source)
+        assert json.loads((tmp_path / "runs" / "tiny" / "corpus" / "manifest.json").read_text())["documents"] > 0
+    finally:
+        subprocess.run(["fusermount", "-u", str(mount)], check=False, timeout=60)

@@ -31,9 +31,9 @@ def _unescape(text: str) -> str:
     return text.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
-def read_mounts(mountinfo: str = MOUNTINFO) -> list[Mount]:
+def read_mounts(mountinfo: str | None = None) -> list[Mount]:
     try:
-        lines = Path(mountinfo).read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = Path(mountinfo or MOUNTINFO).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return []
     mounts = []
@@ -48,7 +48,7 @@ def read_mounts(mountinfo: str = MOUNTINFO) -> list[Mount]:
     return mounts
 
 
-def mount_of(path: str | os.PathLike[str], mountinfo: str = MOUNTINFO) -> Mount | None:
+def mount_of(path: str | os.PathLike[str], mountinfo: str | None = None) -> Mount | None:
     """The mount that holds ``path`` (or its nearest existing parent): the longest mount point above it."""
     where = Path(path).absolute()
     while not where.exists() and where != where.parent:
@@ -63,7 +63,7 @@ def mount_of(path: str | os.PathLike[str], mountinfo: str = MOUNTINFO) -> Mount 
     return best
 
 
-def bucket_mount_of(path: str | os.PathLike[str], mountinfo: str = MOUNTINFO) -> Mount | None:
+def bucket_mount_of(path: str | os.PathLike[str], mountinfo: str | None = None) -> Mount | None:
     """The FUSE mount of an object store that holds ``path``, or None (a disk, NFS, tmpfs...)."""
     mount = mount_of(path, mountinfo)
     return mount if mount is not None and mount.fstype in BUCKET_FUSE_TYPES else None
