@@ -10,6 +10,8 @@ rounds (bench/interleave.py); figures are medians of the rounds, every round kep
    on each server. Per target: the time from opening the shard set (manifest, listing, every index) to the first
    batch in hand, as process 1 of 2 (``verify=False``: no background hashing competes), and the loader's tokens/s
    over ``--batches`` batches of ``--batch`` rows after the first.
+   The opening is also taken apart (``open``): one listing; every index read as the loader reads it; every index as
+   one ranged GET of the size the listing gave.
 2. Range reads: the same ``--range-records`` record byte ranges (each exactly ``[offset, next offset)``), 32 in
    flight, through fsspec (``BucketPath.read_range`` from a 32-thread pool: what the loader does), obstore
    (``get_range_async`` under a 32-slot semaphore; optional, not a project dependency) and TensorStore's kvstore
@@ -20,8 +22,10 @@ rounds (bench/interleave.py); figures are medians of the rounds, every round kep
    rate at its plan's MFU (``cost.planner.plan``, x 8 chips per v6e host); the first batch within 10 s.
 
 Both servers and the proxies run on this machine: a request costs the client, the proxy and the server CPU
-of the same cores, which a real bucket does not. The proxies run in their own processes, so their event loops
-do not hold this process's GIL.
+of the same cores, which a real bucket does not; each measurement records the CPU time of all three (from /proc)
+and, through a proxy, the requests, so the JSON says what bounds it. The proxies run in their own processes, so
+their event loops do not hold this process's GIL. ``--read-threads`` (an experiment) sets the loader's
+``BUCKET_READ_THREADS`` and ``OPEN_THREADS`` in this process only.
 
     .venv/bin/python bench/bench_bucket.py --rounds 3
 Prints one JSON object (also written to ``--out``); progress goes to stderr.
@@ -505,7 +509,7 @@ def checkpoint_once(target: Target, state: dict[str, Any], name: str) -> dict[st
     directory = target.checkpoints(name)
     manager = checkpoint.open_manager(directory, TrainConfig(async_checkpointing=False))
     # recipe 04 writes checkpoints/wandb_run.json before its first save; without an object under it, a fresh bucket
-    # prefix is no folder, and the manager's first look into it (iterdir) raises FileNotFoundError on gs://
+    # prefix is no folder, and the manager's first look into it (iterdir) raises FileNotFoundError (gs and s3)
     (location(directory) / "wandb_run.json").write_text('{"run_id": "bench"}', encoding="utf-8")
     started = snapshot(target)
     checkpoint.save(manager, 1, state, {"bench": True}, {"bench": True}, {"bench": True})
@@ -546,8 +550,7 @@ def host_rate() -> dict[str, Any]:
     per_chip = float(row["tokens_per_s_per_chip"])
     return {"config": PLAN_CONFIG, "accelerator": row["accelerator"], "chips": row["chips"], "mfu": round(row["mfu"], 4),
             "tokens_per_s_per_chip": round(per_chip, 1), "chips_per_host": CHIPS_PER_V6E_HOST,
-            "tokens_per_s_per_host": round(per_chip * CHIPS_PER_V6E_HOST, 1),
-            "config_model_tokens_per_host": row.get("tokens_per_s_per_device")}
+            "tokens_per_s_per_host": round(per_chip * CHIPS_PER_V6E_HOST, 1)}
 
 
 def fmt(value: float | None, digits: int = 0) -> str:
@@ -814,6 +817,8 @@ def main() -> None:
             for target in targets[3:]:
                 mid = result["loader"][target.name]["median"]
                 stream = mid["phases"]["stream"]
+                if not stream.get("requests"):  # a tiny run: every row was read ahead of the timed stretch
+                    continue
                 cpu = (stream["client_cpu_s"] + stream["server_cpu_s"] + stream["proxy_cpu_s"]) / stream["requests"]
                 result["ceilings"][target.name] = {
                     "rows_per_s": mid["rows_per_s"], "latency_ceiling_rows_per_s": loader.BUCKET_READ_THREADS / latency,

@@ -88,7 +88,8 @@ class VerifiedCheckpointManager(ocp.CheckpointManager):
                              f"{format_bytes(last[1])}, {format_bytes(free)} free on that disk: free some space (or "
                              f"lower train.keep_checkpoints) and rerun the same command to resume from step {last[0]}")
         with write_errors_as_one_line(directory, f"checkpoint step {step}"):
-            if self._checksums is not None and not any(p.name.isdigit() for p in directory.iterdir()):
+            if self._checksums is not None and not (directory.is_dir() and any(
+                    p.name.isdigit() for p in directory.iterdir())):  # an empty bucket prefix is no folder yet
                 mark_checksummed(directory)  # a fresh folder: every step of it will carry checksums
             saved = super().save(step, *args, **kwargs)
         self._in_flight = step if saved else None

@@ -72,11 +72,20 @@ from typing import Any
 import grain
 import numpy as np
 
-from data_prep.shards.tfrecord import CorruptRecordError, OnCorrupt, TFRecordFile, decode_record, read_index
+from data_prep.shards.tfrecord import (
+    INDEX_SUFFIX,
+    CorruptRecordError,
+    OnCorrupt,
+    TFRecordFile,
+    decode_record,
+    index_path,
+    parse_index,
+    read_index,
+)
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
 from experiment.stages import SHARDS
-from experiment.storage import BucketPath, ObjectStat, RunPath, location
+from experiment.storage import BucketPath, ObjectStat, RunPath, location, read_range
 
 log = logging.getLogger("data_prep.shards.loader")
 
@@ -166,10 +175,10 @@ class ShardVerifier:
 
     @staticmethod
     def _check(path: RunPath, sha256: str, record: RunPath | None, generation: str, verify: bool) -> str | None:
+        if not verify:
+            return None  # the first process hashes it; this one trusts the per-record CRCs (and asks no record)
         if record is not None and verified(record, sha256, generation):
             return None
-        if not verify:
-            return None  # the first process hashes it; this one trusts the per-record CRCs meanwhile
         digest = hashlib.sha256()
         with path.open("rb") as handle:
             while chunk := handle.read(1 << 22):  # hashlib releases the GIL on large blocks
@@ -228,7 +237,10 @@ def open_shards(shards_dir: RunPath, manifest: dict[str, Any], entries: list[dic
         if "bytes" in entry and size != entry["bytes"]:
             raise DataError(f"shard {path} has {size} bytes, the manifest says {entry['bytes']}: "
                             f"it was truncated or replaced; {SHARDS.run_again}")
-        offsets = read_index(path)
+        index = listed.get(entry["file"] + INDEX_SUFFIX) if listed is not None else None
+        # the listing gave the index's size: one ranged GET (a whole-object read costs s3fs a HEAD and a GET)
+        offsets = read_index(path) if index is None else parse_index(read_range(index_path(path), 0, index.size),
+                                                                      index_path(path))
         if offsets.size != entry["records"]:
             raise DataError(f"index of {path} lists {offsets.size} records, the manifest says {entry['records']}")
         return TFRecordFile(path, offsets, on_corrupt=on_corrupt, size=size, generation=generation_of(path, found))
