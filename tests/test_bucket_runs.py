@@ -346,3 +346,22 @@ def test_a_run_folder_on_a_fuse_mount_of_a_bucket_is_refused_in_one_line_and_inp
         assert json.loads((tmp_path / "runs" / "tiny" / "corpus" / "manifest.json").read_text())["documents"] > 0
     finally:
         subprocess.run(["fusermount", "-u", str(mount)], check=False, timeout=60)
+
+
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
+def test_corpus_sources_in_a_bucket_are_listed_and_read_by_the_local_runner(
+        scheme: str, storage_servers: Any, tmp_path: Path) -> None:
+    """``corpus.sources[].paths`` as a bucket glob, and as a prefix of .txt objects: the same documents as the
+    same files on a disk."""
+    bucket = location(storage_servers.new_bucket(scheme))
+    for text in sorted(FIXTURE_TEXTS.glob("ru_*.txt")):
+        (bucket / "texts" / text.name).write_bytes(text.read_bytes())
+    config = fixture_config(tmp_path / "config")
+    run_recipe("01_build_corpus.py", config, f"experiment.run_root={tmp_path / 'disk'}")
+    for paths, name in ((f"{bucket}/texts/ru_*.txt", "glob"), (f"{bucket}/texts", "prefix")):
+        run_recipe("01_build_corpus.py", config, f"experiment.run_root={tmp_path / name}",
+                   f"corpus.sources=[{{kind: files, name: fixture, paths: ['{paths}']}}]")
+        got = json.loads((tmp_path / name / "tiny" / "corpus" / "manifest.json").read_text())
+        want = json.loads((tmp_path / "disk" / "tiny" / "corpus" / "manifest.json").read_text())
+        assert got["documents"] == want["documents"] > 0
+        assert [s["sha256"] for s in got["shards"]] == [s["sha256"] for s in want["shards"]], name

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiment.errors import ConfigError
+from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_dir, atomic_open, atomic_write_json, read_json_object, sha256_file
 from experiment.storage import BucketPath, RunPath, backends, create_exclusive, location, read_range, remove_tree
 from experiment.storage.mounts import bucket_mount_of
@@ -125,3 +125,24 @@ def test_a_run_folder_on_a_bucket_fuse_mount_is_recognised(tmp_path: Path) -> No
     found = bucket_mount_of(tmp_path / "mnt gcs" / "runs" / "demo", str(mountinfo))
     assert found is not None and found.fstype == "fuse.gcsfuse" and found.source == "my-bucket"
     assert bucket_mount_of(tmp_path, str(mountinfo)) is None
+
+
+def test_a_bucket_folder_copied_for_a_local_only_library_fetches_only_what_changed(
+        bucket: BucketPath, tmp_path: Path) -> None:
+    """``local_folder`` (a Hugging Face model folder named by ``model.init_from=gs://...``): a local copy, then on
+    the next call only the objects whose size or generation changed are downloaded again."""
+    from experiment.storage.download import local_copy
+
+    model = bucket / "models" / "base"
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(b"w" * 1000)
+    first = local_copy(model, "model.init_from", tmp_path / "downloads")
+    assert (first / "config.json").read_text() == '{"model_type": "llama"}'
+    assert (first / "model.safetensors").read_bytes() == b"w" * 1000
+    (first / "model.safetensors").write_bytes(b"tampered locally")  # a size the listing does not give: fetched again
+    (model / "config.json").write_text('{"model_type": "qwen3"}')
+    again = local_copy(model, "model.init_from", tmp_path / "downloads")
+    assert again == first and (again / "config.json").read_text() == '{"model_type": "qwen3"}'
+    assert (again / "model.safetensors").read_bytes() == b"w" * 1000
+    with pytest.raises(DataError, match="holds no files"):
+        local_copy(bucket / "nothing-here", "model.init_from", tmp_path / "downloads")

@@ -24,6 +24,7 @@ from data_prep.corpus.normalize import decode_bytes, normalize_text
 from experiment.errors import ConfigError, DataError
 from experiment.jsonl import iter_jsonl
 from experiment.sections.corpus import SourceConfig
+from experiment.storage import BucketPath, is_bucket_url, location
 
 log = logging.getLogger("data_prep.corpus.sources")
 
@@ -67,11 +68,15 @@ def split_text(text: str, rule: str, chunk_chars: int) -> list[str]:
 def expand_paths(patterns: list[str], key: str) -> list[Path | str]:
     """Globs and folders to a sorted list of files; a pattern that matches nothing is an error.
 
-    A URL (``gs://bucket/dir/*.jsonl.zst``, ``s3://...``) is listed through Beam's FileSystems (names and
-    sizes only, nothing read): such inputs are for the Beam runner, whose workers read them."""
+    A bucket URL (``gs://bucket/dir/*.jsonl.zst``, ``s3://...``) is listed through the run's storage layer
+    (``experiment.storage``: names only, nothing read), and read through it by either runner; another URL
+    (``hdfs://``...) through Beam's FileSystems, for the Beam runner, whose workers read it."""
     files: list[Path | str] = []
     for pattern in patterns:
         expanded = os.path.expanduser(pattern)
+        if is_bucket_url(expanded):
+            files.extend(_match_bucket(expanded, key))
+            continue
         if "://" in expanded:
             files.extend(_match_urls(expanded, key))
             continue
@@ -86,6 +91,21 @@ def expand_paths(patterns: list[str], key: str) -> list[Path | str]:
                 raise DataError(f"{key}: {expanded} {what} (give existing files, folders or globs)")
         files.extend(matches)
     return files
+
+
+def _match_bucket(pattern: str, key: str) -> list[str]:
+    """A bucket glob's objects, sorted; a URL without glob characters names an object, or a prefix of .txt files."""
+    root = location(pattern, key)
+    assert isinstance(root, BucketPath)
+    if any(ch in pattern for ch in "*?["):
+        found = [f"{root.scheme}://{name}" for name in root.fs.glob(root.fs_path) if root.fs.isfile(name)]
+    elif root.is_file():
+        found = [str(root)]
+    else:
+        found = [str(root / name) for name in root.list_objects() if name.endswith(".txt")]
+    if not found:
+        raise DataError(f"{key}: {pattern} matches no files (give existing objects, prefixes or globs)")
+    return sorted(found)
 
 
 def _match_urls(pattern: str, key: str) -> list[str]:
@@ -113,6 +133,8 @@ def open_input(path: str | Path) -> io.BufferedIOBase:
     path = str(path)
     if "://" not in path:
         return open(path, "rb")  # noqa: SIM115  (the caller closes it)
+    if is_bucket_url(path):
+        return location(path).open("rb")  # type: ignore[return-value]  # ranged reads through the storage layer
     try:
         from apache_beam.io.filesystem import CompressionTypes
         from apache_beam.io.filesystems import FileSystems
