@@ -41,7 +41,7 @@ from eval.scoring import LogitsFn, score_requests
 from experiment.errors import DataError
 from experiment.files import atomic_write_bytes, atomic_write_json
 from experiment.stages import MERA
-from experiment.storage import location
+from experiment.storage import BucketPath, RunPath, location
 
 log = logging.getLogger("eval.mera")
 
@@ -175,7 +175,7 @@ def build_submission(tasks: Sequence[str], mera_dir: str, *, logits_fn: LogitsFn
     return files, skipped, summary
 
 
-def write_submission(path: Path, files: dict[str, dict[str, Any]]) -> Path:
+def write_submission(path: RunPath, files: dict[str, dict[str, Any]]) -> RunPath:
     """The ZIP the MERA site takes, written atomically (a crash never leaves a half archive under the name)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
@@ -185,14 +185,14 @@ def write_submission(path: Path, files: dict[str, dict[str, Any]]) -> Path:
     return path
 
 
-def validate_submission(path: Path, expected: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, int]:
+def validate_submission(path: RunPath, expected: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, int]:
     """Read an archive back against the schema the site takes: every member a known task's ``<Task>.json`` at the
     top level, ``{"data": {"test": [...]}}`` of ``{"outputs", "meta"}`` with the task's meta keys and unique ids,
     a choice task's outputs among its answers, a text task's a string; with ``expected`` (file name -> the metas of
     its inputs), exactly those. Returns predictions per member; a violation is one DataError line."""
     counts: dict[str, int] = {}
     try:
-        archive = zipfile.ZipFile(path)
+        archive = zipfile.ZipFile(io.BytesIO(path.read_bytes()) if isinstance(path, BucketPath) else path)
     except (zipfile.BadZipFile, OSError) as exc:
         raise DataError(f"{path}: not a readable ZIP archive ({exc})") from exc
     with archive:

@@ -328,7 +328,12 @@ def _bucket_holder(path: BucketPath) -> tuple[backends.ObjectStat, Holder | None
 
 
 def _gone_in_bucket(path: BucketPath, found: backends.ObjectStat, holder: Holder | None) -> bool:
-    if holder is not None and holder.on_this_host() and not _pid_alive(holder.pid):
+    """Whether the lock object's holder is known gone: none is named (an object is never seen half-written, so an
+    empty or unreadable one is a released lock, e.g. a disk's lock file copied into the bucket with its run
+    folder), its pid is gone on this host, or its lease lapsed by the bucket's clock."""
+    if holder is None:
+        return True
+    if holder.on_this_host() and not _pid_alive(holder.pid):
         return True
     return _lapsed(found.updated, _bucket_now(path.parent))
 

@@ -161,3 +161,37 @@ def test_corpus_sources_in_a_bucket_are_listed_and_read_by_the_local_runner(
         assert got["documents"] == want["documents"] > 0
         assert [s["sha256"] for s in got["shards"]] == [s["sha256"] for s in want["shards"]], name
 
+
+
+def test_a_trained_run_in_a_bucket_is_exported_and_submitted_to_mera_from_there(
+        storage_servers: Any, fixture_pretrained: Path, shared_data: Path, tmp_path: Path) -> None:
+    """A trained run uploaded to a bucket: recipe 05b exports its checkpoint there as a Hugging Face folder, and
+    recipe 05c reads MERA's test inputs from a bucket prefix (``eval.mera_dir=s3://...``) and writes the archive
+    the site takes into the run folder, which the site's schema reads back."""
+    import zipfile
+
+    from eval.mera import validate_submission
+    from tests.test_mera_submission import mera_inputs
+
+    bucket = location(storage_servers.new_bucket("s3"))
+    publish_dir(fixture_pretrained.parent / "runs" / "tiny", bucket / "runs" / "tiny")
+    sizes = mera_inputs(tmp_path / "mera", shared_data)
+    publish_dir(tmp_path / "mera", bucket / "mera-inputs")
+    config = fixture_config(tmp_path / "config", train=PRETRAINED_TRAIN)
+    root = f"experiment.run_root={bucket}/runs"
+    run_recipe("05b_export_hf.py", config, root)
+    run = bucket / "runs" / "tiny"
+    exported = run.list_objects()
+    assert {"export/hf/step_0000006/config.json", "export/hf/step_0000006/model.safetensors",
+            "export/hf/step_0000006/tokenizer.json"} <= set(exported)
+    run_recipe("05c_mera_submission.py", config, root, f"eval.mera_dir={bucket}/mera-inputs",
+               "eval.mera_tasks=[rcb,simplear,use]")
+    (name,) = [n for n in run.list_objects() if n.startswith("mera/submission_step_") and n.endswith(".zip")]
+    archive = tmp_path / "submission.zip"
+    archive.write_bytes((run / name).read_bytes())
+    metas = {"RCB.json": [{"id": i} for i in range(sizes["rcb"])],
+             "SimpleAr.json": [{"id": i} for i in range(sizes["simplear"])],
+             "USE.json": [{"id": i, "id_task": str(i % 3), "variant": 1} for i in range(sizes["use"])]}
+    assert validate_submission(archive, metas) == {"RCB.json": 9, "SimpleAr.json": 7, "USE.json": 4}
+    with zipfile.ZipFile(archive) as z:
+        assert all(row["outputs"] in ("1", "2", "3") for row in json.loads(z.read("RCB.json"))["data"]["test"])

@@ -113,6 +113,9 @@ def test_two_hosts_sharing_a_bucket_one_holds_the_other_stops_and_a_lapsed_lease
 
     run = RunFolder(bucket / "runs" / "x")
     path = lock_path(run, "shards")
+    path.write_bytes(b"")  # a disk's released lock file, copied into the bucket with its run folder: no holder
+    with stage_lock(run, PRETRAIN):
+        pass
     with stage_lock(run, SHARDS):
         holder = json.loads(path.read_text())
         assert holder["pid"] == os.getpid()
