@@ -52,11 +52,13 @@ $(STORAGE_VENV)/.installed: tests/storage-servers.txt
 	$(STORAGE_VENV)/bin/python -m pip install -q -r tests/storage-servers.txt
 	@touch $@
 
-# The demo with its run folder in a bucket: both servers start on loopback, the demo runs with
-# experiment.run_root=<bucket>/runs (BUCKET_SCHEME=gs or s3), the servers stop (and forget the bucket) at the end
+# The demo with its run folder in a bucket: both servers start on loopback, the demo (recipes 01-07, then 09's
+# completions) runs with experiment.run_root=<bucket>/runs (BUCKET_SCHEME=gs or s3), the servers stop (and forget
+# the bucket) at the end
 BUCKET_SCHEME ?= gs
 demo-bucket: setup storage-servers
-	$(PY) -m tests.storage_servers run --scheme $(BUCKET_SCHEME) -- $(MAKE) demo DEMO_ARGS='experiment.run_root=$${RU_DEMO_BUCKET}/runs $(DEMO_ARGS)'
+	$(PY) -m tests.storage_servers run --scheme $(BUCKET_SCHEME) -- $(MAKE) demo generate \
+	  DEMO_ARGS='experiment.run_root=$${RU_DEMO_BUCKET}/runs $(DEMO_ARGS)' ARGS='experiment.run_root=$${RU_DEMO_BUCKET}/runs'
 
 # Both servers in the foreground for trying a bucket by hand: prints the environment to export, Ctrl-C stops them
 storage-emulators: setup storage-servers
