@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from experiment.errors import ConfigError
-from experiment.storage.urls import check_location
+from experiment.storage.urls import check_any_url
 
 SourceKind = Literal["debian", "files", "hub"]
 SplitRule = Literal["file", "paragraph", "chunk"]
@@ -52,7 +52,7 @@ class SourceConfig:
 
     def validate(self, key: str) -> None:
         for index, path in enumerate(self.paths):
-            check_location(path, f"{key}.paths[{index}]")
+            check_any_url(path, f"{key}.paths[{index}]")
         if self.kind == "files" and not self.paths:
             raise ConfigError(f"config key '{key}.paths': a files source needs at least one path or glob")
         if self.kind == "hub" and not self.dataset:
@@ -178,7 +178,7 @@ class CorpusConfig:
     def validate(self, key: str) -> None:
         if not self.sources:
             raise ConfigError(f"config key '{key}.sources': at least one source is needed")
-        check_location(self.output_uri, f"{key}.output_uri")
+        check_any_url(self.output_uri, f"{key}.output_uri")
         labels = [s.label for s in self.sources]
         duplicated = sorted({x for x in labels if labels.count(x) > 1})
         _require(not duplicated, f"{key}.sources", f"source names must differ, {duplicated} repeats (set name:)")

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from experiment.errors import ConfigError
-from experiment.storage.urls import check_location
+from experiment.storage.urls import check_any_url
 
 
 @dataclass
@@ -24,7 +24,7 @@ class ShardsConfig:
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
-        check_location(self.output_uri, f"{prefix}output_uri")
+        check_any_url(self.output_uri, f"{prefix}output_uri")
         if not 0.0 <= self.validation_percent < 100.0:
             raise ConfigError(
                 f"config key '{prefix}validation_percent': must be in [0, 100), got {self.validation_percent}"

@@ -81,3 +81,11 @@ def check_location(text: str, key: str) -> None:
     """Refuse a string that is meant as a location but is neither a local path nor a good bucket URL."""
     if is_bucket_url(text) or looks_like_url(text):
         parse_url(text, key)
+
+
+def check_any_url(text: str, key: str) -> None:
+    """For keys Beam's filesystems read too (``hdfs://``, a test scheme): refuse only a malformed gs:// or s3:// URL
+    (``s3:/b``, ``gs:b``, ``S3://b``, a bad bucket name); any other scheme is Beam's to judge."""
+    match = _ANY_URL.match(text)
+    if match and match.group(1).lower() in SCHEMES:
+        parse_url(text, key)
