@@ -85,7 +85,7 @@ from data_prep.shards.tfrecord import (
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
 from experiment.stages import SHARDS
-from experiment.storage import BucketPath, ObjectStat, RunPath, location, read_range
+from experiment.storage import BucketPath, ObjectStat, RunPath, is_bucket_url, location, read_range
 
 log = logging.getLogger("data_prep.shards.loader")
 
@@ -222,6 +222,10 @@ def open_shards(shards_dir: RunPath, manifest: dict[str, Any], entries: list[dic
     indexes read in parallel; in a bucket one listing gives every size and generation."""
     base, data_uri = shards_dir, manifest.get("data_uri")
     if data_uri and entries and not (shards_dir / entries[0]["file"]).is_file():
+        if "://" in data_uri and not is_bucket_url(data_uri):  # a scheme only Beam's filesystems read
+            raise DataError(f"shard {entries[0]['file']} is in {data_uri} (shards.output_uri), not in {shards_dir}: "
+                            "copy the shards and indexes there, or write them to a gs:// or s3:// bucket, which "
+                            "the loader reads in place")
         base = location(data_uri)  # Beam workers wrote the shards there (shards.output_uri): read them in place
     listed = base.list_objects() if isinstance(base, BucketPath) else None
 

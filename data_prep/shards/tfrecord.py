@@ -28,6 +28,7 @@ import logging
 import mmap
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import PurePosixPath
 from types import TracebackType
 from typing import Any, Literal
 
@@ -346,7 +347,8 @@ class TFRecordWriter:
         """``opener(uri)``: a context manager giving a binary handle that puts the file in place on a clean
         exit (a Beam worker's ``data_prep.beam_common.atomic_create``, for gs:// and the like); default:
         ``atomic_open`` (a local file, or a bucket object published when complete)."""
-        self.path = location(path)
+        # a Beam worker's URI may be of any scheme its filesystems know: only its name matters here
+        self.path = location(path) if opener is None else PurePosixPath(str(path))
         self._uri, self._opener = str(path), opener or (lambda uri: atomic_open(uri, "wb"))
         self._stack = contextlib.ExitStack()
         self._handle = self._stack.enter_context(self._opener(self._uri))
