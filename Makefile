@@ -55,9 +55,11 @@ $(STORAGE_VENV)/.installed: tests/storage-servers.txt
 # The demo with its run folder in a bucket: both servers start on loopback, the demo (recipes 01-07, then 09's
 # completions) runs with experiment.run_root=<bucket>/runs (BUCKET_SCHEME=gs or s3), the servers stop (and forget
 # the bucket) at the end
+# (DEMO_BUCKET_KEEP=folder: a copy of what the demo left in the bucket, kept there when the servers stop)
 BUCKET_SCHEME ?= gs
 demo-bucket: setup storage-servers
-	$(PY) -m tests.storage_servers run --scheme $(BUCKET_SCHEME) -- $(MAKE) demo generate \
+	$(PY) -m tests.storage_servers run --scheme $(BUCKET_SCHEME) $(if $(DEMO_BUCKET_KEEP),--keep $(DEMO_BUCKET_KEEP)) \
+	  -- $(MAKE) demo generate \
 	  DEMO_ARGS='experiment.run_root=$${RU_DEMO_BUCKET}/runs $(DEMO_ARGS)' ARGS='experiment.run_root=$${RU_DEMO_BUCKET}/runs'
 
 # Both servers in the foreground for trying a bucket by hand: prints the environment to export, Ctrl-C stops them

@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("serve", help="start the servers and print their environment; Ctrl-C stops them")
     run = sub.add_parser("run", help="run a command with the servers up and the environment pointing at them")
     run.add_argument("--scheme", choices=("gs", "s3"), default="gs")
+    run.add_argument("--keep", type=Path, default=None,
+                     help="copy what the command left in the bucket into this folder before the servers stop")
     run.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ru-pretrain-storage-") as logs:
@@ -171,9 +173,26 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("run: no command given")
             env = {**os.environ, **servers.env, "RU_DEMO_BUCKET": buckets[args.scheme]}
             print(f"storage servers up; RU_DEMO_BUCKET={buckets[args.scheme]}", flush=True)
-            return subprocess.call(command, env=env)
+            code = subprocess.call(command, env=env)
+            if args.keep is not None:
+                keep(servers, buckets[args.scheme], args.keep)
+            return code
         finally:
             servers.close()
+
+
+def keep(servers: StorageServers, bucket: str, folder: Path) -> None:
+    """Copy every object of ``bucket`` into ``folder`` (the servers keep their data in memory only)."""
+    os.environ.update(servers.env)
+    from experiment.storage import location
+
+    root = location(bucket)
+    objects = root.list_objects()  # type: ignore[union-attr]
+    for name in objects:
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((root / name).read_bytes())
+    print(f"kept {len(objects)} objects of {bucket} in {folder}", flush=True)
 
 
 if __name__ == "__main__":
