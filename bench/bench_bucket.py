@@ -77,7 +77,7 @@ sys.path.insert(0, str(REPO / "bench"))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
-from interleave import interleaved_rounds  # noqa: E402
+from interleave import cpu_model, interleaved_rounds  # noqa: E402
 
 from tests.storage_servers import StorageServers  # noqa: E402
 
@@ -92,15 +92,6 @@ MB = 1e6
 def log(message: str) -> None:
     print(f"[bench_bucket {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def load_average() -> list[float]:

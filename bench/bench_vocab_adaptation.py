@@ -33,7 +33,6 @@ import collections
 import json
 import math
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -48,6 +47,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from interleave import cpu_model  # noqa: E402  (this script's own folder is on sys.path)
 
 ARMS = ("keep", "mean", "random", "mean_warmup", "scratch")
 ARM_LABELS = {"keep": "base tokenizer kept (none)", "mean": "Russian tokenizer, mean init",
@@ -70,15 +71,6 @@ def progress(message: str) -> None:
     print(f"[vocab-bench {time.strftime('%H:%M:%S')} +{time.monotonic() - STARTED:5.0f}s] {message}",
           file=sys.stderr, flush=True)
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # ---------------------------------------------------------------- configs and recipes

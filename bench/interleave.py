@@ -10,8 +10,10 @@ Imported by the scripts in this folder as ``from interleave import ...`` (a scri
 
 from __future__ import annotations
 
+import platform
 import statistics
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -40,3 +42,14 @@ def median_ratio(numerators: Sequence[float], denominators: Sequence[float], dig
 def medians(results: Mapping[str, Sequence[float]], digits: int = 4) -> dict[str, float]:
     """Each side's median over the rounds."""
     return {name: round(statistics.median(values), digits) for name, values in results.items()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), which every benchmark records beside its figures."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
