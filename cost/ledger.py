@@ -471,10 +471,6 @@ class Ledger:
                 current.storage.byte_seconds += self._storage_level * (now - self._storage_since)
             return summarize([*self._past_tallies, (self.meta, current)], self.meta.get("token_budget"))
 
-    @property
-    def price_row(self) -> dict[str, Any]:
-        return dict(self.meta["price"])
-
     # ----------------------------------------------------------------------------------- closing
     def close(self, clean: bool = True) -> None:
         """End the session; ``clean=False`` (an exception) makes its unsaved work count as lost on resume.

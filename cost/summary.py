@@ -117,10 +117,6 @@ class CostSummary:
         return self.rub_by_phase.get(LOST, 0.0)
 
     @property
-    def hours_lost(self) -> float:
-        return self.seconds_by_phase.get(LOST, 0.0) / 3600
-
-    @property
     def rub_badput(self) -> float:
         """Rubles of every phase but ``train``: what the run paid for no surviving progress."""
         return sum(self.rub_by_phase.get(phase, 0.0) for phase in BADPUT_PHASES)

@@ -131,13 +131,13 @@ def demo_figures(folder: Path) -> dict[str, Any]:
     if not steps:
         raise DataError(f"{folder / 'checkpoints'}: no checkpoint: run recipes/04_pretrain.py first")
     meta = _json(folder / "checkpoints" / str(steps[-1]) / "meta" / "metadata")
+    from cost.ledger_format import read_sessions
     from cost.target import read_train_log
 
     log = [r for r in read_train_log(folder) if "train/loss" in r]
     if not log:
         raise DataError(f"{folder / 'train_log.jsonl'}: no logged step")
-    opened = [json.loads(line) for line in (folder / "ledger" / "ledger.jsonl").read_text(encoding="utf-8").splitlines()
-              if line.startswith('{"e": "open"')]
+    opened = [session.meta for session in read_sessions(folder / "ledger")]  # each session's open record
     speeds = [r["train/tokens_per_s"] for r in log if r.get("train/tokens_per_s")]
     return {
         "folder": folder.name,

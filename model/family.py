@@ -84,17 +84,6 @@ class CachedDecoding(Protocol):
         ...
 
 
-class FamilyConfig(Protocol):
-    """Fields every family's ``model:`` section has, because stages other than the model read them."""
-
-    family: str  # the registered family name
-    d_model: int  # the width of the hidden states the output projection reads
-    max_seq_len: int  # the longest sequence the model is built for (trainer and eval check against it)
-    z_loss: float  # weight of log(Z)^2 in the train loss
-    attention: str  # the attention kernel setting the fit search varies
-    remat: str  # activation checkpointing setting the fit search varies
-
-
 class HFAdapter(Protocol):
     """A family's bridge to Hugging Face Transformers: weights in PyTorch's layout plus config.json."""
 
@@ -148,7 +137,7 @@ class ModelFamily:
     """One architecture, registered once (``register_family``); see the module docstring."""
 
     name: str
-    config_cls: type[Any]  # the dataclass of its ``model:`` section (fields of ``FamilyConfig`` included)
+    config_cls: type[Any]  # the dataclass of its ``model:`` section (a subclass of experiment.sections.model's)
     build: Builder  # (model_cfg, vocab_size, rngs) -> the NNX module (a ``FamilyModel``), fp32 parameters
     flops: Callable[[Any, int, int], float]  # (model_cfg, vocab_size, seq_len) -> model FLOPs per trained token
     param_count: Callable[[Any, int], int]  # (model_cfg, vocab_size) -> parameters, by formula

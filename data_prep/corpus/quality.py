@@ -300,8 +300,3 @@ def fineweb2_rejection(text: str, t: FineWeb2Thresholds = FINEWEB2_RUS) -> str |
         return "fw2_stop_words"
     return None
 
-
-FINEWEB2_REASONS = ["fw2_empty", "fw2_dup_line_frac", *(f"fw2_top_{n}gram" for n, _ in FINEWEB2_RUS.top_n_grams),
-                    *(f"fw2_dup_{n}gram" for n, _ in FINEWEB2_RUS.dup_n_grams), "fw2_line_punct", "fw2_char_dup",
-                    "fw2_new_lines", "fw2_short_doc", "fw2_long_doc", "fw2_avg_word_length", "fw2_symbols",
-                    "fw2_bullets", "fw2_ellipsis_lines", "fw2_alpha_words", "fw2_stop_words"]

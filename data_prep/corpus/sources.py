@@ -28,7 +28,6 @@ from experiment.storage import BucketPath, is_bucket_url, location
 
 log = logging.getLogger("data_prep.corpus.sources")
 
-TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 

@@ -42,9 +42,6 @@ from experiment.errors import DataError
 from experiment.stages import CORPUS
 from tokenizer.loaded import encode_one, tokenizer_from_source
 
-OrderKey = tuple[int, int]  # (corpus file number, line number)
-
-
 # ---------------------------------------------------------------- per-element functions (pure, testable)
 
 def file_offsets(totals: Iterable[tuple[tuple[str, int], tuple[int, int]]]) -> dict[str, dict[str, Any]]:
