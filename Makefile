@@ -168,7 +168,7 @@ test-extras: test-extra-hf test-extra-tpu-a test-extra-tpu-b test-extra-beam tes
 # README.md's and eval/README.md's figures of the demo and the sweep, reread from runs/demo and runs/demo-sweep
 .PHONY: readme-figures
 readme-figures: setup
-	$(PY) -m eval.figures --write README.md eval/README.md
+	$(PY) -m tools.readme_figures --write
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -155,7 +155,8 @@ class Target:
         return str(self.local_root / "shards") if self.scheme is None else f"{self.bucket}/shards"
 
     def checkpoints(self, name: str) -> str:
-        return str(self.local_root / "checkpoints" / name) if self.scheme is None else f"{self.bucket}/checkpoints/{name}"
+        return (str(self.local_root / "checkpoints" / name) if self.scheme is None
+                else f"{self.bucket}/checkpoints/{name}")
 
     def requests(self) -> int | None:
         return self.proxy.requests() if self.proxy is not None else None
@@ -416,7 +417,8 @@ def read_obstore(target: Target, ranges: Ranges) -> dict[str, Any]:
 
     store = S3Store(target.bucket.removeprefix("s3://"), prefix="shards", endpoint=target.endpoint,
                     region=os.environ.get("AWS_REGION", "us-east-1"),
-                    access_key_id=os.environ["AWS_ACCESS_KEY_ID"], secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                    access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                    secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
                     virtual_hosted_style_request=False, client_options={"allow_http": True})
 
     async def read_all() -> tuple[dict[str, Any], list[bytes]]:
@@ -539,7 +541,8 @@ def host_rate() -> dict[str, Any]:
     _model, _tokens, rows, _checks = plan(cfg, None)
     row = rows[0]
     per_chip = float(row["tokens_per_s_per_chip"])
-    return {"config": PLAN_CONFIG, "accelerator": row["accelerator"], "chips": row["chips"], "mfu": round(row["mfu"], 4),
+    return {"config": PLAN_CONFIG, "accelerator": row["accelerator"], "chips": row["chips"],
+            "mfu": round(row["mfu"], 4),
             "tokens_per_s_per_chip": round(per_chip, 1), "chips_per_host": CHIPS_PER_V6E_HOST,
             "tokens_per_s_per_host": round(per_chip * CHIPS_PER_V6E_HOST, 1)}
 
@@ -567,7 +570,8 @@ def tables(result: dict[str, Any], names: list[str]) -> list[str]:
         for name in names:
             lo, ck = loader[name]["median"], ckpt[name]["median"]
             lines.append(f"| {name} | {fmt(lo['first_batch_s'], 2)} | {fmt(lo['manifest_s'] + lo['open_s'], 2)} | "
-                         f"{fmt(lo['tokens_per_s'])} | {fmt(lo['rows_per_s'])} | {fmt(lo['verified_lookups_done_s'], 1)} | "
+                         f"{fmt(lo['tokens_per_s'])} | {fmt(lo['rows_per_s'])} | "
+                         f"{fmt(lo['verified_lookups_done_s'], 1)} | "
                          f"{fmt(mb / ck['save_s'], 1)} | {fmt(mb / (ck['save_s'] + ck['checksums_s']), 1)} | "
                          f"{fmt(mb / ck['restore_s'], 1)} |")
         lines += ["", "| loader phase (medians) | target | wall s | requests | client CPU ms / request | "
@@ -579,7 +583,8 @@ def tables(result: dict[str, Any], names: list[str]) -> list[str]:
                 count = ph.get("requests") or (loader[name]["median"]["rows_per_s"] * ph["wall_s"]
                                                if phase == "stream" else None)
                 lines.append(f"| {phase} | {name} | {fmt(ph['wall_s'], 2)} | {fmt(ph.get('requests'))} | "
-                             f"{fmt(per(ph['client_cpu_s'], count), 2)} | {fmt(per(ph.get('server_cpu_s'), count), 2)} | "
+                             f"{fmt(per(ph['client_cpu_s'], count), 2)} | "
+                             f"{fmt(per(ph.get('server_cpu_s'), count), 2)} | "
                              f"{fmt(per(ph.get('proxy_cpu_s'), count), 2)} |")
     if result.get("ceilings"):
         lines += ["", "| loader stream (medians) | rows/s measured | ceiling from latency: threads / latency | "

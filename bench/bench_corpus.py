@@ -89,7 +89,8 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
                                                                         "cpu_seconds")}, digits=2)
         results.append({
             "runner": name, "cores": cores, **row, "seconds_rounds": [round(r["seconds"], 2) for r in rounds[name]],
-            "docs_per_s": round(len(docs) / row["seconds"], 1), "mb_per_s_per_core": round(mb / row["seconds"] / cores, 3),
+            "docs_per_s": round(len(docs) / row["seconds"], 1),
+            "mb_per_s_per_core": round(mb / row["seconds"] / cores, 3),
             "mb_per_cpu_s": round(mb / row["cpu_seconds"], 3),
             "speed_vs_plain_loop": median_ratio([r["seconds"] for r in plain], [r["seconds"] for r in rounds[name]], 2),
             "cpu_efficiency_vs_plain_loop": median_ratio([r["cpu_seconds"] for r in plain],

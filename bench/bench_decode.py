@@ -201,7 +201,8 @@ def theirs_worker(args: argparse.Namespace, compiled: bool) -> tuple[dict[str, A
 
 def serve(args: argparse.Namespace) -> None:
     """Worker loop: build, one untimed call per batch size (compile, warm-up), then ``RUN b`` until ``DONE``."""
-    facts, decoder = ours_worker(args) if args.worker == "ours" else theirs_worker(args, args.worker == "hf_static_compiled")
+    facts, decoder = (ours_worker(args) if args.worker == "ours"
+                      else theirs_worker(args, args.worker == "hf_static_compiled"))
     batches = [int(b) for b in args.batches.split(",")]
     prompts = make_prompts(args.vocab, max(batches), args.prompt_len, args.seed)
     facts["first_call_s"] = {}
@@ -299,7 +300,8 @@ def main() -> None:
     load_before = os.getloadavg()
     batches = [int(b) for b in args.batches.split(",")]
     shared = ["--vocab", str(args.vocab), "--prompt-len", str(args.prompt_len), "--batches", args.batches,
-              "--new-tokens", str(args.new_tokens), "--seed", str(args.seed), "--torch-threads", str(args.torch_threads)]
+              "--new-tokens", str(args.new_tokens), "--seed", str(args.seed),
+              "--torch-threads", str(args.torch_threads)]
     with tempfile.TemporaryDirectory(prefix="decode-bench-") as folder:
         argv = [*shared, "--folder", folder]
         workers = {"ours": Worker(sys.executable, "ours", argv)}  # writes the folder the peers load

@@ -91,7 +91,8 @@ def check_cudnn_attention() -> dict[str, Any]:
         grads = {impl: jax.jit(jax.grad(lambda q, k, v, impl=impl: loss(impl, q, k, v), argnums=(0, 1, 2)))(q, k, v)
                  for impl in ("cudnn", "einsum")}
         result[name] = {
-            "out_max_abs_err": float(jnp.max(jnp.abs(outs["cudnn"].astype(jnp.float32) - outs["einsum"].astype(jnp.float32)))),
+            "out_max_abs_err": float(jnp.max(jnp.abs(outs["cudnn"].astype(jnp.float32)
+                                                     - outs["einsum"].astype(jnp.float32)))),
             "grad_max_rel_err": max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - r.astype(jnp.float32))) /
                                           (float(jnp.max(jnp.abs(r.astype(jnp.float32)))) or 1.0))
                                     for a, r in zip(grads["cudnn"], grads["einsum"], strict=True)),
@@ -119,9 +120,11 @@ def jax_side(args: argparse.Namespace, attention: str, scanned: bool) -> tuple[d
     in_use = (jax.devices()[0].memory_stats() or {}).get("bytes_in_use", 0)
     run(1)
     stats = jax.devices()[0].memory_stats() or {}
+    kernel = resolve_attention(attention, jax.default_backend(), np.dtype("bfloat16"), model_cfg.resolved_head_dim,
+                               args.seq_len)
     facts = {"device_memory_gib_after_first_step": stats.get("peak_bytes_in_use", 0) / 2**30,
              "device_memory_gib_held_before": in_use / 2**30,
-             "side": f"ours ({'scanned' if scanned else 'unrolled'}, {attention} -> {resolve_attention(attention, jax.default_backend(), np.dtype('bfloat16'), model_cfg.resolved_head_dim, args.seq_len)})",
+             "side": f"ours ({'scanned' if scanned else 'unrolled'}, {attention} -> {kernel})",
              "framework": f"jax {jax.__version__}", "compile_and_first_step_s": time.perf_counter() - started,
              "flops_per_token": train_flops_per_token(model_cfg, args.vocab, args.seq_len)}
 
@@ -276,7 +279,8 @@ def main() -> None:
                 sides.append(jax_side(args, attention, layout == "scanned"))
                 emit(args.out, sides[-1][0])
             except Exception as exc:  # noqa: BLE001 - e.g. XLA's attention running out of memory: report it, go on
-                emit(args.out, {"side": f"ours ({layout}, {attention})", "failed": f"{type(exc).__name__}: {exc}"[:300]})
+                emit(args.out, {"side": f"ours ({layout}, {attention})",
+                                "failed": f"{type(exc).__name__}: {exc}"[:300]})
     if not args.no_torch:
         for compiled in (False, True) if args.torch_compile else (False,):
             try:

@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SHAPE = {"d_model": 1024, "n_layers": int(os.environ.get("BENCH_LAYERS", 20)), "n_heads": 16, "n_kv_heads": 8, "d_ff": 2816, "max_seq_len": 2048,
-         "tie_embeddings": False}
+SHAPE = {"d_model": 1024, "n_layers": int(os.environ.get("BENCH_LAYERS", 20)), "n_heads": 16, "n_kv_heads": 8,
+         "d_ff": 2816, "max_seq_len": 2048, "tie_embeddings": False}
 VOCAB = 32_000
 
 
@@ -57,7 +57,8 @@ def write(folder: str, shards: int) -> None:
         weight_map.update({n: file for n in group})
         del tensors
     if shards > 1:
-        (Path(folder) / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        (Path(folder) / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map}))
     (Path(folder) / "config.json").write_text(json.dumps(llama_config(cfg, VOCAB)))
 
 

@@ -87,7 +87,8 @@ def bench_readers(shards: Path) -> dict[str, Any]:
     files = [str(f.path) for f in source.files]
     started = time.perf_counter()
     ours = sum(int(source[i]["input_ids"].sum()) for i in range(len(source)))
-    result: dict[str, Any] = {"records": len(source), "ours_records_per_s": len(source) / (time.perf_counter() - started)}
+    result: dict[str, Any] = {"records": len(source),
+                              "ours_records_per_s": len(source) / (time.perf_counter() - started)}
     try:
         import tensorflow as tf
     except ImportError:
@@ -125,7 +126,8 @@ def main() -> None:
     result.update(bench_loader(shards, cfg.train.batch_size, args.batches))
     if not args.skip_train_step:
         result.update(bench_train_step(cfg, vocab_size, args.steps))
-        result["ratio_loader_per_core_to_train_step"] = result["loader_tokens_per_cpu_s"] / result["train_step_tokens_per_s"]
+        result["ratio_loader_per_core_to_train_step"] = (result["loader_tokens_per_cpu_s"]
+                                                         / result["train_step_tokens_per_s"])
         result["goal_ratio"] = 20
     result["readers"] = bench_readers(shards)
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}, indent=2, default=str))

@@ -53,7 +53,8 @@ def run_arm(name: str, stages: Path, steps: int, tail: int) -> dict[str, object]
     if sorted(losses) != list(range(1, steps + 1)):
         raise SystemExit(f"{name}: train_log.jsonl lacks steps (has {len(losses)} of {steps})")
     last = [losses[s] for s in range(steps - tail + 1, steps + 1)]
-    return {"arm": name, "overrides": ARMS[name], "loss_at_steps": {s: round(losses[s], 4) for s in (1, steps // 2, steps)},
+    return {"arm": name, "overrides": ARMS[name],
+            "loss_at_steps": {s: round(losses[s], 4) for s in (1, steps // 2, steps)},
             f"mean_loss_last_{tail}": round(statistics.fmean(last), 4), "wall_s": round(wall, 1)}
 
 

@@ -59,7 +59,8 @@ def cpu() -> dict[str, str]:
     info = {"machine": platform.machine(), "cores": str(os.cpu_count())}
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-        info["model"] = next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name"))
+        info["model"] = next(line.split(":", 1)[1].strip() for line in text.splitlines()
+                             if line.startswith("model name"))
         flags = next(line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags"))
         info["flags"] = " ".join(f for f in flags if f.startswith(("avx", "amx", "fma")))
     except (OSError, StopIteration):
@@ -77,7 +78,8 @@ def compile_once(config: Path, overrides: list[str], scanned: bool, timeout: flo
         try:
             proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return {"scan_layers": scanned, "error": f"no result within {timeout:.0f} s", "wall_s": round(time.monotonic() - started)}
+            return {"scan_layers": scanned, "error": f"no result within {timeout:.0f} s",
+                    "wall_s": round(time.monotonic() - started)}
         wall = time.monotonic() - started
         reports = list(Path(tmp).glob("*/reports/fit_check.json"))
         if not reports:

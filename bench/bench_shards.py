@@ -115,8 +115,8 @@ def main() -> None:
         rounds.append({
             "numpy": timed(lambda: encode_only(sp, texts, cfg.encode_batch_documents, "numpy")),
             "list": timed(lambda: encode_only(sp, texts, cfg.encode_batch_documents, int)),
-            "shards": timed(lambda: write_splits(iter(docs), run_tokenizer, out_dir, cfg, args.seq_len, eos_id=sp.eos_id(),
-                                                 pad_id=max(sp.pad_id(), 0), threads=1)),
+            "shards": timed(lambda: write_splits(iter(docs), run_tokenizer, out_dir, cfg, args.seq_len,
+                                                 eos_id=sp.eos_id(), pad_id=max(sp.pad_id(), 0), threads=1)),
         })
 
     cpu = {side: statistics.median([r[side][1] for r in rounds]) for side in ("numpy", "list", "shards")}

@@ -343,12 +343,14 @@ def line_by_line(encoders: dict[str, Any], heldout: dict[str, list[dict[str, Any
     single sentences or posts sees (no newline tokens; ``"\\n\\n"`` as one piece is no help there), and
     the same over the unseen samples' lines with at least ``min_digits`` digits (``split_digits``)."""
     lines = {source: [line for d in docs for line in d["text"].split("\n") if line] for source, docs in heldout.items()}
-    dense = [line for source in unseen for line in lines.get(source, []) if sum(c.isdigit() for c in line) >= min_digits]
+    dense = [line for source in unseen for line in lines.get(source, [])
+             if sum(c.isdigit() for c in line) >= min_digits]
 
     def measure(encode: Any, texts: list[str]) -> dict[str, Any]:
         chars = sum(len(t) for t in texts)
         tokens = sum(len(encode(t)) for t in texts)
-        return {"lines": len(texts), "chars": chars, "tokens": tokens, "chars_per_token": round(chars / max(tokens, 1), 4)}
+        return {"lines": len(texts), "chars": chars, "tokens": tokens,
+                "chars_per_token": round(chars / max(tokens, 1), 4)}
 
     return {name: {"by_source": {source: measure(encode, texts) for source, texts in lines.items()},
                    "digit_dense_lines": {"min_digits": min_digits, **measure(encode, dense)}}
@@ -381,7 +383,8 @@ def trainer_option_overrides(pairs: list[str]) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
-        overrides[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.lstrip("-").isdigit() else value)
+        overrides[key] = {"true": True, "false": False}.get(value.lower(),
+                                                            int(value) if value.lstrip("-").isdigit() else value)
     if overrides:
         plain = train.trainer_options
         train.trainer_options = lambda tok, seed: {**plain(tok, seed), **overrides}
@@ -432,7 +435,8 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
         "experiment": {"name": "ruslit-unseen", "run_root": str(args.unseen), "seed": 0},
         "tokenizer": {"vocab_size": args.vocab_size, "model_type": args.model_type, "report_max_docs": 100_000,
                       "split_digits": args.split_digits, "space_digit_pieces": not args.no_space_digit_pieces,
-                      "normalization": args.normalization, "heldout_sources": unseen, "extra_train_sources": extra_sources, "hf_export": False, "num_threads": os.cpu_count() or 1,
+                      "normalization": args.normalization, "heldout_sources": unseen,
+                      "extra_train_sources": extra_sources, "hf_export": False, "num_threads": os.cpu_count() or 1,
                       "baseline_hf_bpe": not args.no_hf_baseline,
                       **({} if args.character_coverage is None else {"character_coverage": args.character_coverage}),
                       **({} if args.max_piece_length is None else {"max_piece_length": args.max_piece_length}),
@@ -470,11 +474,14 @@ def unseen_report(args: argparse.Namespace) -> dict[str, Any]:
              for name, result in results.items()}
     return {"bench": "tokenizer-unseen", "vocab_size": args.vocab_size, "model_type": args.model_type,
             "split_digits": args.split_digits, "space_digit_symbols": list(cfg.tokenizer.space_digit_symbols()),
-            "normalization": args.normalization, "character_coverage": cfg.tokenizer.character_coverage, "max_piece_length": cfg.tokenizer.max_piece_length,
+            "normalization": args.normalization, "character_coverage": cfg.tokenizer.character_coverage,
+            "max_piece_length": cfg.tokenizer.max_piece_length,
             "user_defined_symbols": cfg.tokenizer.user_defined_symbols, "trainer_options_overridden": extra_options,
             "extra_corpus": args.extra_corpus,
             "single_char_pieces": single_char_pieces(folder.tokenizer),
-            "digit_dense_lines": digit_dense_lines(folder.tokenizer, docs, unseen), "line_by_line": lines, "unseen_authors": args.unseen_authors, "excluded_authors": args.exclude_authors, "unseen_sources": unseen, "extra_train": args.extra_train,
+            "digit_dense_lines": digit_dense_lines(folder.tokenizer, docs, unseen), "line_by_line": lines,
+            "unseen_authors": args.unseen_authors, "excluded_authors": args.exclude_authors, "unseen_sources": unseen,
+            "extra_train": args.extra_train,
             "train": report["train"], "stage_seconds": round(time.perf_counter() - started, 1),
             "report": str(folder.tokenizer / "report.md"), "by_source": table}
 
@@ -488,7 +495,8 @@ def main() -> None:
     parser.add_argument("--user-symbols", nargs="*", default=None,
                         help="tokenizer.user_defined_symbols (--unseen; default: the config's)")
     parser.add_argument("--trainer-option", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="SentencePiece trainer options that are no config key, e.g. split_by_unicode_script=false (--unseen)")
+                        help="SentencePiece trainer options that are no config key, "
+                             "e.g. split_by_unicode_script=false (--unseen)")
     parser.add_argument("--max-mb", type=float, default=None, help="cap the ruslit text used (MB of UTF-8)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (a fresh process per side each)")
     parser.add_argument("--stage-report", type=Path, default=None,
@@ -500,13 +508,15 @@ def main() -> None:
                         help="ruslit authors left out entirely (what less training prose costs on the unseen authors)")
     parser.add_argument("--extra-train", nargs="*", default=[], help="Debian packages whose text joins training")
     parser.add_argument("--extra-corpus", nargs="*", default=[],
-                        help="Debian packages whose text joins the corpus (5%% held out, source debian-train as in the earlier runs)")
+                        help="Debian packages whose text joins the corpus "
+                             "(5%% held out, source debian-train as in the earlier runs)")
     parser.add_argument("--character-coverage", type=float, default=None,
                         help="tokenizer.character_coverage (default: the config's)")
     parser.add_argument("--split-digits", action="store_true", help="tokenizer.split_digits=true (every digit a token)")
     parser.add_argument("--no-space-digit-pieces", action="store_true", help="tokenizer.space_digit_pieces=false")
     parser.add_argument("--char-level-peer", action="store_true",
-                        help="also the peer's recipe on characters (Hugging Face BPE, its word boundaries), line by line")
+                        help="also the peer's recipe on characters (Hugging Face BPE, its word boundaries), "
+                             "line by line")
     parser.add_argument("--no-hf-baseline", action="store_true", help="skip the HF byte-level BPE baseline (--unseen)")
     parser.add_argument("--normalization", default="ru_text_v1", choices=["ru_text_v1", "identity"])
     parser.add_argument("--debian-cache", type=Path, default=Path("/tmp/bench-debian"))

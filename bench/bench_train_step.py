@@ -263,7 +263,8 @@ def main() -> None:
     parser.add_argument("--scan-layers", choices=["true", "false"], default="true", help="worker: model.scan_layers")
     parser.add_argument("--scan-unroll", type=int, default=0, help="worker: model.scan_unroll (0: by platform)")
     parser.add_argument("--layouts", default="scanned",
-                        help="driver: our sides, comma-separated: scanned (side 'jax'), unrolled (side 'jax_unrolled'), "
+                        help="driver: our sides, comma-separated: scanned (side 'jax'), "
+                             "unrolled (side 'jax_unrolled'), "
                              "scanned:N (scanned with model.scan_unroll=N, side 'jax_scanned_N')")
     parser.add_argument("--no-cpu-host", dest="cpu_host", action="store_false",
                         help="our side without trainer/cpu_host.py's settings (one device, default allocator)")
@@ -311,7 +312,8 @@ def main() -> None:
         for name in sides:
             if name != "jax":  # tokens/s ratio = the peer's step time over ours, round by round
                 row[f"ratio_tokens_per_s_jax_over_{name}"] = median_ratio(times[name], times["jax"])
-                row[f"ratio_peak_rss_jax_over_{name}"] = round(row["jax"]["peak_rss_gib"] / row[name]["peak_rss_gib"], 3)
+                row[f"ratio_peak_rss_jax_over_{name}"] = round(row["jax"]["peak_rss_gib"]
+                                                               / row[name]["peak_rss_gib"], 3)
         rows.append(row)
     print(json.dumps({"cpu": cpu_facts(), "shape": dict(zip(shape[0::2], shape[1::2], strict=False)),
                       "steps_per_round": args.steps, "rounds": args.rounds, "results": rows}, indent=2))

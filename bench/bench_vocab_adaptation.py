@@ -296,7 +296,8 @@ def eval_points(args: argparse.Namespace, name: str, weights: dict[str, int]) ->
             eval_seconds[step] = float(record["eval/seconds"])
             rub, hours = float(record["cost/rub_spent"]), float(record["cost/hours"])
             spent_on_evals = sum(eval_seconds.values()) / 3600 * (rub / hours)
-            by_step[step] = {"step": step, "bpb": heldout_bpb(record, weights), "val_bpb": float(record["eval/val_bpb"]),
+            by_step[step] = {"step": step, "bpb": heldout_bpb(record, weights),
+                             "val_bpb": float(record["eval/val_bpb"]),
                              **{stem: float(record[f"eval/heldout/{stem}/bpb"]) for stem in weights},
                              "rub": rub, "rub_excl_eval": rub - spent_on_evals}
     return [by_step[s] for s in sorted(by_step)]
@@ -436,7 +437,8 @@ def markdown_tables(result: dict[str, Any]) -> str:
                      f"{fmt_interval(summary['heldout_bpb'][arm][last])} | "
                      f"{fmt_shares(summary['to_scratch_final'][arm]['step'])} | "
                      f"{fmt_shares(summary['to_scratch_final'][arm]['rub_excl_eval'])} | {rub:.3f} ({rub_excl:.3f}) |")
-    lines += ["", f"(mean over {n} seeds [95% t-interval]; held-out: {', '.join(HELDOUT_AUTHORS)}, pooled by bytes)", "",
+    lines += ["", f"(mean over {n} seeds [95% t-interval]; held-out: {', '.join(HELDOUT_AUTHORS)}, "
+                  "pooled by bytes)", "",
               "| step | " + " | ".join(f"{arm} - {ref}" for arm, ref in COMPARISONS) + " |",
               "|---:|" + "---:|" * len(COMPARISONS)]
     for step in summary["steps"]:

@@ -80,7 +80,8 @@ def main() -> None:
         scores = [detect_language(d, tuple(cfg.languages), cfg.sample_chars)
                   for d in progress(docs, desc=lang, unit="doc", leave=False)]
         results[lang] = {"documents": len(docs),
-                         "accepted_as_ru": {str(t): sum(code == "ru" and c >= t for code, c in scores) / max(len(docs), 1)
+                         "accepted_as_ru": {str(t): (sum(code == "ru" and c >= t for code, c in scores)
+                                                     / max(len(docs), 1))
                                             for t in THRESHOLDS}}
     atomic_write_json(Path(args.out), {"lingua_languages": cfg.languages, "results": results})
     print("documents  " + "  ".join(f"{r['documents']:9d}" for r in results.values()))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from experiment.errors import ConfigError, DataError
+from experiment.sections.cost import CostConfig
 
 BUNDLED_PRICES = Path(__file__).with_name("catalog.csv")
 BUNDLED_HARDWARE = Path(__file__).with_name("hardware.csv")
@@ -209,7 +210,8 @@ def read_hardware(path: Path, bundled: bool = False) -> list[HardwareRow]:
         rows.append(HardwareRow(name=raw["name"], vendor=raw["vendor"], peak_bf16_tflops=peak, hbm_gib=hbm,
                                 source=raw["source"], date=raw["date"], note=raw.get("note", ""),
                                 devices_per_chip=int(devices),
-                                source_kind=_source_kind(raw, path, line, bundled, peak is not None or hbm is not None)))
+                                source_kind=_source_kind(raw, path, line, bundled,
+                                                         peak is not None or hbm is not None)))
     return rows
 
 
@@ -233,7 +235,7 @@ class Catalog:
         return cls(prices=list(merged.values()), hardware=hardware, contract_rates=dict(contract_rates or {}))
 
     @classmethod
-    def from_config(cls, cost_cfg: Any) -> Catalog:
+    def from_config(cls, cost_cfg: CostConfig) -> Catalog:
         return cls.load(cost_cfg.catalog_path, cost_cfg.hardware_path, cost_cfg.contract_rates)
 
     def contract(self, name: str, pricing: str) -> PriceRow:

@@ -36,6 +36,7 @@ from cost.target import (
 from experiment import appendlog
 from experiment.errors import MissingStageError
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.stages import EVAL, PRETRAIN
 from experiment.sweep import sweep_name, sweep_variants, variant_experiment_name
 from tracking.metrics import RUB_SPENT
@@ -131,7 +132,7 @@ def eval_results_summary(eval_dir: Path) -> dict[str, float]:
     return {}
 
 
-def history_keys(cfg: Any, target: Target | None) -> list[list[str]]:
+def history_keys(cfg: ExperimentConfig, target: Target | None) -> list[list[str]]:
     """The history series the comparison reads online: the loss, and the target metric's eval points."""
     keys = [[cfg.cost.loss_metric, RUB_SPENT]]
     if target is not None:
@@ -139,14 +140,14 @@ def history_keys(cfg: Any, target: Target | None) -> list[list[str]]:
     return keys
 
 
-def known_target(cfg: Any) -> Target | None:
+def known_target(cfg: ExperimentConfig) -> Target | None:
     """The target when it is known before any run is read (an eval metric found in the runs comes later)."""
     named = cfg.cost.target_metric or cfg.cost.eval_metric
     return target_of(cfg.cost, named) if cfg.cost.target_bpb is not None or named else None
 
 
-def read_runs(cfg: Any, folder: RunFolder, group: str, exclude_id: str | None, experiment: str | None = None,
-              target: Target | None = None) -> list[RunRecord]:
+def read_runs(cfg: ExperimentConfig, folder: RunFolder, group: str, exclude_id: str | None,
+              experiment: str | None = None, target: Target | None = None) -> list[RunRecord]:
     """The group's runs (of ``experiment`` only, when given: a sweep's variants share a group): the W&B
     API when online (falling back on failure), else the offline run folders."""
     runs: list[RunRecord] | None = None
@@ -157,7 +158,8 @@ def read_runs(cfg: Any, folder: RunFolder, group: str, exclude_id: str | None, e
             log.warning("W&B API unavailable (%s): reading the local offline runs instead", str(exc).splitlines()[0])
     if runs is None:
         runs = read_offline_runs(folder.wandb, group=group, exclude_ids=(exclude_id,) if exclude_id else ())
-    return [r for r in runs if r.run_id != exclude_id and (experiment is None or run_experiment(r) in (None, experiment))]
+    return [r for r in runs
+            if r.run_id != exclude_id and (experiment is None or run_experiment(r) in (None, experiment))]
 
 
 def run_experiment(run: RunRecord) -> str | None:
@@ -166,7 +168,7 @@ def run_experiment(run: RunRecord) -> str | None:
     return section.get("name") if isinstance(section, dict) else None
 
 
-def compared_experiments(cfg: Any) -> list[tuple[str, str]]:
+def compared_experiments(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """(experiment name, its W&B group) of every experiment compared: a sweep's variants (the config
     declares experiment.variants or .grid), else this experiment; then ``cost.compare_experiments``."""
     variants = [] if cfg.experiment.variant else sweep_variants(cfg.experiment)
@@ -193,7 +195,7 @@ def folder_group(folder: RunFolder, default: str) -> str:
     return default
 
 
-def pick_eval_metric(cfg: Any, summaries: list[dict[str, Any]]) -> str | None:
+def pick_eval_metric(cfg: ExperimentConfig, summaries: list[dict[str, Any]]) -> str | None:
     """The configured metric, else eval/<task>/acc (or accuracy) of the first eval task that has one,
     else the first eval/*/acc key seen."""
     if cfg.cost.eval_metric:
@@ -264,7 +266,8 @@ def target_cells(exp: ExperimentRuns, target: Target, cost: CostSummary) -> dict
             "tokens_to_target": crossing.tokens, "best_value": crossing.best, "_points": points}
 
 
-def cost_row(cfg: Any, exp: ExperimentRuns, metric: str | None, target: Target | None = None) -> dict[str, Any]:
+def cost_row(cfg: ExperimentConfig, exp: ExperimentRuns, metric: str | None,
+             target: Target | None = None) -> dict[str, Any]:
     """One table row: cost from the latest pretrain run's summary, else from the ledger."""
     ledger_dir = exp.folder.ledger
     row: dict[str, Any] = {"experiment": exp.name, "variant": variant_text(exp)}
@@ -404,7 +407,8 @@ def plot_eval_vs_rubles(rows: list[dict[str, Any]], metric: str | None, path: Pa
     ax.set_xlabel("rubles spent (pretraining)")
     ax.set_ylabel(metric or "eval score")
     missing = sum(p.error_bar is None for p in points)
-    note = "bars: 95% intervals (Wilson for accuracies)" + (f"; {missing} run(s) without recorded interval" if missing else "")
+    note = "bars: 95% intervals (Wilson for accuracies)" + (f"; {missing} run(s) without recorded interval"
+                                                           if missing else "")
     ax.set_title(f"Eval score against rubles\n{note}", fontsize="medium")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1)
@@ -444,7 +448,7 @@ def plot_frontier(rows: list[dict[str, Any]], target: Target, path: Path) -> Pat
     return save_figure(fig, path)
 
 
-def compare_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
+def compare_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
     """Recipe 06: the cost table and plots of this experiment and ``cost.compare_experiments``."""
     exclude = getattr(wandb_run, "id", None)
     experiments = []
@@ -488,7 +492,8 @@ def compare_costs(cfg: Any, run_folder: RunFolder, wandb_run: Any) -> list[dict[
             images["frontier"] = frontier_png
         else:
             notes.append(f"no frontier plot: no run logged '{target.metric}' during training (train.eval_every)")
-    log.info("compared %d experiment(s): %s", len(rows), ", ".join(f"{r['experiment']} ({r['cost_source']})" for r in rows))
+    log.info("compared %d experiment(s): %s", len(rows),
+             ", ".join(f"{r['experiment']} ({r['cost_source']})" for r in rows))
     columns = columns_for(target)
     files = write_table(rows, columns, reports / "costs", "Experiment costs in rubles", notes=notes,
                         terminal_columns=terminal_order(rows, columns))

@@ -14,6 +14,7 @@ from typing import Any
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import read_json_object
+from experiment.sections.model import FamilyConfig
 
 HF_PREFIX = "hf:"
 SHIPPED_CONFIGS = Path(__file__).with_name("hf_configs")
@@ -46,7 +47,7 @@ def read_config_json(path: Path, key: str) -> dict[str, Any]:
         raise ConfigError(f"config key '{key}': {exc}") from exc
 
 
-def hf_model_shape(spec: str, key: str, run_settings: Any) -> tuple[str, Any, int]:
+def hf_model_shape(spec: str, key: str, run_settings: FamilyConfig) -> tuple[str, FamilyConfig, int]:
     """``(label, model section, vocab_size)`` of an ``hf:`` value. The family and shape come from
     config.json (``model.hf_checkpoint.hf_model_config``: llama, mistral, qwen2, qwen3); the sequence
     length and the run's settings (remat, attention kernel) from ``run_settings``, the experiment's

@@ -54,6 +54,7 @@ from cost.storage import AUTO, NONE, StorageChoice, folder_bytes, listing_reques
 from cost.summary import LOST, CostSummary, price_dict
 from experiment import appendlog
 from experiment.errors import DataError
+from experiment.sections.cost import CostConfig
 from experiment.storage import RunPath, is_bucket, location
 from experiment.storage.backends import storage_failure_reason
 
@@ -80,7 +81,7 @@ def _process_start_time() -> float | None:
     return psutil.Process().create_time()
 
 
-def price_rows(cost_cfg: Any, catalog: Catalog | None = None) -> tuple[Any, list[dict[str, Any]]]:
+def price_rows(cost_cfg: CostConfig, catalog: Catalog | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """The catalog rows a session is priced by: ``cost.accelerator``/``pricing`` and each infrastructure item.
     A name or pricing the catalog lacks is a ConfigError naming the key; a recipe asks this before it opens
     anything (``check``), so a typo leaves no W&B run or ledger session behind."""
@@ -97,7 +98,7 @@ def price_rows(cost_cfg: Any, catalog: Catalog | None = None) -> tuple[Any, list
     return price, infra
 
 
-def storage_choice(cost_cfg: Any, ledger_dir: RunPath, catalog: Catalog | None = None) -> StorageChoice:
+def storage_choice(cost_cfg: CostConfig, ledger_dir: RunPath, catalog: Catalog | None = None) -> StorageChoice:
     """The storage class the run folder holding ``ledger_dir`` is priced at (``cost.storage``), or none; ``auto``
     that finds no price for a bucket says so once, as a warning."""
     run_folder = ledger_dir.parent
@@ -152,7 +153,7 @@ class Ledger:
 
     # ----------------------------------------------------------------------------------- opening
     @classmethod
-    def open(cls, ledger_dir: str | os.PathLike[str] | RunPath, cost_cfg: Any, run_id: str, *,
+    def open(cls, ledger_dir: str | os.PathLike[str] | RunPath, cost_cfg: CostConfig, run_id: str, *,
              catalog: Catalog | None = None, rate: UsdRubRate | None = None,
              clock: Callable[[], float] = time.time, started_at: float | None = None,
              background: bool = True, chips_in_use: int | None = None,

@@ -178,7 +178,8 @@ def _record_time(record: dict[str, Any]) -> float:
     return float(record.get("t1", record.get("t", -math.inf)))
 
 
-def records_until(records: list[dict[str, Any]], checkpoint_item: dict[str, Any], path: RunPath) -> list[dict[str, Any]]:
+def records_until(records: list[dict[str, Any]], checkpoint_item: dict[str, Any],
+                  path: RunPath) -> list[dict[str, Any]]:
     """The records up to the session and moment of a checkpoint's ledger item (``Ledger.checkpoint_record``)."""
     try:
         session, moment = int(checkpoint_item["session"]), float(checkpoint_item["t"])

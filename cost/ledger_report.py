@@ -103,9 +103,10 @@ def write_report(ledger_dir: str | os.PathLike[str] | RunPath) -> RunPath:
 
 def storage_section(priced: list[tuple[Session, dict[str, Any]]]) -> str:
     """The report's storage line, session by session, and the price rows it was priced at with their sources."""
-    text = ("## Storage\n\nThe run folder priced as object storage (cost.storage): GB-months held over each session's wall time "
-            "(measured at its start and at every durable checkpoint), requests and egress counted, at the storage "
-            "class's rows; the time between sessions is not in the ledger (cost/storage.py).\n\n"
+    text = ("## Storage\n\nThe run folder priced as object storage (cost.storage): GB-months held over each "
+            "session's wall time (measured at its start and at every durable checkpoint), requests and egress "
+            "counted, at the storage class's rows; the time between sessions is not in the ledger "
+            "(cost/storage.py).\n\n"
             f"{to_markdown([row for _, row in priced], STORAGE_COLUMNS)}\n")
     seen = set()
     for session, _ in priced:

@@ -17,8 +17,8 @@ recipe 04b's compiled figure replaces it wherever it ran.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from experiment.sections.model import FamilyConfig
 from model.registry import family_of
 
 STATE_BYTES_PER_PARAM = 16
@@ -44,7 +44,7 @@ class MemoryEstimate:
                 f"({HBM_BUDGET:.0%} of HBM)")
 
 
-def step_bytes(model_cfg: Any, params: int, vocab_size: int, seq_len: int, sequences_per_device: float,
+def step_bytes(model_cfg: FamilyConfig, params: int, vocab_size: int, seq_len: int, sequences_per_device: float,
                devices: int, remat: str, loss_chunk_len: int) -> float:
     """Bytes one device holds at the peak of a step: sharded state, one micro-batch's activations and logits."""
     tokens = sequences_per_device * seq_len
@@ -54,7 +54,7 @@ def step_bytes(model_cfg: Any, params: int, vocab_size: int, seq_len: int, seque
     return params * STATE_BYTES_PER_PARAM / devices + activations + logits
 
 
-def cheapest_fitting(model_cfg: Any, params: int, vocab_size: int, seq_len: int, batch_size: int, devices: int,
+def cheapest_fitting(model_cfg: FamilyConfig, params: int, vocab_size: int, seq_len: int, batch_size: int, devices: int,
                      hbm_gib_per_device: float, loss_chunk_len: int) -> MemoryEstimate:
     """The least-recompute setting (then the fewest micro-batches) whose estimate fits; the last tried if none."""
     budget = HBM_BUDGET * hbm_gib_per_device * 2**30

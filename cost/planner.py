@@ -55,7 +55,9 @@ from experiment.errors import ConfigError, DataError
 from experiment.presets import preset_model_config
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
-from experiment.sections.model import family_presets
+from experiment.sections.cost import PlanOption
+from experiment.sections.model import FamilyConfig, family_presets
+from experiment.sections.train import TrainConfig
 from experiment.stages import FIT_CHECK, SHARDS, TOKENIZER
 from experiment.storage import location
 from model.family import params_label
@@ -105,7 +107,7 @@ COLUMNS = (
 @dataclass(frozen=True)
 class PlanModel:
     label: str
-    cfg: Any  # a model family's ``model:`` section (published anchors and presets are Llama shapes)
+    cfg: FamilyConfig  # a model family's ``model:`` section (published anchors and presets are Llama shapes)
     vocab_size: int
     seq_len: int
 
@@ -143,7 +145,7 @@ def platform_of(accelerator: str) -> str:
     return "tpu" if accelerator.startswith("tpu") else "gpu" if accelerator.startswith("nvidia") else "other"
 
 
-def recompute_factor(model_cfg: Any, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
+def recompute_factor(model_cfg: FamilyConfig, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
                      loss_chunk_len: int) -> float:
     """Hardware FLOPs / model FLOPs of training ``model_cfg`` (its remat and attention) on ``platform``."""
     _, model_flops, hardware_flops = family_of(model_cfg).train_costs(model_cfg, vocab_size, seq_len, platform,
@@ -212,11 +214,12 @@ def resolve_plan_model(cfg: ExperimentConfig, run_folder: RunFolder | None) -> P
     anchors = {anchor.model.label: anchor.model for anchor in read_anchors()}
     if name in anchors:
         return anchors[name]
-    raise ConfigError(f"config key 'cost.plan_model': unknown model '{name}' (known: {', '.join([*presets, *anchors])}, "
+    raise ConfigError(f"config key 'cost.plan_model': unknown model '{name}' "
+                      f"(known: {', '.join([*presets, *anchors])}, "
                       "or hf:<folder or config.json>)")
 
 
-def vocab_size_of(cfg: Any, run_folder: RunFolder | None) -> int:
+def vocab_size_of(cfg: ExperimentConfig, run_folder: RunFolder | None) -> int:
     """The trained tokenizer's vocabulary when recipe 02 ran, else the configured size."""
     if run_folder is not None:
         manifest = TOKENIZER.read_manifest_if_present(run_folder.tokenizer)
@@ -225,7 +228,7 @@ def vocab_size_of(cfg: Any, run_folder: RunFolder | None) -> int:
     return cfg.tokenizer.vocab_size
 
 
-def planned_tokens(cfg: Any) -> int:
+def planned_tokens(cfg: ExperimentConfig) -> int:
     if cfg.cost.plan_tokens:
         return cfg.cost.plan_tokens
     if cfg.cost.token_budget:
@@ -233,7 +236,7 @@ def planned_tokens(cfg: Any) -> int:
     return cfg.train.steps * cfg.train.batch_size * cfg.model.max_seq_len
 
 
-def experiment_model(cfg: Any, run_folder: RunFolder | None) -> PlanModel:
+def experiment_model(cfg: ExperimentConfig, run_folder: RunFolder | None) -> PlanModel:
     """The model this experiment trains (the one its ledger measured)."""
     return PlanModel(cfg.model.preset or f"{cfg.experiment.name} model", cfg.model,
                      vocab_size_of(cfg, run_folder), cfg.model.max_seq_len)
@@ -277,7 +280,8 @@ class MfuChoices:
         kin = [a for a in self.anchors if a.plannable and self.vendors.get(a.accelerator) == vendor]
         if not kin:
             return self.default, f"cost.plan_mfu (no anchor on {vendor or option.accelerator} hardware)", 1.0
-        nearest = min(kin, key=lambda a: (abs(math.log(a.model.params / self.params)), a.accelerator != option.accelerator))
+        nearest = min(kin, key=lambda a: (abs(math.log(a.model.params / self.params)),
+                                          a.accelerator != option.accelerator))
         ratio = nearest.model.params / self.params
         if max(ratio, 1 / ratio) > self.size_ratio:
             return self.default, (f"cost.plan_mfu (nearest {vendor} anchor {nearest.model.label} is {ratio:.2g}x the "
@@ -325,7 +329,8 @@ def fit_settings(run_folder: RunFolder | None, catalog: Catalog) -> dict[tuple[s
         raise DataError(f"{path}: not a fit-check report ({exc}); {FIT_CHECK.run_again}") from exc
 
 
-def option_setting(option: Any, devices: int, hbm_gib_per_device: float | None, model: PlanModel, train_cfg: Any,
+def option_setting(option: PlanOption, devices: int, hbm_gib_per_device: float | None, model: PlanModel,
+                   train_cfg: TrainConfig,
                    chosen: dict[tuple[str, int], RunSetting], configured: RunSetting) -> RunSetting:
     """The setting ``option`` runs with: the fit check's for its slice, the config's on other TPU slices, else
     the least-recompute setting whose memory estimate fits the device (GPUs, Trainium)."""
@@ -339,9 +344,9 @@ def option_setting(option: Any, devices: int, hbm_gib_per_device: float | None, 
     return RunSetting(estimate.remat, estimate.grad_accum_steps, source, "estimate", estimate)
 
 
-def estimate(option: Any, index: int, model: PlanModel, tokens: int, catalog: Catalog, rate: UsdRubRate,
+def estimate(option: PlanOption, index: int, model: PlanModel, tokens: int, catalog: Catalog, rate: UsdRubRate,
              mfu_choices: MfuChoices, chosen: dict[tuple[str, int], RunSetting], configured: RunSetting,
-             train_cfg: Any) -> dict[str, Any]:
+             train_cfg: TrainConfig) -> dict[str, Any]:
     """One table row: time and money of ``tokens`` on this option, at the setting the run fits with."""
     key = f"cost.plan_options[{index}]"
     # no cloud named: the cheapest that sells it is planned, the others shown beside it
@@ -438,7 +443,7 @@ def checkpoints_held(steps: int, checkpoint_every: int, keep: int, keep_every: i
     return latest + (steps // keep_every) / 2 if keep_every else latest
 
 
-def storage_plan(cfg: Any, run_folder: RunFolder | None, model: PlanModel, tokens: int) -> StoragePlan:
+def storage_plan(cfg: ExperimentConfig, run_folder: RunFolder | None, model: PlanModel, tokens: int) -> StoragePlan:
     """The planned run's folder: ``tokens`` of data (the shards' own bytes per token when recipe 03's manifest is
     at hand, else an int32 each) and its checkpoints (``CHECKPOINT_BYTES_PER_PARAM`` x the planned parameters)."""
     per_token, source = float(TOKEN_BYTES), "an int32 per token: no shards manifest to measure"
@@ -456,7 +461,7 @@ def storage_plan(cfg: Any, run_folder: RunFolder | None, model: PlanModel, token
                        per_token, source)
 
 
-def plan_storage(rows: list[dict[str, Any]], storage: StoragePlan, cfg: Any, catalog: Catalog,
+def plan_storage(rows: list[dict[str, Any]], storage: StoragePlan, cfg: ExperimentConfig, catalog: Catalog,
                  rate: UsdRubRate) -> None:
     """Each option's storage: ``storage``'s bytes over its hours at the GB-month price of its storage class
     (``cost.storage``; ``auto`` with a local run_root: the option's own cloud's), in the row's currency (a ruble
@@ -540,7 +545,8 @@ def plan(cfg: ExperimentConfig, run_folder: RunFolder | None, catalog: Catalog |
         model = measured_model = experiment_model(measured.cfg, measured.folder)
         mfu_folder: RunFolder | None = measured.folder
     else:
-        model, measured_model, mfu_folder = resolve_plan_model(cfg, run_folder), experiment_model(cfg, run_folder), run_folder
+        model, measured_model, mfu_folder = (resolve_plan_model(cfg, run_folder), experiment_model(cfg, run_folder),
+                                             run_folder)
     tokens = planned_tokens(cfg)
     anchors = tuple(read_anchors())
     mfu_choices = MfuChoices(cfg.cost.plan_mfu, measured_mfu(mfu_folder, measured_model, catalog),
@@ -575,8 +581,9 @@ def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> 
              f"{c['predicted_tokens_per_s_per_chip']:,.0f} tokens/s/chip, published "
              f"{c['published_tokens_per_s_per_chip']:,.0f} ({c['relative_error']:+.2%}; {c['source']})" for c in checks]
     notes.append("recompute = hardware / model FLOPs of the setting (remat, the flash kernel's backward, the chunked "
-                 "loss; the family's hand count); an anchor's MFU or cost.plan_mfu is held as hardware utilisation (HFU) and "
-                 "divided by it; 'setting from' says whether recipe 04b's fit check or the config chose the setting")
+                 "loss; the family's hand count); an anchor's MFU or cost.plan_mfu is held as hardware utilisation "
+                 "(HFU) and divided by it; 'setting from' says whether recipe 04b's fit check or the config chose "
+                 "the setting")
     notes.append(f"setting: recipe 04b's choice for a slice it checked; else the config's on TPUs (state = "
                  f"{STATE_BYTES_PER_PARAM} bytes/parameter sharded over the devices: 'state only: yes' is necessary, "
                  "not sufficient: run recipe 04b); else the least-recompute setting whose memory estimate (state, one "

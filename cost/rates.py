@@ -24,6 +24,7 @@ from typing import Any
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes
+from experiment.sections.cost import CostConfig
 
 log = logging.getLogger("cost.rates")
 
@@ -135,7 +136,7 @@ def newest_cached(cache_dir: Path) -> Path | None:
     return files[-1] if files else None
 
 
-def _from_cbr(cost_cfg: Any, today: dt.date) -> UsdRubRate:
+def _from_cbr(cost_cfg: CostConfig, today: dt.date) -> UsdRubRate:
     cache_dir = Path(cost_cfg.rate_cache_dir).expanduser()
     cached_today = cache_file(cache_dir, today)
     if cached_today.is_file():
@@ -185,7 +186,7 @@ def shipped_fallback(path: Path = SHIPPED_FALLBACK) -> UsdRubRate:
     return UsdRubRate(rate, date, f"shipped fallback {path.name} ({source})")
 
 
-def check_age(rate: UsdRubRate, cost_cfg: Any, today: dt.date) -> UsdRubRate:
+def check_age(rate: UsdRubRate, cost_cfg: CostConfig, today: dt.date) -> UsdRubRate:
     """Warn (or fail, with ``cost.stale_rate: error``) when the rate is older than allowed."""
     age = (today - rate.date).days
     if age > cost_cfg.max_rate_age_days:
@@ -198,7 +199,7 @@ def check_age(rate: UsdRubRate, cost_cfg: Any, today: dt.date) -> UsdRubRate:
     return rate
 
 
-def resolve_usd_rub(cost_cfg: Any, today: dt.date | None = None) -> UsdRubRate:
+def resolve_usd_rub(cost_cfg: CostConfig, today: dt.date | None = None) -> UsdRubRate:
     """The rate for this run: the configured one, else the CBR's (cache, then a short fetch, then old cache)."""
     today = today or dt.date.today()
     if cost_cfg.usd_rub_rate is not None:

@@ -45,6 +45,7 @@ from urllib.parse import urlparse
 
 from cost.catalog import STORAGE_UNITS, Catalog, PriceRow
 from cost.summary import price_dict
+from experiment.sections.cost import CostConfig
 from experiment.storage import BucketPath, RunPath, endpoint
 
 GIB = 2**30  # the GB of every storage price read
@@ -123,7 +124,7 @@ def default_storage(location: RunPath | None, cloud: str = "") -> tuple[str, str
     return "", "a local folder: not object storage (cost.infrastructure prices a disk)"
 
 
-def resolve_storage(cost_cfg: Any, location: RunPath | None, catalog: Catalog, cloud: str = "") -> StorageChoice:
+def resolve_storage(cost_cfg: CostConfig, location: RunPath | None, catalog: Catalog, cloud: str = "") -> StorageChoice:
     """The storage class ``cost.storage`` prices the run folder at ``location`` by (``cloud``: the planner's
     option, for a local run_root). An unknown class or region is a CatalogError naming the key."""
     setting = getattr(cost_cfg, "storage", AUTO) or AUTO

@@ -137,7 +137,8 @@ class CostSummary:
     @property
     def usd_per_rub(self) -> float:
         """USD per ruble over every session (sessions may have been priced at different rates)."""
-        return self.usd_total / self.rub_total if self.rub_total else 1.0 / self.usd_rub_rate if self.usd_rub_rate else 0.0
+        return (self.usd_total / self.rub_total if self.rub_total
+                else 1.0 / self.usd_rub_rate if self.usd_rub_rate else 0.0)
 
     @property
     def rate_label(self) -> str:
@@ -218,7 +219,8 @@ class CostSummary:
             rate_source=str(config.get(CONFIG_NAMES["rate_source"]) or ""),
             hours=float(number("hours")), chip_hours=float(number("chip_hours")),
             usd_total=float(number("usd_total")), rub_total=float(number("rub_total")),
-            tokens=int(number("tokens")), last_step=optional_int("last_step"), token_budget=optional_int("token_budget"),
+            tokens=int(number("tokens")), last_step=optional_int("last_step"),
+            token_budget=optional_int("token_budget"),
             projected_rub_to_budget=number("projected_rub_to_budget", None),
             **phases,
         )

@@ -23,6 +23,7 @@ from typing import Any
 
 from experiment.errors import DataError
 from experiment.jsonl import read_jsonl
+from experiment.sections.cost import CostConfig
 from experiment.storage import location
 from tracking.metrics import RUB_SPENT
 
@@ -78,7 +79,7 @@ class TargetCrossing:
         return f"not reached (best {self.best:.4g})"
 
 
-def target_of(cost_cfg: Any, eval_metric: str | None) -> Target | None:
+def target_of(cost_cfg: CostConfig, eval_metric: str | None) -> Target | None:
     """``cost.target_bpb`` (validation bits per byte, lower is better) or ``cost.target_score`` (higher is
     better) on ``cost.target_metric``, else the comparison's eval metric; None: no target configured."""
     if cost_cfg.target_bpb is not None:

@@ -3,7 +3,8 @@
 Bits per byte = (sum of target-token NLL in nats) / ln 2 / (UTF-8 bytes those tokens stand for).
 It is comparable across tokenizers, unlike per-token perplexity. Bytes come from the run tokenizer's
 ``tokenizer.loaded.RunTokenizer.piece_byte_lengths``, trained or adopted (EOS and other control pieces
-count 0 bytes, their NLL still counts: predicting the end of a document is part of modelling the text). Sums are kept in float64.
+count 0 bytes, their NLL still counts: predicting the end of a document is part of modelling the text).
+Sums are kept in float64.
 """
 
 from __future__ import annotations

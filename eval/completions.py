@@ -25,6 +25,8 @@ from typing import Any
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_text
+from experiment.schema import ExperimentConfig
+from experiment.sections.generate import GenerateConfig
 from experiment.stages import GENERATE
 from experiment.storage import local_folder, location
 
@@ -118,7 +120,7 @@ def complete(model: Any, codec: PromptCodec, prompts: Sequence[str], *, max_new_
     return records
 
 
-def read_prompts(gen_cfg: Any) -> list[str]:
+def read_prompts(gen_cfg: GenerateConfig) -> list[str]:
     """``generate.prompts`` and then ``generate.prompt_file``'s non-blank lines."""
     prompts = list(gen_cfg.prompts)
     if gen_cfg.prompt_file:
@@ -131,7 +133,7 @@ def read_prompts(gen_cfg: Any) -> list[str]:
     return prompts
 
 
-def generation_mesh(cfg: Any) -> Any:
+def generation_mesh(cfg: ExperimentConfig) -> Any:
     """The mesh recipe 09 generates on where there are several devices: the training mesh (``train.mesh``), or,
     where it does not fit the devices here (a checkpoint of a slice read on a smaller machine), every device
     on the data axis, with a warning; None on one device."""
@@ -148,7 +150,7 @@ def generation_mesh(cfg: Any) -> Any:
         return build_mesh(dataclasses.replace(cfg.train.mesh, data=-1, fsdp=1, tensor=1, dcn_data=1))
 
 
-def load_generator(cfg: Any, run_folder: Any) -> tuple[Any, PromptCodec, int, dict[str, Any], Any]:
+def load_generator(cfg: ExperimentConfig, run_folder: Any) -> tuple[Any, PromptCodec, int, dict[str, Any], Any]:
     """(model, codec, max_seq_len, what it is, layout) of ``generate.hf_model``, else of the run's checkpoint
     (``generate.checkpoint_step``, else the latest) with the run's tokenizer. On several devices the
     parameters are read straight onto the mesh (``generation_mesh``) and ``layout`` is (mesh, the family's
@@ -181,7 +183,7 @@ def layout_of(mesh: Any, family: str, rules: Any) -> Any:
     return None if mesh is None else (mesh, get_family(family).mesh_rules(rules))
 
 
-def generate_stage(cfg: Any, run_folder: Any, wandb_run: Any) -> Path:
+def generate_stage(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> Path:
     """Recipe 09: complete every prompt, print each, write ``generate/<UTC time>.jsonl`` (atomically)."""
     gen = cfg.generate
     prompts = read_prompts(gen)
@@ -213,6 +215,7 @@ def keeping_the_end(codec: PromptCodec, max_len: int, max_new_tokens: int) -> Pr
     model (lm-eval's Hugging Face model cuts long contexts the same way: the end is what is being continued)."""
     keep = max_len - max_new_tokens
     if keep <= 0:
-        raise ConfigError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's {max_len} tokens")
+        raise ConfigError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt "
+                          f"in the model's {max_len} tokens")
     encode = codec.encode
     return dataclasses.replace(codec, encode=lambda text: encode(text)[-keep:])

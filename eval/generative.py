@@ -23,9 +23,9 @@ and reads as the task's ``example`` template where it is a solved example.
 Baselines a model must beat: exact tasks: ``copy_number`` (the last number of the item's inputs),
 ``fewshot_answer`` (the answer of the last example in its prompt: what a model that only repeats the pattern
 writes); squad tasks: ``majority_answer`` (the split's most common answer, said for every item) and
-``text_start`` (the first three words of the item's passage, e.g. MultiQ's second text); through recipe 05, the run's step-0 weights and a
-continued run's base model. Intervals are Wilson's on the mean credit (for an F1 in [0, 1] that bounds the
-variance from above: conservative).
+``text_start`` (the first three words of the item's passage, e.g. MultiQ's second text); through recipe 05, the
+run's step-0 weights and a continued run's base model. Intervals are Wilson's on the mean credit (for an F1 in
+[0, 1] that bounds the variance from above: conservative).
 """
 
 from __future__ import annotations
@@ -174,7 +174,8 @@ class GenTaskData:
 
 def load_generative(task: GenerativeTask, *, bench_dir: str, task_files: dict[str, str] | None = None,
                     max_items: int | None = None, seed: int = 0) -> GenTaskData:
-    """Items from ``eval.task_files.<task>``, else the task's local file, else the hub; ``max_items`` drawn by ``seed``."""
+    """Items from ``eval.task_files.<task>``, else the task's local file, else the hub; ``max_items`` drawn by
+    ``seed``."""
     from eval.loaders import SourceUnavailable
 
     override = (task_files or {}).get(task.name)

@@ -99,7 +99,8 @@ def load_task(spec: TaskSpec, *, bench_dir: str, rublimp_dir: str = "", task_fil
     source, path, hub = chosen
     if spec.directory:
         grouped = _directory_records(location(path))
-        items = [build_in_schema(spec, source, r, "its own source", group=stem) for stem, records in grouped for r in records]
+        items = [build_in_schema(spec, source, r, "its own source", group=stem)
+                 for stem, records in grouped for r in records]
     else:
         records = read_hub(source.path, source.config, source.split) if hub else read_file(path)
         how = "its own source"

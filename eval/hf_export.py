@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_dir, atomic_write_text
+from experiment.schema import ExperimentConfig
+from experiment.sections.model import FamilyConfig
 from experiment.stages import TOKENIZER
 from experiment.storage import location
 from model.registry import family_of
@@ -29,7 +31,7 @@ log = logging.getLogger("eval.hf_export")
 WEIGHTS_FILE = "model.safetensors"
 
 
-def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, sp: Any = None,
+def write_export(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir: Path, *, sp: Any = None,
                  special_ids: dict[str, int] | None = None, metadata: dict[str, str] | None = None,
                  tokenizer_files: Path | None = None, base_context: int | None = None) -> Path:
     """Write the export into a staging folder and move it over ``out_dir`` only when complete.
@@ -67,12 +69,12 @@ def write_export(model: Any, model_cfg: Any, vocab_size: int, out_dir: Path, *, 
             {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
              "pad_token_id": config["pad_token_id"]}, indent=2) + "\n")
     n_params = sum(t.size for t in tensors.values())
-    log.info("Hugging Face %s export (%d tensors, %.2fM parameters) in %s", family.hf_adapter.architecture, len(tensors),
-             n_params / 1e6, out_dir)
+    log.info("Hugging Face %s export (%d tensors, %.2fM parameters) in %s", family.hf_adapter.architecture,
+             len(tensors), n_params / 1e6, out_dir)
     return out_dir
 
 
-def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: Any, cfg: Any,
+def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: Any, cfg: ExperimentConfig,
                       tokenizer: RunTokenizer, out_root: Path | None = None) -> Path | None:
     """Export a loaded checkpoint with the run's tokenizer (loaded by the caller, from ``run_folder.tokenizer``)
     into ``<out_root>/step_NNNNNNN`` (default ``eval/hf``, recipe 05's); None (and a log line) when the
@@ -100,7 +102,7 @@ def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: A
                         base_context=(meta.get("init_from") or {}).get("max_position_embeddings"))
 
 
-def export_only(cfg: Any, run_folder: Any, wandb_run: Any) -> Path:
+def export_only(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> Path:
     """Recipe 05b: the Hugging Face folder of one step (``eval.checkpoint_step``, else the latest) in
     ``export/hf/step_NNNNNNN``, and nothing else: no evaluation, nothing under ``eval/``."""
     from tokenizer.loaded import load_run_tokenizer

@@ -31,7 +31,8 @@ class RuPretrainLM(LM):
     """A trained checkpoint of a run folder (``run_folder``, optional ``step``) as an lm-eval model."""
 
     def __init__(self, run_folder: str | None = None, step: int | str | None = None, batch_size: int | str = 16,
-                 max_length: int | str | None = None, max_gen_toks: int | str = 256, *, logits_fn: LogitsFn | None = None,
+                 max_length: int | str | None = None, max_gen_toks: int | str = 256, *,
+                 logits_fn: LogitsFn | None = None,
                  encode: Encode | None = None, eos_id: int | None = None, pad_id: int = 0,
                  model: Any = None, codec: Any = None) -> None:
         super().__init__()
@@ -70,8 +71,9 @@ class RuPretrainLM(LM):
                 for request in progress(requests, desc="lm-eval rolling", disable=disable_tqdm)]
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        """Each request's ``(context, gen_kwargs)`` continued by our decoder: ``until`` (stop strings), ``max_gen_toks``,
-        ``do_sample`` with ``temperature`` (else greedy). Requests of the same settings are generated in batches."""
+        """Each request's ``(context, gen_kwargs)`` continued by our decoder: ``until`` (stop strings),
+        ``max_gen_toks``, ``do_sample`` with ``temperature`` (else greedy). Requests of the same settings are
+        generated in batches."""
         from eval.completions import complete
 
         if self.model is None or self.codec is None:

@@ -40,6 +40,7 @@ from eval.loaders import Record, SourceUnavailable, read_file, read_hub
 from eval.scoring import LogitsFn, score_requests
 from experiment.errors import DataError
 from experiment.files import atomic_write_bytes, atomic_write_json
+from experiment.schema import ExperimentConfig
 from experiment.stages import MERA
 from experiment.storage import BucketPath, RunPath, location
 
@@ -230,7 +231,7 @@ def validate_submission(path: RunPath, expected: dict[str, list[dict[str, Any]]]
     return counts
 
 
-def mera_submission(cfg: Any, run_folder: Any, wandb_run: Any) -> Path:
+def mera_submission(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> Path:
     """Recipe 05c: the predictions of one checkpoint (``eval.checkpoint_step``, else the latest) for the MERA tasks
     ``eval.mera_tasks``, as ``mera/submission_step_NNNNNNN.zip`` (validated by reading it back) beside a
     ``.json`` saying what each task's inputs were and which tasks were skipped, and why."""

@@ -32,6 +32,7 @@ from experiment.files import atomic_write_json, atomic_write_text
 from experiment.manifest import invalidate
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
+from experiment.sections.eval import EvalConfig
 from experiment.stages import EVAL, SHARDS
 from tokenizer.loaded import RunTokenizer, load_run_tokenizer
 from tracking.artifacts import add_files
@@ -43,7 +44,7 @@ _TASK_CACHE: dict[tuple[Any, ...], TaskData | GenTaskData] = {}
 _SKIPPED_CACHE: dict[tuple[Any, ...], str] = {}
 
 
-def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
+def load_tasks(names: Sequence[str], eval_cfg: EvalConfig, max_items: int | None,
                skipped: dict[str, str] | None = None) -> list[TaskData | GenTaskData]:
     """Load (and, for repeated eval during training, remember) the items of each task.
 
@@ -79,7 +80,7 @@ def load_tasks(names: Sequence[str], eval_cfg: Any, max_items: int | None,
     return loaded
 
 
-def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder: RunFolder, *, max_len: int,
+def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, run_folder: RunFolder, *, max_len: int,
               tasks: Sequence[str], max_items: int | None, validation_batches: int | None,
               heldout_files: Sequence[str] = (), mixture: Sequence[tuple[str, Path, float]] = (),
               generate: GenerateTexts | None = None) -> dict[str, Any]:
@@ -109,8 +110,8 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder:
     if heldout_files:
         results["heldout"] = {}
         for name, text in bpb.read_text_files(list(heldout_files)):
-            acc = bpb.text_bpb(logits_fn, tok.encode, [(name, tok.normalize(text))], tok.eos_id, max_len, eval_cfg.batch_size,
-                               pad_id=tok.pad_id)
+            acc = bpb.text_bpb(logits_fn, tok.encode, [(name, tok.normalize(text))], tok.eos_id, max_len,
+                               eval_cfg.batch_size, pad_id=tok.pad_id)
             results["heldout"][name] = acc.to_dict()
             log.info("held-out %s: %s", name, bpb.describe(acc))
     results["tasks"], skipped = score_tasks(logits_fn, tok, eval_cfg, tasks=tasks, max_items=max_items,
@@ -120,7 +121,7 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, run_folder:
     return results
 
 
-def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: Any, *, tasks: Sequence[str],
+def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, *, tasks: Sequence[str],
                 max_items: int | None, max_len: int, quiet: bool = False,
                 generate: GenerateTexts | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Every task's result (see ``harness.evaluate_task``, ``generative.evaluate_generative``: the generative
@@ -354,7 +355,7 @@ def link_inputs(wandb_run: Any, names: Sequence[str]) -> None:
             log.info("W&B lineage to %s kept in metadata only (%s)", name, str(exc).splitlines()[0])
 
 
-def log_to_wandb(wandb_run: Any, cfg: Any, results: dict[str, Any], files: Sequence[Path],
+def log_to_wandb(wandb_run: Any, cfg: ExperimentConfig, results: dict[str, Any], files: Sequence[Path],
                  inputs: Sequence[str]) -> None:
     """Summary metrics, the results table (logged at the checkpoint's step) and an ``eval`` artifact."""
     import wandb
@@ -368,7 +369,8 @@ def log_to_wandb(wandb_run: Any, cfg: Any, results: dict[str, Any], files: Seque
     wandb_run.log(record, step=results["step"])
     link_inputs(wandb_run, inputs)
     artifact = wandb.Artifact(f"{cfg.experiment.name}-eval", type="eval",
-                              metadata={"step": results["step"], "train_wandb_run_id": results.get("train_wandb_run_id"),
+                              metadata={"step": results["step"],
+                                        "train_wandb_run_id": results.get("train_wandb_run_id"),
                                         "tokenizer_sha256": results.get("tokenizer_sha256"), "inputs": list(inputs),
                                         **flat})
     add_files(artifact, files)

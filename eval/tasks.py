@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from eval.loaders import Record
 from experiment.errors import ConfigError, DataError
+from experiment.sections.eval import EvalConfig
 
 BENCH = "{bench}"  # replaced by eval.bench_dir
 
@@ -325,7 +326,8 @@ GENERATIVE_TASKS: dict[str, GenerativeTask] = {task.name: task for task in (
                  GenSource("MERA-evaluation/MERA", "mera", hub=True, config="simplear")),
         instruction="Вычислите значение выражения.\n{inputs} =", num_fewshot=2),
     GenerativeTask(
-        name="rumultiar", description="ruMultiArithmetic (MERA): a nested arithmetic expression, the answer written out",
+        name="rumultiar",
+        description="ruMultiArithmetic (MERA): a nested arithmetic expression, the answer written out",
         sources=(GenSource("MERA-evaluation/MERA", "mera", hub=True, config="rumultiar"),),
         instruction="Вычислите значение выражения.\n{inputs}", num_fewshot=1),
     GenerativeTask(
@@ -344,7 +346,7 @@ def known_task_names() -> list[str]:
     return sorted({*TASKS, *GENERATIVE_TASKS})
 
 
-def check_task_names(eval_cfg: Any) -> None:
+def check_task_names(eval_cfg: EvalConfig) -> None:
     """The configured task names (``eval.tasks``, ``eval.train_tasks``, ``eval.task_files``) are known;
     checked where recipe 05 starts and, before the first step, where recipe 04 starts."""
     known = known_task_names()

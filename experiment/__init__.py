@@ -1,1 +1,2 @@
-"""Experiment configuration, run folders, manifests, atomic file writes and the corpus file format shared by every stage."""
+"""Experiment configuration, run folders, manifests, atomic file writes and the corpus file format shared by
+every stage."""

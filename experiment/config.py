@@ -31,6 +31,7 @@ from experiment.errors import ConfigError
 from experiment.presets import preset_fields
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import family_axis_rules, model_section_class
+from experiment.sections.train import TrainConfig
 from experiment.sweep import select_variant, variant_experiment_name
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -110,7 +111,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, member, key)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"config key '{key}': {value!r} fits none of {_type_name(tp)}")
+        raise ConfigError(errors[0] if len(errors) == 1
+                          else f"config key '{key}': {value!r} fits none of {_type_name(tp)}")
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed:
@@ -182,7 +184,8 @@ def build_dataclass(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         dotted = f"{prefix}.{name}" if prefix else name
         if name not in kwargs and isinstance(f.default, str) and "${" in f.default:
             kwargs[name] = expand_env(f.default, dotted)
-        elif name not in kwargs and dataclasses.is_dataclass(hints[name]) and f.default_factory is not dataclasses.MISSING:
+        elif (name not in kwargs and dataclasses.is_dataclass(hints[name])
+              and f.default_factory is not dataclasses.MISSING):
             # an absent section is built here like a present one: its defaults are expanded (once, at
             # load; no stage expands again) and validated
             kwargs[name] = build_dataclass(hints[name], {}, dotted)
@@ -335,7 +338,7 @@ def check_sections(cfg: ExperimentConfig) -> None:
                           f"got {cfg.train.compute_dtype}; use auto")
 
 
-def check_batch_split(train: Any, batch_axes: list[str]) -> None:
+def check_batch_split(train: TrainConfig, batch_axes: list[str]) -> None:
     """The micro-batch divides the mesh axes that split the batch, as far as train.mesh fixes their sizes
     (``data: -1`` is known once the devices are: trainer/step.py checks it then). Checked at load, or the
     mesh would be refused first, blaming the device count for the batch."""
@@ -362,10 +365,10 @@ def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
     return build_config(tree)
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
+def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
     """The config as a plain tree to record: credentials from the environment as their ``${VAR}`` (``redact``)."""
     return redact(dataclasses.asdict(cfg))
 
 
-def dump_yaml(cfg: Any) -> str:
+def dump_yaml(cfg: ExperimentConfig) -> str:
     return yaml.safe_dump(to_dict(cfg), allow_unicode=True, sort_keys=False)

@@ -38,7 +38,8 @@ def iter_documents(corpus_dir: RunPath, manifest: dict[str, Any] | None = None) 
         path = corpus_dir / shard["file"]
         if not path.is_file() and manifest.get("data_uri"):  # written by Beam workers elsewhere (corpus.output_uri)
             raise DataError(f"corpus shard {shard['file']} is in {manifest['data_uri']}, not in {corpus_dir}: copy "
-                            "the shards into that folder or mount that storage there (recipe 03 on Beam reads them in place)")
+                            "the shards into that folder or mount that storage there "
+                            "(recipe 03 on Beam reads them in place)")
         if not path.is_file():
             raise DataError(f"corpus shard {path} listed in the manifest is missing: {CORPUS.run_again}")
         if path.stat().st_size != shard["bytes"]:

@@ -132,7 +132,8 @@ def sha256_file(path: str | os.PathLike[str] | BucketPath, chunk: int = 1 << 20)
 
 
 def read_json_object(path: str | os.PathLike[str] | BucketPath) -> dict[str, Any]:
-    """A JSON object from a file someone else wrote (a model's config.json); anything else is one DataError naming it."""
+    """A JSON object from a file someone else wrote (a model's config.json); anything else is one DataError
+    naming it."""
     try:
         body = json.loads(location(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

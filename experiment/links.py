@@ -16,11 +16,11 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from experiment.errors import ConfigError, RecipeError
 from experiment.manifest import linked_run
 from experiment.runfolder import RunFolder, is_linked, link_target, make_link
+from experiment.schema import ExperimentConfig
 from experiment.stages import CORPUS, EVAL, EXPORT, FIT_CHECK, NEURON_CHECK, PRETRAIN, SHARDS, TOKENIZER, Stage
 from experiment.storage import BucketPath, RunPath, location
 
@@ -58,7 +58,7 @@ def link_stages(run_folder: RunFolder, source: RunFolder, stages: Iterable[Stage
                 log.info("%s: %s links to %s", why, mine, theirs)
 
 
-def _link_reason(cfg: Any) -> str:
+def _link_reason(cfg: ExperimentConfig) -> str:
     """The config key that linked a run's data folders, as the user wrote it."""
     train = getattr(cfg, "train", None)
     if getattr(train, "branch_from", ""):
@@ -70,7 +70,7 @@ def _link_reason(cfg: Any) -> str:
     return "another run's data"
 
 
-def check_own_output(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
+def check_own_output(cfg: ExperimentConfig, run_folder: RunFolder, stage: Stage) -> None:
     """Refuse to run ``stage`` where its output folder is a link into another run folder."""
     folder = stage.dir(run_folder)
     owner = linked_run(folder)
@@ -80,7 +80,7 @@ def check_own_output(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
                             f"here; remove the link to build this run's own")
 
 
-def link_data_from(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
+def link_data_from(cfg: ExperimentConfig, run_folder: RunFolder, stage: Stage) -> None:
     """``experiment.data_from``: recipes 04, 04b, 04c and 05 read that experiment's corpus, tokenizer and shards
     through links; recipes 01-03 build them only in that experiment's own folder; 06 and 07 read none."""
     name = cfg.experiment.data_from
@@ -113,7 +113,7 @@ def link_data_from(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
     link_stages(run_folder, source, DATA_STAGES, f"experiment.data_from={name}")
 
 
-def branch_parent(cfg: Any) -> RunFolder | None:
+def branch_parent(cfg: ExperimentConfig) -> RunFolder | None:
     """The run folder ``train.branch_from`` names (an experiment under the run root, a path or a bucket URL);
     None: no branch."""
     parent = getattr(getattr(cfg, "train", None), "branch_from", "")
@@ -125,7 +125,7 @@ def branch_parent(cfg: Any) -> RunFolder | None:
     return RunFolder(resolved(named))
 
 
-def prepare_links(cfg: Any, run_folder: RunFolder, stage: Stage) -> None:
+def prepare_links(cfg: ExperimentConfig, run_folder: RunFolder, stage: Stage) -> None:
     """What the harness checks and links before a stage runs: its output is its own, data_from's data and a
     branch's parent data are linked (before the stage locks what it reads: through the links)."""
     link_data_from(cfg, run_folder, stage)

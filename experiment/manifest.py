@@ -65,7 +65,8 @@ def read_manifest(stage_dir: RunPath | str, stage: str, recipe: str) -> dict[str
         raise DataError(f"{path} belongs to stage '{body.get('stage')}', expected '{stage}'")
     if body.get("schema_version") != SCHEMA_VERSION:
         raise MissingStageError(
-            f"{path} has schema version {body.get('schema_version')}, this code needs {SCHEMA_VERSION}: run {recipe} again"
+            f"{path} has schema version {body.get('schema_version')}, this code needs {SCHEMA_VERSION}: "
+            f"run {recipe} again"
         )
     _check_entries(body, path, "")
     return body

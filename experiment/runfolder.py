@@ -16,11 +16,11 @@ import datetime as dt
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from experiment.config import dump_yaml
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
+from experiment.schema import ExperimentConfig
 from experiment.storage import BucketPath, RunPath, host_local_root, location
 from experiment.storage.retry import create_exclusive_checked
 
@@ -83,7 +83,7 @@ class RunFolder:
     root: RunPath
 
     @classmethod
-    def for_config(cls, cfg: Any) -> RunFolder:
+    def for_config(cls, cfg: ExperimentConfig) -> RunFolder:
         return cls(location(cfg.experiment.run_root, "experiment.run_root") / cfg.experiment.name)
 
     @property
@@ -143,7 +143,7 @@ class RunFolder:
     def reports(self) -> RunPath:
         return self.root / "reports"
 
-    def save_resolved_config(self, cfg: Any, stage: str) -> RunPath:
+    def save_resolved_config(self, cfg: ExperimentConfig, stage: str) -> RunPath:
         """Keep what actually ran: the latest resolved config plus one per stage invocation."""
         text = dump_yaml(cfg)
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")

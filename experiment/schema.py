@@ -10,16 +10,16 @@ from experiment.sections.cost import CostConfig
 from experiment.sections.eval import EvalConfig
 from experiment.sections.experiment import ExperimentSection
 from experiment.sections.generate import GenerateConfig
-from experiment.sections.model import ModelSection, model_section_class
+from experiment.sections.model import FamilyConfig, ModelSection, model_section_class
 from experiment.sections.shards import ShardsConfig
 from experiment.sections.tokenizer import TokenizerConfig
 from experiment.sections.tracking import WandbConfig
 from experiment.sections.train import MeshConfig, TrainConfig
 
 __all__ = [
-    "CorpusConfig", "CostConfig", "EvalConfig", "ExperimentConfig", "ExperimentSection", "GenerateConfig",
-    "MeshConfig",
-    "ModelSection", "ShardsConfig", "SourceConfig", "TokenizerConfig", "TrainConfig", "WandbConfig",
+    "CorpusConfig", "CostConfig", "EvalConfig", "ExperimentConfig", "ExperimentSection", "FamilyConfig",
+    "GenerateConfig", "MeshConfig", "ModelSection", "ShardsConfig", "SourceConfig", "TokenizerConfig", "TrainConfig",
+    "WandbConfig",
 ]
 
 
@@ -29,8 +29,9 @@ class ExperimentConfig:
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
-    # the section class of ``model.family`` (its folder's config module); the default is Llama's
-    model: ModelSection = field(default_factory=lambda: model_section_class("llama")())
+    # the section class of ``model.family`` (its folder's config module, a ``ModelSection``, or a plugin's:
+    # experiment.sections.model.FamilyConfig); built by experiment.config.build_config; the default is Llama's
+    model: FamilyConfig = field(default_factory=lambda: model_section_class("llama")())
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     cost: CostConfig = field(default_factory=CostConfig)

@@ -44,7 +44,8 @@ def resolve_attention(choice: str, platform: str, compute_dtype: jnp.dtype, head
             return "cudnn"
         return "dot_product"
     if choice == "cudnn" and (platform != "gpu" or not cudnn_ok):
-        raise ConfigError("config key 'model.attention': cudnn needs an NVIDIA GPU, bfloat16 compute and head_dim <= 128 "
+        raise ConfigError("config key 'model.attention': cudnn needs an NVIDIA GPU, bfloat16 compute "
+                          "and head_dim <= 128 "
                           f"divisible by 8 (platform {platform}, compute {jnp.dtype(compute_dtype).name}, "
                           f"head_dim {head_dim}); use auto")
     if choice == "splash" and not splash_ok:
@@ -84,7 +85,8 @@ def attend(impl: str, q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax
                                         local_window_size=local, implementation="cudnn" if impl == "cudnn" else None)
 
 
-def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float | None = None) -> jax.Array:
+def einsum_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                     scale: float | None = None) -> jax.Array:
     """The reference: scores in fp32, query heads grouped by the KV head they share."""
     b, t, h, hd = q.shape
     kv = k.shape[2]

@@ -27,7 +27,7 @@ from flax import nnx
 
 from experiment.errors import ConfigError
 from experiment.families import FAMILY_PACKAGES, family_module, shipped_families
-from experiment.sections.model import register_model_section
+from experiment.sections.model import FamilyConfig, register_model_section
 from model.attention import resolve_attention
 
 
@@ -90,24 +90,42 @@ class HFAdapter(Protocol):
     architecture: str  # e.g. "LlamaForCausalLM", for log lines
     model_type: str  # config.json's model_type it reads (model/hf_checkpoint.py finds the family by it)
 
-    def config(self, hf_config: Mapping[str, Any]) -> tuple[Any, int]:
+    def config(self, hf_config: Mapping[str, Any]) -> tuple[FamilyConfig, int]:
         """(the family's model config, vocabulary size) of a config.json; no weights read (planner, fit check)."""
         ...
 
-    def export(self, model: Any, model_cfg: Any, vocab_size: int,
+    def export(self, model: Any, model_cfg: FamilyConfig, vocab_size: int,
                special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """(state dict of fp32 numpy arrays under Transformers' names, config.json as a dict)."""
         ...
 
     def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *, dtype: Any = np.float32,
-                place: Any = None, scan_layers: bool | None = None, place_layers: Any = None) -> tuple[Any, nnx.State]:
+                place: Any = None, scan_layers: bool | None = None,
+                place_layers: Any = None) -> tuple[FamilyConfig, nnx.State]:
         """(the family's model config, the parameters as an ``nnx.State`` for ``nnx.merge``), in the layer
         layout ``scan_layers`` asks for (None: the config section's default); ``dtype``, ``place`` and
         ``place_layers`` as model.hf_tensors.import_tensors takes them (one tensor read at a time)."""
         ...
 
 
-Builder = Callable[[Any, int, nnx.Rngs], nnx.Module]
+Builder = Callable[[FamilyConfig, int, nnx.Rngs], nnx.Module]
+
+
+class DecoderShape(Protocol):
+    """The shape fields of a pre-norm decoder with a gated MLP (``decoder_saved_values`` counts its activations;
+    ``n_kv_heads`` is read where the section has it)."""
+
+    @property
+    def d_model(self) -> int: ...
+
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def n_heads(self) -> int: ...
+
+    @property
+    def d_ff(self) -> int: ...
 
 
 def params_label(n_params: int) -> str:
@@ -115,7 +133,7 @@ def params_label(n_params: int) -> str:
     return f"{n_params / 1e6:.3g}M" if n_params < 999.5e6 else f"{n_params / 1e9:.3g}B"
 
 
-def decoder_saved_values(cfg: Any, remat: str, head_dim: int) -> float:
+def decoder_saved_values(cfg: DecoderShape, remat: str, head_dim: int) -> float:
     """Activation values per token a pre-norm decoder with a gated MLP keeps for its backward pass, all layers.
 
     Per layer, without remat: the residual input and its norm's output, the RoPE'd queries, keys and values,
@@ -137,28 +155,30 @@ class ModelFamily:
     """One architecture, registered once (``register_family``); see the module docstring."""
 
     name: str
-    config_cls: type[Any]  # the dataclass of its ``model:`` section (a subclass of experiment.sections.model's)
+    config_cls: type[FamilyConfig]  # the dataclass of its ``model:`` section (shipped: a ``ModelSection`` subclass)
     build: Builder  # (model_cfg, vocab_size, rngs) -> the NNX module (a ``FamilyModel``), fp32 parameters
-    flops: Callable[[Any, int, int], float]  # (model_cfg, vocab_size, seq_len) -> model FLOPs per trained token
-    param_count: Callable[[Any, int], int]  # (model_cfg, vocab_size) -> parameters, by formula
+    # (model_cfg, vocab_size, seq_len) -> model FLOPs per trained token
+    flops: Callable[[FamilyConfig, int, int], float]
+    param_count: Callable[[FamilyConfig, int], int]  # (model_cfg, vocab_size) -> parameters, by formula
     # (model_cfg, vocab_size, seq_len, attention kernel) -> forward FLOPs per trained token its backward pass
     # does again (remat, a flash kernel's score recompute); the chunked loss's is counted by ``train_costs``
-    recompute_flops: Callable[[Any, int, int, str], float] = lambda model_cfg, vocab_size, seq_len, kernel: 0.0
+    recompute_flops: Callable[[FamilyConfig, int, int, str], float] = lambda model_cfg, vocab_size, seq_len, kernel: 0.0
     # (model_cfg) -> the head dimension its attention runs at (which kernels ``attention: auto`` may pick)
-    head_dim: Callable[[Any], int] = lambda model_cfg: model_cfg.resolved_head_dim
+    head_dim: Callable[[FamilyConfig], int] = lambda model_cfg: model_cfg.resolved_head_dim
     # logical axis name -> default mesh axes, for every name its parameters and activations use
     axis_rules: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    validate: Callable[[Any], None] = lambda model_cfg: None  # family-specific checks; ConfigError, one line
-    describe: Callable[[Any], str] = lambda model_cfg: ""  # its shape in a few words, for log lines
+    validate: Callable[[FamilyConfig], None] = lambda model_cfg: None  # family-specific checks; ConfigError, one line
+    describe: Callable[[FamilyConfig], str] = lambda model_cfg: ""  # its shape in a few words, for log lines
     hf_adapter: HFAdapter | None = None
     # regex over the paths of its submodules (e.g. "blocks/0/mlp") inside which ``train.quantization``
     # quantizes the matmuls against a parameter (trainer/quantization.py); "": int8/fp8 not supported
     quantized_modules: str = ""
     # (model_cfg, remat, head_dim) -> activation values one trained token keeps for the backward pass, all
     # layers (the planner's memory estimate where no fit check ran); the default counts a pre-norm decoder
-    saved_values_per_token: Callable[[Any, str, int], float] = decoder_saved_values
+    # (its section a ``DecoderShape``)
+    saved_values_per_token: Callable[[FamilyConfig, str, int], float] = decoder_saved_values
 
-    def train_costs(self, model_cfg: Any, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
+    def train_costs(self, model_cfg: FamilyConfig, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
                     loss_chunk_len: int) -> TrainCosts:
         """The attention kernel, model FLOPs and hardware FLOPs per trained token of ``model_cfg`` on ``platform``.
 
@@ -172,7 +192,7 @@ class ModelFamily:
             extra += 2.0 * model_cfg.d_model * vocab_size
         return TrainCosts(kernel, model_flops, model_flops + extra)
 
-    def saved_values(self, model_cfg: Any, remat: str) -> float:
+    def saved_values(self, model_cfg: FamilyConfig, remat: str) -> float:
         """Activation values per trained token kept for the backward pass under ``remat``, over all layers."""
         return self.saved_values_per_token(model_cfg, remat, self.head_dim(model_cfg))
 
@@ -181,7 +201,7 @@ class ModelFamily:
         (``train.mesh.rules``) taking precedence for every name they give."""
         return {**{k: list(v) for k, v in self.axis_rules.items()}, **{k: list(v) for k, v in configured.items()}}
 
-    def abstract(self, model_cfg: Any, vocab_size: int) -> nnx.Module:
+    def abstract(self, model_cfg: FamilyConfig, vocab_size: int) -> nnx.Module:
         """The module with shape-only parameters (no memory, no compute): graphdef and restore targets.
 
         A module of its own at every call (callers wrap it or fill its state); the build is traced once per
@@ -190,7 +210,7 @@ class ModelFamily:
         graphdef, state = abstract_parts(self.build, model_cfg, vocab_size)
         return nnx.merge(graphdef, state, copy=True)  # new Variables: the cached ones are never handed out
 
-    def init(self, model_cfg: Any, vocab_size: int, seed: int = 0) -> nnx.Module:
+    def init(self, model_cfg: FamilyConfig, vocab_size: int, seed: int = 0) -> nnx.Module:
         """A freshly initialised module on the default device (no mesh), e.g. for tests and benchmarks."""
         self.validate(model_cfg)
         return init_module(self.build, model_cfg, vocab_size, seed)
@@ -216,7 +236,7 @@ def remat_recompute_flops(remat: str, kernel: str, blocks_forward: float, attent
 _ABSTRACT_PARTS: dict[tuple[Any, ...], tuple[nnx.GraphDef[Any], nnx.State]] = {}
 
 
-def abstract_parts(build: Builder, model_cfg: Any, vocab_size: int) -> tuple[nnx.GraphDef[Any], nnx.State]:
+def abstract_parts(build: Builder, model_cfg: FamilyConfig, vocab_size: int) -> tuple[nnx.GraphDef[Any], nnx.State]:
     """(graphdef, shape-only state) of ``build(model_cfg, vocab_size)``, traced once per process for each
     configuration (the config sections are mutable dataclasses: keyed by the type and every field's repr)."""
     key = (build, type(model_cfg), tuple((f.name, repr(getattr(model_cfg, f.name))) for f in fields(model_cfg)),
@@ -227,7 +247,7 @@ def abstract_parts(build: Builder, model_cfg: Any, vocab_size: int) -> tuple[nnx
     return _ABSTRACT_PARTS[key]
 
 
-def init_module(build: Builder, model_cfg: Any, vocab_size: int, seed: int = 0) -> nnx.Module:
+def init_module(build: Builder, model_cfg: FamilyConfig, vocab_size: int, seed: int = 0) -> nnx.Module:
     """``build(model_cfg, vocab_size, Rngs(seed))`` on the default device (no mesh), under ``jax.jit``:
     eager initialisation compiles every random op on its own. The build is traced once: the jitted
     function's trace also gives the module's graphdef."""
@@ -282,6 +302,6 @@ def families() -> tuple[str, ...]:
     return tuple(sorted({*shipped_families(), *_FAMILIES}))
 
 
-def family_of(model_cfg: Any) -> ModelFamily:
+def family_of(model_cfg: FamilyConfig) -> ModelFamily:
     """The family of a ``model:`` section (a config without the field is a Llama one, as before families)."""
     return get_family(getattr(model_cfg, "family", "llama"))

@@ -31,6 +31,7 @@ from flax import nnx
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import read_json_object, sha256_file
+from experiment.sections.model import FamilyConfig
 from model.family import ModelFamily
 from model.registry import families, get_family
 
@@ -45,7 +46,7 @@ class ImportedCheckpoint:
     """What ``load_hf_checkpoint`` read: merge ``state`` with the family's graphdef to get the model."""
 
     family: str  # the registered family name (llama, qwen2, qwen3, mistral)
-    model_cfg: Any  # the family's model section, from config.json
+    model_cfg: FamilyConfig  # the family's model section, from config.json
     state: nnx.State  # the parameters (nnx.Param), in ``param_dtype``
     vocab_size: int
     source_files: dict[str, str] = field(default_factory=dict)  # file name in the folder -> sha256 (config + weights)
@@ -66,11 +67,12 @@ def family_for_model_type(model_type: str, where: str = "config.json") -> ModelF
         if adapter is not None and getattr(adapter, "model_type", None):
             known[adapter.model_type] = get_family(name)
     if model_type not in known:
-        raise ConfigError(f"{where}: model_type '{model_type}' is not supported (supported: {', '.join(sorted(known))})")
+        raise ConfigError(f"{where}: model_type '{model_type}' is not supported "
+                          f"(supported: {', '.join(sorted(known))})")
     return known[model_type]
 
 
-def hf_model_config(config_json: Mapping[str, Any], where: str = "config.json") -> tuple[str, Any, int]:
+def hf_model_config(config_json: Mapping[str, Any], where: str = "config.json") -> tuple[str, FamilyConfig, int]:
     """(family name, our model config, vocabulary size) of a Hugging Face config.json (for the planner and
     the fit check: no weights are read)."""
     family = family_for_model_type(str(config_json.get("model_type", "")), where)
@@ -249,7 +251,8 @@ def weight_source(folder: Path) -> tuple[Mapping[str, Any], list[Path]]:
     """The folder's weights as a lazy state dict, and the files they are in (safetensors preferred)."""
     if (folder / SAFETENSORS_INDEX).is_file():
         files = read_index(folder / SAFETENSORS_INDEX)
-        return SafetensorsSource(files, folder / SAFETENSORS_INDEX), [folder / SAFETENSORS_INDEX, *sorted(set(files.values()))]
+        return (SafetensorsSource(files, folder / SAFETENSORS_INDEX),
+                [folder / SAFETENSORS_INDEX, *sorted(set(files.values()))])
     if (folder / SAFETENSORS).is_file():
         return SafetensorsSource.single(folder / SAFETENSORS), [folder / SAFETENSORS]
     if (folder / TORCH_INDEX).is_file():
@@ -298,7 +301,8 @@ def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: An
         spec = logical_to_spec(axes[path], layout)
         check_divisible(f"parameter {'/'.join(map(str, path))} {tuple(axes[path])}", value.shape, spec, mesh)
         # each process builds only the shards its own devices hold (a mesh may span hosts)
-        return jax.make_array_from_callback(value.shape, jax.sharding.NamedSharding(mesh, spec), lambda index: value[index])
+        return jax.make_array_from_callback(value.shape, jax.sharding.NamedSharding(mesh, spec),
+                                            lambda index: value[index])
 
     def place_layers(path: tuple[Any, ...], shape: tuple[int, ...], dtype: Any, layers: Any) -> Any:
         """A stacked parameter made on its devices and filled in place (a donated update per layer): the host

@@ -114,9 +114,9 @@ def import_tensors(state: nnx.State, table: list[HFTensor], state_dict: Mapping[
 
     A missing tensor, a tensor of another shape, and a tensor with no place in the table (unless ``ignored``:
     e.g. recomputed rotary frequencies, a tied head) are one DataError line naming the tensor, the weights read
-    (Transformers' ``model_type``) and (where ``state_dict`` knows, by its ``file_of``) its file. ``scanned``: the parameters are stacked per
-    layer; ``place_layers`` builds such a parameter from its layers as they are read (default: a host buffer
-    filled layer by layer, then handed to ``place``)."""
+    (Transformers' ``model_type``) and (where ``state_dict`` knows, by its ``file_of``) its file. ``scanned``: the
+    parameters are stacked per layer; ``place_layers`` builds such a parameter from its layers as they are read
+    (default: a host buffer filled layer by layer, then handed to ``place``)."""
     what = f"Hugging Face {model_type} weights"
     pure = nnx.to_pure_dict(state)
     for t in table:

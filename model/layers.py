@@ -72,7 +72,8 @@ class Rope:
             # long wavelengths (low frequencies) slowed down by ``factor``, short ones kept, a ramp between
             wavelen = 2 * math.pi / freqs
             scaled = np.where(wavelen > self.original_max_len / self.low_freq_factor, freqs / self.factor, freqs)
-            smooth = (self.original_max_len / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+            smooth = ((self.original_max_len / wavelen - self.low_freq_factor)
+                      / (self.high_freq_factor - self.low_freq_factor))
             smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
             medium = ~(wavelen < self.original_max_len / self.high_freq_factor) & ~(
                 wavelen > self.original_max_len / self.low_freq_factor)

@@ -62,7 +62,8 @@ def chunked_cross_entropy(hidden: jax.Array, weight: jax.Array, targets: jax.Arr
         nll = log_z - jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
         return (nll * m).sum(), (jnp.square(log_z) * m).sum()
 
-    def step(carry: tuple[jax.Array, jax.Array], chunk: tuple[jax.Array, ...]) -> tuple[tuple[jax.Array, jax.Array], None]:
+    def step(carry: tuple[jax.Array, jax.Array],
+             chunk: tuple[jax.Array, ...]) -> tuple[tuple[jax.Array, jax.Array], None]:
         nll_sum, z_sum = chunk_sums(*chunk)
         return (carry[0] + nll_sum, carry[1] + z_sum), None
 

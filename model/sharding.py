@@ -22,19 +22,21 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from experiment.errors import ConfigError
+from experiment.sections.train import MeshConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 Rules = Mapping[str, Sequence[str]]
 
 
-def mesh_shape(mesh_cfg: Any, n_devices: int) -> dict[str, int]:
+def mesh_shape(mesh_cfg: MeshConfig, n_devices: int) -> dict[str, int]:
     """Sizes of the data/fsdp/tensor axes for ``n_devices``; ``data: -1`` takes what is left."""
     fixed = mesh_cfg.fsdp * mesh_cfg.tensor * mesh_cfg.dcn_data
     data = mesh_cfg.data
     if data == -1:
         if n_devices % fixed:
             raise ConfigError(
-                f"config key 'train.mesh': fsdp={mesh_cfg.fsdp} x tensor={mesh_cfg.tensor} x dcn_data={mesh_cfg.dcn_data} "
+                f"config key 'train.mesh': fsdp={mesh_cfg.fsdp} x tensor={mesh_cfg.tensor} "
+                f"x dcn_data={mesh_cfg.dcn_data} "
                 f"= {fixed} does not divide the {n_devices} devices"
             )
         data = n_devices // fixed  # per slice: the data axis spans the slices too
@@ -48,7 +50,7 @@ def mesh_shape(mesh_cfg: Any, n_devices: int) -> dict[str, int]:
     return shape
 
 
-def build_mesh(mesh_cfg: Any, devices: Sequence[Any] | None = None) -> Mesh:
+def build_mesh(mesh_cfg: MeshConfig, devices: Sequence[Any] | None = None) -> Mesh:
     """A mesh with Auto axis types (GSPMD propagation) over ``devices`` (default: all devices).
 
     With several slices (``dcn_data > 1``) the data axis spans slices, so only data-parallel

@@ -3,12 +3,13 @@ adopt a base model's tokenizer) and report on it."""
 
 from typing import Any
 
+from experiment.schema import ExperimentConfig
 from experiment.stages import TOKENIZER
 from tokenizer.train import train_tokenizer
 from tracking.harness import recipe_main
 
 
-def train(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
+def train(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
     """The stage, with tokenizer.extra_train_sources read here (their readers are recipe 01's)."""
     sources = cfg.tokenizer.extra_train_sources
     if not sources or cfg.tokenizer.adopt_from:
@@ -22,7 +23,8 @@ def train(cfg: Any, run_folder: Any, wandb_run: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     """The recipe; ``argv`` is its command line without the program name (tests call this in process)."""
-    recipe_main(TOKENIZER, "Train the SentencePiece tokenizer (or adopt a base model's), its report and Hugging Face export",
+    recipe_main(TOKENIZER,
+                "Train the SentencePiece tokenizer (or adopt a base model's), its report and Hugging Face export",
                 train, argv=argv)
 
 

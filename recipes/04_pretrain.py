@@ -1,10 +1,10 @@
 """Recipe 04: pretrain the decoder on the shards (resumes from the latest checkpoint)."""
 
 import functools
-from typing import Any
 
 from eval.run import evaluate_model, sample_completions
 from eval.tasks import check_task_names
+from experiment.schema import ExperimentConfig
 from experiment.stages import PRETRAIN
 from tracking.harness import recipe_main
 from trainer.distributed import prepare_processes, reports
@@ -13,7 +13,7 @@ from trainer.resume import resume_wandb_run_id
 from trainer.train import check, pretrain
 
 
-def prepare(cfg: Any) -> None:
+def prepare(cfg: ExperimentConfig) -> None:
     check_task_names(cfg.eval)  # a misspelled eval task stops the run now, not at its first eval hours in
     prepare_processes(cfg)
 

@@ -1,4 +1,5 @@
-"""Recipe 05c: a checkpoint's predictions for MERA's closed test splits, as the archive the MERA site takes (see eval/mera.py)."""
+"""Recipe 05c: a checkpoint's predictions for MERA's closed test splits, as the archive the MERA site takes
+(see eval/mera.py)."""
 
 from eval.mera import mera_submission
 from experiment.stages import MERA

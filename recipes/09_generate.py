@@ -1,4 +1,5 @@
-"""Recipe 09: continue prompts with a trained checkpoint (or generate.hf_model) and print them (see eval/completions.py)."""
+"""Recipe 09: continue prompts with a trained checkpoint (or generate.hf_model) and print them
+(see eval/completions.py)."""
 
 from eval.completions import generate_stage
 from experiment.stages import GENERATE

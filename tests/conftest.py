@@ -1,12 +1,5 @@
-"""Test environment: offline hubs, offline W&B inside a temp folder, JAX on the CPU.
-
-Tests skip, with a reason, when the shared data or an optional extra is missing. CI must not turn
-green that way: under ``RU_REQUIRE_SHARED_DATA=1`` (set by ``.ci/run``) a test that would skip for
-missing shared data, or for a missing command it runs (dpkg, groff, apt-get), fails with a line naming
-what is missing, and under ``RU_REQUIRE_EXTRAS=a,b``
-(set by the Makefile's ``test-extra-*`` targets to the extras that venv installed) a test that would
-skip because one of those extras does not import fails instead.
-"""
+"""The test session: offline hubs, offline W&B in a temporary folder, JAX on the CPU with the tests' compilation
+cache, the integration marking and its guard, skip-with-reason helpers and the shared fixtures (tests/README.md)."""
 
 from __future__ import annotations
 
@@ -22,170 +15,64 @@ from typing import NoReturn
 
 import pytest
 
-from tests import module_order
 from tests.device_worker import DeviceWorker
-from tests.recipe_runner import default_test_xla_cache, xla_cache_env
-from tests.xla_flags import with_fast_cpu_compile
+from tests.recipe_runner import default_test_xla_cache, with_fast_cpu_compile, xla_cache_env
 from tracking.process_hooks import quiet_closed_loop_callbacks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _WANDB_HOME = Path(tempfile.mkdtemp(prefix="wandb-tests-"))
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ["WANDB_MODE"] = "offline"
-os.environ["WANDB_SILENT"] = "true"
+os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
 os.environ.pop("WANDB_API_KEY", None)
-# wandb records the installed packages' names and versions with every run it opens (its x_save_requirements),
-# reading each distribution's metadata: ~0.1 s of CPU per run, ~20 s over the suite's runs; no test reads it
+# no run reads the installed packages W&B lists with each run: ~0.1 s of CPU per run, ~20 s over the suite
 os.environ["WANDB__SAVE_REQUIREMENTS"] = "false"
 for _var, _sub in (("WANDB_DIR", "runs"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"),
                    ("WANDB_DATA_DIR", "data")):
     os.environ[_var] = str(_WANDB_HOME / _sub)
 os.environ.setdefault("RU_SHARED_DATA", str((REPO_ROOT.parent / "shared" / "data").resolve()))
-# One XLA compilation cache for the tests: they build the same tiny programs again and again (in tests,
-# recipe runs, the pytest workers, the 8-device workers and subprocesses), and a cache hit skips the
-# compile. It outlives the session, in the user's cache folder, so the next run of the suite compiles only
-# what changed (JAX keys each entry by the program, the compile options, the XLA flags and jax/jaxlib's
-# versions: a hit is the program a compile would give; an entry JAX cannot read is compiled again, with a
-# warning). Emptied by a session that finds it over TEST_XLA_CACHE_MAX_BYTES. RU_TEST_XLA_CACHE names
-# another folder (an empty one measures a cold start); the pytest workers inherit the controller's.
-_SESSION_XLA_CACHE = "RU_TEST_XLA_CACHE"
-if not os.environ.get(_SESSION_XLA_CACHE):
-    os.environ[_SESSION_XLA_CACHE] = str(default_test_xla_cache())
-Path(os.environ[_SESSION_XLA_CACHE]).mkdir(parents=True, exist_ok=True)
+# One XLA compilation cache for every JAX process of the session, kept between sessions (JAX keys an entry by
+# the program, compile options, XLA flags and versions: a hit is what a compile would give). RU_TEST_XLA_CACHE
+# names another folder (an empty one measures a cold start); the pytest workers inherit the controller's.
+if not os.environ.get("RU_TEST_XLA_CACHE"):
+    os.environ["RU_TEST_XLA_CACHE"] = str(default_test_xla_cache())
+Path(os.environ["RU_TEST_XLA_CACHE"]).mkdir(parents=True, exist_ok=True)
 os.environ.update(xla_cache_env())
 os.environ["XLA_FLAGS"] = with_fast_cpu_compile(os.environ.get("XLA_FLAGS", ""))
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (pyproject's addopts): a worker per core, at most 4. Each worker builds the session fixtures
-    it needs (a recipe chain, an 8-device worker) once for itself: more workers would mostly build them again."""
+    """``-n auto``: a worker per core, at most 4 (each builds the session fixtures it needs for itself)."""
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Wrap pytest's unraisable hook (installed by its own configure, before this one) in the recipes' filter for
-    tensorstore callbacks on Orbax's closed event loop: a restore that fails on a damaged step leaves them to fire
-    later, in whatever test runs then, as an ``Event loop is closed`` warning pinned on that test. The recipes drop
-    exactly these (tracking/process_hooks.py); anything else still reaches pytest. pytest puts back the hook it
-    found at the session's end, which removes this one too."""
+    """Drop, as the recipes do (tracking/process_hooks.py), tensorstore callbacks firing on Orbax's closed event
+    loop after a failed restore: pinned on whatever test runs then. Anything else still reaches pytest's hook."""
     sys.unraisablehook = quiet_closed_loop_callbacks(sys.unraisablehook)
 
 
-_RECORDED_DURATIONS = pytest.StashKey[dict[str, float]]()
-_WORKER_DURATIONS = "recorded_test_durations"  # the controller's record, in each worker's workerinput
-_measured_durations: dict[str, float] = {}
-
-
-def recorded_durations(config: pytest.Config) -> dict[str, float]:
-    """The earlier sessions' test times (tests/module_order.py): read once by the controlling process,
-    handed to the workers, so that all of them order the collection alike."""
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None:
-        return workerinput.get(_WORKER_DURATIONS, {})
-    if _RECORDED_DURATIONS not in config.stash:
-        config.stash[_RECORDED_DURATIONS] = module_order.read_durations(module_order.durations_file())
-    return config.stash[_RECORDED_DURATIONS]
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: object) -> None:
-    """(xdist, in the controller) each worker gets the durations the controller read."""
-    node.workerinput[_WORKER_DURATIONS] = recorded_durations(node.config)  # type: ignore[attr-defined]
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """The controller sums each test's setup, call and teardown (xdist relays the workers' reports to it)."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        _measured_durations[report.nodeid] = _measured_durations.get(report.nodeid, 0.0) + report.duration
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Remove the offline W&B home: hundreds of offline runs would otherwise pile up in /tmp across CI runs;
-    the controller records this session's test times for the next one's order."""
-    shutil.rmtree(_WANDB_HOME, ignore_errors=True)
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        module_order.write_durations(module_order.durations_file(), _measured_durations)
+    shutil.rmtree(_WANDB_HOME, ignore_errors=True)  # hundreds of offline runs would pile up in /tmp
 
 
-def shared_data_dir() -> Path:
-    return Path(os.environ["RU_SHARED_DATA"])
-
-
-def needs_shared(path: Path) -> None:
-    """Skip the calling test when ``path`` (in the shared data) is missing; fail under RU_REQUIRE_SHARED_DATA=1."""
-    if path.exists():
-        return
-    message = f"shared data not found: {path} is missing (set RU_SHARED_DATA to the shared/data folder)"
-    if os.environ.get("RU_REQUIRE_SHARED_DATA") == "1":
-        pytest.fail(f"{message}; RU_REQUIRE_SHARED_DATA=1 makes this a failure", pytrace=False)
-    pytest.skip(message, allow_module_level=True)
-
-
-# Fixtures that run recipes (directly or through another fixture): a test using any of them is integration.
-RECIPE_FIXTURES = frozenset({"fixture_stages", "fixture_pretrained", "data_root", "straight_run"})
-# Fixtures whose users train on the real shared corpus (a tokenizer on the novels: tens of seconds), also
-# integration, as is every test marked shared_data: the unit loop needs no shared data
-REAL_DATA_FIXTURES = frozenset({"shared_data"})
-# Names whose use in a test, or in a function of its module that it calls, means that it runs a recipe.
-RECIPE_CALLS = frozenset({"run_recipe", "run_recipe_on_full_disk", "run_in_process", "start_recipe", "start_pretrain",
-                          "prepare_stages"})
-# Fixtures and names that start other processes (the 8-device worker, a training subprocess, two JAX processes,
-# a fresh interpreter, the wandb CLI that reads an offline run back, the storage API servers): integration too, the unit loop runs in
-# its own process on one device
-PROCESS_FIXTURES = frozenset({"eight_devices", "storage_servers", "bucket", "any_root"})
-PROCESS_CALLS = frozenset({"subprocess", "Popen", "DeviceWorker", "read_offline_run", "read_offline_runs"})
-
-
-def runs_a_recipe(function: object, namespace: dict[str, object], seen: set[int] | None = None) -> bool:
-    """Whether ``function``'s code, or that of a module-level function it names (followed transitively),
-    names one of RECIPE_CALLS or PROCESS_CALLS."""
-    seen = set() if seen is None else seen
-    code = getattr(function, "__code__", None)
-    if code is None or id(code) in seen:
-        return False
-    seen.add(id(code))
-    stack = [code]
-    while stack:
-        current = stack.pop()
-        names = set(current.co_names)
-        if names & (RECIPE_CALLS | PROCESS_CALLS):
-            return True
-        stack += [const for const in current.co_consts if hasattr(const, "co_names")]
-        for name in names:
-            helper = namespace.get(name)
-            if callable(helper) and getattr(helper, "__module__", None) == namespace.get("__name__") \
-                    and runs_a_recipe(helper, namespace, seen):
-                return True
-    return False
+# A test using one of these fixtures (or marked shared_data) is marked integration at collection: they run
+# recipes, read the real shared corpus, or start other processes. Other integration tests carry the mark
+# themselves (tests/README.md); recipe_runner's guard fails a recipe run in a test without it.
+INTEGRATION_FIXTURES = frozenset({"fixture_stages", "fixture_pretrained", "data_root", "straight_run", "shared_data",
+                                  "eight_devices", "storage_servers", "bucket", "any_root"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``integration`` every test that runs a recipe or uses a fixture that does (RECIPE_FIXTURES, and
-    every fixture depending on them), the real shared data (REAL_DATA_FIXTURES, the shared_data marker) or other processes
-    (PROCESS_FIXTURES, PROCESS_CALLS), so that ``-m "not integration"`` is the fast unit loop. The
-    ``recipe_runner`` guard below fails a test that runs a recipe without the marker, so the loop stays fast."""
     for item in items:
-        if item.get_closest_marker("integration"):
-            continue
-        if item.get_closest_marker("shared_data"):
+        if item.get_closest_marker("shared_data") or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-            continue
-        function = getattr(item, "function", None)
-        fixtures = set(getattr(item, "fixturenames", ()))
-        module = getattr(function, "__globals__", {})
-        if fixtures & (RECIPE_FIXTURES | REAL_DATA_FIXTURES | PROCESS_FIXTURES) or (function is not None and runs_a_recipe(function, module)):
-            item.add_marker(pytest.mark.integration)
-    items[:] = module_order.longest_modules_first(items, recorded_durations(config))
 
 
 @pytest.fixture(autouse=True)
 def _recipes_only_in_integration_tests(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Tell tests/recipe_runner.py whether this test is marked integration: it refuses to run a recipe in one
-    that is not (the marking hook above missed a way of running one: add it to RECIPE_CALLS)."""
+    """tests/recipe_runner.py refuses to run a recipe in a test not marked integration."""
     from tests import recipe_runner
 
     recipe_runner.INTEGRATION_TEST = request.node.get_closest_marker("integration") is not None
@@ -193,21 +80,9 @@ def _recipes_only_in_integration_tests(request: pytest.FixtureRequest) -> Iterat
     recipe_runner.INTEGRATION_TEST = True
 
 
-def needs_tools(*tools: str) -> None:
-    """Skip the calling test when a command it runs is not on PATH; fail under RU_REQUIRE_SHARED_DATA=1, CI's
-    switch for "everything the suite needs from this machine" (.ci/run installs dpkg and groff first)."""
-    missing = [tool for tool in tools if shutil.which(tool) is None]
-    if not missing:
-        return
-    message = f"not installed: {', '.join(missing)} (the Debian corpus source needs a Debian-like system)"
-    if os.environ.get("RU_REQUIRE_SHARED_DATA") == "1":
-        pytest.fail(f"{message}; RU_REQUIRE_SHARED_DATA=1 makes this a failure", pytrace=False)
-    pytest.skip(message)
-
-
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """``@pytest.mark.shared_data(path)``: the test needs that path of the shared data (see needs_shared);
-    ``@pytest.mark.tools(name, ...)``: it runs those commands (see needs_tools)."""
+    """``@pytest.mark.shared_data(path)``: needs that path (needs_shared); ``@pytest.mark.tools(name, ...)``:
+    runs those commands (needs_tools)."""
     for marker in item.iter_markers("shared_data"):
         for path in marker.args:
             needs_shared(Path(path))
@@ -215,9 +90,35 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         needs_tools(*marker.args)
 
 
+def skip_unless_required(message: str) -> NoReturn:
+    """Skip; a failure under RU_REQUIRE_SHARED_DATA=1, CI's switch for "everything the suite needs from this
+    machine": the shared data, the commands (.ci/run installs them) and the storage servers."""
+    if os.environ.get("RU_REQUIRE_SHARED_DATA") == "1":
+        pytest.fail(f"{message}; RU_REQUIRE_SHARED_DATA=1 makes this a failure", pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+
+def shared_data_dir() -> Path:
+    return Path(os.environ["RU_SHARED_DATA"])
+
+
+def needs_shared(path: Path) -> None:
+    """Skip the calling test (or module) when ``path`` (in the shared data) is missing."""
+    if not path.exists():
+        skip_unless_required(f"shared data not found: {path} is missing (set RU_SHARED_DATA to the shared/data folder)")
+
+
+def needs_tools(*tools: str) -> None:
+    """Skip the calling test when a command it runs is not on PATH."""
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        skip_unless_required(f"not installed: {', '.join(missing)} (the Debian corpus source needs a Debian-like"
+                             " system)")
+
+
 @pytest.fixture
 def shared_data() -> Path:
-    """The real Russian data folder; tests that need it skip with a reason when it is absent."""
+    """The real Russian data folder (skips when absent)."""
     path = shared_data_dir()
     needs_shared(path / "text" / "ruslit")
     return path
@@ -244,16 +145,14 @@ def optional_import(module: str, extra: str) -> ModuleType | None:
 
 def import_extra(module: str, extra: str) -> ModuleType:
     """``pytest.importorskip`` for a module of an optional extra, a failure where the extra is required."""
-    imported = optional_import(module, extra)
-    if imported is None:
-        missing_extra(extra, f"{module} does not import")
-    return imported
+    return optional_import(module, extra) or missing_extra(extra, f"{module} does not import")
 
 
 @pytest.fixture(autouse=True)
 def restore_wandb_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """``tracking.wandb_run.open_run`` points WANDB_* at a run folder; put them back after each test."""
-    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR", "WANDB_MODE"):
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR",
+                "WANDB_MODE"):
         if var in os.environ:
             monkeypatch.setenv(var, os.environ[var])
         else:
@@ -270,8 +169,7 @@ def fixture_stages(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def fixture_pretrained(fixture_stages: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Recipe 04 on ``fixture_stages`` (tests.fixture_run.PRETRAINED_TRAIN: 6 steps, checkpoints 3 and 6, W&B
-    offline), made once; its users only read it or copy it (``pretrained_copy``). Returns its config."""
+    """Recipe 04 on ``fixture_stages`` (fixture_run.PRETRAINED_TRAIN), made once: read it or copy it; its config."""
     from tests.fixture_run import pretrain_fixture_run
 
     return pretrain_fixture_run(fixture_stages, tmp_path_factory.mktemp("fixture-pretrained"))
@@ -279,8 +177,7 @@ def fixture_pretrained(fixture_stages: Path, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Corpus, tokenizer and shards of the tiny experiment on the shared data (recipes 01-03, train section
-    of tests/test_train_resume.py), made once for the tests that resume, damage or fill its runs."""
+    """Recipes 01-03 of the tiny experiment on the shared data (tests/test_train_resume.TRAIN), made once."""
     from tests.recipe_runner import run_recipe, tiny_config
     from tests.test_train_resume import TRAIN
 
@@ -294,23 +191,20 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def straight_run(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted recipe-04 run of ``data_root``'s experiment, made once (its users only read or copy it);
-    returns its config."""
+    """An uninterrupted recipe-04 run of ``data_root``'s experiment, made once (read or copied); its config.
+    Compiled on its own, as a restart that recompiles is, and in this process: runs compared with it in a
+    subprocess get as many devices (recipe_runner.in_process_devices)."""
     from tests.recipe_runner import run_recipe
     from tests.test_train_resume import experiment_copy
 
     config = experiment_copy(data_root, tmp_path_factory.mktemp("straight"), "straight")
-    # compiled on its own (into its run folder's cache, not from or into the session's): the resumed runs
-    # compared with it bit for bit then run programs compiled separately, as a restart that recompiles does.
-    # In this process, so on this process's devices: runs compared with it in a subprocess are started with
-    # as many (recipe_runner.in_process_devices)
     run_recipe("04_pretrain.py", config, shared_xla_cache=False)
     return config
 
 
 @pytest.fixture(scope="session")
 def eight_devices() -> Iterator[DeviceWorker]:
-    """The session's one subprocess with 8 fake CPU devices: ``eight_devices.run(check, *args)`` (tests/device_worker.py)."""
+    """The session's subprocess with 8 fake CPU devices: ``eight_devices.run(check, *args)``."""
     with DeviceWorker(8) as worker:
         yield worker
 
@@ -318,26 +212,20 @@ def eight_devices() -> Iterator[DeviceWorker]:
 @pytest.fixture(scope="session")
 def storage_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """fake-gcs-server and moto on loopback for this worker (tests/storage_servers.py), their endpoints and test
-    credentials in the environment for the session (recipes and the processes they start inherit them)."""
+    credentials in the environment for the session (recipes and their processes inherit them)."""
     from tests.storage_servers import ServersMissing, StorageServers
 
     try:
         servers = StorageServers(tmp_path_factory.mktemp("storage-servers"))
     except ServersMissing as exc:
-        if os.environ.get("RU_REQUIRE_SHARED_DATA") == "1":
-            pytest.fail(f"{exc}; RU_REQUIRE_SHARED_DATA=1 makes this a failure", pytrace=False)
-        pytest.skip(str(exc))
-    saved = {var: os.environ.get(var) for var in servers.env}
-    os.environ.update(servers.env)
-    try:
-        yield servers
-    finally:
-        servers.close()
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
+        skip_unless_required(str(exc))
+    with pytest.MonkeyPatch.context() as patch:
+        for var, value in servers.env.items():
+            patch.setenv(var, value)
+        try:
+            yield servers
+        finally:
+            servers.close()
 
 
 @pytest.fixture(params=["gs", "s3"])
@@ -355,5 +243,4 @@ def any_root(request: pytest.FixtureRequest, tmp_path: Path) -> object:
         return tmp_path / "root"
     from experiment.storage import location
 
-    servers = request.getfixturevalue("storage_servers")
-    return location(servers.new_bucket(request.param))
+    return location(request.getfixturevalue("storage_servers").new_bucket(request.param))

@@ -1,16 +1,8 @@
-"""One subprocess with 8 fake CPU devices for the whole test session, shared by the multi-device checks.
-
-JAX fixes its device count when it starts, so a check that needs a mesh of 8 devices on this CPU cannot
-run in the pytest process. Each such test used to start its own interpreter with
-``--xla_force_host_platform_device_count=8`` and pay Python's, JAX's and Flax's start-up again; now
-one worker (``python -m tests.device_worker``, started by the session fixture ``eight_devices`` in
-conftest.py) runs them all. A check is a plain module-level function of its test module, named to the
-worker by module and qualified name, taking and returning JSON values; the test keeps its assertions on
-the result in the pytest process, so every check passes or fails as its own test. An exception in a
-check comes back with its traceback and fails that test only; a worker that dies or hangs (a crash
-inside XLA, a timeout) fails the check it was running with the tail of its stderr, and the next check
-starts a fresh worker.
-"""
+"""One subprocess with 8 fake CPU devices for the whole session (the ``eight_devices`` fixture), shared by
+the multi-device checks: JAX fixes its device count when it starts, so they cannot run in the pytest process.
+A check is a module-level function of its test module taking and returning JSON values; the test asserts on
+the result. A check that raises fails its test with the traceback; a worker that dies or hangs fails the
+check it was running with the tail of its stderr, and the next check starts a fresh worker."""
 
 from __future__ import annotations
 
@@ -26,8 +18,6 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from tests.xla_flags import with_fast_cpu_compile
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,11 +37,12 @@ class DeviceWorker:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the handle, closed in __exit__
 
     def _start(self) -> subprocess.Popen[bytes]:
+        from tests.recipe_runner import with_fast_cpu_compile  # here, not in the worker: it needs none of that
+
         env = dict(os.environ, JAX_PLATFORMS="cpu",
                    XLA_FLAGS=with_fast_cpu_compile(f"--xla_force_host_platform_device_count={self.devices}"),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-        # the worker inherits no other test's device count
-        env.pop("JAX_NUM_CPU_DEVICES", None)
+        env.pop("JAX_NUM_CPU_DEVICES", None)  # no other test's device count
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.device_worker"], cwd=REPO, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
         self.starts += 1

@@ -27,7 +27,7 @@ from model.llama.config import LlamaConfig
 from model.llama.family import LLAMA
 from model.llama.model import Decoder
 from model.loss import chunked_cross_entropy, cross_entropy, output_logits
-from tests.xla_flags import with_fast_cpu_compile
+from tests.recipe_runner import with_fast_cpu_compile
 
 REPO = Path(__file__).resolve().parents[1]
 B, T, H, KV, D = 2, 128, 4, 2, 16  # splash needs a sequence divisible by 128
@@ -167,6 +167,7 @@ SHARDED = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.integration
 def test_splash_train_step_on_an_8_device_mesh_equals_the_reference() -> None:
     """Splash inside shard_map (batch over data x fsdp, heads over tensor) with the chunked loss."""
     env = {**os.environ, "XLA_FLAGS": with_fast_cpu_compile("--xla_force_host_platform_device_count=8"),

@@ -269,6 +269,7 @@ def test_unreachable_hub_id_fails_fast_with_one_line(tmp_path: Path, monkeypatch
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the recipe CLI test runs the Linux demo path")
+@pytest.mark.integration
 def test_recipe_cli_reports_data_errors_in_one_line(tmp_path: Path) -> None:
     import subprocess
 

@@ -92,6 +92,7 @@ def build_deb(tmp_path: Path, cache: Path) -> None:
 
 @needs_dpkg
 @needs_groff
+@pytest.mark.integration
 def test_debian_source_reads_a_cached_package_without_network(tmp_path: Path) -> None:
     cache = tmp_path / "cache" / "debian"
     build_deb(tmp_path, cache)

@@ -67,6 +67,7 @@ def test_rub_per_eval_point() -> None:
     assert rub_per_eval_point(100.0, None) is None and rub_per_eval_point(None, 0.5) is None
 
 
+@pytest.mark.integration
 def test_compare_recipe_offline_runs_and_ledger_fallback(tmp_path: Path, restore_wandb_env: None) -> None:
     main = experiment_cfg(tmp_path, "main")
     folder = RunFolder.for_config(main)
@@ -106,6 +107,7 @@ def test_compare_recipe_offline_runs_and_ledger_fallback(tmp_path: Path, restore
         assert (reports / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.integration
 def test_compare_before_pretraining_names_the_recipe(tmp_path: Path) -> None:
     from tests.recipe_runner import error_line, tiny_config
 
@@ -189,6 +191,7 @@ def fake_training_with_evals(cfg: ExperimentConfig, bpb: dict[int, float]) -> No
         summary.log_to(run)
 
 
+@pytest.mark.integration
 def test_sweep_comparison_rubles_to_target_frontier_and_wandb_table(tmp_path: Path, restore_wandb_env: None) -> None:
     """Recipe 06 on a sweep's config compares its variants (one W&B group), with the rubles when each first
     reached cost.target_bpb, a frontier plot, and a W&B table read back from the offline run with wandb's log reader."""

@@ -88,6 +88,7 @@ def test_bad_hf_configs_are_one_line_naming_the_file(tmp_path: Path) -> None:
         plan(demo_cfg(f"cost.plan_model=hf:{config.parent}"), None, rate=RATE)
 
 
+@pytest.mark.integration
 def test_recipe_07_prices_a_hugging_face_model_folder(tmp_path: Path) -> None:
     """A team's own download: a folder holding config.json (here a copy of the shipped Qwen3-1.7B)."""
     folder = tmp_path / "my-models" / "Qwen3-1.7B-Base"

@@ -76,6 +76,7 @@ def probe(mode: str, cpu_devices: int, memory: str = "keep", measure: str = "fau
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc allocator settings")
+@pytest.mark.integration
 def test_prepared_host_takes_no_page_faults_per_step_and_splits_the_batch() -> None:
     plain = probe("plain", 0)
     prepared = probe("prepare", 2)
@@ -89,6 +90,7 @@ def test_prepared_host_takes_no_page_faults_per_step_and_splits_the_batch() -> N
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc allocator settings")
+@pytest.mark.integration
 def test_keeping_freed_memory_can_be_turned_off() -> None:
     """train.cpu_keep_freed_memory=false trades the page faults back for a lower peak RSS."""
     released = probe("prepare", 2, memory="release")

@@ -11,6 +11,8 @@ import pytest
 
 from tests.device_worker import CheckFailed, DeviceWorker
 
+pytestmark = pytest.mark.integration  # every test runs a recipe or another process
+
 
 def devices_and_pid() -> list[int]:
     import jax

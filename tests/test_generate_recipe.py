@@ -84,6 +84,7 @@ def test_bad_generate_settings_are_one_line_naming_the_key(fixture_pretrained: P
         assert proc.returncode == 2 and key in error_line(proc), (override, error_line(proc))
 
 
+@pytest.mark.integration
 def test_generate_with_a_hugging_face_folder_uses_its_tokenizer_and_eos(tmp_path: Path) -> None:
     """generate.hf_model: a Qwen3 folder (our export of a tiny random model, no torch needed) with a word-level
     tokenizer.json; the recipe's ids are what ``generate`` gives the imported model, and its EOS ends a row."""

@@ -20,6 +20,8 @@ import pytest
 
 from experiment.layers import PACKAGE_LAYERS
 
+pytestmark = pytest.mark.integration  # every test runs a recipe or another process
+
 REPO = Path(__file__).resolve().parents[1]
 PROBE = REPO / "tests" / "import_probe.py"
 PACKAGES = [p for p in PACKAGE_LAYERS if p != "recipes"]  # recipes are scripts: importing one runs nothing,

@@ -266,6 +266,7 @@ def wait_for_heartbeat_after(path: Path, step: int, timeout: float = 60.0) -> No
     raise AssertionError(f"no tokens record of step {step} in {path} after {timeout} s")
 
 
+@pytest.mark.integration
 def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
     ledger_dir = tmp_path / "ledger"
     script = tmp_path / "worker.py"

@@ -90,6 +90,7 @@ def resume_in_new_process(shards: Path, state: dict, process_index: int, process
 
 
 @pytest.mark.parametrize("process_count", [1, 2])
+@pytest.mark.integration
 def test_exact_resume_in_a_new_process(built_shards: SimpleNamespace, tmp_path: Path, process_count: int) -> None:  # noqa: F811
     """N batches, save the state, restore it in a new process: the next M batches are bit-identical
     to those of an uninterrupted iterator, on every process. N + M crosses an epoch boundary."""

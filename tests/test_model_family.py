@@ -141,6 +141,7 @@ def test_toy_param_count_matches_the_module() -> None:
     assert isinstance(model, FamilyModel) and model.hidden(tokens).shape == (2, 6, 32)
 
 
+@pytest.mark.integration
 def test_unimportable_plugin_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RU_PRETRAIN_PLUGINS", "tests.no_such_family_module")
     config = tmp_path / "tiny.yaml"

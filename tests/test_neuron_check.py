@@ -385,6 +385,7 @@ def loud_loss(*args, **kwargs):
 CHUNKED_LOSS = trainer.step.chunked_cross_entropy
 
 
+@pytest.mark.integration
 def test_recipe_04c_prints_the_verdict_last_and_writes_its_report(tmp_path: Path) -> None:
     config = tiny_config(tmp_path)
     proc = run_recipe("04c_neuron_check.py", config)
@@ -395,6 +396,7 @@ def test_recipe_04c_prints_the_verdict_last_and_writes_its_report(tmp_path: Path
                      r" in [\d.]+ s: [\d,]+ equations", proc.stderr)
 
 
+@pytest.mark.integration
 def test_recipe_04c_fails_on_a_planted_construct_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trainer.step, "chunked_cross_entropy", loud_loss)
     proc = run_recipe("04c_neuron_check.py", tiny_config(tmp_path), check=False)
@@ -407,6 +409,7 @@ def test_recipe_04c_fails_on_a_planted_construct_with_one_line(tmp_path: Path, m
     assert report["finding_lines"] == [finding]
 
 
+@pytest.mark.integration
 def test_recipe_04c_names_a_misspelled_key_in_one_line(tmp_path: Path) -> None:
     proc = run_recipe("04c_neuron_check.py", tiny_config(tmp_path), "train.nan_polcy=skip", check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

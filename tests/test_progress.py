@@ -73,6 +73,7 @@ def test_no_terminal_gives_plain_progress(monkeypatch: pytest.MonkeyPatch, capsy
     assert capsys.readouterr().err.splitlines()[-1].startswith("two: 2/2 it (100%)")
 
 
+@pytest.mark.integration
 def test_recipe_logs_progress_lines_without_carriage_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Recipe 01 with stdout and stderr captured (not a terminal): lines, never redrawn bars.
 

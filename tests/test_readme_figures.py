@@ -1,38 +1,42 @@
-"""README.md's demo and sweep figures come from ``eval/figures.py`` and nowhere else.
+"""The figures README.md, docs/guide.md and eval/README.md quote come from ``tools/readme_figures.py`` alone.
 
-Three checks: each marked block is exactly what the figures it records render to (a figure edited by hand
-in the text fails); a demo-like run that this test makes gives figures with the same fields, whose values
-agree with what the run's config and its own files say; and where the run folder a block names is on disk
-and is the recorded run, reading it again gives the recorded figures (a demo run elsewhere is skipped, with
-the command that rewrites the block).
+Each marked block is exactly what the figures it records render to (a figure edited by hand in the text
+fails); a demo-like run that this test makes gives figures with the same fields, whose values agree with what
+the run's config and its own files say; where the run folder a block names is on disk and is the recorded run,
+reading it again gives the recorded figures; the test counts are what pytest collects now; and the JUnit
+reports the times come from are read as pytest writes them.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from eval.figures import (
+from tools.readme_figures import (
     DEMO,
     DEMO_EVAL,
     FILES,
     SWEEP,
+    TESTS,
     block,
+    collected_tests,
     demo_eval_figures,
     demo_figures,
     find_block,
+    junit_figures,
     render_demo,
     replace_block,
     sweep_figures,
 )
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
-REWRITE = "python -m eval.figures --write README.md eval/README.md"
+REWRITE = "make readme-figures"
 STEPS, EVERY, KEEP = 12, 4, 2  # the tiny run: checkpoints at 4, 8 and 12, the last two kept
 
 
@@ -51,7 +55,7 @@ def recorded(name: str) -> tuple[dict[str, Any], str]:
     return found
 
 
-@pytest.mark.parametrize("name", [DEMO, SWEEP, DEMO_EVAL])
+@pytest.mark.parametrize("name", [DEMO, SWEEP, DEMO_EVAL, TESTS])
 def test_each_readme_block_is_what_its_recorded_figures_render_to(name: str) -> None:
     figures, written = recorded(name)
     assert written == block(name, figures), f"{FILES[name]}'s {name} block was edited by hand: {REWRITE}"
@@ -70,11 +74,11 @@ def test_the_readme_figures_match_the_run_folder_they_name(name: str) -> None:
                         f"{figures['train_run']}'s: {REWRITE} quotes this one")
     else:
         if not (folder / "reports" / "costs.csv").is_file():
-            pytest.skip(f"no sweep in {folder} (make demo-sweep) to check README.md's figures against")
+            pytest.skip(f"no sweep in {folder} (make demo-sweep) to check {FILES[name]}'s figures against")
         again = sweep_figures(folder)
         runs = [[v["run"] for v in f["variants"]] for f in (again, figures)]
         if runs[0] != runs[1]:
-            pytest.skip(f"{folder} holds runs {runs[0]}, README.md's figures are runs {runs[1]}'s: {REWRITE} quotes these")
+            pytest.skip(f"{folder} holds runs {runs[0]}, {FILES[name]}'s figures are runs {runs[1]}'s: {REWRITE} quotes these")
     assert again == figures
 
 
@@ -133,3 +137,27 @@ def test_a_demo_like_run_gives_the_fields_readme_records(tiny_demo: tuple[Path, 
     rewritten = replace_block(text, DEMO, figures)
     assert rewritten.startswith("before\n") and rewritten.endswith("\nafter\n")
     assert find_block(rewritten, DEMO) == (json.loads(json.dumps(figures)), block(DEMO, figures))
+
+
+@pytest.mark.integration
+def test_the_recorded_test_counts_are_what_pytest_collects_now() -> None:
+    counts = recorded(TESTS)[0]["collected"]
+    base, unit = collected_tests(), collected_tests("not integration")
+    assert (counts["base"], counts["unit"]) == (base, unit), f"a test was added or removed since: {REWRITE}"
+    assert counts["integration"] == base - unit
+
+
+@pytest.mark.integration
+def test_the_times_are_read_from_the_junit_report_pytest_writes(tmp_path: Path) -> None:
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest, time\n"
+        "def test_ok():\n    time.sleep(1.2)\n"
+        "def test_ok_too():\n    pass\n"
+        "def test_bad():\n    assert False\n"
+        "def test_skipped():\n    pytest.skip('no')\n", encoding="utf-8")
+    report = tmp_path / "report.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null", "-n", "2",
+                    f"--junitxml={report}", str(tmp_path / "test_sample.py")], cwd=tmp_path, capture_output=True)
+    figures = junit_figures(report)
+    assert (figures["passed"], figures["failed"], figures["skipped"]) == (2, 1, 1)
+    assert figures["seconds"] >= 1  # the session's wall time, the sleep included

@@ -10,6 +10,8 @@ import pytest
 
 from tests.recipe_runner import error_line, run_recipe, run_recipe_on_full_disk, tiny_config
 
+pytestmark = pytest.mark.integration  # every test runs a recipe or another process
+
 FIXTURE_TEXTS = Path(__file__).parent / "fixtures" / "corpus"
 
 

@@ -52,6 +52,7 @@ def test_a_second_writer_or_a_reader_of_a_stage_being_written_is_one_line_naming
         pass  # recipe 05 evaluates the checkpoints recipe 04 is saving: both only read the shards
 
 
+@pytest.mark.integration
 def test_a_lock_of_another_live_process_holds_and_is_taken_over_with_a_warning_once_it_died(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "x" / ".locks" / "shards.lock"

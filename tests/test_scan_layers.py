@@ -122,6 +122,7 @@ def unrolled_run_copy(tmp_path: Path, **model: object) -> tuple[Path, dict]:
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
+@pytest.mark.integration
 def test_a_run_folder_of_the_unrolled_code_resumes_and_continues_as_it_did(tmp_path: Path, scan_layers: bool) -> None:
     config, made = unrolled_run_copy(tmp_path, scan_layers=scan_layers)
     run = tmp_path / "runs" / "tiny"
@@ -148,6 +149,7 @@ def test_a_run_folder_of_the_unrolled_code_resumes_and_continues_as_it_did(tmp_p
     assert step == 8 and isinstance(model.blocks, nnx.List) != scan_layers
 
 
+@pytest.mark.integration
 def test_a_branch_of_an_unrolled_parent_trains_scanned_from_its_restacked_checkpoint(tmp_path: Path) -> None:
     """A decay branch (train.branch_from) whose parent is the unrolled code's run folder: the branch's first
     session restores the parent's step 4 in the parent's layout, restacks it, and continues as the parent's

@@ -189,6 +189,7 @@ def test_corpus_too_small_for_one_row(tmp_path: Path) -> None:
     assert not (run.run_folder.shards / "manifest.json").exists()
 
 
+@pytest.mark.integration
 def test_recipe_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump({"experiment": {"name": "x", "run_root": str(tmp_path / "runs")},

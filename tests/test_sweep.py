@@ -119,15 +119,15 @@ def test_recipe_08_runs_a_group_of_variants_resumably_and_compares(tmp_path: Pat
     (compare,) = [r for r in records if r.job_type == "compare"]
     assert compare.summary["costs/table.nrows"] == 2 and compare.summary["costs/frontier._type"] == "image-file"
 
-    # README's sweep figures (eval/figures.py) read from this folder: the crossings above, the fields README records
-    from eval.figures import SWEEP, find_block, sweep_figures
-    from tests.test_readme_figures import README, keys_of
+    # the sweep figures (tools/readme_figures.py) read from this folder: the crossings above, the fields README records
+    from tests.test_readme_figures import keys_of
+    from tools.readme_figures import SWEEP, recorded_figures, sweep_figures
 
     figures = sweep_figures(runs / "sw")
     assert [v["experiment"] for v in figures["variants"]] == names and figures["target_bpb"] == 1000.0
     assert all(v["reached"] and v["step_at_target"] == 2 for v in figures["variants"])
     assert [v["rub_to_target"] for v in figures["variants"]] == pytest.approx([float(rows[n]["rub_to_target"]) for n in names])
-    assert keys_of(figures) == keys_of(find_block(README.read_text(encoding="utf-8"), SWEEP)[0])
+    assert keys_of(figures) == keys_of(recorded_figures()[SWEEP])
 
     # a variant interrupted after training (no eval yet) is finished by the rerun; the others are skipped
     (runs / names[0] / "eval" / "manifest.json").unlink()

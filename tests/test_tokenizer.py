@@ -298,6 +298,7 @@ def test_bpe_model_export_gives_identical_ids() -> None:
         assert hf.decode(ids, skip_special_tokens=False) == text
 
 
+@pytest.mark.integration
 def test_recipe_runs_offline_and_logs_the_artifact(tmp_path: Path, trained: tuple[RunFolder, RecordingRun]) -> None:
     """The thin CLI end to end: config file, offline W&B run, tokenizer folder, artifact on disk; a
     tokenizer.extra_train_sources text trains the tokenizer beside the corpus."""

@@ -63,6 +63,7 @@ def offline_cfg(tmp_path: Path, name: str = "trk", mode: str = "offline") -> Exp
                                               "wandb": {"mode": mode, "project": "t"}})
 
 
+@pytest.mark.integration
 def test_offline_run_read_back_with_wandb_cli(tmp_path: Path, restore_wandb_env: None,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = offline_cfg(tmp_path)
@@ -95,6 +96,7 @@ def test_offline_run_read_back_with_wandb_cli(tmp_path: Path, restore_wandb_env:
     assert relative.stdout == ours.stdout
 
 
+@pytest.mark.integration
 def test_a_damaged_run_log_is_read_around_the_damage_and_named(tmp_path: Path, restore_wandb_env: None,
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """A flipped byte in a run's log (a disk error, a copy gone wrong): the rows outside the damaged block are
@@ -183,6 +185,7 @@ def test_a_silent_run_builds_no_artifact(tmp_path: Path) -> None:
     assert use_reference(SilentRun(), "base", "base-model", tmp_path) is None
 
 
+@pytest.mark.integration
 def test_auto_mode_falls_back_to_offline_when_wandb_is_unreachable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """An API key but no W&B server (a closed loopback port): offline within seconds, with a warning."""
@@ -201,6 +204,7 @@ def test_auto_mode_falls_back_to_offline_when_wandb_is_unreachable(
     assert read_offline_run(run_dir).history[0]["train/loss"] == 1.0
 
 
+@pytest.mark.integration
 def test_a_credential_in_the_config_is_in_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A config value reading a key from the environment: the recipe runs with it, and no file of the run
     folder or of the W&B run (its binary .wandb file included) holds the key; the records say ${VAR}."""

@@ -15,6 +15,9 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration  # every test runs a recipe or another process
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 3

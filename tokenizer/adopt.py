@@ -89,7 +89,8 @@ def special_ids_from_folder(folder: RunPath, token_to_id: Any, own: dict[str, in
     for _, body in _present(folder, _ID_FILES):
         for special in SPECIAL_NAMES:
             value = body.get(f"{special}_token_id")
-            value = value[0] if isinstance(value, list) and value else value  # several EOS ids: the first ends documents
+            # several EOS ids: the first ends documents
+            value = value[0] if isinstance(value, list) and value else value
             if special not in ids and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
                 ids[special] = value
     for special in SPECIAL_NAMES:
@@ -186,7 +187,8 @@ def adopt_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
         "source_files": source_files,
         "hf_export": "hf",
         "heldout_documents_measured": len(split.heldout_docs()),
-        "config": {**redact(asdict(tok)), "seed": cfg.experiment.seed, "validation_percent": cfg.shards.validation_percent},
+        "config": {**redact(asdict(tok)), "seed": cfg.experiment.seed,
+                   "validation_percent": cfg.shards.validation_percent},
     }
     TOKENIZER.write_manifest(out_dir, manifest)
     log.info("tokenizer written to %s", out_dir)

@@ -82,7 +82,8 @@ def build_hf_tokenizer(sp: spm.SentencePieceProcessor) -> Tokenizer:
     return tokenizer
 
 
-def tokenizer_config(sp: spm.SentencePieceProcessor, special_ids: dict[str, int], model_max_length: int) -> dict[str, Any]:
+def tokenizer_config(sp: spm.SentencePieceProcessor, special_ids: dict[str, int],
+                     model_max_length: int) -> dict[str, Any]:
     tokens = {_TOKEN_NAMES[name]: sp.id_to_piece(i) for name, i in special_ids.items()}
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",

@@ -76,7 +76,8 @@ class RunTokenizer:
             # numpy output: SentencePiece hands back its C++ id buffers as int32 arrays, which skips
             # building (and then converting) a Python int per token
             return self.sp.encode(list(texts), out_type="numpy", num_threads=threads)
-        return [np.asarray(enc.ids, dtype=np.int32) for enc in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+        return [np.asarray(enc.ids, dtype=np.int32)
+                for enc in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         ids = [int(i) for i in ids]
@@ -178,7 +179,8 @@ def load_run_tokenizer(tokenizer_dir: str | RunPath) -> RunTokenizer:
         return RunTokenizer(kind, int(manifest["vocab_size"]), eos, pad, str(manifest["sha256"]), manifest,
                             tokenizer_dir / manifest.get("model_file", MODEL_FILE), sp=sp)
     if kind != KIND_HF:
-        raise DataError(f"{tokenizer_dir / 'manifest.json'}: unknown tokenizer kind '{kind}' (known: {', '.join(KINDS)}); "
+        raise DataError(f"{tokenizer_dir / 'manifest.json'}: unknown tokenizer kind '{kind}' "
+                        f"(known: {', '.join(KINDS)}); "
                         f"{TOKENIZER.run_again}")
     model_path, digest = verified_model_file(tokenizer_dir, manifest, "tokenizer.json")
     hf = read_hf_tokenizer(model_path)

@@ -18,10 +18,11 @@ from typing import Any
 from experiment.corpus_format import iter_documents
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.progress import progress
+from experiment.schema import ExperimentConfig
 from experiment.sections.tokenizer import RUSSIAN_REQUIRED_CHARS
 from tokenizer.baselines import bytelevel_bpe_under_test, train_bytelevel_bpe
 from tokenizer.measured import MeasuredTokenizer
-from tokenizer.texts import training_texts
+from tokenizer.texts import CorpusSplit, training_texts
 from tracking.artifacts import add_folder
 
 log = logging.getLogger("tokenizer")
@@ -115,7 +116,7 @@ def measure_tokenizer(tok: MeasuredTokenizer, heldout: dict[str, list[dict[str, 
     }
 
 
-def build_report(cfg: Any, run_tokenizer: MeasuredTokenizer, split: Any, corpus_dir: Path,
+def build_report(cfg: ExperimentConfig, run_tokenizer: MeasuredTokenizer, split: CorpusSplit, corpus_dir: Path,
                  extra_texts: Callable[[], Iterable[str]] | None = None,
                  extra_train: dict[str, int] | None = None) -> dict[str, Any]:
     """Measure the run's tokenizer (trained or adopted) and, if configured, the baselines on the same

@@ -62,7 +62,8 @@ def log_reference(run: Any, name: str, artifact_type: str, folder: str | RunPath
             artifact = _reference_artifact(name, artifact_type, folder, metadata, checksum=True)
         else:
             artifact = _measured_reference_artifact(name, artifact_type, Path(folder), metadata, files)
-    except Exception as exc:  # W&B's bucket handlers need their own clients and credentials: lineage is no reason to fail
+    except Exception as exc:
+        # W&B's bucket handlers need their own clients and credentials: lineage is no reason to fail
         if not isinstance(folder, BucketPath) and "://" not in str(folder):
             raise
         log.warning("W&B could not reference %s (%s: %s): the %s artifact is not logged", folder, type(exc).__name__,

@@ -33,7 +33,8 @@ def last_kept_step(wandb_run: Any) -> int:
     return kept
 
 
-def backfill_offline_history(wandb_run: Any, log_path: RunPath, resumed_step: int, step_key: str = "train/step") -> None:
+def backfill_offline_history(wandb_run: Any, log_path: RunPath, resumed_step: int,
+                             step_key: str = "train/step") -> None:
     """Re-log the records of ``log_path`` (one JSON object a line, its step under ``step_key``) after
     the last step earlier local folders of this run kept, up to ``resumed_step``."""
     kept = last_kept_step(wandb_run)

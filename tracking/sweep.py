@@ -20,13 +20,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from experiment.config import load_config
 from experiment.errors import RecipeError
 from experiment.links import DATA_STAGES, link_stages
 from experiment.lock import SWEEP, hold, lock_path
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.stages import COMPARE, EVAL, PRETRAIN, SHARDS, Stage
 from experiment.storage import location
 from experiment.sweep import Variant, sweep_name, sweep_variants
@@ -51,12 +51,12 @@ def run_stage(stage: Stage, config: str, overrides: list[str]) -> None:
                           "same arguments to resume")
 
 
-def data_folder(cfg: Any) -> RunFolder:
+def data_folder(cfg: ExperimentConfig) -> RunFolder:
     """Where the variants' corpus, tokenizer and shards live."""
     return RunFolder(location(cfg.experiment.run_root) / (cfg.experiment.data_from or sweep_name(cfg.experiment)))
 
 
-def ensure_data(cfg: Any, config: str, overrides: list[str]) -> RunFolder:
+def ensure_data(cfg: ExperimentConfig, config: str, overrides: list[str]) -> RunFolder:
     """The shared data folder, made with recipes 01-03 when its shards are missing."""
     folder = data_folder(cfg)
     if SHARDS.read_manifest_if_present(folder.shards) is None:
@@ -73,7 +73,7 @@ def link_data(variant_folder: RunFolder, data: RunFolder) -> None:
     link_stages(variant_folder, data, DATA_STAGES, "sweep")
 
 
-def finished(cfg: Any) -> bool:
+def finished(cfg: ExperimentConfig) -> bool:
     """Whether the variant trained all its steps and its last step was evaluated."""
     manifest = EVAL.read_manifest_if_present(RunFolder.for_config(cfg).eval)
     return manifest is not None and manifest["latest_step"] == cfg.train.steps

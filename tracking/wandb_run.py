@@ -1,8 +1,8 @@
 """Open W&B runs with every file inside the experiment's run folder.
 
-One run per recipe invocation, grouped by experiment (the variants of a sweep by the sweep), ``job_type`` = stage. Without an API key the
-run is offline, so the demo and the tests work on a machine with no network. ``mode: auto`` with a
-key also goes offline, with a warning, when the W&B server cannot be reached within a few seconds
+One run per recipe invocation, grouped by experiment (the variants of a sweep by the sweep), ``job_type`` = stage.
+Without an API key the run is offline, so the demo and the tests work on a machine with no network. ``mode: auto``
+with a key also goes offline, with a warning, when the W&B server cannot be reached within a few seconds
 or refuses to start the run (``wandb sync`` uploads the run folder later). Secrets never reach
 W&B: the config we log is the experiment config, which has no secret fields, with any credential a
 value read from the environment as its ``${VAR}`` (experiment.config.redact), and API keys are read
@@ -19,10 +19,15 @@ import socket
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from experiment.config import redact, to_dict
+from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.sweep import sweep_name, variant_of
+
+if TYPE_CHECKING:
+    from wandb.sdk.wandb_run import Run
 
 log = logging.getLogger("tracking")
 
@@ -127,9 +132,14 @@ class SilentRun:
     def finish(self, exit_code: int = 0) -> None: ...
 
 
+# what ``open_run`` yields and stage code logs to: a W&B run (online, offline or disabled) on the process that
+# reports, a ``SilentRun`` on the others
+WandbRun: TypeAlias = "Run | SilentRun"
+
+
 @contextlib.contextmanager
-def open_run(cfg: Any, run_folder: Any, job_type: str, run_id: str | None = None,
-             extra_config: dict[str, Any] | None = None, reports: bool = True) -> Iterator[Any]:
+def open_run(cfg: ExperimentConfig, run_folder: RunFolder, job_type: str, run_id: str | None = None,
+             extra_config: dict[str, Any] | None = None, reports: bool = True) -> Iterator[WandbRun]:
     """Yield a W&B run (a no-op run when disabled); always finished, with exit code 1 on error.
 
     ``reports=False`` (a JAX process other than the first) yields a ``SilentRun``: no W&B run, no

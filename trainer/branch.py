@@ -11,8 +11,8 @@ so comparing token budgets costs one stable run plus short decays:
 it uses the parent's tokenizer and shards (linked into its folder when it has none), keeps the
 parent's model, and once it has saved a checkpoint of its own it resumes from that like any run.
 Its cost ledger starts with the parent's rubles up to the branch step (``cost.ledger``'s inherit
-record, from ``summarize_ledger_at`` on the parent's ledger), and its W&B run names the parent run (config ``branch_parent_run_id``, summary
-``branch/parent_run_id``).
+record, from ``summarize_ledger_at`` on the parent's ledger), and its W&B run names the parent run (config
+``branch_parent_run_id``, summary ``branch/parent_run_id``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from cost.ledger_pricing import summarize_ledger_at
 from experiment.errors import ConfigError
 from experiment.links import BRANCH_DATA, branch_parent, link_stages
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from trainer import checkpoint, checkpoint_integrity
 from trainer.distributed import is_primary
 from trainer.resume import check_same_run, finished_steps, restore_or_init
@@ -40,7 +41,7 @@ class Branch:
     step: int
 
 
-def open_branch(cfg: Any, run_folder: RunFolder) -> Branch | None:
+def open_branch(cfg: ExperimentConfig, run_folder: RunFolder) -> Branch | None:
     """The parent run and step of ``train.branch_from``/``branch_step`` (None for a run that is no
     branch), checked to have that checkpoint; links the parent's tokenizer and shards into this run
     folder where it has none."""

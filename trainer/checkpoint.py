@@ -151,7 +151,8 @@ def save(manager: ocp.CheckpointManager, step: int, state: dict[str, Any], loade
     )
 
 
-def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def restore(manager: ocp.CheckpointManager, step: int,
+            abstract_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Restore the full train state onto its shardings; returns ``(state, json_items)``."""
     abstract_train = {k: abstract_state[k] for k in ("opt_state", "step", "rng")}
     restored = manager.restore(

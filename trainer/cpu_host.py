@@ -69,7 +69,8 @@ def prepare_cpu_host(train_cfg: TrainConfig) -> dict[str, Any]:
     if not runs_on_cpu_only():
         return {}
     done: dict[str, Any] = {"malloc_keeps_freed_memory": train_cfg.cpu_keep_freed_memory and keep_freed_memory()}
-    if os.environ.get("JAX_NUM_CPU_DEVICES") or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+    if (os.environ.get("JAX_NUM_CPU_DEVICES")
+            or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")):
         return done  # the caller chose the device count (tests, multi-process runs)
     count = cpu_device_count(train_cfg.cpu_devices, train_cfg.batch_size // train_cfg.grad_accum_steps)
     try:

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.sections.train import TrainConfig
 from trainer.cpu_host import prepare_cpu_host
 
@@ -49,7 +50,7 @@ def enable_compilation_cache(train_cfg: TrainConfig, run_root: Path) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-def prepare_processes(cfg: Any) -> None:
+def prepare_processes(cfg: ExperimentConfig) -> None:
     """Everything recipe 4 sets before W&B opens and before JAX starts its backends."""
     prepare_cpu_host(cfg.train)
     enable_compilation_cache(cfg.train, RunFolder.for_config(cfg).local)  # a bucket run's: this host's disk
@@ -61,7 +62,7 @@ def is_primary() -> bool:
     return jax.process_index() == 0
 
 
-def reports(cfg: Any) -> bool:
+def reports(cfg: ExperimentConfig) -> bool:
     """The harness's ``reports`` hook: whether this process opens the W&B run (a single process
     answers without starting JAX's backends, which W&B would otherwise wait for)."""
     return not cfg.train.distributed or is_primary()

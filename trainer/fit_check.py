@@ -22,6 +22,8 @@ from experiment.errors import ConfigError, RecipeError
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
+from experiment.sections.model import FamilyConfig
+from experiment.sections.train import TrainConfig
 from experiment.stages import FIT_CHECK, SHARDS, TOKENIZER
 from experiment.storage import location
 from trainer.fit_verdicts import MEMORY_PARTS, FitVerdicts, verdict_key, worth_keeping
@@ -106,11 +108,12 @@ class Setting:
                 f"train.grad_accum_steps={self.grad_accum_steps}"]
 
 
-def configured_setting(model_cfg: Any, train_cfg: Any) -> Setting:
+def configured_setting(model_cfg: FamilyConfig, train_cfg: TrainConfig) -> Setting:
     return Setting(model_cfg.remat, model_cfg.attention, train_cfg.grad_accum_steps)
 
 
-def setting_costs(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, platform: str) -> dict[str, Any]:
+def setting_costs(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, seq_len: int,
+                  platform: str) -> dict[str, Any]:
     """Hand-counted model and hardware FLOPs per step of this setting, and the kernel ``auto`` picks."""
     from model.registry import family_of
 
@@ -121,8 +124,9 @@ def setting_costs(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int,
             "hardware_flops_per_step": hardware_flops * tokens, "recompute_factor": hardware_flops / model_flops}
 
 
-def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, slice_name: str,
-              packed: bool = False, setting: Setting | None = None, verdicts: FitVerdicts | None = None) -> dict[str, Any]:
+def check_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, seq_len: int, slice_name: str,
+              packed: bool = False, setting: Setting | None = None,
+              verdicts: FitVerdicts | None = None) -> dict[str, Any]:
     """Compile the train step for ``slice_name`` and report per-device memory; never raises on OOM.
 
     ``setting`` replaces the config's remat, attention and accumulation (the fit search's candidates).
@@ -141,7 +145,8 @@ def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, sli
     report: dict[str, Any] = {"slice": slice_name, "topology": TOPOLOGIES[slice_name].name, "devices": len(devices),
                               "mesh": dict(mesh.shape), "capacity_gib": capacity, **dataclasses.asdict(setting),
                               "scan_layers": bool(getattr(model_cfg, "scan_layers", False)),
-                              "micro_batch_per_device": train_cfg.batch_size // setting.grad_accum_steps // _data_parts(mesh),
+                              "micro_batch_per_device": (train_cfg.batch_size // setting.grad_accum_steps
+                                                         // _data_parts(mesh)),
                               "loss_chunk_len": train_cfg.loss_chunk_len,
                               **setting_costs(model_cfg, train_cfg, vocab_size, seq_len, "tpu")}
     try:
@@ -161,7 +166,8 @@ def check_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, sli
     if answer is None:
         answer = compile_answer(lowered)
         if worth_keeping(answer):
-            verdicts.put(key, answer, {k: report[k] for k in ("slice", "mesh", "remat", "attention", "grad_accum_steps")})
+            verdicts.put(key, answer,
+                         {k: report[k] for k in ("slice", "mesh", "remat", "attention", "grad_accum_steps")})
     return {**report, **read_answer(answer, capacity), "verdict_cached": cached}
 
 
@@ -202,34 +208,37 @@ def _data_parts(mesh: Any) -> int:
 
 def describe(report: dict[str, Any]) -> str:
     head = (f"{report['slice']} ({report['topology']}, {report['devices']} devices, mesh {report['mesh']}; "
-            f"{'scanned' if report.get('scan_layers') else 'unrolled'} layers, remat {report['remat']}, attention {report['attention']} -> {report['attention_kernel']}, "
+            f"{'scanned' if report.get('scan_layers') else 'unrolled'} layers, remat {report['remat']}, "
+            f"attention {report['attention']} -> {report['attention_kernel']}, "
             f"{report['grad_accum_steps']} micro-batch(es))")
     if "needed_gib" in report:
         verdict = "fits" if report["fits"] else "DOES NOT FIT"
         return (f"{head}: {verdict}, {report['needed_gib']:.2f} GiB of {report['capacity_gib']:.2f} GiB per device "
                 f"(arguments {report['argument_gib']:.2f}, temporaries {report['temp_gib']:.2f}); "
                 f"recompute {report['recompute_factor']:.2f}x; compiled in {report['compile_s']:.0f} s"
-                f"{' by an earlier run (the same program for this slice: its answer was kept)' if report.get('verdict_cached') else ''}")
+                + (" by an earlier run (the same program for this slice: its answer was kept)"
+                   if report.get("verdict_cached") else ""))
     return f"{head}: DOES NOT FIT ({report['error']})"
 
 
 REMAT_ORDER = ("none", "save_dots", "offload", "full")  # by recompute, cheapest first
 
 
-def accumulation_splits(train_cfg: Any, data_parts: int) -> list[int]:
+def accumulation_splits(train_cfg: TrainConfig, data_parts: int) -> list[int]:
     """Accumulation steps that keep the micro-batch divisible over the data-parallel devices, fewest first."""
     return [k for k in range(1, train_cfg.batch_size + 1)
             if train_cfg.batch_size % k == 0 and (train_cfg.batch_size // k) % data_parts == 0]
 
 
-def search_fit(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, slice_name: str,
+def search_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, seq_len: int, slice_name: str,
                packed: bool = False, verdicts: FitVerdicts | None = None) -> list[dict[str, Any]]:
     """Try remat policies x attention kernels x accumulation splits on ``slice_name``; every compile's report.
 
     For each remat policy and kernel, accumulation grows (1, 2, 4, ...; jumping by the compiler's
     temporaries) until the step fits, and never past the fewest micro-batches that already fit with a
-    cheaper policy (they could not be the best), so a policy costs one compile when it fits. Kernels tried: the config's (``auto`` picks splash on
-    TPU) and XLA's ``dot_product`` when the config's is not it, so the table shows what the kernel buys.
+    cheaper policy (they could not be the best), so a policy costs one compile when it fits. Kernels tried: the
+    config's (``auto`` picks splash on TPU) and XLA's ``dot_product`` when the config's is not it, so the table
+    shows what the kernel buys.
     The best row is marked (``best``): see ``best_setting``.
     """
     from model.sharding import build_mesh

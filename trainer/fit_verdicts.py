@@ -85,7 +85,8 @@ def program_fingerprint(program_text: str) -> str:
 def verdict_key(program_text: str, target: dict[str, Any]) -> str:
     """The entry's name: a hash of the lowered program (``program_fingerprint``) and of ``target`` (topology,
     slices), the compiler's versions and the flags that reach it."""
-    context = {"target": target, "versions": compiler_versions(), "flags": {v: os.environ.get(v, "") for v in FLAG_VARS}}
+    context = {"target": target, "versions": compiler_versions(),
+               "flags": {v: os.environ.get(v, "") for v in FLAG_VARS}}
     digest = hashlib.sha256(json.dumps(context, sort_keys=True).encode())
     digest.update(program_fingerprint(program_text).encode())
     return digest.hexdigest()

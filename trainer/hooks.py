@@ -22,18 +22,27 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from experiment import appendlog
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.sections.train import TrainConfig
-from model.family import params_label
+from model.family import FamilyModel, params_label
 from trainer import checkpoint
 from trainer.guard import GUARD_KEY, Guard
 from trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch
-from trainer.reporting import log_metrics, log_samples
-from trainer.step import TrainProgram
+from trainer.reporting import TrainLedger, log_metrics, log_samples
+from trainer.step import State, TrainProgram
 from trainer.throughput import MetricsWindow
+
+if TYPE_CHECKING:
+    import orbax.checkpoint as ocp
+
+    from data_prep.shards.loader import TrainIterator
+    from tracking.wandb_run import WandbRun
 
 log = logging.getLogger("trainer")
 
@@ -41,14 +50,14 @@ log = logging.getLogger("trainer")
 class CheckpointSaves:
     """Async Orbax saves, each booked in the ledger once it is known to be on disk."""
 
-    def __init__(self, manager: Any, ledger: Any, guard: Guard | None = None,
+    def __init__(self, manager: ocp.CheckpointManager, ledger: TrainLedger, guard: Guard | None = None,
                  train_log: appendlog.LogWriter | None = None) -> None:
         self.manager, self.ledger = manager, ledger
         self.guard = guard if guard is not None else Guard()
         self.train_log = train_log
         self.unconfirmed: list[int] = []  # async saves not yet known to be on disk
 
-    def save(self, step: int, state: dict[str, Any], loader_state: Any, meta: dict[str, Any]) -> None:
+    def save(self, step: int, state: State, loader_state: dict[str, Any], meta: dict[str, Any]) -> None:
         """Save ``state`` (finite: the guard says so, or refuses) with ``meta`` and the guard's record."""
         record = self.guard.saved(step, [*self.manager.all_steps(), *self.unconfirmed])
         if self.train_log is not None:
@@ -81,21 +90,21 @@ class LoopContext:
     ledger and ``train_log`` likewise keep nothing off process 0 (``trainer.reporting``).
     """
 
-    cfg: Any
+    cfg: ExperimentConfig
     run_folder: RunFolder
     program: TrainProgram
-    loader: Any
-    ledger: Any
-    wandb_run: Any
+    loader: TrainIterator
+    ledger: TrainLedger
+    wandb_run: WandbRun
     train_log: appendlog.LogWriter | None
     saves: CheckpointSaves
     window: MetricsWindow
-    meta: dict[str, Any]
+    meta: dict[str, Any]  # the checkpoints' meta (trainer.train.TrainSession.meta)
     tokens_per_step: int
     start_step: int
-    state: dict[str, Any]
+    state: State
     step: int = 0
-    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # the last step's, on the host
     last_loss: float = math.nan
     preemption: PreemptionWatch | None = None
 
@@ -178,9 +187,9 @@ class BodyUnfreezes:
 
 
 # evaluate(model, cfg, run_folder, step) -> flat metrics such as {"eval/loss": 3.1}
-EvaluateFn = Callable[[Any, Any, RunFolder, int], Mapping[str, float]]
+EvaluateFn = Callable[[FamilyModel, ExperimentConfig, RunFolder, int], Mapping[str, float]]
 # sample(model, cfg, run_folder, step) -> records with "prompt" and "completion" (eval.run.sample_completions)
-SampleFn = Callable[[Any, Any, RunFolder, int], list[dict[str, Any]]]
+SampleFn = Callable[[FamilyModel, ExperimentConfig, RunFolder, int], list[dict[str, Any]]]
 
 
 class EvalHook:

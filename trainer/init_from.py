@@ -16,19 +16,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
+from experiment.sections.model import FamilyConfig
 from experiment.storage import BucketPath, RunPath, local_folder, location
 from model.hf_checkpoint import ImportedCheckpoint, hf_model_config, load_hf_checkpoint, read_config
 from model.vocab_adaptation import adapt_embeddings
 from trainer.branch import Branch
 from trainer.resume import finished_steps, latest_meta
 from trainer.trained_model import model_config_from_meta
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
 log = logging.getLogger("trainer")
 # model keys that belong to the run, not to the base model: kept from our YAML
@@ -44,12 +49,12 @@ class StartPoint:
     """What a run's model is: its resolved config, the step-0 parameters when they come from a base
     model (None: initialised afresh, or restored from a checkpoint), and the base's lineage."""
 
-    model_cfg: Any
+    model_cfg: FamilyConfig
     params: dict[str, Any] | None = None
     lineage: dict[str, Any] | None = None
 
 
-def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = None,
+def start_point(cfg: ExperimentConfig, run_folder: RunFolder, vocab_size: int, mesh: Mesh | None = None,
                 branch: Branch | None = None) -> StartPoint:
     """The run's model: ``cfg.model``, or with ``model.init_from`` the base model's (its weights read onto
     ``mesh`` with the run's ``train.mesh.rules`` when given, else the default device). Once there is a
@@ -79,7 +84,8 @@ def start_point(cfg: Any, run_folder: RunFolder, vocab_size: int, mesh: Any = No
                                   scan_layers=getattr(model_cfg, "scan_layers", None))
     params, adaptation = embeddings.apply(imported, cfg.experiment.seed)
     lineage = {"folder": str(named), "family": imported.family, "files": imported.source_files,
-               "tokenizer_files": [Path(p).name for p in imported.tokenizer_files], "base_vocab_size": imported.vocab_size,
+               "tokenizer_files": [Path(p).name for p in imported.tokenizer_files],
+               "base_vocab_size": imported.vocab_size,
                "vocab_adaptation": adaptation,
                # the context the base was built for: an export keeps it when the run trains at a shorter one
                "max_position_embeddings": int(base_cfg.max_seq_len)}
@@ -138,7 +144,7 @@ def reimport_base(run_folder: RunFolder, meta: dict[str, Any]) -> tuple[Any, dic
     return nnx.merge(graphdef, state), info
 
 
-def check_init_from(cfg: Any, saved_meta: dict[str, Any], where: Path) -> None:
+def check_init_from(cfg: ExperimentConfig, saved_meta: dict[str, Any], where: Path) -> None:
     """A run with checkpoints trains the checkpoints' model: a ``model.init_from`` that names another base
     model than the one the run started from (or a run that started from scratch) is a ConfigError. The same
     base model in another folder (its config.json describes the same family and shape) may be named."""
@@ -164,7 +170,7 @@ def check_init_from(cfg: Any, saved_meta: dict[str, Any], where: Path) -> None:
     log.info("model.init_from: %s is the same model as %s, which the run started from", folder, lineage["folder"])
 
 
-def merge_model_config(cfg: Any, base_cfg: Any, source: str) -> Any:
+def merge_model_config(cfg: ExperimentConfig, base_cfg: FamilyConfig, source: str) -> FamilyConfig:
     """The base model's config with the run's own keys (``RUN_KEYS``) from the YAML; a shape key the
     YAML sets that the base contradicts is a ConfigError naming both values and ``source``."""
     explicit = getattr(cfg, "explicit_keys", frozenset())
@@ -181,7 +187,8 @@ def merge_model_config(cfg: Any, base_cfg: Any, source: str) -> Any:
             mine, theirs = ours.resolved_head_dim, base_cfg.resolved_head_dim
         if mine != theirs:
             raise ConfigError(f"config key 'model.{name}': {mine!r} disagrees with {theirs!r} of {source} "
-                              f"(model.init_from takes the model's shape from there): remove the key or set it to {theirs!r}")
+                              "(model.init_from takes the model's shape from there): "
+                              f"remove the key or set it to {theirs!r}")
     kept = {name: getattr(ours, name) for name in RUN_KEYS if name in base_fields and hasattr(ours, name)}
     return dataclasses.replace(base_cfg, **kept)
 
@@ -197,7 +204,7 @@ class EmbeddingPlan:
     special_map: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def for_run(cls, cfg: Any, run_folder: RunFolder, base_config: dict[str, Any], base_vocab: int,
+    def for_run(cls, cfg: ExperimentConfig, run_folder: RunFolder, base_config: dict[str, Any], base_vocab: int,
                 vocab_size: int) -> EmbeddingPlan:
         return cls.for_mode(getattr(cfg.model, "vocab_adaptation", "none"),
                             base_folder(cfg.model.init_from, "model.init_from")[1], run_folder, base_config, base_vocab,
@@ -206,13 +213,14 @@ class EmbeddingPlan:
     @classmethod
     def for_mode(cls, mode: str, folder: Path, run_folder: RunFolder, base_config: dict[str, Any], base_vocab: int,
                  vocab_size: int) -> EmbeddingPlan:
-        """The plan of ``model.vocab_adaptation`` = ``mode`` from the base model in ``folder`` to the run's tokenizer."""
+        """The plan of ``model.vocab_adaptation`` = ``mode`` from the base model in ``folder`` to the run's
+        tokenizer."""
         if mode == "none":
             if vocab_size != base_vocab:
-                raise ConfigError(f"config key 'model.vocab_adaptation': none keeps the base model's token ids, but the "
-                                  f"run's tokenizer ({run_folder.tokenizer}) has {vocab_size} tokens and "
-                                  f"{folder / 'config.json'} has vocab_size {base_vocab}: set model.vocab_adaptation to "
-                                  "mean (or random), or use the base model's tokenizer")
+                raise ConfigError("config key 'model.vocab_adaptation': none keeps the base model's token ids, "
+                                  f"but the run's tokenizer ({run_folder.tokenizer}) has {vocab_size} tokens and "
+                                  f"{folder / 'config.json'} has vocab_size {base_vocab}: "
+                                  "set model.vocab_adaptation to mean (or random), or use the base model's tokenizer")
             return cls(mode)
         texts, special = run_token_texts(run_folder)
         if mode == "random":

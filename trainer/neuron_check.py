@@ -48,6 +48,8 @@ from experiment.errors import RecipeError
 from experiment.files import atomic_write_json
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
+from experiment.sections.model import FamilyConfig
+from experiment.sections.train import MeshConfig, TrainConfig
 from experiment.stages import NEURON_CHECK
 from model.sharding import MESH_AXES
 from trainer.fit_check import setting_costs, vocab_and_seq_len
@@ -309,12 +311,12 @@ def neuron_settings(prng_impl: str = NEURON_PRNG) -> Iterator[None]:
         yield
 
 
-def neuron_model_config(model_cfg: Any) -> Any:
+def neuron_model_config(model_cfg: FamilyConfig) -> FamilyConfig:
     """The model section as the Neuron path runs it: XLA's attention."""
     return dataclasses.replace(model_cfg, attention=NEURON_ATTENTION)
 
 
-def neuron_mesh(mesh_cfg: Any) -> AbstractMesh:
+def neuron_mesh(mesh_cfg: MeshConfig) -> AbstractMesh:
     """The config's mesh as an ``AbstractMesh`` on a ``neuron`` abstract device.
 
     Why abstract: the step is traced, never compiled or run here, so no devices are needed, and a mesh of
@@ -330,8 +332,8 @@ def neuron_mesh(mesh_cfg: Any) -> AbstractMesh:
                         abstract_device=device)
 
 
-def trace_neuron_step(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, packed: bool = False,
-                      prng_impl: str = NEURON_PRNG) -> jcore.ClosedJaxpr:
+def trace_neuron_step(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, seq_len: int,
+                      packed: bool = False, prng_impl: str = NEURON_PRNG) -> jcore.ClosedJaxpr:
     """The jaxpr of the train step ``TrainProgram`` builds for these sections, as the Neuron path runs it;
     nothing is materialised (abstract state and batch)."""
     with neuron_settings(prng_impl):
@@ -345,7 +347,8 @@ class UnsupportedOnNeuron(RecipeError):
     """The train step uses a construct jax-neuronx documents as unsupported."""
 
 
-def check_step(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, packed: bool = False) -> dict[str, Any]:
+def check_step(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, seq_len: int,
+               packed: bool = False) -> dict[str, Any]:
     """Trace the step for the Neuron path and report: findings, equations, hand-counted FLOPs, trace time."""
     started = time.perf_counter()
     closed = trace_neuron_step(model_cfg, train_cfg, vocab_size, seq_len, packed)
@@ -359,7 +362,8 @@ def check_step(model_cfg: Any, train_cfg: Any, vocab_size: int, seq_len: int, pa
             "family": getattr(model_cfg, "family", "llama"), "vocab_size": vocab_size, "seq_len": seq_len,
             "batch_size": train_cfg.batch_size, "packed": packed, "mesh": dict(mesh.shape),
             "settings": {"jax_default_prng_impl": NEURON_PRNG, "attention": NEURON_ATTENTION,
-                         "configured_attention": model_cfg.attention, "scan_layers": bool(getattr(model_cfg, "scan_layers", False)),
+                         "configured_attention": model_cfg.attention,
+                         "scan_layers": bool(getattr(model_cfg, "scan_layers", False)),
                          "remat": model_cfg.remat, "loss_chunk_len": train_cfg.loss_chunk_len,
                          "nan_policy": train_cfg.nan_policy, "quantization": train_cfg.quantization,
                          "grad_accum_steps": train_cfg.grad_accum_steps, "trainable": train_cfg.trainable,

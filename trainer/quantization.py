@@ -61,7 +61,8 @@ def quantize_module(module: nnx.Module, family: ModelFamily, mode: str) -> nnx.M
     import qwix
 
     if mode not in QTYPES:
-        raise ConfigError(f"config key 'train.quantization': unknown value '{mode}' (known: {', '.join(QUANTIZATIONS)})")
+        raise ConfigError(f"config key 'train.quantization': unknown value '{mode}' "
+                          f"(known: {', '.join(QUANTIZATIONS)})")
     if not family.quantized_modules:
         raise ConfigError(f"config key 'train.quantization': model family '{family.name}' names no modules to "
                           "quantize (ModelFamily.quantized_modules); use none")

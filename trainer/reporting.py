@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import jax
 
@@ -19,10 +19,14 @@ from cost.summary import CostSummary
 from cost.target import TRAIN_LOG
 from experiment import appendlog
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from tracking.metrics import RUB_SPENT, log_step
 from tracking.wandb_run import warn_if_folder_gone
 from trainer.distributed import is_primary
 from trainer.throughput import chips_in_use, devices_per_chip
+
+if TYPE_CHECKING:
+    from cost.ledger import Ledger
 
 log = logging.getLogger("trainer")
 
@@ -34,6 +38,8 @@ class OtherHostLedger:
         return contextlib.nullcontext()
 
     def add_tokens(self, step: int, tokens: int) -> None: ...
+
+    def book_as_lost(self) -> None: ...
 
     def checkpoint_record(self, step: int) -> dict[str, Any]:
         return {}
@@ -53,7 +59,13 @@ class OtherHostLedger:
     def __exit__(self, *exc: Any) -> None: ...
 
 
-def open_ledger(cfg: Any, run_folder: RunFolder, run_id: str) -> Any:
+# the ledger a training process books: process 0's ``cost.ledger.Ledger``, an ``OtherHostLedger`` elsewhere
+TrainLedger: TypeAlias = "Ledger | OtherHostLedger"
+
+
+def open_ledger(cfg: ExperimentConfig, run_folder: RunFolder, run_id: str) -> TrainLedger:
+    """This process's ledger of the session: process 0 books the run's ``cost.ledger.Ledger`` (its chip count
+    reconciled with ``cost.chips``), the other processes an ``OtherHostLedger`` that keeps nothing."""
     from cost.chips import reconcile_chips
     from cost.ledger import Ledger
 

@@ -19,7 +19,9 @@ from experiment import appendlog
 from experiment.errors import ConfigError, DataError
 from experiment.jsonl import read_jsonl
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.sections.model import model_section_class
+from experiment.sections.train import TrainConfig
 from experiment.storage import BucketPath, RunPath
 from trainer import checkpoint, checkpoint_integrity
 from trainer.schedules import schedule_change
@@ -34,7 +36,7 @@ EXECUTION_KEYS = ("attention", "remat", "scan_layers", "scan_unroll")  # a check
 START_KEYS = ("init_from", "vocab_adaptation")
 
 
-def resume_wandb_run_id(cfg: Any, run_folder: RunFolder) -> str | None:
+def resume_wandb_run_id(cfg: ExperimentConfig, run_folder: RunFolder) -> str | None:
     """The W&B run id of the run these checkpoints belong to, so a resumed run continues it.
 
     Only when a finished checkpoint exists: a run killed before its first checkpoint starts over
@@ -167,7 +169,8 @@ def latest_step_meta(checkpoint_dir: RunPath, steps: list[int]) -> tuple[int, di
         manager.close()
 
 
-def check_schedule(saved_meta: dict[str, Any], train_cfg: Any, step: int, where: Any) -> dict[str, tuple[Any, Any]] | None:
+def check_schedule(saved_meta: dict[str, Any], train_cfg: TrainConfig, step: int,
+                   where: Any) -> dict[str, tuple[Any, Any]] | None:
     """The schedule change of a run restored at ``step`` from a checkpoint with ``saved_meta`` (None: the same
     optimization, or a checkpoint too old to say); a ConfigError naming the key, its old and new value,
     unless ``train.allow_schedule_change``."""
@@ -203,13 +206,15 @@ def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any, a
     def model_of(meta: dict[str, Any]) -> dict[str, Any]:  # checkpoints from before model families are Llama ones
         model = {"family": "llama", **(meta.get("model") or {})}
         # a field added to the section since the checkpoint was written reads as its default (e.g. qkv_bias)
-        return {k: v for k, v in {**_field_defaults(model["family"]), **model}.items() if k not in EXECUTION_KEYS + START_KEYS}
+        return {k: v for k, v in {**_field_defaults(model["family"]), **model}.items()
+                if k not in EXECUTION_KEYS + START_KEYS}
 
     saved, current = {**saved, "model": model_of(saved)}, {**current, "model": model_of(current)}
     for key in ("model", "vocab_size", "tokenizer_sha256", "seq_len", "param_dtype"):
         if saved.get(key) != current.get(key):
             if key == "model":
-                diff = {k: (saved["model"].get(k), v) for k, v in current["model"].items() if saved["model"].get(k) != v}
+                diff = {k: (saved["model"].get(k), v) for k, v in current["model"].items()
+                        if saved["model"].get(k) != v}
                 detail = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items())
             else:
                 detail = f"{saved.get(key)} -> {current.get(key)}"

@@ -31,6 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from experiment.errors import ConfigError
+from experiment.sections.model import FamilyConfig
 from experiment.sections.train import TrainConfig
 from model.family import FamilyModel, run_once_compile_options
 from model.loss import chunked_cross_entropy
@@ -56,10 +57,11 @@ class TrainProgram:
     to ``self``, so a traced step is a pure function of its arguments.
     """
 
-    def __init__(self, model_cfg: Any, train_cfg: TrainConfig, vocab_size: int, mesh: Mesh, seed: int) -> None:
+    def __init__(self, model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, mesh: Mesh, seed: int) -> None:
         family = family_of(model_cfg)
         family.validate(model_cfg)
-        self.model_cfg, self.train_cfg, self.vocab_size, self.mesh, self.seed = model_cfg, train_cfg, vocab_size, mesh, seed
+        self.model_cfg, self.train_cfg, self.vocab_size, self.mesh, self.seed = (model_cfg, train_cfg, vocab_size,
+                                                                                 mesh, seed)
         self.family = family
         self.rules = family.mesh_rules(train_cfg.mesh.rules)
         self.tx, self.schedule = make_optimizer(train_cfg)
@@ -126,7 +128,8 @@ class TrainProgram:
         def split(x: jax.Array) -> jax.Array:
             # row i of micro-batch j is row i * accum + j: each device keeps its own rows
             micro = x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
-            return jax.lax.with_sharding_constraint(micro, NamedSharding(self.mesh, jax.P(None, *self.batch_sharding.spec)))
+            return jax.lax.with_sharding_constraint(
+                micro, NamedSharding(self.mesh, jax.P(None, *self.batch_sharding.spec)))
 
         def add_micro(carry: tuple[Any, ...], micro: Batch) -> tuple[tuple[Any, ...], None]:
             loss_sum, nll_sum, grad_sum = carry
@@ -290,7 +293,7 @@ def freeze_body(tree: Any, mask: Any, step: jax.Array, train_cfg: TrainConfig) -
     return jax.tree.map(lambda leaf, keep: leaf if keep else jnp.where(frozen, jnp.zeros_like(leaf), leaf), tree, mask)
 
 
-def initial_params(model_cfg: Any, vocab_size: int, seed: int, param_dtype: Any) -> nnx.State:
+def initial_params(model_cfg: FamilyConfig, vocab_size: int, seed: int, param_dtype: Any) -> nnx.State:
     """The parameters of step 0 of a run that starts afresh: the family's initialisers drawn from
     ``fold_in(key(seed), 0)``, cast to ``train.param_dtype``. Traced inside the trainer's state init and
     by eval's random-init baseline (``eval.run.random_init_model``), so both get the same values."""

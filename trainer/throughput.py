@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import jax
 
 from experiment.errors import RecipeError
+from experiment.schema import ExperimentConfig
 
 log = logging.getLogger("trainer")
 
 
-def devices_per_chip(cfg: Any) -> int:
+def devices_per_chip(cfg: ExperimentConfig) -> int:
     """JAX devices one chip of ``cost.accelerator`` shows (cost/hardware.csv; 1 when the catalog has no row)."""
     try:
         from cost.catalog import Catalog
@@ -46,7 +46,7 @@ def devices_in_use() -> int:
     return jax.process_count() if jax.devices()[0].platform == "cpu" else jax.device_count()
 
 
-def peak_flops_per_device(cfg: Any) -> float | None:
+def peak_flops_per_device(cfg: ExperimentConfig) -> float | None:
     """Peak bf16 FLOP/s of one device: ``train.peak_flops_per_chip`` or the cost catalog's chip figure, over
     the devices a chip shows."""
     if cfg.train.peak_flops_per_chip:

@@ -2,8 +2,9 @@
 
 The whole session reads in this file, and what one step computes in trainer/step.py::
 
-    pretrain:   shards + tokenizer manifests -> mesh -> TrainProgram (trainer/step.py)
+    pretrain:   shards + tokenizer manifests -> open_session: mesh -> TrainProgram (trainer/step.py)
                 -> restore (params, optimizer, step, RNG, loader position) or init  (trainer.resume, trainer.branch)
+                -> announce (W&B) -> train_session
     run_loop:   batch -> program.step(state, batch) -> NaN policy -> hooks: metrics, eval, checkpoint,
                 SIGTERM (trainer.hooks) -> until train.steps
                 -> final checkpoint
@@ -29,16 +30,18 @@ import logging
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
+from jax.sharding import Mesh
 
 from data_prep.shards.layout import VERIFIED_DIR
-from data_prep.shards.loader import log_mixture, make_train_iterator, mixture_sets, read_shards_manifest
+from data_prep.shards.loader import TrainIterator, log_mixture, make_train_iterator, mixture_sets, read_shards_manifest
 from experiment.files import atomic_write_json
 from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
+from experiment.sections.train import TrainConfig
 from experiment.stages import TOKENIZER
 from experiment.storage.backends import storage_failure_reason
 from model.family import params_label
@@ -52,10 +55,10 @@ from trainer.branch import Branch, link_wandb, open_branch, restore_or_branch
 from trainer.distributed import is_primary
 from trainer.guard import DIVERGED_DIR, Guard, TrainingDiverged, describe, stop_message, usable_step
 from trainer.hooks import BodyUnfreezes, CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCheckpoint, StopOnSignal
-from trainer.init_from import check_init_from, record_lineage, start_point
+from trainer.init_from import StartPoint, check_init_from, record_lineage, start_point
 from trainer.preemption import PreemptionWatch
 from trainer.profiling import StepTrace
-from trainer.reporting import TRAIN_LOG, open_ledger, open_train_log
+from trainer.reporting import TRAIN_LOG, TrainLedger, open_ledger, open_train_log
 from trainer.resume import (
     WANDB_ID_FILE,
     check_same_run,
@@ -66,8 +69,13 @@ from trainer.resume import (
     trim_train_log,
 )
 from trainer.schedules import schedule_change, schedule_record
-from trainer.step import TrainProgram, global_batch
+from trainer.step import State, TrainProgram, global_batch
 from trainer.throughput import MetricsWindow, peak_flops_per_device
+
+if TYPE_CHECKING:
+    import orbax.checkpoint as ocp
+
+    from tracking.wandb_run import WandbRun
 
 log = logging.getLogger("trainer")
 
@@ -110,7 +118,8 @@ def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
     # another model or data first: that, not the schedule, is what the user changed (trainer.resume);
     # with model.init_from the model is the checkpoints' (check_init_from checks the base)
     model = saved_meta.get("model") if getattr(cfg.model, "init_from", "") else dataclasses.asdict(cfg.model)
-    check_same_run(saved_meta, {"model": model, "vocab_size": data.vocab_size, "tokenizer_sha256": data.tokenizer_sha256,
+    check_same_run(saved_meta, {"model": model, "vocab_size": data.vocab_size,
+                                "tokenizer_sha256": data.tokenizer_sha256,
                                 "seq_len": data.seq_len, "param_dtype": cfg.train.param_dtype}, checkpoint_dir)
     check_init_from(cfg, saved_meta, checkpoint_dir)
     if step > cfg.train.steps:  # nothing left to train: that, not the schedule it would change, is the error
@@ -118,7 +127,7 @@ def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
     check_schedule(saved_meta, cfg.train, step, checkpoint_dir)
 
 
-def log_trainable(program: TrainProgram, train_cfg: Any, total: int) -> None:
+def log_trainable(program: TrainProgram, train_cfg: TrainConfig, total: int) -> None:
     """Say what trains of the ``total`` parameters: everything, the embeddings and head only, or those first
     and everything after."""
     frozen = program.param_trainable_frozen
@@ -133,108 +142,205 @@ def log_trainable(program: TrainProgram, train_cfg: Any, total: int) -> None:
                  train_cfg.embeddings_only_steps, params_label(total))
 
 
-def pretrain(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any, hooks: Sequence[Hook] = ()) -> dict[str, Any]:
+def pretrain(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: WandbRun,
+             hooks: Sequence[Hook] = ()) -> dict[str, Any]:
     """Train to ``train.steps``; ``hooks`` (the recipe's, such as eval during training) run after the
     metrics are logged and before the checkpoint of the same step."""
-    train_cfg = cfg.train
-    model_cfg = cfg.model
     branch = open_branch(cfg, run_folder)  # train.branch_from: links the parent's tokenizer and shards
     data = read_inputs(cfg, run_folder)
     run_id = getattr(wandb_run, "id", None) or "offline"
     ledger = open_ledger(cfg, run_folder, run_id)
     trace = StepTrace()  # train.profile_steps: stops first, starts last (trainer/profiling.py)
     with ledger:
-        return _pretrain(cfg, model_cfg, train_cfg, data, run_folder, wandb_run, ledger, run_id, branch,
+        return _pretrain(cfg, data, run_folder, wandb_run, ledger, run_id, branch,
                          [trace.stop, LogMetrics(), BodyUnfreezes(), *hooks, SaveCheckpoint(), StopOnSignal(),
                           trace.start])
 
 
-def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_folder: RunFolder, wandb_run: Any,
-              ledger: Any, run_id: str, branch: Branch | None, hooks: Sequence[Hook]) -> dict[str, Any]:
+@dataclasses.dataclass
+class TrainSession:
+    """A pretraining session ready to train (``open_session``): the model's program on its mesh, the data
+    loader, the checkpoint manager and the state restored from it (or started afresh), and what every
+    checkpoint of the session records beside the state (``meta``)."""
+
+    cfg: ExperimentConfig  # the run's config; under model.init_from its model section is the base model's
+    run_folder: RunFolder
+    branch: Branch | None  # train.branch_from's parent run and step (None: no branch)
+    program: TrainProgram
+    n_params: int  # the family's count
+    kernel: str  # the attention kernel model.attention stands for on the mesh's platform
+    lineage: dict[str, Any] | None  # the base model's (model.init_from), None without one
+    meta: dict[str, Any]
+    loader: TrainIterator
+    manager: ocp.CheckpointManager
+    untrained: bool  # the run had no finished checkpoint when the session started
+    from_base: bool  # the step-0 state is the base model's weights (model.init_from's first session)
+    state: State
+    start_step: int
+    parent_run_id: str | None  # the W&B run of a branch's parent checkpoint (its first session)
+    guard: Guard
+    schedule_changes: list[dict[str, Any]]  # the learning-rate schedule changes allowed so far (record_schedule)
+    last_loss: float  # the loss train_log.jsonl holds for start_step (NaN: none, or not process 0)
+
+
+def _pretrain(cfg: ExperimentConfig, data: DataSpec, run_folder: RunFolder, wandb_run: WandbRun,
+              ledger: TrainLedger, run_id: str, branch: Branch | None, hooks: Sequence[Hook]) -> dict[str, Any]:
+    """One session of recipe 04: build it (``open_session``), announce it to W&B (``announce``), train it
+    (``train_session``), and report the final step, loss and cost."""
+    session = open_session(cfg, data, run_folder, ledger, run_id, branch)
+    if session.start_step and getattr(wandb_run, "offline", False):
+        backfill_offline_history(wandb_run, run_folder.root / TRAIN_LOG, session.start_step)
+    model_cfg, tokens_per_step = session.cfg.model, session.cfg.train.batch_size * data.seq_len
+    window = MetricsWindow(tokens_per_step, family_of(model_cfg).flops(model_cfg, data.vocab_size, data.seq_len),
+                           peak_flops_per_device(session.cfg))
+    announce(session, wandb_run)
+    train_log = open_train_log(run_folder)
+    ctx = LoopContext(cfg=session.cfg, run_folder=run_folder, program=session.program, loader=session.loader,
+                      ledger=ledger, wandb_run=wandb_run, train_log=train_log,
+                      saves=CheckpointSaves(session.manager, ledger, session.guard, train_log), window=window,
+                      meta=session.meta, tokens_per_step=tokens_per_step, start_step=session.start_step,
+                      state=session.state, step=session.start_step, last_loss=session.last_loss)
+    train_session(session, ctx, hooks)
+    cost = ledger.summary()  # None on processes other than 0
+    log.info("pretraining done at step %d: loss %.4f, %.2f RUB so far", ctx.step, ctx.last_loss,
+             cost.rub_total if cost is not None else math.nan)
+    wandb_run.summary["train/final_loss"] = ctx.last_loss
+    if cost is not None:
+        cost.log_to(wandb_run)
+    return {"final_step": ctx.step, "final_loss": ctx.last_loss, "n_params": session.n_params, "cost": cost}
+
+
+def open_session(cfg: ExperimentConfig, data: DataSpec, run_folder: RunFolder, ledger: TrainLedger, run_id: str,
+                 branch: Branch | None) -> TrainSession:
+    """Build the session, booked as the ledger's startup phase: the mesh, the model (``cfg.model``, or the base
+    model of ``model.init_from``: ``start_point``) and its program (``build_program``), the checkpoints' meta,
+    the loader, the checkpoint manager, and the state (``restore_state``) with the NaN guard and the schedule
+    it resumes with. Process 0 also records the W&B run id beside the checkpoints and cuts ``train_log.jsonl``
+    back to the restored step."""
     with ledger.phase("startup"):
-        mesh = build_mesh(train_cfg.mesh)
+        mesh = build_mesh(cfg.train.mesh)
         start = start_point(cfg, run_folder, data.vocab_size, mesh, branch)
-        if start.model_cfg is not model_cfg:  # the base model's shape (model.init_from)
-            model_cfg = start.model_cfg
-            cfg = dataclasses.replace(cfg, model=model_cfg)
+        if start.model_cfg is not cfg.model:  # the base model's shape (model.init_from)
+            cfg = dataclasses.replace(cfg, model=start.model_cfg)
         log.info("mesh %s over %d %s devices", dict(mesh.shape), mesh.size, jax.devices()[0].platform)
-        program = TrainProgram(model_cfg, train_cfg, data.vocab_size, mesh, seed=cfg.experiment.seed)
-        family = family_of(model_cfg)
-        n_params = family.param_count(model_cfg, data.vocab_size)
-        log.info("model: %s family, %s parameters (%s, vocab %d)",
-                 family.name, params_label(n_params), family.describe(model_cfg), data.vocab_size)
-        log_trainable(program, train_cfg, n_params)
-        kernel, _, _ = family.train_costs(model_cfg, data.vocab_size, data.seq_len, mesh.devices.flat[0].platform,
-                                          train_cfg.compute_dtype, train_cfg.loss_chunk_len)
-        log.info("attention kernel: %s (model.attention=%s on %s); remat %s; loss logits in chunks of %s positions",
-                 kernel, model_cfg.attention, mesh.devices.flat[0].platform, model_cfg.remat,
-                 train_cfg.loss_chunk_len if 0 < train_cfg.loss_chunk_len < data.seq_len else "all")
-        meta = {
-            "family": family.name, "model": dataclasses.asdict(model_cfg), "vocab_size": data.vocab_size,
-            "tokenizer_sha256": data.tokenizer_sha256, "seq_len": data.seq_len,
-            "param_dtype": train_cfg.param_dtype, "n_params": n_params, "wandb_run_id": run_id,
-            "seed": cfg.experiment.seed,  # step 0's parameters (trainer.step.initial_params): eval's random init
-            LAYOUT_KEY: layout_meta(getattr(model_cfg, "scan_layers", False)),  # how the layers' parameters are stacked
-        }
-        if start.lineage is not None:
-            meta["init_from"] = start.lineage
-        loader = make_train_iterator(run_folder.shards, train_cfg.batch_size, cfg.experiment.seed,
+        program, n_params, kernel = build_program(cfg, data, mesh)
+        meta = checkpoint_meta(cfg, data, n_params, run_id, start.lineage)
+        loader = make_train_iterator(run_folder.shards, cfg.train.batch_size, cfg.experiment.seed,
                                      jax.process_index(), jax.process_count(),
                                      tokenizer_sha256=data.tokenizer_sha256, seq_len=data.seq_len,
                                      on_corrupt=cfg.shards.on_corrupt,
-                                     mixture=mixture_sets(train_cfg.mixture, run_folder.shards),
+                                     mixture=mixture_sets(cfg.train.mixture, run_folder.shards),
                                      verified_dir=run_folder.root / VERIFIED_DIR)
-        manager = checkpoint.open_manager(run_folder.checkpoints, train_cfg)
+        manager = checkpoint.open_manager(run_folder.checkpoints, cfg.train)
         untrained = not finished_steps(checkpoint.checkpoint_location(manager.directory))
-        from_base = None if start.params is None else functools.partial(program.init_state_from, start.params)
-        try:
-            state, start_step, parent_run_id = restore_or_branch(manager, program, loader, meta, ledger, branch,
-                                                                 from_base)
-            start.params = None  # on the devices now
-            if not (untrained and train_cfg.steps == 0):
-                check_steps_left(start_step, train_cfg.steps, manager.directory)
-        except BaseException:
-            manager.close()
-            raise
+        from_base = start.params is not None
+        steps = None if untrained and cfg.train.steps == 0 else cfg.train.steps  # 0: the step-0 checkpoint alone
+        state, start_step, parent_run_id = restore_state(manager, program, loader, meta, ledger, branch, start, steps)
         saved_meta = checkpoint.read_meta(manager, start_step) if start_step in manager.all_steps() else None
         guard = Guard.resumed(saved_meta, start_step)
-        schedule_changes = record_schedule(meta, saved_meta, train_cfg, start_step)
+        schedule_changes = record_schedule(meta, saved_meta, cfg.train, start_step)
         last_loss = math.nan
         if is_primary():
             atomic_write_json(run_folder.checkpoints / WANDB_ID_FILE, {"run_id": run_id})
             last_loss = trim_train_log(run_folder.root / TRAIN_LOG, start_step)
+    return TrainSession(cfg=cfg, run_folder=run_folder, branch=branch, program=program, n_params=n_params,
+                        kernel=kernel, lineage=start.lineage, meta=meta, loader=loader, manager=manager,
+                        untrained=untrained, from_base=from_base, state=state, start_step=start_step,
+                        parent_run_id=parent_run_id, guard=guard, schedule_changes=schedule_changes,
+                        last_loss=last_loss)
 
-    if start_step and getattr(wandb_run, "offline", False):
-        backfill_offline_history(wandb_run, run_folder.root / TRAIN_LOG, start_step)
-    tokens_per_step = train_cfg.batch_size * data.seq_len
-    window = MetricsWindow(tokens_per_step, family_of(model_cfg).flops(model_cfg, data.vocab_size, data.seq_len),
-                           peak_flops_per_device(cfg))
+
+def build_program(cfg: ExperimentConfig, data: DataSpec, mesh: Mesh) -> tuple[TrainProgram, int, str]:
+    """The session's ``TrainProgram`` of ``cfg.model`` on ``mesh``, with the family's parameter count and the
+    attention kernel ``model.attention`` stands for on the mesh's platform; logs the model, what trains, the
+    kernel, remat and the loss's chunking."""
+    model_cfg, train_cfg = cfg.model, cfg.train
+    program = TrainProgram(model_cfg, train_cfg, data.vocab_size, mesh, seed=cfg.experiment.seed)
+    family = family_of(model_cfg)
+    n_params = family.param_count(model_cfg, data.vocab_size)
+    log.info("model: %s family, %s parameters (%s, vocab %d)",
+             family.name, params_label(n_params), family.describe(model_cfg), data.vocab_size)
+    log_trainable(program, train_cfg, n_params)
+    kernel, _, _ = family.train_costs(model_cfg, data.vocab_size, data.seq_len, mesh.devices.flat[0].platform,
+                                      train_cfg.compute_dtype, train_cfg.loss_chunk_len)
+    log.info("attention kernel: %s (model.attention=%s on %s); remat %s; loss logits in chunks of %s positions",
+             kernel, model_cfg.attention, mesh.devices.flat[0].platform, model_cfg.remat,
+             train_cfg.loss_chunk_len if 0 < train_cfg.loss_chunk_len < data.seq_len else "all")
+    return program, n_params, kernel
+
+
+def checkpoint_meta(cfg: ExperimentConfig, data: DataSpec, n_params: int, run_id: str,
+                    lineage: dict[str, Any] | None) -> dict[str, Any]:
+    """What every checkpoint of the session records beside the state: the model (family, section, layer
+    layout), the data it trains on, the parameter dtype and count, the W&B run, the seed, and a base model's
+    lineage (``record_schedule`` adds the schedule)."""
+    model_cfg = cfg.model
+    meta = {
+        "family": family_of(model_cfg).name, "model": dataclasses.asdict(model_cfg), "vocab_size": data.vocab_size,
+        "tokenizer_sha256": data.tokenizer_sha256, "seq_len": data.seq_len,
+        "param_dtype": cfg.train.param_dtype, "n_params": n_params, "wandb_run_id": run_id,
+        "seed": cfg.experiment.seed,  # step 0's parameters (trainer.step.initial_params): eval's random init
+        LAYOUT_KEY: layout_meta(getattr(model_cfg, "scan_layers", False)),  # how the layers' parameters are stacked
+    }
+    if lineage is not None:
+        meta["init_from"] = lineage
+    return meta
+
+
+def restore_state(manager: ocp.CheckpointManager, program: TrainProgram, loader: TrainIterator,
+                  meta: dict[str, Any], ledger: TrainLedger, branch: Branch | None, start: StartPoint,
+                  steps: int | None) -> tuple[State, int, str | None]:
+    """``(state, step, the parent's W&B run id or None)`` the session starts from (``restore_or_branch``: the
+    run's newest checkpoint, a branch's parent's, the base model's weights in ``start``, or a fresh init),
+    checked against ``train.steps`` = ``steps`` (``check_steps_left``; None: not checked). The manager is closed
+    on any error."""
+    from_base = None if start.params is None else functools.partial(program.init_state_from, start.params)
+    try:
+        state, start_step, parent_run_id = restore_or_branch(manager, program, loader, meta, ledger, branch,
+                                                             from_base)
+        start.params = None  # on the devices now
+        if steps is not None:
+            check_steps_left(start_step, steps, manager.directory)
+    except BaseException:
+        manager.close()
+        raise
+    return state, start_step, parent_run_id
+
+
+def announce(session: TrainSession, wandb_run: WandbRun) -> None:
+    """Tell W&B what the session trains: the cost metrics' axes, the parameter counts and the attention
+    kernel (summary and config), the data mixture, a branch's parent run, the schedule changes allowed so
+    far, and a base model's lineage (``record_lineage``)."""
+    program, kernel = session.program, session.kernel
     define_cost_metrics(wandb_run)
-    wandb_run.summary["model/n_params"] = n_params
+    wandb_run.summary["model/n_params"] = session.n_params
     if program.param_trainable_frozen is not None:  # what trains while the body is frozen
         wandb_run.summary["model/trainable_params_frozen_body"] = program.param_trainable_frozen
     wandb_run.config.update({"model_attention_kernel": kernel}, allow_val_change=True)
     wandb_run.summary["model/attention_kernel"] = kernel
-    log_mixture(wandb_run, loader.mixture)
-    link_wandb(wandb_run, branch, parent_run_id)
-    if schedule_changes:
-        wandb_run.config.update({"schedule_changes": schedule_changes}, allow_val_change=True)
-        wandb_run.summary["train/schedule_changed_at_step"] = schedule_changes[-1]["step"]
-    if start.lineage is not None:
-        record_lineage(wandb_run, run_folder.checkpoints, start.lineage, first_session=from_base is not None and is_primary())
+    log_mixture(wandb_run, session.loader.mixture)
+    link_wandb(wandb_run, session.branch, session.parent_run_id)
+    if session.schedule_changes:
+        wandb_run.config.update({"schedule_changes": session.schedule_changes}, allow_val_change=True)
+        wandb_run.summary["train/schedule_changed_at_step"] = session.schedule_changes[-1]["step"]
+    if session.lineage is not None:
+        record_lineage(wandb_run, session.run_folder.checkpoints, session.lineage,
+                       first_session=session.from_base and is_primary())
 
-    train_log = open_train_log(run_folder)
-    ctx = LoopContext(cfg=cfg, run_folder=run_folder, program=program, loader=loader, ledger=ledger,
-                      wandb_run=wandb_run, train_log=train_log, saves=CheckpointSaves(manager, ledger, guard, train_log),
-                      window=window, meta=meta, tokens_per_step=tokens_per_step, start_step=start_step,
-                      state=state, step=start_step, last_loss=last_loss)
+
+def train_session(session: TrainSession, ctx: LoopContext, hooks: Sequence[Hook]) -> None:
+    """Train from the restored step to ``train.steps`` (``run_loop``), or, with ``train.steps=0`` on a run
+    without checkpoints, save the step-0 state alone (an imported model), refused when not finite. The
+    checkpoint manager is closed and ``train_log.jsonl`` closed either way; its last segment is not published
+    after a storage failure."""
+    manager, base = session.manager, getattr(session.cfg.model, "init_from", "") or "none"
     try:
-        if untrained and train_cfg.steps == 0:  # train.steps=0: the step-0 checkpoint alone (an imported model)
-            guard.state_finite = bool(program.state_finite(ctx.state))  # no step checked this one
-            if not guard.state_finite:
-                raise TrainingDiverged(f"the step-0 state has non-finite parameters (model.init_from="
-                                       f"{getattr(model_cfg, 'init_from', '') or 'none'}): no checkpoint written")
-            ctx.saves.save(0, ctx.state, loader.get_state(), meta)
+        if session.untrained and session.cfg.train.steps == 0:  # the step-0 checkpoint alone (an imported model)
+            ctx.guard.state_finite = bool(session.program.state_finite(ctx.state))  # no step checked this one
+            if not ctx.guard.state_finite:
+                raise TrainingDiverged(f"the step-0 state has non-finite parameters (model.init_from={base}): "
+                                       "no checkpoint written")
+            ctx.saves.save(0, ctx.state, session.loader.get_state(), session.meta)
         run_loop(ctx, hooks)
     except BaseException:
         # the first error is the one to report: a failed save raises again when the manager closes
@@ -249,16 +355,9 @@ def _pretrain(cfg: Any, model_cfg: Any, train_cfg: Any, data: DataSpec, run_fold
             # a storage that just failed would make the last segment wait out the retries again; its lines are
             # after the last checkpoint, which a resume retraces anyway
             ctx.train_log.close(publish=failing is None or storage_failure_reason(failing) is None)
-    cost = ledger.summary()  # None on processes other than 0
-    log.info("pretraining done at step %d: loss %.4f, %.2f RUB so far", ctx.step, ctx.last_loss,
-             cost.rub_total if cost is not None else math.nan)
-    wandb_run.summary["train/final_loss"] = ctx.last_loss
-    if cost is not None:
-        cost.log_to(wandb_run)
-    return {"final_step": ctx.step, "final_loss": ctx.last_loss, "n_params": n_params, "cost": cost}
 
 
-def record_schedule(meta: dict[str, Any], saved_meta: dict[str, Any] | None, train_cfg: Any,
+def record_schedule(meta: dict[str, Any], saved_meta: dict[str, Any] | None, train_cfg: TrainConfig,
                     step: int) -> list[dict[str, Any]]:
     """Put this session's schedule, and the changes allowed so far (``train.allow_schedule_change``), in the
     checkpoints' ``meta``; returns those changes (the restored checkpoint's, and this session's if any)."""
@@ -338,4 +437,5 @@ def guard_step(ctx: LoopContext) -> None:
     usable = usable_step(steps, ctx.guard.measured)
     moved = [s for s in steps if usable is None or s > usable]
     checkpoint_integrity.set_aside(manager, moved, into=DIVERGED_DIR, why="diverged")
-    raise TrainingDiverged(stop_message(ctx.step, what, usable, moved, checkpoint.checkpoint_location(manager.directory)))
+    raise TrainingDiverged(stop_message(ctx.step, what, usable, moved,
+                                        checkpoint.checkpoint_location(manager.directory)))

@@ -19,6 +19,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from experiment.errors import DataError
+from experiment.sections.model import FamilyConfig
 from experiment.stages import PRETRAIN
 from model.family import FamilyModel
 from model.registry import get_family
@@ -30,7 +31,7 @@ from trainer.checkpoint_integrity import restore_verified
 log = logging.getLogger("trainer.checkpoint")
 
 
-def model_config_from_meta(meta: dict[str, Any]) -> Any:
+def model_config_from_meta(meta: dict[str, Any]) -> FamilyConfig:
     """The model config a checkpoint was trained with, in its family's section class, for the machine that
     loads it: a platform's own attention kernel (splash, cudnn) becomes ``auto``, so a model trained on a
     TPU or a GPU evaluates on a CPU (the kernels compute the same attention). A checkpoint written before
@@ -49,7 +50,8 @@ def load_trained_model(run_folder: Any, step: int | None = None, mesh: Mesh | No
     ``mesh`` laid out over it by its parameters' logical axes (the family's rules, ``rules`` taking precedence).
 
     Returns ``(model, step, meta)``; ``meta`` has ``family``, ``model``, ``vocab_size``, ``tokenizer_sha256``,
-    ``seq_len``; the model is rebuilt by the family the meta names. Raises MissingStageError when the run has no finished checkpoint.
+    ``seq_len``; the model is rebuilt by the family the meta names. Raises MissingStageError when the run has no
+    finished checkpoint.
     """
     checkpoint_dir = run_folder.checkpoints
     if not checkpoint_dir.is_dir():

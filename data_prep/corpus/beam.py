@@ -294,7 +294,8 @@ def counts_from_json(row: dict[str, Any], source_order: list[str]) -> CorpusCoun
         setattr(counts, name, row[name])
     for name in ("rejected", "rejected_bytes", "duplicates", "duplicate_bytes"):
         setattr(counts, name, Counter(row[name]))
-    for name in sorted(row["per_source"], key=lambda n: source_order.index(n) if n in source_order else len(source_order)):
+    for name in sorted(row["per_source"],
+                       key=lambda n: source_order.index(n) if n in source_order else len(source_order)):
         counts.per_source[name] = SourceCounts(**row["per_source"][name])
     counts.examples = defaultdict(list, {bucket: [{k: v for k, v in e.items() if k != "order"} for e in items]
                                          for bucket, items in row["examples"].items()})
@@ -356,7 +357,9 @@ def build_pipeline(pipeline: Any, units: list[ReadUnit], cfg: CorpusConfig, data
         exact = exact_groups | "ExactOutcomes" >> beam.FlatMap(lambda kv: exact_group_outcomes(kv[1]))
         if dedup.rehydrate:
             links.append(exact_groups | "ExactLinks" >> beam.FlatMap(lambda kv: exact_links(kv[1])))
-        exact_dups = exact | "ExactDups" >> beam.Filter(lambda o: o[1] is not None) | "DropText" >> beam.Map(_without_text)
+        exact_dups = (exact
+                      | "ExactDups" >> beam.Filter(lambda o: o[1] is not None)
+                      | "DropText" >> beam.Map(_without_text))
         survivors = exact | "Survivors" >> beam.FlatMap(lambda o: [o[0]] if o[1] is None else [])
     else:
         exact_dups = pipeline | "NoExactDups" >> beam.Create([])

@@ -147,7 +147,8 @@ def split_fortunes(text: str) -> list[str]:
 # ---------------------------------------------------------------- HTML
 
 class _TextExtractor(HTMLParser):
-    BLOCKS = frozenset(["p", "div", "br", "h1", "h2", "h3", "h4", "h5", "h6", "li", "ul", "ol", "dl", "dt", "dd", "pre", "table", "tr", "blockquote", "title", "section"])
+    BLOCKS = frozenset(["p", "div", "br", "h1", "h2", "h3", "h4", "h5", "h6", "li", "ul", "ol", "dl", "dt", "dd", "pre",
+                        "table", "tr", "blockquote", "title", "section"])
     SKIPPED = frozenset(("script", "style", "head"))
 
     def __init__(self) -> None:
@@ -205,7 +206,8 @@ def _package_files(root: Path) -> list[tuple[str, Path]]:
     return files
 
 
-def iter_debian_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str, cache_root: Path) -> Iterator[RawDocument]:
+def iter_debian_source(cfg: SourceConfig, numberer: DocumentNumberer, key: str,
+                       cache_root: Path) -> Iterator[RawDocument]:
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else Path(cache_root) / "debian"
     for package in cfg.packages:
         root = unpack_package(fetch_package(package, cache_dir))

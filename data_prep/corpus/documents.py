@@ -72,7 +72,8 @@ class DocumentNumberer:
             cfg.max_bytes is not None and self.bytes >= cfg.max_bytes
         )
 
-    def make(self, text: str | None, origin: str, reject: str | None = None, raw_bytes: int | None = None) -> RawDocument:
+    def make(self, text: str | None, origin: str, reject: str | None = None,
+             raw_bytes: int | None = None) -> RawDocument:
         size = raw_bytes if raw_bytes is not None else len(text.encode("utf-8", errors="replace")) if text else 0
         doc_id = document_id(self.source, self.position, text if text is not None else origin)
         if reject is None and not keep_for_weight(doc_id, self.cfg.weight):

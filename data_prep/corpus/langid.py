@@ -47,7 +47,8 @@ def _iso_code(code: str) -> IsoCode639_1:
     try:
         return IsoCode639_1.from_str(code)
     except ValueError as exc:
-        raise ConfigError(f"config key 'corpus.langid.languages': '{code}' is not an ISO 639-1 code lingua knows") from exc
+        raise ConfigError(f"config key 'corpus.langid.languages': '{code}' is not an ISO 639-1 code "
+                          "lingua knows") from exc
 
 
 @functools.lru_cache(maxsize=4)

@@ -138,7 +138,8 @@ def render_report(counts: CorpusCounts, shards: list[dict[str, Any]], seconds: f
         lines += [f"### {bucket}", ""]
         for example in examples:
             note = f" ({example['note']})" if example["note"] else ""
-            lines.append(f"- `{example['id']}` from `{example['origin']}`{note}: {_quote(example['preview']) or '(no text)'}")
+            lines.append(f"- `{example['id']}` from `{example['origin']}`{note}: "
+                         f"{_quote(example['preview']) or '(no text)'}")
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -39,6 +39,7 @@ from data_prep.shards.packing import rows_from_stream
 from data_prep.shards.tfrecord import TFRecordWriter, encode_int64_rows
 from experiment.corpus_format import parse_document_lines
 from experiment.errors import DataError
+from experiment.sections.shards import ShardsConfig
 from experiment.stages import CORPUS
 from tokenizer.loaded import encode_one, tokenizer_from_source
 
@@ -157,7 +158,7 @@ def read_corpus_shard(corpus_dir: str, shard: dict[str, Any]) -> Iterator[dict[s
 # ---------------------------------------------------------------- the pipeline
 
 def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], source: tuple[str, bytes], out_dir: str,
-                   shards_cfg: Any, seq_len: int, eos_id: int, pad_id: int, staging: str) -> None:
+                   shards_cfg: ShardsConfig, seq_len: int, eos_id: int, pad_id: int, staging: str) -> None:
     beam = import_beam("shards.runner")
     row_len = seq_len + 1
     tokenized = (pipeline
@@ -182,8 +183,9 @@ def build_pipeline(pipeline: Any, corpus_dir: Path, manifest: dict[str, Any], so
      | "StageLayout" >> beam.io.WriteToText(join_uri(staging, "layout"), file_name_suffix=".jsonl"))
 
 
-def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], source: tuple[str, bytes], out_dir: Path, shards_cfg: Any,
-                    seq_len: int, *, eos_id: int, pad_id: int) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+def run_beam_shards(corpus_dir: Path, manifest: dict[str, Any], source: tuple[str, bytes], out_dir: Path,
+                    shards_cfg: ShardsConfig, seq_len: int, *, eos_id: int,
+                    pad_id: int) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """Run the pipeline; the workers write into ``shards_cfg.output_uri`` (or ``out_dir``). Returns the
     manifest's ``splits`` section, equal to the local path's, and the W&B reference entries of every
     file the workers wrote (``beam_common.file_reference``)."""

@@ -36,6 +36,7 @@ from experiment.errors import DataError
 from experiment.manifest import MANIFEST_NAME, invalidate
 from experiment.progress import progress as progress_bar
 from experiment.schema import ExperimentConfig
+from experiment.sections.shards import ShardsConfig
 from experiment.stages import SHARDS
 from experiment.storage import BucketPath, RunPath
 from tokenizer.loaded import RunTokenizer, load_run_tokenizer
@@ -153,8 +154,9 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
                                              shards_cfg, seq_len, eos_id=eos_id, pad_id=pad_id)
     else:
         references = None  # W&B checksums the local shards itself
-        result = write_splits(iter_documents(run_folder.corpus, corpus_manifest), tokenizer, out_dir, shards_cfg, seq_len,
-                              eos_id=eos_id, pad_id=pad_id, threads=threads, total=corpus_manifest["documents"])
+        result = write_splits(iter_documents(run_folder.corpus, corpus_manifest), tokenizer, out_dir, shards_cfg,
+                              seq_len, eos_id=eos_id, pad_id=pad_id, threads=threads,
+                              total=corpus_manifest["documents"])
     seconds = time.perf_counter() - started
 
     payload = {
@@ -187,8 +189,8 @@ def shard_corpus(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> dict
     return payload
 
 
-def write_splits(documents: Any, tokenizer: RunTokenizer, out_dir: RunPath, shards_cfg: Any, seq_len: int, *, eos_id: int, pad_id: int,
-                 threads: int, total: int | None = None) -> dict[str, dict[str, Any]]:
+def write_splits(documents: Any, tokenizer: RunTokenizer, out_dir: RunPath, shards_cfg: ShardsConfig, seq_len: int, *,
+                 eos_id: int, pad_id: int, threads: int, total: int | None = None) -> dict[str, dict[str, Any]]:
     """Encode, split, pack and write every document; returns the manifest's ``splits`` section."""
     packers = {split: Packer(seq_len, shards_cfg.packing, pad_id) for split in SPLITS}
     writers = {split: SplitWriter(out_dir, split, shards_cfg.records_per_shard) for split in SPLITS}
@@ -215,8 +217,9 @@ def write_splits(documents: Any, tokenizer: RunTokenizer, out_dir: RunPath, shar
     return {split: writers[split].summary(packers[split].stats) for split in SPLITS}
 
 
-def _encode_batch(batch: list[dict[str, Any]], tokenizer: RunTokenizer, packers: dict[str, Packer], writers: dict[str, SplitWriter],
-                  shards_cfg: Any, eos_id: int, threads: int, pad_mask_key: str | None) -> None:
+def _encode_batch(batch: list[dict[str, Any]], tokenizer: RunTokenizer, packers: dict[str, Packer],
+                  writers: dict[str, SplitWriter], shards_cfg: ShardsConfig, eos_id: int, threads: int,
+                  pad_mask_key: str | None) -> None:
     encoded = tokenizer.encode_batch([doc["text"] for doc in batch], threads=threads)
     eos = np.array([eos_id], dtype=np.int32)
     by_split: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
@@ -227,7 +230,7 @@ def _encode_batch(batch: list[dict[str, Any]], tokenizer: RunTokenizer, packers:
             writers[split].write_rows(packers[split].add(docs), pad_mask_key)
 
 
-def log_to_wandb(wandb_run: Any, cfg: Any, run_folder: Any, payload: dict[str, Any], seconds: float,
+def log_to_wandb(wandb_run: Any, cfg: ExperimentConfig, run_folder: Any, payload: dict[str, Any], seconds: float,
                  references: list[dict[str, Any]] | None = None) -> None:
     """Summary numbers, and the shards folder as an artifact that names its tokenizer (``references``:
     the shard files' entries measured by the Beam workers that wrote them, so none is read here)."""

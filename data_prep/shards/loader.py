@@ -375,7 +375,8 @@ class TrainIterator:
                               f"{process_count} processes")
         for part in self.sources:
             if len(part) == 0:
-                raise DataError(f"{part.shards_dir}: the train split has no records: run {SHARDS.recipe} with more text")
+                raise DataError(f"{part.shards_dir}: the train split has no records: "
+                                f"run {SHARDS.recipe} with more text")
         self.source = self.sources[0]
         self.global_batch_size = global_batch_size
         self.seed = int(seed)
@@ -435,7 +436,8 @@ class TrainIterator:
             raise DataError(f"loader state was saved with seed {state['seed']}, this run uses {self.seed}: "
                             "resuming would replay or skip data")
         if state.get("mixture") != self.mixture:
-            raise DataError(f"loader state was saved for the mixture {state.get('mixture') or 'of one shard set'}, this "
+            raise DataError("loader state was saved for the mixture "
+                            f"{state.get('mixture') or 'of one shard set'}, this "
                             f"run mixes {self.mixture or 'one shard set'}: resuming would replay or skip data "
                             "(keep train.mixture as it was, or start a new run)")
         records = sum(len(s) for s in self.sources)

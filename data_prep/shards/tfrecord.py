@@ -209,7 +209,8 @@ def _length_delimited(tag: int, body: bytes) -> bytes:
 def _feature_entry(name: str, kind: int, body: bytes) -> bytes:
     """One ``Features.feature`` map entry: key ``name``, value a Feature of ``kind`` holding ``body``."""
     feature = _length_delimited((kind << 3) | _WIRE_LEN, body)
-    entry = _length_delimited(_TAG_FEATURES, name.encode("utf-8")) + bytes((_TAG_MAP_VALUE,)) + _varint(len(feature)) + feature
+    entry = (_length_delimited(_TAG_FEATURES, name.encode("utf-8")) + bytes((_TAG_MAP_VALUE,))
+             + _varint(len(feature)) + feature)
     return _length_delimited(_TAG_FEATURES, entry)
 
 
@@ -225,7 +226,8 @@ def encode_example(features: Mapping[str, FeatureValue]) -> bytes:
     for name in sorted(features):
         value = features[name]
         if isinstance(value, list) and all(isinstance(v, bytes) for v in value):
-            entries.append(_feature_entry(name, _KIND_BYTES, b"".join(_length_delimited(_TAG_FEATURES, v) for v in value)))
+            entries.append(_feature_entry(name, _KIND_BYTES,
+                                          b"".join(_length_delimited(_TAG_FEATURES, v) for v in value)))
             continue
         array = np.asarray(value)
         if array.ndim != 1:
@@ -298,7 +300,8 @@ def _decode_feature(buf: memoryview) -> FeatureValue:
         if kind == _KIND_INT64:
             chunks = []
             for _f, wire, value in _fields(value_list):
-                chunks.append(decode_varints(value) if wire == _WIRE_LEN else np.array([value], dtype=np.uint64).view(np.int64))
+                chunks.append(decode_varints(value) if wire == _WIRE_LEN
+                              else np.array([value], dtype=np.uint64).view(np.int64))
             return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
         if kind == _KIND_FLOAT:
             chunks = [np.frombuffer(value, dtype="<f4") for _f, _w, value in _fields(value_list)]
@@ -530,7 +533,8 @@ def read_record_at(buf: mmap.mmap | bytes, offset: int, path: RunPath | str, rec
     start = offset + _HEADER.size
     end = start + length
     if end + _CRC.size > size:
-        raise CorruptRecordError(path, offset, f"truncated payload (record says {length} bytes, file ends first)", record)
+        raise CorruptRecordError(path, offset, f"truncated payload (record says {length} bytes, file ends first)",
+                                 record)
     payload = buf[start:end]
     (payload_crc,) = _CRC.unpack_from(buf, end)
     if masked_crc32c(payload) != payload_crc:
@@ -538,7 +542,8 @@ def read_record_at(buf: mmap.mmap | bytes, offset: int, path: RunPath | str, rec
     return payload
 
 
-def decode_record(payload: bytes, path: RunPath | str, offset: int, record: int | None = None) -> dict[str, FeatureValue]:
+def decode_record(payload: bytes, path: RunPath | str, offset: int,
+                  record: int | None = None) -> dict[str, FeatureValue]:
     """``decode_example`` with a DataError naming the file and offset for a malformed Example."""
     try:
         return decode_example(payload)

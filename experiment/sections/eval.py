@@ -22,7 +22,8 @@ class EvalConfig:
     checkpoint_step: int | None = None  # None: the latest checkpoint
     batch_size: int = 16  # sequences per scoring batch
     max_validation_batches: int | None = None  # None: the whole validation split
-    # names in eval.tasks.TASKS (checked where the eval starts: eval.tasks.check_task_names); the default: every task with local files in the shared bench folder
+    # names in eval.tasks.TASKS (checked where the eval starts: eval.tasks.check_task_names); the default: every task
+    # with local files in the shared bench folder
     tasks: list[str] = field(default_factory=lambda: ["rublimp", "parus", "terra", "rcb", "rucola", "ruworldtree"])
     bench_dir: str = SHARED_BENCH  # local benchmark files ({bench} in eval.tasks sources)
     rublimp_dir: str = ""  # RuBLiMP's folder of per-phenomenon CSVs; "": <bench_dir>/rublimp

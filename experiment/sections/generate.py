@@ -19,7 +19,8 @@ class GenerateConfig:
     top_p: float = 1.0  # sample among the most likely tokens whose probability reaches top_p; 1: all
     seed: int = 0  # the sampling's random draws: the same seed gives the same completions
     checkpoint_step: int | None = None  # None: the run's latest checkpoint
-    # a Hugging Face model folder to generate with instead of the run's checkpoints (and its own tokenizer.json or tokenizer.model)
+    # a Hugging Face model folder to generate with instead of the run's checkpoints (and its own tokenizer.json or
+    # tokenizer.model)
     hf_model: str = ""
     stop: list[str] = field(default_factory=list)  # a completion is cut before the first of these strings
 

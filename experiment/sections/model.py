@@ -10,11 +10,42 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from experiment.errors import ConfigError
 from experiment.families import FAMILY_PACKAGES, family_config_module, shipped_families
 from experiment.storage.urls import check_location
+
+
+class FamilyConfig(Protocol):
+    """Any family's ``model:`` section, as code other than the family's own reads it: the type of
+    ``ExperimentConfig.model`` and of every ``model_cfg`` a stage hands to the family registry.
+
+    A shipped family's section subclasses ``ModelSection`` and adds ``d_model``; a plugin's
+    (``register_model_section``) is any dataclass with these fields. The other ``ModelSection`` fields
+    (``init_from``, ``scan_layers``, ``vocab_adaptation``) are read with ``getattr`` and a default.
+    """
+
+    @property
+    def family(self) -> str: ...  # the registered family name
+
+    @property
+    def preset(self) -> str: ...  # a named size of the family, "" for none
+
+    @property
+    def d_model(self) -> int: ...  # the width of the hidden states the output projection reads
+
+    @property
+    def max_seq_len(self) -> int: ...  # the longest sequence the model is built for
+
+    @property
+    def z_loss(self) -> float: ...  # weight of log(Z)^2 in the train loss
+
+    @property
+    def attention(self) -> str: ...  # the attention kernel setting (model/attention.py)
+
+    @property
+    def remat(self) -> str: ...  # the activation checkpointing setting
 
 
 @dataclass
@@ -64,26 +95,28 @@ class ModelSection:
         if self.max_seq_len <= 0:
             raise ConfigError(f"config key '{prefix}max_seq_len': must be positive, got {self.max_seq_len}")
         if self.scan_unroll < 0:
-            raise ConfigError(f"config key '{prefix}scan_unroll': must be >= 0 (0: by platform), got {self.scan_unroll}")
+            raise ConfigError(f"config key '{prefix}scan_unroll': must be >= 0 (0: by platform), "
+                              f"got {self.scan_unroll}")
         if self.z_loss < 0:
             raise ConfigError(f"config key '{prefix}z_loss': must be >= 0, got {self.z_loss}")
 
 
 # sections of families registered from outside the package (plugins); a shipped family's is in its folder
-_PLUGIN_SECTIONS: dict[str, type[Any]] = {}
+_PLUGIN_SECTIONS: dict[str, type[FamilyConfig]] = {}
 _PLUGIN_AXIS_RULES: dict[str, dict[str, list[str]]] = {}
 
 
-def register_model_section(family: str, cls: type[Any], axis_rules: Mapping[str, Sequence[str]]) -> None:
+def register_model_section(family: str, cls: type[FamilyConfig], axis_rules: Mapping[str, Sequence[str]]) -> None:
     """Make ``model.family: <family>`` build its model section as ``cls`` (a dataclass with a ``family`` field)
     and check ``train.mesh.rules`` against the family's logical axis names (``axis_rules``, with defaults)."""
-    if not (dataclasses.is_dataclass(cls) and isinstance(cls, type) and "family" in {f.name for f in dataclasses.fields(cls)}):
+    if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)
+            and "family" in {f.name for f in dataclasses.fields(cls)}):
         raise TypeError(f"model section of family '{family}' must be a dataclass with a 'family' field, got {cls!r}")
     _PLUGIN_SECTIONS[family] = cls
     _PLUGIN_AXIS_RULES[family] = {k: list(v) for k, v in axis_rules.items()}
 
 
-def model_section_class(family: str) -> type[Any]:
+def model_section_class(family: str) -> type[FamilyConfig]:
     """The model section class registered for ``family``; an unknown family is one line listing the known."""
     if family in _PLUGIN_SECTIONS:
         return _PLUGIN_SECTIONS[family]

@@ -15,7 +15,8 @@ class ShardsConfig:
     records_per_shard: int = 8192
     encode_batch_documents: int = 512  # documents handed to SentencePiece per batched encode call
     num_threads: int = 0  # SentencePiece encoding threads; 0 = every core of this machine
-    on_corrupt: Literal["error", "skip"] = "error"  # a corrupt record stops the loader, or is logged, counted and trains nothing
+    # a corrupt record stops the loader, or is logged, counted and trains nothing
+    on_corrupt: Literal["error", "skip"] = "error"
     runner: Literal["local", "beam"] = "local"  # "beam" needs the optional `beam` extra; same bytes as local
     beam_options: list[str] = field(default_factory=list)  # Beam flags, e.g. ["--runner=DirectRunner"]
     # where Beam workers write the TFRecord shards and indexes (gs://..., s3://...); "" = the run's shards/
@@ -30,13 +31,15 @@ class ShardsConfig:
                 f"config key '{prefix}validation_percent': must be in [0, 100), got {self.validation_percent}"
             )
         if self.records_per_shard < 1:
-            raise ConfigError(f"config key '{prefix}records_per_shard': must be at least 1, got {self.records_per_shard}")
+            raise ConfigError(f"config key '{prefix}records_per_shard': must be at least 1, "
+                              f"got {self.records_per_shard}")
         if self.encode_batch_documents < 1:
             raise ConfigError(
                 f"config key '{prefix}encode_batch_documents': must be at least 1, got {self.encode_batch_documents}"
             )
         if self.num_threads < 0:
-            raise ConfigError(f"config key '{prefix}num_threads': must be 0 (all cores) or more, got {self.num_threads}")
+            raise ConfigError(f"config key '{prefix}num_threads': must be 0 (all cores) or more, "
+                              f"got {self.num_threads}")
         if self.output_uri and self.runner != "beam":
             raise ConfigError(f"config key '{prefix}output_uri': is written by Beam workers: set shards.runner=beam, "
                               "or leave it empty")

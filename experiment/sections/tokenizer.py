@@ -95,7 +95,8 @@ class TokenizerConfig:
                               f"special, newline, byte and required-character pieces already take {fixed}")
         if not 0.9 <= self.character_coverage <= 1.0:
             raise ConfigError(f"config key '{prefix}character_coverage': {self.character_coverage} must be in [0.9, 1]")
-        for name in ("input_sentence_size", "max_sentence_length", "max_piece_length", "num_threads", "report_max_docs"):
+        for name in ("input_sentence_size", "max_sentence_length", "max_piece_length", "num_threads",
+                     "report_max_docs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"config key '{prefix}{name}': must be at least 1, got {getattr(self, name)}")
         special = {"pad_id": self.pad_id, "unk_id": self.unk_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
@@ -103,7 +104,8 @@ class TokenizerConfig:
             if not 0 <= value < self.vocab_size:
                 raise ConfigError(f"config key '{prefix}{name}': {value} must be in [0, vocab_size)")
         if len(set(special.values())) != len(special):
-            raise ConfigError(f"config key '{prefix}pad_id/unk_id/bos_id/eos_id': special ids must differ, got {special}")
+            raise ConfigError(f"config key '{prefix}pad_id/unk_id/bos_id/eos_id': special ids must differ, "
+                              f"got {special}")
         for i, source in enumerate(self.heldout_sources):
             if not source:
                 raise ConfigError(f"config key '{prefix}heldout_sources[{i}]': empty source name")

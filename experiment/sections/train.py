@@ -28,7 +28,8 @@ class MeshConfig:
         for logical, axes in self.rules.items():
             bad = [a for a in axes if a not in ("data", "fsdp", "tensor")]
             if bad:
-                raise ConfigError(f"config key '{prefix}rules.{logical}': unknown mesh axes {bad} (use data, fsdp, tensor)")
+                raise ConfigError(f"config key '{prefix}rules.{logical}': unknown mesh axes {bad} "
+                                  "(use data, fsdp, tensor)")
             if len(set(axes)) != len(axes):
                 raise ConfigError(f"config key '{prefix}rules.{logical}': a mesh axis is listed twice: {axes}")
 
@@ -99,7 +100,8 @@ class TrainConfig:
     # recipe 04b: instead of checking the configured setting, try remat policies, attention kernels and
     # micro-batch splits per slice, and report the table and the best setting that fits (trainer/fit_check.py)
     fit_search: bool = False
-    fit_search_remat: list[str] = field(default_factory=lambda: ["none", "save_dots", "offload", "full"])  # tried in order
+    fit_search_remat: list[str] = field(
+        default_factory=lambda: ["none", "save_dots", "offload", "full"])  # tried in order
     # [first step, count]: a JAX profiler trace of those steps into <run>/profile (trainer/profiling.py),
     # logged as a W&B artifact; [] for none. Step 1 compiles, so the first step traced is 2 or later
     profile_steps: list[int] = field(default_factory=list)
@@ -128,19 +130,23 @@ class TrainConfig:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 1, got {getattr(self, name)}")
         if self.batch_size % self.grad_accum_steps:
             raise ConfigError(
-                f"config key '{prefix}grad_accum_steps': {self.grad_accum_steps} does not divide batch_size={self.batch_size}"
+                f"config key '{prefix}grad_accum_steps': {self.grad_accum_steps} does not divide "
+                f"batch_size={self.batch_size}"
             )
         if self.learning_rate <= 0:
             raise ConfigError(f"config key '{prefix}learning_rate': must be positive, got {self.learning_rate}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"config key '{prefix}min_lr_ratio': must be in [0, 1], got {self.min_lr_ratio}")
         if self.warmup_steps < 0 or (self.steps and self.warmup_steps >= self.steps):
-            raise ConfigError(f"config key '{prefix}warmup_steps': must be in [0, steps={self.steps}), got {self.warmup_steps}")
+            raise ConfigError(f"config key '{prefix}warmup_steps': must be in [0, steps={self.steps}), "
+                              f"got {self.warmup_steps}")
         if self.steps and self.schedule == "wsd" and not 1 <= self.decay_steps <= self.steps - self.warmup_steps:
-            raise ConfigError(f"config key '{prefix}decay_steps': schedule wsd needs 1 <= decay_steps <= steps - warmup_steps "
+            raise ConfigError(f"config key '{prefix}decay_steps': schedule wsd needs "
+                              "1 <= decay_steps <= steps - warmup_steps "
                               f"= {self.steps - self.warmup_steps}, got {self.decay_steps}")
         if self.schedule != "wsd" and self.decay_steps:
-            raise ConfigError(f"config key '{prefix}decay_steps': only used by schedule wsd (schedule is {self.schedule}); "
+            raise ConfigError(f"config key '{prefix}decay_steps': only used by schedule wsd "
+                              f"(schedule is {self.schedule}); "
                               f"remove it or set train.schedule=wsd")
         for name in ("weight_decay", "grad_clip", "eval_every", "keep_checkpoints_every", "preemption_grace_s",
                      "cpu_devices", "loss_chunk_len", "embeddings_only_steps", "max_skipped_steps"):
@@ -150,8 +156,8 @@ class TrainConfig:
         if unknown or not self.fit_search_remat:
             raise ConfigError(f"config key '{prefix}fit_search_remat': give some of none, save_dots, offload, full "
                               f"(got {self.fit_search_remat})")
-        if self.profile_steps and (len(self.profile_steps) != 2 or self.profile_steps[0] < 2 or self.profile_steps[1] < 1
-                                   or sum(self.profile_steps) - 1 > self.steps):
+        if self.profile_steps and (len(self.profile_steps) != 2 or self.profile_steps[0] < 2
+                                   or self.profile_steps[1] < 1 or sum(self.profile_steps) - 1 > self.steps):
             raise ConfigError(f"config key '{prefix}profile_steps': give [first step, count] with first >= 2 (step 1 "
                               f"compiles) and first + count - 1 <= steps={self.steps}, got {self.profile_steps}")
         if bool(self.branch_from) != bool(self.branch_step):
@@ -161,7 +167,8 @@ class TrainConfig:
             raise ConfigError(f"config key '{prefix}branch_step': must be in [1, steps={self.steps}), "
                               f"got {self.branch_step}")
         if self.fit_model and not self.fit_model.startswith("hf:"):
-            raise ConfigError(f"config key '{prefix}fit_model': give hf:<model folder or config.json>, got {self.fit_model!r}")
+            raise ConfigError(f"config key '{prefix}fit_model': give hf:<model folder or config.json>, "
+                              f"got {self.fit_model!r}")
         names = [m.name for m in self.mixture]
         for i, m in enumerate(self.mixture):
             if not m.name.strip() or m.name in names[:i]:
@@ -170,4 +177,5 @@ class TrainConfig:
             if not m.weight > 0:
                 raise ConfigError(f"config key '{prefix}mixture[{i}].weight': must be positive, got {m.weight}")
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
-            raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, got {self.peak_flops_per_chip}")
+            raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, "
+                              f"got {self.peak_flops_per_chip}")

@@ -28,8 +28,8 @@ from experiment.storage.urls import SCHEMES, ObjectUrl, check_location, is_bucke
 RunPath = Path | BucketPath
 
 __all__ = ["SCHEMES", "BucketPath", "ObjectStat", "ObjectUrl", "PreconditionFailed", "RunPath", "as_local",
-           "check_location", "create_exclusive", "describe", "endpoint", "host_local_root", "is_bucket", "is_bucket_url",
-           "local_folder", "location", "parse_url", "read_range", "remove_tree"]
+           "check_location", "create_exclusive", "describe", "endpoint", "host_local_root", "is_bucket",
+           "is_bucket_url", "local_folder", "location", "parse_url", "read_range", "remove_tree"]
 
 
 def host_local_root() -> Path:

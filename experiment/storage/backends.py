@@ -185,9 +185,10 @@ def replace_if(url: ObjectUrl, data: bytes, generation: str) -> ObjectStat:
 
         async def upload() -> dict[str, Any]:
             boundary = "ru-pretrain-object"
-            body = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n"
-                    f"{json.dumps({'name': url.key})}\r\n--{boundary}\r\n"
-                    "Content-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+            body = ((f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n"
+                     f"{json.dumps({'name': url.key})}\r\n--{boundary}\r\n"
+                     "Content-Type: application/octet-stream\r\n\r\n").encode()
+                    + data + f"\r\n--{boundary}--\r\n".encode())
             _, content = await fs._call("POST", f"{fs._location}/upload/storage/v1/b/{url.bucket}/o",
                                         uploadType="multipart", ifGenerationMatch=generation, data=body,
                                         headers={"Content-Type": f"multipart/related; boundary={boundary}"})

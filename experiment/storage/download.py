@@ -54,5 +54,6 @@ def local_copy(folder: BucketPath | Path, what: str, root: Path) -> Path:
         (target / stale).unlink(missing_ok=True)
     partial = record_path.with_name(f".{record_path.name}.{os.getpid()}.part")
     partial.write_text(json.dumps(wanted, indent=1), encoding="utf-8")
-    os.replace(partial, record_path)  # the record names only what is in place    log.info("%s: %s copied to %s (%d of %d files fetched)", what, folder, target, fetched, len(wanted))
+    os.replace(partial, record_path)  # the record names only what is in place
+    log.info("%s: %s copied to %s (%d of %d files fetched)", what, folder, target, fetched, len(wanted))
     return target

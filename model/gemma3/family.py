@@ -17,7 +17,8 @@ from model.gemma3.model import QUANTIZED_MODULES, Decoder
 def describe(cfg: Gemma3Config) -> str:
     types = cfg.layer_types()
     n_global = types.count(GLOBAL)
-    return (f"{cfg.n_layers} layers ({cfg.n_layers - n_global} local, window {cfg.sliding_window} : {n_global} global), "
+    return (f"{cfg.n_layers} layers ({cfg.n_layers - n_global} local, "
+            f"window {cfg.sliding_window} : {n_global} global), "
             f"d_model {cfg.d_model}, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads of {cfg.resolved_head_dim}")
 
 

@@ -105,7 +105,8 @@ def to_hf_config(cfg: Gemma3Config, vocab_size: int, special_ids: Mapping[str, i
         # the keys of files written before Transformers 5, for older readers
         "rope_theta": cfg.rope_theta_global,
         "rope_local_base_freq": cfg.rope_theta_local,
-        **({"rope_scaling": {"rope_type": "linear", "factor": cfg.rope_factor}} if cfg.rope_scaling == "linear" else {}),
+        **({"rope_scaling": {"rope_type": "linear", "factor": cfg.rope_factor}}
+           if cfg.rope_scaling == "linear" else {}),
         **({"sliding_window_pattern": cfg.global_every} if not cfg.layer_pattern else {}),
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -240,7 +241,8 @@ class Gemma3HF:
 
     def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
                 dtype: Any = np.float32, place: Place | None = None,
-                scan_layers: bool | None = None, place_layers: PlaceLayers | None = None) -> tuple[Gemma3Config, nnx.State]:
+                scan_layers: bool | None = None,
+                place_layers: PlaceLayers | None = None) -> tuple[Gemma3Config, nnx.State]:
         """The inverse of ``export``: each tensor is read once, checked against the shape the config implies,
         cast to ``dtype`` and handed to ``place`` (default: kept as a numpy array).
 

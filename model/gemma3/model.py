@@ -287,7 +287,8 @@ class Decoder(CausalLM):
         """Groups per scan iteration: ``model.scan_unroll``, or by the platform compiled for: all of them on a
         CPU (XLA:CPU fuses across layers, as Llama's scan), one elsewhere (one group's program, compile time
         flat in depth)."""
-        return min(self.scan_unroll, n_groups) if self.scan_unroll else (n_groups if compiled_platform() == "cpu" else 1)
+        return (min(self.scan_unroll, n_groups) if self.scan_unroll
+                else (n_groups if compiled_platform() == "cpu" else 1))
 
     def output_weight(self) -> jax.Array:
         """The output projection [D, V]: the embedding table transposed (Gemma 3 ties them)."""

@@ -12,8 +12,9 @@ from typing import Any, ClassVar, Literal
 from experiment.errors import ConfigError
 from experiment.sections.model import ModelSection
 
-# Named model sizes (the section's PRESETS), from the CPU demo to Llama-2-70B shapes: ``model.preset: 1b`` fills the shape fields the
-# config does not set (experiment.config.resolve_model_tree); a key the YAML or an override sets always wins.
+# Named model sizes (the section's PRESETS), from the CPU demo to Llama-2-70B shapes: ``model.preset: 1b`` fills the
+# shape fields the config does not set (experiment.config.resolve_model_tree); a key the YAML or an override sets
+# always wins.
 PRESETS: dict[str, dict[str, Any]] = {
     # ~5M with a 4k vocabulary: trains in minutes on two CPU cores
     "demo-5m": dict(d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=704, max_seq_len=128),
@@ -101,13 +102,14 @@ class LlamaConfig(ModelSection):
                 "set head_dim explicitly"
             )
         if self.resolved_head_dim % 2:
-            raise ConfigError(f"config key '{prefix}head_dim': RoPE needs an even head dimension, got {self.resolved_head_dim}")
+            raise ConfigError(f"config key '{prefix}head_dim': RoPE needs an even head dimension, "
+                              f"got {self.resolved_head_dim}")
         if self.rope_scaling == "llama3" and not (self.rope_factor >= 1 and self.rope_original_max_len > 0
                                                   and self.rope_high_freq_factor > self.rope_low_freq_factor > 0):
             raise ConfigError(
                 f"config key '{prefix}rope_scaling': llama3 needs rope_factor >= 1, rope_original_max_len > 0 and "
-                f"rope_high_freq_factor > rope_low_freq_factor > 0 (got {self.rope_factor}, {self.rope_original_max_len}, "
-                f"{self.rope_high_freq_factor}, {self.rope_low_freq_factor})"
+                f"rope_high_freq_factor > rope_low_freq_factor > 0 (got {self.rope_factor}, "
+                f"{self.rope_original_max_len}, {self.rope_high_freq_factor}, {self.rope_low_freq_factor})"
             )
 
     @property

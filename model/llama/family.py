@@ -11,7 +11,7 @@ adapter class; each has its own ``model:`` section class and config.json (model/
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from model.family import ModelFamily, register_family
 from model.llama import flops
@@ -24,7 +24,7 @@ def describe(cfg: LlamaConfig) -> str:
     return f"{cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads"
 
 
-def _family(name: str, adapter: LlamaShapedHF, validate: Any) -> ModelFamily:
+def _family(name: str, adapter: LlamaShapedHF, validate: Callable[[LlamaConfig], None]) -> ModelFamily:
     return register_family(ModelFamily(
         name=name, config_cls=SECTIONS[name], build=Decoder, flops=flops.train_flops_per_token,
         param_count=flops.param_count, recompute_flops=flops.recompute_flops, axis_rules=AXIS_RULES,

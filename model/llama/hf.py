@@ -81,7 +81,8 @@ def rope_hf(cfg: LlamaConfig) -> dict[str, Any]:
     return {"rope_type": "default", "rope_theta": cfg.rope_theta}
 
 
-def llama_config(model_cfg: Any, vocab_size: int, special_ids: Mapping[str, int] | None = None) -> dict[str, Any]:
+def llama_config(model_cfg: LlamaConfig, vocab_size: int,
+                 special_ids: Mapping[str, int] | None = None) -> dict[str, Any]:
     """config.json for ``LlamaForCausalLM`` with our shapes; ``model_cfg`` is a resolved LlamaConfig."""
     special = special_ids or {}
     rope = rope_hf(model_cfg)
@@ -153,7 +154,7 @@ def check_full_attention(hf_config: Mapping[str, Any], where: str) -> None:
                           "(sliding-window attention is not supported)")
 
 
-def config_from_hf(hf_config: Mapping[str, Any], model_type: str = "llama", config_cls: type = LlamaConfig,
+def config_from_hf(hf_config: Mapping[str, Any], model_type: str = "llama", config_cls: type[LlamaConfig] = LlamaConfig,
                    family: str = "llama", **switches: Any) -> LlamaConfig:
     """Our model config for a Transformers Llama-shaped config.json; features our decoder lacks are errors.
 
@@ -174,7 +175,8 @@ def config_from_hf(hf_config: Mapping[str, Any], model_type: str = "llama", conf
         n_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
         head_dim=0 if head_dim * heads == d else head_dim, d_ff=int(need("intermediate_size")),
         max_seq_len=int(need("max_position_embeddings")), **rope_from_hf(hf_config, where),
-        norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+        norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
         **switches,
     )
     cfg.validate("model")
@@ -189,17 +191,18 @@ class LlamaShapedHF:
     (set by the family's registration)."""
 
     def __init__(self, architecture: str, model_type: str, family: str,
-                 to_config: Callable[[Any, int, Mapping[str, int] | None], dict[str, Any]],
-                 from_config: Callable[[Mapping[str, Any]], Any], check_export: Callable[[Any], None] = lambda cfg: None):
+                 to_config: Callable[[LlamaConfig, int, Mapping[str, int] | None], dict[str, Any]],
+                 from_config: Callable[[Mapping[str, Any]], LlamaConfig],
+                 check_export: Callable[[LlamaConfig], None] = lambda cfg: None):
         self.architecture, self.model_type, self.family = architecture, model_type, family
         self.to_config, self.from_config, self.check_export = to_config, from_config, check_export
 
-    def export(self, model: Any, model_cfg: Any, vocab_size: int,
+    def export(self, model: Any, model_cfg: LlamaConfig, vocab_size: int,
                special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         self.check_export(model_cfg)
         return llama_state_dict(model, model_cfg), self.to_config(model_cfg, vocab_size, special_ids)
 
-    def config(self, hf_config: Mapping[str, Any]) -> tuple[Any, int]:
+    def config(self, hf_config: Mapping[str, Any]) -> tuple[LlamaConfig, int]:
         """(our model config, vocabulary size) of a config.json."""
         vocab_size = int(hf_config.get("vocab_size") or 0)
         if vocab_size <= 0:
@@ -208,7 +211,8 @@ class LlamaShapedHF:
 
     def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
                 dtype: Any = np.float32, place: Place | None = None,
-                scan_layers: bool | None = None, place_layers: PlaceLayers | None = None) -> tuple[Any, nnx.State]:
+                scan_layers: bool | None = None,
+                place_layers: PlaceLayers | None = None) -> tuple[LlamaConfig, nnx.State]:
         """The inverse of ``export``: each tensor is read once, checked against the shape the config implies,
         cast to ``dtype`` and handed to ``place`` (default: kept as a numpy array).
 
@@ -228,7 +232,7 @@ class LlamaShapedHF:
         return cfg, state
 
 
-def check_plain_llama(cfg: Any) -> None:
+def check_plain_llama(cfg: LlamaConfig) -> None:
     """Transformers' Llama has no q/k/v-only biases nor q/k norms (those are the qwen2 and qwen3 families)."""
     for key, family in (("qkv_bias", "qwen2"), ("qk_norm", "qwen3")):
         if getattr(cfg, key, False):
@@ -242,20 +246,21 @@ LlamaHF = LlamaShapedHF("LlamaForCausalLM", "llama", "llama", llama_config, conf
 
 def _config(architecture: str, model_type: str, drop: tuple[str, ...] = (), **extra: Any):  # noqa: ANN202
     """A config.json builder: Llama's fields less ``drop``, with the family's names and ``extra`` keys."""
-    def to_config(cfg: Any, vocab_size: int, special_ids: Mapping[str, int] | None = None) -> dict[str, Any]:
+    def to_config(cfg: LlamaConfig, vocab_size: int, special_ids: Mapping[str, int] | None = None) -> dict[str, Any]:
         config = {k: v for k, v in llama_config(cfg, vocab_size, special_ids).items() if k not in drop}
         return {**config, "architectures": [architecture], "model_type": model_type, **extra}
     return to_config
 
 
-def llama_shaped_adapter(name: str, config_cls: type, architecture: str, check_export: Callable[[Any], None],
-                         to_config: Callable[[Any, int, Mapping[str, int] | None], dict[str, Any]],
+def llama_shaped_adapter(name: str, config_cls: type[LlamaConfig], architecture: str,
+                         check_export: Callable[[LlamaConfig], None],
+                         to_config: Callable[[LlamaConfig, int, Mapping[str, int] | None], dict[str, Any]],
                          **switches: Any) -> LlamaShapedHF:
     return LlamaShapedHF(architecture, name, name, to_config,
                          lambda hf: config_from_hf(hf, name, config_cls, name, **switches), check_export=check_export)
 
 
-def check_switches(family: str, qkv_bias: bool, qk_norm: bool) -> Callable[[Any], None]:
+def check_switches(family: str, qkv_bias: bool, qk_norm: bool) -> Callable[[LlamaConfig], None]:
     """A family's checks: its HF class has exactly these switches."""
     def validate(cfg: LlamaConfig) -> None:
         cfg.validate("model")

@@ -126,7 +126,8 @@ class Decoder(CausalLM):
         self.blocks = (stacked(lambda layer_rngs: Block(cfg, layer_rngs), cfg.n_layers, rngs) if cfg.scan_layers
                        else nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)]))
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = None if cfg.tie_embeddings else param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std)
+        self.lm_head = (None if cfg.tie_embeddings
+                        else param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std))
 
     def hidden(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                positions: jax.Array | None = None) -> jax.Array:

@@ -1,16 +1,15 @@
-"""The figures README.md quotes about the demo and the demo sweep, read from their run folders.
+"""The figures README.md, docs/guide.md and eval/README.md quote, read from where they were measured.
 
-A figure typed by hand into a README drifts as soon as the code changes. Here every figure README.md
-gives about ``make demo`` and ``make demo-sweep``, and eval/README.md about the demo's scores, is read
-from the run folder it came from and written between markers, together with the figures themselves as
-one JSON comment (which run, which folder). ``tests/test_readme_figures.py`` then checks three things: that the text
-between the markers is what the JSON renders to (no hand edit), that the figures read from a run the
-suite makes have the same fields, and, where the recorded run folder is on disk, that reading it
-again gives the same figures.
+A figure typed by hand into a README drifts as soon as the code changes. Every figure these files give about
+``make demo``, ``make demo-sweep`` and ``make test`` is read from the run folder or the test reports it came
+from and written between markers, with the figures themselves as one JSON comment. ``tests/test_readme_figures.py``
+checks that the text between the markers is what the JSON renders to (no hand edit), that a run the suite makes
+gives the same fields, and that the test counts are what pytest collects now. A block whose source is not on
+this machine keeps its recorded figures (re-rendered, so a change of wording reaches it).
 
-    python -m eval.figures                                     # print the blocks from runs/demo, runs/demo-sweep
-    python -m eval.figures --write README.md eval/README.md    # rewrite the blocks in place
-    python -m eval.figures --check README.md eval/README.md    # exit 1 when a block differs from its run folder
+    python -m tools.readme_figures               # print the blocks from runs/demo, runs/demo-sweep, runs/test-reports
+    python -m tools.readme_figures --write       # rewrite the blocks in README.md, docs/guide.md, eval/README.md
+    python -m tools.readme_figures --check       # exit 1 when a block differs from its source
 """
 
 from __future__ import annotations
@@ -19,19 +18,26 @@ import argparse
 import csv
 import datetime as dt
 import json
+import os
 import re
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import yaml
 
 from eval.report import BASELINE_NAMES
 from experiment.errors import DataError
 
-DEMO, SWEEP, DEMO_EVAL = "demo-figures", "sweep-figures", "demo-eval-figures"
-FILES = {DEMO: "README.md", SWEEP: "README.md", DEMO_EVAL: "eval/README.md"}  # where each block lives
-COMMAND = "python -m eval.figures --write"
+REPO = Path(__file__).resolve().parents[1]
+DEMO, SWEEP, DEMO_EVAL, TESTS = "demo-figures", "sweep-figures", "demo-eval-figures", "test-figures"
+# where each block lives
+FILES = {DEMO: "README.md", TESTS: "README.md", SWEEP: "docs/guide.md", DEMO_EVAL: "eval/README.md"}
+COMMAND = "make readme-figures"
+WIDTH = 115  # rendered prose is wrapped to this width, inside the declared line length
 STAMP = re.compile(r"^(\d{8}T\d{6}Z)-")  # configs/<stamp>-<stage>.yaml, written when a recipe starts
 
 
@@ -104,7 +110,8 @@ def demo_eval_figures(folder: Path) -> dict[str, Any]:
         if versus is None:
             continue
         baselines = task["baselines"]
-        tasks.append({"task": name, "acc": _scored(task["metrics"]["acc"]), "items": task["items"], "labels": task["labels"],
+        tasks.append({"task": name, "acc": _scored(task["metrics"]["acc"]), "items": task["items"],
+                       "labels": task["labels"],
                        "strongest": versus["baseline"], "strongest_score": _scored(baselines[versus["baseline"]]),
                        "random_init": _scored(baselines["random_init"]) if "random_init" in baselines else None,
                        "verdict": versus["verdict"],
@@ -182,7 +189,8 @@ def sweep_figures(folder: Path) -> dict[str, Any]:
         tokens = float(row["tokens"])
         to_target = float(row["tokens_to_target"]) if row["tokens_to_target"] else None
         variants.append({
-            "experiment": row["experiment"], "variant": row["variant"], "run": row["cost_source"].removeprefix("W&B run "),
+            "experiment": row["experiment"], "variant": row["variant"],
+            "run": row["cost_source"].removeprefix("W&B run "),
             "steps": steps, "reached": to_target is not None,
             # the crossing is interpolated between eval points: the step it falls at, to the nearest step
             "step_at_target": round(to_target / (tokens / steps)) if to_target is not None else None,
@@ -197,6 +205,58 @@ def sweep_figures(folder: Path) -> dict[str, Any]:
             "wall_seconds": wall_seconds(sorted(starts), [path])}
 
 
+def collected_tests(marker: str = "") -> int:
+    """How many tests pytest collects in this venv now (``marker``: a ``-m`` expression)."""
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider"]
+    done = subprocess.run(command + (["-m", marker] if marker else []), cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    if done.returncode != 0:
+        raise DataError(f"pytest --collect-only failed ({done.returncode}): {done.stdout[-500:]}{done.stderr[-500:]}")
+    return sum("::" in line for line in done.stdout.splitlines())
+
+
+def junit_figures(path: Path) -> dict[str, Any]:
+    """A pytest JUnit XML report's counts and its session's wall time."""
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError) as exc:
+        raise DataError(f"{path}: not a JUnit XML report ({exc})") from exc
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        raise DataError(f"{path}: no <testsuite> element")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    failed = counts["failures"] + counts["errors"]
+    return {"passed": counts["tests"] - failed - counts["skipped"], "skipped": counts["skipped"], "failed": failed,
+            "seconds": round(float(suite.get("time", 0.0))), "started": suite.get("timestamp")}
+
+
+def measured_tests(reports: Path) -> dict[str, Any]:
+    """What the last ``make test`` (and ``.ci/run`` around it) recorded in ``reports``: base.xml, unit.xml, one
+    extra-<lane>.xml per extras' lane (Makefile) and ci.json (.ci/run)."""
+    base = reports / "base.xml"
+    if not base.is_file():
+        raise DataError(f"{base} is missing: run `make test` (or .ci/run) first")
+    unit = reports / "unit.xml"
+    ci = _json(reports / "ci.json") if (reports / "ci.json").is_file() else {}
+    lanes = {path.stem.removeprefix("extra-"): junit_figures(path) for path in sorted(reports.glob("extra-*.xml"))}
+    base_figures = junit_figures(base)
+    return {"date": (ci.get("started") or base_figures["started"] or "")[:10], "commit": ci.get("commit"),
+            "cpu": ci.get("cpu"), "cores": ci.get("cores"), "ci_seconds": ci.get("seconds"),
+            "ci_status": ci.get("status"),
+            "base": base_figures, "unit": junit_figures(unit) if unit.is_file() else None, "lanes": lanes}
+
+
+def test_figures(reports: Path | None, recorded: dict[str, Any] | None) -> dict[str, Any]:
+    """The suite's size as collected now, and its times from ``reports`` (else as ``recorded`` before)."""
+    base, unit = collected_tests(), collected_tests("not integration")
+    if reports is not None and (reports / "base.xml").is_file():
+        measured = measured_tests(reports)
+    else:  # as recorded (None: never measured)
+        measured = recorded.get("measured") if recorded else None
+    return {"folder": "test-reports", "collected": {"base": base, "unit": unit, "integration": base - unit},
+            "measured": measured}
+
+
 # ------------------------------------------------------------------------------------------------ rendering
 def minutes(seconds: int | None) -> str:
     if seconds is None:
@@ -204,33 +264,58 @@ def minutes(seconds: int | None) -> str:
     return f"{seconds // 60} min {seconds % 60} s"
 
 
+def wrapped(text: str) -> str:
+    """A list item's text, wrapped to WIDTH with the list's indent."""
+    return textwrap.fill(text, width=WIDTH, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
+
+
 def render_demo(f: dict[str, Any]) -> str:
-    kept = f["checkpoints_kept"]
     speed = f["tokens_per_s"]
     text = (
-        f"- **Demo** (`make demo`, run `{f['train_run']}` evaluated {f['evaluated'][:10]}, JAX devices "
-        f"{f['devices'] or 'not recorded'}): {minutes(f['wall_seconds'])} from recipe 01's start to recipe 07's report "
-        f"(the venv already set up). Corpus: {f['documents_in']:,} Debian documents in, {f['documents_kept']:,} kept "
-        f"({f['corpus_bytes'] / 1e6:.1f} MB); a {f['vocab_size']:,}-piece {(f['tokenizer_type'] or '').upper()} "
-        f"tokenizer; {f['train_tokens']:,} training tokens in shards; a {f['n_params'] / 1e6:.2f}M-parameter decoder "
-        f"trained {f['steps']} steps"
-        + (f" at {speed[0]:,.0f}-{speed[1]:,.0f} tokens/s (logged steps)" if speed else "")
+        f"- **Demo** (`make demo` on {f['devices'] or 'devices not recorded'}, run `{f['train_run']}` evaluated "
+        f"{f['evaluated'][:10]}): {minutes(f['wall_seconds'])} from recipe 01 to recipe 07 (the venv set up). "
+        f"{f['documents_in']:,} Debian documents in, {f['documents_kept']:,} kept ({f['corpus_bytes'] / 1e6:.1f} MB); "
+        f"a {f['vocab_size']:,}-piece {(f['tokenizer_type'] or '').upper()} tokenizer; a "
+        f"{f['n_params'] / 1e6:.2f}M-parameter decoder trained {f['steps']} steps on {f['train_tokens']:,} tokens"
+        + (f" at {speed[0]:,.0f}-{speed[1]:,.0f} tokens/s" if speed else "")
         + f", loss {f['loss_first'][1]:.2f} (step {f['loss_first'][0]}) -> {f['loss_last'][1]:.2f} "
-        f"(step {f['loss_last'][0]}, one batch); {len(kept)} checkpoints kept (steps "
-        f"{', '.join(str(s) for s in kept)}); validation {f['val_bpb']:.3f} bits per byte; "
-        f"{f['cost']['rub']:.2f} RUB on the {f['cost']['price_row']} {f['cost']['pricing']} price row at "
-        f"{f['cost']['usd_rub_rate']} RUB/USD ({f['cost']['rate_date']})."
+        f"(step {f['loss_last'][0]}); validation {f['val_bpb']:.3f} bits per byte; {f['cost']['rub']:.2f} RUB "
+        f"({f['cost']['price_row']}, {f['cost']['pricing']}, {f['cost']['usd_rub_rate']} RUB/USD of "
+        f"{f['cost']['rate_date']})."
     )
     task = f["rublimp"]
     if task is None:
-        return text + " RuBLiMP was skipped (its files were absent)."
+        return wrapped(text + " RuBLiMP skipped (its files were absent).")
     low, high = task["ci95"]
     strongest = BASELINE_NAMES.get(task["strongest_baseline"], task["strongest_baseline"])
-    text += (f" RuBLiMP {task['acc']:.3f} [{low:.3f}, {high:.3f}] on {task['items']:,} pairs, against its "
-             f"strongest baseline ({strongest}: {task['strongest_value']:.3f})")
-    if task["random_init"] is not None:
-        text += f" and the run's step-0 weights ({task['random_init']:.3f})"
-    return text + "; see eval/README.md."
+    text += (f" RuBLiMP {task['acc']:.3f} [{low:.3f}, {high:.3f}] on {task['items']:,} pairs against "
+             f"{strongest} {task['strongest_value']:.3f} (eval/README.md).")
+    return wrapped(text)
+
+
+def render_tests(f: dict[str, Any]) -> str:
+    n, m = f["collected"], f["measured"]
+    size = (f"- **Tests**: {n['base']:,} in the base suite, {n['unit']:,} of them unit tests (`pytest -m \"not "
+            f"integration\"`, the loop while editing) and {n['integration']:,} integration tests (recipes, other "
+            f"processes, the real data).")
+    if m is None:
+        return wrapped(size + " No `make test` run recorded yet.")
+
+    def outcome(lane: dict[str, Any]) -> str:
+        parts = [f"{lane['passed']:,} passed"] + [f"{lane[k]:,} {k}" for k in ("failed", "skipped") if lane[k]]
+        return f"{', '.join(parts)} in {minutes(lane['seconds'])}"
+
+    machine = ", ".join(str(x) for x in (m["cpu"], f"{m['cores']} cores" if m["cores"] else None) if x)
+    text = (f"{size} The last measured `make test` ({m['date']}"
+            + (f", commit {m['commit'][:7]}" if m["commit"] else "") + (f", {machine}" if machine else "") + "): "
+            + (f"{minutes(m['ci_seconds'])} for `.ci/run` in a fresh clone"
+               + (f" (it failed: exit status {m['ci_status']})" if m.get("ci_status") else "") + "; "
+               if m["ci_seconds"] else "")
+            + f"the base suite {outcome(m['base'])} (the skips run in the extras' venvs)"
+            + (f"; the unit loop {outcome(m['unit'])}" if m["unit"] else "")
+            + ("; lanes " + "; ".join(f"{name} {outcome(lane)}" for name, lane in m["lanes"].items())
+               if m["lanes"] else "") + ".")
+    return wrapped(text)
 
 
 def render_sweep(f: dict[str, Any]) -> str:
@@ -241,8 +326,9 @@ def render_sweep(f: dict[str, Any]) -> str:
         else:
             parts.append(f"{v['variant']}: not reached in {v['steps']} steps (best {v['best']:.3f})")
     runs = ", ".join(v["run"] for v in f["variants"])
-    return (f"Target {f['target_bpb']} validation bits per byte; {'; '.join(parts)}. The whole sweep took "
-            f"{minutes(f['wall_seconds'])} (W&B runs {runs}).")
+    return textwrap.fill(f"Target {f['target_bpb']} validation bits per byte; {'; '.join(parts)}. The whole sweep "
+                         f"took {minutes(f['wall_seconds'])} (W&B runs {runs}).", width=WIDTH,
+                         break_on_hyphens=False, break_long_words=False)
 
 
 def render_demo_eval(f: dict[str, Any]) -> str:
@@ -264,12 +350,14 @@ def render_demo_eval(f: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-RENDERERS = {DEMO: render_demo, SWEEP: render_sweep, DEMO_EVAL: render_demo_eval}
+RENDERERS = {DEMO: render_demo, SWEEP: render_sweep, DEMO_EVAL: render_demo_eval, TESTS: render_tests}
+SOURCES = {DEMO: "runs/demo", DEMO_EVAL: "runs/demo", SWEEP: "runs/demo-sweep",
+           TESTS: "runs/test-reports and pytest's collection"}
 
 
 def block(name: str, figures: dict[str, Any]) -> str:
     """The marked block: the opening marker naming the command, the figures as JSON, the text."""
-    return (f"<!-- {name}: written by `{COMMAND} {FILES[name]}` from runs/{figures['folder']}; do not edit by hand -->\n"
+    return (f"<!-- {name}: written by `{COMMAND}` from {SOURCES[name]}; do not edit by hand -->\n"
             f"<!-- {json.dumps(figures, sort_keys=True, ensure_ascii=False)} -->\n"
             f"{RENDERERS[name](figures)}\n<!-- /{name} -->")
 
@@ -294,46 +382,61 @@ def replace_block(text: str, name: str, figures: dict[str, Any]) -> str:
     return _block_pattern(name).sub(lambda _: block(name, figures), text, count=1)
 
 
-def collect(demo: Path | None, sweep: Path | None) -> dict[str, dict[str, Any]]:
+def recorded_figures(root: Path = REPO) -> dict[str, dict[str, Any]]:
+    """The figures each file's block records now."""
     found = {}
-    if demo is not None:
-        found[DEMO] = demo_figures(demo)
-        found[DEMO_EVAL] = demo_eval_figures(demo)
-    if sweep is not None:
+    for name, file in FILES.items():
+        held = find_block((root / file).read_text(encoding="utf-8"), name)
+        if held is None:
+            raise DataError(f"{file} has no <!-- {name}: ... --> block")
+        found[name] = held[0]
+    return found
+
+
+def collect(demo: Path, sweep: Path, reports: Path, recorded: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Fresh figures where their source is on this machine, the recorded ones elsewhere."""
+    found = dict(recorded)
+    if (demo / "eval" / "manifest.json").is_file():
+        found[DEMO], found[DEMO_EVAL] = demo_figures(demo), demo_eval_figures(demo)
+    if (sweep / "reports" / "costs.csv").is_file():
         found[SWEEP] = sweep_figures(sweep)
+    found[TESTS] = test_figures(reports, recorded.get(TESTS))
     return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--demo", type=Path, default=Path("runs/demo"), help="the demo's run folder")
-    parser.add_argument("--sweep", type=Path, default=Path("runs/demo-sweep"), help="the demo sweep's folder")
-    parser.add_argument("--only", choices=("demo", "sweep"), help="the demo's blocks or the sweep's only")
+    parser.add_argument("--demo", type=Path, default=REPO / "runs" / "demo", help="the demo's run folder")
+    parser.add_argument("--sweep", type=Path, default=REPO / "runs" / "demo-sweep", help="the demo sweep's folder")
+    parser.add_argument("--reports", type=Path, default=REPO / "runs" / "test-reports",
+                        help="the test reports `make test` wrote (a fresh clone's, for .ci/run's figures)")
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--write", type=Path, nargs="+", metavar="FILE", help="rewrite the blocks these files hold")
-    action.add_argument("--check", type=Path, nargs="+", metavar="FILE", help="exit 1 when a block differs")
+    action.add_argument("--write", action="store_true", help="rewrite the blocks in place")
+    action.add_argument("--check", action="store_true", help="exit 1 when a block differs from its source")
     args = parser.parse_args(argv)
     try:
-        figures = collect(None if args.only == "sweep" else args.demo, None if args.only == "demo" else args.sweep)
+        figures = collect(args.demo, args.sweep, args.reports, recorded_figures())
     except (DataError, OSError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     stale = []
-    for path in args.write or args.check or ():
+    for file in sorted(set(FILES.values())):
+        path = REPO / file
         text = path.read_text(encoding="utf-8")
-        held = {name: values for name, values in figures.items() if find_block(text, name) is not None}
+        for name in (name for name, held in FILES.items() if held == file):
+            if find_block(text, name)[1] != block(name, figures[name]):  # type: ignore[index]
+                stale.append(f"{file}: block '{name}'")
+                text = replace_block(text, name, figures[name])
         if args.write:
-            for name, values in held.items():
-                text = replace_block(text, name, values)
             path.write_text(text, encoding="utf-8")
-        stale += [f"{path}: block '{name}'" for name, values in held.items()
-                  if find_block(text, name)[1] != block(name, values)]  # type: ignore[index]
-    for where in stale:
-        print(f"{where} differs from its run folder: run `{COMMAND} README.md eval/README.md`", file=sys.stderr)
-    if not (args.write or args.check):
+    if args.check:
+        for where in stale:
+            print(f"{where} differs from its source: run `{COMMAND}`", file=sys.stderr)
+        return 1 if stale else 0
+    if not args.write:
         for name, values in figures.items():
             print(block(name, values), end="\n\n")
-    return 1 if stale else 0
+    return 0
 
 
 if __name__ == "__main__":
