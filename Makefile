@@ -84,13 +84,20 @@ demo-sweep: setup
 #    others finish and report when one fails, and the step still fails.
 # 3. The extras' test lanes, two at a time (CI has 2 cores); -k: every lane runs and reports.
 test:
+	rm -rf $(TEST_REPORTS)
 	$(MAKE) setup storage-servers
 	$(MAKE) -k -j3 test-base install-extras
 	$(MAKE) -k -j2 --output-sync=target test-extras
 
+# Each lane writes its JUnit report into TEST_REPORTS (counts and wall time), which `make readme-figures` quotes.
 # --durations: the slowest tests in the log, so a CI run shows where the suite's time goes
+TEST_REPORTS := runs/test-reports
 test-base: setup storage-servers
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 --junitxml=$(TEST_REPORTS)/base.xml
+
+# The loop while editing: no recipe run, no other process, no shared data (tests/README.md)
+test-unit: setup
+	$(PY) -m pytest -q -m "not integration" --junitxml=$(TEST_REPORTS)/unit.xml
 
 # extra name : test files run in that extra's venv
 EXTRA_TESTS_tf := tests/test_tfrecord_tf.py
@@ -143,7 +150,8 @@ install-extras: $(foreach e,$(EXTRAS),.venvs/$(e)/.installed)
 # pipeline and leaves it behind (8 per run of the lane)
 test-extra-%: .venvs/%/.installed
 	lane_tmp=$$(mktemp -d) && trap 'rm -rf "$$lane_tmp"' EXIT && \
-	TMPDIR=$$lane_tmp RU_REQUIRE_EXTRAS=$(EXTRA_PIP_$*) .venvs/$*/bin/python -m pytest -q -n 0 $(EXTRA_TESTS_$*)
+	TMPDIR=$$lane_tmp RU_REQUIRE_EXTRAS=$(EXTRA_PIP_$*) .venvs/$*/bin/python -m pytest -q -n 0 $(EXTRA_TESTS_$*) \
+	  --junitxml=$(TEST_REPORTS)/extra-$*.xml
 
 # The tpu lane (recipe 04b's TPU compiles) in two halves of similar CPU time that run in parallel: the
 # fit search (8 compiles) with the shipped 1B config and the kept-answer test (which always compiles), and
@@ -156,7 +164,8 @@ TPU_A := fit_search or ru-1b-fineweb2-v6e-8 or compilers_answer_back
 TPU_SPLIT_test-extra-tpu-a := $(TPU_A)
 TPU_SPLIT_test-extra-tpu-b := not ($(TPU_A))
 test-extra-tpu-a test-extra-tpu-b: .venvs/tpu/.installed
-	RU_REQUIRE_EXTRAS=$(EXTRA_PIP_tpu) .venvs/tpu/bin/python -m pytest -q -n 0 $(EXTRA_TESTS_tpu) -k "$(TPU_SPLIT_$@)"
+	RU_REQUIRE_EXTRAS=$(EXTRA_PIP_tpu) .venvs/tpu/bin/python -m pytest -q -n 0 $(EXTRA_TESTS_tpu) -k "$(TPU_SPLIT_$@)" \
+	  --junitxml=$(TEST_REPORTS)/$(subst test-,,$@).xml
 
 # hf (3 min) beside the tpu halves, then beam and tf: with the fit check's answers kept from an earlier run
 # the tpu halves take 1-2 min each and the lanes end about together (4 min); without them (11 min each)
@@ -165,10 +174,11 @@ test-extras: test-extra-hf test-extra-tpu-a test-extra-tpu-b test-extra-beam tes
 
 .PRECIOUS: .venvs/%/.installed
 
-# README.md's and eval/README.md's figures of the demo and the sweep, reread from runs/demo and runs/demo-sweep
-.PHONY: readme-figures
+# The figures README.md, docs/guide.md and eval/README.md quote: the demo's and the sweep's from runs/demo and
+# runs/demo-sweep, the tests' from TEST_REPORTS (tools/readme_figures.py; a source not here keeps its figures)
+.PHONY: readme-figures test-unit
 readme-figures: setup
-	$(PY) -m tools.readme_figures --write
+	$(PY) -m tools.readme_figures --write --reports $(TEST_REPORTS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -3,6 +3,7 @@ cache, the integration marking and its guard, skip-with-reason helpers and the s
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import shutil
@@ -15,27 +16,29 @@ from typing import NoReturn
 
 import pytest
 
+from experiment.storage import location
+from tests import recipe_runner
 from tests.device_worker import DeviceWorker
-from tests.recipe_runner import default_test_xla_cache, with_fast_cpu_compile, xla_cache_env
+from tests.fixture_run import prepare_stages, pretrain_fixture_run
+from tests.recipe_runner import default_test_xla_cache, run_recipe, tiny_config, with_fast_cpu_compile, xla_cache_env
 from tracking.process_hooks import quiet_closed_loop_callbacks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _WANDB_HOME = Path(tempfile.mkdtemp(prefix="wandb-tests-"))
+atexit.register(shutil.rmtree, _WANDB_HOME, ignore_errors=True)  # hundreds of offline runs would pile up in /tmp
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
-os.environ.pop("WANDB_API_KEY", None)
-# no run reads the installed packages W&B lists with each run: ~0.1 s of CPU per run, ~20 s over the suite
-os.environ["WANDB__SAVE_REQUIREMENTS"] = "false"
-for _var, _sub in (("WANDB_DIR", "runs"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"),
-                   ("WANDB_DATA_DIR", "data")):
-    os.environ[_var] = str(_WANDB_HOME / _sub)
 os.environ.setdefault("RU_SHARED_DATA", str((REPO_ROOT.parent / "shared" / "data").resolve()))
+os.environ.pop("WANDB_API_KEY", None)
+# WANDB__SAVE_REQUIREMENTS: no test reads the packages W&B lists with each run (~0.1 s of CPU a run, ~20 s in all)
+os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true",
+                  WANDB__SAVE_REQUIREMENTS="false", **{f"WANDB_{sub.upper()}_DIR": str(_WANDB_HOME / sub)
+                                                      for sub in ("cache", "config", "data")},
+                  WANDB_DIR=str(_WANDB_HOME / "runs"))
 # One XLA compilation cache for every JAX process of the session, kept between sessions (JAX keys an entry by
 # the program, compile options, XLA flags and versions: a hit is what a compile would give). RU_TEST_XLA_CACHE
 # names another folder (an empty one measures a cold start); the pytest workers inherit the controller's.
-if not os.environ.get("RU_TEST_XLA_CACHE"):
-    os.environ["RU_TEST_XLA_CACHE"] = str(default_test_xla_cache())
+os.environ["RU_TEST_XLA_CACHE"] = os.environ.get("RU_TEST_XLA_CACHE") or str(default_test_xla_cache())
 Path(os.environ["RU_TEST_XLA_CACHE"]).mkdir(parents=True, exist_ok=True)
 os.environ.update(xla_cache_env())
 os.environ["XLA_FLAGS"] = with_fast_cpu_compile(os.environ.get("XLA_FLAGS", ""))
@@ -51,10 +54,6 @@ def pytest_configure(config: pytest.Config) -> None:
     """Drop, as the recipes do (tracking/process_hooks.py), tensorstore callbacks firing on Orbax's closed event
     loop after a failed restore: pinned on whatever test runs then. Anything else still reaches pytest's hook."""
     sys.unraisablehook = quiet_closed_loop_callbacks(sys.unraisablehook)
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    shutil.rmtree(_WANDB_HOME, ignore_errors=True)  # hundreds of offline runs would pile up in /tmp
 
 
 # A test using one of these fixtures (or marked shared_data) is marked integration at collection: they run
@@ -73,16 +72,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _recipes_only_in_integration_tests(request: pytest.FixtureRequest) -> Iterator[None]:
     """tests/recipe_runner.py refuses to run a recipe in a test not marked integration."""
-    from tests import recipe_runner
-
     recipe_runner.INTEGRATION_TEST = request.node.get_closest_marker("integration") is not None
     yield
     recipe_runner.INTEGRATION_TEST = True
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """``@pytest.mark.shared_data(path)``: needs that path (needs_shared); ``@pytest.mark.tools(name, ...)``:
-    runs those commands (needs_tools)."""
+def pytest_runtest_setup(item: pytest.Item) -> None:  # the markers shared_data(path) and tools(name, ...)
     for marker in item.iter_markers("shared_data"):
         for path in marker.args:
             needs_shared(Path(path))
@@ -90,11 +85,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         needs_tools(*marker.args)
 
 
-def skip_unless_required(message: str) -> NoReturn:
-    """Skip; a failure under RU_REQUIRE_SHARED_DATA=1, CI's switch for "everything the suite needs from this
-    machine": the shared data, the commands (.ci/run installs them) and the storage servers."""
-    if os.environ.get("RU_REQUIRE_SHARED_DATA") == "1":
-        pytest.fail(f"{message}; RU_REQUIRE_SHARED_DATA=1 makes this a failure", pytrace=False)
+def skip_unless_required(message: str, switch: str = "RU_REQUIRE_SHARED_DATA",
+                         required: bool | None = None) -> NoReturn:
+    """Skip, or fail where ``switch`` says this must be here: RU_REQUIRE_SHARED_DATA=1 (CI: the shared data, the
+    commands .ci/run installs, the storage servers); RU_REQUIRE_EXTRAS=a,b (an extra's venv: its imports)."""
+    if os.environ.get(switch) == "1" if required is None else required:
+        pytest.fail(f"{message}; {switch}={os.environ.get(switch)} makes this a failure", pytrace=False)
     pytest.skip(message, allow_module_level=True)
 
 
@@ -102,39 +98,30 @@ def shared_data_dir() -> Path:
     return Path(os.environ["RU_SHARED_DATA"])
 
 
-def needs_shared(path: Path) -> None:
-    """Skip the calling test (or module) when ``path`` (in the shared data) is missing."""
+def needs_shared(path: Path) -> None:  # skips the calling test (or module) when ``path`` is missing
     if not path.exists():
         skip_unless_required(f"shared data not found: {path} is missing (set RU_SHARED_DATA to the shared/data folder)")
 
 
-def needs_tools(*tools: str) -> None:
-    """Skip the calling test when a command it runs is not on PATH."""
-    missing = [tool for tool in tools if shutil.which(tool) is None]
-    if missing:
-        skip_unless_required(f"not installed: {', '.join(missing)} (the Debian corpus source needs a Debian-like"
-                             " system)")
+def needs_tools(*tools: str) -> None:  # skips the calling test when a command it runs is not on PATH
+    if missing := [tool for tool in tools if shutil.which(tool) is None]:
+        skip_unless_required(f"not installed: {', '.join(missing)} (the Debian source needs a Debian-like system)")
 
 
 @pytest.fixture
-def shared_data() -> Path:
-    """The real Russian data folder (skips when absent)."""
-    path = shared_data_dir()
-    needs_shared(path / "text" / "ruslit")
-    return path
+def shared_data() -> Path:  # the real Russian data folder (skips when absent)
+    needs_shared(shared_data_dir() / "text" / "ruslit")
+    return shared_data_dir()
 
 
 def missing_extra(extra: str, what: str) -> NoReturn:
-    """Skip for a missing optional extra, or fail where RU_REQUIRE_EXTRAS says this venv installed it."""
-    message = f"{what}: the '{extra}' extra is missing (pip install -e '.[{extra}]')"
-    required = os.environ.get("RU_REQUIRE_EXTRAS", "")
-    if extra in required.split(","):
-        pytest.fail(f"{message}, but RU_REQUIRE_EXTRAS={required} says this venv has it", pytrace=False)
-    pytest.skip(message, allow_module_level=True)
+    """Skip for a missing optional extra; a failure in that extra's venv (RU_REQUIRE_EXTRAS names it)."""
+    skip_unless_required(f"{what}: the '{extra}' extra is missing (pip install -e '.[{extra}]')", "RU_REQUIRE_EXTRAS",
+                         extra in os.environ.get("RU_REQUIRE_EXTRAS", "").split(","))
 
 
 def optional_import(module: str, extra: str) -> ModuleType | None:
-    """``module`` of an optional extra, or None where it is missing (a failure where it is required)."""
+    """``module`` of an optional extra, or None where it is missing (a failure in that extra's venv)."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -143,8 +130,7 @@ def optional_import(module: str, extra: str) -> ModuleType | None:
         return None
 
 
-def import_extra(module: str, extra: str) -> ModuleType:
-    """``pytest.importorskip`` for a module of an optional extra, a failure where the extra is required."""
+def import_extra(module: str, extra: str) -> ModuleType:  # pytest.importorskip, failing in the extra's venv
     return optional_import(module, extra) or missing_extra(extra, f"{module} does not import")
 
 
@@ -152,33 +138,25 @@ def import_extra(module: str, extra: str) -> ModuleType:
 def restore_wandb_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """``tracking.wandb_run.open_run`` points WANDB_* at a run folder; put them back after each test."""
     for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR",
-                "WANDB_MODE"):
-        if var in os.environ:
-            monkeypatch.setenv(var, os.environ[var])
-        else:
-            monkeypatch.delenv(var, raising=False)
+                "WANDB_MODE"):  # set to what it is (or deleted), so that monkeypatch puts it back after the test
+        monkeypatch.setenv(var, os.environ[var]) if var in os.environ else monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture(scope="session")
 def fixture_stages(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Recipes 01-03 of the tiny experiment on tests/fixtures/corpus (no shared data), made once."""
-    from tests.fixture_run import prepare_stages
-
     return prepare_stages(tmp_path_factory.mktemp("fixture-stages"))
 
 
 @pytest.fixture(scope="session")
 def fixture_pretrained(fixture_stages: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Recipe 04 on ``fixture_stages`` (fixture_run.PRETRAINED_TRAIN), made once: read it or copy it; its config."""
-    from tests.fixture_run import pretrain_fixture_run
-
     return pretrain_fixture_run(fixture_stages, tmp_path_factory.mktemp("fixture-pretrained"))
 
 
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Recipes 01-03 of the tiny experiment on the shared data (tests/test_train_resume.TRAIN), made once."""
-    from tests.recipe_runner import run_recipe, tiny_config
     from tests.test_train_resume import TRAIN
 
     needs_shared(shared_data_dir() / "text" / "ruslit")
@@ -191,10 +169,8 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def straight_run(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted recipe-04 run of ``data_root``'s experiment, made once (read or copied); its config.
-    Compiled on its own, as a restart that recompiles is, and in this process: runs compared with it in a
-    subprocess get as many devices (recipe_runner.in_process_devices)."""
-    from tests.recipe_runner import run_recipe
+    """An uninterrupted recipe-04 run of ``data_root``'s experiment, made once (read or copied); its config. Compiled
+    on its own, as a restart that recompiles is, here (runs compared with it get as many devices)."""
     from tests.test_train_resume import experiment_copy
 
     config = experiment_copy(data_root, tmp_path_factory.mktemp("straight"), "straight")
@@ -212,7 +188,7 @@ def eight_devices() -> Iterator[DeviceWorker]:
 @pytest.fixture(scope="session")
 def storage_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """fake-gcs-server and moto on loopback for this worker (tests/storage_servers.py), their endpoints and test
-    credentials in the environment for the session (recipes and their processes inherit them)."""
+    credentials in the session's environment."""
     from tests.storage_servers import ServersMissing, StorageServers
 
     try:
@@ -231,8 +207,6 @@ def storage_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object
 @pytest.fixture(params=["gs", "s3"])
 def bucket(request: pytest.FixtureRequest, storage_servers: object) -> object:
     """A fresh empty bucket on each of the two servers, as a ``BucketPath``."""
-    from experiment.storage import location
-
     return location(storage_servers.new_bucket(request.param))  # type: ignore[attr-defined]
 
 
@@ -241,6 +215,4 @@ def any_root(request: pytest.FixtureRequest, tmp_path: Path) -> object:
     """A fresh folder on each backend: a local temporary folder, a GCS bucket, an S3 bucket."""
     if request.param == "local":
         return tmp_path / "root"
-    from experiment.storage import location
-
     return location(request.getfixturevalue("storage_servers").new_bucket(request.param))

@@ -54,7 +54,8 @@ def light_edit(text: str, rng: random.Random, edit_rate: float = 0.02) -> str:
 def _copy_candidates(raw_docs: list[RawDocument], count: int, min_chars: int) -> list[RawDocument]:
     candidates = [doc for doc in raw_docs if doc.text is not None and len(doc.text) >= min_chars]
     if len(candidates) < count:
-        raise ValueError(f"only {len(candidates)} documents of {min_chars}+ characters to plant copies of, {count} asked")
+        raise ValueError(f"only {len(candidates)} documents of {min_chars}+ characters to plant copies of, "
+                         f"{count} asked")
     return candidates
 
 
@@ -180,7 +181,8 @@ def measure_planted_levels(corpus: CorpusConfig, count: int, edit_rates: Iterabl
     passing = [doc for doc in raw if cleaned[doc.id].reject is None]
     planted = write_planted_levels(passing, count, edit_rates, work / "planted", seed=seed)
     with_copies = dataclasses.replace(corpus, sources=[*corpus.sources, *(
-        SourceConfig(kind="files", name=f"planted-{rate * 100:g}pct", paths=[str(path)]) for rate, path in planted.items())])
+        SourceConfig(kind="files", name=f"planted-{rate * 100:g}pct", paths=[str(path)])
+        for rate, path in planted.items())])
     docs = [cleaned.get(doc.id) or clean_document(doc, with_copies)
             for doc in iter_raw_documents(with_copies.sources, work / ".cache")]
     outcomes = list(dedup_in_order(docs, with_copies))

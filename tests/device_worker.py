@@ -1,11 +1,12 @@
-"""One subprocess with 8 fake CPU devices for the whole session (the ``eight_devices`` fixture), shared by
-the multi-device checks: JAX fixes its device count when it starts, so they cannot run in the pytest process.
-A check is a module-level function of its test module taking and returning JSON values; the test asserts on
-the result. A check that raises fails its test with the traceback; a worker that dies or hangs fails the
-check it was running with the tail of its stderr, and the next check starts a fresh worker."""
+"""One subprocess with 8 fake CPU devices for the session (the ``eight_devices`` fixture): JAX fixes its device
+count when it starts, so multi-device checks cannot run in the pytest process. A check is a module-level function
+of its test module taking and returning JSON values. One that raises fails its test with the traceback; a worker
+that dies or hangs fails the check it ran with its stderr's tail, and the next check starts a fresh worker."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import json
 import os
@@ -36,11 +37,9 @@ class DeviceWorker:
         # stderr goes to a file, not a pipe: a chatty check (XLA warnings) can never block on a full pipe
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the handle, closed in __exit__
 
-    def _start(self) -> subprocess.Popen[bytes]:
-        from tests.recipe_runner import with_fast_cpu_compile  # here, not in the worker: it needs none of that
-
-        env = dict(os.environ, JAX_PLATFORMS="cpu",
-                   XLA_FLAGS=with_fast_cpu_compile(f"--xla_force_host_platform_device_count={self.devices}"),
+    def _start(self) -> subprocess.Popen[bytes]:  # the session's XLA flags (tests/conftest.py), its device count
+        flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={self.devices}"
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags.strip(),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         env.pop("JAX_NUM_CPU_DEVICES", None)  # no other test's device count
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.device_worker"], cwd=REPO, env=env,
@@ -48,9 +47,9 @@ class DeviceWorker:
         self.starts += 1
         return self.proc
 
-    def _stderr_since(self, offset: int, limit: int = 4000) -> str:
+    def _stderr_since(self, offset: int) -> str:
         self._stderr.seek(offset)
-        return self._stderr.read().decode("utf-8", "replace")[-limit:]
+        return self._stderr.read().decode("utf-8", "replace")[-4000:]
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 600) -> Any:
         """``fn(*args)`` on the worker's devices; ``fn`` must be importable (a module-level function)."""
@@ -59,11 +58,9 @@ class DeviceWorker:
         self._stderr.seek(0, os.SEEK_END)
         offset = self._stderr.tell()
         assert proc.stdin is not None and proc.stdout is not None
-        try:
+        with contextlib.suppress(BrokenPipeError):  # it died starting up: reported below with its stderr
             proc.stdin.write((json.dumps({"fn": name, "args": list(args)}) + "\n").encode())
             proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # it died starting up: reported below with its stderr
         deadline = time.monotonic() + timeout
         line = b""
         while not line.endswith(b"\n"):
@@ -86,8 +83,7 @@ class DeviceWorker:
 
     def close(self) -> None:
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
+            self.proc.kill()  # a no-op on an ended process
             self.proc.wait()
             self.proc = None
 
@@ -112,9 +108,7 @@ def serve() -> None:
         print(f"--- {call['fn']} on {jax.device_count()} devices", file=sys.stderr, flush=True)
         try:
             module, _, qualname = call["fn"].partition(":")
-            fn: Any = importlib.import_module(module)
-            for part in qualname.split("."):
-                fn = getattr(fn, part)
+            fn: Any = functools.reduce(getattr, qualname.split("."), importlib.import_module(module))
             answer = {"ok": True, "result": fn(*call["args"])}
             json.dumps(answer)  # a result that is not JSON is the check's bug: reported as its failure
         except Exception:  # every failure of a check goes back to its test; the worker serves the next

@@ -57,7 +57,8 @@ _HEAD_LIMIT = 1 << 20
 _COPY = 1 << 16
 _REASONS = {400: "Bad Request", 408: "Request Timeout", 429: "Too Many Requests", 500: "Internal Server Error",
             502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
-_S3_CODES = {429: "SlowDown", 500: "InternalError", 503: "ServiceUnavailable", 504: "GatewayTimeout", 408: "RequestTimeout"}
+_S3_CODES = {429: "SlowDown", 500: "InternalError", 503: "ServiceUnavailable", 504: "GatewayTimeout",
+             408: "RequestTimeout"}
 _GCS_REASONS = {429: "rateLimitExceeded", 500: "backendError", 503: "backendError"}
 
 

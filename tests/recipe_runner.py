@@ -1,23 +1,18 @@
-"""Run recipes as a user would, in a temporary run root: in this process (the recipe's ``main(argv)``, the
-default) or in a subprocess where a test needs a process of its own (it kills or signals it, runs several at
-once, or needs another device count); and the XLA settings of every JAX process the tests start."""
+"""Run recipes as a user would: in this process (the recipe's ``main(argv)``), or in a subprocess where a test
+needs a process of its own (to kill or signal it, another device count); the tests' XLA settings."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import errno
 import functools
 import importlib.util
 import io
-import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -25,16 +20,13 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-from unittest import mock
 
 import yaml
 
-from experiment import appendlog
-from experiment.storage import BucketPath
+from cost.target import read_train_log  # noqa: F401 (the tests' reader of a run's finished log lines)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "tests" / "configs" / "tiny.yaml"
-TRAIN_LOG = "train_log.jsonl"
 
 
 def tiny_config(tmp_path: Path, **sections: dict) -> Path:  # the tiny experiment, ``sections`` replacing keys
@@ -57,44 +49,28 @@ def check_integration(script: str) -> None:
 # LLVM without its optimisation passes: a tiny train step compiles in 2.3 s instead of 3 s (jax 0.10.2, 2 cores),
 # the same programs in less tuned machine code (model.family.run_once_compile_options does the same). Not
 # --xla_cpu_use_fusion_emitters=false: faster still, but a CI run with it segfaulted in a test worker.
-FAST_CPU_COMPILE = ("--xla_backend_optimization_level=0",)
+FAST_CPU_COMPILE = "--xla_backend_optimization_level=0"
 
 
-def with_fast_cpu_compile(flags: str) -> str:
-    given = flags.split()  # flags already given stay as they are
-    names = {flag.split("=", 1)[0] for flag in given}
-    return " ".join(given + [flag for flag in FAST_CPU_COMPILE if flag.split("=", 1)[0] not in names])
+def with_fast_cpu_compile(flags: str) -> str:  # a level already given stays
+    return flags if "--xla_backend_optimization_level=" in flags else f"{flags} {FAST_CPU_COMPILE}".strip()
 
 
 XLA_CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
 CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-# emptied by the session that finds more (the base suite's programs take ~36 MB). Not JAX's own cap
-# (jax_compilation_cache_max_size): it locks a file at every read and rescans the folder at every write
-TEST_XLA_CACHE_MAX_BYTES = 1024**3
 
 
 def session_xla_cache() -> Path:  # RU_TEST_XLA_CACHE: set by tests/conftest.py, inherited by every process
-    return Path(os.environ.get("RU_TEST_XLA_CACHE") or default_test_xla_cache())
+    return Path(os.environ["RU_TEST_XLA_CACHE"])
 
 
-@cache
-def _temporary_cache() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="xla-cache-tests-"))
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
-
-
-def default_test_xla_cache(max_bytes: int = TEST_XLA_CACHE_MAX_BYTES) -> Path:
-    """~/.cache/ru-pretrain/xla-tests, emptied when over ``max_bytes``; if not writable, a folder of the process."""
+def default_test_xla_cache(max_bytes: int = 1024**3) -> Path:
+    """~/.cache/ru-pretrain/xla-tests, emptied when over ``max_bytes`` (the base suite's programs take ~36 MB; JAX's
+    own cap locks a file at every read)."""
     path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ru-pretrain" / "xla-tests"
-    try:
-        if path.is_dir() and sum(f.stat().st_size for f in path.iterdir() if f.is_file()) > max_bytes:
-            shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True, exist_ok=True)
-        (probe := path / f".writable-{os.getpid()}").touch()
-        probe.unlink()
-    except OSError:
-        return _temporary_cache()
+    if path.is_dir() and sum(f.stat().st_size for f in path.iterdir() if f.is_file()) > max_bytes:
+        shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -105,16 +81,11 @@ def xla_cache_env() -> dict[str, str]:  # a JAX process on the session's cache, 
 def recipe_env(tmp_path: Path, shared_xla_cache: bool = True, devices: int | None = None) -> dict[str, str]:
     """A recipe's environment as a user's (offline, on the CPU); ``shared_xla_cache``: the session's compilation
     cache, not the run folder's; ``devices``: its CPU device count (else recipe 04 picks it from the cores)."""
-    env = dict(os.environ)
-    env.update({"JAX_PLATFORMS": "cpu", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
-                "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
-    for var in (*XLA_CACHE_VARS, "WANDB_API_KEY", "WANDB_SERVICE"):  # each recipe starts its own W&B service
-        env.pop(var, None)
-    if shared_xla_cache:
-        env.update(xla_cache_env())
-    if devices is not None:
-        env["JAX_NUM_CPU_DEVICES"] = str(devices)
-    return env
+    dropped = (*XLA_CACHE_VARS, "WANDB_API_KEY", "WANDB_SERVICE")  # each recipe starts its own W&B service
+    env = {name: value for name, value in os.environ.items() if name not in dropped}
+    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="offline", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               PYTHONUNBUFFERED="1", **(xla_cache_env() if shared_xla_cache else {}))
+    return env if devices is None else {**env, "JAX_NUM_CPU_DEVICES": str(devices)}
 
 
 def in_process_devices() -> int:  # the JAX devices of a recipe run in this process
@@ -129,8 +100,8 @@ def recipe_command(script: str, config: Path, *overrides: str) -> list[str]:
 
 def run_recipe(script: str, config: Path, *overrides: str, timeout: float = 600, check: bool = True,
                shared_xla_cache: bool = True, subprocess_: bool = False) -> subprocess.CompletedProcess[str]:
-    """``recipes/<script>`` to its end, here unless ``subprocess_``; its exit code and output as a subprocess's.
-    Without ``shared_xla_cache`` it compiles into its run folder's cache, as a user's run does."""
+    """``recipes/<script>`` to its end, here unless ``subprocess_``, as a subprocess's result; without
+    ``shared_xla_cache`` it compiles into its run folder's cache, as a user's run does."""
     check_integration(script)
     if subprocess_:
         result = subprocess.run(recipe_command(script, config, *overrides), cwd=REPO, capture_output=True,
@@ -175,20 +146,19 @@ def needs_own_process(argv: list[str]) -> None:
     from experiment.config import load_config
 
     try:
-        train = getattr(load_config(argv[1], argv[2:]), "train", None)
+        train = load_config(argv[1], argv[2:]).train
     except Exception:  # noqa: BLE001 (a bad config): the recipe reports it, as in a subprocess
         return
-    devices = getattr(train, "cpu_devices", 0)
-    if getattr(train, "distributed", False) or devices not in (0, in_process_devices()):
-        raise AssertionError(f"{argv}: train.cpu_devices={devices} / train.distributed need a process of their "
-                             "own: run_recipe(..., subprocess_=True)")
+    if train.distributed or train.cpu_devices not in (0, in_process_devices()):
+        raise AssertionError(f"{argv}: train.cpu_devices={train.cpu_devices} / train.distributed need a process of "
+                             "their own: run_recipe(..., subprocess_=True)")
 
 
 @contextlib.contextmanager
 def recipe_process_state(shared_xla_cache: bool = True) -> Iterator[None]:
     """Put back what a recipe changes for its process: environment, working directory, logging, signal handlers,
-    process hooks, JAX's compilation cache (without ``shared_xla_cache``: none, so the recipe sets its run
-    folder's, and JAX's in-memory caches cleared: the run compiles everything, as a fresh process does)."""
+    process hooks, JAX's compilation cache (without ``shared_xla_cache``: none, and JAX's in-memory caches cleared,
+    so the run compiles everything into its run folder's cache, as a fresh process does)."""
     import jax
     from jax._src import compilation_cache
 
@@ -236,9 +206,7 @@ def replace_environ(env: dict[str, str]) -> None:
     """``os.environ`` = ``env``, touching only what differs (each putenv/unsetenv races native threads' getenv)."""
     for name in [name for name in os.environ if name not in env]:
         del os.environ[name]
-    for name, value in env.items():
-        if os.environ.get(name) != value:
-            os.environ[name] = value
+    os.environ.update({name: value for name, value in env.items() if os.environ.get(name) != value})
 
 
 def start_recipe(script: str, config: Path, output: Path, *overrides: str, env: dict[str, str] | None = None,
@@ -261,11 +229,10 @@ def wait_until(proc: subprocess.Popen[Any], ready: Callable[[], bool], timeout: 
     deadline = time.monotonic() + timeout
     try:
         while not ready():
-            ended = proc.poll() is not None
-            if ended or time.monotonic() > deadline:
+            if proc.poll() is not None or time.monotonic() > deadline:
                 tail = output.read_text(errors="replace")[-4000:] if output is not None and output.is_file() else ""
-                raise AssertionError((f"the recipe ended (exit {proc.returncode}) before its moment" if ended
-                                      else f"its moment did not come within {timeout} s") + f":\n{tail}")
+                raise AssertionError(f"the recipe ended (exit {proc.poll()}) or its moment did not come within "
+                                     f"{timeout} s:\n{tail}")
             time.sleep(poll_s)
     except BaseException:
         proc.kill()
@@ -273,51 +240,16 @@ def wait_until(proc: subprocess.Popen[Any], ready: Callable[[], bool], timeout: 
         raise
 
 
-def signal_when(proc: subprocess.Popen[Any], ready: Callable[[], bool], sig: int = signal.SIGKILL,
-                timeout: float = 400, output: Path | None = None, poll_s: float = 0.05,
-                exit_timeout: float = 120) -> int:
+def signal_when(proc: subprocess.Popen[Any], ready: Callable[[], bool], sig: int = signal.SIGKILL, timeout: float = 400,
+                output: Path | None = None, poll_s: float = 0.05, exit_timeout: float = 120) -> int:
     """``wait_until(ready)``, then send ``sig`` and wait for the exit; returns the exit code."""
     wait_until(proc, ready, timeout, output, poll_s)
     proc.send_signal(sig)
     return proc.wait(timeout=exit_timeout)
 
 
-def read_train_log(run_dir: Path | BucketPath) -> list[dict[str, Any]]:
-    """The lines of ``train_log.jsonl`` a run has finished (without a last line lacking its newline)."""
-    path = run_dir / TRAIN_LOG
-    if not appendlog.exists(path):
-        return []
-    text = appendlog.read_text(path)
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
-
-
 def logged_steps(run_dir: Path) -> list[int]:  # train/step of each finished line
     return [record["train/step"] for record in read_train_log(run_dir)]
-
-
-NOWHERE = Path("/nonexistent-path-for-full-disk-tests")
-
-
-def run_recipe_on_full_disk(script: str, config: Path, *overrides: str, fsync_full: Path = NOWHERE,
-                            usage_full: Path = NOWHERE) -> subprocess.CompletedProcess[str]:
-    """``run_recipe`` (here, unchecked) as if a disk were full: fsync of a file under ``fsync_full`` fails with
-    ENOSPC (where a full disk shows for buffered writes), shutil.disk_usage reports 1000 bytes free under
-    ``usage_full``."""
-    fsync_prefix, usage_prefix = str(fsync_full.resolve()), str(usage_full.resolve())
-    real_fsync, real_usage = os.fsync, shutil.disk_usage
-
-    def fsync(fd: Any) -> None:
-        fd = fd if isinstance(fd, int) else fd.fileno()
-        if os.readlink(f"/proc/self/fd/{fd}").startswith(fsync_prefix):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_fsync(fd)
-
-    def disk_usage(path: Any) -> Any:
-        usage = real_usage(path)
-        return usage._replace(free=1000) if os.path.abspath(path).startswith(usage_prefix) else usage
-
-    with mock.patch("os.fsync", fsync), mock.patch("shutil.disk_usage", disk_usage):
-        return run_recipe(script, config, *overrides, check=False)
 
 
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:  # the one-line error a recipe prints last

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test-key", "AWS_SECRET_ACCESS_KEY": "test-secret", "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_REGION": "us-east-1"}
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test-key", "AWS_SECRET_ACCESS_KEY": "test-secret",
+               "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
 
 
 class ServersMissing(RuntimeError):
@@ -84,8 +84,9 @@ class StorageServers:
         self.gcs_endpoint = f"http://127.0.0.1:{gcs_port}"
         self.s3_endpoint = f"http://127.0.0.1:{s3_port}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        self._start([str(gcs_bin), "-backend", "memory", "-scheme", "http", "-host", "127.0.0.1", "-port", str(gcs_port),
-                     "-external-url", self.gcs_endpoint, "-log-level", "error"], log_dir / "fake-gcs-server.log")
+        self._start([str(gcs_bin), "-backend", "memory", "-scheme", "http", "-host", "127.0.0.1",
+                     "-port", str(gcs_port), "-external-url", self.gcs_endpoint, "-log-level", "error"],
+                    log_dir / "fake-gcs-server.log")
         self._start([str(moto_bin), "-H", "127.0.0.1", "-p", str(s3_port)], log_dir / "moto.log")
         _wait_http(f"{self.gcs_endpoint}/storage/v1/b?project=test", self.processes[0], "fake-gcs-server")
         _wait_http(f"{self.s3_endpoint}/", self.processes[1], "moto_server")

@@ -66,7 +66,8 @@ def test_splash_gradients_equal_the_reference_path() -> None:
     probe = jax.random.normal(jax.random.key(9), (B, T, H, D))
 
     def grads(impl: str) -> tuple[jax.Array, ...]:
-        return jax.jit(jax.grad(lambda a, b, c: jnp.sum(attend(impl, a, b, c, segments) * probe), argnums=(0, 1, 2)))(q, k, v)
+        return jax.jit(jax.grad(lambda a, b, c: jnp.sum(attend(impl, a, b, c, segments) * probe),
+                                argnums=(0, 1, 2)))(q, k, v)
 
     for ours, ref in zip(grads("splash"), grads("einsum"), strict=True):
         np.testing.assert_allclose(ours, ref, atol=5e-5)
@@ -244,7 +245,8 @@ def test_decoder_hidden_and_output_weight_give_the_logits(tie: bool, scan: bool)
     hidden = nnx.jit(lambda m, t: m.hidden(t))(model, tokens)
     np.testing.assert_allclose(hidden, want_hidden, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(model.output_weight(), want_weight.astype(np.float32))
-    np.testing.assert_allclose(nnx.jit(lambda m, t: m(t))(model, tokens), want_hidden @ want_weight, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(nnx.jit(lambda m, t: m(t))(model, tokens), want_hidden @ want_weight,
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_a_checkpoint_trained_with_a_platform_kernel_loads_on_this_cpu() -> None:

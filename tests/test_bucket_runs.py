@@ -44,9 +44,9 @@ def test_the_chain_in_a_bucket_leaves_the_local_run_root_empty_and_trains_as_on_
     assert isinstance(run, BucketPath)
     same_log(log_records(run), log_records(fixture_pretrained.parent / "runs" / "tiny"), PRETRAINED_TRAIN["steps"])
     objects = run.list_objects()
-    for name in ("corpus/manifest.json", "tokenizer/manifest.json", "shards/manifest.json", "checkpoints/6/checksums.json",
-                 "eval/manifest.json", "eval/step_0000006.json", "reports/costs.csv", "reports/plan.csv",
-                 "config.resolved.yaml", "checkpoints/wandb_run.json"):
+    for name in ("corpus/manifest.json", "tokenizer/manifest.json", "shards/manifest.json",
+                 "checkpoints/6/checksums.json", "eval/manifest.json", "eval/step_0000006.json", "reports/costs.csv",
+                 "reports/plan.csv", "config.resolved.yaml", "checkpoints/wandb_run.json"):
         assert name in objects, name
     assert any(name.startswith("generate/") and name.endswith(".jsonl") for name in objects)
     assert any(name.startswith("ledger/ledger.jsonl.segments/") for name in objects), "the ledger's segments"
@@ -58,7 +58,8 @@ def test_the_chain_in_a_bucket_leaves_the_local_run_root_empty_and_trains_as_on_
 def test_a_second_trainer_of_a_run_in_a_bucket_stops_with_one_line_and_a_killed_ones_lock_is_taken_over(
         storage_servers: Any, fixture_stages: Path, tmp_path: Path) -> None:
     root, run = bucket_run(storage_servers, "gs", fixture_stages)
-    config = fixture_config(tmp_path / "config", train={"steps": 100_000, "checkpoint_every": 100_000})  # runs until killed
+    # runs until killed
+    config = fixture_config(tmp_path / "config", train={"steps": 100_000, "checkpoint_every": 100_000})
     first = start_pretrain(config, tmp_path / "first.err", f"experiment.run_root={root}")
     try:
         deadline = time.monotonic() + 300
@@ -69,7 +70,8 @@ def test_a_second_trainer_of_a_run_in_a_bucket_stops_with_one_line_and_a_killed_
         second = run_recipe("04_pretrain.py", config, f"experiment.run_root={root}", check=False)
         assert second.returncode == 2
         assert error_line(second) == (
-            f"error: {run} is already running recipes/04_pretrain.py (host {json.loads((run / '.locks' / 'pretrain.lock').read_text())['host']}, "
+            f"error: {run} is already running recipes/04_pretrain.py "
+            f"(host {json.loads((run / '.locks' / 'pretrain.lock').read_text())['host']}, "
             f"pid {first.pid}, since {json.loads((run / '.locks' / 'pretrain.lock').read_text())['since']}): wait "
             "for it to finish or stop it before writing its pretrain output")
     finally:

@@ -22,8 +22,9 @@ import pytest
 
 from experiment.errors import WriteError
 from experiment.sections.train import TrainConfig
-from tests.recipe_runner import error_line, run_recipe, run_recipe_on_full_disk, tiny_config
+from tests.recipe_runner import error_line, run_recipe, tiny_config
 from tests.recipe_runner import read_train_log as log_records
+from tests.test_recipe_errors import run_recipe_on_full_disk
 from tests.test_train_resume import STEPS, TRAIN, experiment_copy
 from tracking import process_hooks
 from trainer import checkpoint, checkpoint_integrity, trained_model
@@ -93,8 +94,10 @@ DAMAGE: dict[str, Callable[[Path], Path]] = {
 def test_every_committed_step_has_checksums_that_verify(tmp_path: Path) -> None:
     save_steps(tmp_path / "ckpt", [1, 2])
     for step in (1, 2):
-        recorded = json.loads((tmp_path / "ckpt" / str(step) / checkpoint_integrity.CHECKSUMS).read_text(encoding="utf-8"))
-        assert {"params/manifest.ocdbt", "meta/metadata", "loader/metadata", "ledger/metadata"} <= set(recorded["files"])
+        recorded = json.loads(
+            (tmp_path / "ckpt" / str(step) / checkpoint_integrity.CHECKSUMS).read_text(encoding="utf-8"))
+        assert {"params/manifest.ocdbt", "meta/metadata", "loader/metadata", "ledger/metadata"} <= set(
+            recorded["files"])
         checkpoint_integrity.verify_checksums(tmp_path / "ckpt" / str(step))
     step, (state, items), damaged = restore_latest(tmp_path / "ckpt")
     assert (step, damaged, items["loader"]) == (2, [], {"position": 2})
@@ -155,7 +158,8 @@ def test_no_step_left_is_one_error_naming_the_folder(tmp_path: Path) -> None:
     save_steps(tmp_path / "ckpt", [1, 2])
     DAMAGE["truncated params data file"](tmp_path / "ckpt" / "2")
     DAMAGE["garbage meta metadata"](tmp_path / "ckpt" / "1")
-    with pytest.raises(checkpoint_integrity.CheckpointDamaged, match=r"no restorable checkpoint in .*ckpt \(step 2: .*step 1: "):
+    with pytest.raises(checkpoint_integrity.CheckpointDamaged,
+                       match=r"no restorable checkpoint in .*ckpt \(step 2: .*step 1: "):
         restore_latest(tmp_path / "ckpt")
 
 
@@ -172,7 +176,8 @@ def test_eval_loading_falls_back_past_a_damaged_step(tmp_path: Path) -> None:
     for step in (3, 4):
         with nnx.use_eager_sharding(False):
             params = nnx.state(Decoder(model_cfg, 32, nnx.Rngs(step)), nnx.Param)
-        state = {"params": params, "opt_state": {}, "step": jnp.int32(step), "rng": jax.random.key_data(jax.random.key(0))}
+        state = {"params": params, "opt_state": {}, "step": jnp.int32(step),
+                 "rng": jax.random.key_data(jax.random.key(0))}
         meta = {"model": vars(model_cfg), "vocab_size": 32, "layout": layout_meta(model_cfg.scan_layers)}
         checkpoint.save(manager, step, state, {}, {}, meta, force=True)
     manager.close()
@@ -254,7 +259,8 @@ def test_a_save_killed_before_its_checksums_is_trained_again_not_called_damaged(
     assert f"checkpoint step(s) {STEPS} have no checksums: their save was interrupted" in proc.stderr
     assert f"resumed from the checkpoint of step {STEPS - 8} in" in proc.stderr
     assert_same_training(run_dir, straight_run.parent / "runs" / "tiny")
-    assert any(p.name.startswith(f"{STEPS}-") for p in (run_dir / "checkpoints" / checkpoint_integrity.DAMAGED_DIR).iterdir())
+    assert any(p.name.startswith(f"{STEPS}-")
+               for p in (run_dir / "checkpoints" / checkpoint_integrity.DAMAGED_DIR).iterdir())
 
 
 def damage_every_step(run_dir: Path) -> None:
@@ -291,7 +297,8 @@ def test_train_steps_at_or_below_the_latest_checkpoint(straight_run: Path, tmp_p
         "another experiment.name to start over")
     proc = run_recipe("04_pretrain.py", config)
     assert f"already reached train.steps={STEPS}: nothing to train" in proc.stderr
-    assert "loss nan" not in proc.stderr and f"pretraining done at step {STEPS}: loss {lines_before[-1]['train/loss']:.4f}" in proc.stderr
+    assert "loss nan" not in proc.stderr and (
+        f"pretraining done at step {STEPS}: loss {lines_before[-1]['train/loss']:.4f}" in proc.stderr)
     assert log_records(run_dir) == lines_before
 
 
@@ -326,7 +333,8 @@ def test_tensorstore_write_error_is_one_line(tmp_path: Path) -> None:
     """What Orbax raises when tensorstore hits a full disk mid-save, and what its threads log."""
     error = ValueError('RESOURCE_EXHAUSTED: Error writing "params.w/0" in OCDBT database: Failed to write 178027 '
                        "bytes to file 33: No space left on device [os_error_code='28']")
-    expected = rf"^cannot write checkpoint step 16 in {re.escape(str(tmp_path))}: No space left on device \([\d.]+ \w+ free"
+    expected = (rf"^cannot write checkpoint step 16 in {re.escape(str(tmp_path))}: "
+                r"No space left on device \([\d.]+ \w+ free")
     with pytest.raises(WriteError, match=expected), checkpoint.write_errors_as_one_line(tmp_path, "checkpoint step 16"):
         raise error
     with pytest.raises(ValueError, match="shape"), checkpoint.write_errors_as_one_line(tmp_path, "step 1"):

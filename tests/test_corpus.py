@@ -122,7 +122,8 @@ def test_mixed_text_past_the_prefilter_is_judged_by_lingua() -> None:
 # ---------------------------------------------------------------- quality filters
 
 def _words(n: int) -> str:
-    vocabulary = ["дом", "река", "лес", "поле", "город", "школа", "книга", "окно", "стол", "дорога", "небо", "море", "гора"]
+    vocabulary = ["дом", "река", "лес", "поле", "город", "школа", "книга", "окно", "стол", "дорога", "небо", "море",
+                  "гора"]
     return " ".join(vocabulary[i % len(vocabulary)] + str(i // len(vocabulary)) for i in range(n))
 
 

@@ -138,7 +138,8 @@ def test_beam_on_two_worker_processes_equals_local_and_driver_opens_no_data(tmp_
     wandb_run = RecordingRun()
     with opened_files() as opened:  # W&B too: its corpus reference takes the workers' checksums
         build_corpus(beam_cfg, RunFolder.for_config(beam_cfg), wandb_run)
-    beam = read_corpus_manifest(RunFolder.for_config(beam_cfg).corpus), list(iter_documents(RunFolder.for_config(beam_cfg).corpus))
+    beam = (read_corpus_manifest(RunFolder.for_config(beam_cfg).corpus),
+            list(iter_documents(RunFolder.for_config(beam_cfg).corpus)))
     beam_corpus = RunFolder.for_config(beam_cfg).corpus
     assert beam[1] == local[1]
     assert beam[0]["counts"] == local[0]["counts"] and beam[0]["sources"] == local[0]["sources"]
@@ -171,7 +172,8 @@ def test_atomic_create_puts_a_file_in_place_only_when_complete(tmp_path: Path) -
     for data in (b"first", b"second"):  # a retried bundle rewrites the same name
         with atomic_create(target) as handle:
             handle.write(data)
-    assert Path(target).read_bytes() == b"second" and [p.name for p in (tmp_path / "out").iterdir()] == ["docs-00000.jsonl"]
+    assert Path(target).read_bytes() == b"second" and [p.name for p in (tmp_path / "out").iterdir()] == [
+        "docs-00000.jsonl"]
     assert file_reference(target, handle) == {"name": "docs-00000.jsonl", "uri": target, "size": 6,
                                               "md5": base64.b64encode(hashlib.md5(b"second").digest()).decode()}
 
@@ -183,7 +185,8 @@ def test_a_data_error_on_a_worker_comes_back_as_one_line(tmp_path: Path) -> None
 
     pq.write_table(pa.table({"body": ["текст"]}), tmp_path / "rows.parquet")
     cfg = make_cfg(tmp_path, [{"kind": "files", "paths": [str(tmp_path / "rows.parquet")]}], runner="beam")
-    with pytest.raises(DataError, match=r"rows.parquet: no column 'text' \(columns: body\); set the source's text_field$"):
+    with pytest.raises(DataError,
+                       match=r"rows.parquet: no column 'text' \(columns: body\); set the source's text_field$"):
         build_corpus(cfg, RunFolder.for_config(cfg), None)
 
 

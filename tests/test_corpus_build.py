@@ -68,7 +68,8 @@ def inputs(tmp_path: Path) -> Path:
     (root / "txt" / "empty.txt").write_bytes(b"\n \n")
     (root / "txt" / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 8)
     (root / "txt" / "latin_garbage.txt").write_bytes(bytes(range(0xA0, 0x100)) * 10)
-    lines = [json.dumps({"text": fixture("ru_science.txt")}, ensure_ascii=False), "{not json", json.dumps({"body": "нет поля text"})]
+    lines = [json.dumps({"text": fixture("ru_science.txt")}, ensure_ascii=False), "{not json",
+             json.dumps({"body": "нет поля text"})]
     (root / "records.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     with gzip.open(root / "more.jsonl.gz", "wt", encoding="utf-8") as handle:
         handle.write(json.dumps({"text": fixture("be.txt")}, ensure_ascii=False) + "\n")
@@ -288,7 +289,8 @@ def test_recipe_cli_reports_data_errors_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_report_tables_reach_an_offline_wandb_run(tmp_path: Path, inputs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_report_tables_reach_an_offline_wandb_run(
+        tmp_path: Path, inputs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tracking.wandb_run import open_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")

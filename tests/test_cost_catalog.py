@@ -193,7 +193,8 @@ def write_user_catalog(path: Path, rows: list[list[str]]) -> Path:
 
 def test_user_catalog_overrides_and_extends(tmp_path: Path) -> None:
     user = write_user_catalog(tmp_path / "mine.csv", [
-        ["accelerator", "tpu-v6e", "gcp", "us-central1", "on-demand", "2.50", "chip-hour", "our contract", "2026-11-01", ""],
+        ["accelerator", "tpu-v6e", "gcp", "us-central1", "on-demand", "2.50", "chip-hour", "our contract", "2026-11-01",
+         ""],
         ["accelerator", "tpu-v6e", "gcp", "europe-west4", "spot", "1.10", "chip-hour", "console", "2026-11-02", ""],
     ])
     catalog = Catalog.load(str(user))
@@ -202,16 +203,20 @@ def test_user_catalog_overrides_and_extends(tmp_path: Path) -> None:
 
 
 def test_unsourced_or_undated_row_is_refused(tmp_path: Path) -> None:
-    undated = write_user_catalog(tmp_path / "a.csv", [["accelerator", "x", "", "", "spot", "1.0", "chip-hour", "s", "", ""]])
+    undated = write_user_catalog(tmp_path / "a.csv",
+                                 [["accelerator", "x", "", "", "spot", "1.0", "chip-hour", "s", "", ""]])
     with pytest.raises(DataError, match=r"a.csv line 2: a figure without a date"):
         read_prices(undated)
-    unsourced = write_user_catalog(tmp_path / "b.csv", [["accelerator", "x", "", "", "spot", "1", "chip-hour", "", "2025", ""]])
+    unsourced = write_user_catalog(tmp_path / "b.csv",
+                                   [["accelerator", "x", "", "", "spot", "1", "chip-hour", "", "2025", ""]])
     with pytest.raises(DataError, match=r"b.csv line 2: a figure without a source"):
         read_prices(unsourced)
-    unpriced = write_user_catalog(tmp_path / "d.csv", [["accelerator", "x", "", "", "spot", "", "chip-hour", "", "", ""]])
+    unpriced = write_user_catalog(tmp_path / "d.csv",
+                                  [["accelerator", "x", "", "", "spot", "", "chip-hour", "", "", ""]])
     with pytest.raises(DataError, match=r"d.csv line 2: a row without a source"):
         read_prices(unpriced)
-    bad_unit = write_user_catalog(tmp_path / "c.csv", [["infra", "disk", "", "", "on-demand", "1", "chip-hour", "s", "2025", ""]])
+    bad_unit = write_user_catalog(tmp_path / "c.csv",
+                                  [["infra", "disk", "", "", "on-demand", "1", "chip-hour", "s", "2025", ""]])
     with pytest.raises(DataError, match=r"c.csv line 2: unit 'chip-hour'"):
         read_prices(bad_unit)
 

@@ -125,7 +125,8 @@ def test_online_failure_falls_back_to_offline_runs(tmp_path: Path, monkeypatch: 
     def api_down(*args: object) -> list:
         raise ConnectionError("api.wandb.ai unreachable")
 
-    offline = [RunRecord("a", "x-pretrain", "x", "pretrain", "finished"), RunRecord("me", "x-compare", "x", "compare", "")]
+    offline = [RunRecord("a", "x-pretrain", "x", "pretrain", "finished"),
+               RunRecord("me", "x-compare", "x", "compare", "")]
     monkeypatch.setattr(compare, "resolve_mode", lambda mode: "online")
     monkeypatch.setattr(compare, "read_online_runs", api_down)
     monkeypatch.setattr(compare, "read_offline_runs", lambda folder, group, exclude_ids: offline)
@@ -143,7 +144,8 @@ def test_rubles_to_target_hand_worked() -> None:
     to the 6 h one: 4 h + 2/3 x 2 h = 5 h 20 min, 1920 + 2/3 x 960 = 2560 RUB, 5.333M tokens."""
     from cost.target import EvalPoint, Target, cost_to_target
 
-    points = [EvalPoint(2, 2.4, 960.0, 2.0, 2e6), EvalPoint(4, 2.0, 1920.0, 4.0, 4e6), EvalPoint(6, 1.7, 2880.0, 6.0, 6e6)]
+    points = [EvalPoint(2, 2.4, 960.0, 2.0, 2e6), EvalPoint(4, 2.0, 1920.0, 4.0, 4e6),
+              EvalPoint(6, 1.7, 2880.0, 6.0, 6e6)]
     crossing = cost_to_target(points, Target("eval/val_bpb", 1.8, lower_is_better=True))
     assert crossing.reached and crossing.interpolated
     assert crossing.rub == pytest.approx(2560.0)
@@ -251,7 +253,8 @@ def sweep_rows(d_models: tuple[int, ...]) -> list[dict]:
         rows.append({"experiment": name, "variant": f"model.d_model={d_model}", "run": f"{name}-pretrain",
                      "accelerator": "cpu-e2-standard-2", "chips": 1, "tokens": 245_760, "hours": 0.02 + i / 100,
                      "rub_total": 0.14 + i / 10, "rub_per_1b_tokens": 570.0 + i, "final_loss": 6.1 - i / 10,
-                     "eval_score": 0.6, "rub_per_eval_point": 0.0023, "usd_total": 0.0014, "rate": "101.68 (2025-01-01)",
+                     "eval_score": 0.6, "rub_per_eval_point": 0.0023, "usd_total": 0.0014,
+                     "rate": "101.68 (2025-01-01)",
                      "target_status": "reached" if i else "not reached", "rub_to_target": 0.1 if i else None,
                      "hours_to_target": 0.01 if i else None, "cost_source": f"W&B run run{i}"})
     return rows
@@ -304,8 +307,8 @@ def write_eval_results(folder: Path, step: int, correct: int, items: int) -> Non
 
     folder.mkdir(parents=True, exist_ok=True)
     acc = {"value": correct / items, "ci95": list(wilson_interval(correct, items)), "chance": 0.5, "n": items}
-    (folder / f"step_{step:07d}.json").write_text(json.dumps({"step": step, "tasks": {"rublimp": {"metrics": {"acc": acc}}}}),
-                                                  encoding="utf-8")
+    (folder / f"step_{step:07d}.json").write_text(
+        json.dumps({"step": step, "tasks": {"rublimp": {"metrics": {"acc": acc}}}}), encoding="utf-8")
 
 
 def test_eval_plot_shows_each_score_with_its_interval_on_the_whole_accuracy_range(tmp_path: Path) -> None:
@@ -330,7 +333,8 @@ def test_eval_plot_shows_each_score_with_its_interval_on_the_whole_accuracy_rang
     assert points[0].high > points[2].low  # the intervals overlap: no ranking to show
     assert score_axis(points) == (0.0, 1.0)
     assert score_interval(tmp_path / "nowhere", "eval/rublimp/acc", 0.5) is None
-    assert score_interval(tmp_path / rows[0]["experiment"] / "eval", "eval/rublimp/acc", 0.55) is None  # not a logged score
+    # not a logged score
+    assert score_interval(tmp_path / rows[0]["experiment"] / "eval", "eval/rublimp/acc", 0.55) is None
     assert plot_eval_vs_rubles(rows, "eval/rublimp/acc", tmp_path / "eval.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -42,7 +42,8 @@ def test_maxtext_v6e_anchors_within_their_published_rounding(label: str, tokens:
     rounding = 0.5 / tokens + 0.00005 / mfu
     check = anchor_check(anchor, Catalog.load())
     assert abs(check["relative_error"]) < rounding, check
-    causal = anchor.model.flops_per_token - 3 * attention_forward_flops_per_token(anchor.model.cfg, anchor.model.seq_len) / 2
+    causal = anchor.model.flops_per_token - 3 * attention_forward_flops_per_token(anchor.model.cfg,
+                                                                                  anchor.model.seq_len) / 2
     causal_error = tokens_per_s_per_chip(mfu, 918, causal) / tokens - 1
     assert causal_error > 0.05, causal_error
 
@@ -57,7 +58,8 @@ def palm_train_flops_per_token(cfg: Any, vocab_size: int, seq_len: int) -> float
 
     with nnx.use_eager_sharding(False):  # no mesh: shapes only
         state = nnx.state(nnx.eval_shape(lambda: Decoder(cfg, vocab_size, nnx.Rngs(0))), nnx.Param)
-    sizes = {jax.tree_util.keystr(path): math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
+    sizes = {jax.tree_util.keystr(path): math.prod(leaf.shape)
+             for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
     norms = sum(size for path, size in sizes.items() if "norm" in path)  # RMSNorm scales (every layer's, the final)
     embedding = 0 if cfg.tie_embeddings else vocab_size * cfg.d_model  # an untied table is a gather, not a matmul
     matmul = sum(sizes.values()) - norms - embedding
@@ -81,7 +83,8 @@ def test_our_h200_measurement_is_an_anchor_an_h200_plan_uses() -> None:
                                                                     anchor.model.seq_len) / peak
     rounding = 0.5 / anchor.tokens_per_s_per_chip + 0.000005 / anchor.mfu  # half a unit of each printed digit
     assert mfu / anchor.mfu - 1 == pytest.approx(0, abs=rounding), (mfu, anchor.mfu)
-    _, _, (row,), _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_options=[{accelerator: nvidia-h200, chips: 8, cloud: aws}]"),
+    _, _, (row,), _ = plan(demo_cfg("cost.plan_model=1b",
+                                    "cost.plan_options=[{accelerator: nvidia-h200, chips: 8, cloud: aws}]"),
                            None, rate=RATE)
     assert row["mfu_source"].startswith("anchor ru-pretrain-1b-unrolled")
     assert row["mfu"] == pytest.approx(0.51497 * anchor.recompute / row["recompute"])
@@ -132,7 +135,8 @@ def test_an_anchor_lends_its_mfu_only_to_its_vendor_and_a_similar_size() -> None
     the chip it ran on); the 1b plan does not (10x smaller: cost.plan_mfu, saying why), nor do AWS rows; a
     wider cost.plan_anchor_size_ratio lends it; the 70B anchor (custom remat, plannable false) never lends."""
     anchor = next(a for a in read_anchors() if a.model.label == "llama3.1-8b")
-    options = "cost.plan_options=[{accelerator: tpu-v6e}, {accelerator: tpu-v5e}, {accelerator: aws-trainium1, chips: 16}]"
+    options = ("cost.plan_options=[{accelerator: tpu-v6e}, {accelerator: tpu-v5e}, "
+               "{accelerator: aws-trainium1, chips: 16}]")
     _, _, (v6e, v5e, trn), _ = plan(demo_cfg("cost.plan_model=llama3.1-8b", options), None, rate=RATE)
     assert v6e["mfu_source"].startswith("anchor llama3.1-8b,")
     assert v5e["mfu_source"].startswith("anchor llama3.1-8b on tpu-v6e,")
@@ -140,7 +144,8 @@ def test_an_anchor_lends_its_mfu_only_to_its_vendor_and_a_similar_size() -> None
     assert trn["mfu_source"].startswith("cost.plan_mfu (no anchor on aws hardware)")
     _, _, (small, _, _), _ = plan(demo_cfg("cost.plan_model=1b", options), None, rate=RATE)
     assert re.match(r"cost.plan_mfu \(nearest google anchor llama3.1-8b is 1\dx the size", small["mfu_source"])
-    _, _, (wide, _, _), _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_anchor_size_ratio=12", options), None, rate=RATE)
+    _, _, (wide, _, _), _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_anchor_size_ratio=12", options), None,
+                                 rate=RATE)
     assert wide["mfu_source"].startswith("anchor llama3.1-8b")
     _, _, (big, _, _), _ = plan(demo_cfg("cost.plan_model=70b", "cost.plan_anchor_size_ratio=100", options), None,
                                 rate=RATE)
@@ -154,7 +159,8 @@ def test_each_gpu_option_gets_the_setting_its_memory_holds() -> None:
     from cost.memory import HBM_BUDGET, step_bytes
 
     cfg = load_config(REPO / "recipes" / "configs" / "ru-1b-fineweb2-v6e-8.yaml",
-                      ["cost.plan_options=[{accelerator: tpu-v6e}, {accelerator: nvidia-h100}, {accelerator: nvidia-h200}]"])
+                      ["cost.plan_options=[{accelerator: tpu-v6e}, {accelerator: nvidia-h100}, "
+                       "{accelerator: nvidia-h200}]"])
     model, _, (v6e, h100, h200), _ = plan(cfg, None, rate=RATE)
     assert (v6e["remat"], v6e["setting_from"]) == ("save_dots", "config")
     for row, hbm in ((h100, 80), (h200, 141)):
@@ -201,7 +207,8 @@ def test_full_remat_is_priced_by_hand() -> None:
                    "cost.plan_options=[{accelerator: tpu-v5e, chips: 16}]")
     (none,) = plan(cfg, None, rate=RATE)[2]
     model, _, (full,), _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_mfu_from_anchors=false", "model.remat=full",
-                                         "train.loss_chunk_len=0", "cost.plan_options=[{accelerator: tpu-v5e, chips: 16}]"),
+                                         "train.loss_chunk_len=0",
+                                         "cost.plan_options=[{accelerator: tpu-v5e, chips: 16}]"),
                                 None, rate=RATE)
     d, layers, heads, hd, kv, ff, vocab, t = 2048, 16, 32, 64, 8, 5632, model.vocab_size, 2048
     matmuls = layers * (d * heads * hd + 2 * d * kv * hd + heads * hd * d + 3 * d * ff)  # per token, no head
@@ -406,7 +413,8 @@ def test_training_mfu_on_tpu7x_is_per_device(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(throughput.jax, "devices", lambda: [FakeDevice()] * 8)
     monkeypatch.setattr(throughput.jax, "device_count", lambda: 8)
-    cfg = SimpleNamespace(cost=CostConfig(accelerator="tpu7x", chips=4), train=SimpleNamespace(peak_flops_per_chip=None))
+    cfg = SimpleNamespace(cost=CostConfig(accelerator="tpu7x", chips=4),
+                          train=SimpleNamespace(peak_flops_per_chip=None))
     assert throughput.devices_per_chip(cfg) == 2 and throughput.chips_in_use(2) == 4
     peak = throughput.peak_flops_per_device(cfg)
     assert peak == pytest.approx(2307e12 / 2)

@@ -37,7 +37,8 @@ TODAY = dt.date.today().isoformat()
 def bundled(name: str, unit: str) -> dict[str, str]:
     """The bundled catalog's storage row, read with the csv module (not the code under test)."""
     with BUNDLED_PRICES.open(encoding="utf-8") as handle:
-        (row,) = [r for r in csv.DictReader(handle) if r["kind"] == "storage" and r["name"] == name and r["unit"] == unit]
+        (row,) = [r for r in csv.DictReader(handle)
+                  if r["kind"] == "storage" and r["name"] == name and r["unit"] == unit]
     return row
 
 

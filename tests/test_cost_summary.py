@@ -144,5 +144,6 @@ def test_badput_in_rubles_by_phase_per_run_and_per_experiment(tmp_path: Path) ->
     # an experiment of two such runs, one read back from W&B: the phases add up, the shares stay
     back = CostSummary.from_wandb(run.summary, run.config_values, "run-1")
     combined = {r["phase"]: r for r in experiment_badput_rows([summary, back])}
-    assert combined["total"]["rub"] == pytest.approx(7.5 * 960) and combined["badput"]["share"] == pytest.approx(2 / 3.75)
+    assert (combined["total"]["rub"] == pytest.approx(7.5 * 960)
+            and combined["badput"]["share"] == pytest.approx(2 / 3.75))
     assert combined["data"]["hours"] == pytest.approx(0.5) and combined["total"]["usd"] == pytest.approx(72.0)

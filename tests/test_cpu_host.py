@@ -68,9 +68,10 @@ def probe(mode: str, cpu_devices: int, memory: str = "keep", measure: str = "fau
     """The probe in a fresh process: ``measure`` "faults" trains and counts page faults per step, "count"
     only reports the device count and what prepare_cpu_host did."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    full_env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), **xla_cache_env(), **env)  # faults are counted after the compile
-    proc = subprocess.run([sys.executable, "-c", PROBE, mode, str(cpu_devices), memory, measure], cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=600)
+    # faults are counted after the compile
+    full_env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), **xla_cache_env(), **env)
+    proc = subprocess.run([sys.executable, "-c", PROBE, mode, str(cpu_devices), memory, measure], cwd=REPO,
+                          env=full_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
 

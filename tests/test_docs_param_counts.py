@@ -45,7 +45,8 @@ def test_docs_readme_config_and_plan_agree_on_the_parameter_count(name: str) -> 
     assert introduced, f"README.md never gives `{name}`'s parameter count ({label} parameters)"
     header = (REPO / "recipes" / "configs" / name).read_text(encoding="utf-8").splitlines()[0]
     assert [f.replace(" ", "") for f in FIGURE.findall(header)] == [label], header
-    cfg = load_config(REPO / "recipes" / "configs" / name, ["cost.plan_model=", "cost.plan_options=[{accelerator: tpu-v6e, mfu: 0.4}]"])
+    cfg = load_config(REPO / "recipes" / "configs" / name,
+                      ["cost.plan_model=", "cost.plan_options=[{accelerator: tpu-v6e, mfu: 0.4}]"])
     model, _, _, _ = plan(cfg, None, rate=UsdRubRate(100.0, dt.date.today(), "test"))
     assert params_label(model.params) == label
 
@@ -53,7 +54,8 @@ def test_docs_readme_config_and_plan_agree_on_the_parameter_count(name: str) -> 
 def test_the_demos_plan_is_the_shipped_1b_model_with_the_count_the_docs_give_it() -> None:
     """The demo prices a real run: the 1b preset at the shipped 1B config's vocabulary, so its plan's title carries
     the parameter count README.md gives that config (not the preset at the demo tokenizer's 4,000 pieces)."""
-    cfg = load_config(REPO / "recipes" / "configs" / "demo.yaml", ["cost.plan_options=[{accelerator: tpu-v6e, mfu: 0.4}]"])
+    cfg = load_config(REPO / "recipes" / "configs" / "demo.yaml",
+                      ["cost.plan_options=[{accelerator: tpu-v6e, mfu: 0.4}]"])
     shipped = load_config(REPO / "recipes" / "configs" / "ru-1b-fineweb2-v6e-8.yaml")
     model, _, _, _ = plan(cfg, None, rate=UsdRubRate(100.0, dt.date.today(), "test"))
     assert (model.label, model.vocab_size) == (shipped.model.preset, shipped.tokenizer.vocab_size)

@@ -153,7 +153,8 @@ def test_a_named_schema_skips_detection_and_a_record_outside_it_is_named(tmp_pat
     release = write_jsonl(tmp_path / "xwino.jsonl", [RELEASE])
     assert load_task(TASKS["xwinograd_ru"], bench_dir="", task_files={"xwinograd_ru": str(release)},
                      task_schemas={"xwinograd_ru": "release"}).items[0].gold == 0
-    with pytest.raises(DataError, match=r"missing field 'answer' \(the gold answer\).*schema hub: sentence \(with '_'\), option1, "
+    with pytest.raises(DataError, match=r"missing field 'answer' \(the gold answer\).*"
+                                        r"schema hub: sentence \(with '_'\), option1, "
                                         r"option2; gold 'answer' in \['1', '2'\], named by"):
         load_task(TASKS["xwinograd_ru"], bench_dir="", task_files={"xwinograd_ru": str(release)},
                   task_schemas={"xwinograd_ru": "hub"})
@@ -183,12 +184,14 @@ RELEASE = {"text": "Кубок не влез в чемодан, потому ч�
 
 def test_xwinograd_original_release_format(tmp_path: Path) -> None:
     # the release's JSON spans: [raw text, token range, tokens(, correct)]; the pronoun carries punctuation
-    spans = {"text": "Мама не пустила дочку гулять, потому что боялась за него.", "pronoun": ["него.", [9, 10], ["него", "."]],
+    spans = {"text": "Мама не пустила дочку гулять, потому что боялась за него.",
+             "pronoun": ["него.", [9, 10], ["него", "."]],
              "candidates": [["Мама", [0, 1], ["Мама"], False], ["дочку", [3, 4], ["дочку"], True]]}
     data = load("xwinograd_ru", write_jsonl(tmp_path / "xwino.jsonl", [RELEASE, spans]))
     first, second = data.items
     assert data.source.schema_name() == "release"
-    assert first.contexts == ("Кубок не влез в чемодан, потому что кубок", "Кубок не влез в чемодан, потому что чемодан")
+    assert first.contexts == ("Кубок не влез в чемодан, потому что кубок",
+                              "Кубок не влез в чемодан, потому что чемодан")
     assert first.continuations == (" был слишком большой.",) * 2 and first.gold == 0
     assert second.contexts[1] == "Мама не пустила дочку гулять, потому что боялась за дочку"
     assert second.continuations == (" .",) * 2 and second.gold == 1  # the period is scored, not an empty choice

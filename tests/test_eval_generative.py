@@ -90,7 +90,8 @@ def test_exact_match_baselines_and_flags_from_known_generators(tmp_path: Path) -
 
     constant = evaluate_generative(data, lambda prompts, n, stop: ["42"] * len(prompts))
     assert constant["answers"]["one_answer"] and constant["answers"]["top"] == "42"
-    assert constant["metrics"]["exact_match"]["value"] == 0.0 and constant["vs_strongest_baseline"]["verdict"] != "above"
+    assert (constant["metrics"]["exact_match"]["value"] == 0.0
+            and constant["vs_strongest_baseline"]["verdict"] != "above")
 
 
 def test_rumultiar_reads_a_file_of_meras_schema(tmp_path: Path) -> None:

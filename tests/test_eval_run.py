@@ -86,8 +86,8 @@ def build_run_folder(cfg: Any, run_folder: RunFolder) -> None:
 
     shards_cfg = SimpleNamespace(**vars(cfg.shards))
     seq_len = cfg.model.max_seq_len
-    splits = write_splits(iter(docs), sentencepiece_run_tokenizer(sp), run_folder.shards, shards_cfg, seq_len, eos_id=ids["eos"], pad_id=ids["pad"],
-                          threads=1)
+    splits = write_splits(iter(docs), sentencepiece_run_tokenizer(sp), run_folder.shards, shards_cfg, seq_len,
+                          eos_id=ids["eos"], pad_id=ids["pad"], threads=1)
     write_manifest(run_folder.shards, "shards", {
         "tokenizer_sha256": sha256_file(run_folder.tokenizer / "spm.model"), "seq_len": seq_len,
         "packing": "concat", "feature_schema": feature_schema(seq_len, "concat"),
@@ -97,7 +97,8 @@ def build_run_folder(cfg: Any, run_folder: RunFolder) -> None:
     with nnx.use_eager_sharding(False):
         model = nnx.jit(lambda: Decoder(model_cfg, VOCAB, nnx.Rngs(0)))()
     params = nnx.state(model, nnx.Param)
-    state = {"params": params, "opt_state": {}, "step": jax.numpy.int32(7), "rng": jax.random.key_data(jax.random.key(0))}
+    state = {"params": params, "opt_state": {}, "step": jax.numpy.int32(7),
+             "rng": jax.random.key_data(jax.random.key(0))}
     meta = {"model": vars(model_cfg), "vocab_size": VOCAB, "seq_len": seq_len,
             "tokenizer_sha256": sha256_file(run_folder.tokenizer / "spm.model"),
             "layout": layout_meta(model_cfg.scan_layers)}  # as the trainer records it
@@ -243,7 +244,8 @@ def test_wandb_summary_and_table_are_logged(evaluated) -> None:
     summary = json.loads(subprocess.run(inspect_command(runs[-1], summary=True), capture_output=True,
                                         text=True, timeout=120, check=True).stdout)["summary"]
     assert summary["eval/step"] == 7
-    assert summary["eval/rublimp/acc"] == pytest.approx(evaluated.results["tasks"]["rublimp"]["metrics"]["acc"]["value"])
+    assert summary["eval/rublimp/acc"] == pytest.approx(
+        evaluated.results["tasks"]["rublimp"]["metrics"]["acc"]["value"])
     assert summary["eval/val_bpb"] == pytest.approx(evaluated.results["validation"]["bits_per_byte"])
     assert summary["eval/results"]["_type"] == "table-file"
 

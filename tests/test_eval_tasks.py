@@ -101,7 +101,8 @@ def test_fewshot_needs_enough_other_items() -> None:
 def test_balanced_cap_draws_each_gold_answer_equally() -> None:
     from eval.harness import cap_items
 
-    items = [Item(task="t", id=str(i), contexts=("",) * 3, continuations=("a", "b", "c"), gold=0 if i < 20 else 1 + i % 2)
+    items = [Item(task="t", id=str(i), contexts=("",) * 3, continuations=("a", "b", "c"),
+                  gold=0 if i < 20 else 1 + i % 2)
              for i in range(40)]
     kept = cap_items(items, 9, seed=0, balance=True)
     assert sorted(Counter(it.gold for it in kept).values()) == [3, 3, 3]

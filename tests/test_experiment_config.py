@@ -156,7 +156,8 @@ def test_preset_fills_only_the_keys_the_config_does_not_set(tmp_path):
 
 
 def test_unknown_preset_is_one_line_listing_the_known(tmp_path):
-    with pytest.raises(ConfigError, match=r"^config key 'model.preset': unknown preset '2b' of the llama family \(known: demo-5m, 125m"):
+    with pytest.raises(ConfigError, match=r"^config key 'model.preset': unknown preset '2b' of the llama family "
+                                          r"\(known: demo-5m, 125m"):
         load_config(write_yaml(tmp_path, PRESET_ONLY), ["model.preset=2b"])
 
 
@@ -181,7 +182,8 @@ def test_model_section_is_built_with_the_familys_class(tmp_path):
         mlp_ratio: float = 4.0
 
     path = write_yaml(tmp_path, PRESET_ONLY)
-    with pytest.raises(ConfigError, match=r"^config key 'model.family': unknown model family 'nogqa' \(known: ([\w-]+, )*llama(, [\w-]+)*\)$"):
+    with pytest.raises(ConfigError, match=r"^config key 'model.family': unknown model family 'nogqa' "
+                                          r"\(known: ([\w-]+, )*llama(, [\w-]+)*\)$"):
         load_config(path, ["model.family=nogqa"])
     with pytest.raises(ConfigError, match=r"unknown config key 'model.mlp_ratio'"):
         load_config(path, ["model.mlp_ratio=2.5"])

@@ -28,7 +28,8 @@ def test_export_writes_the_step_and_leaves_eval_byte_identical(fixture_pretraine
     run_recipe("05b_export_hf.py", config, "eval.checkpoint_step=3")
     assert tree_digest(run_dir / "eval") == before
     out = run_dir / "export" / "hf" / "step_0000003"
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in out.iterdir()}
     assert json.loads((out / "config.json").read_text(encoding="utf-8"))["architectures"] == ["LlamaForCausalLM"]
     run_recipe("05b_export_hf.py", config)  # the latest step by default
     assert (run_dir / "export" / "hf" / "step_0000006" / "model.safetensors").is_file()
@@ -67,6 +68,7 @@ def test_a_second_export_of_the_run_stops_at_once_naming_the_first(fixture_pretr
     with hold(lock_path(run, "export"), "export"):
         proc = run_recipe("05b_export_hf.py", config, check=False)
     assert proc.returncode == 2 and error_line(proc).startswith(
-        f"error: {run.root} is already running recipes/05b_export_hf.py (host {socket.gethostname()}, pid {os.getpid()}"), \
+        f"error: {run.root} is already running recipes/05b_export_hf.py "
+        f"(host {socket.gethostname()}, pid {os.getpid()}"), \
         proc.stderr[-2000:]
     assert not run.export.exists() or not any(run.export.rglob("*.safetensors"))

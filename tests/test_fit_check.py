@@ -36,7 +36,8 @@ def fit_check_env(tmp_path: Path) -> dict[str, str]:
     return {**recipe_env(tmp_path), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 
-def run_fit_check(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_fit_check(tmp_path: Path, *overrides: str,
+                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     config = tiny_config(tmp_path)
     cmd = [tpu_python(), str(REPO / "recipes" / "04b_tpu_fit_check.py"), "--config", str(config), *overrides]
     return subprocess.run(cmd, cwd=REPO, env=env or fit_check_env(tmp_path), capture_output=True, text=True,
@@ -111,7 +112,8 @@ def test_every_shipped_config_fits_the_slices_it_names(tmp_path: Path, config: P
         assert report["devices"] == (chips // 2 if report["slice"].startswith("v5p-") else chips)
         if report["slice"] in capacity:
             assert report["capacity_gib"] == pytest.approx(capacity[report["slice"]])
-            assert f"fits, {report['needed_gib']:.2f} GiB of {capacity[report['slice']]:.2f} GiB per device" in proc.stderr
+            assert (f"fits, {report['needed_gib']:.2f} GiB of {capacity[report['slice']]:.2f} GiB per device"
+                    in proc.stderr)
 
 
 def test_fit_search_table_on_v5e_16_and_v6e_8(tmp_path: Path) -> None:
@@ -122,8 +124,8 @@ def test_fit_search_table_on_v5e_16_and_v6e_8(tmp_path: Path) -> None:
     7.58 at two, v5e-16), since the loop keeps its saved inputs besides what it recomputes; across depth
     scanned remat pays (docs/launch.md)."""
     proc = run_fit_check(tmp_path, "train.fit_search=true", "train.fit_topologies=[v5e-16, v6e-8]",
-                         "model.scan_layers=false", "model.d_model=256", "model.n_layers=1", "model.n_heads=8", "model.n_kv_heads=4",
-                         "model.d_ff=512", "model.max_seq_len=1024",
+                         "model.scan_layers=false", "model.d_model=256", "model.n_layers=1", "model.n_heads=8",
+                         "model.n_kv_heads=4", "model.d_ff=512", "model.max_seq_len=1024",
                          "tokenizer.vocab_size=8000", "train.batch_size=4096", "train.loss_chunk_len=256",
                          "train.fit_search_remat=[none, full]")  # two policies of four: half the compiles
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -139,7 +141,8 @@ def test_fit_search_table_on_v5e_16_and_v6e_8(tmp_path: Path) -> None:
         assert splash["none"]["recompute_factor"] < splash["full"]["recompute_factor"]
         (best,) = [r for r in rows if r["best"]]
         assert (best["remat"], best["attention_kernel"], best["grad_accum_steps"]) == ("none", "splash", 1)
-        assert f"best setting on {slice_name}: model.remat=none model.attention=auto train.grad_accum_steps=1" in proc.stderr
+        assert (f"best setting on {slice_name}: model.remat=none model.attention=auto train.grad_accum_steps=1"
+                in proc.stderr)
     table = (reports / "fit_search.md").read_text(encoding="utf-8")
     assert "## v5e-16" in table and "## v6e-8" in table and table.count("**best**") == 2
     chosen = json.loads((reports / "fit_check.json").read_text(encoding="utf-8"))

@@ -16,7 +16,8 @@ TARGET = {"topology": "v5e:4x4", "chip_config": "default", "num_slices": 1}
 MEMORY = {"argument": 3 * GIB, "output": 3 * GIB, "alias": 3 * GIB, "temp": 5 * GIB, "generated_code": 1024}
 
 
-def test_the_key_changes_with_the_program_the_target_the_flags_and_the_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_key_changes_with_the_program_the_target_the_flags_and_the_versions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
     key = verdict_key(PROGRAM, TARGET)

@@ -47,7 +47,8 @@ def flat_params(model: nnx.Module) -> dict[str, np.ndarray]:
 
 def test_config_load_with_a_preset_and_overrides() -> None:
     tiny = REPO / "tests" / "configs" / "tiny.yaml"
-    cfg = load_config(tiny, ['model={"family": "gemma3", "preset": "1b", "max_seq_len": 64}', "model.sliding_window=32"])
+    cfg = load_config(tiny, ['model={"family": "gemma3", "preset": "1b", "max_seq_len": 64}',
+                             "model.sliding_window=32"])
     model = cfg.model
     assert isinstance(model, Gemma3Config) and family_of(model) is GEMMA3
     assert (model.d_model, model.n_layers, model.n_heads, model.n_kv_heads, model.head_dim, model.d_ff) == \
@@ -175,7 +176,8 @@ def test_quantized_training_quantizes_the_projections_of_every_layer() -> None:
     from trainer.step import TrainProgram
 
     train_cfg = TrainConfig(steps=10, batch_size=2, warmup_steps=1, checkpoint_every=10, quantization="int8")
-    program = TrainProgram(dataclasses.replace(CFG, scan_unroll=1), train_cfg, VOCAB, build_mesh(train_cfg.mesh), seed=0)
+    program = TrainProgram(dataclasses.replace(CFG, scan_unroll=1), train_cfg, VOCAB, build_mesh(train_cfg.mesh),
+                           seed=0)
     text = program.lower(program.abstract_batch(2, SEQ)).as_text()
     dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
     assert len([line for line in dots if re.search(r"tensor<[0-9x]*xi8>", line)]) == 3 * 7 * (2 + 1)
@@ -193,7 +195,8 @@ def test_recipes_train_evaluate_and_export_gemma3(fixture_stages: Path, tmp_path
     from trainer.trained_model import load_trained_model
 
     heldout = REPO / "tests" / "fixtures" / "corpus" / "ru_news.txt"
-    config = run_copy(fixture_stages, tmp_path, train={"steps": 2, "checkpoint_every": 2, "warmup_steps": 1, "log_every": 1},
+    config = run_copy(fixture_stages, tmp_path,
+                      train={"steps": 2, "checkpoint_every": 2, "warmup_steps": 1, "log_every": 1},
                       eval={"tasks": [], "export_hf": True, "heldout_text_files": [str(heldout)]})
     tree = yaml.safe_load(config.read_text(encoding="utf-8"))
     tree["model"] = {"family": "gemma3", "d_model": 32, "n_layers": 4, "n_heads": 2, "n_kv_heads": 1, "head_dim": 16,

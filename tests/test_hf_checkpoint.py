@@ -82,7 +82,8 @@ def test_every_family_imports_what_it_exports(tmp_path: Path, family: str, overr
     if scan_layers:  # the same program as the exported model's
         np.testing.assert_array_equal(np.asarray(imported.model()(tokens)), np.asarray(model(tokens)))
     else:  # the loop: the same values, summed in another order
-        np.testing.assert_allclose(np.asarray(imported.model()(tokens)), np.asarray(model(tokens)), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(imported.model()(tokens)), np.asarray(model(tokens)),
+                                   rtol=1e-5, atol=1e-5)
     from model.registry import get_family
 
     assert get_family(family).param_count(cfg, VOCAB) == sum(leaf.size for leaf in jax.tree.leaves(imported.state))
@@ -121,7 +122,8 @@ def test_sharded_index_imports(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.asarray(imported.state["embed"][...]), np.asarray(model.embed[...]))
 
     (folder / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(DataError, match="model.safetensors.index.json: shard 'model-00002-of-00002.safetensors' is missing"):
+    with pytest.raises(DataError,
+                       match="model.safetensors.index.json: shard 'model-00002-of-00002.safetensors' is missing"):
         load_hf_checkpoint(folder)
 
 

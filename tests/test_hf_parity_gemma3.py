@@ -177,7 +177,8 @@ def rewrite_config(source: Path, target: Path, **changes: Any) -> Path:
 @pytest.mark.parametrize(("changes", "message"), [
     ({"rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
                           "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}}},
-     "rope_parameters.full_attention.rope_type 'yarn' is not supported (only default and linear for the global layers)"),
+     "rope_parameters.full_attention.rope_type 'yarn' is not supported "
+     "(only default and linear for the global layers)"),
     ({"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10.0},
                           "full_attention": {"rope_type": "default", "rope_theta": 1e6}}},
      "rope_parameters.sliding_attention.rope_type 'linear' is not supported (only default for the local layers)"),

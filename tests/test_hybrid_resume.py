@@ -68,9 +68,9 @@ SECOND = ["train.cpu_devices=1", "cost.accelerator=nvidia-h100", "cost.cloud=aws
 
 @pytest.mark.integration
 def test_resume_on_another_device_count_and_price_row(fixture_stages: Path, tmp_path: Path) -> None:
-    """4 CPU devices (data 2 x fsdp 2) priced as TPU v5e, SIGTERM, resumed on 1 CPU device priced as an AWS H100 (spot, another
-    rate): one ledger priced session by session, every token once, the data order of an uninterrupted run, and
-    the loss after the mesh change close to (not bitwise) the uninterrupted 4-device run's."""
+    """4 CPU devices (data 2 x fsdp 2) priced as TPU v5e, SIGTERM, resumed on 1 CPU device priced as an AWS H100
+    (spot, another rate): one ledger priced session by session, every token once, the data order of an uninterrupted
+    run, and the loss after the mesh change close to (not bitwise) the uninterrupted 4-device run's."""
     from tests.fixture_run import log_records, run_copy
     from tests.recipe_runner import logged_steps, run_recipe, signal_when, start_pretrain
 
@@ -118,7 +118,8 @@ def test_resume_on_another_device_count_and_price_row(fixture_stages: Path, tmp_
                for s in sessions]
     assert total.rub_total == pytest.approx(sum(by_hand), rel=1e-9)
     assert by_hand[0] > 0 and by_hand[1] > 0
-    assert total.tokens == STEPS * 8 * 64 and [s["tokens"] for s in sessions] == [stopped * 512, (STEPS - stopped) * 512]
+    assert total.tokens == STEPS * 8 * 64 and [s["tokens"] for s in sessions] == [stopped * 512,
+                                                                                   (STEPS - stopped) * 512]
     assert total.rub_lost_to_restarts == 0  # the SIGTERM save kept every step
     report = (ledger_dir / REPORT_FILE).read_text(encoding="utf-8")
     assert "4 x cpu" in report and "1 x cpu" in report and "nvidia-h100" in report and "badput" in report

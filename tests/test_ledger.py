@@ -520,7 +520,8 @@ def run_session(root: Path, clock: FakeClock, cfg: CostConfig, *, to: int, check
     state, start, _ = restore_or_branch(manager, program, loader, META, ledger, branch)
     train_cfg = SimpleNamespace(steps=10**9 if killed else to, checkpoint_every=checkpoint_every,
                                 preemption_grace_s=10**9, nan_policy="stop")
-    ctx = LoopContext(cfg=SimpleNamespace(train=train_cfg), run_folder=SimpleNamespace(checkpoints=root / "checkpoints"),
+    ctx = LoopContext(cfg=SimpleNamespace(train=train_cfg),
+                      run_folder=SimpleNamespace(checkpoints=root / "checkpoints"),
                       program=program, loader=loader, ledger=ledger, wandb_run=None, train_log=None,
                       saves=CheckpointSaves(manager, ledger), window=MetricsWindow(TOKENS_PER_STEP, 1.0, None),
                       meta=META, tokens_per_step=TOKENS_PER_STEP, start_step=start, state=state, step=start)

@@ -71,7 +71,8 @@ RESUME_SCRIPT = textwrap.dedent(f"""
     import numpy as np
     from data_prep.shards.loader import make_train_iterator
     shards, process_index, process_count, state, count, out = sys.argv[1:]
-    it = make_train_iterator(shards, {GLOBAL_BATCH}, seed=7, process_index=int(process_index), process_count=int(process_count))
+    it = make_train_iterator(shards, {GLOBAL_BATCH}, seed=7, process_index=int(process_index),
+                             process_count=int(process_count))
     it.set_state(json.loads(state))
     batches = [next(it) for _ in range(int(count))]
     np.savez(out, **{{f"{{k}}_{{name}}": b[name] for k, b in enumerate(batches) for name in b}})
@@ -104,7 +105,8 @@ def test_exact_resume_in_a_new_process(built_shards: SimpleNamespace, tmp_path: 
         assert state["next_global_batch"] == n_before
         resumed = resume_in_new_process(shards, state, p, process_count, n_after, tmp_path / f"p{p}.npz")
         for expected, got in zip(uninterrupted[n_before:], resumed, strict=True):
-            assert np.array_equal(expected["inputs"], got["inputs"]) and np.array_equal(expected["targets"], got["targets"])
+            assert (np.array_equal(expected["inputs"], got["inputs"])
+                    and np.array_equal(expected["targets"], got["targets"]))
 
 
 def test_resume_on_another_process_count_continues_the_same_global_batches(built_shards: SimpleNamespace) -> None:  # noqa: F811
@@ -170,7 +172,8 @@ def test_document_packing_batches_carry_segments(tmp_path: Path) -> None:
 
 def test_wrong_tokenizer_or_seq_len_is_refused(built_shards: SimpleNamespace) -> None:  # noqa: F811
     shards = built_shards.run_folder.shards
-    with pytest.raises(DataError, match=r"made with tokenizer .* the current tokenizer is ffffffffffff.*run recipes/03_shard.py again"):
+    with pytest.raises(DataError, match=r"made with tokenizer .* the current tokenizer is ffffffffffff"
+                                        r".*run recipes/03_shard.py again"):
         make_train_iterator(shards, 8, 0, tokenizer_sha256="f" * 64)
     with pytest.raises(DataError, match=r"have seq_len 32, the config asks for model.max_seq_len=64"):
         next(iter_eval_batches(shards, "validation", 4, seq_len=64))
@@ -191,7 +194,8 @@ def test_corrupt_record_errors_or_is_skipped(built_shards: SimpleNamespace, tmp_
     data = bytearray((shards / first).read_bytes())
     data[100] ^= 0x01  # inside record 0's payload
     (shards / first).write_bytes(bytes(data))
-    with pytest.raises(CorruptRecordError, match=rf"{first}: corrupt TFRecord record 0 at byte offset 0: payload checksum"):
+    with pytest.raises(CorruptRecordError,
+                       match=rf"{first}: corrupt TFRecord record 0 at byte offset 0: payload checksum"):
         list(iter_eval_batches(shards, "validation", 4))
     batches = list(iter_eval_batches(shards, "validation", 4, on_corrupt="skip"))
     assert sum(b["inputs"].shape[0] for b in batches) == built_shards.manifest["splits"]["validation"]["records"]

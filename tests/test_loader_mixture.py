@@ -147,7 +147,8 @@ def test_recipe_04_trains_on_a_mixture_and_logs_its_weights(fixture_stages: Path
     assert items["loader"]["mixture"] == {"own": 3.0, "other": 1.0}
     runs = [read_offline_run(d) for d in find_offline_runs(run_dir / "wandb")]
     (pretrain,) = [r for r in runs if "data/mixture/own" in r.summary]
-    assert pretrain.summary["data/mixture/own"] == 0.75 and pretrain.config["data_mixture"] == {"own": 3.0, "other": 1.0}
+    assert (pretrain.summary["data/mixture/own"] == 0.75
+            and pretrain.config["data_mixture"] == {"own": 3.0, "other": 1.0})
 
 
 def test_per_set_bits_per_byte_are_flat_metrics() -> None:

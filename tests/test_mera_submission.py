@@ -50,7 +50,8 @@ def test_the_validator_refuses_what_the_site_would(tmp_path: Path) -> None:
     broken({"RCB.json": {"data": {"test": [{"outputs": "4", "meta": {"id": 0}}]}}}, r"outputs '4' is not one of")
     broken({"RCB.json": {"data": {"test": [{"outputs": "1", "meta": {"id": 0}}] * 2}}}, "appears twice")
     broken({"RCB.json": {"data": [{"outputs": "1", "meta": {"id": 0}}]}}, r"is not \{'data': \{'test'")
-    broken({"RCB.json": good["RCB.json"]}, "predicts 2 items, its inputs have 3", {"RCB.json": [{"id": i} for i in range(3)]})
+    broken({"RCB.json": good["RCB.json"]}, "predicts 2 items, its inputs have 3",
+           {"RCB.json": [{"id": i} for i in range(3)]})
     (tmp_path / "torn.zip").write_bytes(b"PK\x03\x04 not really")
     with pytest.raises(DataError, match="not a readable ZIP"):
         validate_submission(tmp_path / "torn.zip")
@@ -98,4 +99,5 @@ def test_recipe_05c_writes_a_submission_the_validator_reads_back(fixture_pretrai
     summary = json.loads(archive.with_suffix(".json").read_text(encoding="utf-8"))
     assert summary["skipped"]["PARus"] == f"no parus.jsonl or parus.json in eval.mera_dir ({tmp_path / 'mera'})"
     assert summary["tasks"]["RCB"]["items"] == 9 and summary["tasks"]["SimpleAr"]["kind"] == "text"
-    assert not (tmp_path / "runs" / "tiny" / "eval").exists() or not list((tmp_path / "runs" / "tiny" / "eval").glob("*"))
+    assert (not (tmp_path / "runs" / "tiny" / "eval").exists()
+            or not list((tmp_path / "runs" / "tiny" / "eval").glob("*")))

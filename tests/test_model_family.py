@@ -175,7 +175,8 @@ def test_llama_hf_adapter_imports_what_it_exports(tie: bool) -> None:
     with pytest.raises(Exception, match="tensor 'model.norm.weight' is missing"):
         llama.hf_adapter.import_(hf_config, {k: v for k, v in tensors.items() if k != "model.norm.weight"})
     with pytest.raises(Exception, match="has no place in the llama model"):
-        llama.hf_adapter.import_(hf_config, {**tensors, "model.layers.9.mlp.up_proj.weight": tensors["model.norm.weight"]})
+        llama.hf_adapter.import_(hf_config,
+                                 {**tensors, "model.layers.9.mlp.up_proj.weight": tensors["model.norm.weight"]})
     with pytest.raises(ConfigError, match="attention_bias=True is not supported"):
         llama.hf_adapter.import_({**hf_config, "attention_bias": True}, tensors)
     assert dataclasses.asdict(imported_cfg)["family"] == "llama"
@@ -203,9 +204,11 @@ def test_checkpoint_meta_rebuilds_the_config_of_its_family() -> None:
     from trainer.trained_model import model_config_from_meta
 
     # a meta without a layout was written by the unrolled code: its parameters are per layer
-    assert model_config_from_meta({"model": {"d_model": 64, "attention": "splash"}}) == LlamaConfig(d_model=64, scan_layers=False)
+    assert model_config_from_meta({"model": {"d_model": 64, "attention": "splash"}}) == LlamaConfig(
+        d_model=64, scan_layers=False)
     scanned = {"model": {"d_model": 64, "scan_layers": False}, "layout": {"scan_layers": True, "layer_axis": 0}}
     assert model_config_from_meta(scanned) == LlamaConfig(d_model=64, scan_layers=True)  # the layout, not the key
-    assert model_config_from_meta({"family": NAME, "model": dict(TOY_MODEL), "layout": {"scan_layers": True}}) == ToyConfig(**TOY_MODEL)
+    assert model_config_from_meta(
+        {"family": NAME, "model": dict(TOY_MODEL), "layout": {"scan_layers": True}}) == ToyConfig(**TOY_MODEL)
     with pytest.raises(ConfigError, match="unknown model family 'gone'"):
         model_config_from_meta({"family": "gone", "model": {}})

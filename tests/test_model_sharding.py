@@ -30,7 +30,8 @@ def layout_on_8_devices() -> dict:
     state = prog.init_state()
 
     def path_name(path):
-        return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path if getattr(k, "name", "") != "value")
+        return "/".join(str(getattr(k, "key", getattr(k, "name", k)))
+                        for k in path if getattr(k, "name", "") != "value")
 
     out["params"] = {path_name(p): [str(leaf.sharding.spec), list(leaf.addressable_shards[0].data.shape)]
                      for p, leaf in jax.tree_util.tree_leaves_with_path(state["params"])}
@@ -57,7 +58,8 @@ def layout_on_8_devices() -> dict:
     ref = TrainProgram(unrolled, one, 64, build_mesh(one.mesh, jax.devices()[:1]), seed=0)
     ref_state = ref.init_state()
     target, restack = prog.checkpoint_layout(False)
-    scanned_state = restack(jax.device_put(jax.tree.map(np.array, ref_state), jax.tree.map(lambda s: s.sharding, target)))
+    scanned_state = restack(jax.device_put(jax.tree.map(np.array, ref_state),
+                                           jax.tree.map(lambda s: s.sharding, target)))
     rng = np.random.default_rng(1)
     out["steps_8"], out["steps_ref"] = [], []
     for _ in range(3):
@@ -69,10 +71,12 @@ def layout_on_8_devices() -> dict:
         out["steps_ref"].append(float(m1["loss"]))
     got = nnx.to_pure_dict(scanned_state["params"])
     want = nnx.to_pure_dict(ref_state["params"])
-    out["param_diff"] = max(float(np.abs(np.asarray(got["blocks"]["mlp"]["w_up"][i]) - np.asarray(want["blocks"][i]["mlp"]["w_up"])).max())
+    out["param_diff"] = max(float(np.abs(np.asarray(got["blocks"]["mlp"]["w_up"][i])
+                                         - np.asarray(want["blocks"][i]["mlp"]["w_up"])).max())
                             for i in range(2))
     out["norm_decayed"] = bool(np.any(np.asarray(got["blocks"]["attn_norm"]["scale"]) != 1.0))
-    out["norm_moved"] = float(np.abs(np.asarray(got["blocks"]["attn_norm"]["scale"][1]) - np.asarray(want["blocks"][1]["attn_norm"]["scale"])).max())
+    out["norm_moved"] = float(np.abs(np.asarray(got["blocks"]["attn_norm"]["scale"][1])
+                                     - np.asarray(want["blocks"][1]["attn_norm"]["scale"])).max())
 
     errors = {}
     for name, m, t in [

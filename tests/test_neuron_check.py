@@ -151,7 +151,8 @@ def plant_cond_under_remat(x):
 
 def plant_traced_start(x):
     # the counter is compared with a constant and steps by one, but starts from a value of the data
-    return jax.lax.while_loop(lambda c: c[0] < 10, lambda c: (c[0] + 1, c[1] * 2.0), (jnp.argmax(x), x))[1]  # plant: traced_start
+    start = (jnp.argmax(x), x)
+    return jax.lax.while_loop(lambda c: c[0] < 10, lambda c: (c[0] + 1, c[1] * 2.0), start)[1]  # plant: traced_start
 
 
 def plant_callback_in_branch(x):
@@ -192,8 +193,9 @@ def test_a_planted_construct_is_named_at_its_source_line(name: str, fn: Callable
 
 
 def test_a_callback_in_a_cond_branch_is_named_besides_the_cond() -> None:
-    assert findings(plant_callback_in_branch) == sorted([f"{planted('branching')}: {COND}",
-                                                          f"{planted('callback_in_branch')}: host callback (jax.debug.print)"])
+    assert findings(plant_callback_in_branch) == sorted([
+        f"{planted('branching')}: {COND}",
+        f"{planted('callback_in_branch')}: host callback (jax.debug.print)"])
 
 
 # -- what is not reported --
@@ -321,7 +323,8 @@ def test_the_default_prng_would_be_reported_in_our_own_step(overrides: list[str]
     e5m2) and layer layout: under rbg, nothing."""
     cfg = load_config(SHIPPED[0], overrides)
     default = find_unsupported(trace_neuron_step(cfg.model, cfg.train, 512, 128, prng_impl="threefry2x32"))
-    assert [str(f) for f in default] == [f"trainer/step.py:{STEP_RNG_LINE}: Threefry PRNG (use jax_default_prng_impl=rbg)"]
+    assert [str(f) for f in default] == [
+        f"trainer/step.py:{STEP_RNG_LINE}: Threefry PRNG (use jax_default_prng_impl=rbg)"]
     assert find_unsupported(trace_neuron_step(cfg.model, cfg.train, 512, 128)) == []
 
 
@@ -392,7 +395,8 @@ def test_recipe_04c_prints_the_verdict_last_and_writes_its_report(tmp_path: Path
     assert proc.stdout.splitlines()[-1] == CLEAN
     report = json.loads((tmp_path / "runs" / "tiny" / "reports" / "neuron_check.json").read_text(encoding="utf-8"))
     assert report["findings"] == [] and report["vocab_size"] == 1000 and report["seq_len"] == 64
-    assert re.search(r"tiny: train step traced for Trainium \(rbg PRNG, XLA attention; mesh data 1 x fsdp 1 x tensor 1\)"
+    assert re.search(r"tiny: train step traced for Trainium \(rbg PRNG, XLA attention; "
+                     r"mesh data 1 x fsdp 1 x tensor 1\)"
                      r" in [\d.]+ s: [\d,]+ equations", proc.stderr)
 
 

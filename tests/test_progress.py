@@ -37,7 +37,8 @@ def test_plain_lines_every_interval_with_rate_and_eta() -> None:
     bar.update(1)  # 10 s after the last line: nothing
     bar.close()
     bar.close()
-    assert out.getvalue().splitlines()[1:] == ["pretrain: 36/100 step (36%), 0.4 step/s, elapsed 0:40, loss=3.2100 (done)"]
+    assert out.getvalue().splitlines()[1:] == [
+        "pretrain: 36/100 step (36%), 0.4 step/s, elapsed 0:40, loss=3.2100 (done)"]
 
 
 def test_iterating_counts_items_and_transient_bars_stay_quiet() -> None:
@@ -50,7 +51,8 @@ def test_iterating_counts_items_and_transient_bars_stay_quiet() -> None:
             clock.now += 3600
             yield i
 
-    assert list(PlainProgress(slow(), desc="documents", unit="doc", interval_s=30, stream=out, clock=clock)) == [0, 1, 2, 3]
+    assert list(PlainProgress(slow(), desc="documents", unit="doc", interval_s=30, stream=out,
+                              clock=clock)) == [0, 1, 2, 3]
     lines = out.getvalue().splitlines()
     assert lines[0] == "documents: 1 doc, 0.000278 doc/s, elapsed 1:00:00"
     assert lines[-1] == "documents: 4 doc, 0.000278 doc/s, elapsed 4:00:00 (done)" and len(lines) == 5

@@ -2,17 +2,45 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
 
-from tests.recipe_runner import error_line, run_recipe, run_recipe_on_full_disk, tiny_config
+from tests.recipe_runner import error_line, run_recipe, tiny_config
 
 pytestmark = pytest.mark.integration  # every test runs a recipe or another process
 
 FIXTURE_TEXTS = Path(__file__).parent / "fixtures" / "corpus"
+NOWHERE = Path("/nonexistent-path-for-full-disk-tests")
+
+
+def run_recipe_on_full_disk(script: str, config: Path, *overrides: str, fsync_full: Path = NOWHERE,
+                            usage_full: Path = NOWHERE) -> subprocess.CompletedProcess[str]:
+    """``run_recipe`` (here, unchecked) as if a disk were full: fsync of a file under ``fsync_full`` fails with
+    ENOSPC (where a full disk shows for buffered writes), shutil.disk_usage reports 1000 bytes free under
+    ``usage_full``. (tests/test_checkpoint_integrity.py fills the checkpoints' disk with it too.)"""
+    fsync_prefix, usage_prefix = str(fsync_full.resolve()), str(usage_full.resolve())
+    real_fsync, real_usage = os.fsync, shutil.disk_usage
+
+    def fsync(fd: Any) -> None:
+        fd = fd if isinstance(fd, int) else fd.fileno()
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(fsync_prefix):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    def disk_usage(path: Any) -> Any:
+        usage = real_usage(path)
+        return usage._replace(free=1000) if os.path.abspath(path).startswith(usage_prefix) else usage
+
+    with mock.patch("os.fsync", fsync), mock.patch("shutil.disk_usage", disk_usage):
+        return run_recipe(script, config, *overrides, check=False)
 
 
 def assert_clean_failure(proc, pattern: str) -> None:

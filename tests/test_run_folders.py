@@ -221,7 +221,8 @@ def hashes(folder: Path) -> dict[str, str]:
 @pytest.fixture
 def data_run(fixture_stages: Path, tmp_path: Path) -> Path:
     """runs/tiny of a fresh run root: a copy of the fixture's run folder (stages 01-03 and its resolved config)."""
-    shutil.copytree(fixture_stages / "runs" / "tiny", tmp_path / "runs" / "tiny", ignore=shutil.ignore_patterns("wandb"))
+    shutil.copytree(fixture_stages / "runs" / "tiny", tmp_path / "runs" / "tiny",
+                    ignore=shutil.ignore_patterns("wandb"))
     return tmp_path / "runs" / "tiny"
 
 

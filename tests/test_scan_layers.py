@@ -94,7 +94,8 @@ def test_layer_axis_is_axis_0_with_its_own_logical_name_and_the_unrolled_init_pe
     stacked = np.asarray(wq[...])
     assert len({stacked[i].tobytes() for i in range(8)}) == 8  # each layer drew its own values
     # the residual-stream projections keep their depth-scaled init (a truncated normal: std 0.88 x its scale)
-    assert np.std(np.asarray(scanned["blocks"]["mlp"]["w_down"][...])) == pytest.approx(0.88 * 0.02 / (2 * 8) ** 0.5, rel=0.05)
+    assert np.std(np.asarray(scanned["blocks"]["mlp"]["w_down"][...])) == pytest.approx(0.88 * 0.02 / (2 * 8) ** 0.5,
+                                                                                       rel=0.05)
 
 
 def test_a_train_state_unstacks_and_restacks_exactly() -> None:
@@ -110,7 +111,8 @@ def test_a_train_state_unstacks_and_restacks_exactly() -> None:
         np.testing.assert_array_equal(a, b)
     # the pure dict the HF exporter reads: one view per layer
     pure = unrolled_pure(nnx.to_pure_dict(state["params"]))
-    np.testing.assert_array_equal(pure["blocks"][2]["mlp"]["w_up"], np.asarray(state["params"]["blocks"]["mlp"]["w_up"][...])[2])
+    np.testing.assert_array_equal(pure["blocks"][2]["mlp"]["w_up"],
+                                  np.asarray(state["params"]["blocks"]["mlp"]["w_up"][...])[2])
 
 
 def unrolled_run_copy(tmp_path: Path, **model: object) -> tuple[Path, dict]:

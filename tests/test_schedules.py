@@ -68,7 +68,8 @@ def test_optimizer_uses_the_configured_schedule_under_jit() -> None:
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"schedule": "wsd"}, "'train.decay_steps': schedule wsd needs 1 <= decay_steps <= steps - warmup_steps = 90, got 0"),
+    ({"schedule": "wsd"},
+     "'train.decay_steps': schedule wsd needs 1 <= decay_steps <= steps - warmup_steps = 90, got 0"),
     ({"schedule": "wsd", "decay_steps": 91}, "'train.decay_steps': schedule wsd needs .* got 91"),
     ({"decay_steps": 20}, "'train.decay_steps': only used by schedule wsd"),
     ({"schedule": "linear"}, "'train.schedule'"),

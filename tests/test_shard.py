@@ -129,7 +129,8 @@ def test_split_is_by_document_hash_and_stable_when_the_corpus_grows(tmp_path: Pa
     manifests = [shard_corpus(r.cfg, r.run_folder, DisabledRun()) for r in (small, grown)]
     for run, manifest in zip((small, grown), manifests, strict=True):
         assert manifest["splits"]["validation"]["documents"] == len(split_docs(run.docs, "validation", 10.0))
-    assert {d["id"] for d in split_docs(docs[:40], "validation", 10.0)} <= {d["id"] for d in split_docs(docs, "validation", 10.0)}
+    assert {d["id"] for d in split_docs(docs[:40], "validation", 10.0)} <= {
+        d["id"] for d in split_docs(docs, "validation", 10.0)}
 
 
 def test_output_does_not_depend_on_threads_or_batching(tmp_path: Path) -> None:

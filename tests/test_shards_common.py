@@ -72,9 +72,10 @@ def write_tokenizer(tokenizer_dir: Path, docs: list[dict[str, str]], vocab_size:
         remove_extra_whitespaces=False, byte_fallback=True, **{f"{name}_id": i for name, i in special.items()},
         seed_sentencepiece_size=10000, num_threads=1, minloglevel=2, hard_vocab_limit=False, **options,
     )
-    write_manifest(tokenizer_dir, "tokenizer", {"model_file": "spm.model", "sha256": sha256_file(tokenizer_dir / "spm.model"),
-                                                "vocab_size": spm.SentencePieceProcessor(model_file=str(tokenizer_dir / "spm.model")).get_piece_size(),
-                                                "special_ids": {name: i for name, i in special.items() if i >= 0}})
+    write_manifest(tokenizer_dir, "tokenizer", {
+        "model_file": "spm.model", "sha256": sha256_file(tokenizer_dir / "spm.model"),
+        "vocab_size": spm.SentencePieceProcessor(model_file=str(tokenizer_dir / "spm.model")).get_piece_size(),
+        "special_ids": {name: i for name, i in special.items() if i >= 0}})
 
 
 def shards_cfg(**overrides: object) -> Any:

@@ -38,7 +38,8 @@ def test_a_variant_config_is_the_yaml_with_its_overrides() -> None:
 @pytest.mark.parametrize(("experiment", "message"), [
     ({"variants": [{"d_model": 1}]}, "'experiment.variants[0]': 'd_model' is not a dotted config key"),
     ({"variants": [{"experiment.seed": 1}]}, "experiment.seed cannot vary"),
-    ({"variants": [{"name": "a", "model.d_model": 1}, {"name": "a", "model.d_model": 2}]}, "two variants are named 'a'"),
+    ({"variants": [{"name": "a", "model.d_model": 1}, {"name": "a", "model.d_model": 2}]},
+     "two variants are named 'a'"),
     ({"grid": {"train.learning_rate": []}}, "'experiment.grid.train.learning_rate': expected a non-empty list"),
     ({"variants": [{"model.d_model": 1}], "variant": "nope"}, "no variant named 'nope'; the variants: d_model-1"),
     ({"variant": "x"}, "no variant named 'x'; the variants: none declared (experiment.variants / experiment.grid)"),
@@ -126,7 +127,8 @@ def test_recipe_08_runs_a_group_of_variants_resumably_and_compares(tmp_path: Pat
     figures = sweep_figures(runs / "sw")
     assert [v["experiment"] for v in figures["variants"]] == names and figures["target_bpb"] == 1000.0
     assert all(v["reached"] and v["step_at_target"] == 2 for v in figures["variants"])
-    assert [v["rub_to_target"] for v in figures["variants"]] == pytest.approx([float(rows[n]["rub_to_target"]) for n in names])
+    assert [v["rub_to_target"] for v in figures["variants"]] == pytest.approx(
+        [float(rows[n]["rub_to_target"]) for n in names])
     assert keys_of(figures) == keys_of(recorded_figures()[SWEEP])
 
     # a variant interrupted after training (no eval yet) is finished by the rerun; the others are skipped

@@ -30,7 +30,8 @@ from tests.tfrecord_scan import iter_records
 def example_message_class() -> type:
     """``tensorflow.Example`` built from a descriptor equal to tensorflow/core/example/*.proto."""
     fd = descriptor_pb2.FileDescriptorProto(name="example_under_test.proto", package="tensorflow", syntax="proto3")
-    repeated, optional = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED, descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
+    repeated, optional = (descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+                          descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
     t = descriptor_pb2.FieldDescriptorProto
     for name, ftype in (("BytesList", t.TYPE_BYTES), ("FloatList", t.TYPE_FLOAT), ("Int64List", t.TYPE_INT64)):
         msg = fd.message_type.add(name=name)
@@ -187,7 +188,9 @@ def test_flipped_byte_names_shard_and_offset(tmp_path: Path, position: int, reas
     path.write_bytes(bytes(data))
     shard = TFRecordFile(path)
     assert shard.read(0) == payloads[0] and shard.read(2) == payloads[2]
-    with pytest.raises(CorruptRecordError, match=rf"train-00000.tfrecord: corrupt TFRecord record 1 at byte offset {offsets[1]}: {reason}"):
+    with pytest.raises(CorruptRecordError,
+                       match=rf"train-00000.tfrecord: corrupt TFRecord record 1 at byte offset {offsets[1]}: "
+                             rf"{reason}"):
         shard.read(1)
     skipping = TFRecordFile(path, on_corrupt="skip")
     assert skipping.read(1) is None and skipping.skipped == 1

@@ -56,7 +56,8 @@ def fixture_documents(count: int = 240, seed: int = 0) -> list[dict[str, Any]]:
                          f"{place_name(rng)}{rng.choice(TAILS)}" for _ in range(rng.randint(3, 6))]
             paragraphs.append(" ".join(sentences))
         source = "prose" if i % 3 else "news"
-        docs.append({"id": f"{source}/{i:05d}", "source": source, "text": unicodedata.normalize("NFC", "\n\n".join(paragraphs))})
+        docs.append({"id": f"{source}/{i:05d}", "source": source,
+                     "text": unicodedata.normalize("NFC", "\n\n".join(paragraphs))})
     return docs
 
 

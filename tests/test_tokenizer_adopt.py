@@ -77,7 +77,8 @@ def test_adopted_manifest_names_kind_hash_vocabulary_and_special_ids(adopted_run
     manifest = TOKENIZER.read_manifest(run / "tokenizer")
     hf = Tokenizer.from_file(str(base / "tokenizer.json"))
     assert manifest["kind"] == "hf_tokenizer_json"
-    assert manifest["sha256"] == sha256_file(base / "tokenizer.json") == sha256_file(run / "tokenizer" / "tokenizer.json")
+    assert manifest["sha256"] == sha256_file(base / "tokenizer.json") == sha256_file(
+        run / "tokenizer" / "tokenizer.json")
     assert manifest["tokenizer_vocab_size"] == hf.get_vocab_size(with_added_tokens=True) < MODEL_VOCAB
     # the model's rows: config.json's vocab_size, so continuing the base model keeps its embedding table
     assert manifest["vocab_size"] == manifest["model_vocab_size"] == MODEL_VOCAB
@@ -200,7 +201,8 @@ def test_sentencepiece_shards_hold_exactly_what_sentencepiece_encodes(fixture_st
 
 def test_an_adopted_sentencepiece_model_shards_like_the_trained_one(fixture_stages: Path, tmp_path: Path) -> None:
     """A base model folder with a SentencePiece tokenizer.model (here the fixture's own model under that
-    name, in a folder whose config.json has more embedding rows) is adopted as kind sentencepiece, and recipe 03 writes the very shards the trained one gave."""
+    name, in a folder whose config.json has more embedding rows) is adopted as kind sentencepiece, and recipe 03
+    writes the very shards the trained one gave."""
     base = tmp_path / "base-model"
     base.mkdir()
     shutil.copyfile(fixture_stages / "runs" / "tiny" / "tokenizer" / "spm.model", base / "tokenizer.model")

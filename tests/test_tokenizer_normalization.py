@@ -25,7 +25,8 @@ NBSP = "\u00a0"
 # before dashes; a narrow no-break space; a stress mark; curly single quotes; a soft hyphen.
 TYPESET = (f"В 1812{NBSP}г. А.{NBSP}С.{NBSP}Пушкин писал:{NBSP}— Москва\u0301 и т.{NBSP}д. — «ёлка» стоила "
            f"1\u202f000{NBSP}руб.; it\u2019s pa\u00adrt of the ‘book’.")
-TORTURE = TYPESET + " е\u0308ж и\u0306од Ѐ ѐ\u0301 e\u0301 A\u030a \u212b u\u0308\u0304 ‐‑−‒― \u200b\ufeff x\r\ny\rz\u2028"
+TORTURE = (TYPESET + " е\u0308ж и\u0306од Ѐ ѐ\u0301 e\u0301 A\u030a \u212b u\u0308\u0304 ‐‑−‒― "
+           "\u200b\ufeff x\r\ny\rz\u2028")
 
 
 @pytest.mark.parametrize(("raw", "normalized"), [

@@ -89,7 +89,8 @@ def test_a_missing_parent_or_step_is_one_config_error(runs: Path, tmp_path: Path
                                     train=TrainConfig(steps=10, warmup_steps=1, branch_from=parent, branch_step=step))
         open_branch(cfg, RunFolder(tmp_path / "new-branch"))
 
-    with pytest.raises(ConfigError, match=f"^config key 'train.branch_from': {run_root / 'nowhere'} holds no checkpoints/"):
+    with pytest.raises(ConfigError, match=f"^config key 'train.branch_from': "
+                                          f"{run_root / 'nowhere'} holds no checkpoints/"):
         branch_of("nowhere", N)
     with pytest.raises(ConfigError, match=f"^config key 'train.branch_step': no finished checkpoint of step 4 in "
                                           f"{run_root / 'tiny' / 'checkpoints'} \\(its steps: 3, 6\\)$"):

@@ -18,8 +18,9 @@ PRICED_CHIPS = 2  # cost.chips of the fixture run: a CPU host may price "as if" 
 def trained(fixture_stages: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run of 4 steps on the fixture corpus with its checkpoint, priced as 2 chips while one CPU host trains
     (so that the ledger's two chip counts differ); returns its config."""
-    config = run_copy(fixture_stages, tmp_path_factory.mktemp("same-run"), train={"steps": 4, "checkpoint_every": 4, "warmup_steps": 1},
-                      wandb={"mode": "disabled"}, cost={"chips": PRICED_CHIPS})
+    config = run_copy(fixture_stages, tmp_path_factory.mktemp("same-run"),
+                      train={"steps": 4, "checkpoint_every": 4, "warmup_steps": 1}, wandb={"mode": "disabled"},
+                      cost={"chips": PRICED_CHIPS})
     run_recipe("04_pretrain.py", config)
     return config
 

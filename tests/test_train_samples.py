@@ -15,7 +15,8 @@ PROMPTS = ["Москва — столица", "Однажды зимним ве�
 
 def test_each_eval_writes_the_completions_of_the_fixed_prompts_to_the_run_and_to_wandb(fixture_stages: Path,
                                                                                        tmp_path: Path) -> None:
-    config = run_copy(fixture_stages, tmp_path, train={"steps": 4, "warmup_steps": 1, "eval_every": 2, "checkpoint_every": 4},
+    config = run_copy(fixture_stages, tmp_path,
+                      train={"steps": 4, "warmup_steps": 1, "eval_every": 2, "checkpoint_every": 4},
                       eval={"train_tasks": [], "sample_prompts": PROMPTS, "sample_max_new_tokens": 6})
     run_recipe("04_pretrain.py", config)
     run_dir = tmp_path / "runs" / "tiny"
@@ -30,7 +31,8 @@ def test_each_eval_writes_the_completions_of_the_fixed_prompts_to_the_run_and_to
 
     (wandb_run,) = find_offline_runs(run_dir / "wandb")
     # W&B flattens a logged table into <key>._type, <key>.path, ... and writes the table beside the run
-    logged = [row for row in read_offline_run(wandb_run).history if row.get("samples/completions._type") == "table-file"]
+    logged = [row for row in read_offline_run(wandb_run).history
+              if row.get("samples/completions._type") == "table-file"]
     assert [int(row["_step"]) for row in logged] == [2, 4]
     for row in logged:
         table = json.loads((wandb_run / "files" / row["samples/completions.path"]).read_text(encoding="utf-8"))

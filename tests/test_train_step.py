@@ -147,7 +147,8 @@ def test_partial_rules_keep_the_familys_other_defaults(tmp_path) -> None:
     assert rules["embed"] == [] and rules["mlp"] == ["tensor"] and rules["batch"] == ["data", "fsdp"]
     config = tmp_path / "c.yaml"
     config.write_text("experiment: {name: t}\ntrain: {mesh: {rules: {embd: [fsdp]}}}\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"^config key 'train\.mesh\.rules': unknown logical axes \['embd'\] for the llama"):
+    with pytest.raises(ConfigError,
+                       match=r"^config key 'train\.mesh\.rules': unknown logical axes \['embd'\] for the llama"):
         load_config(config)
 
 

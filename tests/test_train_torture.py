@@ -47,7 +47,8 @@ class Session:
     resumed_from: int = 0
     last_logged: int = 0  # the last step in train_log.jsonl when the signal went
     mid_save: bool = False  # a step folder was being written (tmp, or committed without checksums)
-    logged_at: dict[int, float] = dataclasses.field(default_factory=dict)  # step past the resume -> when the test first saw it logged
+    # step past the resume -> when the test first saw it logged
+    logged_at: dict[int, float] = dataclasses.field(default_factory=dict)
     signalled_at: float = 0.0
 
 
@@ -67,7 +68,8 @@ def saves_in_flight(checkpoints: Path, after: int) -> set[int]:
         for entry in entries:
             name = entry.name.split(".", 1)[0]
             if name.isdigit() and int(name) > after and (
-                    ".orbax-checkpoint-tmp" in entry.name or not os.path.exists(os.path.join(entry.path, "checksums.json"))):
+                    ".orbax-checkpoint-tmp" in entry.name
+                    or not os.path.exists(os.path.join(entry.path, "checksums.json"))):
                 steps.add(int(name))
     return steps
 
@@ -166,4 +168,5 @@ def test_random_kills_during_training_and_saves_end_like_an_uninterrupted_run(fi
     # how many kills land after redone work depends on timing (a kill right after a save redoes nothing)
     assert checked >= 1, "no kill came after redone work to check that it is priced"
     assert booked[len(plan)]["clean"] is True and booked[-1]["clean"] is True
-    assert booked[-1]["seconds_by_phase"].get("lost", 0.0) == 0 == booked[len(plan)]["seconds_by_phase"].get("lost", 0.0)
+    assert (booked[-1]["seconds_by_phase"].get("lost", 0.0) == 0
+            == booked[len(plan)]["seconds_by_phase"].get("lost", 0.0))

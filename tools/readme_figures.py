@@ -279,7 +279,9 @@ def render_demo(f: dict[str, Any]) -> str:
         f"{f['n_params'] / 1e6:.2f}M-parameter decoder trained {f['steps']} steps on {f['train_tokens']:,} tokens"
         + (f" at {speed[0]:,.0f}-{speed[1]:,.0f} tokens/s" if speed else "")
         + f", loss {f['loss_first'][1]:.2f} (step {f['loss_first'][0]}) -> {f['loss_last'][1]:.2f} "
-        f"(step {f['loss_last'][0]}); validation {f['val_bpb']:.3f} bits per byte; {f['cost']['rub']:.2f} RUB "
+        f"(step {f['loss_last'][0]}); {len(f['checkpoints_kept'])} checkpoints kept (steps "
+        f"{', '.join(str(s) for s in f['checkpoints_kept'])}); validation {f['val_bpb']:.3f} bits per byte; "
+        f"{f['cost']['rub']:.2f} RUB "
         f"({f['cost']['price_row']}, {f['cost']['pricing']}, {f['cost']['usd_rub_rate']} RUB/USD of "
         f"{f['cost']['rate_date']})."
     )
@@ -288,9 +290,11 @@ def render_demo(f: dict[str, Any]) -> str:
         return wrapped(text + " RuBLiMP skipped (its files were absent).")
     low, high = task["ci95"]
     strongest = BASELINE_NAMES.get(task["strongest_baseline"], task["strongest_baseline"])
-    text += (f" RuBLiMP {task['acc']:.3f} [{low:.3f}, {high:.3f}] on {task['items']:,} pairs against "
-             f"{strongest} {task['strongest_value']:.3f} (eval/README.md).")
-    return wrapped(text)
+    text += (f" RuBLiMP {task['acc']:.3f} [{low:.3f}, {high:.3f}] on {task['items']:,} pairs against its strongest "
+             f"baseline ({strongest}: {task['strongest_value']:.3f})")
+    if task["random_init"] is not None:
+        text += f" and the run's step-0 weights ({task['random_init']:.3f})"
+    return wrapped(text + "; eval/README.md has the other tasks.")
 
 
 def render_tests(f: dict[str, Any]) -> str:

@@ -1,0 +1,1 @@
+"""Developer tools that read the library and are not part of it (nothing in the library imports them)."""
