@@ -261,7 +261,7 @@ def test_figures(reports: Path | None, recorded: dict[str, Any] | None) -> dict[
 def minutes(seconds: int | None) -> str:
     if seconds is None:
         return "time not recorded"
-    return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
 
 
 def wrapped(text: str) -> str:
@@ -273,7 +273,7 @@ def render_demo(f: dict[str, Any]) -> str:
     speed = f["tokens_per_s"]
     text = (
         f"- **Demo** (`make demo` on {f['devices'] or 'devices not recorded'}, run `{f['train_run']}` evaluated "
-        f"{f['evaluated'][:10]}): {minutes(f['wall_seconds'])} from recipe 01 to recipe 07 (the venv set up). "
+        f"{f['evaluated'][:10]}): {minutes(f['wall_seconds'])} from recipe 01 to recipe 07. "
         f"{f['documents_in']:,} Debian documents in, {f['documents_kept']:,} kept ({f['corpus_bytes'] / 1e6:.1f} MB); "
         f"a {f['vocab_size']:,}-piece {(f['tokenizer_type'] or '').upper()} tokenizer; a "
         f"{f['n_params'] / 1e6:.2f}M-parameter decoder trained {f['steps']} steps on {f['train_tokens']:,} tokens"
@@ -299,9 +299,8 @@ def render_demo(f: dict[str, Any]) -> str:
 
 def render_tests(f: dict[str, Any]) -> str:
     n, m = f["collected"], f["measured"]
-    size = (f"- **Tests**: {n['base']:,} in the base suite, {n['unit']:,} of them unit tests (`pytest -m \"not "
-            f"integration\"`, the loop while editing) and {n['integration']:,} integration tests (recipes, other "
-            f"processes, the real data).")
+    size = (f"- **Tests**: {n['base']:,} in the base suite, {n['unit']:,} unit (`make test-unit`) and "
+            f"{n['integration']:,} integration.")
     if m is None:
         return wrapped(size + " No `make test` run recorded yet.")
 
@@ -310,12 +309,12 @@ def render_tests(f: dict[str, Any]) -> str:
         return f"{', '.join(parts)} in {minutes(lane['seconds'])}"
 
     machine = ", ".join(str(x) for x in (m["cpu"], f"{m['cores']} cores" if m["cores"] else None) if x)
-    text = (f"{size} The last measured `make test` ({m['date']}"
+    text = (f"{size} Last `make test` ({m['date']}"
             + (f", commit {m['commit'][:7]}" if m["commit"] else "") + (f", {machine}" if machine else "") + "): "
-            + (f"{minutes(m['ci_seconds'])} for `.ci/run` in a fresh clone"
+            + (f"`.ci/run` in a fresh clone {minutes(m['ci_seconds'])}"
                + (f" (it failed: exit status {m['ci_status']})" if m.get("ci_status") else "") + "; "
                if m["ci_seconds"] else "")
-            + f"the base suite {outcome(m['base'])} (the skips run in the extras' venvs)"
+            + f"base suite {outcome(m['base'])} (the skips run in the extras' venvs)"
             + (f"; the unit loop {outcome(m['unit'])}" if m["unit"] else "")
             + ("; lanes " + "; ".join(f"{name} {outcome(lane)}" for name, lane in m["lanes"].items())
                if m["lanes"] else "") + ".")
