@@ -44,11 +44,6 @@ os.environ.update(xla_cache_env())
 os.environ["XLA_FLAGS"] = with_fast_cpu_compile(os.environ.get("XLA_FLAGS", ""))
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: a worker per core, at most 4 (each builds the session fixtures it needs for itself)."""
-    return max(1, min(len(os.sched_getaffinity(0)), 4))
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     """Drop, as the recipes do (tracking/process_hooks.py), tensorstore callbacks firing on Orbax's closed event
@@ -67,6 +62,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("shared_data") or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # slow modules first: workers end together
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ from tests.recipe_runner import run_recipe, signal_when, start_pretrain, wait_un
 from tests.test_train_multiprocess_recipe import env_for, finish, free_port, kill
 from tracking.readback import run_id_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a quarter of the base suite's work
 
 
 SECTIONS = {"train": {"steps": 16, "log_every": 1, "checkpoint_every": 4, "keep_checkpoints": 3, "warmup_steps": 2},

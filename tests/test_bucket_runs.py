@@ -21,7 +21,7 @@ from tests.bucket_run import bucket_run, files_under, same_log
 from tests.fixture_run import FIXTURE_TEXTS, PRETRAINED_TRAIN, fixture_config, log_records
 from tests.recipe_runner import error_line, run_recipe, start_pretrain
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CHAIN = ("01_build_corpus.py", "02_train_tokenizer.py", "03_shard.py", "04_pretrain.py", "05_evaluate.py",
          "06_compare_costs.py", "07_plan_costs.py", "09_generate.py")

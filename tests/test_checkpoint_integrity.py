@@ -29,6 +29,8 @@ from tests.test_train_resume import STEPS, TRAIN, experiment_copy
 from tracking import process_hooks
 from trainer import checkpoint, checkpoint_integrity, trained_model
 
+pytestmark = pytest.mark.slow  # started first (tests/conftest.py)
+
 
 def tiny_state(step: int) -> dict[str, Any]:
     return {"params": {"w": jnp.arange(4096, dtype=jnp.float32) * step, "b": jnp.full((16,), step, jnp.float32)},
