@@ -147,7 +147,8 @@ def generation_mesh(cfg: ExperimentConfig) -> Any:
         return build_mesh(cfg.train.mesh)
     except ConfigError as exc:
         log.warning("%s: generating with the %d devices here on the data axis", exc, jax.device_count())
-        return build_mesh(dataclasses.replace(cfg.train.mesh, data=-1, fsdp=1, tensor=1, dcn_data=1))
+        return build_mesh(dataclasses.replace(cfg.train.mesh, data=-1, fsdp=1, tensor=1, dcn_data=1,
+                                              axes={axis: 1 for axis in cfg.train.mesh.axes}))
 
 
 def load_generator(cfg: ExperimentConfig, run_folder: Any) -> tuple[Any, PromptCodec, int, dict[str, Any], Any]:

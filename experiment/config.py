@@ -31,7 +31,7 @@ from experiment.errors import ConfigError
 from experiment.presets import preset_fields
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import family_axis_rules, model_section_class
-from experiment.sections.train import TrainConfig
+from experiment.sections.train import BASE_MESH_AXES, TrainConfig
 from experiment.sweep import select_variant, variant_experiment_name
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -332,10 +332,26 @@ def check_sections(cfg: ExperimentConfig) -> None:
     if unknown:
         raise ConfigError(f"config key 'train.mesh.rules': unknown logical axes {unknown} for the {cfg.model.family} "
                           f"family (its parameters and activations use: {', '.join(sorted(family_rules))})")
-    check_batch_split(cfg.train, {**family_rules, **cfg.train.mesh.rules}.get("batch", []))
+    run_rules = {**family_rules, **cfg.train.mesh.rules}
+    cfg.train.mesh.axes = family_mesh_axes(cfg.train.mesh.axes, run_rules, cfg.model.family)
+    check_batch_split(cfg.train, run_rules.get("batch", []))
     if cfg.model.attention == "cudnn" and cfg.train.compute_dtype != "bfloat16":
         raise ConfigError("config key 'model.attention': cudnn flash attention needs train.compute_dtype=bfloat16, "
                           f"got {cfg.train.compute_dtype}; use auto")
+
+
+def family_mesh_axes(sized: dict[str, int], run_rules: dict[str, list[str]], family: str) -> dict[str, int]:
+    """``train.mesh.axes`` resolved: the axes it sizes, then every other mesh axis beyond data/fsdp/tensor that
+    the run's rules (the family's under ``train.mesh.rules``) lay a logical axis out on, at size 1. An axis sized
+    there that no rule uses is an error (it would split nothing and only multiply the devices needed)."""
+    used = [axis for axes in run_rules.values() for axis in axes if axis not in BASE_MESH_AXES]
+    for axis in sized:
+        if axis not in used:
+            uses = sorted(set(used))
+            raise ConfigError(f"config key 'train.mesh.axes.{axis}': no logical axis of the {family} family is laid "
+                              f"out on mesh axis '{axis}' (with train.mesh.rules; its rules use "
+                              f"{', '.join([*BASE_MESH_AXES, *uses])})")
+    return {**sized, **{axis: 1 for axis in used if axis not in sized}}
 
 
 def check_batch_split(train: TrainConfig, batch_axes: list[str]) -> None:
@@ -344,7 +360,8 @@ def check_batch_split(train: TrainConfig, batch_axes: list[str]) -> None:
     mesh would be refused first, blaming the device count for the batch."""
     mesh = train.mesh
     # data: -1 is a multiple of dcn_data (per-slice data parallelism times the slices)
-    sizes = {"data": mesh.dcn_data * (mesh.data if mesh.data != -1 else 1), "fsdp": mesh.fsdp, "tensor": mesh.tensor}
+    sizes = {"data": mesh.dcn_data * (mesh.data if mesh.data != -1 else 1), "fsdp": mesh.fsdp, "tensor": mesh.tensor,
+             **mesh.axes}
     axes = [axis for axis in batch_axes if sizes.get(axis, 1) > 1]
     parts = math.prod(sizes[axis] for axis in axes)
     micro = train.batch_size // train.grad_accum_steps

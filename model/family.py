@@ -17,8 +17,8 @@ registry). A family defined elsewhere calls ``register_family`` when its module 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, NamedTuple, NoReturn, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,7 @@ from experiment.errors import ConfigError
 from experiment.families import FAMILY_PACKAGES, family_module, shipped_families
 from experiment.sections.model import FamilyConfig, register_model_section
 from model.attention import resolve_attention
+from model.stacking import BLOCKS, path_keys
 
 
 class TrainCosts(NamedTuple):
@@ -44,7 +45,9 @@ class FamilyModel(Protocol):
     """What the train step, the chunked loss, eval scoring and the exporters call on a family's module.
 
     The train step computes the loss from ``hidden`` and ``output_weight`` (``model.loss``: the
-    logits of a chunk at a time, never all at once); eval scores ``__call__``'s logits.
+    logits of a chunk at a time, never all at once); eval scores ``__call__``'s logits. A family that
+    declares auxiliary losses (``ModelFamily.aux_losses``) adds ``hidden_with_aux`` (``AuxLossModel``),
+    which the train step calls instead of ``hidden``; eval and export never do.
     """
 
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
@@ -60,6 +63,19 @@ class FamilyModel(Protocol):
 
     def output_weight(self) -> jax.Array:
         """The output projection [D, V] (the embedding table transposed when tied)."""
+        ...
+
+
+@runtime_checkable
+class AuxLossModel(FamilyModel, Protocol):
+    """A ``FamilyModel`` whose family declares auxiliary losses (``ModelFamily.aux_losses``: a mixture of
+    experts' load-balancing or router z-loss, say); required of exactly those families (``register_family``)."""
+
+    def hidden_with_aux(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+                        positions: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """``hidden``'s states [B, T, D] and ``{name: scalar}`` for every name the family declares, each
+        already weighted by the family's config: the train step adds their sum to the loss it differentiates
+        (averaged over micro-batches like the loss) and logs each as ``train/aux/<name>``."""
         ...
 
 
@@ -151,6 +167,38 @@ def decoder_saved_values(cfg: DecoderShape, remat: str, head_dim: int) -> float:
 
 
 @dataclass(frozen=True)
+class ParamRoles:
+    """Where the parameters that code other than the family's own reaches into live in its module: ``/``-separated
+    paths of attribute names from the module's root (``nnx.to_pure_dict``'s keys). ``register_family`` checks them
+    against the module its ``tiny`` shape builds (shapes only), so a family that names its tables otherwise is one
+    ConfigError at registration, not a run that silently freezes every parameter.
+
+    - ``embedding``: the input embedding table [V, D]: ``train.trainable: embeddings`` and
+      ``train.embeddings_only_steps`` train it alone with the head (``trainer.step.freeze_body``), and
+      ``model.vocab_adaptation`` rewrites its rows (``trainer.init_from``);
+    - ``output_head``: the untied output head [D, V], trained and adapted with the embedding; None where the
+      family always ties its head to the embedding. A family whose config may untie it names it (absent from
+      the module where a config ties it); a ``tiny`` shape that unties it lets registration check it (Llama's);
+    - ``layers``: the top-level attributes holding its layer stacks (model/stacking.py: one stacked module, or an
+      ``nnx.List`` unrolled): checkpoints restack between the two layouts and weight decay reads a stacked
+      parameter's per-layer rank by these names. Two for a family whose layers come in two stacks (dense layers,
+      then mixture-of-experts layers)."""
+
+    embedding: str = "embed"
+    output_head: str | None = None
+    layers: tuple[str, ...] = (BLOCKS,)
+
+    def tables(self) -> tuple[str, ...]:
+        """The paths of the embedding table and, where the family names one, the untied head."""
+        return (self.embedding,) if self.output_head is None else (self.embedding, self.output_head)
+
+    def is_table(self, keys: Sequence[Any]) -> bool:
+        """Whether a parameter's path (its keys from the module's root) is in the embedding or the head."""
+        names = tuple(str(k) for k in keys)
+        return any(names[:len(parts)] == parts for parts in (tuple(t.split("/")) for t in self.tables()))
+
+
+@dataclass(frozen=True)
 class ModelFamily:
     """One architecture, registered once (``register_family``); see the module docstring."""
 
@@ -177,6 +225,19 @@ class ModelFamily:
     # layers (the planner's memory estimate where no fit check ran); the default counts a pre-norm decoder
     # (its section a ``DecoderShape``)
     saved_values_per_token: Callable[[FamilyConfig, str, int], float] = decoder_saved_values
+    # the names of its auxiliary losses (e.g. ("load_balance",)): its module then has ``hidden_with_aux``
+    # (``AuxLossModel``), the train step adds them to the loss and logs each as train/aux/<name>; (): none
+    aux_losses: tuple[str, ...] = ()
+    # where its embedding table, untied output head and layer stacks are (``ParamRoles``): what freezing the
+    # body, vocabulary adaptation and checkpoint restacking reach into; checked at registration
+    roles: ParamRoles = field(default_factory=ParamRoles)
+    # the shape fields of a few-layer model of the family (d_model 32-64; {}: the section's defaults): what
+    # registration builds (shapes only) to check ``roles``, and what tests/test_family_contract.py runs
+    tiny: Mapping[str, Any] = field(default_factory=dict)
+
+    def tiny_config(self, **overrides: Any) -> FamilyConfig:
+        """The family's section with its ``tiny`` shape (and ``overrides``)."""
+        return replace(self.config_cls(), **{**self.tiny, **overrides})
 
     def train_costs(self, model_cfg: FamilyConfig, vocab_size: int, seq_len: int, platform: str, compute_dtype: str,
                     loss_chunk_len: int) -> TrainCosts:
@@ -270,21 +331,80 @@ def run_once_compile_options(platform: str) -> dict[str, Any]:
     return {"xla_backend_optimization_level": 0} if platform == "cpu" else {}
 
 
+def check_aux_losses(family: ModelFamily) -> None:
+    """A family that declares auxiliary losses names each once, as a metric name can hold it, and its module
+    has ``hidden_with_aux``: one ConfigError line at registration rather than a trace error at the first step.
+    The module's class is the builder itself where that is a class (nothing is built), else the type of an
+    abstract build of its ``tiny`` shape (``nnx.eval_shape``: shapes only, no memory; ``check_roles``' build)."""
+    names = family.aux_losses
+    if not names:
+        return
+    distinct = isinstance(names, tuple) and len(set(names)) == len(names)
+    if not distinct or not all(isinstance(n, str) and n.isidentifier() for n in names):
+        raise ConfigError(f"model family '{family.name}': aux_losses must be a tuple of distinct names (letters, "
+                          f"digits, _), got {names!r}")
+    module_cls = (family.build if isinstance(family.build, type)
+                  else type(family.abstract(family.tiny_config(), ROLE_CHECK_VOCAB)))
+    if not callable(getattr(module_cls, "hidden_with_aux", None)):
+        raise ConfigError(f"model family '{family.name}' declares auxiliary losses {list(names)}, but its module "
+                          f"{module_cls.__name__} has no hidden_with_aux(tokens, segment_ids, positions) method")
+
+
+ROLE_CHECK_VOCAB = 251  # the vocabulary roles are checked at: a size no other dimension of a tiny shape has
+
+
+def check_roles(family: ModelFamily) -> None:
+    """``family.roles`` against the parameters of its ``tiny`` shape (an abstract build: ``nnx.eval_shape``, no
+    memory): the embedding a [vocabulary, d_model] parameter, the untied head (where the build has it) a
+    [d_model, vocabulary] one, each layer stack a top-level attribute holding parameters, and no other parameter
+    with the vocabulary's dimension (a head the roles do not name would stay frozen under ``train.trainable:
+    embeddings`` and keep the base model's rows under ``model.vocab_adaptation``). One ConfigError line."""
+    roles, vocab = family.roles, ROLE_CHECK_VOCAB
+    cfg = family.tiny_config()
+    family.validate(cfg)
+    _, state = abstract_parts(family.build, cfg, vocab)
+    flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))[0]
+    shapes = {"/".join(map(str, path_keys(path))): tuple(leaf.shape) for path, leaf in flat}
+
+    def fail(problem: str) -> NoReturn:
+        names = ", ".join(sorted({path.split("/")[0] for path in shapes}))
+        raise ConfigError(f"model family '{family.name}': {problem} (ModelFamily.roles; the top-level parameters "
+                          f"of its tiny shape: {names})")
+
+    embedding = shapes.get(roles.embedding)
+    if embedding is None or len(embedding) != 2 or embedding[0] != vocab:
+        fail(f"roles.embedding {roles.embedding!r} is not a [vocabulary, d_model] parameter")
+    head = shapes.get(roles.output_head) if roles.output_head is not None else None
+    if head is not None and (len(head) != 2 or head[1] != vocab):
+        fail(f"roles.output_head {roles.output_head!r} is not a [d_model, vocabulary] parameter")
+    for name in roles.layers:
+        if "/" in name or not any(path.split("/")[0] == name for path in shapes):
+            fail(f"roles.layers names {name!r}, which is no top-level attribute holding parameters")
+    unnamed = [path for path, shape in shapes.items() if vocab in shape and not roles.is_table(path.split("/"))]
+    if unnamed:
+        fail(f"parameter {unnamed[0]} has the vocabulary's dimension but no role: name the untied output head "
+             "in roles.output_head")
+
+
 _FAMILIES: dict[str, ModelFamily] = {}
 
 
 def register_family(family: ModelFamily) -> ModelFamily:
     """Make ``family`` known by its name (the config's ``model.family``); its section class reads ``model:``.
 
-    Registering the same family object again is a no-op (a module imported twice); another family
-    under a taken name is an error.
+    Checked first, each a ConfigError line: its ``roles`` against an abstract build of its ``tiny`` shape
+    (``check_roles``), its auxiliary losses (``check_aux_losses``), and (a plugin's) its section class subclassing
+    ``ModelSection`` (``register_model_section``). Registering the same family object again is a no-op (a module
+    imported twice); another family under a taken name is an error.
     """
     known = _FAMILIES.get(family.name)
     if known is not None and known != family:
         raise ValueError(f"model family '{family.name}' is already registered")
-    _FAMILIES[family.name] = family
+    check_aux_losses(family)
+    check_roles(family)
     if family.name not in FAMILY_PACKAGES:  # a shipped family's section is read from its folder's config module
         register_model_section(family.name, family.config_cls, family.axis_rules)
+    _FAMILIES[family.name] = family
     return family
 
 
@@ -303,5 +423,5 @@ def families() -> tuple[str, ...]:
 
 
 def family_of(model_cfg: FamilyConfig) -> ModelFamily:
-    """The family of a ``model:`` section (a config without the field is a Llama one, as before families)."""
-    return get_family(getattr(model_cfg, "family", "llama"))
+    """The family of a ``model:`` section (its ``family`` field)."""
+    return get_family(model_cfg.family)

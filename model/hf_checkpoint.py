@@ -285,7 +285,7 @@ def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: An
     folder = Path(folder)
     config = read_config(folder)
     family_name, model_cfg, vocab_size = hf_model_config(config, str(folder / "config.json"))
-    if scan_layers is not None and hasattr(model_cfg, "scan_layers"):
+    if scan_layers is not None:
         model_cfg = dataclasses.replace(model_cfg, scan_layers=scan_layers)
     family = get_family(family_name)
     source, files = weight_source(folder)
@@ -323,7 +323,7 @@ def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: An
         return stacked
 
     model_cfg, state = family.hf_adapter.import_(config, source, dtype=dtype, place=place,  # type: ignore[union-attr]
-                                                 scan_layers=getattr(model_cfg, "scan_layers", None),
+                                                 scan_layers=model_cfg.scan_layers,
                                                  place_layers=place_layers)
     hashes = {"config.json": sha256_file(folder / "config.json")}
     hashes.update({p.name: sha256_file(p) for p in files})

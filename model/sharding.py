@@ -1,9 +1,10 @@
 """The device mesh and the logical-axis rules that lay parameters and activations out on it.
 
 Every parameter of the decoder names its dimensions with logical axes ("embed", "heads", "mlp",
-...). A rules table (``train.mesh.rules`` in the config) maps each logical axis to zero or more
-mesh axes ("data", "fsdp", "tensor"). We translate names to ``PartitionSpec``s here rather than
-through Flax's global rules context, so that one function decides every layout and can check it:
+...). A rules table (the family's ``AXIS_RULES`` under ``train.mesh.rules`` in the config) maps each
+logical axis to zero or more mesh axes ("data", "fsdp", "tensor", and any axis a family adds, such as a
+mixture of experts' "expert", sized by ``train.mesh.axes``). We translate names to ``PartitionSpec``s
+here rather than through Flax's global rules context, so that one function decides every layout and can check it:
 under ``jax.jit`` a dimension that does not divide its mesh axes is silently left unsharded,
 which on a TPU slice means a model that no longer fits, so indivisible layouts are errors here.
 """
@@ -22,56 +23,90 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from experiment.errors import ConfigError
-from experiment.sections.train import MeshConfig
+from experiment.sections.train import BASE_MESH_AXES, MeshConfig
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = BASE_MESH_AXES  # every run's; a family's rules may add more (``train.mesh.axes``: ``family_axes``)
 Rules = Mapping[str, Sequence[str]]
 
 
-def mesh_shape(mesh_cfg: MeshConfig, n_devices: int) -> dict[str, int]:
-    """Sizes of the data/fsdp/tensor axes for ``n_devices``; ``data: -1`` takes what is left."""
-    fixed = mesh_cfg.fsdp * mesh_cfg.tensor * mesh_cfg.dcn_data
+def family_axes(mesh_cfg: MeshConfig, rules: Rules | None = None) -> dict[str, int]:
+    """The mesh axes beyond data/fsdp/tensor with their sizes: those ``train.mesh.axes`` sizes (config load has
+    added every one the family's rules use), then any other that ``rules`` lay a logical axis out on (size 1)."""
+    sizes = dict(mesh_cfg.axes)
+    for axes in (rules or {}).values():
+        for axis in axes:
+            if axis not in MESH_AXES:
+                sizes.setdefault(axis, 1)
+    return sizes
+
+
+def mesh_shape(mesh_cfg: MeshConfig, n_devices: int, rules: Rules | None = None) -> dict[str, int]:
+    """Sizes of the mesh axes for ``n_devices``, in the mesh's order: data, fsdp, the family's axes
+    (``family_axes``), tensor; ``data: -1`` takes what is left.
+
+    Why this order: the last axes of a device grid are the devices nearest each other (on a TPU slice
+    ``mesh_utils.create_device_mesh`` gives them the fastest links, on a GPU host NVLink). Tensor parallelism
+    exchanges activations inside every matmul, so it is innermost; expert parallelism's all-to-all (once per
+    mixture-of-experts layer) next; fsdp's gathers of the weights then; data parallelism reduces the gradients
+    once per step, and is the outermost (the one that spans slices)."""
+    extra = family_axes(mesh_cfg, rules)
+    fixed = mesh_cfg.fsdp * mesh_cfg.tensor * mesh_cfg.dcn_data * math.prod(extra.values())
     data = mesh_cfg.data
     if data == -1:
         if n_devices % fixed:
             raise ConfigError(
                 f"config key 'train.mesh': fsdp={mesh_cfg.fsdp} x tensor={mesh_cfg.tensor} "
-                f"x dcn_data={mesh_cfg.dcn_data} "
+                f"x dcn_data={mesh_cfg.dcn_data}{''.join(f' x axes.{a}={n}' for a, n in extra.items())} "
                 f"= {fixed} does not divide the {n_devices} devices"
             )
         data = n_devices // fixed  # per slice: the data axis spans the slices too
     data *= mesh_cfg.dcn_data
-    shape = {"data": data, "fsdp": mesh_cfg.fsdp, "tensor": mesh_cfg.tensor}
+    shape = {"data": data, "fsdp": mesh_cfg.fsdp, **extra, "tensor": mesh_cfg.tensor}
     if math.prod(shape.values()) != n_devices:
         raise ConfigError(
-            f"config key 'train.mesh': data x fsdp x tensor = {' x '.join(map(str, shape.values()))} "
+            f"config key 'train.mesh': {' x '.join(shape)} = {' x '.join(map(str, shape.values()))} "
             f"= {math.prod(shape.values())} devices, but {n_devices} are available"
         )
     return shape
 
 
-def build_mesh(mesh_cfg: MeshConfig, devices: Sequence[Any] | None = None) -> Mesh:
-    """A mesh with Auto axis types (GSPMD propagation) over ``devices`` (default: all devices).
+def build_mesh(mesh_cfg: MeshConfig, devices: Sequence[Any] | None = None, rules: Rules | None = None) -> Mesh:
+    """A mesh with Auto axis types (GSPMD propagation) over ``devices`` (default: all devices), its axes
+    ``mesh_shape``'s: data, fsdp, the family's own (``train.mesh.axes``; ``rules``, the run's, adds any they use
+    that the config does not size, at size 1), tensor.
 
     With several slices (``dcn_data > 1``) the data axis spans slices, so only data-parallel
     gradient reductions cross the slow data-centre network.
     """
     devices = list(jax.devices() if devices is None else devices)
-    shape = mesh_shape(mesh_cfg, len(devices))
-    axis_types = (AxisType.Auto,) * len(MESH_AXES)
+    shape = mesh_shape(mesh_cfg, len(devices), rules)
+    names = tuple(shape)
+    axis_types = (AxisType.Auto,) * len(names)
     if mesh_cfg.dcn_data > 1:
         from jax.experimental import mesh_utils
 
-        ici = (shape["data"] // mesh_cfg.dcn_data, shape["fsdp"], shape["tensor"])
-        grid = mesh_utils.create_hybrid_device_mesh(ici, (mesh_cfg.dcn_data, 1, 1), devices=devices)
-        return Mesh(grid, MESH_AXES, axis_types=axis_types)
+        ici = (shape["data"] // mesh_cfg.dcn_data, *list(shape.values())[1:])
+        dcn = (mesh_cfg.dcn_data, *[1] * (len(names) - 1))
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
+        return Mesh(grid, names, axis_types=axis_types)
     if devices and devices[0].platform == "tpu":
         from jax.experimental import mesh_utils
 
         grid = mesh_utils.create_device_mesh(tuple(shape.values()), devices=devices)
     else:
         grid = np.asarray(devices).reshape(tuple(shape.values()))
-    return Mesh(grid, MESH_AXES, axis_types=axis_types)
+    return Mesh(grid, names, axis_types=axis_types)
+
+
+def check_mesh_axes(mesh: Mesh | AbstractMesh, rules: Rules) -> None:
+    """Every mesh axis ``rules`` lay a logical axis out on is one of ``mesh``'s (a family's axis, such as
+    expert, comes from ``train.mesh.axes``, which config load fills in; a config built in code must size it)."""
+    for logical, axes in rules.items():
+        missing = [axis for axis in axes if axis not in mesh.axis_names]
+        if missing:
+            raise ConfigError(f"config key 'train.mesh.axes.{missing[0]}': the rule for logical axis '{logical}' "
+                              f"lays it out on mesh axis '{missing[0]}', which the mesh ({', '.join(mesh.axis_names)})"
+                              " does not have; size it in train.mesh.axes (1: not split)")
 
 
 def logical_to_spec(logical: Sequence[str | None], rules: Rules) -> PartitionSpec:

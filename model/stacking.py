@@ -15,15 +15,19 @@ The scan body merges the layer's slice into the block's graphdef, runs it, and r
 states alone: returning the (read-only) parameters as scan outputs would stack a second copy of them
 (MaxText's fix #4405, 12.7 GB per host on DeepSeek-V3).
 
+Layers that repeat a pattern of static settings (Gemma 3's local and global attention) are one stack too,
+run by ``scan_groups`` (a scan over groups of ``len(pattern)`` layers, each unrolled in the body with its own
+setting, then the tail); layers of different parameter shapes are two stacks (its docstring).
+
 Layouts on disk: a checkpoint records its layout in its meta (``layout_meta``); ``stack_tree`` and
-``unstack_tree`` convert any tree holding a ``blocks`` subtree (parameters, optimizer moments,
-pure dicts or ``nnx.State``) between ``blocks/<i>/...`` (the unrolled ``nnx.List``) and
-``blocks/...`` with a leading layer axis.
+``unstack_tree`` convert any tree holding a layer stack's subtree (``blocks``, or the names a family gives in
+``ModelFamily.roles.layers``; parameters, optimizer moments, pure dicts or ``nnx.State``) between
+``blocks/<i>/...`` (the unrolled ``nnx.List``) and ``blocks/...`` with a leading layer axis.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -32,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 LAYER_AXIS = "layers"  # the logical axis name of the stacked layer dimension (train.mesh.rules)
-BLOCKS = "blocks"  # the attribute holding the decoder's layers, stacked or as an nnx.List
+BLOCKS = "blocks"  # the attribute holding a decoder's layers, stacked or as an nnx.List (ModelFamily.roles.layers)
 LAYOUT_KEY = "layout"  # the checkpoint meta's entry
 
 
@@ -112,6 +116,89 @@ def scan_layers_xs(stack: nnx.Module, x: jax.Array, xs: Any,
     return jax.lax.scan(body, x, (params, xs), unroll=unroll)
 
 
+def scan_groups(stack: nnx.Module, x: jax.Array, pattern: Sequence[Any],
+                run: Callable[[nnx.Module, jax.Array, Any], jax.Array], unroll: int = 1) -> jax.Array:
+    """``x`` through every layer of ``stack`` (built by ``stacked``) where layer ``i`` runs with the static setting
+    ``pattern[i % len(pattern)]``: ``run(layer, x, setting)`` is one layer.
+
+    When a family uses it: its layers share their parameters' shapes (one stack, the [L, ...] layout that
+    checkpoints, restacking and HF import handle) but differ in settings fixed at trace time, in a repeating
+    pattern: Gemma 3's local (sliding window, RoPE base 10k) and global layers (model/gemma3/model.py).
+    ``scan_layers`` cannot run them: its body is one program for every layer, and a setting that changes the
+    program cannot be a scanned input. Layers whose parameters differ in shape (DeepSeek-style dense first
+    layers, then mixture-of-experts layers) are not one stack: build two with ``stacked`` (two attributes, both
+    named in ``ModelFamily.roles.layers``) and run each with its own ``scan_layers``, one after the other.
+
+    How: with g = ``len(pattern)``, every stacked parameter's axis 0 is viewed as [L // g, g]; a ``lax.scan``
+    runs the L // g groups, the g layers of a group unrolled in its body, each with its own setting; the L % g
+    tail layers (settings ``pattern[:L % g]``) run after the scan (Gemma 3 1B: 26 = 4 x 6 + 2; MaxText's Gemma 3
+    decoder scans the same repeating block). The body merges one layer's slice at a time into the block's
+    graphdef and returns only the hidden states (the read-only parameters are never scan outputs: the module
+    docstring says why). ``unroll``: ``lax.scan``'s, groups per loop iteration. No remat here: a family
+    checkpoints each layer inside ``run`` (one ``nnx.remat`` per setting, static to its trace, as Gemma 3's
+    ``Decoder.layer_fn``).
+
+    With a tail (L % g > 0) the scan's operand is the slice [:L // g * g] of each stacked parameter, which XLA
+    materialises as its own buffer (and the gradient is a concatenation of the two parts). Under bf16 compute the
+    slice fuses into the cast from the fp32 master weights that the train step makes anyway; under fp32 compute
+    it is one transient copy of the scanned layers' weights per step."""
+    graphdef, params = nnx.split(stack)
+    g = len(pattern)
+    n_groups, n_tail = divmod(n_stacked(stack), g)
+    if n_groups:
+        def body(h: jax.Array, group: Any) -> tuple[jax.Array, None]:
+            for j in range(g):
+                h = run(nnx.merge(graphdef, _at(group, j)), h, pattern[j])
+            return h, None
+
+        x, _ = jax.lax.scan(body, x, _grouped(params, n_groups, g), unroll=unroll)
+    for j in range(n_tail):  # layer n_groups * g + j has the setting pattern[j]
+        x = run(nnx.merge(graphdef, _at(params, n_groups * g + j)), x, pattern[j])
+    return x
+
+
+def scan_groups_xs(stack: nnx.Module, x: jax.Array, xs: Any, pattern: Sequence[Any],
+                   run: Callable[[nnx.Module, jax.Array, Any, Any], tuple[jax.Array, Any]],
+                   unroll: int = 1) -> tuple[jax.Array, Any]:
+    """``scan_groups`` with a per-layer input and output, as ``scan_layers_xs`` is ``scan_layers``'s:
+    ``run(layer, x, setting, layer_xs) -> (x, layer_ys)``.
+
+    ``xs``: a tree whose leaves have the layer axis first (a KV cache's [L, B, S, KV, D] keys and values); they
+    are viewed as [L // g, g, ...] scan inputs beside the parameters, each layer's returned slices come back as
+    scan outputs, and the tail layers' are appended after them: ``ys`` has the layer axis first, L long. No remat:
+    this is for inference (text generation)."""
+    graphdef, params = nnx.split(stack)
+    g = len(pattern)
+    n_groups, n_tail = divmod(n_stacked(stack), g)
+    outs: list[Any] = []
+    if n_groups:
+        def body(h: jax.Array, group: tuple[Any, Any]) -> tuple[jax.Array, Any]:
+            group_params, group_xs = group
+            written = []
+            for j in range(g):
+                h, layer_ys = run(nnx.merge(graphdef, _at(group_params, j)), h, pattern[j], _at(group_xs, j))
+                written.append(layer_ys)
+            return h, jax.tree.map(lambda *a: jnp.stack(a), *written)
+
+        x, scanned = jax.lax.scan(body, x, (_grouped(params, n_groups, g), _grouped(xs, n_groups, g)), unroll=unroll)
+        outs.append(jax.tree.map(lambda a: a.reshape(n_groups * g, *a.shape[2:]), scanned))
+    for j in range(n_tail):  # layer n_groups * g + j has the setting pattern[j]
+        i = n_groups * g + j
+        x, layer_ys = run(nnx.merge(graphdef, _at(params, i)), x, pattern[j], _at(xs, i))
+        outs.append(jax.tree.map(lambda a: a[None], layer_ys))
+    return x, jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
+
+
+def _at(tree: Any, i: int) -> Any:
+    """Layer (or group) ``i`` of a tree whose leaves have that axis first."""
+    return jax.tree.map(lambda a: a[i], tree)
+
+
+def _grouped(tree: Any, n_groups: int, g: int) -> Any:
+    """The first ``n_groups * g`` layers of each leaf, viewed as [n_groups, g, ...]."""
+    return jax.tree.map(lambda a: a[:n_groups * g].reshape(n_groups, g, *a.shape[1:]), tree)
+
+
 def n_stacked(stack: nnx.Module) -> int:
     """How many layers a stacked module holds (the length of its parameters' axis 0)."""
     return int(jax.tree.leaves(nnx.state(stack, nnx.Param))[0].shape[0])
@@ -129,11 +216,18 @@ def saved_scan_layers(meta: Mapping[str, Any]) -> bool:
     return bool(layout and layout.get("scan_layers"))
 
 
-def layer_ndim(path: tuple[Any, ...], leaf: Any) -> int:
-    """A parameter's rank per layer: a stacked leaf (under ``blocks``, no layer index in its path) has one
-    dimension more than each layer's (weight decay skips vectors by this rank, not the stacked one)."""
+def layer_ndim(path: tuple[Any, ...], leaf: Any, stacks: Sequence[str] = (BLOCKS,)) -> int:
+    """A parameter's rank per layer: a stacked leaf (under a layer stack, ``stacks``: the family's
+    ``ModelFamily.roles.layers``; no layer index in its path) has one dimension more than each layer's (weight
+    decay skips vectors by this rank, not the stacked one)."""
     keys = tuple(_key(k) for k in path)
-    return leaf.ndim - 1 if BLOCKS in keys and not _has_layer_index(keys) else leaf.ndim
+    at = _stack_at(keys, stacks)
+    return leaf.ndim - 1 if at is not None and not _has_layer_index(keys, at) else leaf.ndim
+
+
+def path_keys(path: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A tree path's keys (dict keys, attribute names, sequence indices), as ``nnx.to_pure_dict`` spells them."""
+    return tuple(_key(k) for k in path)
 
 
 def _key(entry: Any) -> Any:
@@ -144,9 +238,13 @@ def _key(entry: Any) -> Any:
     return entry
 
 
-def _has_layer_index(path: tuple[Any, ...]) -> bool:
-    """Whether the key after ``blocks`` is a layer index (an unrolled leaf's path)."""
-    at = path.index(BLOCKS) + 1
+def _stack_at(path: tuple[Any, ...], stacks: Sequence[str]) -> int | None:
+    """The position just after the first key of ``path`` that names a layer stack (None: not under one)."""
+    return next((i + 1 for i, key in enumerate(path) if key in stacks), None)
+
+
+def _has_layer_index(path: tuple[Any, ...], at: int) -> bool:
+    """Whether the key after the stack's name (at ``at``) is a layer index (an unrolled leaf's path)."""
     return at < len(path) and _is_layer_index(path[at])
 
 
@@ -156,38 +254,39 @@ def _is_layer_index(key: Any) -> bool:
 
 def _paths(tree: Any) -> tuple[list[tuple[Any, ...]], list[Any], Any]:
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    return [tuple(_key(k) for k in path) for path, _ in flat], [leaf for _, leaf in flat], treedef
+    return [path_keys(path) for path, _ in flat], [leaf for _, leaf in flat], treedef
 
 
-def _unrolled_path(stacked_path: tuple[Any, ...], layer: int) -> tuple[Any, ...] | None:
-    """The unrolled twin of a stacked leaf's path for ``layer`` (None: not under ``blocks``)."""
-    if BLOCKS not in stacked_path:
+def _unrolled_path(stacked_path: tuple[Any, ...], layer: int, stacks: Sequence[str]) -> tuple[Any, ...] | None:
+    """The unrolled twin of a stacked leaf's path for ``layer`` (None: not under a layer stack)."""
+    at = _stack_at(stacked_path, stacks)
+    if at is None:
         return None
-    at = stacked_path.index(BLOCKS) + 1
     return (*stacked_path[:at], layer, *stacked_path[at:])
 
 
-def _canonical(path: tuple[Any, ...]) -> tuple[Any, ...]:
+def _canonical(path: tuple[Any, ...], stacks: Sequence[str]) -> tuple[Any, ...]:
     """Layer indices as ints, whichever way the tree spells them (``nnx.List`` keys, Orbax's strings)."""
-    if BLOCKS in path and _has_layer_index(path):
-        at = path.index(BLOCKS) + 1
+    at = _stack_at(path, stacks)
+    if at is not None and _has_layer_index(path, at):
         return (*path[:at], int(path[at]), *path[at + 1:])
     return path
 
 
-def stack_tree(unrolled: Any, stacked_like: Any) -> Any:
-    """``stacked_like``'s structure filled from ``unrolled``: each leaf under ``blocks`` is ``stack`` of
-    the unrolled tree's leaves ``blocks/0/...``, ``blocks/1/...`` (in layer order, ``jnp.stack``); every other leaf is
-    taken as it is. Both trees are of the same kind (parameters, or a whole train state)."""
-    source = {_canonical(p): leaf for p, leaf in zip(*_paths(unrolled)[:2], strict=True)}
+def stack_tree(unrolled: Any, stacked_like: Any, stacks: Sequence[str] = (BLOCKS,)) -> Any:
+    """``stacked_like``'s structure filled from ``unrolled``: each leaf under a layer stack (``stacks``: the
+    family's ``ModelFamily.roles.layers``, default ``blocks``) is ``stack`` of the unrolled tree's leaves
+    ``blocks/0/...``, ``blocks/1/...`` (in layer order, ``jnp.stack``); every other leaf is taken as it is. Both
+    trees are of the same kind (parameters, or a whole train state)."""
+    source = {_canonical(p, stacks): leaf for p, leaf in zip(*_paths(unrolled)[:2], strict=True)}
     paths, _, treedef = _paths(stacked_like)
     leaves = []
     for path in paths:
-        if _unrolled_path(path, 0) is None:
+        if _unrolled_path(path, 0, stacks) is None:
             leaves.append(source[path])
             continue
         layers = []
-        while (twin := _unrolled_path(path, len(layers))) in source:
+        while (twin := _unrolled_path(path, len(layers), stacks)) in source:
             layers.append(source[twin])
         if not layers:
             raise KeyError(f"no unrolled layers for stacked leaf {'/'.join(map(str, path))}")
@@ -195,28 +294,31 @@ def stack_tree(unrolled: Any, stacked_like: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def unstack_tree(stacked_tree: Any, unrolled_like: Any) -> Any:
+def unstack_tree(stacked_tree: Any, unrolled_like: Any, stacks: Sequence[str] = (BLOCKS,)) -> Any:
     """The inverse of ``stack_tree``: ``unrolled_like``'s structure, each ``blocks/<i>/...`` leaf being
     ``stacked leaf[i]``."""
     source = dict(zip(*_paths(stacked_tree)[:2], strict=True))
     paths, _, treedef = _paths(unrolled_like)
     leaves = []
     for path in paths:
-        path = _canonical(path)
-        if BLOCKS in path and _has_layer_index(path):
-            at = path.index(BLOCKS) + 1
+        path = _canonical(path, stacks)
+        at = _stack_at(path, stacks)
+        if at is not None and _has_layer_index(path, at):
             leaves.append(source[(*path[:at], *path[at + 1:])][int(path[at])])
         else:
             leaves.append(source[path])
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def unrolled_pure(pure: Mapping[str, Any]) -> dict[str, Any]:
-    """A pure parameter dict (``nnx.to_pure_dict``) with stacked ``blocks`` as ``{i: {...}}`` per layer
-    (numpy views, no copy); an unrolled dict is returned as it is."""
-    blocks = pure.get(BLOCKS)
-    if not isinstance(blocks, Mapping) or not blocks or all(_is_layer_index(k) for k in blocks):
-        return dict(pure)
-    arrays = jax.tree.map(np.asarray, dict(blocks))
-    n = len(jax.tree.leaves(arrays)[0])
-    return {**pure, BLOCKS: {i: jax.tree.map(lambda a, i=i: a[i], arrays) for i in range(n)}}
+def unrolled_pure(pure: Mapping[str, Any], stacks: Sequence[str] = (BLOCKS,)) -> dict[str, Any]:
+    """A pure parameter dict (``nnx.to_pure_dict``) with each stacked layer stack (``stacks``, default
+    ``blocks``) as ``{i: {...}}`` per layer (numpy views, no copy); an unrolled dict is returned as it is."""
+    out = dict(pure)
+    for name in stacks:
+        blocks = pure.get(name)
+        if not isinstance(blocks, Mapping) or not blocks or all(_is_layer_index(k) for k in blocks):
+            continue
+        arrays = jax.tree.map(np.asarray, dict(blocks))
+        n = len(jax.tree.leaves(arrays)[0])
+        out[name] = {i: jax.tree.map(lambda a, i=i: a[i], arrays) for i in range(n)}
+    return out

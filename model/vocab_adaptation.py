@@ -20,10 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 EncodeFn = Callable[[str], Sequence[int]]
-# top-level parameter names of the input embedding table [V, D] and the untied output head [D, V]
-# (model/llama/model.py; families built on the decoder share them): what adaptation rewrites and what
-# train.trainable=embeddings trains
-EMBEDDING_PARAMS = ("embed", "lm_head")
+# Which parameters are the input embedding table [V, D] and the untied output head [D, V] is the family's to say
+# (``model.family.ParamRoles``: ``ModelFamily.roles``): trainer/init_from.py hands their tables in, token-major.
 
 
 @dataclasses.dataclass(frozen=True)

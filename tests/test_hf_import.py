@@ -1,10 +1,12 @@
 """Importing Transformers' own models (the `hf` extra: torch and transformers), family by family.
 
-For each family a tiny random model made by Transformers (fp32, init std 0.2, biases and norm scales
-randomised too) is saved with ``save_pretrained`` and imported with model/hf_checkpoint.py: our logits
-equal Transformers' within 1e-4 and greedy continuations of 20 tokens are identical; exporting it back
-gives a folder Transformers reloads with identical tensors; a sharded safetensors index and a PyTorch
-state dict (``torch.save``, fp32 and bf16) import too.
+For each registered family with a Hugging Face adapter (``ModelFamily.hf_adapter``), a tiny random model made by
+Transformers from the config.json of the family's tiny shape (``ModelFamily.tiny``; tests/tiny_models.py: fp32,
+init std 0.2, biases and norm scales randomised too) is saved with ``save_pretrained`` and imported with
+model/hf_checkpoint.py: our logits equal Transformers' within 1e-4 and greedy continuations of 20 tokens are
+identical; exporting it back gives a folder Transformers reloads with identical tensors; a sharded safetensors
+index and a PyTorch state dict (``torch.save``, fp32 and bf16) import too. (Export then import without
+Transformers, every family: tests/test_family_contract.py.)
 """
 
 from __future__ import annotations
@@ -18,39 +20,18 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
+from model.registry import get_family
 from tests.conftest import import_extra
+from tests.tiny_models import hf_families, transformers_model
 
 VOCAB = 101
 PROMPT, NEW = 8, 20
-SHAPE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2, rms_norm_eps=1e-6)
-FAMILIES = {
-    # Llama 3 RoPE scaling with every band present at head_dim 8: wavelengths 6.3 (< 32/4: kept), 63 (between:
-    # the ramp), 628 and 6283 (> 32/0.5: divided by the factor)
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters={
-        "rope_type": "llama3", "rope_theta": 10_000.0, "factor": 4.0, "low_freq_factor": 0.5, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32})),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_parameters={
-        "rope_type": "default", "rope_theta": 1_000_000.0})),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
-}
+FAMILIES = hf_families()
 
 
 def hf_model(family: str, seed: int = 0):
-    """A tiny random Transformers model of ``family``: weights N(0, 0.2), 1-D tensors (norm scales, biases)
-    1 + N(0, 0.2) so that a missing bias or norm cannot hide."""
-    torch = import_extra("torch", "hf")
-    transformers = import_extra("transformers", "hf")
-    config_cls, model_cls, extra = FAMILIES[family]
-    torch.manual_seed(seed)
-    config = getattr(transformers, config_cls)(**SHAPE, **extra)
-    model = getattr(transformers, model_cls)(config).to(torch.float32).eval()
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.ndim == 1:
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-    return model
+    """A tiny random Transformers model of ``family`` (tests/tiny_models.py's ``transformers_model``)."""
+    return transformers_model(family, VOCAB, seed)
 
 
 def save(model, folder: Path, **kwargs) -> Path:
@@ -74,7 +55,7 @@ def our_greedy(model, prompt: np.ndarray) -> np.ndarray:
     return tokens[:, PROMPT:]
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_logits_and_greedy_continuation_match_transformers(tmp_path: Path, family: str) -> None:
     torch = import_extra("torch", "hf")
     import jax.numpy as jnp
@@ -102,7 +83,7 @@ def test_logits_and_greedy_continuation_match_transformers(tmp_path: Path, famil
     np.testing.assert_array_equal(our_greedy(ours_model, prompt), generated[:, PROMPT:].numpy())
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_export_back_reloads_with_identical_tensors(tmp_path: Path, family: str) -> None:
     import_extra("torch", "hf")
     transformers = import_extra("transformers", "hf")
@@ -114,10 +95,11 @@ def test_export_back_reloads_with_identical_tensors(tmp_path: Path, family: str)
     imported = load_hf_checkpoint(save(theirs, tmp_path / "hf"))
     assert imported.model_cfg.scan_layers  # imported into stacked layers (the default), exported per layer
     out = write_export(imported.model(), imported.model_cfg, imported.vocab_size, tmp_path / "back")
+    adapter = get_family(family).hf_adapter
     config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == family and config["architectures"] == [FAMILIES[family][1]]
+    assert config["model_type"] == adapter.model_type and config["architectures"] == [adapter.architecture]
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(out))
-    assert type(reloaded).__name__ == FAMILIES[family][1]
+    assert type(reloaded).__name__ == adapter.architecture
     want, got = theirs.state_dict(), reloaded.state_dict()
     assert sorted(got) == sorted(want)
     for name, tensor in want.items():

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiment.errors import ConfigError
+from experiment.sections.model import ModelSection
 from model.family import ModelFamily, register_family
 from model.loss import output_logits
 from model.stacking import scan_layers, stacked
@@ -26,7 +27,7 @@ NAME = "toy_mha"
 
 
 @dataclass
-class ToyConfig:
+class ToyConfig(ModelSection):  # every family's section subclasses it (register_model_section)
     family: str = NAME
     preset: str = ""  # the toy has no named sizes
     d_model: int = 32

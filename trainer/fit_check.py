@@ -144,9 +144,9 @@ def check_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, 
     capacity = TOPOLOGIES[slice_name].usable_hbm_gib
     report: dict[str, Any] = {"slice": slice_name, "topology": TOPOLOGIES[slice_name].name, "devices": len(devices),
                               "mesh": dict(mesh.shape), "capacity_gib": capacity, **dataclasses.asdict(setting),
-                              "scan_layers": bool(getattr(model_cfg, "scan_layers", False)),
+                              "scan_layers": model_cfg.scan_layers,
                               "micro_batch_per_device": (train_cfg.batch_size // setting.grad_accum_steps
-                                                         // _data_parts(mesh)),
+                                                         // _data_parts(mesh, model_cfg, train_cfg)),
                               "loss_chunk_len": train_cfg.loss_chunk_len,
                               **setting_costs(model_cfg, train_cfg, vocab_size, seq_len, "tpu")}
     try:
@@ -202,8 +202,14 @@ def read_answer(answer: dict[str, Any], capacity_gib: float) -> dict[str, Any]:
             **{f"{k}_gib": v / GIB for k, v in parts.items()}, "compile_s": answer["compile_s"]}
 
 
-def _data_parts(mesh: Any) -> int:
-    return int(mesh.shape["data"]) * int(mesh.shape["fsdp"])
+def _data_parts(mesh: Any, model_cfg: FamilyConfig, train_cfg: TrainConfig) -> int:
+    """The devices the batch is split over: the mesh axes of the run's "batch" rule (data x fsdp, and a
+    family's expert axis where its rules list it)."""
+    from model.registry import family_of
+    from model.sharding import batch_sharding, mesh_parts
+
+    spec = batch_sharding(mesh, family_of(model_cfg).mesh_rules(train_cfg.mesh.rules)).spec
+    return mesh_parts(mesh, spec[0] if spec else None)
 
 
 def describe(report: dict[str, Any]) -> str:
@@ -243,7 +249,8 @@ def search_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int,
     """
     from model.sharding import build_mesh
 
-    parts = _data_parts(build_mesh(train_cfg.mesh, topology_devices(slice_name, train_cfg.mesh.dcn_data)))
+    parts = _data_parts(build_mesh(train_cfg.mesh, topology_devices(slice_name, train_cfg.mesh.dcn_data)), model_cfg,
+                        train_cfg)
     kernels = [model_cfg.attention] + (["dot_product"] if model_cfg.attention != "dot_product" else [])
     splits = accumulation_splits(train_cfg, parts)
     rows: list[dict[str, Any]] = []

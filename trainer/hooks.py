@@ -35,7 +35,7 @@ from trainer import checkpoint
 from trainer.guard import GUARD_KEY, Guard
 from trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch
 from trainer.reporting import TrainLedger, log_metrics, log_samples
-from trainer.step import State, TrainProgram
+from trainer.step import AUX_METRICS, State, TrainProgram
 from trainer.throughput import MetricsWindow
 
 if TYPE_CHECKING:
@@ -150,7 +150,8 @@ class Hook(Protocol):
 
 
 class LogMetrics:
-    """Loss, gradient norm, learning rate, throughput and MFU every ``train.log_every`` steps and at the end."""
+    """Loss, gradient norm, learning rate, throughput and MFU every ``train.log_every`` steps and at the end; a
+    family's auxiliary losses as ``train/aux/<name>``."""
 
     def schedule(self, train_cfg: TrainConfig) -> Schedule:
         return Schedule(every=train_cfg.log_every, at_end=True)
@@ -161,7 +162,9 @@ class LogMetrics:
                   "train/total_loss": float(metrics["total_loss"]),
                   "train/grad_norm": float(metrics["grad_norm"]), "train/lr": float(metrics["lr"]),
                   "train/skipped": int(not metrics["finite"]),
-                  "train/tokens_seen": ctx.step * ctx.tokens_per_step, **ctx.window.flush()}
+                  "train/tokens_seen": ctx.step * ctx.tokens_per_step, **ctx.window.flush(),
+                  # the family's auxiliary losses (ModelFamily.aux_losses), weighted, as they joined the loss
+                  **{f"train/{key}": float(value) for key, value in metrics.items() if key.startswith(AUX_METRICS)}}
         if ctx.loader.skipped_records:  # shards.on_corrupt=skip; each one was logged with file and offset
             record["data/skipped_records"] = ctx.loader.skipped_records
             ctx.wandb_run.summary["data/skipped_at"] = [f"{f}@{o}" for f, o in ctx.loader.skipped_at]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +61,7 @@ def start_point(cfg: ExperimentConfig, run_folder: RunFolder, vocab_size: int, m
     ``mesh`` with the run's ``train.mesh.rules`` when given, else the default device). Once there is a
     checkpoint to start from (the run's own, else a branch's parent's at the branch step), the model is
     that checkpoint's and the base model is not read."""
-    folder = getattr(cfg.model, "init_from", "")
+    folder = cfg.model.init_from
     if not folder:
         return StartPoint(cfg.model)
     checkpoint_dir = run_folder.checkpoints
@@ -81,7 +82,7 @@ def start_point(cfg: ExperimentConfig, run_folder: RunFolder, vocab_size: int, m
     model_cfg = merge_model_config(cfg, base_cfg, str(named / "config.json"))
     embeddings = EmbeddingPlan.for_run(cfg, run_folder, base_config, base_vocab, vocab_size)
     imported = load_hf_checkpoint(local, cfg.train.param_dtype, mesh=mesh, rules=cfg.train.mesh.rules,
-                                  scan_layers=getattr(model_cfg, "scan_layers", None))
+                                  scan_layers=model_cfg.scan_layers)
     params, adaptation = embeddings.apply(imported, cfg.experiment.seed)
     lineage = {"folder": str(named), "family": imported.family, "files": imported.source_files,
                "tokenizer_files": [Path(p).name for p in imported.tokenizer_files],
@@ -130,8 +131,7 @@ def reimport_base(run_folder: RunFolder, meta: dict[str, Any]) -> tuple[Any, dic
     recorded = lineage.get("vocab_adaptation") or {"mode": "none"}
     embeddings = EmbeddingPlan.for_mode(recorded.get("mode", "none"), folder, run_folder, base_config, base_vocab,
                                         vocab_size)
-    imported = load_hf_checkpoint(folder, meta.get("param_dtype", "float32"),
-                                  scan_layers=getattr(model_cfg, "scan_layers", None))
+    imported = load_hf_checkpoint(folder, meta.get("param_dtype", "float32"), scan_layers=model_cfg.scan_layers)
     pure, adaptation = embeddings.apply(imported, int(meta.get("seed", 0)))
     if adaptation != recorded:
         raise DataError(f"{run_folder.tokenizer}: adapting {folder} to this tokenizer gives {adaptation}, the run "
@@ -148,7 +148,7 @@ def check_init_from(cfg: ExperimentConfig, saved_meta: dict[str, Any], where: Pa
     """A run with checkpoints trains the checkpoints' model: a ``model.init_from`` that names another base
     model than the one the run started from (or a run that started from scratch) is a ConfigError. The same
     base model in another folder (its config.json describes the same family and shape) may be named."""
-    folder = getattr(cfg.model, "init_from", "")
+    folder = cfg.model.init_from
     if not folder:
         return
     lineage = saved_meta.get("init_from")
@@ -175,7 +175,7 @@ def merge_model_config(cfg: ExperimentConfig, base_cfg: FamilyConfig, source: st
     YAML sets that the base contradicts is a ConfigError naming both values and ``source``."""
     explicit = getattr(cfg, "explicit_keys", frozenset())
     ours = cfg.model
-    if "model.preset" in explicit and getattr(ours, "preset", ""):
+    if "model.preset" in explicit and ours.preset:
         raise ConfigError(f"config key 'model.preset': {ours.preset!r} cannot be combined with model.init_from, whose "
                           f"shape comes from {source}: remove model.preset")
     base_fields = {f.name for f in dataclasses.fields(base_cfg)}
@@ -189,7 +189,7 @@ def merge_model_config(cfg: ExperimentConfig, base_cfg: FamilyConfig, source: st
             raise ConfigError(f"config key 'model.{name}': {mine!r} disagrees with {theirs!r} of {source} "
                               "(model.init_from takes the model's shape from there): "
                               f"remove the key or set it to {theirs!r}")
-    kept = {name: getattr(ours, name) for name in RUN_KEYS if name in base_fields and hasattr(ours, name)}
+    kept = {name: getattr(ours, name) for name in RUN_KEYS if name in base_fields}  # ModelSection fields
     return dataclasses.replace(base_cfg, **kept)
 
 
@@ -206,7 +206,7 @@ class EmbeddingPlan:
     @classmethod
     def for_run(cls, cfg: ExperimentConfig, run_folder: RunFolder, base_config: dict[str, Any], base_vocab: int,
                 vocab_size: int) -> EmbeddingPlan:
-        return cls.for_mode(getattr(cfg.model, "vocab_adaptation", "none"),
+        return cls.for_mode(cfg.model.vocab_adaptation,
                             base_folder(cfg.model.init_from, "model.init_from")[1], run_folder, base_config, base_vocab,
                             vocab_size)
 
@@ -234,18 +234,40 @@ class EmbeddingPlan:
         """The imported parameters (a pure dict) with the run's embedding rows, and what was done."""
         from flax import nnx
 
+        from model.registry import get_family
+
         pure = nnx.to_pure_dict(imported.state)
         if self.mode == "none":
             return pure, {"mode": "none"}
-        tables = {"embed": host_array(pure["embed"])}
-        if pure.get("lm_head") is not None:
-            tables["lm_head"] = host_array(pure["lm_head"]).T  # [D, V] -> token-major
+        # the family's embedding table [V, D] and untied head [D, V] (ModelFamily.roles), token-major
+        roles = get_family(imported.family).roles
+        tables = {roles.embedding: host_array(pure_at(pure, roles.embedding))}
+        if roles.output_head is not None and (head := pure_at(pure, roles.output_head)) is not None:
+            tables[roles.output_head] = host_array(head).T  # [D, V] -> token-major
         adapted, report = adapt_embeddings(tables, self.texts, self.encode, self.mode, seed=seed,
                                            special_map=self.special_map)
-        pure["embed"] = adapted["embed"]
-        if "lm_head" in adapted:
-            pure["lm_head"] = np.ascontiguousarray(adapted["lm_head"].T)
+        for path, table in adapted.items():
+            set_pure_at(pure, path, table if path == roles.embedding else np.ascontiguousarray(table.T))
         return pure, report.as_dict()
+
+
+def pure_at(pure: Mapping[str, Any], path: str) -> Any:
+    """The entry of a pure parameter dict at a ``/``-separated path (a ``ParamRoles`` path); None when absent."""
+    node: Any = pure
+    for key in path.split("/"):
+        if not isinstance(node, Mapping) or node.get(key) is None:
+            return None
+        node = node[key]
+    return node
+
+
+def set_pure_at(pure: dict[str, Any], path: str, value: Any) -> None:
+    """Replace the entry of a pure parameter dict at a ``/``-separated path."""
+    *parents, last = path.split("/")
+    node = pure
+    for key in parents:
+        node = node[key]
+    node[last] = value
 
 
 def host_array(value: Any) -> np.ndarray:

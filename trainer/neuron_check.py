@@ -51,7 +51,7 @@ from experiment.schema import ExperimentConfig
 from experiment.sections.model import FamilyConfig
 from experiment.sections.train import MeshConfig, TrainConfig
 from experiment.stages import NEURON_CHECK
-from model.sharding import MESH_AXES
+from model.sharding import family_axes
 from trainer.fit_check import setting_costs, vocab_and_seq_len
 from trainer.step import TrainProgram
 
@@ -328,8 +328,10 @@ def neuron_mesh(mesh_cfg: MeshConfig) -> AbstractMesh:
     """
     data = (mesh_cfg.data if mesh_cfg.data > 0 else 1) * mesh_cfg.dcn_data
     device = jax.sharding.AbstractDevice(device_kind="Trainium", num_cores=None, platform=NEURON_PLATFORM)
-    return AbstractMesh((data, mesh_cfg.fsdp, mesh_cfg.tensor), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                        abstract_device=device)
+    extra = family_axes(mesh_cfg)  # a family's own axes (expert), in model.sharding.mesh_shape's order
+    names = ("data", "fsdp", *extra, "tensor")
+    return AbstractMesh((data, mesh_cfg.fsdp, *extra.values(), mesh_cfg.tensor), names,
+                        axis_types=(AxisType.Auto,) * len(names), abstract_device=device)
 
 
 def trace_neuron_step(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, seq_len: int,
@@ -359,11 +361,11 @@ def check_step(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int,
     costs = setting_costs(neuron_model_config(model_cfg), train_cfg, vocab_size, seq_len, NEURON_PLATFORM)
     return {"findings": [dataclasses.asdict(f) for f in findings], "finding_lines": [str(f) for f in findings],
             "op_count": op_count, "primitives": primitives, "trace_s": round(traced_s, 3),
-            "family": getattr(model_cfg, "family", "llama"), "vocab_size": vocab_size, "seq_len": seq_len,
+            "family": model_cfg.family, "vocab_size": vocab_size, "seq_len": seq_len,
             "batch_size": train_cfg.batch_size, "packed": packed, "mesh": dict(mesh.shape),
             "settings": {"jax_default_prng_impl": NEURON_PRNG, "attention": NEURON_ATTENTION,
                          "configured_attention": model_cfg.attention,
-                         "scan_layers": bool(getattr(model_cfg, "scan_layers", False)),
+                         "scan_layers": model_cfg.scan_layers,
                          "remat": model_cfg.remat, "loss_chunk_len": train_cfg.loss_chunk_len,
                          "nan_policy": train_cfg.nan_policy, "quantization": train_cfg.quantization,
                          "grad_accum_steps": train_cfg.grad_accum_steps, "trainable": train_cfg.trainable,

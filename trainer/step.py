@@ -5,7 +5,8 @@ Read it top to bottom as the step runs::
     step(state, batch)                 jit(train_step): in and out on the state's shardings, state donated
       train_step(state, batch)         pure: grads -> update -> the next state and the step's metrics
         grads(params, batch)           d loss / d params, summed over train.grad_accum_steps micro-batches
-          loss(params, batch)          the model's hidden states -> chunked cross-entropy (+ z-loss)
+          loss(params, batch)          the model's hidden states -> chunked cross-entropy (+ z-loss, + the
+                                       family's auxiliary losses: ``ModelFamily.aux_losses``)
         update(state, grads, loss)     freeze the body, clip + AdamW, skip a non-finite step
     lower(abstract_batch)              the same jitted step, lowered ahead of time (trainer/fit_check.py)
 
@@ -22,7 +23,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -33,18 +34,27 @@ from jax.sharding import Mesh, NamedSharding
 from experiment.errors import ConfigError
 from experiment.sections.model import FamilyConfig
 from experiment.sections.train import TrainConfig
-from model.family import FamilyModel, run_once_compile_options
+from model.family import AuxLossModel, FamilyModel, ParamRoles, run_once_compile_options
 from model.loss import chunked_cross_entropy
 from model.registry import family_of
-from model.sharding import activation_layout, batch_sharding, mesh_parts, replicated, spec_axes, tree_shardings
-from model.stacking import layer_ndim, stack_tree, unstack_tree
-from model.vocab_adaptation import EMBEDDING_PARAMS
+from model.sharding import (
+    activation_layout,
+    batch_sharding,
+    check_mesh_axes,
+    mesh_parts,
+    replicated,
+    spec_axes,
+    tree_shardings,
+)
+from model.stacking import BLOCKS, layer_ndim, path_keys, stack_tree, unstack_tree
 from trainer.quantization import quantize_module, tracing
 from trainer.schedules import make_schedule
 
 State = dict[str, Any]
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
+AuxLosses = dict[str, jax.Array]  # a family's auxiliary losses by name (``ModelFamily.aux_losses``), weighted
+AUX_METRICS = "aux/"  # the step's metric of aux loss <name> is aux/<name> (train/aux/<name> in the logs)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -64,7 +74,8 @@ class TrainProgram:
                                                                                  mesh, seed)
         self.family = family
         self.rules = family.mesh_rules(train_cfg.mesh.rules)
-        self.tx, self.schedule = make_optimizer(train_cfg)
+        check_mesh_axes(mesh, self.rules)  # a family's own mesh axis (expert) is one of the mesh's
+        self.tx, self.schedule = make_optimizer(train_cfg, family.roles.layers)
         self.param_dtype, self.compute_dtype = DTYPES[train_cfg.param_dtype], DTYPES[train_cfg.compute_dtype]
 
         # eval and export merge the float ``graphdef``; the step merges its own: the same parameters, its
@@ -84,7 +95,7 @@ class TrainProgram:
         self.batch_sharding: NamedSharding = batch_sharding(mesh, self.rules)
         check_batch(train_cfg, self.batch_sharding)
         # which leaves train while the body is frozen (train.trainable, train.embeddings_only_steps)
-        self.trainable = embedding_mask(shapes["params"]) if freezes_body(train_cfg) else None
+        self.trainable = embedding_mask(shapes["params"], family.roles) if freezes_body(train_cfg) else None
         # parameters that train while the body is frozen (None: every parameter always trains)
         self.param_trainable_frozen: int | None = None if self.trainable is None else sum(
             math.prod(leaf.shape) for leaf, keep in zip(jax.tree.leaves(shapes["params"]),
@@ -105,25 +116,49 @@ class TrainProgram:
 
     # -- what one step computes (traced under ``step``) --
 
-    def loss(self, params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array]:
-        """``(loss to minimise, cross-entropy)`` of one (micro-)batch: the model runs in
-        ``train.compute_dtype`` on a cast of the master weights, the logits a chunk of positions at a time."""
+    def loss(self, params: nnx.State, batch: Batch) -> tuple[jax.Array, tuple[jax.Array, AuxLosses]]:
+        """``(loss to minimise, (cross-entropy, auxiliary losses))`` of one (micro-)batch: the model runs in
+        ``train.compute_dtype`` on a cast of the master weights, the logits a chunk of positions at a time.
+
+        A family that declares auxiliary losses (``ModelFamily.aux_losses``, e.g. a mixture of experts' load
+        balance) runs ``hidden_with_aux``, which returns each already weighted by the family's config; their
+        sum joins the loss the gradient is taken of. Others run ``hidden`` and the loss is what it always was."""
         model = nnx.merge(self.step_graphdef, jax.tree.map(lambda p: p.astype(self.compute_dtype), params))
+        aux: AuxLosses = {}
         with tracing(self.train_cfg.quantization):
-            hidden = model.hidden(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
+            if self.family.aux_losses:
+                hidden, aux = self.aux_hidden(model, batch)
+            else:
+                hidden = model.hidden(batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
         # loss_weights (shards.on_corrupt=skip): the row standing in for a corrupt record trains nothing
         nll, z_term = chunked_cross_entropy(hidden, model.output_weight(), batch["targets"],
                                             self.train_cfg.loss_chunk_len, weights=batch.get("loss_weights"))
-        return nll + self.model_cfg.z_loss * z_term, nll
+        loss = nll + self.model_cfg.z_loss * z_term
+        if aux:
+            loss = loss + sum(aux.values())
+        return loss, (nll, aux)
 
-    def grads(self, params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array, nnx.State]:
-        """``(loss, cross-entropy, gradients)`` of the batch, averaged over ``train.grad_accum_steps``
-        micro-batches run one after another (a ``lax.scan``): the memory of one micro-batch."""
+    def aux_hidden(self, model: FamilyModel, batch: Batch) -> tuple[jax.Array, AuxLosses]:
+        """``model.hidden_with_aux`` of the batch: the hidden states and the family's declared auxiliary losses,
+        each a float32 scalar (anything else is the family's bug, named while tracing)."""
+        hidden, aux = cast(AuxLossModel, model).hidden_with_aux(batch["inputs"], batch.get("segment_ids"),
+                                                                batch.get("positions"))
+        declared = self.family.aux_losses
+        shapes = {name: jnp.shape(value) for name, value in aux.items()}
+        if set(aux) != set(declared) or any(shapes.values()):
+            raise ValueError(f"model family '{self.family.name}': hidden_with_aux returned auxiliary losses of shapes "
+                             f"{shapes}; the family declares {list(declared)}, each a scalar")
+        return hidden, {name: jnp.asarray(aux[name], jnp.float32) for name in declared}
+
+    def grads(self, params: nnx.State, batch: Batch) -> tuple[jax.Array, jax.Array, AuxLosses, nnx.State]:
+        """``(loss, cross-entropy, auxiliary losses, gradients)`` of the batch, averaged over
+        ``train.grad_accum_steps`` micro-batches run one after another (a ``lax.scan``): the memory of one
+        micro-batch. The auxiliary losses are accumulated and averaged like the loss."""
         grad_fn = jax.value_and_grad(self.loss, has_aux=True)
         accum = self.train_cfg.grad_accum_steps
         if accum == 1:
-            (loss, nll), grads = grad_fn(params, batch)
-            return loss, nll, grads
+            (loss, (nll, aux)), grads = grad_fn(params, batch)
+            return loss, nll, aux, grads
 
         def split(x: jax.Array) -> jax.Array:
             # row i of micro-batch j is row i * accum + j: each device keeps its own rows
@@ -132,13 +167,16 @@ class TrainProgram:
                 micro, NamedSharding(self.mesh, jax.P(None, *self.batch_sharding.spec)))
 
         def add_micro(carry: tuple[Any, ...], micro: Batch) -> tuple[tuple[Any, ...], None]:
-            loss_sum, nll_sum, grad_sum = carry
-            (loss, nll), grads = grad_fn(params, micro)
-            return (loss_sum + loss, nll_sum + nll, jax.tree.map(jnp.add, grad_sum, grads)), None
+            loss_sum, nll_sum, aux_sum, grad_sum = carry
+            (loss, (nll, aux)), grads = grad_fn(params, micro)
+            return (loss_sum + loss, nll_sum + nll, jax.tree.map(jnp.add, aux_sum, aux),
+                    jax.tree.map(jnp.add, grad_sum, grads)), None
 
-        zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(jnp.zeros_like, params))
-        (loss, nll, grads), _ = jax.lax.scan(add_micro, zeros, jax.tree.map(split, batch))
-        return loss / accum, nll / accum, jax.tree.map(lambda g: g / accum, grads)
+        zeros = (jnp.zeros(()), jnp.zeros(()), {name: jnp.zeros(()) for name in self.family.aux_losses},
+                 jax.tree.map(jnp.zeros_like, params))
+        (loss, nll, aux, grads), _ = jax.lax.scan(add_micro, zeros, jax.tree.map(split, batch))
+        return (loss / accum, nll / accum, {name: value / accum for name, value in aux.items()},
+                jax.tree.map(lambda g: g / accum, grads))
 
     def update(self, state: State, grads: nnx.State, loss: jax.Array) -> tuple[nnx.State, Any, jax.Array, jax.Array]:
         """The optimizer step: ``(new params, new optimizer state, gradient norm, finite)``.
@@ -168,7 +206,7 @@ class TrainProgram:
         """One optimizer step, pure: ``step`` is this function jitted (call that one)."""
         with self.layout():
             step = state["step"]
-            loss, nll, grads = self.grads(state["params"], batch)
+            loss, nll, aux, grads = self.grads(state["params"], batch)
             params, opt_state, grad_norm, finite = self.update(state, grads, loss)
             new_state = {
                 "params": params,
@@ -178,7 +216,7 @@ class TrainProgram:
                 "rng": jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), step)),
             }
             metrics = {"loss": nll, "total_loss": loss, "grad_norm": grad_norm, "lr": self.schedule(step),
-                       "finite": finite}
+                       "finite": finite, **{f"{AUX_METRICS}{name}": value for name, value in aux.items()}}
         return new_state, metrics
 
     @contextlib.contextmanager
@@ -234,14 +272,16 @@ class TrainProgram:
         """``scanned``, a checkpoint's layer layout -> (its restore target, the function that brings the
         restored state to this program's layout): a checkpoint of the other layout is restacked (or
         unstacked) once, on the devices, each array laid out as the step expects."""
-        if scanned == bool(getattr(self.model_cfg, "scan_layers", False)):
+        if scanned == self.model_cfg.scan_layers:
             return self.abstract_state, lambda state: state
         other_cfg = dataclasses.replace(self.model_cfg, scan_layers=scanned)
         other = jax.eval_shape(lambda: self.state_of(initial_params(other_cfg, self.vocab_size, self.seed,
                                                                     self.param_dtype)))
         other_abstract = with_shardings(other, tree_shardings(other, self.mesh, self.rules))
         ours = self.abstract_state
-        convert = ((lambda state: unstack_tree(state, ours)) if scanned else (lambda state: stack_tree(state, ours)))
+        stacks = self.family.roles.layers
+        convert = ((lambda state: unstack_tree(state, ours, stacks)) if scanned
+                   else (lambda state: stack_tree(state, ours, stacks)))
         return other_abstract, jax.jit(convert, out_shardings=self.state_shardings, donate_argnums=0)
 
     def model(self, params: nnx.State) -> FamilyModel:
@@ -249,7 +289,8 @@ class TrainProgram:
         return nnx.merge(self.graphdef, params)
 
 
-def make_optimizer(train_cfg: TrainConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(train_cfg: TrainConfig, stacks: tuple[str, ...] = (BLOCKS,)
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """AdamW on train.schedule (trainer/schedules.py), after global-norm clipping.
 
     Weight decay skips vectors (norm scales): decaying them only fights the normalisation. A scanned
@@ -258,7 +299,7 @@ def make_optimizer(train_cfg: TrainConfig) -> tuple[optax.GradientTransformation
     schedule = make_schedule(train_cfg)
     adamw = optax.adamw(
         schedule, b1=train_cfg.beta1, b2=train_cfg.beta2, weight_decay=train_cfg.weight_decay,
-        mask=lambda params: jax.tree_util.tree_map_with_path(lambda path, p: layer_ndim(path, p) > 1, params),
+        mask=lambda params: jax.tree_util.tree_map_with_path(lambda path, p: layer_ndim(path, p, stacks) > 1, params),
     )
     if train_cfg.grad_clip > 0:
         return optax.chain(optax.clip_by_global_norm(train_cfg.grad_clip), adamw), schedule
@@ -272,10 +313,10 @@ def all_finite(tree: Any) -> jax.Array:
     return jnp.stack(leaves).all() if leaves else jnp.asarray(True)
 
 
-def embedding_mask(params: Any) -> Any:
-    """True for the input embeddings and the output head (``model.vocab_adaptation.EMBEDDING_PARAMS``)."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: bool(path) and getattr(path[0], "key", None) in EMBEDDING_PARAMS, params)
+def embedding_mask(params: Any, roles: ParamRoles) -> Any:
+    """True for the input embeddings and the untied output head: the family's ``roles.embedding`` and
+    ``roles.output_head`` (``model.family.ParamRoles``), checked against its parameters at registration."""
+    return jax.tree_util.tree_map_with_path(lambda path, _: roles.is_table(path_keys(path)), params)
 
 
 def freezes_body(train_cfg: TrainConfig) -> bool:

@@ -117,7 +117,7 @@ def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
     step, saved_meta = latest
     # another model or data first: that, not the schedule, is what the user changed (trainer.resume);
     # with model.init_from the model is the checkpoints' (check_init_from checks the base)
-    model = saved_meta.get("model") if getattr(cfg.model, "init_from", "") else dataclasses.asdict(cfg.model)
+    model = saved_meta.get("model") if cfg.model.init_from else dataclasses.asdict(cfg.model)
     check_same_run(saved_meta, {"model": model, "vocab_size": data.vocab_size,
                                 "tokenizer_sha256": data.tokenizer_sha256,
                                 "seq_len": data.seq_len, "param_dtype": cfg.train.param_dtype}, checkpoint_dir)
@@ -280,7 +280,7 @@ def checkpoint_meta(cfg: ExperimentConfig, data: DataSpec, n_params: int, run_id
         "tokenizer_sha256": data.tokenizer_sha256, "seq_len": data.seq_len,
         "param_dtype": cfg.train.param_dtype, "n_params": n_params, "wandb_run_id": run_id,
         "seed": cfg.experiment.seed,  # step 0's parameters (trainer.step.initial_params): eval's random init
-        LAYOUT_KEY: layout_meta(getattr(model_cfg, "scan_layers", False)),  # how the layers' parameters are stacked
+        LAYOUT_KEY: layout_meta(model_cfg.scan_layers),  # how the layers' parameters are stacked
     }
     if lineage is not None:
         meta["init_from"] = lineage
@@ -333,7 +333,7 @@ def train_session(session: TrainSession, ctx: LoopContext, hooks: Sequence[Hook]
     without checkpoints, save the step-0 state alone (an imported model), refused when not finite. The
     checkpoint manager is closed and ``train_log.jsonl`` closed either way; its last segment is not published
     after a storage failure."""
-    manager, base = session.manager, getattr(session.cfg.model, "init_from", "") or "none"
+    manager, base = session.manager, session.cfg.model.init_from or "none"
     try:
         if session.untrained and session.cfg.train.steps == 0:  # the step-0 checkpoint alone (an imported model)
             ctx.guard.state_finite = bool(session.program.state_finite(ctx.state))  # no step checked this one

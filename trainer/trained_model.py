@@ -39,9 +39,8 @@ def model_config_from_meta(meta: dict[str, Any]) -> FamilyConfig:
     family = get_family(meta.get("family") or meta["model"].get("family") or "llama")
     fields = {f.name for f in dataclasses.fields(family.config_cls)}
     cfg = family.config_cls(**{k: v for k, v in meta["model"].items() if k in fields})
-    if "scan_layers" in fields:  # the layout its parameters were saved in
-        cfg = dataclasses.replace(cfg, scan_layers=saved_scan_layers(meta))
-    return dataclasses.replace(cfg, attention="auto") if getattr(cfg, "attention", "") in ("splash", "cudnn") else cfg
+    cfg = dataclasses.replace(cfg, scan_layers=saved_scan_layers(meta))  # the layout its parameters were saved in
+    return dataclasses.replace(cfg, attention="auto") if cfg.attention in ("splash", "cudnn") else cfg
 
 
 def load_trained_model(run_folder: Any, step: int | None = None, mesh: Mesh | None = None,

@@ -21,9 +21,9 @@ class FamilyConfig(Protocol):
     """Any family's ``model:`` section, as code other than the family's own reads it: the type of
     ``ExperimentConfig.model`` and of every ``model_cfg`` a stage hands to the family registry.
 
-    A shipped family's section subclasses ``ModelSection`` and adds ``d_model``; a plugin's
-    (``register_model_section``) is any dataclass with these fields. The other ``ModelSection`` fields
-    (``init_from``, ``scan_layers``, ``vocab_adaptation``) are read with ``getattr`` and a default.
+    Every family's section subclasses ``ModelSection`` (a plugin's too: ``register_model_section`` refuses
+    another class) and adds ``d_model`` and its shape fields; the ``ModelSection`` fields below are what
+    other stages read, as attributes.
     """
 
     @property
@@ -46,6 +46,23 @@ class FamilyConfig(Protocol):
 
     @property
     def remat(self) -> str: ...  # the activation checkpointing setting
+
+    @property
+    def init_std(self) -> float: ...  # the initialisers' standard deviation
+
+    @property
+    def scan_layers(self) -> bool: ...  # the layers stacked and scanned (model/stacking.py), else a loop
+
+    @property
+    def scan_unroll(self) -> int: ...  # lax.scan's unroll (0: by platform)
+
+    @property
+    def init_from(self) -> str: ...  # a Hugging Face folder the first session starts from ("": none)
+
+    @property
+    def vocab_adaptation(self) -> str: ...  # none, mean or random (model/vocab_adaptation.py)
+
+    def validate(self, key: str) -> None: ...  # the section's checks: one ConfigError line naming the key
 
 
 @dataclass
@@ -107,11 +124,13 @@ _PLUGIN_AXIS_RULES: dict[str, dict[str, list[str]]] = {}
 
 
 def register_model_section(family: str, cls: type[FamilyConfig], axis_rules: Mapping[str, Sequence[str]]) -> None:
-    """Make ``model.family: <family>`` build its model section as ``cls`` (a dataclass with a ``family`` field)
-    and check ``train.mesh.rules`` against the family's logical axis names (``axis_rules``, with defaults)."""
-    if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)
-            and "family" in {f.name for f in dataclasses.fields(cls)}):
-        raise TypeError(f"model section of family '{family}' must be a dataclass with a 'family' field, got {cls!r}")
+    """Make ``model.family: <family>`` build its model section as ``cls`` (a dataclass subclassing
+    ``ModelSection``: the trainer, eval and the cost code read its fields as attributes) and check
+    ``train.mesh.rules`` against the family's logical axis names (``axis_rules``, with defaults). Another class is
+    one ConfigError line."""
+    if not (isinstance(cls, type) and issubclass(cls, ModelSection) and dataclasses.is_dataclass(cls)):
+        raise ConfigError(f"model family '{family}': its model section {cls!r} must be a dataclass subclassing "
+                          "experiment.sections.model.ModelSection (the fields every stage reads)")
     _PLUGIN_SECTIONS[family] = cls
     _PLUGIN_AXIS_RULES[family] = {k: list(v) for k, v in axis_rules.items()}
 

@@ -6,6 +6,9 @@ from typing import Literal
 from experiment.errors import ConfigError
 from experiment.storage.urls import check_location
 
+# the mesh axes every run has; a family's axis rules may lay logical axes out on more (``MeshConfig.axes``)
+BASE_MESH_AXES = ("data", "fsdp", "tensor")
+
 
 @dataclass
 class MeshConfig:
@@ -13,9 +16,16 @@ class MeshConfig:
     fsdp: int = 1
     tensor: int = 1
     dcn_data: int = 1  # multi-slice: data parallelism across slices over the data-centre network
-    # logical axis name -> list of mesh axes (data, fsdp, tensor); [] keeps that dim unsharded. Only the
-    # names to change: the family's own rules (AXIS_RULES in model/<family>/config.py) give the rest, and a
-    # name the family's parameters and activations do not use is an error (experiment.config.check_sections)
+    # the sizes of the mesh axes beyond data/fsdp/tensor that the family's rules (with ``rules`` below) lay a
+    # logical axis out on, e.g. {expert: 2} for a mixture-of-experts family's "expert" axis (expert
+    # parallelism). Config load adds every such axis not sized here with size 1 (not split) and refuses an
+    # axis here that no rule uses (experiment.config.check_sections). The mesh is data, fsdp, these axes in
+    # this order, tensor (model.sharding.build_mesh); their product with the others must match the devices
+    axes: dict[str, int] = field(default_factory=dict)
+    # logical axis name -> list of mesh axes (data, fsdp, tensor, or an axis sized in ``axes``); [] keeps that
+    # dim unsharded. Only the names to change: the family's own rules (AXIS_RULES in model/<family>/config.py)
+    # give the rest, and a name the family's parameters and activations do not use is an error
+    # (experiment.config.check_sections)
     rules: dict[str, list[str]] = field(default_factory=dict)
 
     def validate(self, key: str) -> None:
@@ -25,11 +35,20 @@ class MeshConfig:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 1, got {getattr(self, name)}")
         if self.data == 0 or self.data < -1:
             raise ConfigError(f"config key '{prefix}data': must be >= 1 or -1 (all devices left over), got {self.data}")
+        for axis, size in self.axes.items():
+            if axis in (*BASE_MESH_AXES, "dcn_data"):
+                raise ConfigError(f"config key '{prefix}axes.{axis}': size it as {prefix}{axis} (axes holds the "
+                                  "mesh axes a model family adds, such as expert)")
+            if not axis.isidentifier():
+                raise ConfigError(f"config key '{prefix}axes.{axis}': a mesh axis name is a Python identifier")
+            if size < 1:
+                raise ConfigError(f"config key '{prefix}axes.{axis}': must be >= 1, got {size}")
+        known = (*BASE_MESH_AXES, *self.axes)
         for logical, axes in self.rules.items():
-            bad = [a for a in axes if a not in ("data", "fsdp", "tensor")]
+            bad = [a for a in axes if a not in known]
             if bad:
                 raise ConfigError(f"config key '{prefix}rules.{logical}': unknown mesh axes {bad} "
-                                  "(use data, fsdp, tensor)")
+                                  f"(use {', '.join(known)}, or size a family's mesh axis in {prefix}axes)")
             if len(set(axes)) != len(axes):
                 raise ConfigError(f"config key '{prefix}rules.{logical}': a mesh axis is listed twice: {axes}")
 

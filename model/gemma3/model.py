@@ -13,11 +13,11 @@ query, with RoPE base ``rope_theta_local``; a global layer attends causally over
 
 Every layer has the same parameter shapes: local and global differ only in their (static) window and RoPE
 table. So with ``scan_layers`` the layers are stored as one stack (model/stacking.py's generic ``[L, ...]``
-layout, the one checkpoints, restacking and HF import already handle) and run as a ``lax.scan`` over the
-repeating group of ``len(pattern)`` layers (6 for 5 local : 1 global): the stacked parameters' leading axis
-is viewed as ``[L // g, g]``, the ``g`` layers of a group are unrolled in the scan body with their own
-window and RoPE, and the ``L % g`` tail layers run after the scan (Gemma 3 1B: 26 = 4 x 6 + 2). MaxText's
-Gemma 3 decoder scans the same repeating block. ``scan_layers: false`` is a loop over per-layer modules.
+layout, the one checkpoints, restacking and HF import already handle) and run by model/stacking.py's
+``scan_groups``: a ``lax.scan`` over the repeating group of ``len(pattern)`` layers (6 for 5 local : 1 global),
+the ``g`` layers of a group unrolled in the scan body with their own window and RoPE, and the ``L % g`` tail
+layers after the scan (Gemma 3 1B: 26 = 4 x 6 + 2); ``scan_groups_xs`` does the same with each layer's KV-cache
+slice for text generation. ``scan_layers: false`` is a loop over per-layer modules.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +37,7 @@ from model.kv_cache import KVCache, LayerKV, attend_cached
 from model.layers import REMAT_POLICIES, CausalLM, GatedMLP, Rope, default_positions, param, rope_angles, rotary
 from model.linear import project
 from model.sharding import compiled_platform, constrain
-from model.stacking import stacked
+from model.stacking import scan_groups, scan_groups_xs, stacked
 
 # the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules):
 # attention's and the MLP's projections; the score and value einsums and the (tied) head stay in the compute dtype
@@ -163,7 +162,7 @@ class Decoder(CausalLM):
         x = constrain(self.embedded(tokens), ("batch", "length", "act_embed"))
         layer = self.layer_fn(ropes, segment_ids)
         if self.scanned:
-            x = self.scan_groups(x, layer)
+            x = scan_groups(self.blocks, x, self.pattern, layer, unroll=self.unroll())
         else:
             for i, block in enumerate(self.blocks):
                 x = layer(block, x, self.pattern[i % len(self.pattern)])
@@ -189,7 +188,7 @@ class Decoder(CausalLM):
 
         x = self.embedded(tokens)
         if self.scanned:
-            x, (k, v) = self.scan_groups_cached(x, (cache.k, cache.v), layer)
+            x, (k, v) = scan_groups_xs(self.blocks, x, (cache.k, cache.v), self.pattern, layer, unroll=self.unroll())
         else:
             layers = []
             for i, block in enumerate(self.blocks):
@@ -197,40 +196,6 @@ class Decoder(CausalLM):
                 layers.append(kv)
             k, v = (jnp.stack(kv) for kv in zip(*layers, strict=True))
         return self.final_norm(x), cache.advanced(k, v, t)
-
-    def scan_groups_cached(self, x: jax.Array, kv: LayerKV,
-                           layer: Callable[[Block, jax.Array, str, LayerKV], tuple[jax.Array, LayerKV]]
-                           ) -> tuple[jax.Array, LayerKV]:
-        """``scan_groups`` with each layer's cache slice: the [L, ...] keys and values are viewed as
-        [L // g, g, ...] scan inputs beside the parameters, the updated slices come back as scan outputs, and
-        the tail layers' are appended after them."""
-        graphdef, params = nnx.split(self.blocks)
-        g = len(self.pattern)
-        n_groups, n_tail = divmod(self.n_layers, g)
-
-        def at(tree: Any, i: int) -> Any:
-            return jax.tree.map(lambda a: a[i], tree)
-
-        def grouped(tree: Any) -> Any:
-            return jax.tree.map(lambda a: a[:n_groups * g].reshape(n_groups, g, *a.shape[1:]), tree)
-
-        outs: list[LayerKV] = []
-        if n_groups:
-            def body(h: jax.Array, group: tuple[Any, LayerKV]) -> tuple[jax.Array, LayerKV]:
-                group_params, group_kv = group
-                written = []
-                for j in range(g):
-                    h, layer_kv = layer(nnx.merge(graphdef, at(group_params, j)), h, self.pattern[j], at(group_kv, j))
-                    written.append(layer_kv)
-                return h, jax.tree.map(lambda *a: jnp.stack(a), *written)
-
-            x, scanned = jax.lax.scan(body, x, (grouped(params), grouped(kv)), unroll=self.unroll(n_groups))
-            outs.append(jax.tree.map(lambda a: a.reshape(n_groups * g, *a.shape[2:]), scanned))
-        for j in range(n_tail):  # layer n_groups * g + j has the type pattern[j]
-            i = n_groups * g + j
-            x, layer_kv = layer(nnx.merge(graphdef, at(params, i)), x, self.pattern[j], at(kv, i))
-            outs.append(jax.tree.map(lambda a: a[None], layer_kv))
-        return x, jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
 
     def window(self, kind: str) -> int:
         """A layer type's attention window (0: global, causal over the whole sequence)."""
@@ -251,42 +216,11 @@ class Decoder(CausalLM):
         by_kind = {kind: checkpointed(kind) for kind in set(self.pattern)}
         return lambda block, x, kind: by_kind[kind](block, x)
 
-    def scan_groups(self, x: jax.Array, layer: Callable[[Block, jax.Array, str], jax.Array]) -> jax.Array:
-        """``x`` through the stacked layers: a ``lax.scan`` over the full groups of ``len(pattern)`` layers (each
-        group's layers unrolled in the body with their own type), then the tail layers (see the module docstring).
-
-        The stack's parameters are split off the module and viewed as [L // g, g, ...] for the scan; the body
-        merges one layer's slice at a time into the block's graphdef and returns only the hidden states (the
-        read-only parameters are never scan outputs: model/stacking.py's ``scan_layers`` explains why).
-
-        With a tail (L % g > 0) the scan's operand is the slice [:L // g * g] of each stacked parameter, which
-        XLA materialises as its own buffer (and the gradient is a concatenation of the two parts). Under bf16
-        compute the slice fuses into the cast from the fp32 master weights that the train step makes anyway;
-        under fp32 compute it is one transient copy of the scanned layers' weights per step."""
-        graphdef, params = nnx.split(self.blocks)
-        g = len(self.pattern)
-        n_groups, n_tail = divmod(self.n_layers, g)
-
-        def at(tree: Any, i: int) -> Any:
-            return jax.tree.map(lambda a: a[i], tree)
-
-        if n_groups:
-            grouped = jax.tree.map(lambda a: a[:n_groups * g].reshape(n_groups, g, *a.shape[1:]), params)
-
-            def body(h: jax.Array, group: Any) -> tuple[jax.Array, None]:
-                for j in range(g):
-                    h = layer(nnx.merge(graphdef, at(group, j)), h, self.pattern[j])
-                return h, None
-
-            x, _ = jax.lax.scan(body, x, grouped, unroll=self.unroll(n_groups))
-        for j in range(n_tail):  # layer n_groups * g + j has the type pattern[j]
-            x = layer(nnx.merge(graphdef, at(params, n_groups * g + j)), x, self.pattern[j])
-        return x
-
-    def unroll(self, n_groups: int) -> int:
+    def unroll(self) -> int:
         """Groups per scan iteration: ``model.scan_unroll``, or by the platform compiled for: all of them on a
         CPU (XLA:CPU fuses across layers, as Llama's scan), one elsewhere (one group's program, compile time
         flat in depth)."""
+        n_groups = self.n_layers // len(self.pattern)
         return (min(self.scan_unroll, n_groups) if self.scan_unroll
                 else (n_groups if compiled_platform() == "cpu" else 1))
 

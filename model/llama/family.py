@@ -12,8 +12,9 @@ adapter class; each has its own ``model:`` section class and config.json (model/
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from model.family import ModelFamily, register_family
+from model.family import ModelFamily, ParamRoles, register_family
 from model.llama import flops
 from model.llama.config import AXIS_RULES, SECTIONS, LlamaConfig
 from model.llama.hf import MISTRAL_HF, QWEN2_HF, QWEN3_HF, LlamaHF, LlamaShapedHF
@@ -24,11 +25,26 @@ def describe(cfg: LlamaConfig) -> str:
     return f"{cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads / {cfg.n_kv_heads} KV heads"
 
 
+# the decoder's input embedding, its untied head (absent when tied: ``tie_embeddings``) and its layer stack
+ROLES = ParamRoles(embedding="embed", output_head="lm_head", layers=("blocks",))
+TINY = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=64)  # a few-layer shape
+TINY_SHAPES: dict[str, dict[str, Any]] = {
+    # three layers, the untied head, and Llama 3's RoPE scaling with every band present at head_dim 8: wavelengths
+    # 6.3 (< 32 / 4: kept), 63 (between: the ramp), 628 and 6283 (> 32 / 0.5: divided by the factor)
+    "llama": {**TINY, "n_layers": 3, "tie_embeddings": False, "rope_scaling": "llama3", "rope_factor": 4.0,
+              "rope_low_freq_factor": 0.5, "rope_high_freq_factor": 4.0, "rope_original_max_len": 32},
+    "mistral": TINY,  # untied, as the section's default
+    "qwen2": TINY,  # tied, with q/k/v biases
+    "qwen3": {**TINY, "head_dim": 16},  # tied, q/k norms, head_dim != d_model / n_heads
+}
+
+
 def _family(name: str, adapter: LlamaShapedHF, validate: Callable[[LlamaConfig], None]) -> ModelFamily:
     return register_family(ModelFamily(
         name=name, config_cls=SECTIONS[name], build=Decoder, flops=flops.train_flops_per_token,
         param_count=flops.param_count, recompute_flops=flops.recompute_flops, axis_rules=AXIS_RULES,
         validate=validate, describe=describe, hf_adapter=adapter, quantized_modules=QUANTIZED_MODULES,
+        roles=ROLES, tiny=TINY_SHAPES[name],
     ))
 
 

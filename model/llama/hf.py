@@ -227,7 +227,7 @@ class LlamaShapedHF:
         state = nnx.state(get_family(self.family).abstract(cfg, vocab_size), nnx.Param)
         # rotary inverse frequencies are recomputed from the config; a tied model's head is its embedding
         ignored = lambda name: name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and name == "lm_head.weight")  # noqa: E731
-        import_tensors(state, hf_tensors(cfg), state_dict, scanned=bool(getattr(cfg, "scan_layers", False)),
+        import_tensors(state, hf_tensors(cfg), state_dict, scanned=cfg.scan_layers,
                        model_type=self.model_type, ignored=ignored, dtype=dtype, place=place, place_layers=place_layers)
         return cfg, state
 
@@ -235,7 +235,7 @@ class LlamaShapedHF:
 def check_plain_llama(cfg: LlamaConfig) -> None:
     """Transformers' Llama has no q/k/v-only biases nor q/k norms (those are the qwen2 and qwen3 families)."""
     for key, family in (("qkv_bias", "qwen2"), ("qk_norm", "qwen3")):
-        if getattr(cfg, key, False):
+        if getattr(cfg, key):
             raise ConfigError(f"config key 'model.{key}': LlamaForCausalLM has no such weights; "
                               f"export it as model.family={family}")
 
