@@ -27,6 +27,7 @@ FAMILY_PACKAGES: dict[str, str] = {
     "qwen2": "model.llama",
     "qwen3": "model.llama",
     "gemma3": "model.gemma3",
+    "qwen3_moe": "model.qwen3_moe",
 }
 
 

@@ -228,6 +228,9 @@ class ModelFamily:
     # the names of its auxiliary losses (e.g. ("load_balance",)): its module then has ``hidden_with_aux``
     # (``AuxLossModel``), the train step adds them to the loss and logs each as train/aux/<name>; (): none
     aux_losses: tuple[str, ...] = ()
+    # fields of its ``model:`` section that are the run's choice, not the checkpoint's shape (routing, loss
+    # weights): under ``model.init_from`` they come from the YAML, beside trainer/init_from.py's RUN_KEYS
+    run_keys: tuple[str, ...] = ()
     # where its embedding table, untied output head and layer stacks are (``ParamRoles``): what freezing the
     # body, vocabulary adaptation and checkpoint restacking reach into; checked at registration
     roles: ParamRoles = field(default_factory=ParamRoles)

@@ -16,12 +16,14 @@ are few (one per step after the prompt), and its scores read any number of key s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from model.attention import einsum_attention
+from model.stacking import scan_layers_xs
 
 LayerKV = tuple[jax.Array, jax.Array]  # one layer's k and v [B, S, KV, D]
 
@@ -91,3 +93,20 @@ def attend_cached(q: jax.Array, k: jax.Array, v: jax.Array, layer: LayerKV, cach
     mask = cache_mask(cache, q.shape[1], window)
     out = einsum_attention(q, cached_k.astype(q.dtype), cached_v.astype(q.dtype), mask, scale)
     return out, (cached_k, cached_v)
+
+
+def decode_layers(blocks: Any, x: jax.Array, cache: KVCache,
+                  run: Callable[[Any, jax.Array, LayerKV], tuple[jax.Array, LayerKV]], scanned: bool,
+                  unroll: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Every layer's ``run(block, h, (k, v)) -> (h, (k, v))`` over its slice of ``cache``, scanned (the stacked
+    ``blocks``, the slices riding through the scan) or in a loop over per-layer blocks: (hidden, new k, new v),
+    each cache stacked [L, ...] as ``cache.advanced`` takes it."""
+    if scanned:
+        x, (k, v) = scan_layers_xs(blocks, x, (cache.k, cache.v), run, unroll=unroll)
+        return x, k, v
+    layers = []
+    for i, block in enumerate(blocks):
+        x, layer = run(block, x, (cache.k[i], cache.v[i]))
+        layers.append(layer)
+    k, v = (jnp.stack(kv) for kv in zip(*layers, strict=True))
+    return x, k, v

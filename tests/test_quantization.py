@@ -122,3 +122,17 @@ def test_a_quantized_run_resumes_exactly(fixture_stages: Path, tmp_path: Path) -
     want = {r["train/step"]: r["train/loss"] for r in log_records(whole.parent / "runs" / "tiny")}
     assert sorted(got) == [1, 2, 3, 4]
     assert got == want  # floats from JSON: equal means bitwise
+
+
+
+def test_a_family_with_auxiliary_losses_is_refused_rather_than_left_float() -> None:
+    """qwen3_moe's step differentiates ``hidden_with_aux``, which Qwix does not intercept: quantizing it would
+    quantize nothing, silently. One error line instead."""
+    from experiment.errors import ConfigError
+    from model.registry import get_family
+
+    family = get_family("qwen3_moe")
+    train_cfg = dataclasses.replace(TRAIN, quantization="int8")
+    mesh = build_mesh(train_cfg.mesh, rules=family.mesh_rules(train_cfg.mesh.rules))  # its expert axis, size 1
+    with pytest.raises(ConfigError, match="train.quantization.*auxiliary losses"):
+        TrainProgram(family.tiny_config(), train_cfg, VOCAB, mesh, seed=0)

@@ -27,6 +27,7 @@ from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import FamilyConfig
 from experiment.storage import BucketPath, RunPath, local_folder, location
+from model.family import family_of
 from model.hf_checkpoint import ImportedCheckpoint, hf_model_config, load_hf_checkpoint, read_config
 from model.vocab_adaptation import adapt_embeddings
 from trainer.branch import Branch
@@ -163,11 +164,18 @@ def check_init_from(cfg: ExperimentConfig, saved_meta: dict[str, Any], where: Pa
     saved_model = saved_meta.get("model") or {}
     differ = [f"family {lineage.get('family')} -> {family}"] if family != lineage.get("family") else [
         f"{f.name} {saved_model[f.name]!r} -> {getattr(base_cfg, f.name)!r}" for f in dataclasses.fields(base_cfg)
-        if f.name not in RUN_KEYS and f.name in saved_model and saved_model[f.name] != getattr(base_cfg, f.name)]
+        if f.name not in run_keys(base_cfg) and f.name in saved_model
+        and saved_model[f.name] != getattr(base_cfg, f.name)]
     if differ:
         raise ConfigError(f"config key 'model.init_from': {folder} is another model ({', '.join(differ)}) than "
                           f"{lineage['folder']}, which the checkpoints in {where} started from: {advice}")
     log.info("model.init_from: %s is the same model as %s, which the run started from", folder, lineage["folder"])
+
+
+def run_keys(model_cfg: FamilyConfig) -> tuple[str, ...]:
+    """The keys of ``model_cfg`` that are the run's own, not the base model's shape: ``RUN_KEYS`` and the
+    family's (``ModelFamily.run_keys``)."""
+    return (*RUN_KEYS, *family_of(model_cfg).run_keys)
 
 
 def merge_model_config(cfg: ExperimentConfig, base_cfg: FamilyConfig, source: str) -> FamilyConfig:
@@ -179,7 +187,7 @@ def merge_model_config(cfg: ExperimentConfig, base_cfg: FamilyConfig, source: st
         raise ConfigError(f"config key 'model.preset': {ours.preset!r} cannot be combined with model.init_from, whose "
                           f"shape comes from {source}: remove model.preset")
     base_fields = {f.name for f in dataclasses.fields(base_cfg)}
-    for name in sorted(base_fields - set(RUN_KEYS)):
+    for name in sorted(base_fields - set(run_keys(base_cfg))):
         if f"model.{name}" not in explicit or not hasattr(ours, name):
             continue
         mine, theirs = getattr(ours, name), getattr(base_cfg, name)
@@ -189,7 +197,7 @@ def merge_model_config(cfg: ExperimentConfig, base_cfg: FamilyConfig, source: st
             raise ConfigError(f"config key 'model.{name}': {mine!r} disagrees with {theirs!r} of {source} "
                               "(model.init_from takes the model's shape from there): "
                               f"remove the key or set it to {theirs!r}")
-    kept = {name: getattr(ours, name) for name in RUN_KEYS if name in base_fields}  # ModelSection fields
+    kept = {name: getattr(ours, name) for name in run_keys(base_cfg) if name in base_fields}
     return dataclasses.replace(base_cfg, **kept)
 
 

@@ -63,6 +63,12 @@ def quantize_module(module: nnx.Module, family: ModelFamily, mode: str) -> nnx.M
     if mode not in QTYPES:
         raise ConfigError(f"config key 'train.quantization': unknown value '{mode}' "
                           f"(known: {', '.join(QUANTIZATIONS)})")
+    if family.aux_losses:
+        # its step runs ``hidden_with_aux``; Qwix intercepting that method failed inside qwen3_moe's scanned layers
+        # ("lhs and rhs cannot be both weights", qwix 0.1, 2026-12-06), and the experts' ragged_dot is no
+        # dot_general its rules see: refused, rather than a run that quantizes nothing
+        raise ConfigError(f"config key 'train.quantization': model family '{family.name}' has auxiliary losses; "
+                          "quantized training of such a family is not supported yet; use none")
     if not family.quantized_modules:
         raise ConfigError(f"config key 'train.quantization': model family '{family.name}' names no modules to "
                           "quantize (ModelFamily.quantized_modules); use none")

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from model.attention import attend, resolve_attention
-from model.kv_cache import KVCache, LayerKV, attend_cached
+from model.kv_cache import KVCache, LayerKV, attend_cached, decode_layers
 from model.layers import (
     REMAT_POLICIES,
     CausalLM,
@@ -37,7 +37,7 @@ from model.layers import (
 from model.linear import project
 from model.llama.config import LlamaConfig
 from model.sharding import compiled_platform, constrain
-from model.stacking import scan_layers, scan_layers_xs, stacked
+from model.stacking import scan_layers, stacked
 
 # the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules):
 # attention's and the MLP's projections; attention's score and value einsums (activation x activation)
@@ -152,14 +152,7 @@ class Decoder(CausalLM):
         def run(block: Block, h: jax.Array, layer: LayerKV) -> tuple[jax.Array, LayerKV]:
             return block.decode(h, rope, layer, cache)
 
-        if self.scanned:
-            x, (k, v) = scan_layers_xs(self.blocks, x, (cache.k, cache.v), run, unroll=self.unroll())
-        else:
-            layers = []
-            for i, block in enumerate(self.blocks):
-                x, layer = run(block, x, (cache.k[i], cache.v[i]))
-                layers.append(layer)
-            k, v = (jnp.stack(kv) for kv in zip(*layers, strict=True))
+        x, k, v = decode_layers(self.blocks, x, cache, run, self.scanned, self.unroll())
         return self.final_norm(x), cache.advanced(k, v, t)
 
     def unroll(self) -> int:
