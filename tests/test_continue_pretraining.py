@@ -33,17 +33,17 @@ LINES = ["Мой дядя самых честных правил, когда н�
          "The quick brown fox jumps over the lazy dog.", "Капитанская дочка, Дубровский, повести Белкина."] * 20
 
 
-@pytest.fixture(scope="module")
-def base_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def hf_base_folder(folder: Path, model_cfg: Any) -> Path:
+    """``folder`` as a Hugging Face model folder: ``model_cfg``'s family's model (seed 7) exported by its adapter,
+    and a byte-level BPE tokenizer.json of BASE_VOCAB pieces."""
     from safetensors.numpy import save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from model.registry import get_family
+    from model.registry import family_of
 
-    folder = tmp_path_factory.mktemp("base-hf")
-    llama = get_family("llama")
-    state_dict, config = llama.hf_adapter.export(llama.init(BASE_MODEL, BASE_VOCAB, seed=7), BASE_MODEL, BASE_VOCAB,
-                                                 {"eos": 1})
+    family = family_of(model_cfg)
+    state_dict, config = family.hf_adapter.export(family.init(model_cfg, BASE_VOCAB, seed=7), model_cfg, BASE_VOCAB,
+                                                  {"eos": 1})
     save_file(state_dict, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
     tokenizer = Tokenizer(models.BPE())
@@ -54,6 +54,11 @@ def base_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert tokenizer.get_vocab_size() == BASE_VOCAB
     tokenizer.save(str(folder / "tokenizer.json"))
     return folder
+
+
+@pytest.fixture(scope="module")
+def base_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return hf_base_folder(tmp_path_factory.mktemp("base-hf"), BASE_MODEL)
 
 
 def continue_config(stages: Path, root: Path, base: Path, **train: Any) -> Path:
@@ -312,3 +317,45 @@ def test_recipe_05_scores_the_base_model_beside_the_trained_step(fixture_stages:
     again = json.loads((eval_dir / "step_0000004.json").read_text(encoding="utf-8"))
     assert "base_model" not in again and "config.json" in again["base_model_skipped"]
     assert again["heldout"] == step4["heldout"]
+
+
+def test_a_mixture_of_experts_base_is_continued_and_evaluated_with_its_balancing_loss_logged(
+        fixture_stages: Path, tmp_path: Path) -> None:
+    """A Qwen3-MoE base (our tiny qwen3_moe exported as a Hugging Face folder) continued on the fixture
+    experiment's data (experiment.data_from) by recipe 04, then scored by recipe 05: every logged step has the
+    load-balancing and router-z losses, and the evaluation reads the MoE checkpoint."""
+    import shutil
+
+    import yaml
+
+    from model.registry import get_family
+    from tests.fixture_run import fixture_config
+
+    (tmp_path / "moe-base").mkdir()
+    base = hf_base_folder(tmp_path / "moe-base", get_family("qwen3_moe").tiny_config(max_seq_len=64))
+    shutil.copytree(fixture_stages / "runs" / "tiny", tmp_path / "runs" / "tiny",
+                    ignore=shutil.ignore_patterns("wandb"))
+    config = fixture_config(tmp_path, experiment={"name": "moe-cpt", "data_from": "tiny"},
+                            train={"steps": 3, "checkpoint_every": 3, "warmup_steps": 1, "log_every": 1},
+                            eval={"tasks": [], "train_tasks": [], "max_validation_batches": 2, "missing_tasks": "skip"},
+                            wandb={"mode": "disabled"})
+    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    # the router z-loss weight is the run's own (config.json has none): kept from the YAML
+    cfg["model"] = {"family": "qwen3_moe", "init_from": str(base), "vocab_adaptation": "mean", "max_seq_len": 64,
+                    "router_z_loss_coef": 0.001}
+    config.write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    run_recipe("04_pretrain.py", config)
+    run = tmp_path / "runs" / "moe-cpt"
+    steps = [json.loads(line) for line in (run / "train_log.jsonl").read_text("utf-8").splitlines()
+             if "train/loss" in json.loads(line)]
+    assert [r["train/step"] for r in steps] == [1, 2, 3]
+    for record in steps:
+        assert record["train/aux/load_balance"] > 0 and record["train/aux/router_z"] > 0
+        assert np.isfinite(record["train/loss"])
+    # the fixture's validation split is empty: a held-out text gives the bits per byte
+    text = sorted((Path(__file__).parent / "fixtures" / "corpus").glob("ru_*.txt"))[0]
+    run_recipe("05_evaluate.py", config, "eval.random_init_baseline=false", f"eval.heldout_text_files=[{text}]")
+    manifest = json.loads((run / "eval" / "manifest.json").read_text(encoding="utf-8"))
+    result = json.loads((run / "eval" / manifest["latest"]).read_text(encoding="utf-8"))
+    assert result["step"] == 3
+    assert 0 < result["heldout"][str(text)]["bits_per_byte"] < 20, result["heldout"]
