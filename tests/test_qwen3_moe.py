@@ -402,9 +402,12 @@ def test_train_steps_lower_the_loss_and_report_the_aux_losses() -> None:
     assert balance[0] == pytest.approx(CFG.router_aux_loss_coef * CFG.top_k, rel=0.05)
 
 
-MESHES = {  # name -> (data, fsdp, tensor, expert): the family's own axis splits the experts and the batch
-    "one": (1, 1, 1, 1), "data_fsdp_tensor": (2, 2, 2, 1), "data_fsdp_expert": (2, 2, 1, 2),
-    "expert_tensor": (1, 1, 2, 4),
+# name -> (data, fsdp, tensor, expert, grad_accum_steps): the family's own axis splits the experts and the batch;
+# with micro-batches the load-balancing loss is each micro-batch's (its routing statistics are), so those runs
+# are compared with one device taking the same micro-batches
+MESHES = {
+    "one": (1, 1, 1, 1, 1), "data_fsdp_tensor": (2, 2, 2, 1, 1), "data_fsdp_expert": (2, 2, 1, 2, 1),
+    "expert_tensor": (1, 1, 2, 4, 1), "one_accum": (1, 1, 1, 1, 2), "fsdp_tensor_expert_accum": (1, 2, 2, 2, 2),
 }
 MESH_VOCAB = 96  # even: the vocabulary is split over the tensor axis
 
@@ -420,9 +423,10 @@ def train_steps_on_meshes() -> dict[str, Any]:
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, MESH_VOCAB, (8, SEQ + 1)).astype(np.int32) for _ in range(2)]
     out: dict[str, Any] = {"devices": jax.device_count()}
-    for name, (data, fsdp, tensor, expert) in MESHES.items():
+    for name, (data, fsdp, tensor, expert, accum) in MESHES.items():
         mesh_cfg = MeshConfig(data=data, fsdp=fsdp, tensor=tensor, axes={"expert": expert})
-        train = TrainConfig(steps=10, batch_size=8, learning_rate=1e-2, warmup_steps=1, mesh=mesh_cfg)
+        train = TrainConfig(steps=10, batch_size=8, learning_rate=1e-2, warmup_steps=1, mesh=mesh_cfg,
+                            grad_accum_steps=accum)
         devices = jax.devices()[:data * fsdp * tensor * expert]
         mesh = build_mesh(mesh_cfg, devices, QWEN3_MOE.mesh_rules(mesh_cfg.rules))
         program = TrainProgram(QWEN3_MOE.tiny_config(), train, MESH_VOCAB, mesh, seed=0)
@@ -440,10 +444,10 @@ def train_steps_on_meshes() -> dict[str, Any]:
 def test_train_steps_sharded_over_8_devices_with_the_expert_axis_give_the_one_device_ones(eight_devices: Any) -> None:
     out = eight_devices.run(train_steps_on_meshes)
     assert out["devices"] == 8
-    one = out["one"]["steps"]
-    for name, (data, fsdp, tensor, expert) in MESHES.items():
+    for name, (data, fsdp, tensor, expert, accum) in MESHES.items():
+        one = out["one" if accum == 1 else "one_accum"]["steps"]
         assert out[name]["mesh"] == {"data": data, "fsdp": fsdp, "expert": expert, "tensor": tensor}
-        assert (out[name]["split"] > 0) == (name != "one")  # the mesh really splits parameters
+        assert (out[name]["split"] > 0) == (not name.startswith("one"))  # the mesh really splits parameters
         for sharded, single in zip(out[name]["steps"], one, strict=True):  # step 1, then a step after an update
             assert abs(sharded[0] - single[0]) < 1e-5, (name, out[name]["steps"], one)
             assert sharded[1] == pytest.approx(single[1], rel=1e-4)
