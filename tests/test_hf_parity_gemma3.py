@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import import_extra
+from tests.hf_parity import export_reloads_both_ways, their_greedy, their_logits
 
 VOCAB, PROMPT, NEW = 101, 8, 20
 SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=8, num_attention_heads=4,
@@ -48,20 +49,6 @@ def hf_model(case: str, seed: int = 0) -> Any:
             if p.ndim == 1:  # norm weights: Gemma scales by 1 + w
                 p.copy_(0.2 * torch.randn_like(p))
     return model
-
-
-def their_logits(model: Any, tokens: np.ndarray) -> np.ndarray:
-    torch = import_extra("torch", "hf")
-    with torch.no_grad():
-        return model(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
-
-
-def their_greedy(model: Any, prompt: np.ndarray) -> np.ndarray:
-    torch = import_extra("torch", "hf")
-    with torch.no_grad():
-        out = model.generate(torch.from_numpy(prompt.astype(np.int64)), max_new_tokens=NEW, do_sample=False,
-                             attention_mask=torch.ones(prompt.shape, dtype=torch.int64), pad_token_id=0)
-    return out[:, PROMPT:].numpy()
 
 
 def our_greedy(model: Any, prompt: np.ndarray) -> np.ndarray:
@@ -111,7 +98,7 @@ def test_logits_and_greedy_continuation_match_transformers(saved: tuple[str, Any
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
 
     prompt = tokens[:, :PROMPT]
-    mine, reference = our_greedy(ours_model, prompt), their_greedy(theirs_model, prompt)
+    mine, reference = our_greedy(ours_model, prompt), their_greedy(theirs_model, prompt, NEW)
     print(f"gemma3 {case} scan_layers={scan_layers}: greedy 20 tokens equal: {bool((mine == reference).all())}")
     np.testing.assert_array_equal(mine, reference)
 
@@ -120,47 +107,11 @@ def test_export_reloads_in_transformers_both_ways(saved: tuple[str, Any, Path], 
     """Theirs -> ours -> export -> Transformers: the very tensors; ours (fresh, perturbed) -> export ->
     Transformers: our logits; -> import again: our parameters."""
     import_extra("torch", "hf")
-    transformers = import_extra("transformers", "hf")
-    import dataclasses
-
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from eval.hf_export import write_export
-    from model.hf_checkpoint import load_hf_checkpoint
-    from model.registry import get_family
-
-    case, theirs, folder = saved
-    imported = load_hf_checkpoint(folder)
-    out = write_export(imported.model(), imported.model_cfg, VOCAB, tmp_path / "back", special_ids={"bos": 2, "pad": 0})
-    reloaded = transformers.Gemma3ForCausalLM.from_pretrained(str(out)).eval()
-    want, got = theirs.state_dict(), reloaded.state_dict()
-    assert sorted(got) == sorted(want)
-    for name, tensor in want.items():
-        np.testing.assert_array_equal(got[name].numpy(), tensor.numpy(), err_msg=name)
+    _, theirs, folder = saved
+    _, reloaded = export_reloads_both_ways("gemma3", theirs, folder, tmp_path, VOCAB)
     assert reloaded.config.layer_types == theirs.config.layer_types
     assert reloaded.config.rope_parameters == theirs.config.rope_parameters
-    assert load_hf_checkpoint(out).model_cfg == imported.model_cfg
 
-    # the other way: a model of ours, never seen by Transformers (norm scales moved off their zero init)
-    gemma3 = get_family("gemma3")
-    cfg = dataclasses.replace(imported.model_cfg, init_std=0.2, scan_layers=False)
-    model = gemma3.init(cfg, VOCAB, seed=5)
-    params = nnx.state(model, nnx.Param)
-    keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(params))))
-    nnx.update(model, jax.tree.map(lambda p: p + 0.2 * jax.random.normal(next(keys), p.shape) if p.ndim == 1 else p,
-                                   params))
-    out = write_export(model, cfg, VOCAB, tmp_path / "ours")
-    theirs_of_ours = transformers.Gemma3ForCausalLM.from_pretrained(str(out)).eval()
-    tokens = np.random.default_rng(1).integers(0, VOCAB, size=(2, 16)).astype(np.int32)
-    ours = np.asarray(model(jnp.asarray(tokens)), np.float32)
-    theirs_logits = their_logits(theirs_of_ours, tokens)
-    print(f"gemma3 {case} export of ours: max |logit diff| {float(np.abs(ours - theirs_logits).max()):.2e}")
-    np.testing.assert_allclose(ours, theirs_logits, atol=1e-4, rtol=0)
-    back = load_hf_checkpoint(out, scan_layers=False)
-    for a, b in zip(jax.tree.leaves(back.state), jax.tree.leaves(nnx.state(model, nnx.Param)), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def rewrite_config(source: Path, target: Path, **changes: Any) -> Path:

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import import_extra
+from tests.hf_parity import export_reloads_both_ways, their_greedy, their_logits
 
 VOCAB, PROMPT, NEW = 101, 8, 32
 SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
@@ -45,20 +46,6 @@ def hf_model(case: str, seed: int = 0) -> Any:
             if p.ndim == 1:  # norm weights start at one: move them so that a missing norm cannot hide
                 p.add_(0.2 * torch.randn_like(p))
     return model
-
-
-def their_logits(model: Any, tokens: np.ndarray) -> np.ndarray:
-    torch = import_extra("torch", "hf")
-    with torch.no_grad():
-        return model(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
-
-
-def their_greedy(model: Any, prompt: np.ndarray) -> np.ndarray:
-    torch = import_extra("torch", "hf")
-    with torch.no_grad():
-        out = model.generate(torch.from_numpy(prompt.astype(np.int64)), max_new_tokens=NEW, do_sample=False,
-                             attention_mask=torch.ones(prompt.shape, dtype=torch.int64), pad_token_id=0)
-    return out[:, PROMPT:].numpy()
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -110,7 +97,7 @@ def test_logits_greedy_tokens_and_aux_loss_match_transformers(saved: tuple[str, 
 
     prompt = tokens[:, :PROMPT]
     mine = np.asarray(generate(ours_model, prompt.tolist(), NEW).tokens)  # with the KV cache
-    reference = their_greedy(theirs_model, prompt)
+    reference = their_greedy(theirs_model, prompt, NEW)
     print(f"qwen3_moe {case} scan_layers={scan_layers}: greedy {NEW} tokens equal: {bool((mine == reference).all())}")
     np.testing.assert_array_equal(mine, reference)
 
@@ -119,44 +106,7 @@ def test_export_reloads_in_transformers_both_ways(saved: tuple[str, Any, Path], 
     """Theirs -> ours -> export -> Transformers: the very tensors; ours (fresh, perturbed) -> export ->
     Transformers: our logits; -> import again: our parameters."""
     import_extra("torch", "hf")
-    transformers = import_extra("transformers", "hf")
-    import dataclasses
-
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from eval.hf_export import write_export
-    from model.hf_checkpoint import load_hf_checkpoint
-    from model.registry import get_family
-
-    case, theirs, folder = saved
-    imported = load_hf_checkpoint(folder)
-    out = write_export(imported.model(), imported.model_cfg, VOCAB, tmp_path / "back", special_ids={"bos": 2, "pad": 0})
-    reloaded = transformers.Qwen3MoeForCausalLM.from_pretrained(str(out)).eval()
-    want, got = theirs.state_dict(), reloaded.state_dict()
-    assert sorted(got) == sorted(want)
-    for name, tensor in want.items():
-        np.testing.assert_array_equal(got[name].numpy(), tensor.numpy(), err_msg=name)
+    _, theirs, folder = saved
+    _, reloaded = export_reloads_both_ways("qwen3_moe", theirs, folder, tmp_path, VOCAB)
     assert reloaded.config.rope_parameters["rope_theta"] == theirs.config.rope_parameters["rope_theta"]
     assert (reloaded.config.num_experts, reloaded.config.norm_topk_prob) == (8, theirs.config.norm_topk_prob)
-    assert load_hf_checkpoint(out).model_cfg == imported.model_cfg
-
-    # the other way: a model of ours, never seen by Transformers (norm scales moved off their ones)
-    family = get_family("qwen3_moe")
-    cfg = dataclasses.replace(imported.model_cfg, init_std=0.2, scan_layers=False)
-    model = family.init(cfg, VOCAB, seed=5)
-    params = nnx.state(model, nnx.Param)
-    keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(params))))
-    nnx.update(model, jax.tree.map(lambda p: p + 0.2 * jax.random.normal(next(keys), p.shape) if p.ndim == 1 else p,
-                                   params))
-    out = write_export(model, cfg, VOCAB, tmp_path / "ours")
-    theirs_of_ours = transformers.Qwen3MoeForCausalLM.from_pretrained(str(out)).eval()
-    tokens = np.random.default_rng(1).integers(0, VOCAB, size=(2, 16)).astype(np.int32)
-    ours = np.asarray(model(jnp.asarray(tokens)), np.float32)
-    theirs_logits = their_logits(theirs_of_ours, tokens)
-    print(f"qwen3_moe {case} export of ours: max |logit diff| {float(np.abs(ours - theirs_logits).max()):.2e}")
-    np.testing.assert_allclose(ours, theirs_logits, atol=1e-4, rtol=0)
-    back = load_hf_checkpoint(out, scan_layers=False)
-    for a, b in zip(jax.tree.leaves(back.state), jax.tree.leaves(nnx.state(model, nnx.Param)), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
