@@ -29,6 +29,7 @@ from experiment.sections.model import FamilyConfig
 from experiment.storage import BucketPath, RunPath, local_folder, location
 from model.family import family_of
 from model.hf_checkpoint import ImportedCheckpoint, hf_model_config, load_hf_checkpoint, read_config
+from model.hf_tensors import get_path, set_path
 from model.vocab_adaptation import adapt_embeddings
 from trainer.branch import Branch
 from trainer.resume import finished_steps, latest_meta
@@ -255,27 +256,16 @@ class EmbeddingPlan:
         adapted, report = adapt_embeddings(tables, self.texts, self.encode, self.mode, seed=seed,
                                            special_map=self.special_map)
         for path, table in adapted.items():
-            set_pure_at(pure, path, table if path == roles.embedding else np.ascontiguousarray(table.T))
+            set_path(pure, tuple(path.split("/")), table if path == roles.embedding else np.ascontiguousarray(table.T))
         return pure, report.as_dict()
 
 
 def pure_at(pure: Mapping[str, Any], path: str) -> Any:
     """The entry of a pure parameter dict at a ``/``-separated path (a ``ParamRoles`` path); None when absent."""
-    node: Any = pure
-    for key in path.split("/"):
-        if not isinstance(node, Mapping) or node.get(key) is None:
-            return None
-        node = node[key]
-    return node
-
-
-def set_pure_at(pure: dict[str, Any], path: str, value: Any) -> None:
-    """Replace the entry of a pure parameter dict at a ``/``-separated path."""
-    *parents, last = path.split("/")
-    node = pure
-    for key in parents:
-        node = node[key]
-    node[last] = value
+    try:
+        return get_path(pure, tuple(path.split("/")))
+    except (KeyError, TypeError):  # no such entry, or a None (a tied head) on the way
+        return None
 
 
 def host_array(value: Any) -> np.ndarray:

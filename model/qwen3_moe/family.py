@@ -15,7 +15,7 @@ from model.family import ModelFamily, ParamRoles, params_label, register_family
 from model.qwen3_moe import flops
 from model.qwen3_moe.config import AXIS_RULES, PRESETS, SECTIONS, Qwen3MoeConfig
 from model.qwen3_moe.hf import QWEN3_MOE_HF
-from model.qwen3_moe.model import AUX_LOSSES, QUANTIZED_MODULES, Decoder
+from model.qwen3_moe.model import AUX_LOSSES, Decoder
 
 
 def describe(cfg: Qwen3MoeConfig) -> str:
@@ -39,6 +39,7 @@ QWEN3_MOE = register_family(ModelFamily(
     name="qwen3_moe", config_cls=SECTIONS["qwen3_moe"], build=Decoder, flops=flops.train_flops_per_token,
     param_count=flops.param_count, recompute_flops=flops.recompute_flops, head_dim=lambda cfg: cfg.resolved_head_dim,
     axis_rules=AXIS_RULES, validate=validate, describe=describe, hf_adapter=QWEN3_MOE_HF,
-    quantized_modules=QUANTIZED_MODULES, saved_values_per_token=flops.saved_values_per_token, aux_losses=AUX_LOSSES,
+    # no int8/fp8 training yet (trainer/quantization.py refuses a family with auxiliary losses)
+    saved_values_per_token=flops.saved_values_per_token, aux_losses=AUX_LOSSES,
     run_keys=RUN_KEYS, roles=ROLES, tiny=TINY,
 ))

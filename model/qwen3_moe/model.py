@@ -48,7 +48,6 @@ from model.stacking import scan_layers_xs, stacked
 
 # the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules): attention's
 # projections; the experts' matmuls are ragged_dots and einsums (model/moe.py), and the router stays in fp32
-QUANTIZED_MODULES = r"blocks/(\d+/)?attn"  # unrolled blocks/<i>/attn, or the scanned stack's blocks/attn
 
 AUX_LOSSES = ("load_balance", "router_z")  # ModelFamily.aux_losses: what hidden_with_aux returns
 
