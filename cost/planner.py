@@ -56,12 +56,11 @@ from experiment.presets import preset_model_config
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.cost import PlanOption
-from experiment.sections.model import FamilyConfig, family_presets
+from experiment.sections.model import FamilyConfig, family_presets, model_section_class
 from experiment.sections.train import TrainConfig
 from experiment.stages import FIT_CHECK, SHARDS, TOKENIZER
 from experiment.storage import location
 from model.family import params_label
-from model.llama.config import LlamaConfig
 from model.registry import family_of
 
 log = logging.getLogger("cost.planner")
@@ -119,6 +118,11 @@ class PlanModel:
     def params(self) -> int:
         return family_of(self.cfg).param_count(self.cfg, self.vocab_size)
 
+    @property
+    def sparse(self) -> bool:
+        """A mixture of experts: fewer parameters per token than in the model."""
+        return family_of(self.cfg).active_params(self.cfg, self.vocab_size) < self.params
+
 
 @dataclass(frozen=True)
 class Anchor:
@@ -153,17 +157,33 @@ def recompute_factor(model_cfg: FamilyConfig, vocab_size: int, seq_len: int, pla
     return hardware_flops / model_flops
 
 
+# the anchor CSV's shape columns: each is the model section field of the same name where the row's family has
+# one (llama: d_ff; qwen3_moe: n_experts, top_k, d_expert), an empty cell that field's default; seq_len is the
+# sequence the anchor ran at (the section's max_seq_len)
+ANCHOR_SHAPE_COLUMNS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff", "n_experts", "top_k",
+                        "d_expert")
+
+
+def anchor_shape(row: dict[str, str]) -> FamilyConfig:
+    """An anchor row's model as its family's ``model:`` section (``family`` empty: llama)."""
+    section = model_section_class((row.get("family") or "llama").strip())
+    names = {f.name for f in dataclasses.fields(section)}
+    unused = [c for c in ANCHOR_SHAPE_COLUMNS if (row.get(c) or "").strip() and c not in names]
+    if unused:
+        raise ValueError(f"{', '.join(unused)} set, but family {section().family} has no such field")
+    shape = {c: int(row[c]) for c in ANCHOR_SHAPE_COLUMNS if (row.get(c) or "").strip()}
+    cfg = section(**shape, max_seq_len=int(row["seq_len"]),
+                  tie_embeddings=row["tie_embeddings"].strip().lower() == "true")
+    cfg.validate("")
+    return cfg
+
+
 def read_anchors(path: Path = ANCHORS) -> list[Anchor]:
     anchors = []
     with path.open(encoding="utf-8", newline="") as handle:
         for line, row in enumerate(csv.DictReader(handle), start=2):
             try:
-                shape = LlamaConfig(d_model=int(row["d_model"]), n_layers=int(row["n_layers"]),
-                                    n_heads=int(row["n_heads"]), n_kv_heads=int(row["n_kv_heads"]),
-                                    head_dim=int(row["head_dim"]), d_ff=int(row["d_ff"]),
-                                    max_seq_len=int(row["seq_len"]),
-                                    tie_embeddings=row["tie_embeddings"].strip().lower() == "true")
-                model = PlanModel(row["name"], shape, int(row["vocab_size"]), int(row["seq_len"]))
+                model = PlanModel(row["name"], anchor_shape(row), int(row["vocab_size"]), int(row["seq_len"]))
                 tokens_per_s, mfu = float(row["tokens_per_s_per_chip"]), float(row["mfu"])
                 if not (math.isfinite(tokens_per_s) and math.isfinite(mfu)):
                     raise ValueError("tokens_per_s_per_chip and mfu must be finite numbers")
@@ -173,7 +193,7 @@ def read_anchors(path: Path = ANCHORS) -> list[Anchor]:
                 anchors.append(Anchor(model, row["accelerator"], tokens_per_s, mfu, row["source"], row["date"],
                                       row.get("note", ""), row.get("remat") or "none",
                                       int(row.get("loss_chunk_len") or 0), plannable == "true"))
-            except (KeyError, ValueError) as exc:
+            except (KeyError, ValueError, TypeError, ConfigError) as exc:
                 raise DataError(f"{path} line {line}: bad anchor row ({exc})") from exc
     return anchors
 
@@ -268,6 +288,7 @@ class MfuChoices:
     vendors: dict[str, str] = dataclasses.field(default_factory=dict)  # accelerator -> vendor (cost/hardware.csv)
     params: int = 0  # the planned model's
     size_ratio: float = 4.0
+    sparse: bool = False  # the planned model is a mixture of experts (``PlanModel.sparse``)
 
     def pick(self, option: Any) -> tuple[float, str, float | None]:
         """(MFU, its source, the recompute factor it was reached at); None: it already is this setting's
@@ -277,15 +298,20 @@ class MfuChoices:
         if self.measured is not None and self.measured[0] == option.accelerator:
             return self.measured[1], "our run", None
         vendor = self.vendors.get(option.accelerator, "")
-        kin = [a for a in self.anchors if a.plannable and self.vendors.get(a.accelerator) == vendor]
+        # a mixture of experts moves tokens between devices and runs smaller matmuls than a dense model of its
+        # active size: it borrows only a sparse anchor's MFU, and a dense model only a dense one's
+        kind = "sparse" if self.sparse else "dense"
+        kin = [a for a in self.anchors
+               if a.plannable and self.vendors.get(a.accelerator) == vendor and a.model.sparse == self.sparse]
         if not kin:
-            return self.default, f"cost.plan_mfu (no anchor on {vendor or option.accelerator} hardware)", 1.0
+            return self.default, f"cost.plan_mfu (no {kind} anchor on {vendor or option.accelerator} hardware)", 1.0
         nearest = min(kin, key=lambda a: (abs(math.log(a.model.params / self.params)),
                                           a.accelerator != option.accelerator))
         ratio = nearest.model.params / self.params
         if max(ratio, 1 / ratio) > self.size_ratio:
-            return self.default, (f"cost.plan_mfu (nearest {vendor} anchor {nearest.model.label} is {ratio:.2g}x the "
-                                  f"size, beyond cost.plan_anchor_size_ratio {self.size_ratio:g})"), 1.0
+            beyond = f"beyond cost.plan_anchor_size_ratio {self.size_ratio:g}"
+            return self.default, (f"cost.plan_mfu (nearest {kind} {vendor} anchor {nearest.model.label} is "
+                                  f"{ratio:.2g}x the size, {beyond})"), 1.0
         where = "" if nearest.accelerator == option.accelerator else f" on {nearest.accelerator}"
         return nearest.mfu, f"anchor {nearest.model.label}{where}", nearest.recompute
 
@@ -552,7 +578,7 @@ def plan(cfg: ExperimentConfig, run_folder: RunFolder | None, catalog: Catalog |
     mfu_choices = MfuChoices(cfg.cost.plan_mfu, measured_mfu(mfu_folder, measured_model, catalog),
                              anchors if cfg.cost.plan_mfu_from_anchors else (),
                              {name: row.vendor for name, row in catalog.hardware.items()}, model.params,
-                             cfg.cost.plan_anchor_size_ratio)
+                             cfg.cost.plan_anchor_size_ratio, model.sparse)
     chosen = fit_settings(run_folder, catalog)
     configured = RunSetting(cfg.model.remat, cfg.train.grad_accum_steps, "config")
     rows = [estimate(option, i, model, tokens, catalog, rate, mfu_choices, chosen, configured, cfg.train)

@@ -73,9 +73,10 @@ class AuxLossModel(FamilyModel, Protocol):
 
     def hidden_with_aux(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                         positions: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """``hidden``'s states [B, T, D] and ``{name: scalar}`` for every name the family declares, each
-        already weighted by the family's config: the train step adds their sum to the loss it differentiates
-        (averaged over micro-batches like the loss) and logs each as ``train/aux/<name>``."""
+        """``hidden``'s states [B, T, D] and ``{name: scalar}`` for every name the family declares: its
+        ``aux_losses``, each already weighted by the family's config, whose sum the train step adds to the loss it
+        differentiates, and its ``aux_metrics(model_cfg)``, statistics it only logs; each averaged over
+        micro-batches like the loss and logged as ``train/aux/<name>``."""
         ...
 
 
@@ -208,6 +209,9 @@ class ModelFamily:
     # (model_cfg, vocab_size, seq_len) -> model FLOPs per trained token
     flops: Callable[[FamilyConfig, int, int], float]
     param_count: Callable[[FamilyConfig, int], int]  # (model_cfg, vocab_size) -> parameters, by formula
+    # (model_cfg, vocab_size) -> the parameters one token goes through (a mixture of experts: its top_k experts);
+    # None: all of them (a dense family). The planner lends a sparse model only a sparse anchor's MFU
+    active_param_count: Callable[[FamilyConfig, int], int] | None = None
     # (model_cfg, vocab_size, seq_len, attention kernel) -> forward FLOPs per trained token its backward pass
     # does again (remat, a flash kernel's score recompute); the chunked loss's is counted by ``train_costs``
     recompute_flops: Callable[[FamilyConfig, int, int, str], float] = lambda model_cfg, vocab_size, seq_len, kernel: 0.0
@@ -228,6 +232,10 @@ class ModelFamily:
     # the names of its auxiliary losses (e.g. ("load_balance",)): its module then has ``hidden_with_aux``
     # (``AuxLossModel``), the train step adds them to the loss and logs each as train/aux/<name>; (): none
     aux_losses: tuple[str, ...] = ()
+    # (model_cfg) -> the names of the scalar statistics ``hidden_with_aux`` also returns (a mixture of experts'
+    # expert load per layer, its dropped token-slots): logged as train/aux/<name>, averaged over micro-batches
+    # like the losses, never added to the loss; "/" may group them (e.g. "router/load_max_layer_00")
+    aux_metrics: Callable[[FamilyConfig], tuple[str, ...]] = lambda model_cfg: ()
     # fields of its ``model:`` section that are the run's choice, not the checkpoint's shape (routing, loss
     # weights): under ``model.init_from`` they come from the YAML, beside trainer/init_from.py's RUN_KEYS
     run_keys: tuple[str, ...] = ()
@@ -237,6 +245,11 @@ class ModelFamily:
     # the shape fields of a few-layer model of the family (d_model 32-64; {}: the section's defaults): what
     # registration builds (shapes only) to check ``roles``, and what tests/test_family_contract.py runs
     tiny: Mapping[str, Any] = field(default_factory=dict)
+
+    def active_params(self, model_cfg: FamilyConfig, vocab_size: int) -> int:
+        """The parameters one token goes through (``param_count`` for a dense family)."""
+        count = self.active_param_count or self.param_count
+        return count(model_cfg, vocab_size)
 
     def tiny_config(self, **overrides: Any) -> FamilyConfig:
         """The family's section with its ``tiny`` shape (and ``overrides``)."""
@@ -346,6 +359,11 @@ def check_aux_losses(family: ModelFamily) -> None:
     if not distinct or not all(isinstance(n, str) and n.isidentifier() for n in names):
         raise ConfigError(f"model family '{family.name}': aux_losses must be a tuple of distinct names (letters, "
                           f"digits, _), got {names!r}")
+    metrics = family.aux_metrics(family.tiny_config())
+    if (not isinstance(metrics, tuple) or len(set(metrics + names)) != len(metrics) + len(names)
+            or not all(isinstance(m, str) and all(p.isidentifier() for p in m.split("/")) for m in metrics)):
+        raise ConfigError(f"model family '{family.name}': aux_metrics must give a tuple of distinct names (letters, "
+                          f"digits, _ in parts joined by /), none an auxiliary loss's, got {metrics!r}")
     module_cls = (family.build if isinstance(family.build, type)
                   else type(family.abstract(family.tiny_config(), ROLE_CHECK_VOCAB)))
     if not callable(getattr(module_cls, "hidden_with_aux", None)):

@@ -8,9 +8,21 @@ Why a layer of its own: a family swaps it in for ``GatedMLP`` to grow parameters
 Two routers in one config: Qwen3-MoE (softmax scores, top-k, ``norm_topk_prob``, no shared expert) and DeepSeek-V3
 (sigmoid scores, an aux-loss-free balancing bias added for selection only, renormalised, ``routed_scaling_factor``,
 shared experts). Left out: DeepSeek-V3's group-limited routing (``n_group``/``topk_group``: choose expert groups
-first, to bound cross-node traffic; with one group it is plain top-k), expert parallelism (an all-to-all over an
-expert mesh axis), router noise, Qwen2-MoE's gated shared expert, and quantized training of the experts' matmuls
-(they are ``ragged_dot``s and einsums, not ``model.linear.project``).
+first, to bound cross-node traffic; with one group it is plain top-k), an all-to-all dispatch (see below), router
+noise, Qwen2-MoE's gated shared expert, and quantized training of the experts' matmuls (they are ``ragged_dot``s
+and einsums, not ``model.linear.project``).
+
+On a mesh (a trainer's layout, ``model.sharding``) the router runs on the global batch, so its statistics and
+losses are the global batch's, and the experts run per device inside ``shard_map`` (``MoE.experts_local``): each
+device sorts and computes its own tokens' slots, so its memory follows its share of the batch (sorting the global
+batch under GSPMD made every device hold every token-slot: 206 GiB of temporaries per chip for Qwen3-30B-A3B at
+256 x 4,096 tokens on v5p-64, 73 GiB this way). With an ``expert`` mesh axis the experts are split over it and
+the tokens of an expert group (the devices along that axis) are all-gathered, each device computes the slots of
+its own experts, and a reduce-scatter returns each token's sum: Megatron's all-gather dispatcher. Every token
+goes to every device of its group (an all-to-all would send each token-slot only to its expert's device), and each
+device's buffers hold all the group's slots, most of them for experts elsewhere (73 GiB above, against 43 GiB with
+the experts under FSDP alone): what a ragged all-to-all (``jax.lax.ragged_all_to_all``) would save is not built
+or measured here.
 
 Two dispatches: ``dropless`` sorts the token-slots by expert and runs ``jax.lax.ragged_dot`` over the groups
 (every slot computed, shapes static because the slot count is); ``capacity`` gives each expert a fixed buffer
@@ -25,6 +37,7 @@ names: the experts' leading dim is ``expert`` (a family using this layer adds ``
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -32,9 +45,12 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
+from experiment.errors import ConfigError
 from model.layers import GatedMLP, param
 from model.linear import project
+from model.sharding import current_layout, logical_to_spec, spec_axes
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,7 @@ class MoEStats(NamedTuple):
     aux_losses: dict[str, jax.Array]  # already weighted: "load_balance", "router_z" (add them to the loss)
     expert_load: jax.Array  # [n_experts] int32: token-slots each expert was chosen for (before capacity drops)
     dropped: jax.Array  # int32: token-slots dropped by capacity routing (0 when dropless)
+    router_probs: jax.Array  # [n_experts] fp32: each expert's router probability, averaged over the tokens
 
 
 def updated_bias(bias: jax.Array, expert_load: jax.Array, rate: float) -> jax.Array:
@@ -107,6 +124,9 @@ def expert_capacity(cfg: MoEConfig, n_tokens: int) -> int:
     return math.ceil(cfg.capacity_factor * n_tokens * cfg.top_k / cfg.n_experts)
 
 
+ExpertWeights = tuple[jax.Array, jax.Array, jax.Array]  # w_gate, w_up [E, D, F], w_down [E, F, D] (E: local)
+
+
 def _experts_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array | None) -> jax.Array:
     """Each expert's rows of ``x`` times its weight ``w`` [E, in, out]: ``x`` [S, in] sorted by expert in groups
     of ``group_sizes`` (ragged), or ``x`` [E, C, in] one buffer per expert (``group_sizes`` None)."""
@@ -114,6 +134,71 @@ def _experts_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array | None) -
     if group_sizes is None:
         return jnp.einsum("eci,eio->eco", x, w)
     return jax.lax.ragged_dot(x, w, group_sizes)
+
+
+def experts_swiglu(xs: jax.Array, weights: ExpertWeights, group_sizes: jax.Array | None) -> jax.Array:
+    """SwiGLU of each expert over its rows: down(silu(gate(x)) * up(x)). Sorted rows past the groups give 0."""
+    w_gate, w_up, w_down = weights
+    gate = _experts_matmul(xs, w_gate, group_sizes)
+    up = _experts_matmul(xs, w_up, group_sizes)
+    return _experts_matmul(jax.nn.silu(gate) * up, w_down, group_sizes)
+
+
+def experts_with_capacity(sorted_x: jax.Array, sorted_expert: jax.Array, group_sizes: jax.Array,
+                          weights: ExpertWeights, capacity: int) -> tuple[jax.Array, jax.Array]:
+    """Capacity routing: expert e's first ``capacity`` sorted slots fill its buffer row [C, D]; a later slot is
+    dropped (its output 0). ``sorted_expert`` is each sorted slot's expert among the ``len(group_sizes)`` here; a
+    slot of an expert elsewhere (its key ``len(group_sizes)``, sorted last) is neither computed nor counted.
+    Returns the sorted slots' outputs and how many of this device's experts' slots were dropped."""
+    n_slots, n_experts = sorted_x.shape[0], group_sizes.shape[0]
+    starts = jnp.cumsum(group_sizes) - group_sizes  # where each expert's slots begin in the sorted order
+    # gather each buffer cell (expert, c) from sorted slot starts[expert] + c, if the expert has that many
+    cell = starts[:, None] + jnp.arange(capacity)[None, :]
+    filled = jnp.arange(capacity)[None, :] < group_sizes[:, None]
+    buffers = jnp.where(filled[..., None], sorted_x[jnp.minimum(cell, n_slots - 1)], 0)
+    out = experts_swiglu(buffers, weights, None)  # [E, C, D]
+    here = sorted_expert < n_experts
+    expert = jnp.minimum(sorted_expert, n_experts - 1)
+    position = jnp.arange(n_slots) - starts[expert]  # each sorted slot's place in its expert's queue
+    kept = here & (position < capacity)
+    sorted_y = jnp.where(kept[:, None], out[expert, jnp.clip(position, 0, capacity - 1)], 0)
+    return sorted_y, (jnp.sum(group_sizes) - jnp.sum(kept)).astype(jnp.int32)
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """How the experts' computation is laid out over the mesh of the step being traced (``model.sharding``'s
+    layout): the specs ``shard_map`` gives the tokens and the expert weights, and the mesh axes the body's
+    collectives run over. Built from the family's axis rules, so a run's ``train.mesh.rules`` move it too."""
+
+    mesh: Mesh | AbstractMesh
+    tokens: PartitionSpec  # x [B, T, D] and the routing [B, T, k]: split over the batch (and length) axes
+    weights_in: PartitionSpec  # w_gate, w_up [E, D, F]: experts over the expert axes, F over the mlp axes
+    weights_out: PartitionSpec  # w_down [E, F, D]
+    token_axes: tuple[str, ...]  # every axis the tokens are split over
+    gather_axes: tuple[str, ...]  # expert axes that also split the tokens: gathered in, reduce-scattered out
+    expert_axes: tuple[str, ...]  # every axis the experts are split over (the local experts' offset)
+    sum_axes: tuple[str, ...]  # axes whose partial outputs are summed: the mlp axes, expert axes not splitting tokens
+
+
+def expert_layout() -> ExpertLayout | None:
+    """The current step's ``ExpertLayout``; None outside a trainer's layout (one device: no collectives)."""
+    layout = current_layout()
+    if layout is None:
+        return None
+    mesh, rules = layout
+    tokens = logical_to_spec(("batch", "length", None), rules)
+    weights_in = logical_to_spec(("expert", None, "mlp"), rules)  # d_model gathered: FSDP's per-layer gather
+    token_axes = tuple(a for entry in tokens for a in spec_axes(entry))
+    expert_axes, mlp_axes = spec_axes(weights_in[0]), spec_axes(weights_in[2])
+    if set(mlp_axes) & set(token_axes):
+        raise ConfigError(f"train.mesh.rules: the experts' hidden width ('mlp' on {', '.join(mlp_axes)}) and the "
+                          f"batch ({', '.join(token_axes)}) share a mesh axis; an expert's width splits over "
+                          "an axis that does not split the tokens (tensor)")
+    gather = tuple(a for a in expert_axes if a in token_axes)
+    summed = mlp_axes + tuple(a for a in expert_axes if a not in token_axes)
+    return ExpertLayout(mesh, tokens, weights_in, logical_to_spec(("expert", "mlp", None), rules), token_axes,
+                        gather, expert_axes, summed)
 
 
 class MoE(nnx.Module):
@@ -151,53 +236,75 @@ class MoE(nnx.Module):
         return Routing(experts.astype(jnp.int32), weights * cfg.routed_scaling_factor, logits, probs)
 
     def __call__(self, x: jax.Array) -> tuple[jax.Array, MoEStats]:
+        """Routing runs on the global batch (its statistics are global); the experts' computation runs per device
+        under ``shard_map`` (``experts_local``), so a device sorts and computes only its own tokens' slots (its
+        expert group's, with an expert axis): its memory follows its share of the batch, not the global batch."""
         cfg = self.cfg
         b, t, d = x.shape
-        tokens = x.reshape(b * t, d)
-        routing = self.route(tokens)
-        n, k = tokens.shape[0], cfg.top_k
-        # token-slots (token n's j-th expert is slot n * k + j) sorted by expert; a stable sort keeps each
-        # expert's slots in token order, which is the priority capacity routing drops by
-        slot_expert = routing.experts.reshape(n * k)
-        order = jnp.argsort(slot_expert, stable=True)
-        group_sizes = jnp.bincount(slot_expert, length=cfg.n_experts).astype(jnp.int32)
-        sorted_x = tokens[order // k]
-        if cfg.routing == "dropless":
-            sorted_y = self._experts(sorted_x, group_sizes)
-            dropped = jnp.zeros((), jnp.int32)
+        routing = self.route(x.reshape(b * t, d))
+        experts, weights = (a.reshape(b, t, cfg.top_k) for a in (routing.experts, routing.weights))
+        params = (self.w_gate[...], self.w_up[...], self.w_down[...])
+        layout = expert_layout()
+        if layout is None:
+            y, dropped = self.experts_local(x, experts, weights, *params, layout=None)
         else:
-            sorted_y, dropped = self._experts_with_capacity(sorted_x, slot_expert[order], group_sizes)
-        inverse = jnp.zeros_like(order).at[order].set(jnp.arange(n * k, dtype=order.dtype))
-        slot_y = sorted_y[inverse].reshape(n, k, d)  # back in slot order: a gather, so its gradient is one too
-        y = jnp.einsum("nkd,nk->nd", slot_y, routing.weights.astype(slot_y.dtype),
-                       preferred_element_type=jnp.float32).astype(x.dtype)
-        y = y.reshape(b, t, d)
+            specs = layout.tokens
+            y, dropped = jax.shard_map(
+                functools.partial(self.experts_local, layout=layout), mesh=layout.mesh,
+                in_specs=(specs, specs, specs, layout.weights_in, layout.weights_in, layout.weights_out),
+                out_specs=(specs, PartitionSpec()))(x, experts, weights, *params)
         if self.shared is not None:
             y = y + self.shared(x)
-        return y, MoEStats(self._aux_losses(routing, group_sizes), group_sizes, dropped)
+        load = jnp.bincount(routing.experts.reshape(-1), length=cfg.n_experts).astype(jnp.int32)
+        return y, MoEStats(self._aux_losses(routing, load), load, dropped, jnp.mean(routing.probs, axis=0))
 
-    def _experts(self, xs: jax.Array, group_sizes: jax.Array | None) -> jax.Array:
-        """SwiGLU of each expert over its rows: down(silu(gate(x)) * up(x))."""
-        gate = _experts_matmul(xs, self.w_gate[...], group_sizes)
-        up = _experts_matmul(xs, self.w_up[...], group_sizes)
-        return _experts_matmul(jax.nn.silu(gate) * up, self.w_down[...], group_sizes)
+    def experts_local(self, x: jax.Array, experts: jax.Array, weights: jax.Array, w_gate: jax.Array,
+                      w_up: jax.Array, w_down: jax.Array, layout: ExpertLayout | None) -> tuple[jax.Array, jax.Array]:
+        """One device's tokens x [b, t, D] through their experts (the weights of this device's experts, [E_l, ...]):
+        ``(y [b, t, D], token-slots dropped over the whole batch)``.
 
-    def _experts_with_capacity(self, sorted_x: jax.Array, sorted_expert: jax.Array,
-                               group_sizes: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Capacity routing: expert e's first C sorted slots fill its buffer row [C, D]; a later slot is dropped
-        (its output 0). Returns the sorted slots' outputs and how many were dropped."""
-        n_slots = sorted_x.shape[0]
-        capacity = expert_capacity(self.cfg, n_slots // self.cfg.top_k)
-        starts = jnp.cumsum(group_sizes) - group_sizes  # where each expert's slots begin in the sorted order
-        # gather each buffer cell (expert, c) from sorted slot starts[expert] + c, if the expert has that many
-        cell = starts[:, None] + jnp.arange(capacity)[None, :]
-        filled = jnp.arange(capacity)[None, :] < group_sizes[:, None]
-        buffers = jnp.where(filled[..., None], sorted_x[jnp.minimum(cell, n_slots - 1)], 0)
-        out = self._experts(buffers, None)  # [E, C, D]
-        position = jnp.arange(n_slots) - starts[sorted_expert]  # each sorted slot's place in its expert's queue
-        kept = position < capacity
-        sorted_y = jnp.where(kept[:, None], out[sorted_expert, jnp.minimum(position, capacity - 1)], 0)
-        return sorted_y, (n_slots - jnp.sum(kept)).astype(jnp.int32)
+        With an expert axis that splits the batch, the expert group's tokens are gathered first (every device of
+        the group then holds them all), each device computes the slots routed to its own experts, and the partial
+        outputs are summed back to the device that holds each token (a reduce-scatter): the all-gather form of
+        expert parallelism (Megatron's allgather dispatcher), whose results are those of one device. A token-slot
+        whose expert is elsewhere sorts after the local ones, past the ragged groups: ``ragged_dot`` gives it 0."""
+        cfg, k = self.cfg, self.cfg.top_k
+        b, t, d = x.shape
+        n_local = w_gate.shape[0]
+        tokens, slot_expert, slot_weight = x.reshape(b * t, d), experts.reshape(-1), weights.reshape(b * t, k)
+        first = 0
+        if layout is not None and layout.gather_axes:
+            gather = functools.partial(jax.lax.all_gather, axis_name=layout.gather_axes, axis=0, tiled=True)
+            tokens, slot_expert, slot_weight = gather(tokens), gather(slot_expert), gather(slot_weight)
+        if layout is not None and layout.expert_axes:
+            first = jax.lax.axis_index(layout.expert_axes) * n_local
+        n = tokens.shape[0]
+        local = slot_expert - first
+        # token-slots (token i's j-th expert is slot i * k + j) sorted by local expert, the others last; a stable
+        # sort keeps each expert's slots in token order, which is the priority capacity routing drops by
+        key = jnp.where((local >= 0) & (local < n_local), local, n_local)
+        order = jnp.argsort(key, stable=True)
+        group_sizes = jnp.bincount(key, length=n_local + 1)[:n_local].astype(jnp.int32)
+        sorted_x = tokens[order // k]
+        w = (w_gate, w_up, w_down)
+        if cfg.routing == "dropless":
+            sorted_y = experts_swiglu(sorted_x, w, group_sizes)
+            dropped = jnp.zeros((), jnp.int32)
+        else:
+            capacity = expert_capacity(cfg, n)  # per expert, of the tokens this device (its group) routes
+            sorted_y, dropped = experts_with_capacity(sorted_x, key[order], group_sizes, w, capacity)
+        inverse = jnp.zeros_like(order).at[order].set(jnp.arange(n * k, dtype=order.dtype))
+        slot_y = sorted_y[inverse].reshape(n, k, d)  # back in slot order: a gather, so its gradient is one too
+        y = jnp.einsum("nkd,nk->nd", slot_y, slot_weight.astype(slot_y.dtype), preferred_element_type=jnp.float32)
+        if layout is not None:
+            if layout.sum_axes:
+                y = jax.lax.psum(y, layout.sum_axes)
+            if layout.gather_axes:
+                y = jax.lax.psum_scatter(y, layout.gather_axes, scatter_dimension=0, tiled=True)
+            # each device counted the drops of its own experts in its group's slots: summed over the devices that
+            # hold other tokens or other experts (not over the mlp axes, whose devices counted the same slots)
+            dropped = jax.lax.psum(dropped, tuple(dict.fromkeys(layout.token_axes + layout.expert_axes)))
+        return y.astype(x.dtype).reshape(b, t, d), dropped
 
     def _aux_losses(self, routing: Routing, expert_load: jax.Array) -> dict[str, jax.Array]:
         """Switch/GShard load balance: n_experts * sum_e f_e P_e, f_e the fraction of token-slots chosen for e and

@@ -23,7 +23,7 @@ from model.family import AuxLossModel, register_family
 from model.loss import cross_entropy, output_logits
 from model.registry import families
 from model.sharding import build_mesh
-from tests.toy_aux_family import AUX_LOSS, AUX_NAME, TOY_AUX, ToyAuxConfig
+from tests.toy_aux_family import AUX_LOSS, AUX_NAME, TOY_AUX, ToyAuxConfig, ToyAuxDecoder
 from tests.toy_family import TOY, ToyDecoder
 from trainer.hooks import LogMetrics
 from trainer.step import TrainProgram, global_batch
@@ -123,6 +123,36 @@ def test_the_log_hook_writes_train_aux(tmp_path: Path) -> None:
     LogMetrics()(ctx)
     (record,) = logged(ctx)
     assert record[f"train/{METRIC}"] == 0.25 and record["train/total_loss"] == 2.25
+
+
+class ToyStatsDecoder(ToyAuxDecoder):
+    """The aux toy, also reporting a statistic (``ModelFamily.aux_metrics``): its hidden states' RMS."""
+
+    def hidden_with_aux(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+                        positions: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        hidden, aux = super().hidden_with_aux(tokens, segment_ids, positions)
+        return hidden, {**aux, "stats/hidden_rms": jnp.sqrt(jnp.mean(jnp.square(hidden.astype(jnp.float32))))}
+
+
+def test_a_familys_statistics_are_logged_beside_its_aux_loss_and_not_added_to_the_loss() -> None:
+    stats = register_family(dataclasses.replace(TOY_AUX, name="toy_aux_stats", build=ToyStatsDecoder,
+                                                aux_metrics=lambda cfg: ("stats/hidden_rms",)))
+    model_cfg = dataclasses.replace(MODEL, family=stats.name)
+    plain, with_stats = program(), TrainProgram(model_cfg, TRAIN, VOCAB,
+                                                build_mesh(MeshConfig(data=1), jax.devices()[:1]), seed=0)
+    data = batch(plain)
+    _, want = plain.step(plain.init_state(), data)
+    _, got = with_stats.step(with_stats.init_state(), data)
+    np.testing.assert_allclose(got["total_loss"], want["total_loss"], rtol=1e-6)  # the statistic adds nothing
+    np.testing.assert_allclose(got[METRIC], want[METRIC], rtol=1e-6)
+    hidden = nnx.merge(with_stats.graphdef, with_stats.init_state()["params"]).hidden(data["inputs"])
+    np.testing.assert_allclose(got["aux/stats/hidden_rms"], jnp.sqrt(jnp.mean(jnp.square(hidden))), rtol=1e-5)
+    with pytest.raises(ConfigError, match=r"aux_metrics must give a tuple of distinct names .*'activation_l2'"):
+        register_family(dataclasses.replace(TOY_AUX, name="toy_aux_stats_clash", build=ToyStatsDecoder,
+                                            aux_metrics=lambda cfg: (AUX_LOSS,)))  # a loss's name
+    with pytest.raises(ConfigError, match=r"aux_metrics must give a tuple"):
+        register_family(dataclasses.replace(TOY_AUX, name="toy_aux_stats_bad", build=ToyStatsDecoder,
+                                            aux_metrics=lambda cfg: ("stats/hidden rms",)))
 
 
 def test_declaring_an_aux_loss_needs_hidden_with_aux() -> None:

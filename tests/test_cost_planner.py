@@ -141,9 +141,9 @@ def test_an_anchor_lends_its_mfu_only_to_its_vendor_and_a_similar_size() -> None
     assert v6e["mfu_source"].startswith("anchor llama3.1-8b,")
     assert v5e["mfu_source"].startswith("anchor llama3.1-8b on tpu-v6e,")
     assert v5e["mfu"] == pytest.approx(anchor.mfu * anchor.recompute / v5e["recompute"])
-    assert trn["mfu_source"].startswith("cost.plan_mfu (no anchor on aws hardware)")
+    assert trn["mfu_source"].startswith("cost.plan_mfu (no dense anchor on aws hardware)")
     _, _, (small, _, _), _ = plan(demo_cfg("cost.plan_model=1b", options), None, rate=RATE)
-    assert re.match(r"cost.plan_mfu \(nearest google anchor llama3.1-8b is 1\dx the size", small["mfu_source"])
+    assert re.match(r"cost.plan_mfu \(nearest dense google anchor llama3.1-8b is 1\dx the size", small["mfu_source"])
     _, _, (wide, _, _), _ = plan(demo_cfg("cost.plan_model=1b", "cost.plan_anchor_size_ratio=12", options), None,
                                  rate=RATE)
     assert wide["mfu_source"].startswith("anchor llama3.1-8b")
@@ -352,6 +352,7 @@ def test_measured_rubles_to_target_projected_onto_each_option(tmp_path: Path) ->
 @pytest.mark.parametrize(("config", "accelerator", "chips", "mfu_from"), [
     ("ru-8b-v6e-64.yaml", "tpu-v6e", 64, "anchor llama3.1-8b"),  # MaxText's published MFU of this shape on v6e
     ("ru-70b-v5p-128.yaml", "tpu-v5p", 64, "cost.plan_mfu"),  # none published for this shape on v5p
+    ("qwen3-30b-a3b-ru-v5p-64.yaml", "tpu-v5p", 32, "anchor mixtral-8x7b"),  # MaxText's MoE on v5p
 ])
 def test_the_shipped_8b_and_70b_configs_are_priced_on_their_own_slices(config: str, accelerator: str, chips: int,
                                                                       mfu_from: str) -> None:
@@ -440,3 +441,34 @@ def test_a_trainium2_plan_says_which_figure_priced_it() -> None:
     assert mine["usd"] == pytest.approx(row["usd"] * 1.5 / 2.235)
     with pytest.raises(ConfigError, match=r"cost.contract_rates.aws-trainium2': must be a positive number"):
         demo_cfg("cost.contract_rates={aws-trainium2: -1}")
+
+
+def test_maxtexts_mixtral_rows_are_rederived_from_active_parameters_and_lend_only_to_sparse_plans() -> None:
+    """MaxText's Mixtral-8x7B rows (v5p 52.56% MFU at 2,909 tokens/s per chip, v6e 35.23% at 3,899), counted as the
+    qwen3_moe family: at the published MFU our hand count (the active parameters: the router and 2 of 8 experts per
+    token) gives the published throughput within the figures' rounding; a count over all 46.7B parameters would
+    miss by more than half. The plans: a mixture of experts takes the plannable sparse anchor (v5p; the v6e row's
+    offloading remat is not modelled), a dense model never does, and a sparse one never takes a dense anchor."""
+    rows = {a.accelerator: a for a in read_anchors() if a.model.label == "mixtral-8x7b"}
+    assert sorted(rows) == ["tpu-v5p", "tpu-v6e"]
+    assert [rows[k].plannable for k in ("tpu-v5p", "tpu-v6e")] == [True, False]
+    for accelerator, (tokens, mfu, peak) in {"tpu-v5p": (2909, 0.5256, 459), "tpu-v6e": (3899, 0.3523, 918)}.items():
+        anchor = rows[accelerator]
+        assert anchor.model.sparse and anchor.model.params == pytest.approx(46.7e9, rel=0.001)  # as published
+        check = anchor_check(anchor, Catalog.load())
+        assert abs(check["relative_error"]) < 0.5 / tokens + 0.00005 / mfu, check
+        dense_count = 6.0 * anchor.model.params  # as if every expert ran for every token
+        assert tokens_per_s_per_chip(mfu, peak, dense_count) / tokens - 1 < -0.5
+    options = ("cost.plan_options=[{accelerator: tpu-v6e, chips: 64}, {accelerator: tpu-v5p, chips: 32}, "
+               "{accelerator: nvidia-h100, chips: 32, cloud: aws}]")
+    sparse = load_config(REPO / "recipes" / "configs" / "qwen3-30b-a3b-ru-v5p-64.yaml", [options])
+    model, _, (v6e, v5p, h100), _ = plan(sparse, None, rate=RATE)
+    assert model.sparse
+    assert v5p["mfu_source"].startswith("anchor mixtral-8x7b,") and v6e["mfu_source"].startswith(
+        "anchor mixtral-8x7b on tpu-v5p,")
+    assert v5p["mfu"] == pytest.approx(rows["tpu-v5p"].mfu * rows["tpu-v5p"].recompute / v5p["recompute"])
+    assert h100["mfu_source"].startswith("cost.plan_mfu (no sparse anchor on nvidia hardware)")
+    # a dense model of about Mixtral's size (70b, 1.5x) is lent the dense anchor or none, never the sparse one
+    _, _, dense_rows, _ = plan(demo_cfg("cost.plan_model=70b", "cost.plan_anchor_size_ratio=100", options), None,
+                               rate=RATE)
+    assert not any("mixtral" in row["mfu_source"] for row in dense_rows)

@@ -177,10 +177,18 @@ def test_aux_losses_are_transformers_load_balance_and_the_z_loss(layouts: Any) -
     unrolled, scanned = layouts
     batch = tokens(1)
     hidden, aux = nnx.jit(lambda m, t: m.hidden_with_aux(t))(scanned, batch)
-    assert set(aux) == set(QWEN3_MOE.aux_losses) == {"load_balance", "router_z"}
-    assert all(np.isfinite(float(v)) and float(v) > 0 for v in aux.values())
+    assert QWEN3_MOE.aux_losses == ("load_balance", "router_z")
+    assert set(aux) == {"load_balance", "router_z", "router/dropped_fraction", "router/load_max",
+                        "router/load_max_layer_00", "router/load_max_layer_01"}
+    assert all(np.isfinite(float(v)) and float(v) > 0 for v in aux.values() if v is not aux["router/dropped_fraction"])
     np.testing.assert_allclose(hidden, nnx.jit(lambda m, t: m.hidden(t))(scanned, batch), atol=1e-6)
     logits = router_logits_by_hand(unrolled, batch)
+    # each layer's busiest expert over the mean per expert, from the top-k choices of the logits by hand
+    for i, layer_logits in enumerate(logits):
+        counts = np.bincount(np.argsort(-layer_logits, axis=-1)[:, :CFG.top_k].ravel(), minlength=CFG.n_experts)
+        np.testing.assert_allclose(float(aux[f"router/load_max_layer_{i:02d}"]),
+                                   CFG.n_experts * counts.max() / counts.sum(), rtol=1e-6)
+    assert float(aux["router/dropped_fraction"]) == 0.0
     want = CFG.router_aux_loss_coef * hf_load_balancing_loss(logits, CFG.n_experts, CFG.top_k)
     np.testing.assert_allclose(float(aux["load_balance"]), want, rtol=1e-5)
     lse = [np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1) for lg in logits]
@@ -394,8 +402,13 @@ def test_train_steps_lower_the_loss_and_report_the_aux_losses() -> None:
         losses.append(float(metrics["loss"]))
         balance.append(float(metrics["aux/load_balance"]))
         assert "aux/router_z" in metrics and np.isfinite(float(metrics["aux/router_z"]))
+        # the router statistics are logged beside the losses, not added to the loss
         np.testing.assert_allclose(float(metrics["total_loss"]),
                                    losses[-1] + balance[-1] + float(metrics["aux/router_z"]), rtol=1e-5)
+        assert float(metrics["aux/router/dropped_fraction"]) == 0.0  # dropless, counted
+        per_layer = [float(metrics[f"aux/router/load_max_layer_{i:02d}"]) for i in range(CFG.n_layers)]
+        assert all(1.0 <= x <= CFG.n_experts / CFG.top_k for x in per_layer)
+        assert float(metrics["aux/router/load_max"]) == pytest.approx(max(per_layer))
     assert losses[0] == pytest.approx(np.log(VOCAB), rel=0.1)
     assert losses[-1] < losses[0] - 0.3, losses
     # near a uniform router (init_std 0.02) the load balance is about its minimum, router_aux_loss_coef x top_k
@@ -408,7 +421,14 @@ def test_train_steps_lower_the_loss_and_report_the_aux_losses() -> None:
 MESHES = {
     "one": (1, 1, 1, 1, 1), "data_fsdp_tensor": (2, 2, 2, 1, 1), "data_fsdp_expert": (2, 2, 1, 2, 1),
     "expert_tensor": (1, 1, 2, 4, 1), "one_accum": (1, 1, 1, 1, 2), "fsdp_tensor_expert_accum": (1, 2, 2, 2, 2),
+    "data_expert_4": (2, 1, 1, 4, 1),
 }
+# capacity routing on a mesh: each expert's capacity is of the tokens its expert group routes (model/moe.py).
+# With n_experts / top_k = 2 nothing can drop and the steps are the dropless ones; at 0.5 some slots drop
+CAPACITY = {"capacity_no_drop": ((2, 2, 1, 2, 1), 2.0), "capacity_drops": ((2, 2, 1, 2, 1), 0.5),
+            "capacity_drops_one": ((1, 1, 1, 1, 1), 0.5)}
+STEP_METRICS = ("loss", "grad_norm", "aux/load_balance", "aux/router/dropped_fraction", "aux/router/load_max_layer_00",
+                "aux/router/load_max_layer_01")
 MESH_VOCAB = 96  # even: the vocabulary is split over the tensor axis
 
 
@@ -423,19 +443,22 @@ def train_steps_on_meshes() -> dict[str, Any]:
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, MESH_VOCAB, (8, SEQ + 1)).astype(np.int32) for _ in range(2)]
     out: dict[str, Any] = {"devices": jax.device_count()}
-    for name, (data, fsdp, tensor, expert, accum) in MESHES.items():
+    runs = {**{name: (mesh, {}) for name, mesh in MESHES.items()},
+            **{name: (mesh, {"routing": "capacity", "capacity_factor": factor})
+               for name, (mesh, factor) in CAPACITY.items()}}
+    for name, ((data, fsdp, tensor, expert, accum), routing) in runs.items():
         mesh_cfg = MeshConfig(data=data, fsdp=fsdp, tensor=tensor, axes={"expert": expert})
         train = TrainConfig(steps=10, batch_size=8, learning_rate=1e-2, warmup_steps=1, mesh=mesh_cfg,
                             grad_accum_steps=accum)
         devices = jax.devices()[:data * fsdp * tensor * expert]
         mesh = build_mesh(mesh_cfg, devices, QWEN3_MOE.mesh_rules(mesh_cfg.rules))
-        program = TrainProgram(QWEN3_MOE.tiny_config(), train, MESH_VOCAB, mesh, seed=0)
+        program = TrainProgram(QWEN3_MOE.tiny_config(**routing), train, MESH_VOCAB, mesh, seed=0)
         state = program.init_state()
         steps = []
         for rows in batches:
             state, m = program.step(state, global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]},
                                                         program.batch_sharding))
-            steps.append([float(m[k]) for k in ("loss", "grad_norm", "aux/load_balance")])
+            steps.append([float(m[k]) for k in STEP_METRICS])
         split = sum(not leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(state["params"]))
         out[name] = {"steps": steps, "mesh": dict(program.mesh.shape), "split": split}
     return out
@@ -452,6 +475,14 @@ def test_train_steps_sharded_over_8_devices_with_the_expert_axis_give_the_one_de
             assert abs(sharded[0] - single[0]) < 1e-5, (name, out[name]["steps"], one)
             assert sharded[1] == pytest.approx(single[1], rel=1e-4)
             assert sharded[2] == pytest.approx(single[2], rel=1e-5)
+            assert sharded[3] == single[3] == 0.0  # dropless: no token-slot dropped, counted on every mesh
+            assert sharded[4:] == pytest.approx(single[4:], rel=1e-6)  # each layer's expert load: the same routing
+    dropless = out["one"]["steps"]
+    for sharded, single in zip(out["capacity_no_drop"]["steps"], dropless, strict=True):
+        assert sharded[3] == 0.0 and abs(sharded[0] - single[0]) < 1e-5 and sharded[1] == pytest.approx(single[1],
+                                                                                                           rel=1e-4)
+    for name in ("capacity_drops", "capacity_drops_one"):
+        assert all(0.0 < step[3] < 1.0 and np.isfinite(step[0]) for step in out[name]["steps"]), out[name]
 
 
 def test_continuing_a_base_model_keeps_the_runs_routing_and_loss_weights(tmp_path: Path) -> None:

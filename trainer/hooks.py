@@ -151,7 +151,7 @@ class Hook(Protocol):
 
 class LogMetrics:
     """Loss, gradient norm, learning rate, throughput and MFU every ``train.log_every`` steps and at the end; a
-    family's auxiliary losses as ``train/aux/<name>``."""
+    family's auxiliary losses and statistics as ``train/aux/<name>``."""
 
     def schedule(self, train_cfg: TrainConfig) -> Schedule:
         return Schedule(every=train_cfg.log_every, at_end=True)
@@ -163,7 +163,8 @@ class LogMetrics:
                   "train/grad_norm": float(metrics["grad_norm"]), "train/lr": float(metrics["lr"]),
                   "train/skipped": int(not metrics["finite"]),
                   "train/tokens_seen": ctx.step * ctx.tokens_per_step, **ctx.window.flush(),
-                  # the family's auxiliary losses (ModelFamily.aux_losses), weighted, as they joined the loss
+                  # the family's auxiliary losses (ModelFamily.aux_losses), weighted, as they joined the loss, and its
+                  # statistics (ModelFamily.aux_metrics: a mixture of experts' expert load per layer, its drops)
                   **{f"train/{key}": float(value) for key, value in metrics.items() if key.startswith(AUX_METRICS)}}
         if ctx.loader.skipped_records:  # shards.on_corrupt=skip; each one was logged with file and offset
             record["data/skipped_records"] = ctx.loader.skipped_records

@@ -73,6 +73,8 @@ class TrainProgram:
         self.model_cfg, self.train_cfg, self.vocab_size, self.mesh, self.seed = (model_cfg, train_cfg, vocab_size,
                                                                                  mesh, seed)
         self.family = family
+        # what hidden_with_aux returns: the losses added to the loss, then the statistics only logged
+        self.aux_names = (*family.aux_losses, *family.aux_metrics(model_cfg)) if family.aux_losses else ()
         self.rules = family.mesh_rules(train_cfg.mesh.rules)
         check_mesh_axes(mesh, self.rules)  # a family's own mesh axis (expert) is one of the mesh's
         self.tx, self.schedule = make_optimizer(train_cfg, family.roles.layers)
@@ -135,15 +137,16 @@ class TrainProgram:
                                             self.train_cfg.loss_chunk_len, weights=batch.get("loss_weights"))
         loss = nll + self.model_cfg.z_loss * z_term
         if aux:
-            loss = loss + sum(aux.values())
+            loss = loss + sum(aux[name] for name in self.family.aux_losses)
         return loss, (nll, aux)
 
     def aux_hidden(self, model: FamilyModel, batch: Batch) -> tuple[jax.Array, AuxLosses]:
-        """``model.hidden_with_aux`` of the batch: the hidden states and the family's declared auxiliary losses,
-        each a float32 scalar (anything else is the family's bug, named while tracing)."""
+        """``model.hidden_with_aux`` of the batch: the hidden states, the family's declared auxiliary losses and its
+        statistics (``aux_metrics``), each a float32 scalar (anything else is the family's bug, named while
+        tracing)."""
         hidden, aux = cast(AuxLossModel, model).hidden_with_aux(batch["inputs"], batch.get("segment_ids"),
                                                                 batch.get("positions"))
-        declared = self.family.aux_losses
+        declared = self.aux_names
         shapes = {name: jnp.shape(value) for name, value in aux.items()}
         if set(aux) != set(declared) or any(shapes.values()):
             raise ValueError(f"model family '{self.family.name}': hidden_with_aux returned auxiliary losses of shapes "
@@ -172,7 +175,7 @@ class TrainProgram:
             return (loss_sum + loss, nll_sum + nll, jax.tree.map(jnp.add, aux_sum, aux),
                     jax.tree.map(jnp.add, grad_sum, grads)), None
 
-        zeros = (jnp.zeros(()), jnp.zeros(()), {name: jnp.zeros(()) for name in self.family.aux_losses},
+        zeros = (jnp.zeros(()), jnp.zeros(()), {name: jnp.zeros(()) for name in self.aux_names},
                  jax.tree.map(jnp.zeros_like, params))
         (loss, nll, aux, grads), _ = jax.lax.scan(add_micro, zeros, jax.tree.map(split, batch))
         return (loss / accum, nll / accum, {name: value / accum for name, value in aux.items()},

@@ -15,7 +15,7 @@ from model.family import ModelFamily, ParamRoles, params_label, register_family
 from model.qwen3_moe import flops
 from model.qwen3_moe.config import AXIS_RULES, PRESETS, SECTIONS, Qwen3MoeConfig
 from model.qwen3_moe.hf import QWEN3_MOE_HF
-from model.qwen3_moe.model import AUX_LOSSES, Decoder
+from model.qwen3_moe.model import AUX_LOSSES, Decoder, aux_metrics
 
 
 def describe(cfg: Qwen3MoeConfig) -> str:
@@ -37,9 +37,10 @@ TINY = PRESETS["tiny"]  # 2 layers, d_model 64, 4 experts (top 2), untied: the h
 
 QWEN3_MOE = register_family(ModelFamily(
     name="qwen3_moe", config_cls=SECTIONS["qwen3_moe"], build=Decoder, flops=flops.train_flops_per_token,
-    param_count=flops.param_count, recompute_flops=flops.recompute_flops, head_dim=lambda cfg: cfg.resolved_head_dim,
+    param_count=flops.param_count, active_param_count=flops.active_param_count,
+    recompute_flops=flops.recompute_flops, head_dim=lambda cfg: cfg.resolved_head_dim,
     axis_rules=AXIS_RULES, validate=validate, describe=describe, hf_adapter=QWEN3_MOE_HF,
     # no int8/fp8 training yet (trainer/quantization.py refuses a family with auxiliary losses)
-    saved_values_per_token=flops.saved_values_per_token, aux_losses=AUX_LOSSES,
+    saved_values_per_token=flops.saved_values_per_token, aux_losses=AUX_LOSSES, aux_metrics=aux_metrics,
     run_keys=RUN_KEYS, roles=ROLES, tiny=TINY,
 ))

@@ -49,7 +49,14 @@ from model.stacking import scan_layers_xs, stacked
 # the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules): attention's
 # projections; the experts' matmuls are ragged_dots and einsums (model/moe.py), and the router stays in fp32
 
-AUX_LOSSES = ("load_balance", "router_z")  # ModelFamily.aux_losses: what hidden_with_aux returns
+AUX_LOSSES = ("load_balance", "router_z")  # ModelFamily.aux_losses: what hidden_with_aux adds to the loss
+
+
+def aux_metrics(cfg: Qwen3MoeConfig) -> tuple[str, ...]:
+    """ModelFamily.aux_metrics: the router statistics hidden_with_aux also returns, logged as train/aux/<name>
+    (``Decoder.router_metrics``)."""
+    per_layer = (f"router/load_max_layer_{i:02d}" for i in range(cfg.n_layers))
+    return ("router/dropped_fraction", "router/load_max", *per_layer)
 
 Segments = jax.Array | None  # packed documents' segment ids [B, T]; None: plain causal attention
 RopeTable = tuple[jax.Array, jax.Array]  # sin, cos [B, T, 1, head_dim / 2]
@@ -122,13 +129,10 @@ class Block(nnx.Module):
         return constrain(x + y, ("batch", "length", "act_embed")), stats
 
     def experts(self, h: jax.Array) -> tuple[jax.Array, LayerStats]:
-        """The mixture of experts of ``h`` [B, T, D] and its router statistics. The mean router probabilities are
-        the router's again (``MoE.route``: the same fp32 matmul [D, E] and softmax on the same inputs, which XLA's
-        common-subexpression pass may merge; unused, as under ``hidden``, it is dropped); model/moe.py's ``MoEStats``
-        carries the load, the unweighted z-loss and the drops."""
+        """The mixture of experts of ``h`` [B, T, D] and its router statistics (model/moe.py's ``MoEStats``: the
+        load, the mean router probabilities, the unweighted z-loss and the drops)."""
         y, stats = self.mlp(h)
-        probs = self.mlp.route(h.reshape(-1, h.shape[-1])).probs
-        return y, LayerStats(stats.expert_load, jnp.mean(probs, axis=0), stats.aux_losses["router_z"], stats.dropped)
+        return y, LayerStats(stats.expert_load, stats.router_probs, stats.aux_losses["router_z"], stats.dropped)
 
     def decode(self, x: jax.Array, rope: RopeTable, layer: LayerKV, cache: KVCache) -> tuple[jax.Array, LayerKV]:
         attn, layer = self.attn.decode(self.attn_norm(x), rope, layer, cache)
@@ -160,10 +164,11 @@ class Decoder(CausalLM):
 
     def hidden_with_aux(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                         positions: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """``hidden``'s states and the family's auxiliary losses (``AUX_LOSSES``), weighted by the config: what the
-        train step adds to the loss and logs as train/aux/<name> (model.family.AuxLossModel)."""
+        """``hidden``'s states, the family's auxiliary losses (``AUX_LOSSES``), weighted by the config, and its router
+        statistics (``aux_metrics``): the train step adds the losses to the loss and logs all of them as
+        train/aux/<name> (model.family.AuxLossModel)."""
         hidden, stats = self.hidden_with_stats(tokens, segment_ids, positions)
-        return hidden, self.aux_losses(stats)
+        return hidden, {**self.aux_losses(stats), **self.router_metrics(stats)}
 
     def hidden_with_stats(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                           positions: jax.Array | None = None) -> tuple[jax.Array, LayerStats]:
@@ -189,6 +194,16 @@ class Decoder(CausalLM):
         fraction = jnp.sum(load, axis=0) / jnp.sum(load)  # of all layers' token-slots: F_e / top_k
         balance = self.top_k * self.n_experts * jnp.sum(fraction * jnp.mean(stats.router_probs, axis=0))
         return {"load_balance": self.aux_coef * balance, "router_z": self.z_coef * jnp.mean(stats.router_z)}
+
+    def router_metrics(self, stats: LayerStats) -> dict[str, jax.Array]:
+        """Each layer's expert load as its busiest expert's token-slots over the mean per expert (1: balanced;
+        n_experts / top_k at most: every token chose that expert), the worst layer's, and the fraction of all
+        layers' token-slots capacity routing dropped (0 when dropless: counted, not assumed)."""
+        load = stats.expert_load.astype(jnp.float32)  # [L, E]
+        busiest = self.n_experts * jnp.max(load, axis=1) / jnp.maximum(jnp.sum(load, axis=1), 1.0)  # [L]
+        dropped = jnp.sum(stats.dropped).astype(jnp.float32) / jnp.maximum(jnp.sum(load), 1.0)
+        return {"router/dropped_fraction": dropped, "router/load_max": jnp.max(busiest),
+                **{f"router/load_max_layer_{i:02d}": busiest[i] for i in range(self.n_layers)}}
 
     def layer_fn(self, rope: RopeTable, segments: Segments) -> LayerFn:
         """(block, x) -> (x through that layer, its statistics), under ``model.remat``'s policy (per layer). Under
