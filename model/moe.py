@@ -72,6 +72,11 @@ class MoEConfig:
     load_balance_loss_weight: float = 0.0  # Switch: weight * n_experts * sum_e f_e P_e
     aux_free_bias: bool = False  # DeepSeek-V3: a per-expert bias on the scores, for selection only
     bias_update_rate: float = 1e-3  # DeepSeek-V3's gamma, for ``updated_bias``
+    # DeepSeek-V3's group-limited routing: the experts in n_group equal groups, each token choosing among the
+    # experts of its topk_group best groups (a group's score: the sum of its two best experts' selection scores);
+    # 1 and 1: plain top-k
+    n_group: int = 1
+    topk_group: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.n_experts:
@@ -80,11 +85,20 @@ class MoEConfig:
             raise ValueError(f"MoE score_func={self.score_func!r} / routing={self.routing!r} unknown")
         if self.capacity_factor <= 0:
             raise ValueError(f"MoE capacity_factor={self.capacity_factor} must be positive")
+        if self.n_group < 1 or self.n_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
+            raise ValueError(f"MoE n_group={self.n_group} must divide n_experts={self.n_experts} and topk_group="
+                             f"{self.topk_group} be between 1 and n_group")
+        if self.n_group > 1 and (self.n_experts // self.n_group < 2
+                                 or self.top_k > self.topk_group * (self.n_experts // self.n_group)):
+            raise ValueError(f"MoE group routing: each of the n_group={self.n_group} groups needs 2 experts or more, "
+                             f"and top_k={self.top_k} at most the topk_group={self.topk_group} groups' experts")
 
 
-class RouterBias(nnx.Variable):
-    """DeepSeek-V3's per-expert selection bias: state, not a parameter. ``nnx.Param`` filters (the optimizer's
-    ``wrt``, gradients) leave it out; the trainer moves it with ``updated_bias`` and checkpoints it."""
+class RouterBias(nnx.Param):
+    """DeepSeek-V3's per-expert selection bias (Transformers' ``e_score_correction_bias``). A parameter, so it is
+    checkpointed, restacked, imported and exported with the others, but no gradient reaches it (``MoE.route``
+    stops it: it only decides which experts are chosen), so the optimizer never moves it (Adam's moments stay 0;
+    a vector per layer, it is not weight-decayed); ``updated_bias`` is how it moves."""
 
 
 class Routing(NamedTuple):
@@ -103,6 +117,48 @@ class MoEStats(NamedTuple):
     router_probs: jax.Array  # [n_experts] fp32: each expert's router probability, averaged over the tokens
 
 
+class LayerStats(NamedTuple):
+    """One MoE layer's router statistics as a decoder collects them; out of a decoder, every field with a leading
+    layer axis [L, ...] (scans and loops stack them)."""
+
+    expert_load: jax.Array  # [E] int32: token-slots each expert was chosen for (before capacity drops)
+    router_probs: jax.Array  # [E] float32: each expert's router probability, averaged over the tokens
+    router_z: jax.Array  # float32: mean over the tokens of logsumexp(router logits)^2
+    dropped: jax.Array  # int32: token-slots capacity routing dropped (0 when dropless)
+
+
+def layer_stats(stats: MoEStats) -> LayerStats:
+    """A layer's ``LayerStats`` from its ``MoEStats`` (its router z-loss unweighted: the layer's weight 1)."""
+    return LayerStats(stats.expert_load, stats.router_probs, stats.aux_losses["router_z"], stats.dropped)
+
+
+def pooled_load_balance(stats: LayerStats, n_experts: int, top_k: int) -> jax.Array:
+    """Transformers' ``load_balancing_loss_func`` of every layer's routing, unweighted: n_experts x sum_e F_e P_e,
+    F_e the token-slots chosen for expert e over all layers divided by the tokens over all layers (sum_e F_e =
+    top_k), P_e the mean probability of e over all layers' tokens (top_k at a balanced router). Per layer it is
+    ``top_k`` times the Switch loss ``MoE`` computes (whose fractions divide by the slots)."""
+    load = stats.expert_load.astype(jnp.float32)  # [L, E]
+    fraction = jnp.sum(load, axis=0) / jnp.sum(load)  # of all layers' token-slots: F_e / top_k
+    return top_k * n_experts * jnp.sum(fraction * jnp.mean(stats.router_probs, axis=0))
+
+
+def router_metric_names(n_layers: int) -> tuple[str, ...]:
+    """The names ``router_metrics`` returns (a family's ``ModelFamily.aux_metrics``)."""
+    return ("router/dropped_fraction", "router/load_max",
+            *(f"router/load_max_layer_{i:02d}" for i in range(n_layers)))
+
+
+def router_metrics(stats: LayerStats, n_experts: int) -> dict[str, jax.Array]:
+    """Each layer's expert load as its busiest expert's token-slots over the mean per expert (1: balanced;
+    n_experts / top_k at most: every token chose that expert), the worst layer's, and the fraction of all layers'
+    token-slots capacity routing dropped (0 when dropless: counted, not assumed)."""
+    load = stats.expert_load.astype(jnp.float32)  # [L, E]
+    busiest = n_experts * jnp.max(load, axis=1) / jnp.maximum(jnp.sum(load, axis=1), 1.0)  # [L]
+    dropped = jnp.sum(stats.dropped).astype(jnp.float32) / jnp.maximum(jnp.sum(load), 1.0)
+    return {"router/dropped_fraction": dropped, "router/load_max": jnp.max(busiest),
+            **{f"router/load_max_layer_{i:02d}": busiest[i] for i in range(load.shape[0])}}
+
+
 def updated_bias(bias: jax.Array, expert_load: jax.Array, rate: float) -> jax.Array:
     """DeepSeek-V3's aux-loss-free balancing step: an expert loaded above the mean moves its bias down by
     ``rate``, one below moves up (arXiv 2412.19437, section 2.1.2). Call it after each optimizer step with the
@@ -110,6 +166,19 @@ def updated_bias(bias: jax.Array, expert_load: jax.Array, rate: float) -> jax.Ar
     cfg.bias_update_rate)`` (torchtitan also subtracts the deltas' mean; the paper does not)."""
     load = expert_load.astype(jnp.float32)
     return bias + rate * jnp.sign(jnp.mean(load) - load)
+
+
+def group_limited(choice: jax.Array, n_group: int, topk_group: int) -> jax.Array:
+    """DeepSeek-V3's group-limited selection: the experts' scores [N, E] with every expert outside each token's
+    ``topk_group`` best groups set to -inf (a group's score: the sum of its two best experts' scores), so the top-k
+    that follows picks inside those groups (DeepSeek-V3 technical report, section 2.1.2; Transformers'
+    ``DeepseekV3TopkRouter``)."""
+    n, e = choice.shape
+    grouped = choice.reshape(n, n_group, e // n_group)
+    group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [N, G]
+    _, best = jax.lax.top_k(group_scores, topk_group)
+    keep = jnp.sum(jax.nn.one_hot(best, n_group, dtype=jnp.bool_), axis=1, dtype=jnp.bool_)  # [N, G]
+    return jnp.where(keep[:, :, None], grouped, -jnp.inf).reshape(n, e)
 
 
 def moe_flops_per_token(d_model: int, d_expert: int, top_k: int, n_shared_experts: int, n_experts: int) -> float:
@@ -228,7 +297,12 @@ class MoE(nnx.Module):
             scores = jax.nn.sigmoid(logits)
             probs = scores / jnp.sum(scores, axis=-1, keepdims=True)  # DeepSeek-V3's normalised s'_i
         # the bias steers which experts are chosen; the weights are the unbiased scores (DeepSeek-V3)
-        choice = scores if self.router_bias is None else scores + self.router_bias[...].astype(jnp.float32)
+        if self.router_bias is not None:
+            choice = scores + jax.lax.stop_gradient(self.router_bias[...].astype(jnp.float32))
+        else:
+            choice = scores
+        if cfg.n_group > 1:
+            choice = group_limited(choice, cfg.n_group, cfg.topk_group)
         _, experts = jax.lax.top_k(choice, cfg.top_k)
         weights = jnp.take_along_axis(scores, experts, axis=-1)
         if cfg.norm_topk_prob:

@@ -244,10 +244,15 @@ def test_aux_free_bias_steers_selection_not_weights() -> None:
     np.testing.assert_array_equal(updated_bias(jnp.ones(4), jnp.asarray([4, 4, 4, 4]), 0.1), np.ones(4))
 
 
-def test_router_bias_is_state_not_a_parameter_and_axes_are_named() -> None:
+def test_router_bias_is_a_parameter_no_gradient_reaches_and_axes_are_named() -> None:
     moe = build(**DEEPSEEK)
-    assert "router_bias" not in nnx.to_pure_dict(nnx.state(moe, nnx.Param))
-    assert "router_bias" in nnx.to_pure_dict(nnx.state(moe, RouterBias))
+    assert "router_bias" in nnx.to_pure_dict(nnx.state(moe, nnx.Param))  # checkpointed, imported, exported
+    assert list(nnx.to_pure_dict(nnx.state(moe, RouterBias))) == ["router_bias"]
+    moe.router_bias[...] = jnp.asarray([0.3, -0.2, 0.1, 0.0])
+    graphdef, params = nnx.split(moe, nnx.Param)
+    grads = jax.grad(lambda p: jnp.sum(nnx.merge(graphdef, p)(inputs())[0] ** 2))(params)
+    assert not np.any(np.asarray(grads["router_bias"][...]))  # the optimizer never moves it
+    assert np.any(np.asarray(grads["router"][...]))
     axes = {name: getattr(moe, name).get_metadata()["out_sharding"]
             for name in ("router", "w_gate", "w_up", "w_down", "router_bias")}
     assert axes == {"router": ("embed", "expert"), "w_gate": ("expert", "embed", "mlp"),
@@ -291,3 +296,33 @@ def test_config_rejects_impossible_routing() -> None:
         MoEConfig(n_experts=4, top_k=5)
     with pytest.raises(ValueError, match="capacity_factor"):
         MoEConfig(capacity_factor=0)
+
+
+def test_group_limited_routing_picks_inside_each_tokens_best_groups() -> None:
+    """DeepSeek-V3's node-limited routing: 8 experts in 4 groups of 2, each token's top 2 chosen among the experts
+    of its 2 best groups (a group's score: its two best experts' biased scores summed), written out per token in
+    numpy; with one group the same router is plain top-k."""
+    cfg_fields = {**DEEPSEEK, "n_experts": 8, "n_group": 4, "topk_group": 2}
+    moe = build(**cfg_fields)
+    bias = np.linspace(-0.3, 0.3, 8).astype(np.float32)
+    moe.router_bias[...] = jnp.asarray(bias)
+    x = inputs(7)
+    scores = np_scores(weights_of(moe), x, moe.cfg) + bias
+    want = []
+    for row in scores:
+        groups = row.reshape(4, 2)
+        best_groups = np.argsort(-groups.sum(-1))[:2]  # two experts per group: the top-2 sum is the group's sum
+        allowed = np.concatenate([np.arange(2 * g, 2 * g + 2) for g in best_groups])
+        want.append(sorted(allowed[np.argsort(-row[allowed])[:2]].tolist()))
+    got = np.sort(np.asarray(moe.route(x.reshape(N, D)).experts), axis=-1).tolist()
+    assert got == want
+    plain = build(**{**cfg_fields, "n_group": 1, "topk_group": 1})
+    plain.router[...], plain.router_bias[...] = moe.router[...], moe.router_bias[...]
+    ungrouped = np.sort(np.argsort(-scores, axis=-1)[:, :2], axis=-1).tolist()
+    assert np.sort(np.asarray(plain.route(x.reshape(N, D)).experts), axis=-1).tolist() == ungrouped
+    assert got != ungrouped  # the groups changed some token's choice: the limit is not vacuous here
+    for bad, message in (({"n_group": 3}, "must divide"), ({"n_group": 8}, "2 experts or more"),
+                         ({"n_group": 4, "topk_group": 5}, "between 1 and n_group"),
+                         ({"n_group": 4, "topk_group": 1, "top_k": 3}, "at most the topk_group")):
+        with pytest.raises(ValueError, match=message):
+            MoEConfig(**{**cfg_fields, **bad})

@@ -31,7 +31,6 @@ Eval and export call ``__call__`` / ``hidden``, which drop the statistics (XLA r
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +40,15 @@ from model.attention import attend, resolve_attention
 from model.kv_cache import KVCache, LayerKV, attend_cached, decode_layers
 from model.layers import REMAT_POLICIES, CausalLM, RMSNorm, Rope, default_positions, param, rope_angles, rotary
 from model.linear import project
-from model.moe import MoE, MoEConfig
+from model.moe import (
+    LayerStats,
+    MoE,
+    MoEConfig,
+    layer_stats,
+    pooled_load_balance,
+    router_metric_names,
+    router_metrics,
+)
 from model.qwen3_moe.config import Qwen3MoeConfig
 from model.sharding import compiled_platform, constrain
 from model.stacking import scan_layers_xs, stacked
@@ -54,22 +61,12 @@ AUX_LOSSES = ("load_balance", "router_z")  # ModelFamily.aux_losses: what hidden
 
 def aux_metrics(cfg: Qwen3MoeConfig) -> tuple[str, ...]:
     """ModelFamily.aux_metrics: the router statistics hidden_with_aux also returns, logged as train/aux/<name>
-    (``Decoder.router_metrics``)."""
-    per_layer = (f"router/load_max_layer_{i:02d}" for i in range(cfg.n_layers))
-    return ("router/dropped_fraction", "router/load_max", *per_layer)
+    (model/moe.py's ``router_metrics``)."""
+    return router_metric_names(cfg.n_layers)
 
 Segments = jax.Array | None  # packed documents' segment ids [B, T]; None: plain causal attention
 RopeTable = tuple[jax.Array, jax.Array]  # sin, cos [B, T, 1, head_dim / 2]
 LayerFn = Callable[["Block", jax.Array], tuple[jax.Array, "LayerStats"]]  # (layer, x) -> (x, its statistics)
-
-
-class LayerStats(NamedTuple):
-    """One layer's router statistics; out of the decoder, every field with a leading layer axis [L, ...]."""
-
-    expert_load: jax.Array  # [E] int32: token-slots each expert was chosen for (before capacity drops)
-    router_probs: jax.Array  # [E] float32: each expert's router probability, averaged over the tokens
-    router_z: jax.Array  # float32: mean over the tokens of logsumexp(router logits)^2
-    dropped: jax.Array  # int32: token-slots capacity routing dropped (0 when dropless)
 
 
 def moe_config(cfg: Qwen3MoeConfig) -> MoEConfig:
@@ -132,7 +129,7 @@ class Block(nnx.Module):
         """The mixture of experts of ``h`` [B, T, D] and its router statistics (model/moe.py's ``MoEStats``: the
         load, the mean router probabilities, the unweighted z-loss and the drops)."""
         y, stats = self.mlp(h)
-        return y, LayerStats(stats.expert_load, stats.router_probs, stats.aux_losses["router_z"], stats.dropped)
+        return y, layer_stats(stats)
 
     def decode(self, x: jax.Array, rope: RopeTable, layer: LayerKV, cache: KVCache) -> tuple[jax.Array, LayerKV]:
         attn, layer = self.attn.decode(self.attn_norm(x), rope, layer, cache)
@@ -168,7 +165,7 @@ class Decoder(CausalLM):
         statistics (``aux_metrics``): the train step adds the losses to the loss and logs all of them as
         train/aux/<name> (model.family.AuxLossModel)."""
         hidden, stats = self.hidden_with_stats(tokens, segment_ids, positions)
-        return hidden, {**self.aux_losses(stats), **self.router_metrics(stats)}
+        return hidden, {**self.aux_losses(stats), **router_metrics(stats, self.n_experts)}
 
     def hidden_with_stats(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                           positions: jax.Array | None = None) -> tuple[jax.Array, LayerStats]:
@@ -190,20 +187,8 @@ class Decoder(CausalLM):
 
     def aux_losses(self, stats: LayerStats) -> dict[str, jax.Array]:
         """The weighted auxiliary losses of every layer's statistics (the module docstring has the formulas)."""
-        load = stats.expert_load.astype(jnp.float32)  # [L, E]
-        fraction = jnp.sum(load, axis=0) / jnp.sum(load)  # of all layers' token-slots: F_e / top_k
-        balance = self.top_k * self.n_experts * jnp.sum(fraction * jnp.mean(stats.router_probs, axis=0))
+        balance = pooled_load_balance(stats, self.n_experts, self.top_k)
         return {"load_balance": self.aux_coef * balance, "router_z": self.z_coef * jnp.mean(stats.router_z)}
-
-    def router_metrics(self, stats: LayerStats) -> dict[str, jax.Array]:
-        """Each layer's expert load as its busiest expert's token-slots over the mean per expert (1: balanced;
-        n_experts / top_k at most: every token chose that expert), the worst layer's, and the fraction of all
-        layers' token-slots capacity routing dropped (0 when dropless: counted, not assumed)."""
-        load = stats.expert_load.astype(jnp.float32)  # [L, E]
-        busiest = self.n_experts * jnp.max(load, axis=1) / jnp.maximum(jnp.sum(load, axis=1), 1.0)  # [L]
-        dropped = jnp.sum(stats.dropped).astype(jnp.float32) / jnp.maximum(jnp.sum(load), 1.0)
-        return {"router/dropped_fraction": dropped, "router/load_max": jnp.max(busiest),
-                **{f"router/load_max_layer_{i:02d}": busiest[i] for i in range(self.n_layers)}}
 
     def layer_fn(self, rope: RopeTable, segments: Segments) -> LayerFn:
         """(block, x) -> (x through that layer, its statistics), under ``model.remat``'s policy (per layer). Under
