@@ -28,6 +28,7 @@ FAMILY_PACKAGES: dict[str, str] = {
     "qwen3": "model.llama",
     "gemma3": "model.gemma3",
     "qwen3_moe": "model.qwen3_moe",
+    "deepseek_v3": "model.deepseek_v3",
 }
 
 

@@ -175,3 +175,99 @@ def config_reader(hf_config: Mapping[str, Any], model_type: str) -> Callable[[st
     if hf_config.get("quantization_config"):
         raise ConfigError(f"{where}: quantization_config is not supported (a quantized checkpoint)")
     return need
+
+
+# -- mixtures of experts: Transformers' checkpoints hold a tensor per expert and projection, ours one [E, in, out]
+
+@dataclass(frozen=True)
+class ExpertTensors(HFTensor):
+    """One layer's stacked expert parameter [E, in, out] as Transformers' E tensors [out, in]: ``name`` holds a ``*``
+    where the expert index goes; ``expert_shape`` is one expert's tensor shape, as the config implies it."""
+
+    expert_shape: tuple[int, int] = (0, 0)
+
+    def names(self, n_experts: int) -> list[str]:
+        return [self.name.replace("*", str(e)) for e in range(n_experts)]
+
+    def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (shape[0], shape[2], shape[1])
+
+    def to_ours(self, value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return np.swapaxes(value, 1, 2).reshape(shape)
+
+    def to_hf(self, value: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.swapaxes(value, 1, 2))
+
+
+def split_experts(tensors: dict[str, np.ndarray], table: list[HFTensor], n_experts: int) -> dict[str, np.ndarray]:
+    """``export_tensors``' output with each stacked expert parameter [E, out, in] split into its E tensors."""
+    for t in table:
+        if isinstance(t, ExpertTensors):
+            experts = tensors.pop(t.name)
+            tensors.update({name: np.ascontiguousarray(experts[e]) for e, name in enumerate(t.names(n_experts))})
+    return tensors
+
+
+class StackedExperts:
+    """One layer's E expert tensors of one projection, read as one [E, out, in] array when asked for (``shape``
+    checks each expert's shape first: a wrong one is one DataError line naming its tensor)."""
+
+    def __init__(self, source: Mapping[str, Any], names: list[str], expert_shape: tuple[int, int], what: str):
+        self.source, self.names, self.expert_shape, self.what = source, names, expert_shape, what
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        for name in self.names:
+            found = tuple(self.source[name].shape)
+            if found != self.expert_shape:
+                raise DataError(f"{source_of(self.source, name)}: tensor '{name}' has shape {found}, the config "
+                                f"implies {self.expert_shape} ({self.what})")
+        return (len(self.names), *self.expert_shape)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        first = np.asarray(self.source[self.names[0]])
+        out = np.empty((len(self.names), *first.shape), first.dtype)
+        out[0] = first
+        for e, name in enumerate(self.names[1:], start=1):
+            out[e] = np.asarray(self.source[name])
+        return out if dtype is None else out.astype(dtype)
+
+
+class ExpertSource(Mapping[str, Any]):
+    """A state dict as model/hf_tensors.py's ``import_tensors`` reads it: each layer's per-expert tensors of a
+    projection behind the one name of their ``ExpertTensors`` (a ``StackedExperts``), every other tensor as it is.
+    An expert tensor the config does not imply (an index >= n_experts) stays visible, so it is reported as having no
+    place in the model; ``file_of`` and ``origin`` are the source's, for error lines."""
+
+    def __init__(self, source: Mapping[str, Any], table: list[HFTensor], n_experts: int, what: str):
+        self.source, self.what = source, what
+        self.origin = getattr(source, "origin", None)
+        self.groups = {t.name: (t.names(n_experts), t.expert_shape) for t in table if isinstance(t, ExpertTensors)}
+        self.grouped = {name for names, _ in self.groups.values() for name in names}
+
+    def missing(self) -> str | None:
+        """The first expert tensor the config implies that the source lacks."""
+        return next((name for names, _ in self.groups.values() for name in names if name not in self.source), None)
+
+    def file_of(self, name: str) -> str | None:
+        file_of = getattr(self.source, "file_of", None)
+        if file_of is None:
+            return None
+        return file_of(self.groups[name][0][0] if name in self.groups else name)
+
+    def __contains__(self, name: object) -> bool:
+        if name in self.groups:
+            return all(n in self.source for n in self.groups[name][0])  # type: ignore[index]
+        return name in self.source
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.groups:
+            return StackedExperts(self.source, *self.groups[name], self.what)
+        return self.source[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.groups
+        yield from (name for name in self.source if name not in self.grouped)
+
+    def __len__(self) -> int:
+        return len(self.groups) + sum(1 for name in self.source if name not in self.grouped)

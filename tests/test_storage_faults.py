@@ -463,9 +463,11 @@ def test_a_hung_request_is_cut_after_the_timeout(proxied: tuple[str, Any, FaultP
 
 
 def test_an_s3_outage_spends_the_clients_retries(storage_servers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """botocore's standard retry mode takes 5 tokens of a per-client quota of 500 for each retry and gives back
-    1 per call that succeeds at once: a few dozen calls failing together (an outage) leave the client with no
-    retries, and the next single 500 is an error, though a fresh client retries it."""
+    """botocore's standard retry mode takes 5 tokens of a per-client quota of 500 for each retry: a few dozen calls
+    failing together (an outage) get far fewer retries than their attempts allow (40 reads of 6 attempts each made
+    146-147 requests in eight runs, not 240), and a fresh client retries a single 500. Whether the outage's client
+    retries the next single 500 as well varied from run to run (about half the runs did, 2026-12-06: the quota is
+    not reliably empty afterwards), so that is not asserted."""
     with FaultProxy(storage_servers.s3_endpoint, flavor="s3") as proxy:
         _through_proxy("s3", proxy, monkeypatch)
         root = location(storage_servers.new_bucket("s3"))
@@ -486,13 +488,9 @@ def test_an_s3_outage_spends_the_clients_retries(storage_servers: Any, monkeypat
         for thread in threads:
             thread.join(CASE_TIMEOUT_S)
         assert len(errors) == 40 and all(isinstance(e, OSError) for e in errors)
-        # 10 attempts each, 400 in all, but for the quota: 40 first tries and about 100 retries
-        assert outage.hits < 200, outage.hits
+        # S3_MAX_ATTEMPTS (6) each, 240 in all, but for the quota: 40 first tries and about 100 retries
+        assert 40 < outage.hits < 200, outage.hits
         proxy.remove(outage)
-        blip = proxy.fail(500, count=1, method="GET")
-        with pytest.raises(OSError, match="InternalError|500"):
-            (root / "obj").read_bytes()
-        assert blip.hits == 1
         monkeypatch.setattr(backends, "_filesystems", {})  # a fresh client, a full quota
         blip = proxy.fail(500, count=1, method="GET")
         assert (root / "obj").read_bytes() == b"hello" and blip.hits == 1

@@ -23,8 +23,7 @@ and keep the section's defaults.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,8 @@ from flax import nnx
 from experiment.errors import ConfigError, DataError
 from model.family import get_family
 from model.hf_tensors import (
+    ExpertSource,
+    ExpertTensors,
     HFTensor,
     Place,
     PlaceLayers,
@@ -41,6 +42,7 @@ from model.hf_tensors import (
     export_tensors,
     import_tensors,
     source_of,
+    split_experts,
 )
 from model.qwen3_moe.config import Qwen3MoeConfig
 from model.stacking import BLOCKS
@@ -50,26 +52,6 @@ FAMILY = "qwen3_moe"
 WHERE = f"Hugging Face {MODEL_TYPE} config"
 WEIGHTS = f"Hugging Face {MODEL_TYPE} weights"
 EXPERT_PROJECTIONS = (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj"))  # ours, Transformers'
-
-
-@dataclass(frozen=True)
-class ExpertTensors(HFTensor):
-    """One layer's stacked expert parameter [E, in, out] as Transformers' E tensors [out, in]: ``name`` holds a ``*``
-    where the expert index goes; ``expert_shape`` is one expert's tensor shape, as the config implies it."""
-
-    expert_shape: tuple[int, int] = (0, 0)
-
-    def names(self, n_experts: int) -> list[str]:
-        return [self.name.replace("*", str(e)) for e in range(n_experts)]
-
-    def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        return (shape[0], shape[2], shape[1])
-
-    def to_ours(self, value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        return np.swapaxes(value, 1, 2).reshape(shape)
-
-    def to_hf(self, value: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(np.swapaxes(value, 1, 2))
 
 
 def hf_tensors(cfg: Qwen3MoeConfig) -> list[HFTensor]:
@@ -95,77 +77,7 @@ def state_dict(model: Any, cfg: Qwen3MoeConfig) -> dict[str, np.ndarray]:
     """The decoder's parameters under Transformers' names in PyTorch's layout (fp32), a tensor per layer and per
     expert, whichever layout (scanned or unrolled) the model has."""
     table = hf_tensors(cfg)
-    tensors = export_tensors(model, table)
-    for t in table:
-        if isinstance(t, ExpertTensors):
-            experts = tensors.pop(t.name)  # [E, out, in]
-            tensors.update({name: np.ascontiguousarray(experts[e]) for e, name in enumerate(t.names(cfg.n_experts))})
-    return tensors
-
-
-class StackedExperts:
-    """One layer's E expert tensors of one projection, read as one [E, out, in] array when asked for (``shape``
-    checks each expert's shape first: a wrong one is one DataError line naming its tensor)."""
-
-    def __init__(self, source: Mapping[str, Any], names: list[str], expert_shape: tuple[int, int]):
-        self.source, self.names, self.expert_shape = source, names, expert_shape
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        for name in self.names:
-            found = tuple(self.source[name].shape)
-            if found != self.expert_shape:
-                raise DataError(f"{source_of(self.source, name)}: tensor '{name}' has shape {found}, the config "
-                                f"implies {self.expert_shape} ({WEIGHTS})")
-        return (len(self.names), *self.expert_shape)
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        first = np.asarray(self.source[self.names[0]])
-        out = np.empty((len(self.names), *first.shape), first.dtype)
-        out[0] = first
-        for e, name in enumerate(self.names[1:], start=1):
-            out[e] = np.asarray(self.source[name])
-        return out if dtype is None else out.astype(dtype)
-
-
-class ExpertSource(Mapping[str, Any]):
-    """A state dict as model/hf_tensors.py's ``import_tensors`` reads it: each layer's per-expert tensors of a
-    projection behind the one name of their ``ExpertTensors`` (a ``StackedExperts``), every other tensor as it is.
-    An expert tensor the config does not imply (an index >= n_experts) stays visible, so it is reported as having no
-    place in the model; ``file_of`` and ``origin`` are the source's, for error lines."""
-
-    def __init__(self, source: Mapping[str, Any], table: list[HFTensor], n_experts: int):
-        self.source = source
-        self.origin = getattr(source, "origin", None)
-        self.groups = {t.name: (t.names(n_experts), t.expert_shape) for t in table if isinstance(t, ExpertTensors)}
-        self.grouped = {name for names, _ in self.groups.values() for name in names}
-
-    def missing(self) -> str | None:
-        """The first expert tensor the config implies that the source lacks."""
-        return next((name for names, _ in self.groups.values() for name in names if name not in self.source), None)
-
-    def file_of(self, name: str) -> str | None:
-        file_of = getattr(self.source, "file_of", None)
-        if file_of is None:
-            return None
-        return file_of(self.groups[name][0][0] if name in self.groups else name)
-
-    def __contains__(self, name: object) -> bool:
-        if name in self.groups:
-            return all(n in self.source for n in self.groups[name][0])  # type: ignore[index]
-        return name in self.source
-
-    def __getitem__(self, name: str) -> Any:
-        if name in self.groups:
-            return StackedExperts(self.source, *self.groups[name])
-        return self.source[name]
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self.groups
-        yield from (name for name in self.source if name not in self.grouped)
-
-    def __len__(self) -> int:
-        return len(self.groups) + sum(1 for name in self.source if name not in self.grouped)
+    return split_experts(export_tensors(model, table), table, cfg.n_experts)
 
 
 def to_hf_config(cfg: Qwen3MoeConfig, vocab_size: int, special_ids: Mapping[str, int] | None = None) -> dict[str, Any]:
@@ -291,7 +203,7 @@ class Qwen3MoeHF:
             cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
         state = nnx.state(get_family(FAMILY).abstract(cfg, vocab_size), nnx.Param)
         table = hf_tensors(cfg)
-        source = ExpertSource(state_dict, table, cfg.n_experts)
+        source = ExpertSource(state_dict, table, cfg.n_experts, WEIGHTS)
         missing = source.missing()
         if missing is not None:
             raise DataError(f"{source_of(state_dict)}: tensor '{missing}' is missing ({WEIGHTS})")

@@ -1,0 +1,243 @@
+"""The Hugging Face adapter of DeepSeek-V3: Transformers' ``DeepseekV3ForCausalLM``, ``model_type: deepseek_v3``
+(GigaChat 3's checkpoints are of this type).
+
+A renaming and transposition of weights (PyTorch's ``nn.Linear`` is [out, in], our kernels [in, out]), numpy only.
+Layer i of Transformers' ``model.layers`` is ``dense_blocks/<i>`` for i < first_k_dense_replace, else
+``blocks/<i - first_k_dense_replace>`` (the mixture-of-experts stack). The latent attention's tensors keep
+Transformers' names: ``q_a_proj`` -> ``wq_a`` [D, q_lora], ``q_a_layernorm`` -> ``q_norm``, ``q_b_proj`` -> ``wq_b``
+[q_lora, H, nope + rope] (or ``q_proj`` -> ``wq``), ``kv_a_proj_with_mqa`` -> ``wkv_a`` [D, kv_lora + rope],
+``kv_a_layernorm`` -> ``kv_norm``, ``kv_b_proj`` -> ``wkv_b`` [kv_lora, H, nope + v], ``o_proj`` -> ``wo``. A MoE
+layer's router is ``mlp.gate.weight`` [E, D] and its selection bias ``mlp.gate.e_score_correction_bias`` [E]; its
+experts a tensor per expert and projection (as the published checkpoints, model/hf_tensors.py's
+``ExpertTensors``), its shared experts ``mlp.shared_experts.{gate,up,down}_proj``.
+
+Not built, each one ConfigError line naming the key: YaRN or any scaled RoPE, attention biases, an activation other
+than SiLU, a routing other than sigmoid with ``noaux_tc``. Multi-token prediction: the published checkpoints carry
+``num_nextn_predict_layers`` extra layers (``model.layers.<num_hidden_layers + j>.*``), which Transformers itself
+does not load; import leaves them out with one warning naming how many tensors, and export writes none
+(``num_nextn_predict_layers`` 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flax import nnx
+
+from experiment.errors import ConfigError, DataError
+from model.deepseek_v3.config import DeepseekV3Config
+from model.family import get_family
+from model.hf_tensors import (
+    ExpertSource,
+    ExpertTensors,
+    HFTensor,
+    Place,
+    PlaceLayers,
+    config_reader,
+    export_tensors,
+    import_tensors,
+    source_of,
+    split_experts,
+)
+from model.stacking import BLOCKS
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURE, MODEL_TYPE = "DeepseekV3ForCausalLM", "deepseek_v3"
+FAMILY = "deepseek_v3"
+WHERE = f"Hugging Face {MODEL_TYPE} config"
+WEIGHTS = f"Hugging Face {MODEL_TYPE} weights"
+PROJECTIONS = (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj"))  # ours, Transformers'
+DENSE_BLOCKS = "dense_blocks"
+
+
+def layer_path(cfg: DeepseekV3Config, i: int) -> tuple[Any, ...]:
+    """Where Transformers' layer ``i`` lives in our parameters."""
+    return (DENSE_BLOCKS, i) if i < cfg.first_k_dense else (BLOCKS, i - cfg.first_k_dense)
+
+
+def hf_tensors(cfg: DeepseekV3Config) -> list[HFTensor]:
+    """Every parameter of the decoder and its ``DeepseekV3ForCausalLM`` name (the experts' with a ``*``)."""
+    d, f = cfg.d_model, cfg.d_expert
+    expert_shapes = {"w_gate": (f, d), "w_up": (f, d), "w_down": (d, f)}
+    table = [HFTensor(("embed",), "model.embed_tokens.weight")]
+    for i in range(cfg.n_layers):
+        hf, ours = f"model.layers.{i}", layer_path(cfg, i)
+        attn, theirs = (*ours, "attn"), f"{hf}.self_attn"
+        table += [HFTensor((*ours, "attn_norm", "scale"), f"{hf}.input_layernorm.weight"),
+                  HFTensor((*ours, "mlp_norm", "scale"), f"{hf}.post_attention_layernorm.weight")]
+        if cfg.q_lora_rank:
+            table += [HFTensor((*attn, "wq_a"), f"{theirs}.q_a_proj.weight", 1),
+                      HFTensor((*attn, "q_norm", "scale"), f"{theirs}.q_a_layernorm.weight"),
+                      HFTensor((*attn, "wq_b"), f"{theirs}.q_b_proj.weight", 1)]
+        else:
+            table.append(HFTensor((*attn, "wq"), f"{theirs}.q_proj.weight", 1))
+        table += [HFTensor((*attn, "wkv_a"), f"{theirs}.kv_a_proj_with_mqa.weight", 1),
+                  HFTensor((*attn, "kv_norm", "scale"), f"{theirs}.kv_a_layernorm.weight"),
+                  HFTensor((*attn, "wkv_b"), f"{theirs}.kv_b_proj.weight", 1),
+                  HFTensor((*attn, "wo"), f"{theirs}.o_proj.weight", 2)]
+        mlp = (*ours, "mlp")
+        if i < cfg.first_k_dense:
+            table += [HFTensor((*mlp, name), f"{hf}.mlp.{hf_name}.weight", 1) for name, hf_name in PROJECTIONS]
+            continue
+        table += [HFTensor((*mlp, "router"), f"{hf}.mlp.gate.weight", 1),  # [D, E] <- [E, D]
+                  HFTensor((*mlp, "router_bias"), f"{hf}.mlp.gate.e_score_correction_bias")]
+        table += [ExpertTensors((*mlp, name), f"{hf}.mlp.experts.*.{hf_name}.weight", expert_shape=expert_shapes[name])
+                  for name, hf_name in PROJECTIONS]
+        if cfg.n_shared_experts:
+            table += [HFTensor((*mlp, "shared", name), f"{hf}.mlp.shared_experts.{hf_name}.weight", 1)
+                      for name, hf_name in PROJECTIONS]
+    table.append(HFTensor(("final_norm", "scale"), "model.norm.weight"))
+    if not cfg.tie_embeddings:
+        table.append(HFTensor(("lm_head",), "lm_head.weight", 1))
+    return table
+
+
+def to_hf_config(cfg: DeepseekV3Config, vocab_size: int, special_ids: Mapping[str, int] | None = None
+                 ) -> dict[str, Any]:
+    """config.json for ``DeepseekV3ForCausalLM`` with our shapes."""
+    special = special_ids or {}
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": MODEL_TYPE,
+        "vocab_size": int(vocab_size),
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "moe_intermediate_size": cfg.d_expert,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_heads,
+        "q_lora_rank": cfg.q_lora_rank or None,
+        "kv_lora_rank": cfg.kv_lora_rank,
+        "qk_nope_head_dim": cfg.qk_nope_head_dim,
+        "qk_rope_head_dim": cfg.qk_rope_head_dim,
+        "v_head_dim": cfg.v_head_dim,
+        "n_routed_experts": cfg.n_experts,
+        "n_shared_experts": cfg.n_shared_experts,
+        "num_experts_per_tok": cfg.top_k,
+        "n_group": cfg.n_group,
+        "topk_group": cfg.topk_group,
+        "first_k_dense_replace": cfg.first_k_dense,
+        "routed_scaling_factor": cfg.routed_scaling_factor,
+        "norm_topk_prob": bool(cfg.norm_topk_prob),
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "num_nextn_predict_layers": 0,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_theta": cfg.rope_theta,
+        "rope_interleave": bool(cfg.rope_interleave),
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": bool(cfg.tie_embeddings),
+        "bos_token_id": special.get("bos"),
+        "eos_token_id": special.get("eos"),
+        "pad_token_id": special.get("pad"),
+        "torch_dtype": "float32",
+        "dtype": "float32",
+    }
+
+
+def rope_theta_from_hf(hf: Mapping[str, Any]) -> float:
+    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise ConfigError(f"{WHERE}: rope_type '{kind}' is not supported yet (only default: an unscaled RoPE; "
+                          "DeepSeek-V3's own checkpoint uses YaRN)")
+    return float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+
+
+def mtp_layers(hf: Mapping[str, Any]) -> int:
+    return int(hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers", 0)) or 0)
+
+
+def config_from_hf(hf: Mapping[str, Any]) -> DeepseekV3Config:
+    """Our model config for a ``deepseek_v3`` config.json; features the decoder lacks are one-line errors."""
+    need = config_reader(hf, MODEL_TYPE)
+    for key, supported in (("hidden_act", "silu"), ("attention_bias", False), ("scoring_func", "sigmoid"),
+                           ("topk_method", "noaux_tc")):
+        if hf.get(key, supported) != supported:
+            raise ConfigError(f"{WHERE}: {key}={hf[key]!r} is not supported (only {supported!r})")
+    heads = int(need("num_attention_heads"))
+    if int(hf.get("num_key_value_heads") or heads) != heads:
+        raise ConfigError(f"{WHERE}: num_key_value_heads={hf['num_key_value_heads']} is not supported (latent "
+                          f"attention expands its keys and values for each of the {heads} heads)")
+    experts_key = "n_routed_experts" if "n_routed_experts" in hf else "num_local_experts"
+    cfg = DeepseekV3Config(
+        d_model=int(need("hidden_size")), n_layers=int(need("num_hidden_layers")), n_heads=heads,
+        q_lora_rank=int(hf.get("q_lora_rank") or 0), kv_lora_rank=int(need("kv_lora_rank")),
+        qk_nope_head_dim=int(need("qk_nope_head_dim")), qk_rope_head_dim=int(need("qk_rope_head_dim")),
+        v_head_dim=int(need("v_head_dim")), d_ff=int(need("intermediate_size")),
+        first_k_dense=int(hf.get("first_k_dense_replace") or 0), n_experts=int(need(experts_key)),
+        top_k=int(need("num_experts_per_tok")), d_expert=int(need("moe_intermediate_size")),
+        n_shared_experts=int(hf.get("n_shared_experts") or 0), n_group=int(hf.get("n_group") or 1),
+        topk_group=int(hf.get("topk_group") or 1), routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)), rope_theta=rope_theta_from_hf(hf),
+        rope_interleave=bool(hf.get("rope_interleave", True)), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), max_seq_len=int(need("max_position_embeddings")),
+    )
+    cfg.validate("model")
+    return cfg
+
+
+class DeepseekV3HF:
+    """Export to and import from Transformers' ``DeepseekV3ForCausalLM`` (see the module docstring)."""
+
+    architecture = ARCHITECTURE
+    model_type = MODEL_TYPE
+    family = FAMILY
+
+    def export(self, model: Any, model_cfg: DeepseekV3Config, vocab_size: int,
+               special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        model_cfg.validate("model")
+        table = hf_tensors(model_cfg)
+        tensors = split_experts(export_tensors(model, table), table, model_cfg.n_experts)
+        return tensors, to_hf_config(model_cfg, vocab_size, special_ids)
+
+    def config(self, hf_config: Mapping[str, Any]) -> tuple[DeepseekV3Config, int]:
+        vocab_size = int(hf_config.get("vocab_size") or 0)
+        if vocab_size <= 0:
+            raise ConfigError(f"{WHERE}: vocab_size is missing or not positive")
+        return config_from_hf(hf_config), vocab_size
+
+    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
+                dtype: Any = np.float32, place: Place | None = None,
+                scan_layers: bool | None = None,
+                place_layers: PlaceLayers | None = None) -> tuple[DeepseekV3Config, nnx.State]:
+        """The inverse of ``export`` (model/hf_tensors.py's ``import_tensors``: each tensor read once and checked;
+        a missing, misshapen or unplaced tensor is one DataError line naming it). The multi-token prediction
+        layers' tensors are left out, with one warning."""
+        cfg, vocab_size = self.config(hf_config)
+        if scan_layers is not None:
+            cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
+        state = nnx.state(get_family(FAMILY).abstract(cfg, vocab_size), nnx.Param)
+        table = hf_tensors(cfg)
+        source = ExpertSource(state_dict, table, cfg.n_experts, WEIGHTS)
+        missing = source.missing()
+        if missing is not None:
+            raise DataError(f"{source_of(state_dict)}: tensor '{missing}' is missing ({WEIGHTS})")
+        n_mtp = mtp_layers(hf_config)
+        mtp = re.compile(rf"model\.layers\.({'|'.join(str(cfg.n_layers + j) for j in range(n_mtp))})\.") if n_mtp \
+            else None
+        left_out = [name for name in state_dict if mtp is not None and mtp.match(name)]
+        if left_out:
+            log.warning("%s: %d tensors of %d multi-token prediction layer(s) left out (not built yet; the export "
+                        "will have none)", source_of(state_dict), len(left_out), n_mtp)
+
+        def ignored(name: str) -> bool:
+            return (name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and name == "lm_head.weight")
+                    or (mtp is not None and mtp.match(name) is not None))
+
+        import_tensors(state, table, source, scanned=bool(cfg.scan_layers), model_type=MODEL_TYPE, ignored=ignored,
+                       dtype=dtype, place=place, place_layers=place_layers)
+        return cfg, state
+
+
+DEEPSEEK_V3_HF = DeepseekV3HF()

@@ -1,0 +1,250 @@
+"""DeepSeek-V3's decoder in Flax NNX (GigaChat 3's architecture): multi-head latent attention, dense first layers,
+then mixtures of experts with shared experts.
+
+    tokens -> embedding -> first_k_dense x [RMSNorm -> MLA -> +residual, RMSNorm -> SwiGLU MLP -> +residual]
+                        -> the rest     x [RMSNorm -> MLA -> +residual, RMSNorm -> MoE (sigmoid, group-limited top-k,
+                                           selection bias, routed_scaling_factor) + shared experts -> +residual]
+           -> RMSNorm -> output head (untied) -> logits
+
+As Transformers' ``models/deepseek_v3/modeling_deepseek_v3.py`` defines it (``DeepseekV3ForCausalLM``).
+
+Multi-head latent attention, per token x [D]:
+
+    q = wq_b(RMSNorm(wq_a(x)))  [H, nope + rope]      (q_lora_rank 0: q = wq(x))
+    c, k_rope = wkv_a(x)         [kv_lora], [rope]     c is RMS-normed: the latent a KV cache would hold
+    k_nope, v = wkv_b(c)         [H, nope], [H, v]
+    k = [k_nope, RoPE(k_rope) broadcast over the heads], q = [q_nope, RoPE(q_rope)]
+    out = wo(attention(q, k, v))                       scale (nope + rope) ** -0.5
+
+With ``rope_interleave`` (every DeepSeek checkpoint) the rope part's rotation pairs are (x0, x1), (x2, x3), ...:
+it is de-interleaved into (evens, odds) halves and rotated as our other families' RoPE rotates halves, which is
+Transformers' ``apply_rotary_pos_emb_interleave`` exactly. The values are zero-padded to the query/key width so
+every attention kernel (which takes one head width) runs them; the output's padding is dropped (the PV matmul
+does (nope + rope) / v times its work: 1.5x at DeepSeek-V3's 192 / 128). Not built: YaRN RoPE scaling (refused on
+import), the latent KV cache with absorbed projections (generation here caches the expanded keys and values).
+
+The dense first layers (1 to 3 in the published models) are a list run one by one, scanned or not; the mixture-of-
+experts layers are one stack (model/stacking.py) when ``scan_layers``. Each MoE layer reports its router's
+statistics (model/moe.py's ``LayerStats``), carried out of the scan as [L, ...] arrays: the load-balancing loss
+(``router_aux_loss_coef``, Transformers' definition; 0 by default) and the router metrics come from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from model.attention import attend, resolve_attention
+from model.deepseek_v3.config import DeepseekV3Config
+from model.kv_cache import KVCache, LayerKV, attend_cached, decode_layers
+from model.layers import REMAT_POLICIES, CausalLM, GatedMLP, RMSNorm, default_positions, param, rope_angles, rotary
+from model.linear import project
+from model.moe import (
+    LayerStats,
+    MoE,
+    MoEConfig,
+    layer_stats,
+    pooled_load_balance,
+    router_metric_names,
+    router_metrics,
+)
+from model.sharding import compiled_platform, constrain
+from model.stacking import scan_layers_xs, stacked
+
+AUX_LOSSES = ("load_balance",)  # ModelFamily.aux_losses: what hidden_with_aux adds to the loss
+
+Segments = jax.Array | None
+RopeTable = tuple[jax.Array, jax.Array]  # sin, cos [B, T, 1, qk_rope_head_dim / 2]
+LayerFn = Callable[["Block", jax.Array], tuple[jax.Array, "LayerStats | None"]]  # (layer, x) -> (x, statistics)
+
+
+def aux_metrics(cfg: DeepseekV3Config) -> tuple[str, ...]:
+    """ModelFamily.aux_metrics: the MoE layers' router statistics (model/moe.py's ``router_metrics``)."""
+    return router_metric_names(cfg.n_moe_layers)
+
+
+def moe_config(cfg: DeepseekV3Config) -> MoEConfig:
+    """model/moe.py's layer as DeepSeek-V3 routes: sigmoid scores, the selection bias, group-limited top-k,
+    renormalised and scaled weights, shared experts. Its own losses are not used (the decoder pools the
+    statistics); its z-loss comes out unweighted."""
+    return MoEConfig(n_experts=cfg.n_experts, top_k=cfg.top_k, d_expert=cfg.d_expert,
+                     n_shared_experts=cfg.n_shared_experts, score_func="sigmoid", norm_topk_prob=cfg.norm_topk_prob,
+                     routed_scaling_factor=cfg.routed_scaling_factor, routing=cfg.routing,
+                     capacity_factor=cfg.capacity_factor, router_z_loss_weight=1.0, load_balance_loss_weight=0.0,
+                     aux_free_bias=True, n_group=cfg.n_group, topk_group=cfg.topk_group)
+
+
+class LatentAttention(nnx.Module):
+    """Multi-head latent attention (the module docstring); its parameters' names follow Transformers'."""
+
+    def __init__(self, cfg: DeepseekV3Config, rngs: nnx.Rngs):
+        d, h, std = cfg.d_model, cfg.n_heads, cfg.init_std
+        self.nope, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.kv_rank, self.interleave, self.impl = cfg.kv_lora_rank, cfg.rope_interleave, cfg.attention
+        qk = cfg.qk_head_dim
+        if cfg.q_lora_rank:
+            self.wq_a = param(rngs, (d, cfg.q_lora_rank), ("embed", "q_lora"), std)
+            self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps, "q_lora")
+            self.wq_b = param(rngs, (cfg.q_lora_rank, h, qk), ("q_lora", "heads", "head_dim"), std)
+            self.wq = None
+        else:
+            self.wq_a, self.q_norm, self.wq_b = None, None, None
+            self.wq = param(rngs, (d, h, qk), ("embed", "heads", "head_dim"), std)
+        self.wkv_a = param(rngs, (d, cfg.kv_lora_rank + cfg.qk_rope_head_dim), ("embed", "kv_lora"), std)
+        self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg.norm_eps, "kv_lora")
+        self.wkv_b = param(rngs, (cfg.kv_lora_rank, h, cfg.qk_nope_head_dim + cfg.v_head_dim),
+                           ("kv_lora", "heads", "head_dim"), std)
+        self.wo = param(rngs, (h, cfg.v_head_dim, d), ("heads", "head_dim", "embed"), std / (2 * cfg.n_layers) ** 0.5)
+
+    def __call__(self, x: jax.Array, rope: RopeTable, segments: Segments) -> jax.Array:
+        q, k, v = self.qkv(x, rope)
+        impl = resolve_attention(self.impl, compiled_platform(), x.dtype, q.shape[-1], x.shape[1])
+        out = attend(impl, q, k, v, segments, scale=q.shape[-1] ** -0.5)
+        out = constrain(out[..., :self.v_dim], ("batch", "length", "act_heads", "head_dim"))
+        return project(out, self.wo[...], n_in=2)
+
+    def qkv(self, x: jax.Array, rope: RopeTable) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Queries and keys [B, T, H, nope + rope] (RoPE'd) and values zero-padded to that width."""
+        if self.wq is None:
+            q = project(self.q_norm(project(x, self.wq_a[...])), self.wq_b[...])
+        else:
+            q = project(x, self.wq[...])
+        compressed = project(x, self.wkv_a[...])
+        latent = self.kv_norm(compressed[..., :self.kv_rank])
+        k_rope = self.rotate(compressed[..., None, self.kv_rank:], rope)  # [B, T, 1, rope]: one for every head
+        kv = project(latent, self.wkv_b[...])  # [B, T, H, nope + v]
+        q = jnp.concatenate([q[..., :self.nope], self.rotate(q[..., self.nope:], rope)], axis=-1)
+        q = constrain(q, ("batch", "length", "act_heads", "head_dim"))
+        k = jnp.concatenate([kv[..., :self.nope], jnp.broadcast_to(k_rope, (*kv.shape[:3], self.rope_dim))], axis=-1)
+        v = kv[..., self.nope:]
+        v = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, q.shape[-1] - self.v_dim)))
+        return q, k, v
+
+    def rotate(self, x: jax.Array, rope: RopeTable) -> jax.Array:
+        """RoPE of the rope part; interleaved pairs are de-interleaved into halves first (the module docstring)."""
+        if self.interleave:
+            x = jnp.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+        return rotary(x, rope)
+
+    def decode(self, x: jax.Array, rope: RopeTable, layer: LayerKV, cache: KVCache) -> tuple[jax.Array, LayerKV]:
+        """``__call__`` over this layer's cached keys and (padded) values: (output, updated k and v)."""
+        q, k, v = self.qkv(x, rope)
+        out, layer = attend_cached(q, k, v, layer, cache)
+        return project(out[..., :self.v_dim], self.wo[...], n_in=2), layer
+
+
+class Block(nnx.Module):
+    """One layer: latent attention, then a dense SwiGLU MLP (``moe=False``) or the mixture of experts."""
+
+    def __init__(self, cfg: DeepseekV3Config, moe: bool, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)  # input_layernorm
+        self.attn = LatentAttention(cfg, rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)  # post_attention_layernorm
+        self.mlp = (MoE(cfg.d_model, moe_config(cfg), cfg.n_layers, cfg.init_std, rngs) if moe
+                    else GatedMLP(cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.init_std, "silu", rngs))
+
+    def __call__(self, x: jax.Array, rope: RopeTable, segments: Segments) -> tuple[jax.Array, LayerStats | None]:
+        x = x + self.attn(self.attn_norm(x), rope, segments)
+        y, stats = self.ffn(self.mlp_norm(x))
+        return constrain(x + y, ("batch", "length", "act_embed")), stats
+
+    def ffn(self, h: jax.Array) -> tuple[jax.Array, LayerStats | None]:
+        if isinstance(self.mlp, MoE):
+            y, stats = self.mlp(h)
+            return y, layer_stats(stats)
+        return self.mlp(h), None
+
+    def decode(self, x: jax.Array, rope: RopeTable, layer: LayerKV, cache: KVCache) -> tuple[jax.Array, LayerKV]:
+        attn, layer = self.attn.decode(self.attn_norm(x), rope, layer, cache)
+        x = x + attn
+        return x + self.ffn(self.mlp_norm(x))[0], layer
+
+
+class Decoder(CausalLM):
+    def __init__(self, cfg: DeepseekV3Config, vocab_size: int, rngs: nnx.Rngs):
+        self.vocab_size, self.remat = vocab_size, cfg.remat
+        self.scanned, self.scan_unroll, self.n_layers = cfg.scan_layers, cfg.scan_unroll, cfg.n_layers
+        self.first_k_dense, self.rope_dim, self.rope_theta = cfg.first_k_dense, cfg.qk_rope_head_dim, cfg.rope_theta
+        self.n_experts, self.top_k, self.aux_coef = cfg.n_experts, cfg.top_k, cfg.router_aux_loss_coef
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.qk_head_dim  # the generation cache's (keys expanded)
+        self.n_kv_heads = cfg.n_heads
+        self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
+        self.dense_blocks = nnx.List([Block(cfg, False, rngs) for _ in range(cfg.first_k_dense)])
+        # the mixture-of-experts layers: one stacked Block when scanned (model/stacking.py), else a list
+        n_moe = cfg.n_moe_layers
+        self.blocks = (stacked(lambda layer_rngs: Block(cfg, True, layer_rngs), n_moe, rngs) if cfg.scan_layers
+                       else nnx.List([Block(cfg, True, rngs) for _ in range(n_moe)]))
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = (None if cfg.tie_embeddings
+                        else param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std))
+
+    def hidden(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+        return self.hidden_with_stats(tokens, segment_ids, positions)[0]
+
+    def hidden_with_aux(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+                        positions: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """``hidden``'s states, the load-balancing loss (weighted) and the router metrics
+        (model.family.AuxLossModel)."""
+        hidden, stats = self.hidden_with_stats(tokens, segment_ids, positions)
+        balance = pooled_load_balance(stats, self.n_experts, self.top_k)
+        return hidden, {"load_balance": self.aux_coef * balance, **router_metrics(stats, self.n_experts)}
+
+    def hidden_with_stats(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+                          positions: jax.Array | None = None) -> tuple[jax.Array, LayerStats]:
+        """``hidden``'s states and every MoE layer's router statistics (``LayerStats``, [L_moe, ...] each)."""
+        positions = default_positions(tokens, positions)
+        rope = rope_angles(positions, self.rope_dim, self.rope_theta)
+        x = constrain(jnp.take(self.embed[...], tokens, axis=0), ("batch", "length", "act_embed"))
+        layer = self.layer_fn(rope, segment_ids)
+        for block in self.dense_blocks:
+            x, _ = layer(block, x)
+        if self.scanned:
+            x, stats = scan_layers_xs(self.blocks, x, None, lambda block, h, _: layer(block, h), unroll=self.unroll())
+        else:
+            per_layer = []
+            for block in self.blocks:
+                x, layer_stats_ = layer(block, x)
+                per_layer.append(layer_stats_)
+            stats = jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
+        return self.final_norm(x), stats
+
+    def layer_fn(self, rope: RopeTable, segments: Segments) -> LayerFn:
+        """(block, x) -> (x through that layer, its statistics), under ``model.remat``'s policy (per layer)."""
+        def run(block: Block, x: jax.Array) -> tuple[jax.Array, LayerStats | None]:
+            return block(x, rope, segments)
+
+        if self.remat == "none":
+            return run
+        return nnx.remat(run, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
+
+    def decode_hidden(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """``hidden`` of tokens [B, T] continuing the sequences in ``cache`` (``CausalLM.decode``): the dense layers'
+        keys and values are the cache's first ``first_k_dense`` layers, the MoE layers' the rest."""
+        t = tokens.shape[1]
+        rope = rope_angles(cache.positions(t), self.rope_dim, self.rope_theta, length=cache.length)
+        x = jnp.take(self.embed[...], tokens, axis=0)
+
+        def run(block: Block, h: jax.Array, layer: LayerKV) -> tuple[jax.Array, LayerKV]:
+            return block.decode(h, rope, layer, cache)
+
+        k_dense, v_dense = [], []
+        for i, block in enumerate(self.dense_blocks):
+            x, (k, v) = run(block, x, (cache.k[i], cache.v[i]))
+            k_dense.append(k)
+            v_dense.append(v)
+        moe_cache = cache._replace(k=cache.k[self.first_k_dense:], v=cache.v[self.first_k_dense:])
+        x, k, v = decode_layers(self.blocks, x, moe_cache, run, self.scanned, self.unroll())
+        if k_dense:
+            k, v = jnp.concatenate([jnp.stack(k_dense), k]), jnp.concatenate([jnp.stack(v_dense), v])
+        return self.final_norm(x), cache.advanced(k, v, t)
+
+    def unroll(self) -> int:
+        """MoE layers per scan iteration: ``model.scan_unroll``, or all of them on a CPU, one elsewhere."""
+        return self.scan_unroll or (self.n_layers - self.first_k_dense if compiled_platform() == "cpu" else 1)
+
+    def output_weight(self) -> jax.Array:
+        return self.embed[...].T if self.lm_head is None else self.lm_head[...]

@@ -1,0 +1,130 @@
+"""The deepseek_v3 family (model/deepseek_v3/, GigaChat 3's architecture) beyond the family contract: config load and
+its one-line errors, the parameter count against DeepSeek-V3's published figures and the built model, FLOPs by
+active parameters from the module's own shapes, the Hugging Face config it refuses, the multi-token prediction
+tensors it leaves out, and training with the router statistics. Transformers' logits, greedy tokens and the export
+round trip are tests/test_hf_parity_deepseek_v3.py's (the hf lane)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from experiment.config import load_config
+from experiment.errors import ConfigError
+from experiment.presets import preset_model_config
+from model.deepseek_v3 import flops
+from model.registry import get_family
+
+VOCAB, SEQ = 97, 16
+DEEPSEEK = get_family("deepseek_v3")
+TINY = DEEPSEEK.tiny_config()
+
+
+def test_deepseek_v3_preset_has_the_published_parameter_counts() -> None:
+    """DeepSeek-V3: 671B parameters, 37B activated per token (its technical report and model card; the 14B of the
+    multi-token prediction module come on top and are not built)."""
+    cfg = preset_model_config("deepseek-v3", "deepseek_v3")
+    assert DEEPSEEK.param_count(cfg, 129_280) == pytest.approx(671e9, rel=0.001)
+    assert DEEPSEEK.active_params(cfg, 129_280) == pytest.approx(37.5e9, rel=0.01)
+
+
+def sizes(model: nnx.Module) -> dict[str, int]:
+    state = nnx.state(model, nnx.Param)
+    return {jax.tree_util.keystr(path): math.prod(leaf.shape)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
+
+
+def test_the_parameter_count_and_flops_follow_the_modules_own_shapes() -> None:
+    """The formula against the built tiny model (unrolled: one entry per layer); the forward FLOPs against 2 x the
+    matmul parameters a token goes through, counted from the shapes (the norm scales and selection biases are no
+    matmul, the untied table is a gather, only top_k of the routed experts run) plus attention's T x T scores
+    and values and the head."""
+    cfg = dataclasses.replace(TINY, scan_layers=False)
+    model = DEEPSEEK.init(cfg, VOCAB, seed=0)
+    params = sizes(model)
+    assert sum(params.values()) == flops.param_count(cfg, VOCAB)
+    assert sum(params.values()) == sum(sizes(DEEPSEEK.init(TINY, VOCAB, seed=0)).values())  # scanned alike
+    idle_experts = sum(size for path, size in params.items() if "'w_gate'" in path or "'w_up'" in path
+                       or "'w_down'" in path if "'shared'" not in path and "'blocks'" in path) \
+        * (cfg.n_experts - cfg.top_k) // cfg.n_experts
+    not_matmul = sum(size for path, size in params.items() if "norm" in path or "router_bias" in path)
+    matmul = sum(params.values()) - not_matmul - idle_experts - VOCAB * cfg.d_model  # the embedding: a gather
+    attention = 2 * SEQ * cfg.n_heads * (cfg.qk_head_dim + cfg.v_head_dim) * cfg.n_layers
+    assert flops.forward_flops_per_token(cfg, VOCAB, SEQ) == 2 * matmul + attention
+    assert DEEPSEEK.flops(cfg, VOCAB, SEQ) == 3 * (2 * matmul + attention)
+    assert DEEPSEEK.active_params(cfg, VOCAB) == sum(params.values()) - idle_experts
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("model.first_k_dense=3", "config key 'model.first_k_dense': 3 must be between 0 and n_layers - 1 = 2"),
+    ("model.n_group=3", "config key 'model.n_group': 3 groups of n_experts=4"),
+    ("model.qk_rope_head_dim=7", "config key 'model.qk_rope_head_dim': RoPE needs an even width, got 7"),
+    ("model.top_k=3", "config key 'model.top_k': 3 is more than the experts of topk_group=1 groups"),
+])
+def test_bad_config_is_one_line_naming_the_key(tmp_path: Path, override: str, message: str) -> None:
+    config = tmp_path / "ds.yaml"
+    config.write_text("experiment: {name: ds}\nmodel: {family: deepseek_v3, preset: tiny}\n", encoding="utf-8")
+    assert load_config(config).model.d_model == TINY.d_model
+    with pytest.raises(ConfigError) as caught:
+        load_config(config, [override])
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_hf_config_refuses_what_is_not_built_and_leaves_out_multi_token_prediction(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from model.deepseek_v3.hf import DEEPSEEK_V3_HF
+
+    model = DEEPSEEK.init(dataclasses.replace(TINY, scan_layers=False), VOCAB, seed=0)
+    tensors, config = DEEPSEEK_V3_HF.export(model, TINY, VOCAB)
+    for edit, message in (({"rope_parameters": {"rope_type": "yarn", "factor": 40.0, "rope_theta": 1e4}},
+                           "rope_type 'yarn' is not supported yet"),
+                          ({"scoring_func": "softmax"}, "scoring_func='softmax' is not supported"),
+                          ({"num_key_value_heads": 2}, "num_key_value_heads=2 is not supported")):
+        with pytest.raises(ConfigError, match=message):
+            DEEPSEEK_V3_HF.config({**config, **edit})
+    # a published checkpoint's extra layer (num_nextn_predict_layers: 1) is left out with one warning
+    mtp = {f"model.layers.{TINY.n_layers}.eh_proj.weight": np.zeros((64, 128), np.float32),
+           f"model.layers.{TINY.n_layers}.enorm.weight": np.ones(64, np.float32)}
+    with caplog.at_level(logging.WARNING):
+        cfg, state = DEEPSEEK_V3_HF.import_({**config, "num_nextn_predict_layers": 1}, {**tensors, **mtp})
+    assert "2 tensors of 1 multi-token prediction layer(s) left out" in caplog.text
+    got = jax.tree.leaves(state)
+    want = jax.tree.leaves(nnx.state(DEEPSEEK.init(cfg, VOCAB, seed=0), nnx.Param))
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want, strict=True))
+    from experiment.errors import DataError
+
+    with pytest.raises(DataError, match="has no place in the deepseek_v3 model"):  # without the config's say-so
+        DEEPSEEK_V3_HF.import_(config, {**tensors, **mtp})
+
+
+def test_train_steps_lower_the_loss_and_log_the_router_statistics() -> None:
+    from experiment.sections.train import MeshConfig, TrainConfig
+    from model.sharding import build_mesh
+    from trainer.step import TrainProgram, global_batch
+
+    train_cfg = TrainConfig(steps=10, batch_size=4, learning_rate=1e-2, warmup_steps=1, mesh=MeshConfig(data=1))
+    cfg = dataclasses.replace(TINY, router_aux_loss_coef=0.01, remat="full")
+    mesh = build_mesh(train_cfg.mesh, jax.devices()[:1], DEEPSEEK.mesh_rules(train_cfg.mesh.rules))
+    program = TrainProgram(cfg, train_cfg, VOCAB, mesh, seed=0)
+    rows = np.random.default_rng(0).integers(0, VOCAB, (4, SEQ + 1)).astype(np.int32)
+    batch = global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, program.batch_sharding)
+    state = program.init_state()
+    bias = np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...])
+    losses = []
+    for _ in range(6):
+        state, metrics = program.step(state, batch)
+        losses.append(float(metrics["loss"]))
+        assert float(metrics["aux/router/dropped_fraction"]) == 0.0
+        assert 1.0 <= float(metrics["aux/router/load_max_layer_01"]) <= cfg.n_experts / cfg.top_k
+        np.testing.assert_allclose(float(metrics["total_loss"]), losses[-1] + float(metrics["aux/load_balance"]),
+                                   rtol=1e-5)
+    assert losses[-1] < losses[0] - 0.3, losses
+    # the selection bias is a parameter no gradient reaches: six optimizer steps leave it where it was
+    np.testing.assert_array_equal(np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...]), bias)
