@@ -80,6 +80,21 @@ class AuxLossModel(FamilyModel, Protocol):
         ...
 
 
+EXPERT_LOAD = "router/expert_load"  # hidden_with_aux's [L, E] token-slots per expert, for ``BalancedRouter``
+
+
+@runtime_checkable
+class BalancedRouter(Protocol):
+    """An ``AuxLossModel`` whose mixture-of-experts layers carry DeepSeek-V3's per-expert selection bias, moved
+    outside the optimizer: after each optimizer step the train step merges the new parameters into the module
+    and calls ``update_router_biases`` with the step's load (``hidden_with_aux``'s ``EXPERT_LOAD``, averaged over
+    micro-batches), unless the step is skipped or the body is frozen."""
+
+    def update_router_biases(self, expert_load: jax.Array, rate: float) -> None:
+        """Move each MoE layer's bias by ``rate`` toward balance (``expert_load``: [L, E], layer order)."""
+        ...
+
+
 @runtime_checkable
 class CachedDecoding(Protocol):
     """What text generation (model/generate.py) calls on a family's module besides ``FamilyModel``'s: a
@@ -236,6 +251,10 @@ class ModelFamily:
     # expert load per layer, its dropped token-slots): logged as train/aux/<name>, averaged over micro-batches
     # like the losses, never added to the loss; "/" may group them (e.g. "router/load_max_layer_00")
     aux_metrics: Callable[[FamilyConfig], tuple[str, ...]] = lambda model_cfg: ()
+    # (model_cfg) -> the rate its mixture-of-experts layers' selection biases move at after each optimizer step
+    # (DeepSeek-V3's aux-loss-free balancing, model/moe.py's ``updated_bias``); 0: they stay. Above 0 its module is
+    # a ``BalancedRouter`` and ``hidden_with_aux`` also returns the load under ``EXPERT_LOAD``
+    router_bias_rate: Callable[[FamilyConfig], float] = lambda model_cfg: 0.0
     # fields of its ``model:`` section that are the run's choice, not the checkpoint's shape (routing, loss
     # weights): under ``model.init_from`` they come from the YAML, beside trainer/init_from.py's RUN_KEYS
     run_keys: tuple[str, ...] = ()

@@ -71,7 +71,6 @@ class MoEConfig:
     router_z_loss_weight: float = 0.0  # ST-MoE: weight * mean(logsumexp(logits)^2)
     load_balance_loss_weight: float = 0.0  # Switch: weight * n_experts * sum_e f_e P_e
     aux_free_bias: bool = False  # DeepSeek-V3: a per-expert bias on the scores, for selection only
-    bias_update_rate: float = 1e-3  # DeepSeek-V3's gamma, for ``updated_bias``
     # DeepSeek-V3's group-limited routing: the experts in n_group equal groups, each token choosing among the
     # experts of its topk_group best groups (a group's score: the sum of its two best experts' selection scores);
     # 1 and 1: plain top-k
@@ -160,12 +159,12 @@ def router_metrics(stats: LayerStats, n_experts: int) -> dict[str, jax.Array]:
 
 
 def updated_bias(bias: jax.Array, expert_load: jax.Array, rate: float) -> jax.Array:
-    """DeepSeek-V3's aux-loss-free balancing step: an expert loaded above the mean moves its bias down by
-    ``rate``, one below moves up (arXiv 2412.19437, section 2.1.2). Call it after each optimizer step with the
-    step's load summed over micro-batches: ``moe.router_bias[...] = updated_bias(moe.router_bias[...], load,
-    cfg.bias_update_rate)`` (torchtitan also subtracts the deltas' mean; the paper does not)."""
-    load = expert_load.astype(jnp.float32)
-    return bias + rate * jnp.sign(jnp.mean(load) - load)
+    """DeepSeek-V3's aux-loss-free balancing step: an expert loaded above its layer's mean moves its bias down by
+    ``rate``, one below moves up (arXiv 2412.19437, section 2.1.2); ``expert_load`` [E] or [L, E] (each layer
+    against its own mean). The train step applies it after each optimizer step through the family's
+    ``model.family.BalancedRouter`` (torchtitan also subtracts the deltas' mean; the paper does not)."""
+    load = expert_load.astype(jnp.float32)  # [E], or [L, E]: each layer against its own mean
+    return bias + rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
 
 
 def group_limited(choice: jax.Array, n_group: int, topk_group: int) -> jax.Array:

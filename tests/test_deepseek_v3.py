@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -110,7 +111,7 @@ def test_train_steps_lower_the_loss_and_log_the_router_statistics() -> None:
     from trainer.step import TrainProgram, global_batch
 
     train_cfg = TrainConfig(steps=10, batch_size=4, learning_rate=1e-2, warmup_steps=1, mesh=MeshConfig(data=1))
-    cfg = dataclasses.replace(TINY, router_aux_loss_coef=0.01, remat="full")
+    cfg = dataclasses.replace(TINY, router_aux_loss_coef=0.01, remat="full", router_bias_update_rate=0.0)
     mesh = build_mesh(train_cfg.mesh, jax.devices()[:1], DEEPSEEK.mesh_rules(train_cfg.mesh.rules))
     program = TrainProgram(cfg, train_cfg, VOCAB, mesh, seed=0)
     rows = np.random.default_rng(0).integers(0, VOCAB, (4, SEQ + 1)).astype(np.int32)
@@ -126,5 +127,57 @@ def test_train_steps_lower_the_loss_and_log_the_router_statistics() -> None:
         np.testing.assert_allclose(float(metrics["total_loss"]), losses[-1] + float(metrics["aux/load_balance"]),
                                    rtol=1e-5)
     assert losses[-1] < losses[0] - 0.3, losses
-    # the selection bias is a parameter no gradient reaches: six optimizer steps leave it where it was
+    # the selection bias is a parameter no gradient reaches: at a balancing rate of 0, six steps leave it as it was
     np.testing.assert_array_equal(np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...]), bias)
+
+
+def program_and_batch(rate: float, **train: object) -> tuple[Any, dict[str, jax.Array], Any]:
+    from experiment.sections.train import MeshConfig, TrainConfig
+    from model.sharding import build_mesh
+    from trainer.step import TrainProgram, global_batch
+
+    train_cfg = TrainConfig(**{"steps": 10, "batch_size": 4, "learning_rate": 1e-2, "warmup_steps": 1,
+                               "mesh": MeshConfig(data=1), **train})
+    cfg = dataclasses.replace(TINY, router_bias_update_rate=rate)
+    mesh = build_mesh(train_cfg.mesh, jax.devices()[:1], DEEPSEEK.mesh_rules(train_cfg.mesh.rules))
+    program = TrainProgram(cfg, train_cfg, VOCAB, mesh, seed=0)
+    rows = np.random.default_rng(1).integers(0, VOCAB, (4, SEQ + 1)).astype(np.int32)
+    return program, global_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]}, program.batch_sharding), cfg
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_each_step_moves_the_selection_biases_against_the_load_outside_the_optimizer(accum: int) -> None:
+    """DeepSeek-V3's aux-loss-free balancing: after the optimizer step each MoE layer's bias moves by the rate, down
+    for an expert loaded above its layer's mean, up below, by the load of the step's batch (the micro-batches'
+    mean), written out here from the router's choices on the step's parameters; a skipped step leaves it."""
+    from model.family import EXPERT_LOAD
+
+    rate = 0.05
+    program, batch, cfg = program_and_batch(rate, grad_accum_steps=accum)
+    state = program.init_state()
+    before = np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...])  # [L_moe, E]
+    model = nnx.merge(program.graphdef, state["params"])
+    _, aux = model.hidden_with_aux(batch["inputs"])
+    load = np.asarray(aux[EXPERT_LOAD])
+    assert load.shape == (cfg.n_moe_layers, cfg.n_experts) and load.sum() == cfg.n_moe_layers * 4 * SEQ * cfg.top_k
+    want = before + rate * np.sign(load.mean(axis=1, keepdims=True) - load)
+    state, metrics = program.step(state, batch)
+    assert EXPERT_LOAD not in metrics and f"aux/{EXPERT_LOAD}" not in metrics  # not a scalar to log
+    got = np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...])
+    np.testing.assert_allclose(got, want, atol=1e-7)
+    assert np.abs(got - before).max() == pytest.approx(rate)
+
+
+def test_a_skipped_step_or_a_frozen_body_leaves_the_selection_biases() -> None:
+    program, batch, _ = program_and_batch(0.05, nan_policy="skip", trainable="embeddings")
+    state = program.init_state()
+    before = np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...])
+    state, _ = program.step(state, batch)
+    np.testing.assert_array_equal(np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...]), before)
+    program, batch, _ = program_and_batch(0.05, nan_policy="skip", learning_rate=1e39, warmup_steps=0,
+                                          schedule="constant", grad_clip=0.0)  # the weights overflow: skipped
+    state = program.init_state()
+    before = np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...])
+    state, metrics = program.step(state, batch)
+    assert not bool(metrics["finite"])
+    np.testing.assert_array_equal(np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...]), before)

@@ -34,8 +34,9 @@ from jax.sharding import Mesh, NamedSharding
 from experiment.errors import ConfigError
 from experiment.sections.model import FamilyConfig
 from experiment.sections.train import TrainConfig
-from model.family import AuxLossModel, FamilyModel, ParamRoles, run_once_compile_options
+from model.family import EXPERT_LOAD, AuxLossModel, BalancedRouter, FamilyModel, ParamRoles, run_once_compile_options
 from model.loss import chunked_cross_entropy
+from model.moe import RouterBias
 from model.registry import family_of
 from model.sharding import (
     activation_layout,
@@ -73,8 +74,11 @@ class TrainProgram:
         self.model_cfg, self.train_cfg, self.vocab_size, self.mesh, self.seed = (model_cfg, train_cfg, vocab_size,
                                                                                  mesh, seed)
         self.family = family
-        # what hidden_with_aux returns: the losses added to the loss, then the statistics only logged
-        self.aux_names = (*family.aux_losses, *family.aux_metrics(model_cfg)) if family.aux_losses else ()
+        # what hidden_with_aux returns: the losses added to the loss, then the statistics only logged, then the
+        # expert load the selection biases move by (DeepSeek-V3's balancing; a rate of 0: not returned)
+        self.bias_rate = float(family.router_bias_rate(model_cfg)) if family.aux_losses else 0.0
+        self.aux_names = ((*family.aux_losses, *family.aux_metrics(model_cfg), *((EXPERT_LOAD,) if self.bias_rate
+                                                                               else ())) if family.aux_losses else ())
         self.rules = family.mesh_rules(train_cfg.mesh.rules)
         check_mesh_axes(mesh, self.rules)  # a family's own mesh axis (expert) is one of the mesh's
         self.tx, self.schedule = make_optimizer(train_cfg, family.roles.layers)
@@ -148,7 +152,7 @@ class TrainProgram:
                                                                 batch.get("positions"))
         declared = self.aux_names
         shapes = {name: jnp.shape(value) for name, value in aux.items()}
-        if set(aux) != set(declared) or any(shapes.values()):
+        if set(aux) != set(declared) or any(shape for name, shape in shapes.items() if name != EXPERT_LOAD):
             raise ValueError(f"model family '{self.family.name}': hidden_with_aux returned auxiliary losses of shapes "
                              f"{shapes}; the family declares {list(declared)}, each a scalar")
         return hidden, {name: jnp.asarray(aux[name], jnp.float32) for name in declared}
@@ -175,9 +179,12 @@ class TrainProgram:
             return (loss_sum + loss, nll_sum + nll, jax.tree.map(jnp.add, aux_sum, aux),
                     jax.tree.map(jnp.add, grad_sum, grads)), None
 
-        zeros = (jnp.zeros(()), jnp.zeros(()), {name: jnp.zeros(()) for name in self.aux_names},
+        micro_batches = jax.tree.map(split, batch)
+        # the auxiliary outputs' shapes (scalars, and an [L, E] expert load): of one micro-batch, traced abstractly
+        aux_like = jax.eval_shape(lambda b: self.loss(params, b)[1][1], jax.tree.map(lambda x: x[0], micro_batches))
+        zeros = (jnp.zeros(()), jnp.zeros(()), jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aux_like),
                  jax.tree.map(jnp.zeros_like, params))
-        (loss, nll, aux, grads), _ = jax.lax.scan(add_micro, zeros, jax.tree.map(split, batch))
+        (loss, nll, aux, grads), _ = jax.lax.scan(add_micro, zeros, micro_batches)
         return (loss / accum, nll / accum, {name: value / accum for name, value in aux.items()},
                 jax.tree.map(lambda g: g / accum, grads))
 
@@ -211,6 +218,8 @@ class TrainProgram:
             step = state["step"]
             loss, nll, aux, grads = self.grads(state["params"], batch)
             params, opt_state, grad_norm, finite = self.update(state, grads, loss)
+            if self.bias_rate:
+                params = self.balanced(params, aux.pop(EXPERT_LOAD), finite, step)
             new_state = {
                 "params": params,
                 "opt_state": opt_state,
@@ -221,6 +230,22 @@ class TrainProgram:
             metrics = {"loss": nll, "total_loss": loss, "grad_norm": grad_norm, "lr": self.schedule(step),
                        "finite": finite, **{f"{AUX_METRICS}{name}": value for name, value in aux.items()}}
         return new_state, metrics
+
+    def balanced(self, params: nnx.State, expert_load: jax.Array, finite: jax.Array, step: jax.Array) -> nnx.State:
+        """``params`` with the MoE layers' selection biases moved by the step's expert load (``BalancedRouter``,
+        at the family's ``router_bias_rate``): DeepSeek-V3's aux-loss-free balancing, outside the optimizer. A step
+        that is not finite, or one whose body is frozen (``train.trainable``, ``train.embeddings_only_steps``),
+        leaves them where they were."""
+        model = nnx.merge(self.graphdef, params)
+        before = jax.tree.map(lambda x: x, nnx.state(model, RouterBias))  # the arrays: the update replaces them
+        cast(BalancedRouter, model).update_router_biases(expert_load, self.bias_rate)
+        keep = finite
+        if self.trainable is not None:
+            frozen = (jnp.asarray(True) if self.train_cfg.trainable == "embeddings"
+                      else step < self.train_cfg.embeddings_only_steps)
+            keep = keep & ~frozen
+        moved = jax.tree.map(lambda new, old: jnp.where(keep, new, old), nnx.state(model, RouterBias), before)
+        return nnx.merge_state(params, moved)  # only the biases' leaves are new
 
     @contextlib.contextmanager
     def layout(self) -> Iterator[None]:

@@ -96,6 +96,10 @@ class DeepseekV3Config(ModelSection):
     # the Switch/Transformers load-balancing loss weight (DeepSeek-V3 balances with the selection bias and a tiny
     # sequence-wise loss, not built); 0: not added, the statistics still logged
     router_aux_loss_coef: float = 0.0
+    # DeepSeek-V3's aux-loss-free balancing: after each optimizer step every MoE layer's selection bias moves by this
+    # much against its expert's load (down when above the layer's mean, up when below; the paper's gamma, 0.001
+    # for most of its pretraining, 0 at the end); 0: the biases stay as imported
+    router_bias_update_rate: float = 0.001
     routing: Literal["dropless", "capacity"] = "dropless"
     capacity_factor: float = 1.25
 
@@ -106,7 +110,7 @@ class DeepseekV3Config(ModelSection):
                      "v_head_dim", "d_ff", "n_experts", "top_k", "d_expert", "n_group", "topk_group"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
-        for name in ("q_lora_rank", "n_shared_experts", "router_aux_loss_coef"):
+        for name in ("q_lora_rank", "n_shared_experts", "router_aux_loss_coef", "router_bias_update_rate"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.first_k_dense < self.n_layers:

@@ -31,7 +31,7 @@ def validate(cfg: DeepseekV3Config) -> None:
 
 
 # the run's choices, not the checkpoint's shape: under model.init_from the YAML's values are kept
-RUN_KEYS = ("routing", "capacity_factor", "router_aux_loss_coef")
+RUN_KEYS = ("routing", "capacity_factor", "router_aux_loss_coef", "router_bias_update_rate")
 # the input embedding, the untied head, and the MoE layer stack (the dense first layers are a short list)
 ROLES = ParamRoles(embedding="embed", output_head="lm_head", layers=("blocks",))
 TINY = PRESETS["tiny"]
@@ -43,5 +43,5 @@ DEEPSEEK_V3 = register_family(ModelFamily(
     axis_rules=AXIS_RULES, validate=validate, describe=describe, hf_adapter=DEEPSEEK_V3_HF,
     # no int8/fp8 training (trainer/quantization.py refuses a family with auxiliary losses)
     saved_values_per_token=flops.saved_values_per_token, aux_losses=AUX_LOSSES, aux_metrics=aux_metrics,
-    run_keys=RUN_KEYS, roles=ROLES, tiny=TINY,
+    run_keys=RUN_KEYS, roles=ROLES, tiny=TINY, router_bias_rate=lambda cfg: cfg.router_bias_update_rate,
 ))

@@ -39,6 +39,7 @@ from flax import nnx
 
 from model.attention import attend, resolve_attention
 from model.deepseek_v3.config import DeepseekV3Config
+from model.family import EXPERT_LOAD
 from model.kv_cache import KVCache, LayerKV, attend_cached, decode_layers
 from model.layers import REMAT_POLICIES, CausalLM, GatedMLP, RMSNorm, default_positions, param, rope_angles, rotary
 from model.linear import project
@@ -50,6 +51,7 @@ from model.moe import (
     pooled_load_balance,
     router_metric_names,
     router_metrics,
+    updated_bias,
 )
 from model.sharding import compiled_platform, constrain
 from model.stacking import scan_layers_xs, stacked
@@ -169,6 +171,7 @@ class Decoder(CausalLM):
         self.scanned, self.scan_unroll, self.n_layers = cfg.scan_layers, cfg.scan_unroll, cfg.n_layers
         self.first_k_dense, self.rope_dim, self.rope_theta = cfg.first_k_dense, cfg.qk_rope_head_dim, cfg.rope_theta
         self.n_experts, self.top_k, self.aux_coef = cfg.n_experts, cfg.top_k, cfg.router_aux_loss_coef
+        self.balancing = cfg.router_bias_update_rate > 0  # hidden_with_aux returns the load the biases move by
         self.n_heads, self.head_dim = cfg.n_heads, cfg.qk_head_dim  # the generation cache's (keys expanded)
         self.n_kv_heads = cfg.n_heads
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
@@ -191,7 +194,21 @@ class Decoder(CausalLM):
         (model.family.AuxLossModel)."""
         hidden, stats = self.hidden_with_stats(tokens, segment_ids, positions)
         balance = pooled_load_balance(stats, self.n_experts, self.top_k)
-        return hidden, {"load_balance": self.aux_coef * balance, **router_metrics(stats, self.n_experts)}
+        aux = {"load_balance": self.aux_coef * balance, **router_metrics(stats, self.n_experts)}
+        if self.balancing:
+            aux[EXPERT_LOAD] = stats.expert_load.astype(jnp.float32)  # [L_moe, E]: model.family.BalancedRouter
+        return hidden, aux
+
+    def update_router_biases(self, expert_load: jax.Array, rate: float) -> None:
+        """Each MoE layer's selection bias moved by ``rate`` against its experts' load ``expert_load`` [L_moe, E]
+        (model/moe.py's ``updated_bias``; model.family.BalancedRouter: the train step calls it)."""
+        if self.scanned:
+            bias = self.blocks.mlp.router_bias
+            bias[...] = updated_bias(bias[...], expert_load, rate).astype(bias[...].dtype)
+            return
+        for i, block in enumerate(self.blocks):
+            bias = block.mlp.router_bias
+            bias[...] = updated_bias(bias[...], expert_load[i], rate).astype(bias[...].dtype)
 
     def hidden_with_stats(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                           positions: jax.Array | None = None) -> tuple[jax.Array, LayerStats]:
