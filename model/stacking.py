@@ -116,6 +116,20 @@ def scan_layers_xs(stack: nnx.Module, x: jax.Array, xs: Any,
     return jax.lax.scan(body, x, (params, xs), unroll=unroll)
 
 
+def run_layers_ys(blocks: Any, x: jax.Array, run: Callable[[nnx.Module, jax.Array], tuple[jax.Array, Any]],
+                  scanned: bool, unroll: int = 1) -> tuple[jax.Array, Any]:
+    """``x`` through every layer, ``run(layer, x) -> (x, layer_ys)``, whichever layout: ``blocks`` stacked (a
+    ``lax.scan``, ``scan_layers_xs``) or a list (a loop); the per-layer outputs come back stacked [L, ...] either
+    way (a mixture of experts' router statistics, say)."""
+    if scanned:
+        return scan_layers_xs(blocks, x, None, lambda block, h, _: run(block, h), unroll=unroll)
+    per_layer = []
+    for block in blocks:
+        x, ys = run(block, x)
+        per_layer.append(ys)
+    return x, jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
+
+
 def scan_groups(stack: nnx.Module, x: jax.Array, pattern: Sequence[Any],
                 run: Callable[[nnx.Module, jax.Array, Any], jax.Array], unroll: int = 1) -> jax.Array:
     """``x`` through every layer of ``stack`` (built by ``stacked``) where layer ``i`` runs with the static setting

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +85,11 @@ def test_hf_config_refuses_what_is_not_built_and_leaves_out_multi_token_predicti
 
     model = DEEPSEEK.init(dataclasses.replace(TINY, scan_layers=False), VOCAB, seed=0)
     tensors, config = DEEPSEEK_V3_HF.export(model, TINY, VOCAB)
-    for edit, message in (({"rope_parameters": {"rope_type": "yarn", "factor": 40.0, "rope_theta": 1e4}},
-                           "rope_type 'yarn' is not supported yet"),
+    for edit, message in (({"rope_parameters": {"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}},
+                           "rope_type 'longrope' is not supported (only default and yarn)"),
                           ({"scoring_func": "softmax"}, "scoring_func='softmax' is not supported"),
                           ({"num_key_value_heads": 2}, "num_key_value_heads=2 is not supported")):
-        with pytest.raises(ConfigError, match=message):
+        with pytest.raises(ConfigError, match=re.escape(message)):
             DEEPSEEK_V3_HF.config({**config, **edit})
     # a published checkpoint's extra layer (num_nextn_predict_layers: 1) is left out with one warning
     mtp = {f"model.layers.{TINY.n_layers}.eh_proj.weight": np.zeros((64, 128), np.float32),
@@ -181,3 +182,27 @@ def test_a_skipped_step_or_a_frozen_body_leaves_the_selection_biases() -> None:
     state, metrics = program.step(state, batch)
     assert not bool(metrics["finite"])
     np.testing.assert_array_equal(np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...]), before)
+
+
+def test_yarn_keeps_the_fast_dimensions_slows_the_slow_ones_and_scales_the_temperature() -> None:
+    """YaRN (model/layers.py's Rope) at DeepSeek-V3's setting (factor 40 over 4,096 positions, beta 32 / 1, rope part
+    64 wide, base 10,000): a dimension that turns more than 32 times over the original context keeps its
+    frequency, one that turns less than once is slowed 40x, those between are mixed; sin and cos are scaled by
+    mscale(40, 1) / mscale(40, 1) = 1, and the softmax by mscale(40, 1)^2 = (0.1 ln 40 + 1)^2."""
+    from model.deepseek_v3.model import softmax_scale
+    from model.layers import Rope
+
+    plain = Rope(10_000.0).frequencies(64)
+    yarn = Rope(10_000.0, "yarn", factor=40.0, original_max_len=4096, beta_fast=32, beta_slow=1, mscale=1.0,
+                mscale_all_dim=1.0)
+    scaled = yarn.frequencies(64)
+    turns = plain * 4096 / (2 * np.pi)
+    np.testing.assert_array_equal(scaled[turns > 32], plain[turns > 32])
+    np.testing.assert_allclose(scaled[turns < 1], plain[turns < 1] / 40, rtol=1e-6)
+    between = (turns <= 32) & (turns >= 1)
+    assert between.any() and np.all((scaled[between] < plain[between]) & (scaled[between] > plain[between] / 40))
+    assert yarn.attention_factor() == 1.0 and Rope(10_000.0, "yarn", factor=40.0).attention_factor() == \
+        pytest.approx(0.1 * np.log(40) + 1)
+    cfg = dataclasses.replace(preset_model_config("deepseek-v3", "deepseek_v3"), rope_scaling="yarn", rope_factor=40.0,
+                              rope_mscale=1.0, rope_mscale_all_dim=1.0)
+    assert softmax_scale(cfg) == pytest.approx(192 ** -0.5 * (0.1 * np.log(40) + 1) ** 2)

@@ -3,8 +3,9 @@
 A tiny random model made by Transformers from a ``DeepseekV3Config`` (fp32, weights N(0, 0.2), norm weights and the
 routers' selection biases moved off their init) is saved with ``save_pretrained`` and imported with
 model/hf_checkpoint.py in either layer layout: 3 layers (one dense first), latent attention with a query
-bottleneck and interleaved RoPE (and, as a second case, without either), 4 routed experts in 2 groups (top 2 from
-the best group) and a shared expert, scaled weights. Our logits equal Transformers' within 1e-4, 32-token greedy
+bottleneck and interleaved RoPE (as a second case without either, as a third with YaRN over 16 original positions
+and its softmax mscale), 4 routed experts in 2 groups (top 2 from the best group) and a shared expert, scaled
+weights. Our logits equal Transformers' within 1e-4, 32-token greedy
 continuations (ours with the KV cache) are identical, and exports load back in Transformers as the very tensors
 (theirs -> ours -> theirs) and with our logits (ours -> theirs).
 """
@@ -36,6 +37,11 @@ CASES = {
     "lora_groups": dict(q_lora_rank=32, rope_interleave=True, n_group=2, topk_group=1),
     # DeepSeek-V2-Lite's query projection, RoPE over halves, plain top-k
     "plain": dict(q_lora_rank=None, rope_interleave=False, n_group=1, topk_group=1),
+    # DeepSeek-V3's context extension: YaRN over the rope part, mscale in the softmax scale
+    "yarn": dict(q_lora_rank=32, rope_interleave=True, n_group=2, topk_group=1,
+                 rope_parameters={"rope_type": "yarn", "rope_theta": 1_000.0, "factor": 4.0, "beta_fast": 32,
+                                  "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                  "original_max_position_embeddings": 16}),
 }
 
 
@@ -43,7 +49,7 @@ def hf_model(case: str, seed: int = 0) -> Any:
     torch = import_extra("torch", "hf")
     transformers = import_extra("transformers", "hf")
     torch.manual_seed(seed)
-    config = transformers.DeepseekV3Config(**SHAPE, **CASES[case])
+    config = transformers.DeepseekV3Config(**{**SHAPE, **CASES[case]})
     model = transformers.DeepseekV3ForCausalLM(config).to(torch.float32).eval()
     with torch.no_grad():
         for _, p in model.named_parameters():
@@ -80,6 +86,7 @@ def test_logits_and_greedy_tokens_match_transformers(saved: tuple[str, Any, Path
     assert (cfg.first_k_dense, cfg.n_experts, cfg.n_shared_experts, cfg.routed_scaling_factor) == (1, 4, 1, 2.5)
     assert (cfg.q_lora_rank, cfg.rope_interleave, cfg.n_group) == (
         CASES[case]["q_lora_rank"] or 0, CASES[case]["rope_interleave"], CASES[case]["n_group"])
+    assert (cfg.rope_scaling, cfg.rope_factor) == (("yarn", 4.0) if case == "yarn" else ("none", 1.0))
     ours_model = imported.model()
 
     tokens = np.random.default_rng(0).integers(0, VOCAB, size=(2, 16)).astype(np.int32)

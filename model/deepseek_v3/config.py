@@ -91,6 +91,16 @@ class DeepseekV3Config(ModelSection):
     norm_topk_prob: bool = True
     rope_theta: float = 10_000.0
     rope_interleave: bool = True  # the rope part's pairs interleaved (x0, x1), (x2, x3)... as DeepSeek's weights
+    # YaRN context extension of the rope part (DeepSeek-V3's config.json: factor 40 over 4,096 positions, beta_fast
+    # 32, beta_slow 1, mscale 1, mscale_all_dim 1): frequencies interpolated by dimension, sin and cos scaled, and
+    # with mscale_all_dim the softmax scale too (model/layers.py's Rope)
+    rope_scaling: Literal["none", "yarn"] = "none"
+    rope_factor: float = 1.0
+    rope_original_max_len: int = 4096
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_mscale: float = 0.0
+    rope_mscale_all_dim: float = 0.0
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     # the Switch/Transformers load-balancing loss weight (DeepSeek-V3 balances with the selection bias and a tiny
@@ -129,6 +139,10 @@ class DeepseekV3Config(ModelSection):
         if self.top_k > self.topk_group * (self.n_experts // self.n_group):
             raise ConfigError(f"config key '{prefix}top_k': {self.top_k} is more than the experts of topk_group="
                               f"{self.topk_group} groups")
+        if self.rope_scaling == "yarn" and not (self.rope_factor >= 1 and self.rope_original_max_len > 0
+                                                and self.rope_beta_fast > self.rope_beta_slow > 0):
+            raise ConfigError(f"config key '{prefix}rope_scaling': yarn needs rope_factor >= 1, rope_original_max_len "
+                              "> 0 and rope_beta_fast > rope_beta_slow > 0")
         for name in ("rope_theta", "norm_eps", "capacity_factor", "routed_scaling_factor"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")

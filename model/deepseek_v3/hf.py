@@ -11,8 +11,9 @@ layer's router is ``mlp.gate.weight`` [E, D] and its selection bias ``mlp.gate.e
 experts a tensor per expert and projection (as the published checkpoints, model/hf_tensors.py's
 ``ExpertTensors``), its shared experts ``mlp.shared_experts.{gate,up,down}_proj``.
 
-Not built, each one ConfigError line naming the key: YaRN or any scaled RoPE, attention biases, an activation other
-than SiLU, a routing other than sigmoid with ``noaux_tc``. Multi-token prediction: the published checkpoints carry
+RoPE: default or YaRN (DeepSeek-V3's own: model/layers.py's Rope, and the softmax scale's mscale). Not built, each
+one ConfigError line naming the key: another RoPE scaling, attention biases, an activation other than SiLU, a
+routing other than sigmoid with ``noaux_tc``. Multi-token prediction: the published checkpoints carry
 ``num_nextn_predict_layers`` extra layers (``model.layers.<num_hidden_layers + j>.*``), which Transformers itself
 does not load; import leaves them out with one warning naming how many tensors, and export writes none
 (``num_nextn_predict_layers`` 0).
@@ -131,7 +132,7 @@ def to_hf_config(cfg: DeepseekV3Config, vocab_size: int, special_ids: Mapping[st
         "hidden_act": "silu",
         "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_parameters": rope_to_hf(cfg),
         "rope_theta": cfg.rope_theta,
         "rope_interleave": bool(cfg.rope_interleave),
         "attention_bias": False,
@@ -145,13 +146,33 @@ def to_hf_config(cfg: DeepseekV3Config, vocab_size: int, special_ids: Mapping[st
     }
 
 
-def rope_theta_from_hf(hf: Mapping[str, Any]) -> float:
+def rope_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The section's RoPE fields of ``rope_parameters`` (Transformers 5) or ``rope_theta`` / ``rope_scaling``
+    (earlier files, DeepSeek-V3's own): default or YaRN; another kind is one error line."""
     rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
-        raise ConfigError(f"{WHERE}: rope_type '{kind}' is not supported yet (only default: an unscaled RoPE; "
-                          "DeepSeek-V3's own checkpoint uses YaRN)")
-    return float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+    if kind == "default":
+        return {"rope_theta": theta}
+    if kind != "yarn":
+        raise ConfigError(f"{WHERE}: rope_type '{kind}' is not supported (only default and yarn)")
+    original = int(rope.get("original_max_position_embeddings") or 0)
+    factor = rope.get("factor") or (int(hf.get("max_position_embeddings", 0)) / original if original else 0)
+    if rope.get("attention_factor") is not None or not rope.get("truncate", True):
+        raise ConfigError(f"{WHERE}: yarn with attention_factor or truncate false is not supported")
+    return {"rope_theta": theta, "rope_scaling": "yarn", "rope_factor": float(factor),
+            "rope_original_max_len": original, "rope_beta_fast": float(rope.get("beta_fast") or 32),
+            "rope_beta_slow": float(rope.get("beta_slow") or 1), "rope_mscale": float(rope.get("mscale") or 0),
+            "rope_mscale_all_dim": float(rope.get("mscale_all_dim") or 0)}
+
+
+def rope_to_hf(cfg: DeepseekV3Config) -> dict[str, Any]:
+    """``rope_parameters`` of the section (the inverse of ``rope_from_hf``)."""
+    if cfg.rope_scaling != "yarn":
+        return {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    return {"rope_type": "yarn", "rope_theta": cfg.rope_theta, "factor": cfg.rope_factor,
+            "original_max_position_embeddings": cfg.rope_original_max_len, "beta_fast": cfg.rope_beta_fast,
+            "beta_slow": cfg.rope_beta_slow, "mscale": cfg.rope_mscale, "mscale_all_dim": cfg.rope_mscale_all_dim}
 
 
 def mtp_layers(hf: Mapping[str, Any]) -> int:
@@ -179,7 +200,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> DeepseekV3Config:
         top_k=int(need("num_experts_per_tok")), d_expert=int(need("moe_intermediate_size")),
         n_shared_experts=int(hf.get("n_shared_experts") or 0), n_group=int(hf.get("n_group") or 1),
         topk_group=int(hf.get("topk_group") or 1), routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
-        norm_topk_prob=bool(hf.get("norm_topk_prob", False)), rope_theta=rope_theta_from_hf(hf),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)), **rope_from_hf(hf),
         rope_interleave=bool(hf.get("rope_interleave", True)), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), max_seq_len=int(need("max_position_embeddings")),
     )

@@ -41,7 +41,18 @@ from model.attention import attend, resolve_attention
 from model.deepseek_v3.config import DeepseekV3Config
 from model.family import EXPERT_LOAD
 from model.kv_cache import KVCache, LayerKV, attend_cached, decode_layers
-from model.layers import REMAT_POLICIES, CausalLM, GatedMLP, RMSNorm, default_positions, param, rope_angles, rotary
+from model.layers import (
+    REMAT_POLICIES,
+    CausalLM,
+    GatedMLP,
+    RMSNorm,
+    Rope,
+    default_positions,
+    param,
+    rope_angles,
+    rotary,
+    yarn_mscale,
+)
 from model.linear import project
 from model.moe import (
     LayerStats,
@@ -54,7 +65,7 @@ from model.moe import (
     updated_bias,
 )
 from model.sharding import compiled_platform, constrain
-from model.stacking import scan_layers_xs, stacked
+from model.stacking import run_layers_ys, stacked
 
 AUX_LOSSES = ("load_balance",)  # ModelFamily.aux_losses: what hidden_with_aux adds to the loss
 
@@ -79,6 +90,23 @@ def moe_config(cfg: DeepseekV3Config) -> MoEConfig:
                      aux_free_bias=True, n_group=cfg.n_group, topk_group=cfg.topk_group)
 
 
+def rope_of(cfg: DeepseekV3Config) -> Rope:
+    """The rope part's frequencies: plain, or YaRN's (model/layers.py's Rope)."""
+    return Rope(cfg.rope_theta, cfg.rope_scaling, factor=cfg.rope_factor, original_max_len=cfg.rope_original_max_len,
+                beta_fast=cfg.rope_beta_fast, beta_slow=cfg.rope_beta_slow, mscale=cfg.rope_mscale,
+                mscale_all_dim=cfg.rope_mscale_all_dim)
+
+
+def softmax_scale(cfg: DeepseekV3Config) -> float:
+    """(nope + rope) ** -0.5, times YaRN's mscale(factor, mscale_all_dim) squared where the config sets it
+    (DeepSeek-V3's reference code and Transformers' ``yarn_apply_mscale``: every dimension's scores, not only the
+    rotated ones, see the longer context's temperature)."""
+    scale = cfg.qk_head_dim ** -0.5
+    if cfg.rope_scaling == "yarn" and cfg.rope_mscale_all_dim:
+        scale *= yarn_mscale(cfg.rope_factor, cfg.rope_mscale_all_dim) ** 2
+    return scale
+
+
 class LatentAttention(nnx.Module):
     """Multi-head latent attention (the module docstring); its parameters' names follow Transformers'."""
 
@@ -87,6 +115,7 @@ class LatentAttention(nnx.Module):
         self.nope, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.kv_rank, self.interleave, self.impl = cfg.kv_lora_rank, cfg.rope_interleave, cfg.attention
         qk = cfg.qk_head_dim
+        self.scale = softmax_scale(cfg)
         if cfg.q_lora_rank:
             self.wq_a = param(rngs, (d, cfg.q_lora_rank), ("embed", "q_lora"), std)
             self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps, "q_lora")
@@ -104,7 +133,7 @@ class LatentAttention(nnx.Module):
     def __call__(self, x: jax.Array, rope: RopeTable, segments: Segments) -> jax.Array:
         q, k, v = self.qkv(x, rope)
         impl = resolve_attention(self.impl, compiled_platform(), x.dtype, q.shape[-1], x.shape[1])
-        out = attend(impl, q, k, v, segments, scale=q.shape[-1] ** -0.5)
+        out = attend(impl, q, k, v, segments, scale=self.scale)
         out = constrain(out[..., :self.v_dim], ("batch", "length", "act_heads", "head_dim"))
         return project(out, self.wo[...], n_in=2)
 
@@ -134,7 +163,7 @@ class LatentAttention(nnx.Module):
     def decode(self, x: jax.Array, rope: RopeTable, layer: LayerKV, cache: KVCache) -> tuple[jax.Array, LayerKV]:
         """``__call__`` over this layer's cached keys and (padded) values: (output, updated k and v)."""
         q, k, v = self.qkv(x, rope)
-        out, layer = attend_cached(q, k, v, layer, cache)
+        out, layer = attend_cached(q, k, v, layer, cache, scale=self.scale)
         return project(out[..., :self.v_dim], self.wo[...], n_in=2), layer
 
 
@@ -169,7 +198,7 @@ class Decoder(CausalLM):
     def __init__(self, cfg: DeepseekV3Config, vocab_size: int, rngs: nnx.Rngs):
         self.vocab_size, self.remat = vocab_size, cfg.remat
         self.scanned, self.scan_unroll, self.n_layers = cfg.scan_layers, cfg.scan_unroll, cfg.n_layers
-        self.first_k_dense, self.rope_dim, self.rope_theta = cfg.first_k_dense, cfg.qk_rope_head_dim, cfg.rope_theta
+        self.first_k_dense, self.rope_dim, self.rope = cfg.first_k_dense, cfg.qk_rope_head_dim, rope_of(cfg)
         self.n_experts, self.top_k, self.aux_coef = cfg.n_experts, cfg.top_k, cfg.router_aux_loss_coef
         self.balancing = cfg.router_bias_update_rate > 0  # hidden_with_aux returns the load the biases move by
         self.n_heads, self.head_dim = cfg.n_heads, cfg.qk_head_dim  # the generation cache's (keys expanded)
@@ -214,19 +243,12 @@ class Decoder(CausalLM):
                           positions: jax.Array | None = None) -> tuple[jax.Array, LayerStats]:
         """``hidden``'s states and every MoE layer's router statistics (``LayerStats``, [L_moe, ...] each)."""
         positions = default_positions(tokens, positions)
-        rope = rope_angles(positions, self.rope_dim, self.rope_theta)
+        rope = rope_angles(positions, self.rope_dim, self.rope)
         x = constrain(jnp.take(self.embed[...], tokens, axis=0), ("batch", "length", "act_embed"))
         layer = self.layer_fn(rope, segment_ids)
         for block in self.dense_blocks:
             x, _ = layer(block, x)
-        if self.scanned:
-            x, stats = scan_layers_xs(self.blocks, x, None, lambda block, h, _: layer(block, h), unroll=self.unroll())
-        else:
-            per_layer = []
-            for block in self.blocks:
-                x, layer_stats_ = layer(block, x)
-                per_layer.append(layer_stats_)
-            stats = jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
+        x, stats = run_layers_ys(self.blocks, x, layer, self.scanned, self.unroll())  # stats stacked [L_moe, ...]
         return self.final_norm(x), stats
 
     def layer_fn(self, rope: RopeTable, segments: Segments) -> LayerFn:
@@ -242,7 +264,7 @@ class Decoder(CausalLM):
         """``hidden`` of tokens [B, T] continuing the sequences in ``cache`` (``CausalLM.decode``): the dense layers'
         keys and values are the cache's first ``first_k_dense`` layers, the MoE layers' the rest."""
         t = tokens.shape[1]
-        rope = rope_angles(cache.positions(t), self.rope_dim, self.rope_theta, length=cache.length)
+        rope = rope_angles(cache.positions(t), self.rope_dim, self.rope, length=cache.length)
         x = jnp.take(self.embed[...], tokens, axis=0)
 
         def run(block: Block, h: jax.Array, layer: LayerKV) -> tuple[jax.Array, LayerKV]:

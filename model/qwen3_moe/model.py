@@ -51,7 +51,7 @@ from model.moe import (
 )
 from model.qwen3_moe.config import Qwen3MoeConfig
 from model.sharding import compiled_platform, constrain
-from model.stacking import scan_layers_xs, stacked
+from model.stacking import run_layers_ys, stacked
 
 # the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules): attention's
 # projections; the experts' matmuls are ragged_dots and einsums (model/moe.py), and the router stays in fp32
@@ -174,15 +174,8 @@ class Decoder(CausalLM):
         rope = rope_angles(positions, self.head_dim, self.rope)
         x = constrain(jnp.take(self.embed[...], tokens, axis=0), ("batch", "length", "act_embed"))
         layer = self.layer_fn(rope, segment_ids)
-        if self.scanned:
-            # the statistics are each layer's scan output (model/stacking.py): stacked [L, ...] by the scan
-            x, stats = scan_layers_xs(self.blocks, x, None, lambda block, h, _: layer(block, h), unroll=self.unroll())
-        else:
-            per_layer = []
-            for block in self.blocks:
-                x, layer_stats = layer(block, x)
-                per_layer.append(layer_stats)
-            stats = jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
+        # the statistics are each layer's output, stacked [L, ...] (by the scan when scanned: model/stacking.py)
+        x, stats = run_layers_ys(self.blocks, x, layer, self.scanned, self.unroll())
         return self.final_norm(x), stats
 
     def aux_losses(self, stats: LayerStats) -> dict[str, jax.Array]:
