@@ -107,8 +107,9 @@ class CachedDecoding(Protocol):
         last position with ``last``; the cache holding their keys and values, its index T further)."""
         ...
 
-    def cache_shape(self) -> tuple[int, int, int]:
-        """(layers, KV heads, head dim) of the cache it reads and writes."""
+    def cache_shape(self) -> tuple[int, int, int, int]:
+        """(layers, KV heads, key width, value width) of the cache it reads and writes (multi-head latent
+        attention caches one latent and one rope key per token: 1 head, kv_lora_rank and qk_rope_head_dim wide)."""
         ...
 
     def compute_dtype(self) -> Any:

@@ -212,8 +212,8 @@ def on_mesh(state: nnx.State, tokens: jax.Array, cache: KVCache, mesh: Mesh,
         return jax.device_put(leaf, leaf.replace(placed(f"parameter {where}", names, leaf.shape)))
 
     state = jax.tree_util.tree_map_with_path(parameter, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    kv = placed("the KV cache", CACHE_AXES, cache.k.shape)
-    cache = KVCache(jax.device_put(cache.k, kv), jax.device_put(cache.v, kv),
+    keys, values = placed("the KV cache", CACHE_AXES, cache.k.shape), placed("the KV cache", CACHE_AXES, cache.v.shape)
+    cache = KVCache(jax.device_put(cache.k, keys), jax.device_put(cache.v, values),
                     jax.device_put(cache.index, NamedSharding(mesh, PartitionSpec())),
                     jax.device_put(cache.start, placed("the row starts", ("batch",), cache.start.shape)))
     return state, jax.device_put(tokens, placed("the prompts", ("batch", "length"), tokens.shape)), cache

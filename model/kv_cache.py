@@ -1,6 +1,7 @@
 """The key/value cache of text generation, for every family: one layout, one attention over it.
 
-    k, v   [L, B, S, KV, D]  every layer's keys and values (RoPE applied), S slots per row
+    k, v   [L, B, S, KV, D]  every layer's keys and values (RoPE applied), S slots per row (multi-head latent
+                             attention: k its latent, v its rope key, one "head" each, of their own widths)
     index  int32 scalar      the next slot to write: the same for every row
     start  [B] int32         each row's first real slot
 
@@ -54,8 +55,8 @@ class KVCache(NamedTuple):
         return KVCache(k, v, self.index + t, self.start)
 
 
-def cache_shape(model: Any) -> tuple[int, int, int]:
-    """(layers, KV heads, head dim) of a family's decoder (``FamilyModel.cache_shape``)."""
+def cache_shape(model: Any) -> tuple[int, int, int, int]:
+    """(layers, KV heads, key width, value width) of a family's decoder (``CachedDecoding.cache_shape``)."""
     return model.cache_shape()
 
 
@@ -63,12 +64,12 @@ def init_cache(model: Any, batch: int, length: int, start: Any = None, dtype: An
     """An empty cache of ``length`` slots per row for ``model``, in its parameters' dtype unless ``dtype`` is given.
 
     ``start`` [B]: each row's first real slot (default 0: no padding)."""
-    layers, kv_heads, head_dim = cache_shape(model)
+    layers, kv_heads, key_width, value_width = cache_shape(model)
     dtype = model.compute_dtype() if dtype is None else dtype
-    shape = (layers, batch, length, kv_heads, head_dim)
     first = jnp.zeros((batch,), jnp.int32) if start is None else jnp.asarray(start, jnp.int32)
     # two buffers, not one zeros array twice: a jitted step donates k and v (one buffer cannot be donated twice)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32), first)
+    return KVCache(jnp.zeros((layers, batch, length, kv_heads, key_width), dtype),
+                   jnp.zeros((layers, batch, length, kv_heads, value_width), dtype), jnp.zeros((), jnp.int32), first)
 
 
 def cache_mask(cache: KVCache, t: int, window: int = 0) -> jax.Array:

@@ -185,9 +185,9 @@ class CausalLM(nnx.Module):
     def decode_hidden(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         raise NotImplementedError
 
-    def cache_shape(self) -> tuple[int, int, int]:
-        """(layers, KV heads, head dim): what a KV cache (model/kv_cache.py) holds per slot."""
-        return self.n_layers, self.n_kv_heads, self.head_dim
+    def cache_shape(self) -> tuple[int, int, int, int]:
+        """(layers, KV heads, key width, value width): what a KV cache (model/kv_cache.py) holds per slot."""
+        return self.n_layers, self.n_kv_heads, self.head_dim, self.head_dim
 
     def compute_dtype(self) -> jnp.dtype:
         """The dtype it computes in: its parameters' (the embedding table's)."""

@@ -206,3 +206,16 @@ def test_yarn_keeps_the_fast_dimensions_slows_the_slow_ones_and_scales_the_tempe
     cfg = dataclasses.replace(preset_model_config("deepseek-v3", "deepseek_v3"), rope_scaling="yarn", rope_factor=40.0,
                               rope_mscale=1.0, rope_mscale_all_dim=1.0)
     assert softmax_scale(cfg) == pytest.approx(192 ** -0.5 * (0.1 * np.log(40) + 1) ** 2)
+
+
+def test_the_generation_cache_holds_the_latent_and_the_rope_key_not_the_heads() -> None:
+    """Per token and layer the cache keeps kv_lora_rank + qk_rope_head_dim values (16 + 8 at the tiny shape), where
+    expanded keys and values would take 2 x heads x (nope + rope) (2 x 4 x 24); decoding from it gives the full
+    forward pass's logits (the family contract's KV-cache test, tests/test_family_contract.py)."""
+    from model.kv_cache import init_cache
+
+    model = DEEPSEEK.init(TINY, VOCAB, seed=0)
+    cache = init_cache(model, 2, 32)
+    assert cache.k.shape == (TINY.n_layers, 2, 32, 1, TINY.kv_lora_rank)
+    assert cache.v.shape == (TINY.n_layers, 2, 32, 1, TINY.qk_rope_head_dim)
+    assert TINY.kv_lora_rank + TINY.qk_rope_head_dim < 2 * TINY.n_heads * TINY.qk_head_dim

@@ -20,8 +20,8 @@ With ``rope_interleave`` (every DeepSeek checkpoint) the rope part's rotation pa
 it is de-interleaved into (evens, odds) halves and rotated as our other families' RoPE rotates halves, which is
 Transformers' ``apply_rotary_pos_emb_interleave`` exactly. The values are zero-padded to the query/key width so
 every attention kernel (which takes one head width) runs them; the output's padding is dropped (the PV matmul
-does (nope + rope) / v times its work: 1.5x at DeepSeek-V3's 192 / 128). Not built: YaRN RoPE scaling (refused on
-import), the latent KV cache with absorbed projections (generation here caches the expanded keys and values).
+does (nope + rope) / v times its work: 1.5x at DeepSeek-V3's 192 / 128). Generation caches per token the latent
+and the rope key (``LatentAttention.decode``), expanded at each step; the absorbed form is not built.
 
 The dense first layers (1 to 3 in the published models) are a list run one by one, scanned or not; the mixture-of-
 experts layers are one stack (model/stacking.py) when ``scan_layers``. Each MoE layer reports its router's
@@ -37,10 +37,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from model.attention import attend, resolve_attention
+from model.attention import attend, einsum_attention, resolve_attention
 from model.deepseek_v3.config import DeepseekV3Config
 from model.family import EXPERT_LOAD
-from model.kv_cache import KVCache, LayerKV, attend_cached, decode_layers
+from model.kv_cache import KVCache, LayerKV, cache_mask, decode_layers
 from model.layers import (
     REMAT_POLICIES,
     CausalLM,
@@ -139,20 +139,31 @@ class LatentAttention(nnx.Module):
 
     def qkv(self, x: jax.Array, rope: RopeTable) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Queries and keys [B, T, H, nope + rope] (RoPE'd) and values zero-padded to that width."""
+        q = self.queries(x, rope)
+        latent, k_rope = self.latent(x, rope)
+        k, v = self.keys_values(latent, k_rope, q.shape[-1])
+        return q, k, v
+
+    def queries(self, x: jax.Array, rope: RopeTable) -> jax.Array:
+        """[B, T, H, nope + rope], the rope part RoPE'd."""
         if self.wq is None:
             q = project(self.q_norm(project(x, self.wq_a[...])), self.wq_b[...])
         else:
             q = project(x, self.wq[...])
-        compressed = project(x, self.wkv_a[...])
-        latent = self.kv_norm(compressed[..., :self.kv_rank])
-        k_rope = self.rotate(compressed[..., None, self.kv_rank:], rope)  # [B, T, 1, rope]: one for every head
-        kv = project(latent, self.wkv_b[...])  # [B, T, H, nope + v]
         q = jnp.concatenate([q[..., :self.nope], self.rotate(q[..., self.nope:], rope)], axis=-1)
-        q = constrain(q, ("batch", "length", "act_heads", "head_dim"))
+        return constrain(q, ("batch", "length", "act_heads", "head_dim"))
+
+    def latent(self, x: jax.Array, rope: RopeTable) -> tuple[jax.Array, jax.Array]:
+        """What a token leaves for later ones: its normed latent [B, T, kv_lora] and RoPE'd key [B, T, 1, rope]."""
+        compressed = project(x, self.wkv_a[...])
+        return self.kv_norm(compressed[..., :self.kv_rank]), self.rotate(compressed[..., None, self.kv_rank:], rope)
+
+    def keys_values(self, latent: jax.Array, k_rope: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
+        """Keys [B, S, H, nope + rope] (the rope key shared by the heads) and values zero-padded to ``width``."""
+        kv = project(latent, self.wkv_b[...])  # [B, S, H, nope + v]
         k = jnp.concatenate([kv[..., :self.nope], jnp.broadcast_to(k_rope, (*kv.shape[:3], self.rope_dim))], axis=-1)
         v = kv[..., self.nope:]
-        v = jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, q.shape[-1] - self.v_dim)))
-        return q, k, v
+        return k, jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, width - self.v_dim)))
 
     def rotate(self, x: jax.Array, rope: RopeTable) -> jax.Array:
         """RoPE of the rope part; interleaved pairs are de-interleaved into halves first (the module docstring)."""
@@ -161,10 +172,18 @@ class LatentAttention(nnx.Module):
         return rotary(x, rope)
 
     def decode(self, x: jax.Array, rope: RopeTable, layer: LayerKV, cache: KVCache) -> tuple[jax.Array, LayerKV]:
-        """``__call__`` over this layer's cached keys and (padded) values: (output, updated k and v)."""
-        q, k, v = self.qkv(x, rope)
-        out, layer = attend_cached(q, k, v, layer, cache, scale=self.scale)
-        return project(out[..., :self.v_dim], self.wo[...], n_in=2), layer
+        """``__call__`` over this layer's cache, which holds per token the normed latent [1, kv_lora] (as ``k``) and
+        the RoPE'd shared key [1, rope] (as ``v``), not the expanded keys and values: (output, updated cache).
+        Each step expands every cached latent through ``wkv_b`` again (not the absorbed form, which folds
+        ``wkv_b`` into the query and the output instead)."""
+        q = self.queries(x, rope)
+        latent, k_rope = self.latent(x, rope)
+        at = (0, cache.index, 0, 0)
+        cached_latent = jax.lax.dynamic_update_slice(layer[0], latent[:, :, None].astype(layer[0].dtype), at)
+        cached_rope = jax.lax.dynamic_update_slice(layer[1], k_rope.astype(layer[1].dtype), at)
+        k, v = self.keys_values(cached_latent[:, :, 0].astype(q.dtype), cached_rope.astype(q.dtype), q.shape[-1])
+        out = einsum_attention(q, k, v, cache_mask(cache, x.shape[1]), self.scale)
+        return project(out[..., :self.v_dim], self.wo[...], n_in=2), (cached_latent, cached_rope)
 
 
 class Block(nnx.Module):
@@ -201,8 +220,7 @@ class Decoder(CausalLM):
         self.first_k_dense, self.rope_dim, self.rope = cfg.first_k_dense, cfg.qk_rope_head_dim, rope_of(cfg)
         self.n_experts, self.top_k, self.aux_coef = cfg.n_experts, cfg.top_k, cfg.router_aux_loss_coef
         self.balancing = cfg.router_bias_update_rate > 0  # hidden_with_aux returns the load the biases move by
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.qk_head_dim  # the generation cache's (keys expanded)
-        self.n_kv_heads = cfg.n_heads
+        self.kv_rank = cfg.kv_lora_rank  # the generation cache holds the latent and the rope key per token
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         self.dense_blocks = nnx.List([Block(cfg, False, rngs) for _ in range(cfg.first_k_dense)])
         # the mixture-of-experts layers: one stacked Block when scanned (model/stacking.py), else a list
@@ -280,6 +298,11 @@ class Decoder(CausalLM):
         if k_dense:
             k, v = jnp.concatenate([jnp.stack(k_dense), k]), jnp.concatenate([jnp.stack(v_dense), v])
         return self.final_norm(x), cache.advanced(k, v, t)
+
+    def cache_shape(self) -> tuple[int, int, int, int]:
+        """Per token and layer the latent [kv_lora_rank] and the rope key [qk_rope_head_dim] (model/kv_cache.py's
+        k and v), not every head's keys and values."""
+        return self.n_layers, 1, self.kv_rank, self.rope_dim
 
     def unroll(self) -> int:
         """MoE layers per scan iteration: ``model.scan_unroll``, or all of them on a CPU, one elsewhere."""
