@@ -10,7 +10,7 @@ Tensors are read one at a time (safetensors' ``safe_open``, numpy): each is chec
 the config implies, cast from its stored dtype (bf16 stays bf16 until then) to the parameter dtype and,
 with a mesh, put straight onto its devices with the sharding its logical axes' rule gives
 (model/sharding.py), so the host never holds a second full copy of the model. The family's HF adapter
-(``ModelFamily.hf_adapter``, e.g. model/llama/hf.py's ``LlamaShapedHF``) owns the names and layouts.
+(``ModelFamily.hf_adapter``, a model/hf_tensors.py ``TableAdapter``) owns the names and layouts.
 
 Bad input is one line naming the file and the tensor (DataError) or the config field (ConfigError).
 """

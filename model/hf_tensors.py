@@ -13,6 +13,7 @@ put it straight onto its devices); a scanned parameter is built from its layers 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -185,9 +186,10 @@ class ExpertTensors(HFTensor):
     where the expert index goes; ``expert_shape`` is one expert's tensor shape, as the config implies it."""
 
     expert_shape: tuple[int, int] = (0, 0)
+    n_experts: int = 0
 
-    def names(self, n_experts: int) -> list[str]:
-        return [self.name.replace("*", str(e)) for e in range(n_experts)]
+    def names(self) -> list[str]:
+        return [self.name.replace("*", str(e)) for e in range(self.n_experts)]
 
     def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         return (shape[0], shape[2], shape[1])
@@ -199,12 +201,12 @@ class ExpertTensors(HFTensor):
         return np.ascontiguousarray(np.swapaxes(value, 1, 2))
 
 
-def split_experts(tensors: dict[str, np.ndarray], table: list[HFTensor], n_experts: int) -> dict[str, np.ndarray]:
+def split_experts(tensors: dict[str, np.ndarray], table: list[HFTensor]) -> dict[str, np.ndarray]:
     """``export_tensors``' output with each stacked expert parameter [E, out, in] split into its E tensors."""
     for t in table:
         if isinstance(t, ExpertTensors):
             experts = tensors.pop(t.name)
-            tensors.update({name: np.ascontiguousarray(experts[e]) for e, name in enumerate(t.names(n_experts))})
+            tensors.update({name: np.ascontiguousarray(experts[e]) for e, name in enumerate(t.names())})
     return tensors
 
 
@@ -239,10 +241,10 @@ class ExpertSource(Mapping[str, Any]):
     An expert tensor the config does not imply (an index >= n_experts) stays visible, so it is reported as having no
     place in the model; ``file_of`` and ``origin`` are the source's, for error lines."""
 
-    def __init__(self, source: Mapping[str, Any], table: list[HFTensor], n_experts: int, what: str):
+    def __init__(self, source: Mapping[str, Any], table: list[HFTensor], what: str):
         self.source, self.what = source, what
         self.origin = getattr(source, "origin", None)
-        self.groups = {t.name: (t.names(n_experts), t.expert_shape) for t in table if isinstance(t, ExpertTensors)}
+        self.groups = {t.name: (t.names(), t.expert_shape) for t in table if isinstance(t, ExpertTensors)}
         self.grouped = {name for names, _ in self.groups.values() for name in names}
 
     def missing(self) -> str | None:
@@ -271,3 +273,69 @@ class ExpertSource(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self.groups) + sum(1 for name in self.source if name not in self.grouped)
+
+
+class TableAdapter:
+    """A family's Hugging Face adapter (``model.family.HFAdapter``) as its table of tensors: what every family's
+    export, config reading and import share. Made of what config.json names (``architecture``, ``model_type``),
+    the registered ``family``, and three functions of the family's: ``tensors`` (the table for a config),
+    ``to_config`` (config.json of ours) and ``from_config`` (ours of a config.json, a feature it lacks one
+    ConfigError line); ``check_export`` (default: the section's validation) says what cannot be exported. A
+    mixture of experts' per-expert tensors (``ExpertTensors`` in the table) are split on export and stacked on
+    import here too. A family with more to leave out on import overrides ``ignored``."""
+
+    def __init__(self, architecture: str, model_type: str, family: str,
+                 tensors: Callable[[Any], list[HFTensor]],
+                 to_config: Callable[[Any, int, Mapping[str, int] | None], dict[str, Any]],
+                 from_config: Callable[[Mapping[str, Any]], Any],
+                 check_export: Callable[[Any], None] = lambda model_cfg: model_cfg.validate("model")):
+        self.architecture, self.model_type, self.family = architecture, model_type, family
+        self.tensors, self.to_config, self.from_config = tensors, to_config, from_config
+        self.check_export = check_export
+
+    def ignored(self, name: str, model_cfg: Any, hf_config: Mapping[str, Any]) -> bool:
+        """A state dict's tensor import may leave out: the rotary inverse frequencies (recomputed from the config)
+        and a tied model's head (its embedding)."""
+        return name.endswith("rotary_emb.inv_freq") or (model_cfg.tie_embeddings and name == "lm_head.weight")
+
+    def export(self, model: Any, model_cfg: Any, vocab_size: int,
+               special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The decoder's parameters under Transformers' names in PyTorch's layout (fp32), a tensor per layer (and
+        per expert) whichever layout the model has, and config.json."""
+        self.check_export(model_cfg)
+        table = self.tensors(model_cfg)
+        return split_experts(export_tensors(model, table), table), self.to_config(model_cfg, vocab_size, special_ids)
+
+    def config(self, hf_config: Mapping[str, Any]) -> tuple[Any, int]:
+        """(our model config, vocabulary size) of a config.json."""
+        vocab_size = int(hf_config.get("vocab_size") or 0)
+        if vocab_size <= 0:
+            raise ConfigError(f"Hugging Face {self.model_type} config: vocab_size is missing or not positive")
+        return self.from_config(hf_config), vocab_size
+
+    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
+                dtype: Any = np.float32, place: Place | None = None, scan_layers: bool | None = None,
+                place_layers: PlaceLayers | None = None) -> tuple[Any, nnx.State]:
+        """The inverse of ``export``: each tensor (each layer's experts of a projection: one stacked parameter) is
+        read once, checked against the shape the config implies, cast to ``dtype`` and handed to ``place``
+        (default: kept as a numpy array). A missing tensor, a tensor of another shape and a tensor with no place in
+        the model are one DataError line naming the tensor and (where ``state_dict`` knows, by its ``file_of``)
+        its file. ``scan_layers``: the layer layout made (None: the config section's default); ``place_layers``
+        builds a stacked parameter from its layers as they are read (default: a host buffer filled layer by
+        layer, then ``place``d)."""
+        from model.family import get_family  # the registry imports the families, whose adapters import this
+
+        cfg, vocab_size = self.config(hf_config)
+        if scan_layers is not None:
+            cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
+        state = nnx.state(get_family(self.family).abstract(cfg, vocab_size), nnx.Param)
+        table = self.tensors(cfg)
+        what = f"Hugging Face {self.model_type} weights"
+        source = ExpertSource(state_dict, table, what)
+        missing = source.missing()
+        if missing is not None:
+            raise DataError(f"{source_of(state_dict)}: tensor '{missing}' is missing ({what})")
+        import_tensors(state, table, source, scanned=bool(cfg.scan_layers), model_type=self.model_type,
+                       ignored=lambda name: self.ignored(name, cfg, hf_config), dtype=dtype, place=place,
+                       place_layers=place_layers)
+        return cfg, state

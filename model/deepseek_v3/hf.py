@@ -21,29 +21,21 @@ does not load; import leaves them out with one warning naming how many tensors, 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 from flax import nnx
 
-from experiment.errors import ConfigError, DataError
+from experiment.errors import ConfigError
 from model.deepseek_v3.config import DeepseekV3Config
-from model.family import get_family
 from model.hf_tensors import (
-    ExpertSource,
     ExpertTensors,
     HFTensor,
-    Place,
-    PlaceLayers,
+    TableAdapter,
     config_reader,
-    export_tensors,
-    import_tensors,
     source_of,
-    split_experts,
 )
 from model.stacking import BLOCKS
 
@@ -88,8 +80,8 @@ def hf_tensors(cfg: DeepseekV3Config) -> list[HFTensor]:
             continue
         table += [HFTensor((*mlp, "router"), f"{hf}.mlp.gate.weight", 1),  # [D, E] <- [E, D]
                   HFTensor((*mlp, "router_bias"), f"{hf}.mlp.gate.e_score_correction_bias")]
-        table += [ExpertTensors((*mlp, name), f"{hf}.mlp.experts.*.{hf_name}.weight", expert_shape=expert_shapes[name])
-                  for name, hf_name in PROJECTIONS]
+        table += [ExpertTensors((*mlp, name), f"{hf}.mlp.experts.*.{hf_name}.weight", expert_shape=expert_shapes[name],
+                                n_experts=cfg.n_experts) for name, hf_name in PROJECTIONS]
         if cfg.n_shared_experts:
             table += [HFTensor((*mlp, "shared", name), f"{hf}.mlp.shared_experts.{hf_name}.weight", 1)
                       for name, hf_name in PROJECTIONS]
@@ -208,57 +200,33 @@ def config_from_hf(hf: Mapping[str, Any]) -> DeepseekV3Config:
     return cfg
 
 
-class DeepseekV3HF:
+class DeepseekV3HF(TableAdapter):
     """Export to and import from Transformers' ``DeepseekV3ForCausalLM`` (see the module docstring)."""
 
-    architecture = ARCHITECTURE
-    model_type = MODEL_TYPE
-    family = FAMILY
+    def __init__(self) -> None:
+        super().__init__(ARCHITECTURE, MODEL_TYPE, FAMILY, hf_tensors, to_hf_config, config_from_hf)
 
-    def export(self, model: Any, model_cfg: DeepseekV3Config, vocab_size: int,
-               special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        model_cfg.validate("model")
-        table = hf_tensors(model_cfg)
-        tensors = split_experts(export_tensors(model, table), table, model_cfg.n_experts)
-        return tensors, to_hf_config(model_cfg, vocab_size, special_ids)
+    def ignored(self, name: str, model_cfg: DeepseekV3Config, hf_config: Mapping[str, Any]) -> bool:
+        """Besides the common ones, a checkpoint's multi-token prediction layers (not built: left out)."""
+        return super().ignored(name, model_cfg, hf_config) or mtp_layer(name, model_cfg, hf_config)
 
-    def config(self, hf_config: Mapping[str, Any]) -> tuple[DeepseekV3Config, int]:
-        vocab_size = int(hf_config.get("vocab_size") or 0)
-        if vocab_size <= 0:
-            raise ConfigError(f"{WHERE}: vocab_size is missing or not positive")
-        return config_from_hf(hf_config), vocab_size
-
-    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
-                dtype: Any = np.float32, place: Place | None = None,
-                scan_layers: bool | None = None,
-                place_layers: PlaceLayers | None = None) -> tuple[DeepseekV3Config, nnx.State]:
-        """The inverse of ``export`` (model/hf_tensors.py's ``import_tensors``: each tensor read once and checked;
-        a missing, misshapen or unplaced tensor is one DataError line naming it). The multi-token prediction
-        layers' tensors are left out, with one warning."""
-        cfg, vocab_size = self.config(hf_config)
-        if scan_layers is not None:
-            cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
-        state = nnx.state(get_family(FAMILY).abstract(cfg, vocab_size), nnx.Param)
-        table = hf_tensors(cfg)
-        source = ExpertSource(state_dict, table, cfg.n_experts, WEIGHTS)
-        missing = source.missing()
-        if missing is not None:
-            raise DataError(f"{source_of(state_dict)}: tensor '{missing}' is missing ({WEIGHTS})")
-        n_mtp = mtp_layers(hf_config)
-        mtp = re.compile(rf"model\.layers\.({'|'.join(str(cfg.n_layers + j) for j in range(n_mtp))})\.") if n_mtp \
-            else None
-        left_out = [name for name in state_dict if mtp is not None and mtp.match(name)]
+    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], **kwargs: Any
+                ) -> tuple[DeepseekV3Config, nnx.State]:
+        """``TableAdapter.import_``, with one warning when the checkpoint's multi-token prediction layers are left
+        out."""
+        cfg, state = super().import_(hf_config, state_dict, **kwargs)
+        left_out = [name for name in state_dict if mtp_layer(name, cfg, hf_config)]
         if left_out:
             log.warning("%s: %d tensors of %d multi-token prediction layer(s) left out (not built yet; the export "
-                        "will have none)", source_of(state_dict), len(left_out), n_mtp)
-
-        def ignored(name: str) -> bool:
-            return (name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and name == "lm_head.weight")
-                    or (mtp is not None and mtp.match(name) is not None))
-
-        import_tensors(state, table, source, scanned=bool(cfg.scan_layers), model_type=MODEL_TYPE, ignored=ignored,
-                       dtype=dtype, place=place, place_layers=place_layers)
+                        "will have none)", source_of(state_dict), len(left_out), mtp_layers(hf_config))
         return cfg, state
+
+
+def mtp_layer(name: str, cfg: DeepseekV3Config, hf_config: Mapping[str, Any]) -> bool:
+    """Whether ``name`` is a tensor of one of the checkpoint's multi-token prediction layers
+    (``model.layers.<num_hidden_layers + j>.``, j < num_nextn_predict_layers)."""
+    found = re.match(r"model\.layers\.(\d+)\.", name)
+    return found is not None and cfg.n_layers <= int(found.group(1)) < cfg.n_layers + mtp_layers(hf_config)
 
 
 DEEPSEEK_V3_HF = DeepseekV3HF()

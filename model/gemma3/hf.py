@@ -17,24 +17,16 @@ its layers as they are read (``place_layers``), so no second full copy of the mo
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-from flax import nnx
-
 from experiment.errors import ConfigError
-from model.family import get_family
 from model.gemma3.config import GLOBAL, LOCAL, Gemma3Config
 from model.hf_tensors import (
     HFTensor,
-    Place,
-    PlaceLayers,
+    TableAdapter,
     attention_tensors,
     config_reader,
-    export_tensors,
-    import_tensors,
 )
 from model.stacking import BLOCKS
 
@@ -64,12 +56,6 @@ def hf_tensors(cfg: Gemma3Config) -> list[HFTensor]:
         ]
     table.append(HFTensor(("final_norm", "scale"), "model.norm.weight"))
     return table
-
-
-def state_dict(model: Any, cfg: Gemma3Config) -> dict[str, np.ndarray]:
-    """The decoder's parameters under Transformers' names in PyTorch's layout (fp32), one tensor per layer
-    whichever layout (scanned or unrolled) the model has."""
-    return export_tensors(model, hf_tensors(cfg))
 
 
 def _number(value: float) -> int | float:
@@ -220,46 +206,16 @@ def config_from_hf(hf: Mapping[str, Any]) -> Gemma3Config:
     return cfg
 
 
-class Gemma3HF:
+class Gemma3HF(TableAdapter):
     """Export to and import from Transformers' ``Gemma3ForCausalLM`` (see the module docstring)."""
 
-    architecture = ARCHITECTURE
-    model_type = MODEL_TYPE
-    family = "gemma3"
+    def __init__(self) -> None:
+        super().__init__(ARCHITECTURE, MODEL_TYPE, "gemma3", hf_tensors, to_hf_config, config_from_hf)
 
-    def export(self, model: Any, model_cfg: Gemma3Config, vocab_size: int,
-               special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        model_cfg.validate("model")
-        return state_dict(model, model_cfg), to_hf_config(model_cfg, vocab_size, special_ids)
-
-    def config(self, hf_config: Mapping[str, Any]) -> tuple[Gemma3Config, int]:
-        """(our model config, vocabulary size) of a config.json."""
-        vocab_size = int(hf_config.get("vocab_size") or 0)
-        if vocab_size <= 0:
-            raise ConfigError(f"{WHERE}: vocab_size is missing or not positive")
-        return config_from_hf(hf_config), vocab_size
-
-    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
-                dtype: Any = np.float32, place: Place | None = None,
-                scan_layers: bool | None = None,
-                place_layers: PlaceLayers | None = None) -> tuple[Gemma3Config, nnx.State]:
-        """The inverse of ``export``: each tensor is read once, checked against the shape the config implies,
-        cast to ``dtype`` and handed to ``place`` (default: kept as a numpy array).
-
-        A missing tensor, a tensor of another shape and a tensor with no place in the model are one DataError
-        line naming the tensor and (where ``state_dict`` knows, by its ``file_of``) its file. ``scan_layers``:
-        the layer layout made (None: the config section's default); ``place_layers`` builds a stacked parameter
-        from its layers as they are read (default: a host buffer filled layer by layer, then ``place``d)."""
-        cfg, vocab_size = self.config(hf_config)
-        if scan_layers is not None:
-            cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
-        state = nnx.state(get_family(self.family).abstract(cfg, vocab_size), nnx.Param)
-        # the head is the embedding (tied: Transformers ties them on load whatever lm_head.weight holds) and
-        # the rotary inverse frequencies are recomputed
-        ignored = lambda name: name == "lm_head.weight" or "inv_freq" in name  # noqa: E731
-        import_tensors(state, hf_tensors(cfg), state_dict, scanned=bool(cfg.scan_layers), model_type=MODEL_TYPE,
-                       ignored=ignored, dtype=dtype, place=place, place_layers=place_layers)
-        return cfg, state
+    def ignored(self, name: str, model_cfg: Gemma3Config, hf_config: Mapping[str, Any]) -> bool:
+        """The head is the embedding (tied: Transformers ties them on load whatever lm_head.weight holds) and the
+        rotary inverse frequencies are recomputed."""
+        return name == "lm_head.weight" or "inv_freq" in name
 
 
 GEMMA3_HF = Gemma3HF()

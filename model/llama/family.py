@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from model.family import ModelFamily, ParamRoles, register_family
+from model.hf_tensors import TableAdapter
 from model.llama import flops
 from model.llama.config import AXIS_RULES, SECTIONS, LlamaConfig
-from model.llama.hf import MISTRAL_HF, QWEN2_HF, QWEN3_HF, LlamaHF, LlamaShapedHF
+from model.llama.hf import MISTRAL_HF, QWEN2_HF, QWEN3_HF, LlamaHF
 from model.llama.model import QUANTIZED_MODULES, Decoder
 
 
@@ -39,7 +40,7 @@ TINY_SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def _family(name: str, adapter: LlamaShapedHF, validate: Callable[[LlamaConfig], None]) -> ModelFamily:
+def _family(name: str, adapter: TableAdapter, validate: Callable[[LlamaConfig], None]) -> ModelFamily:
     return register_family(ModelFamily(
         name=name, config_cls=SECTIONS[name], build=Decoder, flops=flops.train_flops_per_token,
         param_count=flops.param_count, recompute_flops=flops.recompute_flops, axis_rules=AXIS_RULES,

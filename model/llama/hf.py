@@ -5,36 +5,27 @@ is Llama-shaped (RMSNorm, GQA attention with half-split RoPE, SwiGLU, optional t
 both directions are a renaming and transposition of weights: Flax stores ``x @ W`` kernels as
 [in, out], PyTorch ``nn.Linear`` as [out, in]. Only numpy is needed here, not torch.
 
-``LlamaShapedHF`` is the adapter of every family whose Transformers model is Llama's with a few
-switches (Mistral, Qwen2, Qwen3: the config.json builders below): one table (``hf_tensors``) names each of our
-parameters' HF tensor and layout, and both directions walk it. Importing reads one tensor at a
-time from a mapping (model/hf_checkpoint.py passes a lazy one over the safetensors files), checks its
-shape, casts it to the parameter dtype and hands it to ``place`` (which may put it straight onto its
+``llama_shaped_adapter`` makes the adapter (model/hf_tensors.py's ``TableAdapter``) of every family whose
+Transformers model is Llama's with a few switches (Mistral, Qwen2, Qwen3: the config.json builders below): one
+table (``hf_tensors``) names each of our parameters' HF tensor and layout, and both directions walk it. Importing
+reads one tensor at a time from a mapping (model/hf_checkpoint.py passes a lazy one over the safetensors files),
+checks its shape, casts it to the parameter dtype and hands it to ``place`` (which may put it straight onto its
 devices), so no second full copy of the model is made on the host.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-from flax import nnx
-
 from experiment.errors import ConfigError
-from model.family import get_family
 from model.hf_tensors import (
     HFTensor,
-    Place,
-    PlaceLayers,
+    TableAdapter,
     attention_tensors,
     config_reader,
-    export_tensors,
-    import_tensors,
 )
 from model.llama.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
-from model.stacking import n_stacked
 
 
 def hf_tensors(cfg: LlamaConfig) -> list[HFTensor]:
@@ -58,18 +49,6 @@ def hf_tensors(cfg: LlamaConfig) -> list[HFTensor]:
     if not cfg.tie_embeddings:
         table.append(HFTensor(("lm_head",), "lm_head.weight", 1))
     return table
-
-
-def llama_state_dict(model: Any, cfg: LlamaConfig | None = None) -> dict[str, np.ndarray]:
-    """Our NNX decoder's parameters under Transformers' Llama names, in PyTorch's [out, in] layout (fp32),
-    one tensor per layer whichever layout (scanned or unrolled) the model has."""
-    if cfg is None:  # the switches the module was built with
-        scanned = isinstance(model.blocks, nnx.Module)
-        attn = model.blocks.attn if scanned else model.blocks[0].attn
-        cfg = LlamaConfig(n_layers=n_stacked(model.blocks) if scanned else len(model.blocks),
-                          tie_embeddings=model.lm_head is None, qkv_bias=attn.bq is not None,
-                          qk_norm=attn.q_norm is not None)
-    return export_tensors(model, hf_tensors(cfg))
 
 
 def rope_hf(cfg: LlamaConfig) -> dict[str, Any]:
@@ -183,55 +162,6 @@ def config_from_hf(hf_config: Mapping[str, Any], model_type: str = "llama", conf
     return cfg
 
 
-class LlamaShapedHF:
-    """Export to and import from a Transformers model that is Llama's with switches (see the module docstring).
-
-    ``architecture``/``model_type``: what config.json names; ``hf_config``: our config -> the family's
-    config.json fields; ``from_hf``: config.json -> our config; ``family``: the registered family name
-    (set by the family's registration)."""
-
-    def __init__(self, architecture: str, model_type: str, family: str,
-                 to_config: Callable[[LlamaConfig, int, Mapping[str, int] | None], dict[str, Any]],
-                 from_config: Callable[[Mapping[str, Any]], LlamaConfig],
-                 check_export: Callable[[LlamaConfig], None] = lambda cfg: None):
-        self.architecture, self.model_type, self.family = architecture, model_type, family
-        self.to_config, self.from_config, self.check_export = to_config, from_config, check_export
-
-    def export(self, model: Any, model_cfg: LlamaConfig, vocab_size: int,
-               special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        self.check_export(model_cfg)
-        return llama_state_dict(model, model_cfg), self.to_config(model_cfg, vocab_size, special_ids)
-
-    def config(self, hf_config: Mapping[str, Any]) -> tuple[LlamaConfig, int]:
-        """(our model config, vocabulary size) of a config.json."""
-        vocab_size = int(hf_config.get("vocab_size") or 0)
-        if vocab_size <= 0:
-            raise ConfigError(f"Hugging Face {self.model_type} config: vocab_size is missing or not positive")
-        return self.from_config(hf_config), vocab_size
-
-    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
-                dtype: Any = np.float32, place: Place | None = None,
-                scan_layers: bool | None = None,
-                place_layers: PlaceLayers | None = None) -> tuple[LlamaConfig, nnx.State]:
-        """The inverse of ``export``: each tensor is read once, checked against the shape the config implies,
-        cast to ``dtype`` and handed to ``place`` (default: kept as a numpy array).
-
-        A missing tensor, a tensor of another shape, and a tensor with no place in the model are errors
-        naming the tensor and (where ``state_dict`` knows, by its ``file_of``) the file it is in.
-        ``scan_layers``: the layer layout of the parameters made (None: the config section's default);
-        ``place_layers`` builds a scanned parameter from its layers as they are read (default: a host buffer
-        filled layer by layer, then handed to ``place``)."""
-        cfg, vocab_size = self.config(hf_config)
-        if scan_layers is not None:
-            cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
-        state = nnx.state(get_family(self.family).abstract(cfg, vocab_size), nnx.Param)
-        # rotary inverse frequencies are recomputed from the config; a tied model's head is its embedding
-        ignored = lambda name: name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and name == "lm_head.weight")  # noqa: E731
-        import_tensors(state, hf_tensors(cfg), state_dict, scanned=cfg.scan_layers,
-                       model_type=self.model_type, ignored=ignored, dtype=dtype, place=place, place_layers=place_layers)
-        return cfg, state
-
-
 def check_plain_llama(cfg: LlamaConfig) -> None:
     """Transformers' Llama has no q/k/v-only biases nor q/k norms (those are the qwen2 and qwen3 families)."""
     for key, family in (("qkv_bias", "qwen2"), ("qk_norm", "qwen3")):
@@ -240,7 +170,8 @@ def check_plain_llama(cfg: LlamaConfig) -> None:
                               f"export it as model.family={family}")
 
 
-LlamaHF = LlamaShapedHF("LlamaForCausalLM", "llama", "llama", llama_config, config_from_hf, check_plain_llama)
+LlamaHF = TableAdapter("LlamaForCausalLM", "llama", "llama", hf_tensors, llama_config, config_from_hf,
+                       check_plain_llama)
 
 
 
@@ -255,9 +186,9 @@ def _config(architecture: str, model_type: str, drop: tuple[str, ...] = (), **ex
 def llama_shaped_adapter(name: str, config_cls: type[LlamaConfig], architecture: str,
                          check_export: Callable[[LlamaConfig], None],
                          to_config: Callable[[LlamaConfig, int, Mapping[str, int] | None], dict[str, Any]],
-                         **switches: Any) -> LlamaShapedHF:
-    return LlamaShapedHF(architecture, name, name, to_config,
-                         lambda hf: config_from_hf(hf, name, config_cls, name, **switches), check_export=check_export)
+                         **switches: Any) -> TableAdapter:
+    return TableAdapter(architecture, name, name, hf_tensors, to_config,
+                        lambda hf: config_from_hf(hf, name, config_cls, name, **switches), check_export=check_export)
 
 
 def check_switches(family: str, qkv_bias: bool, qk_norm: bool) -> Callable[[LlamaConfig], None]:

@@ -22,27 +22,16 @@ and keep the section's defaults.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-from flax import nnx
-
-from experiment.errors import ConfigError, DataError
-from model.family import get_family
+from experiment.errors import ConfigError
 from model.hf_tensors import (
-    ExpertSource,
     ExpertTensors,
     HFTensor,
-    Place,
-    PlaceLayers,
+    TableAdapter,
     attention_tensors,
     config_reader,
-    export_tensors,
-    import_tensors,
-    source_of,
-    split_experts,
 )
 from model.qwen3_moe.config import Qwen3MoeConfig
 from model.stacking import BLOCKS
@@ -66,18 +55,12 @@ def hf_tensors(cfg: Qwen3MoeConfig) -> list[HFTensor]:
         table += [HFTensor((*ours, "mlp_norm", "scale"), f"{hf}.post_attention_layernorm.weight"),
                   HFTensor((*ours, "mlp", "router"), f"{hf}.mlp.gate.weight", 1)]  # [D, E] <- [E, D]
         table += [ExpertTensors((*ours, "mlp", name), f"{hf}.mlp.experts.*.{theirs}.weight",
-                                expert_shape=expert_shapes[name]) for name, theirs in EXPERT_PROJECTIONS]
+                                expert_shape=expert_shapes[name], n_experts=cfg.n_experts)
+                  for name, theirs in EXPERT_PROJECTIONS]
     table.append(HFTensor(("final_norm", "scale"), "model.norm.weight"))
     if not cfg.tie_embeddings:
         table.append(HFTensor(("lm_head",), "lm_head.weight", 1))
     return table
-
-
-def state_dict(model: Any, cfg: Qwen3MoeConfig) -> dict[str, np.ndarray]:
-    """The decoder's parameters under Transformers' names in PyTorch's layout (fp32), a tensor per layer and per
-    expert, whichever layout (scanned or unrolled) the model has."""
-    table = hf_tensors(cfg)
-    return split_experts(export_tensors(model, table), table, cfg.n_experts)
 
 
 def to_hf_config(cfg: Qwen3MoeConfig, vocab_size: int, special_ids: Mapping[str, int] | None = None) -> dict[str, Any]:
@@ -167,51 +150,5 @@ def config_from_hf(hf: Mapping[str, Any]) -> Qwen3MoeConfig:
     return cfg
 
 
-class Qwen3MoeHF:
-    """Export to and import from Transformers' ``Qwen3MoeForCausalLM`` (see the module docstring)."""
-
-    architecture = ARCHITECTURE
-    model_type = MODEL_TYPE
-    family = FAMILY
-
-    def export(self, model: Any, model_cfg: Qwen3MoeConfig, vocab_size: int,
-               special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        model_cfg.validate("model")
-        return state_dict(model, model_cfg), to_hf_config(model_cfg, vocab_size, special_ids)
-
-    def config(self, hf_config: Mapping[str, Any]) -> tuple[Qwen3MoeConfig, int]:
-        """(our model config, vocabulary size) of a config.json."""
-        vocab_size = int(hf_config.get("vocab_size") or 0)
-        if vocab_size <= 0:
-            raise ConfigError(f"{WHERE}: vocab_size is missing or not positive")
-        return config_from_hf(hf_config), vocab_size
-
-    def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], *,
-                dtype: Any = np.float32, place: Place | None = None,
-                scan_layers: bool | None = None,
-                place_layers: PlaceLayers | None = None) -> tuple[Qwen3MoeConfig, nnx.State]:
-        """The inverse of ``export``: each tensor (each layer's experts of a projection: one stacked parameter) is
-        read once, checked against the shape the config implies, cast to ``dtype`` and handed to ``place``
-        (default: kept as a numpy array).
-
-        A missing tensor, a tensor of another shape and a tensor with no place in the model are one DataError line
-        naming the tensor and (where ``state_dict`` knows, by its ``file_of``) its file. ``scan_layers``: the layer
-        layout made (None: the config section's default); ``place_layers`` builds a stacked parameter from its
-        layers as they are read (default: a host buffer filled layer by layer, then ``place``d)."""
-        cfg, vocab_size = self.config(hf_config)
-        if scan_layers is not None:
-            cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
-        state = nnx.state(get_family(FAMILY).abstract(cfg, vocab_size), nnx.Param)
-        table = hf_tensors(cfg)
-        source = ExpertSource(state_dict, table, cfg.n_experts, WEIGHTS)
-        missing = source.missing()
-        if missing is not None:
-            raise DataError(f"{source_of(state_dict)}: tensor '{missing}' is missing ({WEIGHTS})")
-        # rotary inverse frequencies are recomputed from the config; a tied model's head is its embedding
-        ignored = lambda name: name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and name == "lm_head.weight")  # noqa: E731
-        import_tensors(state, table, source, scanned=bool(cfg.scan_layers), model_type=MODEL_TYPE, ignored=ignored,
-                       dtype=dtype, place=place, place_layers=place_layers)
-        return cfg, state
-
-
-QWEN3_MOE_HF = Qwen3MoeHF()
+# Transformers' Qwen3MoeForCausalLM (see the module docstring)
+QWEN3_MOE_HF = TableAdapter(ARCHITECTURE, MODEL_TYPE, FAMILY, hf_tensors, to_hf_config, config_from_hf)
