@@ -74,6 +74,12 @@ class _CountingRngs:
         return jax.random.key(0)
 
 
+def layer_stack(make: Callable[[nnx.Rngs], nnx.Module], n_layers: int, rngs: nnx.Rngs, scanned: bool) -> nnx.Module:
+    """A decoder's layers: one module whose parameters carry a leading layer axis (``stacked``, run by a scan)
+    when ``scanned``, else an ``nnx.List`` of per-layer modules; layer i gets the same initial values either way."""
+    return stacked(make, n_layers, rngs) if scanned else nnx.List([make(rngs) for _ in range(n_layers)])
+
+
 def _draws_per_module(make: Callable[[nnx.Rngs], nnx.Module]) -> int:
     """How many keys ``make`` takes from the ``params`` stream (shapes only: nothing is computed)."""
     counter = _CountingRngs()

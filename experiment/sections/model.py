@@ -117,6 +117,41 @@ class ModelSection:
         if self.z_loss < 0:
             raise ConfigError(f"config key '{prefix}z_loss': must be >= 0, got {self.z_loss}")
 
+    def check_positive(self, key: str, names: tuple[str, ...]) -> None:
+        """One ConfigError line for the first of ``names`` (integer or float fields) that is not above 0."""
+        prefix = f"{key}." if key else ""
+        for name in names:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
+
+
+class GroupedHeads:
+    """What a section with grouped-query attention shares (``n_heads``, ``n_kv_heads``, ``head_dim`` with 0 meaning
+    d_model // n_heads, ``d_model``): the resolved head width and the checks that the heads group and rotate."""
+
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    def check_heads(self, key: str) -> None:
+        """n_kv_heads divides n_heads, the head width is given or divides d_model, and RoPE's is even."""
+        prefix = f"{key}." if key else ""
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"config key '{prefix}n_kv_heads': {self.n_kv_heads} does not divide n_heads={self.n_heads} "
+                "(grouped-query attention shares each KV head among n_heads / n_kv_heads query heads)")
+        if self.head_dim < 0 or (self.head_dim == 0 and self.d_model % self.n_heads):
+            raise ConfigError(f"config key '{prefix}head_dim': d_model={self.d_model} is not divisible by "
+                              f"n_heads={self.n_heads}; set head_dim explicitly")
+        if self.resolved_head_dim % 2:
+            raise ConfigError(f"config key '{prefix}head_dim': RoPE needs an even head dimension, "
+                              f"got {self.resolved_head_dim}")
+
 
 # sections of families registered from outside the package (plugins); a shipped family's is in its folder
 _PLUGIN_SECTIONS: dict[str, type[FamilyConfig]] = {}

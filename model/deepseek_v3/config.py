@@ -116,10 +116,9 @@ class DeepseekV3Config(ModelSection):
     def validate(self, key: str) -> None:
         super().validate(key)
         prefix = f"{key}." if key else ""
-        for name in ("d_model", "n_layers", "n_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                     "v_head_dim", "d_ff", "n_experts", "top_k", "d_expert", "n_group", "topk_group"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
+        self.check_positive(key, ("d_model", "n_layers", "n_heads", "kv_lora_rank", "qk_nope_head_dim",
+                                  "qk_rope_head_dim", "v_head_dim", "d_ff", "n_experts", "top_k", "d_expert",
+                                  "n_group", "topk_group"))
         for name in ("q_lora_rank", "n_shared_experts", "router_aux_loss_coef", "router_bias_update_rate"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 0, got {getattr(self, name)}")
@@ -143,9 +142,7 @@ class DeepseekV3Config(ModelSection):
                                                 and self.rope_beta_fast > self.rope_beta_slow > 0):
             raise ConfigError(f"config key '{prefix}rope_scaling': yarn needs rope_factor >= 1, rope_original_max_len "
                               "> 0 and rope_beta_fast > rope_beta_slow > 0")
-        for name in ("rope_theta", "norm_eps", "capacity_factor", "routed_scaling_factor"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
+        self.check_positive(key, ("rope_theta", "norm_eps", "capacity_factor", "routed_scaling_factor"))
 
     @property
     def qk_head_dim(self) -> int:

@@ -65,7 +65,7 @@ from model.moe import (
     updated_bias,
 )
 from model.sharding import compiled_platform, constrain
-from model.stacking import run_layers_ys, stacked
+from model.stacking import layer_stack, run_layers_ys
 
 AUX_LOSSES = ("load_balance",)  # ModelFamily.aux_losses: what hidden_with_aux adds to the loss
 
@@ -224,9 +224,8 @@ class Decoder(CausalLM):
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         self.dense_blocks = nnx.List([Block(cfg, False, rngs) for _ in range(cfg.first_k_dense)])
         # the mixture-of-experts layers: one stacked Block when scanned (model/stacking.py), else a list
-        n_moe = cfg.n_moe_layers
-        self.blocks = (stacked(lambda layer_rngs: Block(cfg, True, layer_rngs), n_moe, rngs) if cfg.scan_layers
-                       else nnx.List([Block(cfg, True, rngs) for _ in range(n_moe)]))
+        self.blocks = layer_stack(lambda layer_rngs: Block(cfg, True, layer_rngs), cfg.n_moe_layers, rngs,
+                                  cfg.scan_layers)
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = (None if cfg.tie_embeddings
                         else param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from experiment.errors import ConfigError
-from experiment.sections.model import ModelSection
+from experiment.sections.model import GroupedHeads, ModelSection
 
 # Named sizes (``model.preset``): the public Gemma 3 text models' shapes, from their config.json files on the
 # Hugging Face hub (google/gemma-3-270m, gemma-3-1b-pt: top level; gemma-3-4b-pt, -12b-pt, -27b-pt: the
@@ -65,7 +65,7 @@ LOCAL, GLOBAL = "L", "G"  # the letters of ``layer_pattern``
 
 
 @dataclass
-class Gemma3Config(ModelSection):
+class Gemma3Config(GroupedHeads, ModelSection):
     """Gemma 3's text decoder (model/gemma3/model.py); the section of the gemma3 family."""
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
@@ -100,19 +100,8 @@ class Gemma3Config(ModelSection):
     def validate(self, key: str) -> None:
         super().validate(key)
         prefix = f"{key}." if key else ""
-        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
-        if self.n_heads % self.n_kv_heads:
-            raise ConfigError(
-                f"config key '{prefix}n_kv_heads': {self.n_kv_heads} does not divide n_heads={self.n_heads} "
-                "(grouped-query attention shares each KV head among n_heads / n_kv_heads query heads)")
-        if self.head_dim < 0 or (self.head_dim == 0 and self.d_model % self.n_heads):
-            raise ConfigError(f"config key '{prefix}head_dim': d_model={self.d_model} is not divisible by "
-                              f"n_heads={self.n_heads}; set head_dim explicitly")
-        if self.resolved_head_dim % 2:
-            raise ConfigError(f"config key '{prefix}head_dim': RoPE needs an even head dimension, "
-                              f"got {self.resolved_head_dim}")
+        self.check_positive(key, ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"))
+        self.check_heads(key)
         if self.query_pre_attn_scalar < 0:
             raise ConfigError(f"config key '{prefix}query_pre_attn_scalar': must be > 0 (0: head_dim), "
                               f"got {self.query_pre_attn_scalar}")
@@ -135,10 +124,6 @@ class Gemma3Config(ModelSection):
         if not self.tie_embeddings:
             raise ConfigError(f"config key '{prefix}tie_embeddings': Gemma 3 ties the output head to the "
                               "embeddings (Gemma3ForCausalLM has no separate lm_head); it must be true")
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim or self.d_model // self.n_heads
 
     @property
     def attn_scale(self) -> float:

@@ -37,7 +37,7 @@ from model.kv_cache import KVCache, LayerKV, attend_cached
 from model.layers import REMAT_POLICIES, CausalLM, GatedMLP, Rope, default_positions, param, rope_angles, rotary
 from model.linear import project
 from model.sharding import compiled_platform, constrain
-from model.stacking import scan_groups, scan_groups_xs, stacked
+from model.stacking import layer_stack, scan_groups, scan_groups_xs
 
 # the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules):
 # attention's and the MLP's projections; the score and value einsums and the (tied) head stay in the compute dtype
@@ -150,8 +150,7 @@ class Decoder(CausalLM):
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         # scanned (model/stacking.py): one Block whose parameters carry a leading layer axis; else a list.
         # ``stacked`` gives layer i the values the list's i-th Block gets: init is the same in either layout
-        self.blocks = (stacked(lambda layer_rngs: Block(cfg, layer_rngs), cfg.n_layers, rngs) if cfg.scan_layers
-                       else nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)]))
+        self.blocks = layer_stack(lambda layer_rngs: Block(cfg, layer_rngs), cfg.n_layers, rngs, cfg.scan_layers)
         self.final_norm = GemmaRMSNorm(cfg.d_model, cfg.norm_eps)
 
     def hidden(self, tokens: jax.Array, segment_ids: jax.Array | None = None,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from experiment.errors import ConfigError
-from experiment.sections.model import ModelSection
+from experiment.sections.model import GroupedHeads, ModelSection
 
 # Named model sizes (the section's PRESETS), from the CPU demo to Llama-2-70B shapes: ``model.preset: 1b`` fills the
 # shape fields the config does not set (experiment.config.resolve_model_tree); a key the YAML or an override sets
@@ -58,7 +58,7 @@ AXIS_RULES: dict[str, list[str]] = {
 
 
 @dataclass
-class LlamaConfig(ModelSection):
+class LlamaConfig(GroupedHeads, ModelSection):
     """Llama's decoder (model/llama/model.py) and its switches; the section of the llama family."""
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
@@ -88,22 +88,8 @@ class LlamaConfig(ModelSection):
     def validate(self, key: str) -> None:
         super().validate(key)
         prefix = f"{key}." if key else ""
-        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
-        if self.n_heads % self.n_kv_heads:
-            raise ConfigError(
-                f"config key '{prefix}n_kv_heads': {self.n_kv_heads} does not divide n_heads={self.n_heads} "
-                "(grouped-query attention shares each KV head among n_heads / n_kv_heads query heads)"
-            )
-        if self.head_dim < 0 or (self.head_dim == 0 and self.d_model % self.n_heads):
-            raise ConfigError(
-                f"config key '{prefix}head_dim': d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                "set head_dim explicitly"
-            )
-        if self.resolved_head_dim % 2:
-            raise ConfigError(f"config key '{prefix}head_dim': RoPE needs an even head dimension, "
-                              f"got {self.resolved_head_dim}")
+        self.check_positive(key, ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"))
+        self.check_heads(key)
         if self.rope_scaling == "llama3" and not (self.rope_factor >= 1 and self.rope_original_max_len > 0
                                                   and self.rope_high_freq_factor > self.rope_low_freq_factor > 0):
             raise ConfigError(
@@ -112,9 +98,6 @@ class LlamaConfig(ModelSection):
                 f"{self.rope_original_max_len}, {self.rope_high_freq_factor}, {self.rope_low_freq_factor})"
             )
 
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim or self.d_model // self.n_heads
 
 
 @dataclass

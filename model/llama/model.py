@@ -37,7 +37,7 @@ from model.layers import (
 from model.linear import project
 from model.llama.config import LlamaConfig
 from model.sharding import compiled_platform, constrain
-from model.stacking import scan_layers, stacked
+from model.stacking import layer_stack, scan_layers
 
 # the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules):
 # attention's and the MLP's projections; attention's score and value einsums (activation x activation)
@@ -123,8 +123,7 @@ class Decoder(CausalLM):
         self.head_dim, self.rope, self.n_kv_heads = cfg.resolved_head_dim, rope_of(cfg), cfg.n_kv_heads
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         # scanned (model/stacking.py): one Block whose parameters carry a leading layer axis; else a list
-        self.blocks = (stacked(lambda layer_rngs: Block(cfg, layer_rngs), cfg.n_layers, rngs) if cfg.scan_layers
-                       else nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)]))
+        self.blocks = layer_stack(lambda layer_rngs: Block(cfg, layer_rngs), cfg.n_layers, rngs, cfg.scan_layers)
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = (None if cfg.tie_embeddings
                         else param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std))

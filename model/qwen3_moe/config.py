@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from experiment.errors import ConfigError
-from experiment.sections.model import ModelSection
+from experiment.sections.model import GroupedHeads, ModelSection
 
 # Named sizes (``model.preset``). The published shapes are those of the config.json files on the Hugging Face hub:
 # Qwen/Qwen3-30B-A3B (hidden_size 2048, 48 layers, 32 heads / 4 KV heads, head_dim 128, 128 experts, 8 per token,
@@ -61,7 +61,7 @@ AXIS_RULES: dict[str, list[str]] = {
 
 
 @dataclass
-class Qwen3MoeConfig(ModelSection):
+class Qwen3MoeConfig(GroupedHeads, ModelSection):
     """Qwen3-MoE's decoder (model/qwen3_moe/model.py); the section of the qwen3_moe family."""
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
@@ -95,32 +95,15 @@ class Qwen3MoeConfig(ModelSection):
     def validate(self, key: str) -> None:
         super().validate(key)
         prefix = f"{key}." if key else ""
-        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "n_experts", "top_k", "d_expert"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
-        if self.n_heads % self.n_kv_heads:
-            raise ConfigError(
-                f"config key '{prefix}n_kv_heads': {self.n_kv_heads} does not divide n_heads={self.n_heads} "
-                "(grouped-query attention shares each KV head among n_heads / n_kv_heads query heads)")
-        if self.head_dim < 0 or (self.head_dim == 0 and self.d_model % self.n_heads):
-            raise ConfigError(f"config key '{prefix}head_dim': d_model={self.d_model} is not divisible by "
-                              f"n_heads={self.n_heads}; set head_dim explicitly")
-        if self.resolved_head_dim % 2:
-            raise ConfigError(f"config key '{prefix}head_dim': RoPE needs an even head dimension, "
-                              f"got {self.resolved_head_dim}")
+        self.check_positive(key, ("d_model", "n_layers", "n_heads", "n_kv_heads", "n_experts", "top_k", "d_expert"))
+        self.check_heads(key)
         if self.top_k > self.n_experts:
             raise ConfigError(f"config key '{prefix}top_k': {self.top_k} is more than n_experts={self.n_experts} "
                               "(a token's top_k experts are distinct)")
-        for name in ("rope_theta", "norm_eps", "capacity_factor"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"config key '{prefix}{name}': must be positive, got {getattr(self, name)}")
+        self.check_positive(key, ("rope_theta", "norm_eps", "capacity_factor"))
         for name in ("router_aux_loss_coef", "router_z_loss_coef"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 0, got {getattr(self, name)}")
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim or self.d_model // self.n_heads
 
 
 # family name -> its ``model:`` section class (config load builds ``model`` with the class of ``model.family``)

@@ -51,7 +51,7 @@ from model.moe import (
 )
 from model.qwen3_moe.config import Qwen3MoeConfig
 from model.sharding import compiled_platform, constrain
-from model.stacking import run_layers_ys, stacked
+from model.stacking import layer_stack, run_layers_ys
 
 # the submodules whose matmuls quantized training quantizes (model.family.ModelFamily.quantized_modules): attention's
 # projections; the experts' matmuls are ragged_dots and einsums (model/moe.py), and the router stays in fp32
@@ -148,8 +148,7 @@ class Decoder(CausalLM):
         self.embed = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std)
         # scanned (model/stacking.py): one Block whose parameters carry a leading layer axis; else a list.
         # ``stacked`` gives layer i the values the list's i-th Block gets: init is the same in either layout
-        self.blocks = (stacked(lambda layer_rngs: Block(cfg, layer_rngs), cfg.n_layers, rngs) if cfg.scan_layers
-                       else nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)]))
+        self.blocks = layer_stack(lambda layer_rngs: Block(cfg, layer_rngs), cfg.n_layers, rngs, cfg.scan_layers)
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = (None if cfg.tie_embeddings
                         else param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std))
