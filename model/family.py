@@ -16,6 +16,7 @@ registry). A family defined elsewhere calls ``register_family`` when its module 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple, NoReturn, Protocol, runtime_checkable
@@ -29,6 +30,7 @@ from experiment.errors import ConfigError
 from experiment.families import FAMILY_PACKAGES, family_module, shipped_families
 from experiment.sections.model import FamilyConfig, register_model_section
 from model.attention import resolve_attention
+from model.loss import Labels
 from model.stacking import BLOCKS, path_keys
 
 
@@ -77,6 +79,19 @@ class AuxLossModel(FamilyModel, Protocol):
         ``aux_losses``, each already weighted by the family's config, whose sum the train step adds to the loss it
         differentiates, and its ``aux_metrics(model_cfg)``, statistics it only logs; each averaged over
         micro-batches like the loss and logged as ``train/aux/<name>``."""
+        ...
+
+
+@runtime_checkable
+class PredictsAhead(AuxLossModel, Protocol):
+    """An ``AuxLossModel`` whose auxiliary losses predict tokens further ahead than the next (multi-token
+    prediction; ``ModelFamily.predicts_ahead`` > 0): the train step passes the batch's labels."""
+
+    def hidden_with_aux(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+                        positions: jax.Array | None = None, labels: Labels | None = None
+                        ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """``AuxLossModel.hidden_with_aux``; ``labels`` (``model.loss.Labels``: targets, weights, the loss's chunk
+        length) are what the predictions are scored against."""
         ...
 
 
@@ -256,6 +271,10 @@ class ModelFamily:
     # (DeepSeek-V3's aux-loss-free balancing, model/moe.py's ``updated_bias``); 0: they stay. Above 0 its module is
     # a ``BalancedRouter`` and ``hidden_with_aux`` also returns the load under ``EXPERT_LOAD``
     router_bias_rate: Callable[[FamilyConfig], float] = lambda model_cfg: 0.0
+    # (model_cfg) -> how many tokens beyond the next one its auxiliary losses predict (multi-token prediction's
+    # depth, as the step runs it); above 0 the train step passes ``hidden_with_aux`` the batch's labels
+    # (``PredictsAhead``), and one of ``aux_losses`` is theirs
+    predicts_ahead: Callable[[FamilyConfig], int] = lambda model_cfg: 0
     # fields of its ``model:`` section that are the run's choice, not the checkpoint's shape (routing, loss
     # weights): under ``model.init_from`` they come from the YAML, beside trainer/init_from.py's RUN_KEYS
     run_keys: tuple[str, ...] = ()
@@ -389,6 +408,10 @@ def check_aux_losses(family: ModelFamily) -> None:
     if not callable(getattr(module_cls, "hidden_with_aux", None)):
         raise ConfigError(f"model family '{family.name}' declares auxiliary losses {list(names)}, but its module "
                           f"{module_cls.__name__} has no hidden_with_aux(tokens, segment_ids, positions) method")
+    if family.predicts_ahead(family.tiny_config()) and "labels" not in inspect.signature(
+            module_cls.hidden_with_aux).parameters:
+        raise ConfigError(f"model family '{family.name}' predicts tokens ahead, but its module's hidden_with_aux "
+                          "takes no labels (model.family.PredictsAhead)")
 
 
 ROLE_CHECK_VOCAB = 251  # the vocabulary roles are checked at: a size no other dimension of a tiny shape has

@@ -7,6 +7,8 @@ in model/family.py), so these live apart from any one architecture.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -72,3 +74,23 @@ def chunked_cross_entropy(hidden: jax.Array, weight: jax.Array, targets: jax.Arr
     total = jnp.maximum(mask.sum(), 1.0) if weights is not None else jnp.float32(b * t)
     return nll_sum / total, z_sum / total
 
+
+
+class Labels(NamedTuple):
+    """What a train step's batch says each position should predict, for a family whose auxiliary losses predict
+    tokens too (``ModelFamily.predicts_ahead``: multi-token prediction)."""
+
+    targets: jax.Array  # [B, T] int32: the token after each input position
+    weights: jax.Array | None  # [B, T]: 0 where a position trains nothing (a corrupt record's row), else 1; or None
+    chunk_len: int  # train.loss_chunk_len: logits a chunk of positions at a time
+
+
+def targets_ahead(labels: Labels, segment_ids: jax.Array | None, k: int) -> tuple[jax.Array, jax.Array]:
+    """Each position's token ``k`` further than its next (``targets[i + k]``) and its weight: 0 where ``i + k``
+    leaves the row or (packed documents) the position's document, or either position trains nothing."""
+    b, t = labels.targets.shape
+    weights = jnp.ones((b, t), jnp.float32) if labels.weights is None else labels.weights.astype(jnp.float32)
+    keep = weights[:, :t - k] * weights[:, k:]
+    if segment_ids is not None:
+        keep = keep * (segment_ids[:, :t - k] == segment_ids[:, k:]).astype(jnp.float32)
+    return jnp.pad(labels.targets[:, k:], ((0, 0), (0, k))), jnp.pad(keep, ((0, 0), (0, k)))

@@ -7,7 +7,6 @@ round trip are tests/test_hf_parity_deepseek_v3.py's (the hf lane)."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import re
 from pathlib import Path
@@ -30,11 +29,15 @@ TINY = DEEPSEEK.tiny_config()
 
 
 def test_deepseek_v3_preset_has_the_published_parameter_counts() -> None:
-    """DeepSeek-V3: 671B parameters, 37B activated per token (its technical report and model card; the 14B of the
-    multi-token prediction module come on top and are not built)."""
+    """DeepSeek-V3: 671B parameters, 37B activated per token, without the multi-token prediction module (its
+    technical report); 685B with it, as the model card counts the checkpoint (the module's copies of the embedding
+    and head included, which are shared here)."""
     cfg = preset_model_config("deepseek-v3", "deepseek_v3")
-    assert DEEPSEEK.param_count(cfg, 129_280) == pytest.approx(671e9, rel=0.001)
-    assert DEEPSEEK.active_params(cfg, 129_280) == pytest.approx(37.5e9, rel=0.01)
+    main = dataclasses.replace(cfg, mtp_layers=0)
+    assert DEEPSEEK.param_count(main, 129_280) == pytest.approx(671e9, rel=0.001)
+    assert DEEPSEEK.active_params(main, 129_280) == pytest.approx(37.5e9, rel=0.01)
+    copies = 2 * 129_280 * cfg.d_model
+    assert cfg.mtp_layers == 1 and DEEPSEEK.param_count(cfg, 129_280) + copies == pytest.approx(685e9, rel=0.001)
 
 
 def sizes(model: nnx.Module) -> dict[str, int]:
@@ -53,15 +56,25 @@ def test_the_parameter_count_and_flops_follow_the_modules_own_shapes() -> None:
     params = sizes(model)
     assert sum(params.values()) == flops.param_count(cfg, VOCAB)
     assert sum(params.values()) == sum(sizes(DEEPSEEK.init(TINY, VOCAB, seed=0)).values())  # scanned alike
+    assert cfg.mtp_layers == 1 and cfg.mtp_depth == 1 and any("'mtp'" in path for path in params)
     idle_experts = sum(size for path, size in params.items() if "'w_gate'" in path or "'w_up'" in path
-                       or "'w_down'" in path if "'shared'" not in path and "'blocks'" in path) \
+                       or "'w_down'" in path if "'shared'" not in path and "'dense_blocks'" not in path) \
         * (cfg.n_experts - cfg.top_k) // cfg.n_experts
     not_matmul = sum(size for path, size in params.items() if "norm" in path or "router_bias" in path)
     matmul = sum(params.values()) - not_matmul - idle_experts - VOCAB * cfg.d_model  # the embedding: a gather
-    attention = 2 * SEQ * cfg.n_heads * (cfg.qk_head_dim + cfg.v_head_dim) * cfg.n_layers
-    assert flops.forward_flops_per_token(cfg, VOCAB, SEQ) == 2 * matmul + attention
-    assert DEEPSEEK.flops(cfg, VOCAB, SEQ) == 3 * (2 * matmul + attention)
+    # the prediction module: one more attention layer, one more pass through the (shared) head
+    attention = 2 * SEQ * cfg.n_heads * (cfg.qk_head_dim + cfg.v_head_dim) * (cfg.n_layers + 1)
+    forward = 2 * (matmul + cfg.d_model * VOCAB) + attention
+    assert flops.forward_flops_per_token(cfg, VOCAB, SEQ) == forward
+    assert DEEPSEEK.flops(cfg, VOCAB, SEQ) == 3 * forward
     assert DEEPSEEK.active_params(cfg, VOCAB) == sum(params.values()) - idle_experts
+    # kept but not trained (weight 0): counted among the parameters, not in the work or the active ones
+    kept = dataclasses.replace(cfg, mtp_loss_weight=0.0)
+    mtp = sum(size for path, size in params.items() if "'mtp'" in path)
+    assert DEEPSEEK.param_count(kept, VOCAB) == sum(params.values())
+    idle_main = idle_experts * cfg.n_moe_layers // (cfg.n_moe_layers + cfg.mtp_layers)
+    assert DEEPSEEK.active_params(kept, VOCAB) == DEEPSEEK.active_params(
+        dataclasses.replace(cfg, mtp_layers=0), VOCAB) == sum(params.values()) - mtp - idle_main
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -79,8 +92,9 @@ def test_bad_config_is_one_line_naming_the_key(tmp_path: Path, override: str, me
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_hf_config_refuses_what_is_not_built_and_leaves_out_multi_token_prediction(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_hf_config_refuses_what_is_not_built_and_the_prediction_modules_share_the_embedding_and_head(
+        tmp_path: Path) -> None:
+    from experiment.errors import DataError
     from model.deepseek_v3.hf import DEEPSEEK_V3_HF
 
     model = DEEPSEEK.init(dataclasses.replace(TINY, scan_layers=False), VOCAB, seed=0)
@@ -91,19 +105,28 @@ def test_hf_config_refuses_what_is_not_built_and_leaves_out_multi_token_predicti
                           ({"num_key_value_heads": 2}, "num_key_value_heads=2 is not supported")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             DEEPSEEK_V3_HF.config({**config, **edit})
-    # a published checkpoint's extra layer (num_nextn_predict_layers: 1) is left out with one warning
-    mtp = {f"model.layers.{TINY.n_layers}.eh_proj.weight": np.zeros((64, 128), np.float32),
-           f"model.layers.{TINY.n_layers}.enorm.weight": np.ones(64, np.float32)}
-    with caplog.at_level(logging.WARNING):
-        cfg, state = DEEPSEEK_V3_HF.import_({**config, "num_nextn_predict_layers": 1}, {**tensors, **mtp})
-    assert "2 tensors of 1 multi-token prediction layer(s) left out" in caplog.text
+    # the checkpoint's layout: layer n_layers is the prediction module, with copies of the embedding and head
+    mtp = f"model.layers.{TINY.n_layers}"
+    assert config["num_nextn_predict_layers"] == 1
+    assert tensors[f"{mtp}.eh_proj.weight"].shape == (TINY.d_model, 2 * TINY.d_model)
+    np.testing.assert_array_equal(tensors[f"{mtp}.embed_tokens.weight"], tensors["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(tensors[f"{mtp}.shared_head.head.weight"], tensors["lm_head.weight"])
+    assert f"{mtp}.mlp.experts.3.down_proj.weight" in tensors and f"{mtp}.shared_head.norm.weight" in tensors
+    cfg, state = DEEPSEEK_V3_HF.import_(config, tensors)
+    assert cfg.mtp_layers == 1
     got = jax.tree.leaves(state)
-    want = jax.tree.leaves(nnx.state(DEEPSEEK.init(cfg, VOCAB, seed=0), nnx.Param))
+    want = jax.tree.leaves(nnx.state(DEEPSEEK.init(cfg, VOCAB, seed=0), nnx.Param))  # its layout, the same init
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want, strict=True))
-    from experiment.errors import DataError
-
-    with pytest.raises(DataError, match="has no place in the deepseek_v3 model"):  # without the config's say-so
-        DEEPSEEK_V3_HF.import_(config, {**tensors, **mtp})
+    # a copy that is not the main model's (the module would predict with another head) or none: one line each
+    other = {**tensors, f"{mtp}.shared_head.head.weight": tensors["lm_head.weight"] + 1}
+    with pytest.raises(DataError, match=re.escape(f"tensor '{mtp}.shared_head.head.weight' differs from "
+                                                  "'lm_head.weight'")):
+        DEEPSEEK_V3_HF.import_(config, other)
+    with pytest.raises(DataError, match=re.escape(f"tensor '{mtp}.embed_tokens.weight' is missing")):
+        DEEPSEEK_V3_HF.import_(config, {k: v for k, v in tensors.items() if k != f"{mtp}.embed_tokens.weight"})
+    # without the config's say-so the module's tensors have no place
+    with pytest.raises(DataError, match="has no place in the deepseek_v3 model"):
+        DEEPSEEK_V3_HF.import_({**config, "num_nextn_predict_layers": 0}, tensors)
 
 
 def test_train_steps_lower_the_loss_and_log_the_router_statistics() -> None:
@@ -125,8 +148,9 @@ def test_train_steps_lower_the_loss_and_log_the_router_statistics() -> None:
         losses.append(float(metrics["loss"]))
         assert float(metrics["aux/router/dropped_fraction"]) == 0.0
         assert 1.0 <= float(metrics["aux/router/load_max_layer_01"]) <= cfg.n_experts / cfg.top_k
-        np.testing.assert_allclose(float(metrics["total_loss"]), losses[-1] + float(metrics["aux/load_balance"]),
-                                   rtol=1e-5)
+        np.testing.assert_allclose(float(metrics["total_loss"]), losses[-1] + float(metrics["aux/load_balance"])
+                                   + float(metrics["aux/mtp"]), rtol=1e-5)
+        assert float(metrics["aux/mtp"]) == pytest.approx(cfg.mtp_loss_weight * float(metrics["aux/mtp/loss_1"]))
     assert losses[-1] < losses[0] - 0.3, losses
     # the selection bias is a parameter no gradient reaches: at a balancing rate of 0, six steps leave it as it was
     np.testing.assert_array_equal(np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...]), bias)
@@ -152,21 +176,25 @@ def test_each_step_moves_the_selection_biases_against_the_load_outside_the_optim
     for an expert loaded above its layer's mean, up below, by the load of the step's batch (the micro-batches'
     mean), written out here from the router's choices on the step's parameters; a skipped step leaves it."""
     from model.family import EXPERT_LOAD
+    from model.loss import Labels
 
     rate = 0.05
     program, batch, cfg = program_and_batch(rate, grad_accum_steps=accum)
     state = program.init_state()
     before = np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...])  # [L_moe, E]
+    before_mtp = np.asarray(state["params"]["mtp"][0]["block"]["mlp"]["router_bias"][...])
     model = nnx.merge(program.graphdef, state["params"])
-    _, aux = model.hidden_with_aux(batch["inputs"])
-    load = np.asarray(aux[EXPERT_LOAD])
-    assert load.shape == (cfg.n_moe_layers, cfg.n_experts) and load.sum() == cfg.n_moe_layers * 4 * SEQ * cfg.top_k
-    want = before + rate * np.sign(load.mean(axis=1, keepdims=True) - load)
+    _, aux = model.hidden_with_aux(batch["inputs"], labels=Labels(batch["targets"], None, 0))
+    load = np.asarray(aux[EXPERT_LOAD])  # the main MoE layers', then the prediction module's
+    layers = cfg.n_moe_layers + cfg.mtp_layers
+    assert load.shape == (layers, cfg.n_experts) and load.sum() == layers * 4 * SEQ * cfg.top_k
+    want = np.concatenate([before, before_mtp[None]]) + rate * np.sign(load.mean(axis=1, keepdims=True) - load)
     state, metrics = program.step(state, batch)
     assert EXPERT_LOAD not in metrics and f"aux/{EXPERT_LOAD}" not in metrics  # not a scalar to log
-    got = np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...])
+    got = np.concatenate([np.asarray(state["params"]["blocks"]["mlp"]["router_bias"][...]),
+                          np.asarray(state["params"]["mtp"][0]["block"]["mlp"]["router_bias"][...])[None]])
     np.testing.assert_allclose(got, want, atol=1e-7)
-    assert np.abs(got - before).max() == pytest.approx(rate)
+    assert np.abs(got - want).max() < 1e-7 and np.abs(got[-1] - before_mtp).max() == pytest.approx(rate)
 
 
 def test_a_skipped_step_or_a_frozen_body_leaves_the_selection_biases() -> None:

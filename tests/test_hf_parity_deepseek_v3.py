@@ -5,9 +5,10 @@ routers' selection biases moved off their init) is saved with ``save_pretrained`
 model/hf_checkpoint.py in either layer layout: 3 layers (one dense first), latent attention with a query
 bottleneck and interleaved RoPE (as a second case without either, as a third with YaRN over 16 original positions
 and its softmax mscale), 4 routed experts in 2 groups (top 2 from the best group) and a shared expert, scaled
-weights. Our logits equal Transformers' within 1e-4, 32-token greedy
-continuations (ours with the KV cache) are identical, and exports load back in Transformers as the very tensors
-(theirs -> ours -> theirs) and with our logits (ours -> theirs).
+weights, and the multi-token prediction layer the published checkpoints carry (which Transformers does not build:
+added to its files). Our logits equal Transformers' within 1e-4, 32-token greedy continuations (ours with the KV
+cache) are identical, and exports load back in Transformers as the very tensors (theirs -> ours -> theirs, the
+prediction layer's bit for bit in the files) and with our logits (ours -> theirs).
 """
 
 from __future__ import annotations
@@ -61,11 +62,39 @@ def hf_model(case: str, seed: int = 0) -> Any:
     return model
 
 
+def add_prediction_layer(folder: Path, seed: int = 0) -> dict[str, np.ndarray]:
+    """The published checkpoints' multi-token prediction layer, which Transformers neither builds nor saves, added
+    to a saved model as DeepSeek-V3's files hold it: ``model.layers.<num_hidden_layers>``'s ``enorm``, ``hnorm``,
+    ``eh_proj``, a MoE decoder layer, ``shared_head.norm`` (random, norms off one) and copies of the embedding and
+    head; config.json's ``num_nextn_predict_layers`` 1. Returns every tensor of the folder."""
+    from safetensors.numpy import load_file, save_file
+
+    rng = np.random.default_rng(seed)
+    tensors = load_file(str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    n, d = config["num_hidden_layers"], config["hidden_size"]
+    moe_layer = f"model.layers.{n - 1}."  # the last layer is a MoE one: the module's layer has its tensors' shapes
+    mtp = {f"model.layers.{n}.{name[len(moe_layer):]}": (0.2 * rng.standard_normal(t.shape)).astype(np.float32)
+           + (1.0 if t.ndim == 1 and "bias" not in name else 0.0)
+           for name, t in tensors.items() if name.startswith(moe_layer)}
+    mtp.update({f"model.layers.{n}.enorm.weight": 1 + 0.2 * rng.standard_normal(d).astype(np.float32),
+                f"model.layers.{n}.hnorm.weight": 1 + 0.2 * rng.standard_normal(d).astype(np.float32),
+                f"model.layers.{n}.shared_head.norm.weight": 1 + 0.2 * rng.standard_normal(d).astype(np.float32),
+                f"model.layers.{n}.eh_proj.weight": 0.2 * rng.standard_normal((d, 2 * d)).astype(np.float32),
+                f"model.layers.{n}.embed_tokens.weight": tensors["model.embed_tokens.weight"].copy(),
+                f"model.layers.{n}.shared_head.head.weight": tensors["lm_head.weight"].copy()})
+    tensors.update({name: np.ascontiguousarray(t, np.float32) for name, t in mtp.items()})
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}, indent=2))
+    return tensors
+
+
 @pytest.fixture(scope="module", params=sorted(CASES))
 def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any, Path]:
     model = hf_model(request.param)
     folder = tmp_path_factory.mktemp(f"deepseek-v3-{request.param}")
     model.save_pretrained(str(folder))
+    add_prediction_layer(folder)
     return request.param, model, folder
 
 
@@ -110,6 +139,17 @@ def test_export_reloads_in_transformers_both_ways(saved: tuple[str, Any, Path], 
     perturbed) -> export -> Transformers: our logits; -> import again: our parameters."""
     import_extra("torch", "hf")
     case, theirs, folder = saved
-    _, reloaded = export_reloads_both_ways("deepseek_v3", theirs, folder, tmp_path, VOCAB)
+    imported, reloaded = export_reloads_both_ways("deepseek_v3", theirs, folder, tmp_path, VOCAB)
     assert (reloaded.config.n_group, reloaded.config.q_lora_rank) == (CASES[case]["n_group"],
                                                                       CASES[case]["q_lora_rank"])
+    # the prediction layer Transformers does not load: in the export as it was in the checkpoint, bit for bit
+    from safetensors.numpy import load_file
+
+    source = load_file(str(folder / "model.safetensors"))
+    exported = load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert imported.model_cfg.mtp_layers == 1 and sorted(exported) == sorted(source)
+    layer = f"model.layers.{SHAPE['num_hidden_layers']}."
+    assert {f"{layer}{name}.weight" for name in ("enorm", "hnorm", "eh_proj", "embed_tokens", "shared_head.norm",
+                                                 "shared_head.head", "mlp.experts.3.down_proj")} <= set(source)
+    for name, tensor in source.items():
+        np.testing.assert_array_equal(exported[name], tensor, err_msg=name)

@@ -34,8 +34,16 @@ from jax.sharding import Mesh, NamedSharding
 from experiment.errors import ConfigError
 from experiment.sections.model import FamilyConfig
 from experiment.sections.train import TrainConfig
-from model.family import EXPERT_LOAD, AuxLossModel, BalancedRouter, FamilyModel, ParamRoles, run_once_compile_options
-from model.loss import chunked_cross_entropy
+from model.family import (
+    EXPERT_LOAD,
+    AuxLossModel,
+    BalancedRouter,
+    FamilyModel,
+    ParamRoles,
+    PredictsAhead,
+    run_once_compile_options,
+)
+from model.loss import Labels, chunked_cross_entropy
 from model.moe import RouterBias
 from model.registry import family_of
 from model.sharding import (
@@ -77,6 +85,7 @@ class TrainProgram:
         # what hidden_with_aux returns: the losses added to the loss, then the statistics only logged, then the
         # expert load the selection biases move by (DeepSeek-V3's balancing; a rate of 0: not returned)
         self.bias_rate = float(family.router_bias_rate(model_cfg)) if family.aux_losses else 0.0
+        self.predicts_ahead = bool(family.aux_losses) and family.predicts_ahead(model_cfg) > 0
         self.aux_names = ((*family.aux_losses, *family.aux_metrics(model_cfg), *((EXPERT_LOAD,) if self.bias_rate
                                                                                else ())) if family.aux_losses else ())
         self.rules = family.mesh_rules(train_cfg.mesh.rules)
@@ -148,8 +157,13 @@ class TrainProgram:
         """``model.hidden_with_aux`` of the batch: the hidden states, the family's declared auxiliary losses and its
         statistics (``aux_metrics``), each a float32 scalar (anything else is the family's bug, named while
         tracing)."""
-        hidden, aux = cast(AuxLossModel, model).hidden_with_aux(batch["inputs"], batch.get("segment_ids"),
-                                                                batch.get("positions"))
+        if self.predicts_ahead:  # multi-token prediction scores its predictions itself: it gets the labels
+            labels = Labels(batch["targets"], batch.get("loss_weights"), self.train_cfg.loss_chunk_len)
+            hidden, aux = cast(PredictsAhead, model).hidden_with_aux(
+                batch["inputs"], batch.get("segment_ids"), batch.get("positions"), labels=labels)
+        else:
+            hidden, aux = cast(AuxLossModel, model).hidden_with_aux(batch["inputs"], batch.get("segment_ids"),
+                                                                    batch.get("positions"))
         declared = self.aux_names
         shapes = {name: jnp.shape(value) for name, value in aux.items()}
         if set(aux) != set(declared) or any(shape for name, shape in shapes.items() if name != EXPERT_LOAD):

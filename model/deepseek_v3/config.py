@@ -13,8 +13,11 @@ The architecture (DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv 2412.19437;
 - the first ``first_k_dense`` layers with a dense SwiGLU MLP (``d_ff``), the others a mixture of experts: sigmoid
   scores, group-limited top-k (``n_group``, ``topk_group``), an aux-loss-free selection bias, the chosen weights
   renormalised and scaled by ``routed_scaling_factor``, and ``n_shared_experts`` shared experts;
-- untied embeddings. Multi-token prediction (the checkpoints' extra layer) is not built yet: its weights are
-  refused on import, one line.
+- untied embeddings;
+- multi-token prediction (MTP, ``mtp_layers``: the checkpoints' ``num_nextn_predict_layers``), trained only: depth k
+  combines the hidden state at position i with the embedding of token i + k (``eh_proj`` of both RMS-normed), runs
+  one more MoE layer and predicts token i + k + 1 through the shared embedding and output head, its loss weighted by
+  ``mtp_loss_weight`` (the paper's lambda) and logged apart.
 """
 
 from __future__ import annotations
@@ -29,16 +32,17 @@ from experiment.sections.model import ModelSection
 # published config.json (deepseek-ai/DeepSeek-V3 on the Hugging Face hub, also Transformers' DeepseekV3Config
 # defaults): hidden_size 7168, 61 layers (first_k_dense_replace 3), 128 heads, q_lora_rank 1536, kv_lora_rank 512,
 # qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, intermediate_size 18432, 256 routed experts of 2048,
-# 8 per token, 8 groups (top 4), 1 shared expert, routed_scaling_factor 2.5, rope_theta 10000, rms_norm_eps 1e-6.
+# 8 per token, 8 groups (top 4), 1 shared expert, routed_scaling_factor 2.5, rope_theta 10000, rms_norm_eps 1e-6,
+# num_nextn_predict_layers 1.
 # ``max_seq_len`` is config.json's max_position_embeddings before YaRN (4096); a run sets its own.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=64, n_layers=3, n_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
                  qk_rope_head_dim=8, v_head_dim=12, d_ff=96, n_experts=4, top_k=2, d_expert=24, n_shared_experts=1,
-                 n_group=2, topk_group=1, first_k_dense=1, max_seq_len=64),
+                 n_group=2, topk_group=1, first_k_dense=1, mtp_layers=1, max_seq_len=64),
     "deepseek-v3": dict(d_model=7168, n_layers=61, n_heads=128, q_lora_rank=1536, kv_lora_rank=512,
                         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, d_ff=18432, n_experts=256,
                         top_k=8, d_expert=2048, n_shared_experts=1, n_group=8, topk_group=4, first_k_dense=3,
-                        routed_scaling_factor=2.5, rope_theta=10_000.0, max_seq_len=4096),
+                        routed_scaling_factor=2.5, rope_theta=10_000.0, mtp_layers=1, max_seq_len=4096),
 }
 
 # Logical axis -> mesh axes: Llama's names, plus ``expert`` (the experts' leading dim, on a mesh axis of its own
@@ -60,6 +64,7 @@ AXIS_RULES: dict[str, list[str]] = {
     "expert": ["expert"],
     "norm": [],
     "layers": [],
+    "mtp_in": [],  # a multi-token prediction module's input: the normed embedding and hidden state, side by side
 }
 
 
@@ -112,6 +117,13 @@ class DeepseekV3Config(ModelSection):
     router_bias_update_rate: float = 0.001
     routing: Literal["dropless", "capacity"] = "dropless"
     capacity_factor: float = 1.25
+    # multi-token prediction modules (num_nextn_predict_layers; DeepSeek-V3 and GigaChat 3 publish one): each
+    # predicts one token further than the one before it, trained only (generation and eval use the main head)
+    mtp_layers: int = 0
+    # their loss's weight, over the depths' mean cross-entropy (the paper's lambda: 0.3 for DeepSeek-V3's first 10T
+    # tokens, 0.1 after; Megatron-LM's mtp_loss_scaling_factor default 0.1); 0: the modules are kept (import,
+    # checkpoints, export) but not run, and the step is the plain model's
+    mtp_loss_weight: float = 0.1
 
     def validate(self, key: str) -> None:
         super().validate(key)
@@ -119,7 +131,8 @@ class DeepseekV3Config(ModelSection):
         self.check_positive(key, ("d_model", "n_layers", "n_heads", "kv_lora_rank", "qk_nope_head_dim",
                                   "qk_rope_head_dim", "v_head_dim", "d_ff", "n_experts", "top_k", "d_expert",
                                   "n_group", "topk_group"))
-        for name in ("q_lora_rank", "n_shared_experts", "router_aux_loss_coef", "router_bias_update_rate"):
+        for name in ("q_lora_rank", "n_shared_experts", "router_aux_loss_coef", "router_bias_update_rate",
+                     "mtp_layers", "mtp_loss_weight"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.first_k_dense < self.n_layers:
@@ -156,6 +169,11 @@ class DeepseekV3Config(ModelSection):
     @property
     def n_moe_layers(self) -> int:
         return self.n_layers - self.first_k_dense
+
+    @property
+    def mtp_depth(self) -> int:
+        """The multi-token prediction modules a train step runs: ``mtp_layers``, or none at weight 0."""
+        return self.mtp_layers if self.mtp_loss_weight > 0 else 0
 
 
 # family name -> its ``model:`` section class (config load builds ``model`` with the class of ``model.family``)

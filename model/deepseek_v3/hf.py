@@ -14,21 +14,21 @@ experts a tensor per expert and projection (as the published checkpoints, model/
 RoPE: default or YaRN (DeepSeek-V3's own: model/layers.py's Rope, and the softmax scale's mscale). Not built, each
 one ConfigError line naming the key: another RoPE scaling, attention biases, an activation other than SiLU, a
 routing other than sigmoid with ``noaux_tc``. Multi-token prediction: the published checkpoints carry
-``num_nextn_predict_layers`` extra layers (``model.layers.<num_hidden_layers + j>.*``), which Transformers itself
-does not load; import leaves them out with one warning naming how many tensors, and export writes none
-(``num_nextn_predict_layers`` 0).
+``num_nextn_predict_layers`` extra layers (``model.layers.<num_hidden_layers + j>.*``: ``enorm``, ``hnorm``,
+``eh_proj``, a MoE decoder layer, ``shared_head.norm``, and copies of the embedding and head), which Transformers
+itself does not load (vLLM and SGLang do, for speculative decoding); they are the ``mtp`` modules here, imported and
+exported with the copies, which must equal the main model's.
 """
 
 from __future__ import annotations
 
-import logging
-import re
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from flax import nnx
 
-from experiment.errors import ConfigError
+from experiment.errors import ConfigError, DataError
 from model.deepseek_v3.config import DeepseekV3Config
 from model.hf_tensors import (
     ExpertTensors,
@@ -39,14 +39,12 @@ from model.hf_tensors import (
 )
 from model.stacking import BLOCKS
 
-log = logging.getLogger(__name__)
-
 ARCHITECTURE, MODEL_TYPE = "DeepseekV3ForCausalLM", "deepseek_v3"
 FAMILY = "deepseek_v3"
 WHERE = f"Hugging Face {MODEL_TYPE} config"
 WEIGHTS = f"Hugging Face {MODEL_TYPE} weights"
 PROJECTIONS = (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj"))  # ours, Transformers'
-DENSE_BLOCKS = "dense_blocks"
+DENSE_BLOCKS, MTP = "dense_blocks", "mtp"
 
 
 def layer_path(cfg: DeepseekV3Config, i: int) -> tuple[Any, ...]:
@@ -55,40 +53,61 @@ def layer_path(cfg: DeepseekV3Config, i: int) -> tuple[Any, ...]:
 
 
 def hf_tensors(cfg: DeepseekV3Config) -> list[HFTensor]:
-    """Every parameter of the decoder and its ``DeepseekV3ForCausalLM`` name (the experts' with a ``*``)."""
-    d, f = cfg.d_model, cfg.d_expert
-    expert_shapes = {"w_gate": (f, d), "w_up": (f, d), "w_down": (d, f)}
+    """Every parameter of the decoder and its ``DeepseekV3ForCausalLM`` name (the experts' with a ``*``); the
+    multi-token prediction modules' as layers ``num_hidden_layers + j`` (their embedding and head copies are not
+    in the table: ``DeepseekV3HF`` writes and checks them)."""
     table = [HFTensor(("embed",), "model.embed_tokens.weight")]
     for i in range(cfg.n_layers):
-        hf, ours = f"model.layers.{i}", layer_path(cfg, i)
-        attn, theirs = (*ours, "attn"), f"{hf}.self_attn"
-        table += [HFTensor((*ours, "attn_norm", "scale"), f"{hf}.input_layernorm.weight"),
-                  HFTensor((*ours, "mlp_norm", "scale"), f"{hf}.post_attention_layernorm.weight")]
-        if cfg.q_lora_rank:
-            table += [HFTensor((*attn, "wq_a"), f"{theirs}.q_a_proj.weight", 1),
-                      HFTensor((*attn, "q_norm", "scale"), f"{theirs}.q_a_layernorm.weight"),
-                      HFTensor((*attn, "wq_b"), f"{theirs}.q_b_proj.weight", 1)]
-        else:
-            table.append(HFTensor((*attn, "wq"), f"{theirs}.q_proj.weight", 1))
-        table += [HFTensor((*attn, "wkv_a"), f"{theirs}.kv_a_proj_with_mqa.weight", 1),
-                  HFTensor((*attn, "kv_norm", "scale"), f"{theirs}.kv_a_layernorm.weight"),
-                  HFTensor((*attn, "wkv_b"), f"{theirs}.kv_b_proj.weight", 1),
-                  HFTensor((*attn, "wo"), f"{theirs}.o_proj.weight", 2)]
-        mlp = (*ours, "mlp")
-        if i < cfg.first_k_dense:
-            table += [HFTensor((*mlp, name), f"{hf}.mlp.{hf_name}.weight", 1) for name, hf_name in PROJECTIONS]
-            continue
-        table += [HFTensor((*mlp, "router"), f"{hf}.mlp.gate.weight", 1),  # [D, E] <- [E, D]
-                  HFTensor((*mlp, "router_bias"), f"{hf}.mlp.gate.e_score_correction_bias")]
-        table += [ExpertTensors((*mlp, name), f"{hf}.mlp.experts.*.{hf_name}.weight", expert_shape=expert_shapes[name],
-                                n_experts=cfg.n_experts) for name, hf_name in PROJECTIONS]
-        if cfg.n_shared_experts:
-            table += [HFTensor((*mlp, "shared", name), f"{hf}.mlp.shared_experts.{hf_name}.weight", 1)
-                      for name, hf_name in PROJECTIONS]
+        table += layer_tensors(cfg, f"model.layers.{i}", layer_path(cfg, i), moe=i >= cfg.first_k_dense)
+    for j in range(cfg.mtp_layers):
+        hf, ours = f"model.layers.{cfg.n_layers + j}", (MTP, j)
+        table += [HFTensor((*ours, "enorm", "scale"), f"{hf}.enorm.weight"),
+                  HFTensor((*ours, "hnorm", "scale"), f"{hf}.hnorm.weight"),
+                  HFTensor((*ours, "eh_proj"), f"{hf}.eh_proj.weight", 1),  # [2D, D] <- [D, 2D]
+                  HFTensor((*ours, "head_norm", "scale"), f"{hf}.shared_head.norm.weight")]
+        table += layer_tensors(cfg, hf, (*ours, "block"), moe=True)
     table.append(HFTensor(("final_norm", "scale"), "model.norm.weight"))
     if not cfg.tie_embeddings:
         table.append(HFTensor(("lm_head",), "lm_head.weight", 1))
     return table
+
+
+def layer_tensors(cfg: DeepseekV3Config, hf: str, ours: tuple[Any, ...], moe: bool) -> list[HFTensor]:
+    """One decoder layer's tensors: Transformers' ``hf`` prefix, our parameter path ``ours``."""
+    d, f = cfg.d_model, cfg.d_expert
+    attn, theirs = (*ours, "attn"), f"{hf}.self_attn"
+    table = [HFTensor((*ours, "attn_norm", "scale"), f"{hf}.input_layernorm.weight"),
+             HFTensor((*ours, "mlp_norm", "scale"), f"{hf}.post_attention_layernorm.weight")]
+    if cfg.q_lora_rank:
+        table += [HFTensor((*attn, "wq_a"), f"{theirs}.q_a_proj.weight", 1),
+                  HFTensor((*attn, "q_norm", "scale"), f"{theirs}.q_a_layernorm.weight"),
+                  HFTensor((*attn, "wq_b"), f"{theirs}.q_b_proj.weight", 1)]
+    else:
+        table.append(HFTensor((*attn, "wq"), f"{theirs}.q_proj.weight", 1))
+    table += [HFTensor((*attn, "wkv_a"), f"{theirs}.kv_a_proj_with_mqa.weight", 1),
+              HFTensor((*attn, "kv_norm", "scale"), f"{theirs}.kv_a_layernorm.weight"),
+              HFTensor((*attn, "wkv_b"), f"{theirs}.kv_b_proj.weight", 1),
+              HFTensor((*attn, "wo"), f"{theirs}.o_proj.weight", 2)]
+    mlp = (*ours, "mlp")
+    if not moe:
+        return table + [HFTensor((*mlp, name), f"{hf}.mlp.{hf_name}.weight", 1) for name, hf_name in PROJECTIONS]
+    expert_shapes = {"w_gate": (f, d), "w_up": (f, d), "w_down": (d, f)}
+    table += [HFTensor((*mlp, "router"), f"{hf}.mlp.gate.weight", 1),  # [D, E] <- [E, D]
+              HFTensor((*mlp, "router_bias"), f"{hf}.mlp.gate.e_score_correction_bias")]
+    table += [ExpertTensors((*mlp, name), f"{hf}.mlp.experts.*.{hf_name}.weight", expert_shape=expert_shapes[name],
+                            n_experts=cfg.n_experts) for name, hf_name in PROJECTIONS]
+    if cfg.n_shared_experts:
+        table += [HFTensor((*mlp, "shared", name), f"{hf}.mlp.shared_experts.{hf_name}.weight", 1)
+                  for name, hf_name in PROJECTIONS]
+    return table
+
+
+def shared_copies(cfg: DeepseekV3Config) -> dict[str, str]:
+    """The multi-token prediction layers' copies of the embedding and output head -> the main model's tensor."""
+    head = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
+    return {name: main for j in range(cfg.mtp_layers)
+            for name, main in ((f"model.layers.{cfg.n_layers + j}.embed_tokens.weight", "model.embed_tokens.weight"),
+                               (f"model.layers.{cfg.n_layers + j}.shared_head.head.weight", head))}
 
 
 def to_hf_config(cfg: DeepseekV3Config, vocab_size: int, special_ids: Mapping[str, int] | None = None
@@ -120,7 +139,7 @@ def to_hf_config(cfg: DeepseekV3Config, vocab_size: int, special_ids: Mapping[st
         "norm_topk_prob": bool(cfg.norm_topk_prob),
         "scoring_func": "sigmoid",
         "topk_method": "noaux_tc",
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": cfg.mtp_layers,
         "hidden_act": "silu",
         "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps,
@@ -167,10 +186,6 @@ def rope_to_hf(cfg: DeepseekV3Config) -> dict[str, Any]:
             "beta_slow": cfg.rope_beta_slow, "mscale": cfg.rope_mscale, "mscale_all_dim": cfg.rope_mscale_all_dim}
 
 
-def mtp_layers(hf: Mapping[str, Any]) -> int:
-    return int(hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers", 0)) or 0)
-
-
 def config_from_hf(hf: Mapping[str, Any]) -> DeepseekV3Config:
     """Our model config for a ``deepseek_v3`` config.json; features the decoder lacks are one-line errors."""
     need = config_reader(hf, MODEL_TYPE)
@@ -195,6 +210,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> DeepseekV3Config:
         norm_topk_prob=bool(hf.get("norm_topk_prob", False)), **rope_from_hf(hf),
         rope_interleave=bool(hf.get("rope_interleave", True)), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), max_seq_len=int(need("max_position_embeddings")),
+        mtp_layers=mtp_layers(hf),
     )
     cfg.validate("model")
     return cfg
@@ -207,26 +223,35 @@ class DeepseekV3HF(TableAdapter):
         super().__init__(ARCHITECTURE, MODEL_TYPE, FAMILY, hf_tensors, to_hf_config, config_from_hf)
 
     def ignored(self, name: str, model_cfg: DeepseekV3Config, hf_config: Mapping[str, Any]) -> bool:
-        """Besides the common ones, a checkpoint's multi-token prediction layers (not built: left out)."""
-        return super().ignored(name, model_cfg, hf_config) or mtp_layer(name, model_cfg, hf_config)
+        """Besides the common ones, the multi-token prediction layers' copies of the embedding and head (checked
+        equal to the main model's by ``import_``)."""
+        return super().ignored(name, model_cfg, hf_config) or name in shared_copies(model_cfg)
+
+    def export(self, model: Any, model_cfg: Any, vocab_size: int,
+               special_ids: Mapping[str, int] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """``TableAdapter.export``, plus each multi-token prediction layer's copies of the embedding and head (the
+        checkpoints' layout: vLLM and SGLang read them there)."""
+        tensors, config = super().export(model, model_cfg, vocab_size, special_ids)
+        for name, main in shared_copies(model_cfg).items():
+            tensors[name] = tensors[main].copy()
+        return tensors, config
 
     def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], **kwargs: Any
                 ) -> tuple[DeepseekV3Config, nnx.State]:
-        """``TableAdapter.import_``, with one warning when the checkpoint's multi-token prediction layers are left
-        out."""
-        cfg, state = super().import_(hf_config, state_dict, **kwargs)
-        left_out = [name for name in state_dict if mtp_layer(name, cfg, hf_config)]
-        if left_out:
-            log.warning("%s: %d tensors of %d multi-token prediction layer(s) left out (not built yet; the export "
-                        "will have none)", source_of(state_dict), len(left_out), mtp_layers(hf_config))
-        return cfg, state
+        """``TableAdapter.import_``; a multi-token prediction layer's embedding or head that is not the main
+        model's (they are shared here, as in the DeepSeek-V3 report) is one DataError line naming it."""
+        cfg, vocab_size = self.config(hf_config)
+        for name, main in shared_copies(cfg).items():
+            if name not in state_dict:
+                raise DataError(f"{source_of(state_dict)}: tensor '{name}' is missing ({WEIGHTS})")
+            if not np.array_equal(np.asarray(state_dict[name]), np.asarray(state_dict[main])):
+                raise DataError(f"{source_of(state_dict, name)}: tensor '{name}' differs from '{main}' (the "
+                                f"multi-token prediction module shares the main model's; {WEIGHTS})")
+        return super().import_(hf_config, state_dict, **kwargs)
 
 
-def mtp_layer(name: str, cfg: DeepseekV3Config, hf_config: Mapping[str, Any]) -> bool:
-    """Whether ``name`` is a tensor of one of the checkpoint's multi-token prediction layers
-    (``model.layers.<num_hidden_layers + j>.``, j < num_nextn_predict_layers)."""
-    found = re.match(r"model\.layers\.(\d+)\.", name)
-    return found is not None and cfg.n_layers <= int(found.group(1)) < cfg.n_layers + mtp_layers(hf_config)
+def mtp_layers(hf: Mapping[str, Any]) -> int:
+    return int(hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers", 0)) or 0)
 
 
 DEEPSEEK_V3_HF = DeepseekV3HF()

@@ -27,11 +27,24 @@ The dense first layers (1 to 3 in the published models) are a list run one by on
 experts layers are one stack (model/stacking.py) when ``scan_layers``. Each MoE layer reports its router's
 statistics (model/moe.py's ``LayerStats``), carried out of the scan as [L, ...] arrays: the load-balancing loss
 (``router_aux_loss_coef``, Transformers' definition; 0 by default) and the router metrics come from them.
+
+Multi-token prediction (the DeepSeek-V3 report's section 2.2; trained only, ``hidden_with_aux`` with the batch's
+labels), depth k = 1..D, position i:
+
+    h_k[i] = head_norm_k(MoE layer_k(eh_proj_k([enorm_k(embed(token[i + k])), hnorm_k(h_(k-1)[i])])))
+    loss_k = cross-entropy(h_k @ output head, token[i + k + 1])      masked where i + k leaves the document
+    h_0 = the main model's final hidden state (after its final norm, as Megatron-LM and vLLM feed it)
+
+The embedding and output head are the main model's (the report's sharing; the checkpoints hold copies, which import
+checks equal and export writes). The MoE layer's selection bias moves with the step's load like the others'; its
+router statistics are not among the logged ones. The loss added is ``mtp_loss_weight`` x the depths' mean
+cross-entropy; each depth's unweighted loss is logged as ``mtp/loss_<k>``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +67,7 @@ from model.layers import (
     yarn_mscale,
 )
 from model.linear import project
+from model.loss import Labels, chunked_cross_entropy, targets_ahead
 from model.moe import (
     LayerStats,
     MoE,
@@ -67,7 +81,7 @@ from model.moe import (
 from model.sharding import compiled_platform, constrain
 from model.stacking import layer_stack, run_layers_ys
 
-AUX_LOSSES = ("load_balance",)  # ModelFamily.aux_losses: what hidden_with_aux adds to the loss
+AUX_LOSSES = ("load_balance", "mtp")  # ModelFamily.aux_losses: what hidden_with_aux adds to the loss
 
 Segments = jax.Array | None
 RopeTable = tuple[jax.Array, jax.Array]  # sin, cos [B, T, 1, qk_rope_head_dim / 2]
@@ -75,8 +89,9 @@ LayerFn = Callable[["Block", jax.Array], tuple[jax.Array, "LayerStats | None"]] 
 
 
 def aux_metrics(cfg: DeepseekV3Config) -> tuple[str, ...]:
-    """ModelFamily.aux_metrics: the MoE layers' router statistics (model/moe.py's ``router_metrics``)."""
-    return router_metric_names(cfg.n_moe_layers)
+    """ModelFamily.aux_metrics: the MoE layers' router statistics (model/moe.py's ``router_metrics``) and each
+    multi-token prediction depth's cross-entropy, unweighted (when the modules run)."""
+    return (*router_metric_names(cfg.n_moe_layers), *(f"mtp/loss_{k}" for k in range(1, cfg.mtp_depth + 1)))
 
 
 def moe_config(cfg: DeepseekV3Config) -> MoEConfig:
@@ -213,6 +228,26 @@ class Block(nnx.Module):
         return x + self.ffn(self.mlp_norm(x))[0], layer
 
 
+class MultiTokenPredictor(nnx.Module):
+    """One multi-token prediction depth (the module docstring); Transformers' checkpoint layer
+    ``model.layers.<n_layers + j>``: ``enorm``, ``hnorm``, ``eh_proj`` [D, 2D], a MoE decoder layer,
+    ``shared_head.norm`` (its ``embed_tokens`` and ``shared_head.head`` are the main model's)."""
+
+    def __init__(self, cfg: DeepseekV3Config, rngs: nnx.Rngs):
+        d = cfg.d_model
+        self.enorm = RMSNorm(d, cfg.norm_eps)
+        self.hnorm = RMSNorm(d, cfg.norm_eps)
+        self.eh_proj = param(rngs, (2 * d, d), ("mtp_in", "embed"), cfg.init_std)  # [embedding; hidden] -> D
+        self.block = Block(cfg, True, rngs)
+        self.head_norm = RMSNorm(d, cfg.norm_eps)  # shared_head.norm
+
+    def __call__(self, embedded: jax.Array, hidden: jax.Array, layer: LayerFn) -> tuple[jax.Array, LayerStats]:
+        """(the depth's normed hidden state [B, T, D] the output head reads, its MoE layer's statistics)."""
+        x = project(jnp.concatenate([self.enorm(embedded), self.hnorm(hidden)], axis=-1), self.eh_proj[...])
+        x, stats = layer(self.block, constrain(x, ("batch", "length", "act_embed")))
+        return self.head_norm(x), cast(LayerStats, stats)
+
+
 class Decoder(CausalLM):
     def __init__(self, cfg: DeepseekV3Config, vocab_size: int, rngs: nnx.Rngs):
         self.vocab_size, self.remat = vocab_size, cfg.remat
@@ -229,32 +264,77 @@ class Decoder(CausalLM):
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = (None if cfg.tie_embeddings
                         else param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std))
+        # built last, so that a model with and without them starts from the same main-model weights
+        self.mtp = nnx.List([MultiTokenPredictor(cfg, rngs) for _ in range(cfg.mtp_layers)])
+        self.mtp_depth, self.mtp_weight = cfg.mtp_depth, cfg.mtp_loss_weight
 
     def hidden(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                positions: jax.Array | None = None) -> jax.Array:
         return self.hidden_with_stats(tokens, segment_ids, positions)[0]
 
     def hidden_with_aux(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
-                        positions: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """``hidden``'s states, the load-balancing loss (weighted) and the router metrics
-        (model.family.AuxLossModel)."""
+                        positions: jax.Array | None = None, labels: Labels | None = None
+                        ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """``hidden``'s states, the load-balancing and multi-token prediction losses (weighted) and the metrics
+        (model.family.AuxLossModel). The multi-token prediction modules run when ``mtp_loss_weight`` > 0 and
+        need ``labels`` (model.family.PredictsAhead: the train step passes them)."""
         hidden, stats = self.hidden_with_stats(tokens, segment_ids, positions)
         balance = pooled_load_balance(stats, self.n_experts, self.top_k)
         aux = {"load_balance": self.aux_coef * balance, **router_metrics(stats, self.n_experts)}
+        load, mtp = stats.expert_load, jnp.zeros((), jnp.float32)
+        if self.mtp_depth:
+            if labels is None:
+                raise ValueError("deepseek_v3: multi-token prediction (model.mtp_loss_weight > 0) needs the batch's "
+                                 "labels: hidden_with_aux(..., labels=model.loss.Labels(...))")
+            losses, mtp_load = self.mtp_losses(hidden, tokens, segment_ids, positions, labels)
+            aux.update({f"mtp/loss_{k}": loss for k, loss in enumerate(losses, start=1)})
+            mtp = self.mtp_weight * sum(losses) / len(losses)
+            load = jnp.concatenate([load, mtp_load])
+        aux["mtp"] = mtp
         if self.balancing:
-            aux[EXPERT_LOAD] = stats.expert_load.astype(jnp.float32)  # [L_moe, E]: model.family.BalancedRouter
+            # [L_moe (+ D), E]: model.family.BalancedRouter; the prediction modules' layers after the main ones
+            aux[EXPERT_LOAD] = load.astype(jnp.float32)
         return hidden, aux
 
+    def mtp_losses(self, hidden: jax.Array, tokens: jax.Array, segment_ids: jax.Array | None,
+                   positions: jax.Array | None, labels: Labels) -> tuple[list[jax.Array], jax.Array]:
+        """Each depth's cross-entropy (the module docstring) and its MoE layer's expert load [D, E]."""
+        head, losses, loads = self.output_weight(), [], []
+        for k, (state, stats) in enumerate(self.mtp_states(hidden, tokens, segment_ids, positions), start=1):
+            targets, weights = targets_ahead(labels, segment_ids, k)
+            losses.append(chunked_cross_entropy(state, head, targets, labels.chunk_len, weights=weights)[0])
+            loads.append(stats.expert_load)
+        return losses, jnp.stack(loads)
+
+    def mtp_states(self, hidden: jax.Array, tokens: jax.Array, segment_ids: jax.Array | None = None,
+                   positions: jax.Array | None = None) -> list[tuple[jax.Array, LayerStats]]:
+        """Each depth k's normed hidden state [B, T, D] (position i predicts token i + k + 1 from it) and its MoE
+        layer's statistics; ``hidden``: the main model's (``hidden``)."""
+        positions = default_positions(tokens, positions)
+        layer = self.layer_fn(rope_angles(positions, self.rope_dim, self.rope), segment_ids)
+        out = []
+        for k, module in enumerate(list(self.mtp)[:self.mtp_depth], start=1):
+            ahead = jnp.pad(tokens[:, k:], ((0, 0), (0, k)))  # token i + k (the row's end padded; not trained)
+            embedded = constrain(jnp.take(self.embed[...], ahead, axis=0), ("batch", "length", "act_embed"))
+            hidden, stats = module(embedded, hidden, layer)
+            out.append((hidden, stats))
+        return out
+
     def update_router_biases(self, expert_load: jax.Array, rate: float) -> None:
-        """Each MoE layer's selection bias moved by ``rate`` against its experts' load ``expert_load`` [L_moe, E]
-        (model/moe.py's ``updated_bias``; model.family.BalancedRouter: the train step calls it)."""
+        """Each MoE layer's selection bias moved by ``rate`` against its experts' load ``expert_load`` [L_moe, E],
+        then the multi-token prediction layers' ([D, E] more rows, when they ran) (model/moe.py's
+        ``updated_bias``; model.family.BalancedRouter: the train step calls it)."""
+        n = self.n_layers - self.first_k_dense
+        mtp = [(module.block.mlp.router_bias, expert_load[n + j])
+               for j, module in enumerate(list(self.mtp)[:expert_load.shape[0] - n])]
         if self.scanned:
-            bias = self.blocks.mlp.router_bias
-            bias[...] = updated_bias(bias[...], expert_load, rate).astype(bias[...].dtype)
-            return
-        for i, block in enumerate(self.blocks):
-            bias = block.mlp.router_bias
-            bias[...] = updated_bias(bias[...], expert_load[i], rate).astype(bias[...].dtype)
+            stacked = self.blocks.mlp.router_bias
+            stacked[...] = updated_bias(stacked[...], expert_load[:n], rate).astype(stacked[...].dtype)
+            layers = mtp
+        else:
+            layers = [(block.mlp.router_bias, expert_load[i]) for i, block in enumerate(self.blocks)] + mtp
+        for bias, load in layers:
+            bias[...] = updated_bias(bias[...], load, rate).astype(bias[...].dtype)
 
     def hidden_with_stats(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                           positions: jax.Array | None = None) -> tuple[jax.Array, LayerStats]:
