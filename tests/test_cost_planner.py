@@ -353,6 +353,8 @@ def test_measured_rubles_to_target_projected_onto_each_option(tmp_path: Path) ->
     ("ru-8b-v6e-64.yaml", "tpu-v6e", 64, "anchor llama3.1-8b"),  # MaxText's published MFU of this shape on v6e
     ("ru-70b-v5p-128.yaml", "tpu-v5p", 64, "cost.plan_mfu"),  # none published for this shape on v5p
     ("qwen3-30b-a3b-ru-v5p-64.yaml", "tpu-v5p", 32, "anchor mixtral-8x7b"),  # MaxText's MoE on v5p
+    # Mixtral (46.7B) is more than cost.plan_anchor_size_ratio 4 times GigaChat 3 Lightning's 11.1B: not lent
+    ("gigachat3-lightning-ru-v6e-32.yaml", "tpu-v6e", 32, "cost.plan_mfu (nearest sparse google anchor mixtral-8x7b"),
 ])
 def test_the_shipped_8b_and_70b_configs_are_priced_on_their_own_slices(config: str, accelerator: str, chips: int,
                                                                       mfu_from: str) -> None:

@@ -40,6 +40,18 @@ def test_deepseek_v3_preset_has_the_published_parameter_counts() -> None:
     assert cfg.mtp_layers == 1 and DEEPSEEK.param_count(cfg, 129_280) + copies == pytest.approx(685e9, rel=0.001)
 
 
+def test_gigachat3_lightning_preset_has_the_checkpoints_parameter_count() -> None:
+    """GigaChat 3 Lightning, "10B-A1.8B" by its model cards: the preset's shapes give exactly the 11,479,750,784
+    parameters of the published checkpoint's tensors (the MTP layer and its embedding and head copies included, as
+    read from the checkpoint by the public audit the preset cites), 10.7B and 1.8B active without the MTP layer."""
+    cfg = preset_model_config("gigachat3-lightning", "deepseek_v3")
+    vocab = 128_256
+    assert DEEPSEEK.param_count(cfg, vocab) + 2 * vocab * cfg.d_model == 11_479_750_784
+    main = dataclasses.replace(cfg, mtp_layers=0)
+    assert DEEPSEEK.param_count(main, vocab) == pytest.approx(10.7e9, rel=0.01)
+    assert DEEPSEEK.active_params(main, vocab) == pytest.approx(1.8e9, rel=0.02)
+
+
 def sizes(model: nnx.Module) -> dict[str, int]:
     state = nnx.state(model, nnx.Param)
     return {jax.tree_util.keystr(path): math.prod(leaf.shape)
@@ -247,3 +259,34 @@ def test_the_generation_cache_holds_the_latent_and_the_rope_key_not_the_heads() 
     assert cache.k.shape == (TINY.n_layers, 2, 32, 1, TINY.kv_lora_rank)
     assert cache.v.shape == (TINY.n_layers, 2, 32, 1, TINY.qk_rope_head_dim)
     assert TINY.kv_lora_rank + TINY.qk_rope_head_dim < 2 * TINY.n_heads * TINY.qk_head_dim
+
+
+def test_absorbed_and_expanded_decoding_give_the_full_forward_passs_logits() -> None:
+    """A 9-token prefill and 7 one-token steps over the latent cache, attending absorbed or expanded (or as
+    ``model.mla_decode: auto`` chooses), against the full forward pass of the 16 tokens; at GigaChat 3
+    Lightning's shape auto attends absorbed for a step of one token and expanded for a prefill as long as the
+    cache."""
+    import jax.numpy as jnp
+
+    from model.kv_cache import init_cache
+
+    lightning = preset_model_config("gigachat3-lightning", "deepseek_v3")
+    attention = DEEPSEEK.abstract(lightning, 128_256).dense_blocks[0].attn  # shapes only
+    assert attention.absorbed_for(1, 4096) and attention.absorbed_for(16, 4096)
+    assert not attention.absorbed_for(4096, 4096)
+
+    tokens = np.random.default_rng(4).integers(0, VOCAB, (2, 16)).astype(np.int32)
+    outputs = {}
+    for form in ("absorbed", "expanded", "auto"):
+        cfg = dataclasses.replace(TINY, mla_decode=form)
+        model = DEEPSEEK.init(cfg, VOCAB, seed=0)
+        full = np.asarray(nnx.jit(lambda m, t: m(t))(model, jnp.asarray(tokens)))
+        decode = nnx.jit(lambda m, t, c: m.decode(t, c))
+        logits, cache = decode(model, jnp.asarray(tokens[:, :9]), init_cache(model, 2, 32))
+        steps = [np.asarray(logits)]
+        for i in range(9, 16):
+            logits, cache = decode(model, jnp.asarray(tokens[:, i:i + 1]), cache)
+            steps.append(np.asarray(logits))
+        outputs[form] = np.concatenate(steps, axis=1)
+        np.testing.assert_allclose(outputs[form], full, atol=1e-5, rtol=0)
+    assert not np.array_equal(outputs["absorbed"], outputs["expanded"])  # two computations, not one

@@ -22,7 +22,7 @@ from model.registry import family_of
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = ("demo.yaml", "ru-1b-fineweb2-v6e-8.yaml", "ru-8b-v6e-64.yaml", "ru-70b-v5p-128.yaml",
-           "qwen3-30b-a3b-ru-v5p-64.yaml")
+           "qwen3-30b-a3b-ru-v5p-64.yaml", "gigachat3-lightning-ru-v6e-32.yaml")
 DOCS = (REPO / "README.md", REPO / "docs" / "launch.md")
 FIGURE = re.compile(r"(\d[\d.,]*\s?[MB])[- ]parameters?\b")
 

@@ -138,3 +138,46 @@ def test_recipe_04_trains_the_prediction_loss_on_the_fixture_corpus_and_logs_it_
     print(f"mtp/loss_1: first three steps {first:.3f}, last three {last:.3f}; main loss "
           f"{np.mean(main[:3]):.3f} -> {np.mean(main[-3:]):.3f}")
     assert last < first - 0.5, mtp
+
+
+def test_a_deepseek_v3_base_with_its_prediction_module_is_continued_and_exported_with_it(
+        fixture_stages: Path, tmp_path: Path) -> None:
+    """docs/launch.md's GigaChat 3 walk-through at the tiny shape: a Hugging Face folder of the family (its MTP
+    layer included, as GigaChat 3's checkpoints have it) continued by recipe 04 through model.init_from, then
+    exported by recipe 05b: the export has the module, trained (it moved), under the checkpoint's names, with its
+    embedding and head copies, and imports again."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    from model.hf_checkpoint import load_hf_checkpoint
+    from tests.fixture_run import fixture_config
+    from tests.recipe_runner import run_recipe
+    from tests.test_continue_pretraining import hf_base_folder
+
+    (tmp_path / "base").mkdir()
+    base = hf_base_folder(tmp_path / "base", TINY)
+    shutil.copytree(fixture_stages / "runs" / "tiny", tmp_path / "runs" / "tiny",
+                    ignore=shutil.ignore_patterns("wandb"))
+    config = fixture_config(tmp_path, experiment={"name": "mtp-cpt", "data_from": "tiny"},
+                            train={"steps": 3, "checkpoint_every": 3, "warmup_steps": 1, "log_every": 1},
+                            wandb={"mode": "disabled"})
+    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    cfg["model"] = {"family": "deepseek_v3", "init_from": str(base), "vocab_adaptation": "mean", "max_seq_len": 64,
+                    "mtp_loss_weight": 0.3}
+    config.write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    run_recipe("04_pretrain.py", config)
+    run = tmp_path / "runs" / "mtp-cpt"
+    steps = [r for r in map(json.loads, (run / "train_log.jsonl").read_text("utf-8").splitlines())
+             if "train/loss" in r]
+    assert [r["train/step"] for r in steps] == [1, 2, 3] and all(r["train/aux/mtp/loss_1"] > 0 for r in steps)
+    run_recipe("05b_export_hf.py", config)
+    out = run / "export" / "hf" / "step_0000003"
+    exported, before = load_file(str(out / "model.safetensors")), load_file(str(base / "model.safetensors"))
+    assert json.loads((out / "config.json").read_text(encoding="utf-8"))["num_nextn_predict_layers"] == 1
+    layer = f"model.layers.{TINY.n_layers}"
+    assert {name for name in before if name.startswith(layer)} == {name for name in exported if name.startswith(layer)}
+    np.testing.assert_array_equal(exported[f"{layer}.embed_tokens.weight"], exported["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(exported[f"{layer}.shared_head.head.weight"], exported["lm_head.weight"])
+    assert not np.array_equal(exported[f"{layer}.eh_proj.weight"], before[f"{layer}.eh_proj.weight"])  # trained
+    assert load_hf_checkpoint(out).model_cfg.mtp_layers == 1

@@ -39,6 +39,25 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=64, n_layers=3, n_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
                  qk_rope_head_dim=8, v_head_dim=12, d_ff=96, n_experts=4, top_k=2, d_expert=24, n_shared_experts=1,
                  n_group=2, topk_group=1, first_k_dense=1, mtp_layers=1, max_seq_len=64),
+    # GigaChat 3 Lightning (Sber, MIT licence; "10B-A1.8B", context to 256k by its model cards on the Hugging Face
+    # hub, ai-sage/GigaChat3-10B-A1.8B-base). The hub was unreachable here: the fields are read from a public
+    # transcription of ai-sage/GigaChat3.1-10B-A1.8B-bf16's config.json (revision 189fff27; GitHub
+    # WildPino/SiliconLLM, its GigaChat compatibility audit; GigaChat 3.1 Lightning's card names
+    # GigaChat3-10B-A1.8B-base as its base model): hidden_size 1536, 26 layers (first_k_dense_replace 1), 32 heads,
+    # no query bottleneck (q_lora_rank null), kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64,
+    # v_head_dim 192, intermediate_size 8960, 64 routed experts of 1280, 4 per token, n_group 1, one shared
+    # expert, routed_scaling_factor 1, rope_theta 100000 with YaRN (factor 64 over 4,096 positions, beta_fast 32,
+    # beta_slow 1, mscale 1, mscale_all_dim 1), rms_norm_eps 1e-6, untied, vocab 128256, one MTP layer. Checked:
+    # these shapes give 11,479,750,784 parameters with the MTP layer's embedding and head copies, the count the
+    # same audit reads from the checkpoint's tensors (tests/test_deepseek_v3.py); 10.67B and 1.83B active without
+    # the MTP layer. ``model.init_from`` reads the folder's own config.json, which wins.
+    "gigachat3-lightning": dict(d_model=1536, n_layers=26, n_heads=32, q_lora_rank=0, kv_lora_rank=512,
+                                qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=192, d_ff=8960, n_experts=64,
+                                top_k=4, d_expert=1280, n_shared_experts=1, n_group=1, topk_group=1,
+                                first_k_dense=1, routed_scaling_factor=1.0, rope_theta=100_000.0,
+                                rope_scaling="yarn", rope_factor=64.0, rope_original_max_len=4096,
+                                rope_beta_fast=32.0, rope_beta_slow=1.0, rope_mscale=1.0, rope_mscale_all_dim=1.0,
+                                mtp_layers=1, max_seq_len=4096),
     "deepseek-v3": dict(d_model=7168, n_layers=61, n_heads=128, q_lora_rank=1536, kv_lora_rank=512,
                         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, d_ff=18432, n_experts=256,
                         top_k=8, d_expert=2048, n_shared_experts=1, n_group=8, topk_group=4, first_k_dense=3,
@@ -117,6 +136,11 @@ class DeepseekV3Config(ModelSection):
     router_bias_update_rate: float = 0.001
     routing: Literal["dropless", "capacity"] = "dropless"
     capacity_factor: float = 1.25
+    # generation over the latent cache: attend in the latent space with wkv_b absorbed into the query and output
+    # ("absorbed"), or expand every cached latent into keys and values ("expanded"); "auto": whichever takes fewer
+    # multiply-adds for the step's shape (absorbed for one token over a long cache, expanded for a long prefill).
+    # The same logits within rounding (tests/test_deepseek_v3.py), their speed in bench/README.md
+    mla_decode: Literal["auto", "absorbed", "expanded"] = "auto"
     # multi-token prediction modules (num_nextn_predict_layers; DeepSeek-V3 and GigaChat 3 publish one): each
     # predicts one token further than the one before it, trained only (generation and eval use the main head)
     mtp_layers: int = 0

@@ -32,7 +32,8 @@ def validate(cfg: DeepseekV3Config) -> None:
 
 
 # the run's choices, not the checkpoint's shape: under model.init_from the YAML's values are kept
-RUN_KEYS = ("routing", "capacity_factor", "router_aux_loss_coef", "router_bias_update_rate", "mtp_loss_weight")
+RUN_KEYS = ("routing", "capacity_factor", "router_aux_loss_coef", "router_bias_update_rate", "mtp_loss_weight",
+            "mla_decode")
 # the input embedding, the untied head, and the MoE layer stack (the dense first layers are a short list)
 ROLES = ParamRoles(embedding="embed", output_head="lm_head", layers=("blocks",))
 TINY = PRESETS["tiny"]

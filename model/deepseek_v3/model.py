@@ -21,7 +21,9 @@ it is de-interleaved into (evens, odds) halves and rotated as our other families
 Transformers' ``apply_rotary_pos_emb_interleave`` exactly. The values are zero-padded to the query/key width so
 every attention kernel (which takes one head width) runs them; the output's padding is dropped (the PV matmul
 does (nope + rope) / v times its work: 1.5x at DeepSeek-V3's 192 / 128). Generation caches per token the latent
-and the rope key (``LatentAttention.decode``), expanded at each step; the absorbed form is not built.
+and the rope key (``LatentAttention.decode``); a step attends in the latent space (``absorbed_attention``) or expands
+them into keys and values, whichever takes fewer multiply-adds under ``model.mla_decode: auto`` (absorbed for one
+token over a long cache, expanded for a long prefill; bench/README.md times both forms).
 
 The dense first layers (1 to 3 in the published models) are a list run one by one, scanned or not; the mixture-of-
 experts layers are one stack (model/stacking.py) when ``scan_layers``. Each MoE layer reports its router's
@@ -129,6 +131,7 @@ class LatentAttention(nnx.Module):
         d, h, std = cfg.d_model, cfg.n_heads, cfg.init_std
         self.nope, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.kv_rank, self.interleave, self.impl = cfg.kv_lora_rank, cfg.rope_interleave, cfg.attention
+        self.decode_form, self.n_heads = cfg.mla_decode, cfg.n_heads
         qk = cfg.qk_head_dim
         self.scale = softmax_scale(cfg)
         if cfg.q_lora_rank:
@@ -189,16 +192,47 @@ class LatentAttention(nnx.Module):
     def decode(self, x: jax.Array, rope: RopeTable, layer: LayerKV, cache: KVCache) -> tuple[jax.Array, LayerKV]:
         """``__call__`` over this layer's cache, which holds per token the normed latent [1, kv_lora] (as ``k``) and
         the RoPE'd shared key [1, rope] (as ``v``), not the expanded keys and values: (output, updated cache).
-        Each step expands every cached latent through ``wkv_b`` again (not the absorbed form, which folds
-        ``wkv_b`` into the query and the output instead)."""
+        Attends in the latent space (``absorbed_attention``) or expands every cached latent through ``wkv_b``, as
+        ``__call__`` does, as ``absorbed_for`` chooses."""
         q = self.queries(x, rope)
         latent, k_rope = self.latent(x, rope)
         at = (0, cache.index, 0, 0)
         cached_latent = jax.lax.dynamic_update_slice(layer[0], latent[:, :, None].astype(layer[0].dtype), at)
         cached_rope = jax.lax.dynamic_update_slice(layer[1], k_rope.astype(layer[1].dtype), at)
-        k, v = self.keys_values(cached_latent[:, :, 0].astype(q.dtype), cached_rope.astype(q.dtype), q.shape[-1])
-        out = einsum_attention(q, k, v, cache_mask(cache, x.shape[1]), self.scale)
-        return project(out[..., :self.v_dim], self.wo[...], n_in=2), (cached_latent, cached_rope)
+        mask = cache_mask(cache, x.shape[1])
+        if self.absorbed_for(x.shape[1], cache.length):
+            out = self.absorbed_attention(q, cached_latent[:, :, 0].astype(q.dtype),
+                                          cached_rope[:, :, 0].astype(q.dtype), mask)
+        else:
+            k, v = self.keys_values(cached_latent[:, :, 0].astype(q.dtype), cached_rope.astype(q.dtype), q.shape[-1])
+            out = einsum_attention(q, k, v, mask, self.scale)[..., :self.v_dim]
+        return project(out, self.wo[...], n_in=2), (cached_latent, cached_rope)
+
+    def absorbed_for(self, t: int, s: int) -> bool:
+        """Whether ``t`` new tokens over ``s`` cache slots attend absorbed: as ``model.mla_decode`` says, or under
+        ``auto`` the form of fewer multiply-adds per layer (``absorbed_attention``'s docstring: absorbed for a
+        decode step over a long cache, expanded for a long prefill)."""
+        if self.decode_form != "auto":
+            return self.decode_form == "absorbed"
+        h, c, r = self.n_heads, self.kv_rank, self.rope_dim
+        expanded = s * c * h * (self.nope + self.v_dim) + t * s * h * (self.nope + r + self.v_dim)
+        absorbed = t * h * c * (self.nope + self.v_dim) + t * s * h * (2 * c + r)
+        return absorbed < expanded
+
+    def absorbed_attention(self, q: jax.Array, latent: jax.Array, k_rope: jax.Array, mask: jax.Array) -> jax.Array:
+        """Attention of queries [B, T, H, nope + rope] over cached latents [B, S, kv_lora] and rope keys [B, S, rope]
+        without expanding them (DeepSeek-V2 report, section 2.1.2: ``wkv_b``'s key part absorbed into the query,
+        its value part applied after the weighted sum of latents): the same scores, as k_nope = latent @ W_k makes
+        q_nope . k_nope = (q_nope @ W_k^T) . latent. Per step it costs H x kv_lora x (nope + v) per new token plus
+        T x S x H x (2 kv_lora + rope), where expanding costs S x kv_lora x H x (nope + v) plus T x S x H x (nope + rope
+        + v): far less for a step of one token over a long cache, more for a prefill of many. -> [B, T, H, v]"""
+        w = self.wkv_b[...].astype(q.dtype)  # [kv_lora, H, nope + v]
+        q_latent = jnp.einsum("bthn,chn->bthc", q[..., :self.nope], w[..., :self.nope])
+        scores = (jnp.einsum("bthc,bsc->bhts", q_latent, latent)
+                  + jnp.einsum("bthr,bsr->bhts", q[..., self.nope:], k_rope)).astype(jnp.float32) * self.scale
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(latent.dtype)
+        return jnp.einsum("bthc,chv->bthv", jnp.einsum("bhts,bsc->bthc", probs, latent), w[..., self.nope:])
 
 
 class Block(nnx.Module):
