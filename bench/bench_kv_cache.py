@@ -52,20 +52,14 @@ def cached_vs_full(family_name: str) -> float:
     import numpy as np
     from flax import nnx
 
-    from model.kv_cache import init_cache
+    from model.kv_cache import cached_logits
     from model.registry import get_family
 
     family = get_family(family_name)
     model = family.init(family.tiny_config(), 97, seed=0)
     tokens = np.random.default_rng(0).integers(1, 97, size=(1, 21)).astype(np.int32)
     full = np.asarray(nnx.jit(lambda m, t: m(t))(model, jnp.asarray(tokens)))
-    decode = nnx.jit(lambda m, t, c: m.decode(t, c))
-    logits, cache = decode(model, jnp.asarray(tokens[:, :13]), init_cache(model, 1, 32))
-    steps = [np.asarray(logits)]
-    for i in range(13, 21):
-        logits, cache = decode(model, jnp.asarray(tokens[:, i:i + 1]), cache)
-        steps.append(np.asarray(logits))
-    return float(np.abs(np.concatenate(steps, axis=1) - full).max())
+    return float(np.abs(np.asarray(cached_logits(model, tokens, 13)[0]) - full).max())
 
 
 def decode_speed(cache_len: int, rounds: int, steps: int = 8) -> dict[str, Any]:

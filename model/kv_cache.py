@@ -111,3 +111,21 @@ def decode_layers(blocks: Any, x: jax.Array, cache: KVCache,
         layers.append(layer)
     k, v = (jnp.stack(kv) for kv in zip(*layers, strict=True))
     return x, k, v
+
+
+def cached_logits(model: Any, tokens: Any, prompt: int, cache: KVCache | None = None,
+                  slots: int = 32) -> tuple[jax.Array, KVCache]:
+    """Logits [B, T, V] of ``tokens`` [B, T] as generation computes them: one prefill of the first ``prompt`` tokens
+    written into ``cache`` (default: an empty one of ``slots`` per row), then a decode step per remaining token; and
+    the cache after them. What a family's cache is held to against its full forward pass (tests, bench)."""
+    from flax import nnx  # the module's other users never build a model
+
+    decode = nnx.jit(lambda m, t, c: m.decode(t, c))
+    tokens = jnp.asarray(tokens)
+    logits, cache = decode(model, tokens[:, :prompt], init_cache(model, tokens.shape[0], slots) if cache is None
+                           else cache)
+    steps = [logits]
+    for i in range(prompt, tokens.shape[1]):
+        logits, cache = decode(model, tokens[:, i:i + 1], cache)
+        steps.append(logits)
+    return jnp.concatenate(steps, axis=1), cache

@@ -48,6 +48,19 @@ def run_copy(stages_root: Path, root: Path, **sections: dict) -> Path:
     return fixture_config(root, **sections)
 
 
+def data_from_config(stages_root: Path, root: Path, name: str, model: dict[str, Any], **sections: dict) -> Path:
+    """Experiment ``name`` in ``root`` training on a copy of the prepared stages' data (``experiment.data_from``),
+    its ``model:`` section ``model`` whole (another family's keys, a ``model.init_from``); returns its config."""
+    import yaml
+
+    shutil.copytree(stages_root / "runs" / "tiny", root / "runs" / "tiny", ignore=shutil.ignore_patterns("wandb"))
+    config = fixture_config(root, experiment={"name": name, "data_from": "tiny"}, **sections)
+    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    cfg["model"] = model
+    config.write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    return config
+
+
 # conftest.py's ``fixture_pretrained``: one short run of recipe 04 on the fixture stages, made once per
 # session, which tests read (or copy with ``pretrained_copy`` to resume, branch or change it)
 PRETRAINED_TRAIN = {"steps": 6, "checkpoint_every": 3, "warmup_steps": 1, "log_every": 1}

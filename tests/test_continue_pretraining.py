@@ -324,26 +324,21 @@ def test_a_mixture_of_experts_base_is_continued_and_evaluated_with_its_balancing
     """A Qwen3-MoE base (our tiny qwen3_moe exported as a Hugging Face folder) continued on the fixture
     experiment's data (experiment.data_from) by recipe 04, then scored by recipe 05: every logged step has the
     load-balancing and router-z losses, and the evaluation reads the MoE checkpoint."""
-    import shutil
 
-    import yaml
 
     from model.registry import get_family
-    from tests.fixture_run import fixture_config
+    from tests.fixture_run import data_from_config
 
     (tmp_path / "moe-base").mkdir()
     base = hf_base_folder(tmp_path / "moe-base", get_family("qwen3_moe").tiny_config(max_seq_len=64))
-    shutil.copytree(fixture_stages / "runs" / "tiny", tmp_path / "runs" / "tiny",
-                    ignore=shutil.ignore_patterns("wandb"))
-    config = fixture_config(tmp_path, experiment={"name": "moe-cpt", "data_from": "tiny"},
-                            train={"steps": 3, "checkpoint_every": 3, "warmup_steps": 1, "log_every": 1},
-                            eval={"tasks": [], "train_tasks": [], "max_validation_batches": 2, "missing_tasks": "skip"},
-                            wandb={"mode": "disabled"})
-    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
     # the router z-loss weight is the run's own (config.json has none): kept from the YAML
-    cfg["model"] = {"family": "qwen3_moe", "init_from": str(base), "vocab_adaptation": "mean", "max_seq_len": 64,
-                    "router_z_loss_coef": 0.001}
-    config.write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    config = data_from_config(
+        fixture_stages, tmp_path, "moe-cpt", {"family": "qwen3_moe", "init_from": str(base),
+                                              "vocab_adaptation": "mean", "max_seq_len": 64,
+                                              "router_z_loss_coef": 0.001},
+        train={"steps": 3, "checkpoint_every": 3, "warmup_steps": 1, "log_every": 1},
+        eval={"tasks": [], "train_tasks": [], "max_validation_batches": 2, "missing_tasks": "skip"},
+        wandb={"mode": "disabled"})
     run_recipe("04_pretrain.py", config)
     run = tmp_path / "runs" / "moe-cpt"
     steps = [json.loads(line) for line in (run / "train_log.jsonl").read_text("utf-8").splitlines()

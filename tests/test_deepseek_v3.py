@@ -268,7 +268,7 @@ def test_absorbed_and_expanded_decoding_give_the_full_forward_passs_logits() -> 
     cache."""
     import jax.numpy as jnp
 
-    from model.kv_cache import init_cache
+    from model.kv_cache import cached_logits
 
     lightning = preset_model_config("gigachat3-lightning", "deepseek_v3")
     attention = DEEPSEEK.abstract(lightning, 128_256).dense_blocks[0].attn  # shapes only
@@ -281,12 +281,6 @@ def test_absorbed_and_expanded_decoding_give_the_full_forward_passs_logits() -> 
         cfg = dataclasses.replace(TINY, mla_decode=form)
         model = DEEPSEEK.init(cfg, VOCAB, seed=0)
         full = np.asarray(nnx.jit(lambda m, t: m(t))(model, jnp.asarray(tokens)))
-        decode = nnx.jit(lambda m, t, c: m.decode(t, c))
-        logits, cache = decode(model, jnp.asarray(tokens[:, :9]), init_cache(model, 2, 32))
-        steps = [np.asarray(logits)]
-        for i in range(9, 16):
-            logits, cache = decode(model, jnp.asarray(tokens[:, i:i + 1]), cache)
-            steps.append(np.asarray(logits))
-        outputs[form] = np.concatenate(steps, axis=1)
+        outputs[form] = np.asarray(cached_logits(model, tokens, 9)[0])
         np.testing.assert_allclose(outputs[form], full, atol=1e-5, rtol=0)
     assert not np.array_equal(outputs["absorbed"], outputs["expanded"])  # two computations, not one

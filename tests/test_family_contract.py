@@ -36,7 +36,7 @@ from experiment.sections.model import register_model_section
 from experiment.sections.train import MeshConfig, TrainConfig
 from model.family import ParamRoles, check_roles, register_family
 from model.generate import check_decodes, generate
-from model.kv_cache import init_cache
+from model.kv_cache import cached_logits, init_cache
 from model.loss import output_logits
 from model.registry import families, get_family
 from model.sharding import build_mesh
@@ -92,15 +92,8 @@ def test_kv_cache_decoding_equals_full_forward_passes(family: str, scan_layers: 
     full = np.asarray(forward(model, jnp.asarray(tokens)))
     padded = tokens.copy()
     padded[1, :3] = 0
-    cache = init_cache(model, 2, 32, start=np.asarray([0, 3], np.int32))
-    decode = nnx.jit(lambda m, t, c: m.decode(t, c))
-    prompt = 13
-    logits, cache = decode(model, jnp.asarray(padded[:, :prompt]), cache)
-    steps = [np.asarray(logits)]
-    for i in range(prompt, tokens.shape[1]):
-        logits, cache = decode(model, jnp.asarray(padded[:, i:i + 1]), cache)
-        steps.append(np.asarray(logits))
-    cached = np.concatenate(steps, axis=1)
+    cached, cache = cached_logits(model, padded, 13, init_cache(model, 2, 32, start=np.asarray([0, 3], np.int32)))
+    cached = np.asarray(cached)
     assert int(cache.index) == tokens.shape[1]
     np.testing.assert_allclose(cached[0], full[0], atol=1e-5, rtol=0)
     alone = np.asarray(forward(model, jnp.asarray(tokens[1:, 3:])))

@@ -146,26 +146,21 @@ def test_a_deepseek_v3_base_with_its_prediction_module_is_continued_and_exported
     layer included, as GigaChat 3's checkpoints have it) continued by recipe 04 through model.init_from, then
     exported by recipe 05b: the export has the module, trained (it moved), under the checkpoint's names, with its
     embedding and head copies, and imports again."""
-    import shutil
 
     from safetensors.numpy import load_file
 
     from model.hf_checkpoint import load_hf_checkpoint
-    from tests.fixture_run import fixture_config
+    from tests.fixture_run import data_from_config
     from tests.recipe_runner import run_recipe
     from tests.test_continue_pretraining import hf_base_folder
 
     (tmp_path / "base").mkdir()
     base = hf_base_folder(tmp_path / "base", TINY)
-    shutil.copytree(fixture_stages / "runs" / "tiny", tmp_path / "runs" / "tiny",
-                    ignore=shutil.ignore_patterns("wandb"))
-    config = fixture_config(tmp_path, experiment={"name": "mtp-cpt", "data_from": "tiny"},
-                            train={"steps": 3, "checkpoint_every": 3, "warmup_steps": 1, "log_every": 1},
-                            wandb={"mode": "disabled"})
-    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
-    cfg["model"] = {"family": "deepseek_v3", "init_from": str(base), "vocab_adaptation": "mean", "max_seq_len": 64,
-                    "mtp_loss_weight": 0.3}
-    config.write_text(yaml.safe_dump(cfg, allow_unicode=True), encoding="utf-8")
+    config = data_from_config(fixture_stages, tmp_path, "mtp-cpt",
+                              {"family": "deepseek_v3", "init_from": str(base), "vocab_adaptation": "mean",
+                               "max_seq_len": 64, "mtp_loss_weight": 0.3},
+                              train={"steps": 3, "checkpoint_every": 3, "warmup_steps": 1, "log_every": 1},
+                              wandb={"mode": "disabled"})
     run_recipe("04_pretrain.py", config)
     run = tmp_path / "runs" / "mtp-cpt"
     steps = [r for r in map(json.loads, (run / "train_log.jsonl").read_text("utf-8").splitlines())

@@ -271,7 +271,7 @@ def test_flops_by_active_parameters_and_the_parameter_count_by_hand() -> None:
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_kv_cache_generation_equals_greedy_full_forward_decoding(layouts: Any, scan_layers: bool) -> None:
     from model.generate import generate
-    from model.kv_cache import init_cache
+    from model.kv_cache import cached_logits
 
     model = layouts[1 if scan_layers else 0]
     new = 8
@@ -280,13 +280,7 @@ def test_kv_cache_generation_equals_greedy_full_forward_decoding(layouts: Any, s
     # the cached prefill and 8 single-token steps give the full forward pass's logits
     row = rng.integers(1, VOCAB, size=(1, 12 + new)).astype(np.int32)
     full = np.asarray(forward(model, jnp.asarray(row)))
-    decode = nnx.jit(lambda m, t, c: m.decode(t, c))
-    logits, cache = decode(model, jnp.asarray(row[:, :12]), init_cache(model, 1, 32))
-    steps = [np.asarray(logits)]
-    for i in range(12, row.shape[1]):
-        logits, cache = decode(model, jnp.asarray(row[:, i:i + 1]), cache)
-        steps.append(np.asarray(logits))
-    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(cached_logits(model, row, 12)[0]), full, atol=1e-5, rtol=0)
 
     # greedy generation of prompts of different lengths = greedy decoding by full forward passes
     prompts = [rng.integers(1, VOCAB, size=m).tolist() for m in (3, 9, 6)]
