@@ -275,6 +275,9 @@ class ModelFamily:
     # depth, as the step runs it); above 0 the train step passes ``hidden_with_aux`` the batch's labels
     # (``PredictsAhead``), and one of ``aux_losses`` is theirs
     predicts_ahead: Callable[[FamilyConfig], int] = lambda model_cfg: 0
+    # (model_cfg) -> top-level parameter collections the config keeps but does not train (e.g. multi-token
+    # prediction modules at loss weight 0): the train step zeroes their updates, AdamW's weight decay included
+    idle_params: Callable[[FamilyConfig], tuple[str, ...]] = lambda model_cfg: ()
     # fields of its ``model:`` section that are the run's choice, not the checkpoint's shape (routing, loss
     # weights): under ``model.init_from`` they come from the YAML, beside trainer/init_from.py's RUN_KEYS
     run_keys: tuple[str, ...] = ()
@@ -299,13 +302,14 @@ class ModelFamily:
         """The attention kernel, model FLOPs and hardware FLOPs per trained token of ``model_cfg`` on ``platform``.
 
         The chunked loss (model/loss.py, ``0 < loss_chunk_len < seq_len``) computes the output head's logits
-        chunk by chunk again in the backward pass: one more forward matmul of the head, whatever the family."""
+        chunk by chunk again in the backward pass: one more forward matmul of the head, whatever the family, for
+        the next token and for each token further its auxiliary losses predict (``predicts_ahead``)."""
         kernel = resolve_attention(model_cfg.attention, platform, jnp.dtype(compute_dtype), self.head_dim(model_cfg),
                                    seq_len)
         model_flops = self.flops(model_cfg, vocab_size, seq_len)
         extra = self.recompute_flops(model_cfg, vocab_size, seq_len, kernel)
-        if 0 < loss_chunk_len < seq_len:
-            extra += 2.0 * model_cfg.d_model * vocab_size
+        if 0 < loss_chunk_len < seq_len:  # the next token's loss, and each further one a family predicts
+            extra += (1 + self.predicts_ahead(model_cfg)) * 2.0 * model_cfg.d_model * vocab_size
         return TrainCosts(kernel, model_flops, model_flops + extra)
 
     def saved_values(self, model_cfg: FamilyConfig, remat: str) -> float:

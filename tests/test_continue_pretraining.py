@@ -354,3 +354,30 @@ def test_a_mixture_of_experts_base_is_continued_and_evaluated_with_its_balancing
     result = json.loads((run / "eval" / manifest["latest"]).read_text(encoding="utf-8"))
     assert result["step"] == 3
     assert 0 < result["heldout"][str(text)]["bits_per_byte"] < 20, result["heldout"]
+
+
+def test_a_shipped_config_names_its_base_models_preset_which_config_json_must_agree_with() -> None:
+    """A shipped continued-pretraining config names the base model's preset (the fit check and the planner need its
+    shape before any weights): under model.init_from the preset's shape fields are checked against config.json
+    (Qwen3-30B-A3B's published file; GigaChat 3 Lightning's as our adapter writes it, the hub's being unreachable
+    here), the run's own keys kept; a config.json of another shape is one line naming the preset and the field."""
+    from experiment.config import load_config
+    from experiment.errors import ConfigError
+    from model.hf_checkpoint import hf_model_config
+    from model.registry import family_of
+    from trainer.init_from import merge_model_config
+
+    repo = Path(__file__).resolve().parents[1]
+    qwen = load_config(repo / "recipes" / "configs" / "qwen3-30b-a3b-ru-v5p-64.yaml")
+    published = json.loads((repo / "cost" / "hf_configs" / "Qwen3-30B-A3B" / "config.json").read_text("utf-8"))
+    _, base, _ = hf_model_config(published)
+    merged = merge_model_config(qwen, base, "config.json")
+    assert (merged.n_layers, merged.n_experts, merged.router_aux_loss_coef) == (48, 128, 0.001)
+    giga = load_config(repo / "recipes" / "configs" / "gigachat3-lightning-ru-v6e-32.yaml")
+    adapter = family_of(giga.model).hf_adapter
+    _, base, _ = hf_model_config(adapter.to_config(giga.model, 128_256, None))
+    assert merge_model_config(giga, base, "config.json").mtp_loss_weight == 0.1
+    other = dataclasses.replace(base, n_layers=27)
+    with pytest.raises(ConfigError, match="config key 'model.preset': 'gigachat3-lightning' sets n_layers 26, which "
+                                          "disagrees with 27 of config.json"):
+        merge_model_config(giga, other, "config.json")

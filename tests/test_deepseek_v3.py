@@ -136,6 +136,11 @@ def test_hf_config_refuses_what_is_not_built_and_the_prediction_modules_share_th
         DEEPSEEK_V3_HF.import_(config, other)
     with pytest.raises(DataError, match=re.escape(f"tensor '{mtp}.embed_tokens.weight' is missing")):
         DEEPSEEK_V3_HF.import_(config, {k: v for k, v in tensors.items() if k != f"{mtp}.embed_tokens.weight"})
+    # a checkpoint re-saved by Transformers (which drops the layer) under a config.json still declaring it
+    saved = {k: v for k, v in tensors.items() if not k.startswith(f"{mtp}.")}
+    with pytest.raises(DataError, match=re.escape("set num_nextn_predict_layers to 0 in config.json")):
+        DEEPSEEK_V3_HF.import_(config, saved)
+    assert DEEPSEEK_V3_HF.import_({**config, "num_nextn_predict_layers": 0}, saved)[0].mtp_layers == 0
     # without the config's say-so the module's tensors have no place
     with pytest.raises(DataError, match="has no place in the deepseek_v3 model"):
         DEEPSEEK_V3_HF.import_({**config, "num_nextn_predict_layers": 0}, tensors)

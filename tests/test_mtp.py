@@ -62,7 +62,8 @@ def run_steps(prog, batch, n: int) -> tuple[list[dict[str, float]], dict]:  # no
 def test_weight_zero_keeps_the_modules_and_steps_as_the_plain_model_bit_for_bit() -> None:
     """A model with a prediction module at weight 0 and one without: the same losses, gradient norms and main
     weights after four steps, bit for bit (the module is built after the main model, gets no gradient, adds nothing
-    to the clipped norm, and its MoE layer's load moves no main bias); at weight 0.3 the steps differ."""
+    to the clipped norm, and its MoE layer's load moves no main bias), and the module as it started; at weight 0.3
+    the steps differ."""
     plain, batch = program(mtp_layers=0)
     kept, _ = program(mtp_layers=1, mtp_loss_weight=0.0)
     trained, _ = program(mtp_layers=1, mtp_loss_weight=0.3)
@@ -74,6 +75,10 @@ def test_weight_zero_keeps_the_modules_and_steps_as_the_plain_model_bit_for_bit(
     assert "aux/mtp/loss_1" not in kept_log[0] and kept_log[0]["aux/mtp"] == 0.0
     main = {k: v for k, v in kept_state["params"].items() if k != "mtp"}
     for x, y in zip(jax.tree.leaves(plain_state["params"]), jax.tree.leaves(main), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # the kept module is not trained: not even AdamW's weight decay moves it (ModelFamily.idle_params)
+    for x, y in zip(jax.tree.leaves(kept.init_state()["params"]["mtp"]), jax.tree.leaves(kept_state["params"]["mtp"]),
+                    strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     trained_log, _ = run_steps(trained, batch, 3)
     assert trained_log[0]["loss"] == plain_log[0]["loss"]  # the same start: the module runs beside, not inside

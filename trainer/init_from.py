@@ -23,6 +23,7 @@ import numpy as np
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
+from experiment.presets import preset_fields
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import FamilyConfig
@@ -181,23 +182,25 @@ def run_keys(model_cfg: FamilyConfig) -> tuple[str, ...]:
 
 def merge_model_config(cfg: ExperimentConfig, base_cfg: FamilyConfig, source: str) -> FamilyConfig:
     """The base model's config with the run's own keys (``RUN_KEYS``) from the YAML; a shape key the
-    YAML sets that the base contradicts is a ConfigError naming both values and ``source``."""
+    YAML sets, or its ``model.preset`` sets (a shipped config names the base model's preset so that the fit check
+    and the planner know its shape without the weights), that the base contradicts is a ConfigError naming both
+    values and ``source``."""
     explicit = getattr(cfg, "explicit_keys", frozenset())
     ours = cfg.model
-    if "model.preset" in explicit and ours.preset:
-        raise ConfigError(f"config key 'model.preset': {ours.preset!r} cannot be combined with model.init_from, whose "
-                          f"shape comes from {source}: remove model.preset")
+    preset = set(preset_fields(ours.preset, ours.family)) if "model.preset" in explicit and ours.preset else set()
     base_fields = {f.name for f in dataclasses.fields(base_cfg)}
     for name in sorted(base_fields - set(run_keys(base_cfg))):
-        if f"model.{name}" not in explicit or not hasattr(ours, name):
+        if (f"model.{name}" not in explicit and name not in preset) or not hasattr(ours, name):
             continue
         mine, theirs = getattr(ours, name), getattr(base_cfg, name)
         if name == "head_dim":  # 0 stands for d_model // n_heads
             mine, theirs = ours.resolved_head_dim, base_cfg.resolved_head_dim
         if mine != theirs:
-            raise ConfigError(f"config key 'model.{name}': {mine!r} disagrees with {theirs!r} of {source} "
+            key, what = ((f"model.{name}", f"{mine!r}") if f"model.{name}" in explicit
+                         else ("model.preset", f"{ours.preset!r} sets {name} {mine!r}, which"))
+            raise ConfigError(f"config key '{key}': {what} disagrees with {theirs!r} of {source} "
                               "(model.init_from takes the model's shape from there): "
-                              f"remove the key or set it to {theirs!r}")
+                              f"remove the key or make it {name} {theirs!r}")
     kept = {name: getattr(ours, name) for name in run_keys(base_cfg) if name in base_fields}
     return dataclasses.replace(base_cfg, **kept)
 

@@ -111,6 +111,10 @@ class TrainProgram:
         check_batch(train_cfg, self.batch_sharding)
         # which leaves train while the body is frozen (train.trainable, train.embeddings_only_steps)
         self.trainable = embedding_mask(shapes["params"], family.roles) if freezes_body(train_cfg) else None
+        # the family's parameters this config keeps but does not train (ModelFamily.idle_params): True where idle
+        idle = family.idle_params(model_cfg)
+        self.idle = (jax.tree_util.tree_map_with_path(lambda path, _: path_keys(path)[0] in idle, shapes["params"])
+                     if idle else None)
         # parameters that train while the body is frozen (None: every parameter always trains)
         self.param_trainable_frozen: int | None = None if self.trainable is None else sum(
             math.prod(leaf.shape) for leaf, keep in zip(jax.tree.leaves(shapes["params"]),
@@ -216,6 +220,9 @@ class TrainProgram:
         updates, opt_state = self.tx.update(grads, state["opt_state"], params)
         if self.trainable is not None:
             updates = freeze_body(updates, self.trainable, step, self.train_cfg)
+        if self.idle is not None:  # no gradient reaches them; AdamW's weight decay would still shrink them
+            updates = jax.tree.map(lambda update, idle: jnp.zeros_like(update) if idle else update, updates,
+                                   self.idle)
         new_params = optax.apply_updates(params, updates)
         # the updated state itself: a step can have a finite loss and gradient and still overflow the weights
         # or the moments (a huge learning rate); one fused reduction over what the step computed anyway

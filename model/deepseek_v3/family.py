@@ -47,4 +47,5 @@ DEEPSEEK_V3 = register_family(ModelFamily(
     saved_values_per_token=flops.saved_values_per_token, aux_losses=AUX_LOSSES, aux_metrics=aux_metrics,
     run_keys=RUN_KEYS, roles=ROLES, tiny=TINY, router_bias_rate=lambda cfg: cfg.router_bias_update_rate,
     predicts_ahead=lambda cfg: cfg.mtp_depth,
+    idle_params=lambda cfg: ("mtp",) if cfg.mtp_layers and not cfg.mtp_depth else (),
 ))

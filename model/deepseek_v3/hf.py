@@ -240,10 +240,17 @@ class DeepseekV3HF(TableAdapter):
                 ) -> tuple[DeepseekV3Config, nnx.State]:
         """``TableAdapter.import_``; a multi-token prediction layer's embedding or head that is not the main
         model's (they are shared here, as in the DeepSeek-V3 report) is one DataError line naming it."""
-        cfg, vocab_size = self.config(hf_config)
+        cfg, _ = self.config(hf_config)
+        if cfg.mtp_layers and f"model.layers.{cfg.n_layers}.eh_proj.weight" not in state_dict:
+            raise DataError(f"{source_of(state_dict)}: config.json declares num_nextn_predict_layers "
+                            f"{cfg.mtp_layers}, but tensor 'model.layers.{cfg.n_layers}.eh_proj.weight' of that "
+                            "multi-token prediction layer is missing (Transformers' save_pretrained drops the layer): "
+                            "import the original checkpoint, or set num_nextn_predict_layers to 0 in config.json "
+                            f"to continue without the module ({WEIGHTS})")
         for name, main in shared_copies(cfg).items():
-            if name not in state_dict:
-                raise DataError(f"{source_of(state_dict)}: tensor '{name}' is missing ({WEIGHTS})")
+            for needed in (name, main):
+                if needed not in state_dict:
+                    raise DataError(f"{source_of(state_dict)}: tensor '{needed}' is missing ({WEIGHTS})")
             if not np.array_equal(np.asarray(state_dict[name]), np.asarray(state_dict[main])):
                 raise DataError(f"{source_of(state_dict, name)}: tensor '{name}' differs from '{main}' (the "
                                 f"multi-token prediction module shares the main model's; {WEIGHTS})")
