@@ -171,6 +171,10 @@ def test_a_deepseek_v3_base_with_its_prediction_module_is_continued_and_exported
     steps = [r for r in map(json.loads, (run / "train_log.jsonl").read_text("utf-8").splitlines())
              if "train/loss" in r]
     assert [r["train/step"] for r in steps] == [1, 2, 3] and all(r["train/aux/mtp/loss_1"] > 0 for r in steps)
+    # the run's records name the model it trained (the base's shape), not the YAML's few model keys
+    recorded = yaml.safe_load((run / "config.resolved.yaml").read_text(encoding="utf-8"))["model"]
+    assert (recorded["family"], recorded["n_layers"], recorded["mtp_layers"], recorded["kv_lora_rank"],
+            recorded["mtp_loss_weight"]) == ("deepseek_v3", TINY.n_layers, 1, TINY.kv_lora_rank, 0.3)
     run_recipe("05b_export_hf.py", config)
     out = run / "export" / "hf" / "step_0000003"
     exported, before = load_file(str(out / "model.safetensors")), load_file(str(base / "model.safetensors"))

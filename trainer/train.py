@@ -37,6 +37,7 @@ from jax.sharding import Mesh
 
 from data_prep.shards.layout import VERIFIED_DIR
 from data_prep.shards.loader import TrainIterator, log_mixture, make_train_iterator, mixture_sets, read_shards_manifest
+from experiment.config import to_dict
 from experiment.files import atomic_write_json
 from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
@@ -222,6 +223,8 @@ def open_session(cfg: ExperimentConfig, data: DataSpec, run_folder: RunFolder, l
         start = start_point(cfg, run_folder, data.vocab_size, mesh, branch)
         if start.model_cfg is not cfg.model:  # the base model's shape (model.init_from)
             cfg = dataclasses.replace(cfg, model=start.model_cfg)
+            if jax.process_index() == 0:  # the run's records name the model it trains, not the YAML's section
+                run_folder.save_resolved_config(cfg, "pretrain")
         log.info("mesh %s over %d %s devices", dict(mesh.shape), mesh.size, jax.devices()[0].platform)
         program, n_params, kernel = build_program(cfg, data, mesh)
         meta = checkpoint_meta(cfg, data, n_params, run_id, start.lineage)
@@ -317,6 +320,8 @@ def announce(session: TrainSession, wandb_run: WandbRun) -> None:
     if program.param_trainable_frozen is not None:  # what trains while the body is frozen
         wandb_run.summary["model/trainable_params_frozen_body"] = program.param_trainable_frozen
     wandb_run.config.update({"model_attention_kernel": kernel}, allow_val_change=True)
+    if session.cfg.model.init_from:  # the base model's section, as config.resolved.yaml now has it
+        wandb_run.config.update({"model": to_dict(session.cfg)["model"]}, allow_val_change=True)
     wandb_run.summary["model/attention_kernel"] = kernel
     log_mixture(wandb_run, session.loader.mixture)
     link_wandb(wandb_run, session.branch, session.parent_run_id)
