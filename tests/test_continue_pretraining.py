@@ -381,3 +381,31 @@ def test_a_shipped_config_names_its_base_models_preset_which_config_json_must_ag
     with pytest.raises(ConfigError, match="config key 'model.preset': 'gigachat3-lightning' sets n_layers 26, which "
                                           "disagrees with 27 of config.json"):
         merge_model_config(giga, other, "config.json")
+
+
+def test_vocab_adaptation_none_needs_the_base_models_own_tokenizer_not_one_of_its_size(
+        fixture_stages: Path, base_folder: Path, tmp_path: Path) -> None:
+    """``none`` keeps the base's ids: a run tokenizer of the base's size whose ids decode to other text (the
+    fixture's Russian SentencePiece over a base whose tokenizer.json has as many other tokens) is one error line
+    naming an id, before any weights are read; the base's own tokenizer adopted passes."""
+    import shutil
+
+    from tokenizers import Tokenizer, models
+
+    from experiment.errors import ConfigError
+    from experiment.runfolder import RunFolder
+    from trainer.init_from import EmbeddingPlan
+
+    foreign = tmp_path / "foreign-base"
+    foreign.mkdir()
+    Tokenizer(models.WordLevel({f"w{i}": i for i in range(600)}, unk_token="w0")).save(str(foreign / "tokenizer.json"))
+    run = RunFolder(fixture_stages / "runs" / "tiny")
+    with pytest.raises(ConfigError, match=r"none keeps the base model's token ids, but the run's tokenizer .* is not "
+                                          r".*tokenizer.json's: 600 of 600 ids decode to other text \(id 0: "):
+        EmbeddingPlan.for_mode("none", foreign, run, {"vocab_size": 600}, 600, 600)
+    config = run_copy(fixture_stages, tmp_path / "adopted")
+    shutil.rmtree(tmp_path / "adopted" / "runs" / "tiny" / "tokenizer")
+    run_recipe("02_train_tokenizer.py", config, f"tokenizer.adopt_from={base_folder}")
+    plan = EmbeddingPlan.for_mode("none", base_folder, RunFolder(tmp_path / "adopted" / "runs" / "tiny"),
+                                  {"vocab_size": BASE_VOCAB}, BASE_VOCAB, BASE_VOCAB)
+    assert plan.mode == "none"

@@ -233,6 +233,7 @@ class EmbeddingPlan:
                                   f"but the run's tokenizer ({run_folder.tokenizer}) has {vocab_size} tokens and "
                                   f"{folder / 'config.json'} has vocab_size {base_vocab}: "
                                   "set model.vocab_adaptation to mean (or random), or use the base model's tokenizer")
+            check_same_token_texts(folder, run_folder)
             return cls(mode)
         texts, special = run_token_texts(run_folder)
         if mode == "random":
@@ -305,6 +306,35 @@ def run_token_texts(run_folder: RunFolder) -> tuple[list[str | None], dict[str, 
         else:
             texts.append(piece_surface(sp, piece_id) or None)
     return texts, {k: int(v) for k, v in (manifest.get("special_ids") or {}).items() if v is not None}
+
+
+MAX_FOREIGN_IDS = 0.01  # vocab_adaptation none: the share of ids whose text may differ from the base's (none: 0)
+
+
+def check_same_token_texts(folder: Path, run_folder: RunFolder) -> None:
+    """``vocab_adaptation: none`` keeps the base model's ids, so the run's tokenizer must be the base's: each id
+    decoded alone must give the same text under both (a project tokenizer of the base's size, say 32,000 pieces
+    over a Llama-2 or Mistral base, would train the base's embeddings on other tokens). A ConfigError naming the
+    first differing id when more than ``MAX_FOREIGN_IDS`` of the ids differ; without the base's tokenizer.json
+    there is nothing to compare, which a warning says."""
+    from tokenizer.loaded import load_run_tokenizer, read_hf_tokenizer
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        log.warning("model.vocab_adaptation none: %s has no tokenizer.json, so the run's tokenizer is not checked to "
+                    "be the base model's (only their sizes agree)", folder)
+        return
+    ours, theirs = load_run_tokenizer(run_folder.tokenizer), read_hf_tokenizer(path)
+    pieces = ours.sp.get_piece_size() if ours.sp is not None else ours.hf.get_vocab_size(with_added_tokens=True)
+    size = min(pieces, theirs.get_vocab_size(with_added_tokens=True))  # embedding rows past the pieces: no text
+    differ = [i for i in range(size) if ours.decode([i]) != theirs.decode([i], skip_special_tokens=False)]
+    if len(differ) > MAX_FOREIGN_IDS * size:
+        first = differ[0]
+        raise ConfigError(f"config key 'model.vocab_adaptation': none keeps the base model's token ids, but the run's "
+                          f"tokenizer ({run_folder.tokenizer}) is not {path}'s: {len(differ):,} of {size:,} ids "
+                          f"decode to other text (id {first}: {ours.decode([first])!r} here, "
+                          f"{theirs.decode([first], skip_special_tokens=False)!r} in the base): adopt the base's "
+                          "tokenizer (tokenizer.adopt_from) or set model.vocab_adaptation to mean")
 
 
 def base_encoder(folder: Path) -> Any:
