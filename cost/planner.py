@@ -565,6 +565,8 @@ def plan(cfg: ExperimentConfig, run_folder: RunFolder | None, catalog: Catalog |
          rate: UsdRubRate | None = None) -> tuple[PlanModel, int, list[dict[str, Any]], list[dict[str, Any]]]:
     """The model, token count, one row per option, and the anchor checks (no files written)."""
     catalog = catalog or Catalog.from_config(cfg.cost)
+    # the run's own price (what recipe 04 books) is checked here too: a typo there would otherwise plan silently
+    catalog.lookup(cfg.cost.accelerator, cfg.cost.pricing, cfg.cost.cloud, cfg.cost.region, cheapest=True)
     rate = rate or resolve_usd_rub(cfg.cost)
     measured = measured_target_run(cfg, run_folder)
     if measured is not None:  # the measured run's own model, at the MFU its ledger measured where it ran

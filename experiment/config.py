@@ -227,7 +227,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as exc:  # the value is read as YAML: a list [a, b], a mapping {k: v}, a number
         raise ConfigError(f"override '{text}': the value is not valid YAML ({yaml_problem(exc)}); "
                           "quote a string that holds YAML syntax") from exc
+    except (ValueError, OverflowError) as exc:  # a scalar YAML types but cannot build: a date of month 13
+        raise ConfigError(f"override '{text}': the value is not a valid {yaml_scalar_kind(raw)} ({exc})") from exc
     return key.split("."), value
+
+
+def yaml_scalar_kind(raw: str) -> str:
+    """What YAML took ``raw`` for (the override's error names it)."""
+    return "date (YYYY-MM-DD)" if re.fullmatch(r"\s*\d{4}-\d\d?-\d\d?.*", raw) else "YAML scalar"
 
 
 def apply_override(tree: dict[str, Any], path: list[str], value: Any) -> None:
@@ -250,6 +257,9 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(exc)}") from exc
+    except (ValueError, OverflowError) as exc:  # a scalar YAML types but cannot build: a date of month 13
+        raise ConfigError(f"config file {path}: a value YAML reads as a date or number is not a valid one ({exc}); "
+                          "quote it if it is text") from exc
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -474,3 +474,15 @@ def test_maxtexts_mixtral_rows_are_rederived_from_active_parameters_and_lend_onl
     _, _, dense_rows, _ = plan(demo_cfg("cost.plan_model=70b", "cost.plan_anchor_size_ratio=100", options), None,
                                rate=RATE)
     assert not any("mixtral" in row["mfu_source"] for row in dense_rows)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("cost.pricing=spott", "config key 'cost.accelerator': cpu-e2-standard-2 has no 'spott' price in the catalog"),
+    ("cost.accelerator=tpu-v7", "config key 'cost.accelerator': unknown accelerator 'tpu-v7' (did you mean"),
+])
+def test_the_runs_own_accelerator_and_pricing_are_checked_even_when_the_options_do_not_use_them(
+        override: str, message: str) -> None:
+    """What recipe 04 books (cost.accelerator at cost.pricing) is checked by the planner too: a typo there is one
+    error line, not a plan of the other options."""
+    with pytest.raises(CatalogError, match=re.escape(message)):
+        plan(demo_cfg(override), None, rate=RATE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,18 @@ def test_missing_config_file(tmp_path):
 def test_bad_override_syntax():
     with pytest.raises(ConfigError, match="not of the form key.sub=value"):
         load_config(DEMO, ["train.steps"])
+
+
+def test_a_date_yaml_cannot_build_is_one_line_naming_the_override_or_the_file(tmp_path):
+    """YAML reads 2025-13-01 as a date and fails to build it (month 13) before any check of ours could run."""
+    with pytest.raises(ConfigError, match=r"override 'cost.usd_rub_date=2025-13-01': the value is not a valid date "
+                                          r"\(YYYY-MM-DD\) \(month must be in 1..12\)"):
+        load_config(DEMO, ["cost.usd_rub_date=2025-13-01"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("experiment:\n  name: x\ncost:\n  usd_rub_date: 2025-13-01\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=re.escape(f"config file {bad}: a value YAML reads as a date or number is "
+                                                    "not a valid one (month must be in 1..12)")):
+        load_config(bad)
 
 
 def test_build_dataclass_round_trip_of_defaults():
