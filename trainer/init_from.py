@@ -86,6 +86,9 @@ def start_point(cfg: ExperimentConfig, run_folder: RunFolder, vocab_size: int, m
     embeddings = EmbeddingPlan.for_run(cfg, run_folder, base_config, base_vocab, vocab_size)
     imported = load_hf_checkpoint(local, cfg.train.param_dtype, mesh=mesh, rules=cfg.train.mesh.rules,
                                   scan_layers=model_cfg.scan_layers)
+    # the model is what the weights hold (config.json may declare more: a Transformers save of DeepSeek-V3 keeps
+    # num_nextn_predict_layers but drops that layer), checked against the YAML as config.json was
+    model_cfg = merge_model_config(cfg, imported.model_cfg, f"the weights in {named}")
     params, adaptation = embeddings.apply(imported, cfg.experiment.seed)
     lineage = {"folder": str(named), "family": imported.family, "files": imported.source_files,
                "tokenizer_files": [Path(p).name for p in imported.tokenizer_files],

@@ -22,6 +22,7 @@ exported with the copies, which must equal the main model's.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +39,8 @@ from model.hf_tensors import (
     source_of,
 )
 from model.stacking import BLOCKS
+
+log = logging.getLogger(__name__)
 
 ARCHITECTURE, MODEL_TYPE = "DeepseekV3ForCausalLM", "deepseek_v3"
 FAMILY = "deepseek_v3"
@@ -239,14 +242,19 @@ class DeepseekV3HF(TableAdapter):
     def import_(self, hf_config: Mapping[str, Any], state_dict: Mapping[str, Any], **kwargs: Any
                 ) -> tuple[DeepseekV3Config, nnx.State]:
         """``TableAdapter.import_``; a multi-token prediction layer's embedding or head that is not the main
-        model's (they are shared here, as in the DeepSeek-V3 report) is one DataError line naming it."""
+        model's (they are shared here, as in the DeepSeek-V3 report) is one DataError line naming it, and weights
+        without any tensor of the layers config.json declares (a Transformers save) import without the module,
+        with a warning (the config returned has ``mtp_layers`` 0)."""
         cfg, _ = self.config(hf_config)
-        if cfg.mtp_layers and f"model.layers.{cfg.n_layers}.eh_proj.weight" not in state_dict:
-            raise DataError(f"{source_of(state_dict)}: config.json declares num_nextn_predict_layers "
-                            f"{cfg.mtp_layers}, but tensor 'model.layers.{cfg.n_layers}.eh_proj.weight' of that "
-                            "multi-token prediction layer is missing (Transformers' save_pretrained drops the layer): "
-                            "import the original checkpoint, or set num_nextn_predict_layers to 0 in config.json "
-                            f"to continue without the module ({WEIGHTS})")
+        prefix = f"model.layers.{cfg.n_layers}."
+        if cfg.mtp_layers and not any(name.startswith(prefix) for name in state_dict):
+            # Transformers' save_pretrained drops the layer (its DeepseekV3 model does not build it) but keeps
+            # config.json's count: such a folder imports as the model it holds, without the module
+            log.warning("%s: config.json declares num_nextn_predict_layers %d, but the weights have no %s* tensor "
+                        "(a Transformers save drops the layer): imported without the multi-token prediction module",
+                        source_of(state_dict), cfg.mtp_layers, prefix)
+            hf_config = {**hf_config, "num_nextn_predict_layers": 0}
+            cfg, _ = self.config(hf_config)
         for name, main in shared_copies(cfg).items():
             for needed in (name, main):
                 if needed not in state_dict:
