@@ -223,7 +223,7 @@ def read_prices(path: Path, bundled: bool = False) -> list[PriceRow]:
                                 "it empty when none is published")
         if rub is not None and kind not in RUB_KINDS:
             raise DataError(f"{path} line {line}: only {' and '.join(RUB_KINDS)} rows may be priced in RUB (column "
-                            f"'rub'); a {kind} row is priced in USD")
+                            f"'rub'); {kind} rows are priced in USD")
         vat = raw.get("vat", "")  # an optional column
         if vat and vat not in VAT_MODES:
             raise DataError(f"{path} line {line}: vat {vat!r} is not one of {list(VAT_MODES)} (empty: as billed)")

@@ -74,7 +74,7 @@ COLUMNS = (
     Column("pricing", "pricing"),
     Column("chips", "chips", "{:d}"),
     Column("devices", "devices", "{:d}", terminal=False),
-    Column("chip_hour_price", "chip-hour as billed"),
+    Column("chip_hour_price", "chip-hour price"),
     Column("usd_per_chip_hour", "USD/chip-h", "{:.3f}"),
     Column("price_kind", "price from"),
     Column("other_clouds", "other clouds", terminal=False),
@@ -106,14 +106,13 @@ COLUMNS = (
 )
 # the console's plan: one row per option, what a reader acts on, within 120 columns (plan.md has every column)
 TERMINAL_COLUMNS = (
-    Column("option", "option"),
+    Column("accelerator", "accelerator"),
     Column("chips", "chips", "{:d}"),
-    Column("pricing", "pricing"),
+    Column("pricing_cloud", "pricing (cloud)"),
     Column("hours", "hours", SIG),
-    Column("rub", "rubles", SIG),
+    Column("rub_cell", "rubles"),  # the rubles, or why there are none (the notes under the table say more)
     Column("mfu", "MFU", "{:.1%}"),
     Column("mfu_from", "MFU from"),
-    Column("flag", "note"),
 )
 
 
@@ -443,9 +442,9 @@ def batch_split_problem(devices: int, model: PlanModel, train_cfg: TrainConfig, 
 
 
 def short_source(mfu_source: str) -> str:
-    """The first words of an MFU source ('anchor llama3.1-8b on tpu-v6e', 'cost.plan_mfu', 'our run'), for the
-    console; plan.md keeps the whole sentence."""
-    return mfu_source.split(" (")[0].split(",")[0]
+    """The first words of an MFU source, for the console ('llama3.1-8b on tpu-v6e' for an anchor, 'cost.plan_mfu',
+    'our run', 'option'); plan.md keeps the whole sentence (why no anchor applied, the recompute factors)."""
+    return mfu_source.split(" (")[0].split(",")[0].removeprefix("anchor ")
 
 
 def estimate(option: PlanOption, index: int, model: PlanModel, tokens: int, catalog: Catalog, rate: UsdRubRate,
@@ -475,9 +474,9 @@ def estimate(option: PlanOption, index: int, model: PlanModel, tokens: int, cata
         "accelerator": option.accelerator, "cloud": price.cloud or "any", "region": price.region,
         "pricing": price.pricing, "chips": option.chips, "devices": devices,
         "usd_per_chip_hour": None if billed is None else billed if price.currency == "USD" else billed / rate.rate,
-        "chip_hour_price": ("none published" if billed is None
-                            else f"{significant(billed)} {price.currency}"
-                            + (f" (+{vat_rate:.0%} VAT)" if price.vat == "added" else "")),
+        "chip_hour_price": ("none published" if price.figure is None
+                            else f"{significant(price.figure)} {price.currency}"
+                            + (f" + {vat_rate:.0%} VAT" if price.vat == "added" else "")),
         "price_kind": price.source_kind,
         "other_clouds": "; ".join(f"{r.cloud} {r.figure:.3f}" + (" RUB" if r.currency == "RUB" else "")
                                   for r in others) or None,
@@ -525,10 +524,11 @@ def estimate(option: PlanOption, index: int, model: PlanModel, tokens: int, cata
         fits = "yes (estimate)" if setting.estimate.fits else "no"
     else:  # the config's setting on a TPU slice 04b did not check: the state alone is compared
         fits = "state only: yes" if state_gib <= hbm_per_device else "no"
-    if unpriced is not None:
-        row["not_planned"] = (f"not priced: {price.note or 'no published rate'}; give your rate: "
-                              f"cost.contract_rates.{option.accelerator} (e.g. {{price: <RUB per chip-hour>, "
-                              "currency: RUB, vat: included}) or a user catalog row")
+    if unpriced is not None:  # hours, but no rubles: never a price of 0
+        ask = "" if "give your rate" in price.note else (
+            f"; give your rate: cost.contract_rates.{option.accelerator} (e.g. {{price: <per chip-hour>, "
+            "currency: RUB, vat: included}) or a user catalog row")
+        row["not_planned"] = f"not priced: {price.note or 'no published rate'}{ask}"
     return {
         **row, "recompute": recompute, "mfu": mfu, "hfu": mfu * recompute, "mfu_source": mfu_source,
         "mfu_from": mfu_from, "tokens_per_s_per_chip": per_chip, "tokens_per_s_per_device": per_device,
@@ -718,22 +718,18 @@ def plan(cfg: ExperimentConfig, run_folder: RunFolder | None, catalog: Catalog |
                        rub_to_target=None if row.get("rub") is None else row["rub"] * share)
     plan_storage(rows, storage_plan(cfg, run_folder, model, tokens), cfg, catalog, rate)
     for row in rows:
-        row.update(option=f"{row['accelerator']} ({row['cloud']})", flag=console_flag(row))
+        row.update(pricing_cloud=f"{row['pricing']} ({row['cloud']})", rub_cell=rubles_cell(row))
     checks = [anchor_check(anchor, catalog) for anchor in anchors]
     return model, tokens, rows, checks
 
 
-def console_flag(row: dict[str, Any]) -> str:
-    """A few words on what to check before acting on a row (the notes under the table say the rest)."""
+def rubles_cell(row: dict[str, Any]) -> str:
+    """The console's rubles: the figure, or in two words why there is none (the notes under the table say more)."""
     if row.get("hours") is None:
-        return "not planned: see notes"
+        return "not planned"
     if row.get("rub") is None:
-        return "no price: give a rate"
-    if row.get("fits") == "no":
-        return "does not fit HBM"
-    if row.get("price_kind") == "third-party":
-        return "third-party price"
-    return ""
+        return "give a rate"
+    return significant(row["rub"])
 
 
 def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
@@ -770,6 +766,8 @@ def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> 
     notes.append(storage_plan(cfg, run_folder, model, tokens).note(rows))
     notes.extend(f"{row['accelerator']} x{row['chips']} {row['pricing']} ({row['cloud']}): {row['not_planned']}"
                  for row in rows if row.get("not_planned"))
+    notes.extend(f"{row['accelerator']} x{row['chips']} {row['pricing']} ({row['cloud']}): does not fit the device "
+                 f"by the memory estimate ({row['setting_from']})" for row in rows if row.get("fits") == "no")
     notes.extend(rate.notes)
     reports = run_folder.reports
     reports.mkdir(parents=True, exist_ok=True)
