@@ -200,3 +200,17 @@ def test_the_plan_chart_writes_rubles_plainly_without_an_offset() -> None:
     labels = [tick.get_text() for tick in ax_rub.get_xticklabels() if tick.get_text()]
     assert any("," in label and float(label.replace(",", "")) >= 1e6 for label in labels), labels
     assert not any(math.isnan(b.get_width()) is False and b.get_width() == 0 for b in ax_rub.patches[2:])
+
+
+def test_a_small_cost_report_shows_its_dollars_not_zero(tmp_path: Path) -> None:
+    """One minute of the 0.06701 USD/h CPU host: 0.00112 USD, which two decimals printed as "0.00 USD"."""
+    t = [1_000_000.0]
+    cfg = CostConfig(usd_rub_rate=100.0, usd_rub_date=TODAY.isoformat())
+    ledger = Ledger.open(tmp_path / "ledger", cfg, "run", rate=UsdRubRate(100.0, TODAY, "test"),
+                         clock=lambda: t[0], started_at=t[0], background=False)
+    with ledger.phase("train"):
+        t[0] += 60.0
+    ledger.close()
+    usd = 0.06701 / 60
+    head = (tmp_path / "ledger" / "cost_report.md").read_text(encoding="utf-8").splitlines()[2]
+    assert head.startswith(f"{usd * 100:.3g} RUB = {usd:.3g} USD at USD->RUB 100.0000"), head
