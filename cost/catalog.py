@@ -284,11 +284,12 @@ class Catalog:
     def from_config(cls, cost_cfg: CostConfig) -> Catalog:
         return cls.load(cost_cfg.catalog_path, cost_cfg.hardware_path, cost_cfg.contract_rates)
 
-    def contract(self, name: str, pricing: str) -> PriceRow:
-        """The team's own rate for ``name`` (``cost.contract_rates``), whatever the list price or mode."""
+    def contract(self, name: str, pricing: str, cloud: str = "", region: str = "") -> PriceRow:
+        """The team's own rate for ``name`` (``cost.contract_rates``), whatever the list price or mode; on the
+        cloud and region asked for, when one is (where the contract runs)."""
         given = self.contract_rates[name]
         rate = given if isinstance(given, ContractRate) else ContractRate(float(given))
-        return PriceRow(kind="accelerator", name=name, cloud="", region="", pricing=pricing,
+        return PriceRow(kind="accelerator", name=name, cloud=cloud, region=region, pricing=pricing,
                         usd=rate.price if rate.currency == "USD" else None, unit="chip-hour",
                         source=f"cost.contract_rates.{name}", date=dt.date.today().isoformat(),
                         note="your contract rate", origin="config", source_kind="contract",
@@ -311,7 +312,7 @@ class Catalog:
         when one is given; rows in rubles and dollars compared at ``usd_rub_rate``); errors as ``lookup``, and
         ``UnpricedError`` (holding the row) when the catalog knows the choice but publishes no figure for it."""
         if kind == "accelerator" and name in self.contract_rates:
-            return [self.contract(name, pricing)]
+            return [self.contract(name, pricing, cloud, region)]
         candidates = [row for row in self.prices if row.kind == kind and row.name == name]
         if not candidates:
             known = self.names(kind)

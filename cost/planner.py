@@ -110,7 +110,8 @@ TERMINAL_COLUMNS = (
     Column("chips", "chips", "{:d}"),
     Column("pricing_cloud", "pricing (cloud)"),
     Column("hours", "hours", SIG),
-    Column("rub_cell", "rubles"),  # the rubles, or why there are none (the notes under the table say more)
+    # the rubles, or why there are none (the notes under the table say more); "{:}" right-aligns it as a number
+    Column("rub_cell", "rubles", "{:}"),
     Column("mfu", "MFU", "{:.1%}"),
     Column("mfu_from", "MFU from"),
 )
@@ -753,7 +754,8 @@ def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> 
                  "not sufficient: run recipe 04b); else the least-recompute setting whose memory estimate (state, one "
                  "micro-batch's activations and logits; cost/memory.py) fits the device")
     notes.append("price from: 'catalog snapshot' (SkyPilot's catalog of the clouds' lists), 'provider list', "
-                 "'third-party' (not the provider's own figure: check it), 'contract' (cost.contract_rates); an "
+                 "'third-party' (not the provider's own figure: check it), 'contract' (cost.contract_rates, in its "
+                 "own currency: rubles are multiplied as rubles, cost.vat_rate added to a figure before VAT); an "
                  "option without a cloud is priced at the cheapest cloud, the others in 'other clouds'")
     notes.append("MFU is per device (a TPU7x chip is two devices, each with half its peak); 'MFU from' names the "
                  "measured or published anchor (the nearest in size on the same vendor's hardware, within "
