@@ -58,7 +58,7 @@ def session_row(index: int, session: Session, tally: Tally) -> dict[str, Any]:
             "clean": session.clean if session.closed else None,
             "accelerator": price["name"], "pricing": price["pricing"],
             "where": "/".join(p for p in (price.get("cloud", ""), price.get("region", "")) if p),
-            "usd_per_chip_hour": price["usd"], "chip_hour_price": f"{significant(figure)} {currency}",
+            "usd_per_chip_hour": price["usd"], "chip_hour_price": f"{figure:g} {currency}",
             "chips": meta["chips"], "chips_in_use": meta.get("chips_in_use"),
             "devices": meta.get("devices"), "hours": sum(tally.seconds.values()) / 3600, "usd": usd,
             "usd_rub_rate": meta["usd_rub_rate"], "rate_date": meta["rate_date"],

@@ -476,7 +476,7 @@ def estimate(option: PlanOption, index: int, model: PlanModel, tokens: int, cata
         "pricing": price.pricing, "chips": option.chips, "devices": devices,
         "usd_per_chip_hour": None if billed is None else billed if price.currency == "USD" else billed / rate.rate,
         "chip_hour_price": ("none published" if price.figure is None
-                            else f"{significant(price.figure)} {price.currency}"
+                            else f"{price.figure:g} {price.currency}"
                             + (f" + {vat_rate:.0%} VAT" if price.vat == "added" else "")),
         "price_kind": price.source_kind,
         "other_clouds": "; ".join(f"{r.cloud} {r.figure:.3f}" + (" RUB" if r.currency == "RUB" else "")
