@@ -5,7 +5,9 @@ mode (on-demand, spot, 1y, 3y), infrastructure rows (CPU hosts per hour, a disk 
 per GB), and object storage rows (kind ``storage``: one row per figure of a bucket's storage class, the
 GB-month, 1,000 write-class and 1,000 read-class requests, and egress per GB; ``cost.storage`` names
 the class, ``cost/storage.py`` prices it). A provider that prices in rubles is written in rubles: the
-optional ``rub`` column holds such a figure (storage rows only), never a conversion of it.
+optional ``rub`` column holds such a figure (accelerator and storage rows), never a conversion of it, and the
+optional ``vat`` column says whether a figure includes VAT (``included``, or empty: the figure is what is billed)
+or not (``added``: ``cost.vat_rate`` is added to it, as a Russian price list "без НДС" asks).
 ``cost/hardware.csv`` holds peak dense bf16 TFLOP/s and HBM per chip, and how many JAX devices one
 chip shows (two on TPU7x). Every row, with a figure or without, names where it was
 read (a page or a machine-readable catalog with its version and row), the day it was read, and how
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from experiment.errors import ConfigError, DataError
-from experiment.sections.cost import CostConfig
+from experiment.sections.cost import ContractRate, CostConfig
 
 BUNDLED_PRICES = Path(__file__).with_name("catalog.csv")
 BUNDLED_HARDWARE = Path(__file__).with_name("hardware.csv")
@@ -45,6 +47,8 @@ PRICING_MODES = ("on-demand", "spot", "1y", "3y")
 # How strong a figure's source is, strongest first. The bundled catalogs must say it on every row; a user's
 # catalog may (its rows are "user catalog" otherwise); "contract" is a rate given in cost.contract_rates.
 SOURCE_KINDS = ("provider list", "catalog snapshot", "third-party", "none published", "user catalog", "contract")
+RUB_KINDS = ("accelerator", "storage")  # rows a provider may price in rubles (column 'rub')
+VAT_MODES = ("included", "added")  # a figure as billed (VAT included or none due), or before VAT (cost.vat_rate added)
 # A figure's date: when it was published, or when we recorded it (the note says which); year or month
 # precision is allowed for figures recalled from a price list rather than read from a dated page.
 _DATE = re.compile(r"^\d{4}(-\d{2}(-\d{2})?)?$")
@@ -52,6 +56,14 @@ _DATE = re.compile(r"^\d{4}(-\d{2}(-\d{2})?)?$")
 
 class CatalogError(ConfigError):
     """An accelerator, price or infrastructure row the config asks for is not in the catalog."""
+
+
+class UnpricedError(CatalogError):
+    """The catalog knows the choice but publishes no figure for it (``row``): a plan says so and asks for a rate."""
+
+    def __init__(self, message: str, row: PriceRow) -> None:
+        super().__init__(message)
+        self.row = row
 
 
 @dataclass(frozen=True)
@@ -68,7 +80,8 @@ class PriceRow:
     note: str = ""
     origin: str = ""  # the file the row came from
     source_kind: str = "user catalog"
-    rub: float | None = None  # the figure of a provider that prices in rubles (storage rows only; usd is then None)
+    rub: float | None = None  # the figure of a provider that prices in rubles (usd is then None)
+    vat: str = ""  # "added": the figure is before VAT, cost.vat_rate is added; "" or "included": the figure as billed
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -85,8 +98,29 @@ class PriceRow:
         """The price in the row's own currency (``currency``); None: no published figure."""
         return self.rub if self.rub is not None else self.usd
 
+    def billed(self, vat_rate: float) -> float | None:
+        """The figure as the invoice charges it, in ``currency``: with ``vat_rate`` added to a price before VAT."""
+        if self.figure is None:
+            return None
+        return self.figure * (1.0 + vat_rate) if self.vat == "added" else self.figure
+
+    def usd_equivalent(self, usd_rub_rate: float | None) -> float:
+        """The figure in USD, for ordering rows of both currencies (a ruble row without a rate sorts last)."""
+        if self.usd is not None:
+            return self.usd
+        return (self.rub or 0.0) / usd_rub_rate if usd_rub_rate else math.inf
+
     def describe_figure(self) -> str:
-        return "no published figure" if self.figure is None else f"{self.figure:g} {self.currency} per {self.unit}"
+        if self.figure is None:
+            return "no published figure"
+        return f"{self.figure:g} {self.currency} per {self.unit}" + (" before VAT" if self.vat == "added" else "")
+
+    @property
+    def price_key(self) -> str:
+        """What names this figure in an error: the config key of a contract rate, else the catalog row."""
+        if self.source_kind == "contract":
+            return self.source
+        return f"{self.origin or 'the catalog'}: {self.kind} {self.describe()}"
 
     def describe(self) -> str:
         where = "/".join(p for p in (self.cloud, self.region) if p) or "any cloud"
@@ -182,9 +216,20 @@ def read_prices(path: Path, bundled: bool = False) -> list[PriceRow]:
             raise DataError(f"{path} line {line}: empty 'name'")
         usd = _number(raw["usd"], path, line, "usd")
         rub = _number(raw.get("rub", ""), path, line, "rub")  # an optional column
-        if rub is not None and kind != "storage":
-            raise DataError(f"{path} line {line}: only storage rows may be priced in RUB (column 'rub'); a {kind} row "
-                            "is priced in USD")
+        for column, value in (("usd", usd), ("rub", rub)):
+            if value == 0:  # as a contract rate of 0 is refused: a price of 0 would make the run cost nothing
+                raise DataError(f"{path} line {line}: column '{column}' is 0 for {kind} {raw['name']} "
+                                f"{raw['pricing']} ({raw['cloud'] or 'any cloud'}): a price must be positive; leave "
+                                "it empty when none is published")
+        if rub is not None and kind not in RUB_KINDS:
+            raise DataError(f"{path} line {line}: only {' and '.join(RUB_KINDS)} rows may be priced in RUB (column "
+                            f"'rub'); {kind} rows are priced in USD")
+        vat = raw.get("vat", "")  # an optional column
+        if vat and vat not in VAT_MODES:
+            raise DataError(f"{path} line {line}: vat {vat!r} is not one of {list(VAT_MODES)} (empty: as billed)")
+        if vat == "added" and kind != "accelerator":
+            raise DataError(f"{path} line {line}: vat 'added' on a {kind} row: give {kind} figures as billed "
+                            "(VAT included)")
         if rub is not None and usd is not None:
             raise DataError(f"{path} line {line}: a row is priced in one currency: fill 'usd' or 'rub', not both")
         priced = usd is not None or rub is not None
@@ -192,7 +237,7 @@ def read_prices(path: Path, bundled: bool = False) -> list[PriceRow]:
         rows.append(PriceRow(kind=kind, name=raw["name"], cloud=raw["cloud"], region=raw["region"],
                              pricing=raw["pricing"], usd=usd, unit=raw["unit"], source=raw["source"],
                              date=raw["date"], note=raw.get("note", ""), origin=str(path),
-                             source_kind=_source_kind(raw, path, line, bundled, priced), rub=rub))
+                             source_kind=_source_kind(raw, path, line, bundled, priced), rub=rub, vat=vat))
     return rows
 
 
@@ -220,11 +265,12 @@ class Catalog:
     prices: list[PriceRow]
     hardware: dict[str, HardwareRow]
 
-    contract_rates: dict[str, float] = dataclasses.field(default_factory=dict)  # accelerator -> USD/chip-hour
+    # accelerator -> the team's own rate per chip-hour (a bare number: USD as billed)
+    contract_rates: dict[str, float | ContractRate] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def load(cls, catalog_path: str = "", hardware_path: str = "",
-             contract_rates: dict[str, float] | None = None) -> Catalog:
+             contract_rates: dict[str, float | ContractRate] | None = None) -> Catalog:
         """The bundled catalogs, extended or overridden by user CSVs (same columns) when given."""
         merged: dict[tuple[str, ...], PriceRow] = {row.key: row for row in read_prices(BUNDLED_PRICES, bundled=True)}
         if catalog_path:
@@ -238,29 +284,35 @@ class Catalog:
     def from_config(cls, cost_cfg: CostConfig) -> Catalog:
         return cls.load(cost_cfg.catalog_path, cost_cfg.hardware_path, cost_cfg.contract_rates)
 
-    def contract(self, name: str, pricing: str) -> PriceRow:
-        """The team's own rate for ``name`` (``cost.contract_rates``), whatever the list price or mode."""
-        return PriceRow(kind="accelerator", name=name, cloud="", region="", pricing=pricing,
-                        usd=self.contract_rates[name], unit="chip-hour", source=f"cost.contract_rates.{name}",
-                        date=dt.date.today().isoformat(), note="your contract rate", origin="config",
-                        source_kind="contract")
+    def contract(self, name: str, pricing: str, cloud: str = "", region: str = "") -> PriceRow:
+        """The team's own rate for ``name`` (``cost.contract_rates``), whatever the list price or mode; on the
+        cloud and region asked for, when one is (where the contract runs)."""
+        given = self.contract_rates[name]
+        rate = given if isinstance(given, ContractRate) else ContractRate(float(given))
+        return PriceRow(kind="accelerator", name=name, cloud=cloud, region=region, pricing=pricing,
+                        usd=rate.price if rate.currency == "USD" else None, unit="chip-hour",
+                        source=f"cost.contract_rates.{name}", date=dt.date.today().isoformat(),
+                        note="your contract rate", origin="config", source_kind="contract",
+                        rub=rate.price if rate.currency == "RUB" else None, vat=rate.vat)
 
     def names(self, kind: str) -> list[str]:
         return sorted({row.name for row in self.prices if row.kind == kind})
 
     def lookup(self, name: str, pricing: str, cloud: str = "", region: str = "", kind: str = "accelerator",
-               key: str = "cost.accelerator", cheapest: bool = False) -> PriceRow:
+               key: str = "cost.accelerator", cheapest: bool = False, usd_rub_rate: float | None = None) -> PriceRow:
         """The one priced row for this choice; an unknown name, a missing price or an ambiguity is an error
         (``cheapest``: the cheapest of several clouds/regions instead, as a planner compares them). A
         contract rate for the accelerator (``cost.contract_rates``) is the price, whatever the catalog says."""
-        return self.priced_rows(name, pricing, cloud, region, kind, key, cheapest)[0]
+        return self.priced_rows(name, pricing, cloud, region, kind, key, cheapest, usd_rub_rate)[0]
 
     def priced_rows(self, name: str, pricing: str, cloud: str = "", region: str = "", kind: str = "accelerator",
-                    key: str = "cost.accelerator", cheapest: bool = False) -> list[PriceRow]:
+                    key: str = "cost.accelerator", cheapest: bool = False,
+                    usd_rub_rate: float | None = None) -> list[PriceRow]:
         """The priced rows for this choice, cheapest first (one unless ``cheapest``; only the contract rate
-        when one is given); errors as ``lookup``."""
+        when one is given; rows in rubles and dollars compared at ``usd_rub_rate``); errors as ``lookup``, and
+        ``UnpricedError`` (holding the row) when the catalog knows the choice but publishes no figure for it."""
         if kind == "accelerator" and name in self.contract_rates:
-            return [self.contract(name, pricing)]
+            return [self.contract(name, pricing, cloud, region)]
         candidates = [row for row in self.prices if row.kind == kind and row.name == name]
         if not candidates:
             known = self.names(kind)
@@ -279,17 +331,20 @@ class Catalog:
             modes = sorted({row.pricing for row in candidates})
             raise CatalogError(f"config key '{key}': {name} has no '{pricing}' price in the catalog "
                                f"(available: {', '.join(modes)})")
-        priced = sorted((row for row in moded if row.usd is not None), key=lambda row: row.usd or 0.0)
+        priced = sorted((row for row in moded if row.figure is not None),
+                        key=lambda row: row.usd_equivalent(usd_rub_rate))
         if not priced:
             row = moded[0]
             where = "/".join(p for p in (row.cloud, row.region) if p) or "any cloud"
             why = f": {row.note}" if row.note else ""
-            contract = f" or your contract rate (cost.contract_rates: {{{name}: <USD per chip-hour>}})" \
-                if kind == "accelerator" else ""
-            raise CatalogError(f"config key '{key}': the catalog has no {pricing} price for {name} ({where}){why}; "
-                               f"give one in a user catalog (cost.catalog_path){contract}")
+            contract = (f" or your contract rate (cost.contract_rates: {{{name}: <USD per chip-hour>}}, or "
+                        f"{{{name}: {{price: <RUB per chip-hour>, currency: RUB, vat: included}}}})"
+                        if kind == "accelerator" else "")
+            raise UnpricedError(f"config key '{key}': the catalog has no {pricing} price for {name} ({where}){why}; "
+                                f"give one in a user catalog (cost.catalog_path){contract}", row)
         if len(priced) > 1 and not cheapest:
-            options = "; ".join(f"cloud={r.cloud} region={r.region} ({r.usd} USD/{r.unit})" for r in priced)
+            options = "; ".join(f"cloud={r.cloud} region={r.region} ({r.figure} {r.currency}/{r.unit})"
+                                for r in priced)
             raise CatalogError(f"config key '{key}': {name} {pricing} is sold by several clouds/regions, choose "
                                f"one with cost.cloud / cost.region: {options}")
         return priced

@@ -46,7 +46,7 @@ from cost.ledger_format import (
     read_records,
     sessions_of,
 )
-from cost.ledger_pricing import summarize
+from cost.ledger_pricing import check_finite, summarize
 from cost.ledger_report import write_report
 from cost.ledger_sessions import Tally, resume_from_checkpoint, stored_level, tally_finished
 from cost.rates import UsdRubRate, resolve_usd_rub
@@ -170,12 +170,15 @@ class Ledger:
         (bytes, objects) the run folder holds, when its object storage is priced (``cost.storage``).
         """
         ledger_dir = location(ledger_dir)
-        ledger_dir.mkdir(parents=True, exist_ok=True)
         path = ledger_dir / LEDGER_FILE
         catalog = catalog or Catalog.from_config(cost_cfg)
         price, infra = price_rows(cost_cfg, catalog)
-        storage = storage_choice(cost_cfg, ledger_dir, catalog)
         rate = rate or resolve_usd_rub(cost_cfg)
+        # an hour that is not a finite number of rubles (1e308 x the rate) is refused before anything is written
+        check_finite({"price": price_dict(price), "infra": infra, "chips": cost_cfg.chips,
+                      "vat_rate": cost_cfg.vat_rate, "usd_rub_rate": rate.rate})
+        ledger_dir.mkdir(parents=True, exist_ok=True)
+        storage = storage_choice(cost_cfg, ledger_dir, catalog)
         past: list[Session] = []
         if appendlog.exists(path):
             records, torn = read_records(path)
@@ -189,7 +192,7 @@ class Ledger:
         meta = {
             "e": "open", "session": len(past), "run_id": run_id, "t": begin, "opened": now, "pid": os.getpid(),
             "chips": cost_cfg.chips, "chips_in_use": chips_in_use, "devices": _device_description(),
-            "price": price_dict(price), "infra": infra,
+            "price": price_dict(price), "infra": infra, "vat_rate": cost_cfg.vat_rate,
             **rate.as_dict(), "token_budget": cost_cfg.token_budget,
             **({"storage": storage.meta()} if storage.priced else {}),
         }
@@ -203,8 +206,8 @@ class Ledger:
                 ledger._listing_path = None if measure_storage else run_folder
                 ledger._measure_storage(at=begin)
         action = f"continuing a ledger with {len(past)} earlier session(s)" if past else "new ledger"
-        log.info("cost ledger %s (%s): %d x %s at %.4g USD/chip-hour, USD->RUB %.4f of %s",
-                 path, action, cost_cfg.chips, price.describe(), price.usd, rate.rate, rate.date)
+        log.info("cost ledger %s (%s): %d x %s at %s, USD->RUB %.4f of %s",
+                 path, action, cost_cfg.chips, price.describe(), price.describe_figure(), rate.rate, rate.date)
         return ledger
 
     def _tally_past(self) -> list[tuple[dict[str, Any], Tally]]:

@@ -1,6 +1,8 @@
 """Pricing a ledger's tallies: rubles = wall-clock hours x chips x USD per chip-hour (+ infrastructure
-rows) x the session's USD->RUB rate, each session at its own price row and dated rate; plus, for a session
-whose run folder is priced as object storage (``cost.storage``), its GB-months and requests at its storage
+rows) x the session's USD->RUB rate, each session at its own price row and dated rate; a chip-hour priced in
+rubles (a Russian provider's row or a RUB contract rate, with ``cost.vat_rate`` added to a price before VAT) is
+rubles x hours x chips, never converted through the rate (its USD column is derived from the rubles); plus,
+for a session whose run folder is priced as object storage (``cost.storage``), its GB-months and requests at its storage
 class's rows (``cost.storage``: a line of its own, ``storage``, beside the phases).
 
 Decay branches: a run started from another run's checkpoint (``trainer/branch.py``) stands on the
@@ -12,6 +14,7 @@ plus its own.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -20,14 +23,48 @@ from cost.ledger_format import read_sessions
 from cost.ledger_sessions import Tally, tally_on_disk
 from cost.storage import HOURS_PER_MONTH, storage_usd
 from cost.summary import CostSummary
-from experiment.errors import DataError
+from experiment.errors import ConfigError, DataError
 
 STORAGE = "storage"  # the line of object storage in a ledger's rubles (not a phase: bytes x time, and requests)
+PRICE_FIELDS = set(PriceRow.__dataclass_fields__)  # what an open record's price row may hold
 
 
-def hourly_usd(meta: dict[str, Any]) -> float:
-    """USD per wall-clock hour of a session: chips x chip-hour price + hourly infrastructure."""
-    usd = meta["chips"] * meta["price"]["usd"]
+def chip_hour(meta: dict[str, Any]) -> tuple[float, str]:
+    """A session's chip-hour as billed (VAT added to a figure before VAT, at the session's ``vat_rate``) and its
+    currency; a ledger written before rubles and VAT were recorded reads as USD as billed."""
+    row = PriceRow(**{k: v for k, v in meta["price"].items() if k in PRICE_FIELDS})
+    billed = row.billed(meta.get("vat_rate", 0.0))
+    if billed is None:
+        raise DataError(f"a ledger session priced by {row.describe()} has no figure for it")
+    return billed, row.currency
+
+
+def hourly_cost(meta: dict[str, Any]) -> tuple[float, float]:
+    """(USD, RUB) per wall-clock hour of a session: chips x chip-hour price + hourly infrastructure, each figure
+    counted in its own currency and the other derived at the session's rate (rubles stay rubles)."""
+    rate = meta["usd_rub_rate"]
+    usd = hourly_usd_items(meta)
+    figure, currency = chip_hour(meta)
+    if currency == "RUB":
+        rub_only = meta["chips"] * figure
+        return usd + rub_only / rate, usd * rate + rub_only
+    usd += meta["chips"] * figure
+    return usd, usd * rate
+
+
+def check_finite(meta: dict[str, Any]) -> None:
+    """A price, chip count and rate whose hour is not a finite number of rubles (1e308 USD x 100 RUB) is refused
+    before anything is booked: one line naming the figure."""
+    usd, rub = hourly_cost(meta)
+    if not (math.isfinite(usd) and math.isfinite(rub)):
+        row = PriceRow(**{k: v for k, v in meta["price"].items() if k in PRICE_FIELDS})
+        raise ConfigError(f"config key '{row.price_key}': {meta['chips']} chips x {row.describe_figure()} at USD->RUB "
+                          f"{meta['usd_rub_rate']:g} is not a finite number of rubles per hour; check the figure")
+
+
+def hourly_usd_items(meta: dict[str, Any]) -> float:
+    """USD per wall-clock hour of a session's infrastructure rows (priced in USD)."""
+    usd = 0.0
     for item in meta.get("infra", []):
         if item["unit"] == "hour":
             usd += item["quantity"] * item["usd"]
@@ -40,16 +77,18 @@ def one_off_usd(meta: dict[str, Any]) -> float:
     return sum(item["quantity"] * item["usd"] for item in meta.get("infra", []) if item["unit"] == "gb")
 
 
-def usd_by_phase(meta: dict[str, Any], tally: Tally, first: bool) -> dict[str, float]:
-    """A session's dollars by phase at its own price row (and, for the first session, per-GB charges; for a
+def cost_by_phase(meta: dict[str, Any], tally: Tally, first: bool) -> dict[str, tuple[float, float]]:
+    """A session's (USD, RUB) by phase at its own price row (and, for the first session, per-GB charges; for a
     session that prices its run folder's object storage, ``storage``)."""
-    hourly = hourly_usd(meta)
-    usd = {phase: secs / 3600 * hourly for phase, secs in tally.seconds.items()}
+    rate = meta["usd_rub_rate"]
+    usd_hour, rub_hour = hourly_cost(meta)
+    cost = {phase: (secs / 3600 * usd_hour, secs / 3600 * rub_hour) for phase, secs in tally.seconds.items()}
     if first and one_off_usd(meta):
-        usd["one_off"] = one_off_usd(meta)
+        cost["one_off"] = (one_off_usd(meta), one_off_usd(meta) * rate)
     if meta.get("storage"):
-        usd[STORAGE] = storage_usd(meta["storage"], tally.storage, meta["usd_rub_rate"])
-    return usd
+        usd = storage_usd(meta["storage"], tally.storage, rate)
+        cost[STORAGE] = (usd, usd * rate)
+    return cost
 
 
 def summarize(sessions: list[tuple[dict[str, Any], Tally]], token_budget: int | None) -> CostSummary:
@@ -69,11 +108,10 @@ def summarize(sessions: list[tuple[dict[str, Any], Tally]], token_budget: int | 
         usd_total, rub_total, chip_hours = parent["usd_total"], parent["rub_total"], parent["chip_hours"]
         tokens, last_step = parent["tokens"], parent["step"]
     for index, (meta, tally) in enumerate(sessions):
-        rate = meta["usd_rub_rate"]
-        for phase, usd in usd_by_phase(meta, tally, first=index == 0).items():
-            rub_by_phase[phase] = rub_by_phase.get(phase, 0.0) + usd * rate
+        for phase, (usd, rub) in cost_by_phase(meta, tally, first=index == 0).items():
+            rub_by_phase[phase] = rub_by_phase.get(phase, 0.0) + rub
             usd_total += usd
-            rub_total += usd * rate
+            rub_total += rub
         for phase, secs in tally.seconds.items():
             seconds[phase] = seconds.get(phase, 0.0) + secs
             chip_hours += secs / 3600 * meta["chips"]

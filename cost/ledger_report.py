@@ -12,9 +12,9 @@ import os
 from typing import Any
 
 from cost.ledger_format import Session, read_sessions
-from cost.ledger_pricing import STORAGE, summarize, usd_by_phase
+from cost.ledger_pricing import STORAGE, chip_hour, cost_by_phase, summarize
 from cost.ledger_sessions import Tally, tally_on_disk
-from cost.report import SIG, Column, to_csv, to_markdown
+from cost.report import SIG, Column, significant, to_csv, to_markdown
 from cost.storage import GIB, cost_by_unit, figure_of
 from cost.summary import PHASE_COLUMNS
 from experiment.files import atomic_write_text
@@ -24,7 +24,7 @@ REPORT_FILE = "cost_report.md"  # rewritten at every close: sessions with their 
 SESSIONS_CSV = "cost_sessions.csv"
 SESSION_COLUMNS = (
     Column("session", "session", "{:d}"), Column("devices", "devices"), Column("accelerator", "priced as"),
-    Column("pricing", "pricing"), Column("where", "cloud/region"), Column("usd_per_chip_hour", "USD / chip-hour"),
+    Column("pricing", "pricing"), Column("where", "cloud/region"), Column("chip_hour_price", "chip-hour as billed"),
     Column("chips", "chips priced", "{:d}"), Column("resumed_from", "resumed from step"),
     Column("tokens", "tokens", "{:,.0f}"), Column("hours", "hours", SIG), Column("rub", "rubles", SIG),
     Column("usd", "USD", SIG), Column("rate_label", "RUB per USD (date)"),
@@ -40,15 +40,16 @@ STORAGE_COLUMNS = (
 
 def session_row(index: int, session: Session, tally: Tally) -> dict[str, Any]:
     meta = session.meta
-    by_phase = usd_by_phase(meta, tally, first=index == 0)
-    usd = sum(by_phase.values())
+    by_phase = cost_by_phase(meta, tally, first=index == 0)
+    usd = sum(usd for usd, _ in by_phase.values())
+    figure, currency = chip_hour(meta)
     price = meta["price"]
     storage = meta.get("storage")
     use = tally.storage
     stored = {"storage": storage["name"], "stored_where": storage.get("where", ""), "gb_months": use.gb_months,
               "stored_gb": None if use.last_bytes is None else use.last_bytes / GIB, "writes": use.writes,
               "reads": use.reads, "egress_gb": use.egress_bytes / GIB,
-              "storage_rub": by_phase[STORAGE] * meta["usd_rub_rate"],
+              "storage_rub": by_phase[STORAGE][1],
               "storage_rub_by_unit": {unit: v * meta["usd_rub_rate"]
                                       for unit, v in cost_by_unit(storage["rows"], use, meta["usd_rub_rate"]).items()}
               } if storage else {"storage": None, "storage_rub": None}
@@ -57,9 +58,11 @@ def session_row(index: int, session: Session, tally: Tally) -> dict[str, Any]:
             "clean": session.clean if session.closed else None,
             "accelerator": price["name"], "pricing": price["pricing"],
             "where": "/".join(p for p in (price.get("cloud", ""), price.get("region", "")) if p),
-            "usd_per_chip_hour": price["usd"], "chips": meta["chips"], "chips_in_use": meta.get("chips_in_use"),
+            "usd_per_chip_hour": price["usd"], "chip_hour_price": f"{figure:g} {currency}",
+            "chips": meta["chips"], "chips_in_use": meta.get("chips_in_use"),
             "devices": meta.get("devices"), "hours": sum(tally.seconds.values()) / 3600, "usd": usd,
-            "usd_rub_rate": meta["usd_rub_rate"], "rate_date": meta["rate_date"], "rub": usd * meta["usd_rub_rate"],
+            "usd_rub_rate": meta["usd_rub_rate"], "rate_date": meta["rate_date"],
+            "rub": sum(rub for _, rub in by_phase.values()),
             "rate_label": f"{meta['usd_rub_rate']:.4f} ({meta['rate_date']})"}
 
 
@@ -89,7 +92,9 @@ def write_report(ledger_dir: str | os.PathLike[str] | RunPath) -> RunPath:
     rates = sorted({row["rate_label"] for row in rows})
     priced_storage = [(session, row) for session, row in zip(sessions, rows, strict=True) if row["storage"]]
     columns = (*SESSION_COLUMNS, STORAGE_COLUMN) if priced_storage else SESSION_COLUMNS
-    text = (f"# Cost of run {summary.run_id}\n\n{summary.rub_total:,.2f} RUB = {summary.usd_total:,.2f} USD at "
+    # significant digits, not two decimals: a short run's 0.004 USD is not "0.00 USD"
+    text = (f"# Cost of run {summary.run_id}\n\n{significant(summary.rub_total)} RUB = "
+            f"{significant(summary.usd_total)} USD at "
             f"USD->RUB {', '.join(rates)} (each session at its own rate); {summary.tokens:,} tokens.\n\n"
             f"## Sessions\n\n{to_markdown(rows, columns)}\n"
             f"## Goodput and badput\n\n{to_markdown(summary.badput_rows(), PHASE_COLUMNS)}")

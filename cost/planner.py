@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cost.catalog import Catalog, CatalogError
+from cost.catalog import Catalog, CatalogError, UnpricedError
 from cost.hf_shapes import hf_model_shape, is_hf_spec
 from cost.ledger_format import LEDGER_FILE
 from cost.ledger_pricing import summarize_ledger
 from cost.memory import STATE_BYTES_PER_PARAM, MemoryEstimate, cheapest_fitting, step_bytes
 from cost.rates import UsdRubRate, resolve_usd_rub
-from cost.report import SIG, Column, log_to_wandb, save_figure, write_table
+from cost.report import SIG, Column, log_to_wandb, save_figure, significant, write_table
 from cost.storage import GIB, HOURS_PER_MONTH, resolve_storage
 from cost.target import Target, TargetCrossing, cost_to_target, eval_points, read_train_log, target_of
 from experiment import appendlog
@@ -62,6 +62,7 @@ from experiment.stages import FIT_CHECK, SHARDS, TOKENIZER
 from experiment.storage import location
 from model.family import params_label
 from model.registry import family_of
+from model.sharding import family_axes
 
 log = logging.getLogger("cost.planner")
 
@@ -73,6 +74,7 @@ COLUMNS = (
     Column("pricing", "pricing"),
     Column("chips", "chips", "{:d}"),
     Column("devices", "devices", "{:d}", terminal=False),
+    Column("chip_hour_price", "chip-hour price"),
     Column("usd_per_chip_hour", "USD/chip-h", "{:.3f}"),
     Column("price_kind", "price from"),
     Column("other_clouds", "other clouds", terminal=False),
@@ -100,6 +102,18 @@ COLUMNS = (
     Column("rub_to_target", "RUB to target", SIG),
     Column("fits", "fits HBM"),
     Column("price_date", "price date"),
+    Column("not_planned", "not planned / not priced"),
+)
+# the console's plan: one row per option, what a reader acts on, within 120 columns (plan.md has every column)
+TERMINAL_COLUMNS = (
+    Column("accelerator", "accelerator"),
+    Column("chips", "chips", "{:d}"),
+    Column("pricing_cloud", "pricing (cloud)"),
+    Column("hours", "hours", SIG),
+    # the rubles, or why there are none (the notes under the table say more); "{:}" right-aligns it as a number
+    Column("rub_cell", "rubles", "{:}"),
+    Column("mfu", "MFU", "{:.1%}"),
+    Column("mfu_from", "MFU from"),
 )
 
 
@@ -133,15 +147,44 @@ class Anchor:
     source: str
     date: str
     note: str
-    remat: str = "none"  # the anchor's activation checkpointing, as published (assumed none when not)
+    # the anchor's activation checkpointing, as published: a model.remat value, or MaxText's remat_policy custom
+    # as "custom:<projections kept>" (e.g. custom:q,k,v,out: those outputs offloaded to the host, every other
+    # tensor of the layer recomputed)
+    remat: str = "none"
     loss_chunk_len: int = 0  # the anchor's chunked loss (0: none or not published)
     plannable: bool = True  # false: its setting is not one we model, so plans never borrow its MFU
 
     @property
     def recompute(self) -> float:
         """Hardware / model FLOPs of the anchor's own run: its remat and the platform's flash kernel."""
+        if self.remat.startswith(CUSTOM_REMAT):
+            return custom_remat_recompute(self.model, self.remat, platform_of(self.accelerator), self.loss_chunk_len)
         return recompute_factor(dataclasses.replace(self.model.cfg, remat=self.remat), self.model.vocab_size,
                                 self.model.seq_len, platform_of(self.accelerator), "bfloat16", self.loss_chunk_len)
+
+
+CUSTOM_REMAT = "custom:"
+# forward FLOPs per token and layer of each attention projection MaxText's custom policy can keep: 2 x its matmul
+CUSTOM_KEPT = {
+    "q": lambda c: 2 * c.d_model * c.n_heads * c.resolved_head_dim,
+    "k": lambda c: 2 * c.d_model * c.n_kv_heads * c.resolved_head_dim,
+    "v": lambda c: 2 * c.d_model * c.n_kv_heads * c.resolved_head_dim,
+    "out": lambda c: 2 * c.n_heads * c.resolved_head_dim * c.d_model,
+}
+
+
+def custom_remat_recompute(model: PlanModel, remat: str, platform: str, loss_chunk_len: int) -> float:
+    """Hardware / model FLOPs under MaxText's ``remat_policy: custom`` that keeps (offloads to the host) the outputs
+    of the projections ``remat`` names and recomputes the rest of each layer (its defaults, base.yml): full remat's
+    recomputation less those projections' forward matmuls. The host transfers cost no FLOPs."""
+    kept = [name.strip() for name in remat[len(CUSTOM_REMAT):].split(",") if name.strip()]
+    unknown = [name for name in kept if name not in CUSTOM_KEPT]
+    if unknown or not kept:
+        raise ValueError(f"remat {remat!r}: name the kept projections among {', '.join(CUSTOM_KEPT)}")
+    full = recompute_factor(dataclasses.replace(model.cfg, remat="full"), model.vocab_size, model.seq_len, platform,
+                            "bfloat16", loss_chunk_len)
+    saved = sum(CUSTOM_KEPT[name](model.cfg) for name in kept) * model.cfg.n_layers
+    return full - saved / model.flops_per_token
 
 
 def platform_of(accelerator: str) -> str:
@@ -190,9 +233,11 @@ def read_anchors(path: Path = ANCHORS) -> list[Anchor]:
                 plannable = (row.get("plannable") or "true").strip().lower()
                 if plannable not in ("true", "false"):
                     raise ValueError(f"plannable must be true or false, got {plannable!r}")
-                anchors.append(Anchor(model, row["accelerator"], tokens_per_s, mfu, row["source"], row["date"],
-                                      row.get("note", ""), row.get("remat") or "none",
-                                      int(row.get("loss_chunk_len") or 0), plannable == "true"))
+                anchor = Anchor(model, row["accelerator"], tokens_per_s, mfu, row["source"], row["date"],
+                                row.get("note", ""), row.get("remat") or "none", int(row.get("loss_chunk_len") or 0),
+                                plannable == "true")
+                anchor.recompute  # noqa: B018 (an unknown remat fails here, naming the line, not in a plan)
+                anchors.append(anchor)
             except (KeyError, ValueError, TypeError, ConfigError) as exc:
                 raise DataError(f"{path} line {line}: bad anchor row ({exc})") from exc
     return anchors
@@ -301,17 +346,22 @@ class MfuChoices:
         # a mixture of experts moves tokens between devices and runs smaller matmuls than a dense model of its
         # active size: it borrows only a sparse anchor's MFU, and a dense model only a dense one's
         kind = "sparse" if self.sparse else "dense"
-        kin = [a for a in self.anchors
-               if a.plannable and self.vendors.get(a.accelerator) == vendor and a.model.sparse == self.sparse]
+        related = [a for a in self.anchors
+                   if self.vendors.get(a.accelerator) == vendor and a.model.sparse == self.sparse]
+        kin = [a for a in related if a.plannable]
+        # an anchor nearer in size that plans may not borrow from is named: "the nearest" is then the nearest usable
+        refused = sorted({a.model.label for a in related if not a.plannable})
+        unusable = f"; not lent: {', '.join(refused)} (plannable false in cost/anchors.csv)" if refused else ""
         if not kin:
-            return self.default, f"cost.plan_mfu (no {kind} anchor on {vendor or option.accelerator} hardware)", 1.0
+            return self.default, (f"cost.plan_mfu (no {kind} anchor on {vendor or option.accelerator} "
+                                  f"hardware{unusable})"), 1.0
         nearest = min(kin, key=lambda a: (abs(math.log(a.model.params / self.params)),
                                           a.accelerator != option.accelerator))
         ratio = nearest.model.params / self.params
         if max(ratio, 1 / ratio) > self.size_ratio:
             beyond = f"beyond cost.plan_anchor_size_ratio {self.size_ratio:g}"
             return self.default, (f"cost.plan_mfu (nearest {kind} {vendor} anchor {nearest.model.label} is "
-                                  f"{ratio:.2g}x the size, {beyond})"), 1.0
+                                  f"{ratio:.2g}x the size, {beyond}{unusable})"), 1.0
         where = "" if nearest.accelerator == option.accelerator else f" on {nearest.accelerator}"
         return nearest.mfu, f"anchor {nearest.model.label}{where}", nearest.recompute
 
@@ -370,14 +420,49 @@ def option_setting(option: PlanOption, devices: int, hbm_gib_per_device: float |
     return RunSetting(estimate.remat, estimate.grad_accum_steps, source, "estimate", estimate)
 
 
+def batch_split_problem(devices: int, model: PlanModel, train_cfg: TrainConfig, grad_accum_steps: int) -> str | None:
+    """Why the run's batch cannot be split over ``devices`` (None: it can). The option keeps the config's tensor
+    and family axes (``train.mesh``) and its data-parallel axes (data x fsdp) fill the slice, as a run moved to
+    another slice would set them; each micro-batch must then divide over the devices of the batch rule's axes."""
+    rules = family_of(model.cfg).mesh_rules(train_cfg.mesh.rules)
+    extra = family_axes(train_cfg.mesh, rules)
+    fixed = train_cfg.mesh.tensor * math.prod(extra.values())
+    named = " x ".join([f"tensor={train_cfg.mesh.tensor}", *(f"axes.{a}={n}" for a, n in extra.items())])
+    if devices % fixed:
+        return f"its {devices} devices do not divide by train.mesh {named} = {fixed}"
+    batch_axes = rules.get("batch", [])
+    parts = ((devices // fixed if {"data", "fsdp"} & set(batch_axes) else 1)
+             * math.prod(extra.get(a, 1) for a in batch_axes)
+             * (train_cfg.mesh.tensor if "tensor" in batch_axes else 1))
+    micro, left = divmod(train_cfg.batch_size, grad_accum_steps)
+    if left or micro % parts:
+        return (f"train.batch_size {train_cfg.batch_size} in {grad_accum_steps} micro-batch(es) does not split over "
+                f"its {parts} data-parallel devices (data x fsdp fill the slice beside train.mesh {named}): give a "
+                f"batch divisible by {parts} x the micro-batches, or another slice")
+    return None
+
+
+def short_source(mfu_source: str) -> str:
+    """The first words of an MFU source, for the console ('llama3.1-8b on tpu-v6e' for an anchor, 'cost.plan_mfu',
+    'our run', 'option'); plan.md keeps the whole sentence (why no anchor applied, the recompute factors)."""
+    return mfu_source.split(" (")[0].split(",")[0].removeprefix("anchor ")
+
+
 def estimate(option: PlanOption, index: int, model: PlanModel, tokens: int, catalog: Catalog, rate: UsdRubRate,
              mfu_choices: MfuChoices, chosen: dict[tuple[str, int], RunSetting], configured: RunSetting,
-             train_cfg: TrainConfig) -> dict[str, Any]:
-    """One table row: time and money of ``tokens`` on this option, at the setting the run fits with."""
+             train_cfg: TrainConfig, vat_rate: float) -> dict[str, Any]:
+    """One table row: time and money of ``tokens`` on this option, at the setting the run fits with. An option
+    the catalog publishes no price for is planned in hours and says which rate to give (no rubles); one whose
+    batch cannot be split over its devices is not planned, and the row says why."""
     key = f"cost.plan_options[{index}]"
     # no cloud named: the cheapest that sells it is planned, the others shown beside it
-    price, *others = catalog.priced_rows(option.accelerator, option.pricing, option.cloud, option.region,
-                                         key=f"{key}.accelerator", cheapest=not option.cloud)
+    try:
+        price, *others = catalog.priced_rows(option.accelerator, option.pricing, option.cloud, option.region,
+                                             key=f"{key}.accelerator", cheapest=not option.cloud,
+                                             usd_rub_rate=rate.rate)
+        unpriced = None
+    except UnpricedError as exc:  # a row of the catalog without a figure (a Russian cloud's, say): ask for a rate
+        price, others, unpriced = exc.row, [], exc
     chip = catalog.chip(option.accelerator, key=f"{key}.accelerator")
     if not chip.peak_bf16_tflops:
         raise CatalogError(f"config key '{key}.accelerator': no peak bf16 TFLOP/s for {option.accelerator} in "
@@ -385,17 +470,48 @@ def estimate(option: PlanOption, index: int, model: PlanModel, tokens: int, cata
     devices = option.chips * chip.devices_per_chip
     hbm_per_device = None if chip.hbm_gib is None else chip.hbm_gib / chip.devices_per_chip
     setting = option_setting(option, devices, hbm_per_device, model, train_cfg, chosen, configured)
+    billed = price.billed(vat_rate)
+    row: dict[str, Any] = {
+        "accelerator": option.accelerator, "cloud": price.cloud or "any", "region": price.region,
+        "pricing": price.pricing, "chips": option.chips, "devices": devices,
+        "usd_per_chip_hour": None if billed is None else billed if price.currency == "USD" else billed / rate.rate,
+        "chip_hour_price": ("none published" if price.figure is None
+                            else f"{price.figure:g} {price.currency}"
+                            + (f" + {vat_rate:.0%} VAT" if price.vat == "added" else "")),
+        "price_kind": price.source_kind,
+        "other_clouds": "; ".join(f"{r.cloud} {r.figure:.3f}" + (" RUB" if r.currency == "RUB" else "")
+                                  for r in others) or None,
+        "peak_tflops": chip.peak_bf16_tflops, "remat": setting.remat, "grad_accum_steps": setting.grad_accum_steps,
+        "setting_from": setting.source, "hbm_gib": chip.hbm_gib, "price_date": price.date,
+        "price_source": price.source, "not_planned": None,
+    }
+    split = batch_split_problem(devices, model, train_cfg, setting.grad_accum_steps)
+    if split is not None:  # no hours, no rubles: a run on this slice could not start with this batch
+        unplanned = {c.key: None for c in COLUMNS if c.key not in row}
+        return {**unplanned, **row, "not_planned": f"not planned: {split}", "mfu_source": "not planned",
+                "mfu_from": "—"}
     recompute = recompute_factor(dataclasses.replace(model.cfg, remat=setting.remat), model.vocab_size, model.seq_len,
                                  platform_of(option.accelerator), train_cfg.compute_dtype, train_cfg.loss_chunk_len)
     mfu, mfu_source, basis = mfu_choices.pick(option)
+    mfu_from = short_source(mfu_source)
     if basis is not None:  # the source's hardware utilisation, spent on this setting's extra work
         mfu = mfu * basis / recompute
         mfu_source += f", x{basis:.2f}/{recompute:.2f} recompute"
     per_device = tokens_per_s_per_chip(mfu, chip.peak_bf16_tflops_per_device or 0.0, model.flops_per_token)
     per_chip = per_device * chip.devices_per_chip
     hours = tokens / (per_device * devices) / 3600
-    assert price.usd is not None  # priced_rows returns priced rows only
-    usd = hours * option.chips * price.usd
+    if billed is None:
+        usd = rub = None
+    elif price.currency == "RUB":  # rubles as the provider bills them, never through the USD rate
+        rub = hours * option.chips * billed
+        usd = rub / rate.rate
+    else:
+        usd = hours * option.chips * billed
+        rub = usd * rate.rate
+    if rub is not None and not (math.isfinite(rub) and math.isfinite(usd or 0.0)):
+        raise ConfigError(f"config key '{price.price_key}': {option.chips} chips x {hours:.4g} hours x "
+                          f"{price.describe_figure()} at USD->RUB {rate.rate:g} is not a finite number of rubles; "
+                          "check the figure")
     state_gib = model.params * STATE_BYTES_PER_PARAM / devices / 2**30
     estimated = setting.estimate.bytes_per_device if setting.estimate else step_bytes(
         model.cfg, model.params, model.vocab_size, model.seq_len,
@@ -409,19 +525,17 @@ def estimate(option: PlanOption, index: int, model: PlanModel, tokens: int, cata
         fits = "yes (estimate)" if setting.estimate.fits else "no"
     else:  # the config's setting on a TPU slice 04b did not check: the state alone is compared
         fits = "state only: yes" if state_gib <= hbm_per_device else "no"
+    if unpriced is not None:  # hours, but no rubles: never a price of 0
+        ask = "" if "give your rate" in price.note else (
+            f"; give your rate: cost.contract_rates.{option.accelerator} (e.g. {{price: <per chip-hour>, "
+            "currency: RUB, vat: included}) or a user catalog row")
+        row["not_planned"] = f"not priced: {price.note or 'no published rate'}{ask}"
     return {
-        "accelerator": option.accelerator, "cloud": price.cloud or "any", "region": price.region,
-        "pricing": price.pricing, "chips": option.chips, "devices": devices, "usd_per_chip_hour": price.usd,
-        "price_kind": price.source_kind,
-        "other_clouds": "; ".join(f"{r.cloud} {r.usd:.3f}" for r in others) or None,
-        "peak_tflops": chip.peak_bf16_tflops,
-        "remat": setting.remat, "grad_accum_steps": setting.grad_accum_steps, "setting_from": setting.source,
-        "recompute": recompute, "mfu": mfu, "hfu": mfu * recompute, "mfu_source": mfu_source,
-        "tokens_per_s_per_chip": per_chip, "tokens_per_s_per_device": per_device, "hours": hours,
-        "chip_hours": hours * option.chips, "usd": usd, "rub": usd * rate.rate,
-        "rub_per_1b_tokens": usd * rate.rate / tokens * 1e9, "state_gib_per_device": state_gib,
+        **row, "recompute": recompute, "mfu": mfu, "hfu": mfu * recompute, "mfu_source": mfu_source,
+        "mfu_from": mfu_from, "tokens_per_s_per_chip": per_chip, "tokens_per_s_per_device": per_device,
+        "hours": hours, "chip_hours": hours * option.chips, "usd": usd, "rub": rub,
+        "rub_per_1b_tokens": None if rub is None else rub / tokens * 1e9, "state_gib_per_device": state_gib,
         "memory_gib_per_device": estimated / 2**30, "fits": fits,
-        "hbm_gib": chip.hbm_gib, "price_date": price.date, "price_source": price.source,
     }
 
 
@@ -496,34 +610,44 @@ def plan_storage(rows: list[dict[str, Any]], storage: StoragePlan, cfg: Experime
     for row in rows:
         choice = resolve_storage(cfg.cost, where, catalog, cloud=row["cloud"])
         row["storage_why"] = choice.why
-        if not choice.priced:
+        if not choice.priced or row.get("hours") is None:
             row.update(storage=None, storage_gb=None, storage_rub=None, rub_with_storage=None)
             continue
         price = choice.rows["gb-month"]
         gb_months = storage.stored_bytes / GIB * row["hours"] / HOURS_PER_MONTH
         rub = gb_months * (price.figure or 0.0) * (rate.rate if price.currency == "USD" else 1.0)
         row.update(storage=choice.name, storage_gb=storage.stored_bytes / GIB, storage_gb_months=gb_months,
-                   storage_rub=rub, rub_with_storage=row["rub"] + rub,
+                   storage_rub=rub, rub_with_storage=None if row.get("rub") is None else row["rub"] + rub,
                    storage_price=f"{price.describe_figure()} ({price.source_kind}, {price.date})")
 
 
-def plot_plan(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
+def plan_figure(rows: list[dict[str, Any]], title: str) -> Any:
+    """The plan's bars: rubles and hours per option (an option without either is left empty, never drawn at 0).
+    Axis ticks are plain numbers with thousands separators: matplotlib's default would print 2,000,000 rubles as
+    "2" under a "1e6" offset, which reads as two rubles."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
-    labels = [f"{r['accelerator']} x{r['chips']} {r['pricing']}" for r in rows]
-    fig, (ax_rub, ax_hours) = plt.subplots(1, 2, figsize=(11, 0.5 * len(rows) + 2), sharey=True)
-    ax_rub.barh(labels, [r["rub"] for r in rows], color="tab:red")
+    labels = [f"{r['accelerator']} x{r['chips']} {r['pricing']} ({r['cloud']})" for r in rows]
+    fig, (ax_rub, ax_hours) = plt.subplots(1, 2, figsize=(12, 0.5 * len(rows) + 2), sharey=True)
+    ax_rub.barh(labels, [math.nan if r.get("rub") is None else r["rub"] for r in rows], color="tab:red")
     ax_rub.set_xlabel("rubles")
-    ax_hours.barh(labels, [r["hours"] for r in rows], color="tab:blue")
+    ax_hours.barh(labels, [math.nan if r.get("hours") is None else r["hours"] for r in rows], color="tab:blue")
     ax_hours.set_xlabel("hours (wall clock)")
     ax_rub.invert_yaxis()
     for ax in (ax_rub, ax_hours):
         ax.grid(axis="x", alpha=0.3)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: significant(value)))
+        ax.tick_params(axis="x", labelrotation=30)
     fig.suptitle(title)
-    return save_figure(fig, path)
+    return fig
+
+
+def plot_plan(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
+    return save_figure(plan_figure(rows, title), path)
 
 
 @dataclass(frozen=True)
@@ -583,17 +707,30 @@ def plan(cfg: ExperimentConfig, run_folder: RunFolder | None, catalog: Catalog |
                              cfg.cost.plan_anchor_size_ratio, model.sparse)
     chosen = fit_settings(run_folder, catalog)
     configured = RunSetting(cfg.model.remat, cfg.train.grad_accum_steps, "config")
-    rows = [estimate(option, i, model, tokens, catalog, rate, mfu_choices, chosen, configured, cfg.train)
-            for i, option in enumerate(cfg.cost.plan_options)]
+    rows = [estimate(option, i, model, tokens, catalog, rate, mfu_choices, chosen, configured, cfg.train,
+                     cfg.cost.vat_rate) for i, option in enumerate(cfg.cost.plan_options)]
     if not rows:
         raise ConfigError("config key 'cost.plan_options': give at least one accelerator option")
     if measured is not None:  # time and money are linear in tokens: the measured tokens-to-target's share
         for row in rows:
-            row.update(tokens_to_target=measured.tokens, hours_to_target=row["hours"] * measured.tokens / tokens,
-                       rub_to_target=row["rub"] * measured.tokens / tokens)
+            share = measured.tokens / tokens
+            row.update(tokens_to_target=measured.tokens,
+                       hours_to_target=None if row.get("hours") is None else row["hours"] * share,
+                       rub_to_target=None if row.get("rub") is None else row["rub"] * share)
     plan_storage(rows, storage_plan(cfg, run_folder, model, tokens), cfg, catalog, rate)
+    for row in rows:
+        row.update(pricing_cloud=f"{row['pricing']} ({row['cloud']})", rub_cell=rubles_cell(row))
     checks = [anchor_check(anchor, catalog) for anchor in anchors]
     return model, tokens, rows, checks
+
+
+def rubles_cell(row: dict[str, Any]) -> str:
+    """The console's rubles: the figure, or in two words why there is none (the notes under the table say more)."""
+    if row.get("hours") is None:
+        return "not planned"
+    if row.get("rub") is None:
+        return "give a rate"
+    return significant(row["rub"])
 
 
 def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> list[dict[str, Any]]:
@@ -617,7 +754,8 @@ def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> 
                  "not sufficient: run recipe 04b); else the least-recompute setting whose memory estimate (state, one "
                  "micro-batch's activations and logits; cost/memory.py) fits the device")
     notes.append("price from: 'catalog snapshot' (SkyPilot's catalog of the clouds' lists), 'provider list', "
-                 "'third-party' (not the provider's own figure: check it), 'contract' (cost.contract_rates); an "
+                 "'third-party' (not the provider's own figure: check it), 'contract' (cost.contract_rates, in its "
+                 "own currency: rubles are multiplied as rubles, cost.vat_rate added to a figure before VAT); an "
                  "option without a cloud is priced at the cheapest cloud, the others in 'other clouds'")
     notes.append("MFU is per device (a TPU7x chip is two devices, each with half its peak); 'MFU from' names the "
                  "measured or published anchor (the nearest in size on the same vendor's hardware, within "
@@ -628,11 +766,16 @@ def plan_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> 
                      f"{measured.tokens:,.0f} tokens ({measured.crossing.status(measured.target)}; its rubles "
                      f"{measured.crossing.rub:.4g}); hours to target = those tokens / the option's projected tokens/s")
     notes.append(storage_plan(cfg, run_folder, model, tokens).note(rows))
+    notes.extend(f"{row['accelerator']} x{row['chips']} {row['pricing']} ({row['cloud']}): {row['not_planned']}"
+                 for row in rows if row.get("not_planned"))
+    notes.extend(f"{row['accelerator']} x{row['chips']} {row['pricing']} ({row['cloud']}): does not fit the device "
+                 f"by the memory estimate ({row['setting_from']})" for row in rows if row.get("fits") == "no")
     notes.extend(rate.notes)
     reports = run_folder.reports
     reports.mkdir(parents=True, exist_ok=True)
     columns = COLUMNS if measured is not None else tuple(c for c in COLUMNS if not c.key.endswith("_to_target"))
-    files = write_table(rows, columns, reports / "plan", title, preamble=preamble, notes=notes)
+    files = write_table(rows, columns, reports / "plan", title, preamble=preamble, notes=notes,
+                        terminal_columns=TERMINAL_COLUMNS)
     chart = plot_plan(rows, title, reports / "plan.png")
     log_to_wandb(wandb_run, "plan", rows, columns, {"chart": chart}, files, artifact_type="cost-plan")
     if wandb_run is not None and not getattr(wandb_run, "disabled", False):

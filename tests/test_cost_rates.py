@@ -85,7 +85,7 @@ def test_no_rate_anywhere_falls_back_to_the_shipped_dated_rate_with_a_warning(
     shipped = (Path(rates.__file__).parent / "usd_rub_fallback.csv").read_text(encoding="utf-8").splitlines()[1]
     date, value = shipped.split(",")[:2]
     assert (rate.rate, rate.date.isoformat()) == (float(value), date)
-    assert "cbr.ru" in rate.source and "usd_rub_fallback.csv" in rate.source
+    assert "https://" in rate.source and "usd_rub_fallback.csv" in rate.source  # where the figure was read
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "cbr.ru unreachable" in warned and f"set by the Bank of Russia for {date}" in warned
     assert "days old" in warned  # and its age is said, as for any old rate
@@ -108,3 +108,17 @@ def test_real_fetch_never_hangs(tmp_path: Path) -> None:
     rate = resolve_usd_rub(cfg_for(tmp_path, fetch_timeout_s=1.0), today=dt.date.today())
     assert rate.source == "cbr.ru" or "usd_rub_fallback.csv" in rate.source
     assert time.monotonic() - started < 10  # DNS + connect + read, each bounded
+
+
+def test_the_shipped_fallback_rate_is_within_a_year_of_the_prices_beside_it() -> None:
+    """The offline rate must not be years older than the catalog's prices (it was 708 days older): rubles of a
+    2026 price at a 2024 rate are wrong by the ruble's move since."""
+    import csv
+
+    shipped = rates.shipped_fallback()
+    with (Path(rates.__file__).parent / "catalog.csv").open(encoding="utf-8", newline="") as handle:
+        newest = max(dt.date.fromisoformat(row["date"]) for row in csv.DictReader(handle)
+                     if len(row["date"]) == 10 and row["usd"])
+    assert (newest - shipped.date).days <= 366, (shipped.date, newest)
+    note = (Path(rates.__file__).parent / "usd_rub_fallback.csv").read_text(encoding="utf-8")
+    assert shipped.date.strftime("%d.%m.%Y") in note  # the day the rate was set for, as the source writes it

@@ -133,7 +133,7 @@ def test_a_ruble_price_is_kept_in_rubles_and_only_a_storage_row_may_have_one(tmp
     assert set(rows) == {"gb-month", "1000-writes"}  # no read or egress figure: not priced, never a zero
     bad = write_catalog(tmp_path / "bad.csv", [["infra", "disk", "", "", "on-demand", "", "1", "gb-month", "s",
                                                 "2026-12-01", ""]])
-    with pytest.raises(DataError, match=r"bad.csv line 2: only storage rows may be priced in RUB"):
+    with pytest.raises(DataError, match=r"bad.csv line 2: only accelerator and storage rows may be priced in RUB"):
         read_prices(bad)
     both = write_catalog(tmp_path / "both.csv", [["storage", "x", "", "", "on-demand", "1", "1", "gb-month", "s",
                                                   "2026-12-01", ""]])
@@ -372,7 +372,8 @@ def test_the_shipped_8b_plan_prices_its_data_and_checkpoints_for_its_hours() -> 
     # what cost/README.md says of it: 391 GB of tokens + 6.925 x 89.7 GB of checkpoints = 1,012 GB, under 0.1% of
     # each option's compute rubles
     assert (round(tokens * 4 / GIB), round(model.params * 12 / GIB, 1), round(v6e["storage_gb"])) == (391, 89.7, 1012)
-    assert all(r["storage_rub"] < 0.001 * r["rub"] for r in rows)
+    planned = [r for r in rows if r["hours"] is not None]  # v6e-256 cannot split this batch: not planned
+    assert all(r["storage_rub"] < 0.001 * r["rub"] for r in planned)
     h100 = next(r for r in rows if r["accelerator"] == "nvidia-h100")
     assert h100["cloud"] == "aws" and h100["storage"] == "s3-standard"
     assert h100["storage_rub"] == pytest.approx(stored / GIB * h100["hours"] / MONTH_HOURS * 0.023 * RATE)
@@ -395,6 +396,7 @@ def test_a_bucket_run_root_prices_every_option_there_and_none_prices_nothing(mon
         monkeypatch.delenv(variable, raising=False)
     rate = UsdRubRate(RATE, dt.date.today(), "test")
     _, _, rows, _ = plan(eight_b("experiment.run_root=s3://my-runs/ru"), None, rate=rate)
+    rows = [r for r in rows if r["hours"] is not None]  # v6e-256 cannot split this batch: not planned
     assert {r["storage"] for r in rows} == {"s3-standard"}  # the TPU options too: the data lives in that bucket
     _, _, rows, _ = plan(eight_b("cost.storage=none"), None, rate=rate)
     assert all(r["storage_rub"] is None and r["rub_with_storage"] is None for r in rows)

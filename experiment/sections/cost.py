@@ -42,6 +42,29 @@ class PlanOption:
             raise ConfigError(f"config key '{key}.mfu': must be in (0, 1], got {self.mfu}")
 
 
+# Russia's VAT (НДС) since 2026-01-01: Cloud.ru's tariff tables in force from that day state "НДС* (22%)"
+# (https://cloud.ru/documents/tariffs/evolution/evolution-notebooks, version 260101)
+RUSSIAN_VAT_RATE = 0.22
+
+
+@dataclass
+class ContractRate:
+    """A team's own price for one chip-hour (a contract, a quote, a Capacity Block) in the currency it is billed in.
+
+    ``vat``: ``included`` when the figure is what the invoice says per chip-hour (a Russian provider's price "с НДС",
+    or a foreign cloud that charges no Russian VAT); ``added`` when it is a price before VAT ("без НДС"), to which
+    ``cost.vat_rate`` is added."""
+
+    price: float
+    currency: Literal["RUB", "USD"] = "USD"
+    vat: Literal["included", "added"] = "included"
+
+    def validate(self, key: str) -> None:
+        if not math.isfinite(self.price) or self.price <= 0:
+            raise ConfigError(f"config key '{key}.price': must be a positive number of {self.currency} per chip-hour, "
+                              f"got {self.price!r}")
+
+
 def _seed_plan_options() -> list[PlanOption]:
     # The comparison set the project was started for, on demand and on spot: three TPU generations, three NVIDIA
     # GPUs (each at the cheapest cloud that sells it), Trainium 1 and 2 (Trainium2 has no spot price anywhere we
@@ -64,9 +87,13 @@ class CostConfig:
     catalog_path: str = ""  # a user price catalog (CSV, same columns) that extends or overrides the bundled one
     hardware_path: str = ""  # a user hardware catalog (CSV) that extends or overrides cost/hardware.csv
     infrastructure: list[InfraItem] = field(default_factory=list)
-    # your own USD per chip-hour for an accelerator (a contract, a Capacity Block, a quote): used instead of the
-    # catalog's price by the ledger and the planner, and named as the figure used, e.g. {aws-trainium2: 2.1}
-    contract_rates: dict[str, float] = field(default_factory=dict)
+    # your own price per chip-hour for an accelerator (a contract, a Capacity Block, a quote): used instead of the
+    # catalog's price by the ledger and the planner, and named as the figure used. A number is USD as billed
+    # ({aws-trainium2: 2.1}); a mapping gives the currency and whether the figure includes VAT, e.g.
+    # {nvidia-a100: {price: 450, currency: RUB, vat: added}}: rubles are then priced as rubles (never through USD)
+    contract_rates: dict[str, float | ContractRate] = field(default_factory=dict)
+    # VAT added to a price given before VAT (a contract rate or catalog row with vat: added); Russia's rate by default
+    vat_rate: float = RUSSIAN_VAT_RATE
     usd_rub_rate: float | None = None  # None: fetch the Bank of Russia rate (cache / offline fallback)
     usd_rub_date: str = ""  # YYYY-MM-DD of the rate
     max_rate_age_days: int = 30
@@ -127,10 +154,16 @@ class CostConfig:
             except ValueError as exc:
                 raise ConfigError(f"config key '{prefix}usd_rub_date': {self.usd_rub_date!r} is not a "
                                   "YYYY-MM-DD date") from exc
-        for name, usd in self.contract_rates.items():
-            if not isinstance(usd, (int, float)) or isinstance(usd, bool) or not math.isfinite(usd) or usd <= 0:
+        for name, rate in self.contract_rates.items():
+            if isinstance(rate, ContractRate):
+                continue  # validated when it was built
+            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not math.isfinite(rate) or rate <= 0:
                 raise ConfigError(f"config key '{prefix}contract_rates.{name}': must be a positive number of USD per "
-                                  f"chip-hour, got {usd!r}")
+                                  f"chip-hour (or {{price: <per chip-hour>, currency: RUB, vat: included}}), got "
+                                  f"{rate!r}")
+        if not 0 <= self.vat_rate < 1:
+            raise ConfigError(f"config key '{prefix}vat_rate': a share of the price in [0, 1) (0.22: 22%), got "
+                              f"{self.vat_rate}")
         if self.max_rate_age_days < 0:
             raise ConfigError(f"config key '{prefix}max_rate_age_days': must be >= 0")
         if self.fetch_timeout_s <= 0 or self.fetch_timeout_s > 60:
