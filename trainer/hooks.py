@@ -32,7 +32,7 @@ from experiment.schema import ExperimentConfig
 from experiment.sections.train import TrainConfig
 from model.family import FamilyModel, params_label
 from trainer import checkpoint
-from trainer.guard import GUARD_KEY, Guard
+from trainer.guard import GUARD_KEY, Guard, is_spike
 from trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch
 from trainer.reporting import TrainLedger, log_metrics, log_samples
 from trainer.step import AUX_METRICS, State, TrainProgram
@@ -161,7 +161,7 @@ class LogMetrics:
         record = {"train/step": ctx.step, "train/loss": ctx.last_loss,
                   "train/total_loss": float(metrics["total_loss"]),
                   "train/grad_norm": float(metrics["grad_norm"]), "train/lr": float(metrics["lr"]),
-                  "train/skipped": int(not metrics["finite"]),
+                  "train/skipped": int(not metrics["finite"] or is_spike(metrics)),
                   "train/tokens_seen": ctx.step * ctx.tokens_per_step, **ctx.window.flush(),
                   # the family's auxiliary losses (ModelFamily.aux_losses), weighted, as they joined the loss, and its
                   # statistics (ModelFamily.aux_metrics: a mixture of experts' expert load per layer, its drops)
