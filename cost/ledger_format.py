@@ -103,6 +103,7 @@ class Session:
     closed: bool = False  # a close record, clean or not (none after SIGKILL)
     stored: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes the run folder holds from then on)
     requests: list[tuple[float, int, int, int]] = field(default_factory=list)  # (time, writes, reads, egress bytes)
+    hangs: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of what the watchdog found hung
 
     @property
     def resume_step(self) -> int | None:
@@ -166,6 +167,8 @@ def _apply(record: dict[str, Any], sessions: list[Session]) -> None:
     elif kind == "requests":
         session.requests.append((float(record["t"]), int(record.get("writes", 0)), int(record.get("reads", 0)),
                                  int(record.get("egress_bytes", 0))))
+    elif kind == "hang":
+        session.hangs.append((float(record["t0"]), float(record["t"])))
     elif kind == "close":
         session.closed = True
         session.clean = bool(record.get("clean", True))

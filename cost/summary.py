@@ -30,10 +30,11 @@ from cost.report import SIG, Column
 from tracking.metrics import RUB_SPENT
 
 LOST = "lost"  # the phase of work a later session redid
+HANG = "hang"  # a step or checkpoint save that outlived its deadline (trainer/watchdog.py), until the process exited
 STEADY_PHASES = ("train", "data", "eval", "checkpoint", "idle")  # phases that scale with tokens, for projections
 GOODPUT_PHASE = "train"  # steps that survived: the only time that bought progress
 # badput in the order a run meets it; "one_off" (per-GB charges) is neither: it is not time
-BADPUT_PHASES = ("startup", "compile", "data", "checkpoint", "eval", "idle", LOST)
+BADPUT_PHASES = ("startup", "compile", "data", "checkpoint", "eval", "idle", LOST, HANG)
 
 RUB_TOTAL = "cost/rub_total"  # the final total in the run summary
 # field -> (W&B name at every log step or None, name in the run summary)

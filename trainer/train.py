@@ -85,6 +85,7 @@ from trainer.resume import (
 from trainer.schedules import schedule_change, schedule_record
 from trainer.step import State, TrainProgram, global_batch
 from trainer.throughput import MetricsWindow, peak_flops_per_device
+from trainer.watchdog import Watchdog
 
 if TYPE_CHECKING:
     import orbax.checkpoint as ocp
@@ -209,12 +210,15 @@ def _pretrain(cfg: ExperimentConfig, data: DataSpec, run_folder: RunFolder, wand
                            peak_flops_per_device(session.cfg))
     announce(session, wandb_run)
     train_log = open_train_log(run_folder)
+    watchdog = Watchdog(ledger, session.cfg.train)  # steps and saves past their deadline end the process
     ctx = LoopContext(cfg=session.cfg, run_folder=run_folder, program=session.program, loader=session.loader,
                       ledger=ledger, wandb_run=wandb_run, train_log=train_log,
-                      saves=CheckpointSaves(session.manager, ledger, session.guard, train_log), window=window,
-                      meta=session.meta, tokens_per_step=tokens_per_step, start_step=session.start_step,
-                      state=session.state, step=session.start_step, last_loss=session.last_loss)
-    train_session(session, ctx, hooks)
+                      saves=CheckpointSaves(session.manager, ledger, session.guard, train_log, watchdog),
+                      window=window, meta=session.meta, tokens_per_step=tokens_per_step,
+                      start_step=session.start_step, state=session.state, step=session.start_step,
+                      last_loss=session.last_loss)
+    with watchdog:
+        train_session(session, ctx, hooks)
     cost = ledger.summary()  # None on processes other than 0
     log.info("pretraining done at step %d: loss %.4f, %.2f RUB so far", ctx.step, ctx.last_loss,
              cost.rub_total if cost is not None else math.nan)
@@ -418,7 +422,8 @@ def train_one_step(ctx: LoopContext) -> None:
     """One optimizer step, booked in the ledger (the first one of a session as compilation, a skipped
     one as lost)."""
     phase = "compile" if ctx.step == ctx.start_step else "train"
-    with ctx.ledger.phase(phase):
+    watched = ctx.watchdog.step(ctx.step + 1, first=phase == "compile") if ctx.watchdog else contextlib.nullcontext()
+    with watched, ctx.ledger.phase(phase):
         with ctx.ledger.phase("data"):  # waiting for the loader is badput of its own, not training
             host_batch = next(ctx.loader)
         batch = global_batch(host_batch, ctx.program.batch_sharding)
