@@ -7,7 +7,7 @@ comparison (``COMPARE_COLUMNS`` / ``compare_row``) and its rows by phase (``phas
 
 Goodput and badput in rubles, after MaxText's goodput: the phase ``train`` (steps that survived)
 is goodput; every other phase is badput (start-up, compilation, data waits, checkpoint stalls,
-evaluation, idle time, and work lost to restarts), reported as rubles and as a share of the run's
+evaluation, idle time, work lost to restarts, and hangs), reported as rubles and as a share of the run's
 rubles (``badput_rows``; summed over the runs of an experiment by ``experiment_badput_rows``).
 Every money column comes in RUB with the USD figure and the dated USD->RUB rate beside it.
 

@@ -17,10 +17,10 @@ and its loss, ln V, can sit below a fresh model's (a random init scores a little
 comparison alone would vouch for it. The newer checkpoints are moved aside
 (``checkpoints/diverged/``), so that rerunning the command, with a lower learning rate, resumes from it.
 
-Spikes (``train.skip_spikes``, after MaxText's ``skip_step_on_spikes`` in its ``optimizers.py``): a step
-whose loss (the total loss the gradient is taken of) or gradient norm is above ``mean + train.spike_sigma
-* std`` (the standard deviation with Bessel's correction) of the last ``train.spike_window`` finite steps'
-is skipped like a non-finite one: weights and moments stay the previous ones, the ledger books the step as
+Spikes (``train.skip_spikes``, after MaxText's ``skip_step_on_spikes``, src/maxtext/optimizers/optimizers.py):
+a step whose loss (the total loss the gradient is taken of) or gradient norm is above ``mean +
+train.spike_sigma * std`` (the standard deviation with Bessel's correction) of the last ``train.spike_window``
+finite steps' is skipped like a non-finite one: weights and moments stay the previous ones, the ledger books the step as
 lost, and more than ``train.max_skipped_steps`` skipped steps in a row stop the run. As in MaxText, the
 window takes every finite step's values, a skipped spike's too (a lasting shift becomes the new baseline
 instead of stopping the run), and nothing is skipped until the window is half full (at least 2 steps). The
