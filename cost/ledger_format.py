@@ -16,6 +16,8 @@ The ledger is an append-only JSONL file, one record a line, each with its kind u
   whose open record prices object storage (``storage``; ``cost.storage``);
 - ``requests``: the ``writes``, ``reads`` and ``egress_bytes`` counted against the bucket up to ``t`` since the
   last such record;
+- ``hang``: ``what`` (a step, a checkpoint save) had run since ``t0`` when the trainer's watchdog gave up on it
+  at ``t`` and ended the process (trainer/watchdog.py); that span is booked as the phase ``hang``;
 - ``close``: the session ended at ``t``; ``clean`` says whether its unsaved work survived.
 
 A kill mid-write leaves a torn last line: readers drop it with a warning (``experiment.jsonl``), and
