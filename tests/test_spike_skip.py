@@ -99,3 +99,11 @@ def test_the_window_warms_up_before_it_skips_anything() -> None:
 def test_bad_spike_and_deadline_keys_are_one_error_naming_the_key(fields: dict, key: str) -> None:
     with pytest.raises(ConfigError, match=f"config key '{key}'"):
         TrainConfig(**fields).validate("train")
+
+
+def test_the_fit_check_lowers_the_step_the_loop_runs() -> None:
+    """trainer/fit_check.py compiles ``lower``: under train.skip_spikes that is the step taking the limits."""
+    prog = program(skip_spikes=True)
+    compiled = prog.lower(prog.abstract_batch(BATCH, SEQ)).compile()
+    state, metrics = compiled(prog.init_state(), corrupted(prog), np.array([np.inf, 0.0], np.float32))
+    assert bool(metrics["spike"]) and int(state["step"]) == 1
