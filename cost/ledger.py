@@ -307,6 +307,23 @@ class Ledger:
                     seconds_by_phase[LOST] = seconds_by_phase.get(LOST, 0.0) + seconds
             self._stack[-1], self._frame_seconds[-1] = LOST, 0.0
 
+    def record_hang(self, what: str, seconds: float, lock_timeout: float = 10.0) -> bool:
+        """Record that ``what`` has hung for the last ``seconds`` (the watchdog, trainer/watchdog.py, from its own
+        thread, before it ends the process): a ``hang`` record, then a flush, so the readers book that span as the
+        phase ``hang``. The session is left open, as a killed one is. Returns False when the ledger was busy for
+        ``lock_timeout`` seconds (the hung thread may hold it, writing to a storage that stopped answering)."""
+        if not self._lock.acquire(timeout=lock_timeout):
+            return False
+        try:
+            if self._closed:
+                return False
+            now = self._clock()
+            self._write({"e": "hang", "what": what, "t0": now - seconds, "t": now})
+            self._flush()
+            return True
+        finally:
+            self._lock.release()
+
     def add_tokens(self, step: int, tokens: int) -> None:
         """Tokens trained by the steps after the previous call up to ``step`` (call per step or per log)."""
         if tokens < 0:

@@ -16,6 +16,8 @@ The ledger is an append-only JSONL file, one record a line, each with its kind u
   whose open record prices object storage (``storage``; ``cost.storage``);
 - ``requests``: the ``writes``, ``reads`` and ``egress_bytes`` counted against the bucket up to ``t`` since the
   last such record;
+- ``hang``: ``what`` (a step, a checkpoint save) had run since ``t0`` when the trainer's watchdog gave up on it
+  at ``t`` and ended the process (trainer/watchdog.py); that span is booked as the phase ``hang``;
 - ``close``: the session ended at ``t``; ``clean`` says whether its unsaved work survived.
 
 A kill mid-write leaves a torn last line: readers drop it with a warning (``experiment.jsonl``), and
@@ -103,6 +105,7 @@ class Session:
     closed: bool = False  # a close record, clean or not (none after SIGKILL)
     stored: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes the run folder holds from then on)
     requests: list[tuple[float, int, int, int]] = field(default_factory=list)  # (time, writes, reads, egress bytes)
+    hangs: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of what the watchdog found hung
 
     @property
     def resume_step(self) -> int | None:
@@ -166,6 +169,8 @@ def _apply(record: dict[str, Any], sessions: list[Session]) -> None:
     elif kind == "requests":
         session.requests.append((float(record["t"]), int(record.get("writes", 0)), int(record.get("reads", 0)),
                                  int(record.get("egress_bytes", 0))))
+    elif kind == "hang":
+        session.hangs.append((float(record["t0"]), float(record["t"])))
     elif kind == "close":
         session.closed = True
         session.clean = bool(record.get("clean", True))

@@ -27,9 +27,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cost.ledger_format import Resume, Session
+from cost.ledger_format import Interval, Resume, Session
 from cost.storage import StorageUse
-from cost.summary import LOST
+from cost.summary import HANG, LOST
 
 log = logging.getLogger("cost.ledger")
 
@@ -101,7 +101,10 @@ def tally_session(session: Session, survived_step: int | None, saved_at: float |
     for interval in session.intervals:
         length = interval.t1 - interval.t0
         kept = 1.0 if interval.t1 <= cutoff else 0.0 if interval.t0 >= cutoff else (cutoff - interval.t0) / length
+        hung = hung_share(interval, session.hangs)
         for phase, seconds in interval.seconds.items():
+            tally.add(HANG, seconds * hung)  # a hang's time is its own badput, whatever phase it hung in
+            seconds *= 1.0 - hung
             if phase in REDONE_PHASES:
                 tally.add(phase, seconds * kept)
                 tally.add(LOST, seconds * (1.0 - kept))
@@ -111,6 +114,15 @@ def tally_session(session: Session, survived_step: int | None, saved_at: float |
     tally.tokens = sum(b.tokens if survived_step is None else b.tokens_up_to(survived_step) for b in session.tokens)
     tally.last_step = max((min(b.step, limit) for b in session.tokens if b.first_step <= limit), default=None)
     return tally
+
+
+def hung_share(interval: Interval, hangs: list[tuple[float, float]]) -> float:
+    """The share of ``interval`` that a hang (a ``hang`` record's span) covers."""
+    length = interval.t1 - interval.t0
+    if length <= 0 or not hangs:
+        return 0.0
+    covered = sum(max(0.0, min(interval.t1, end) - max(interval.t0, start)) for start, end in hangs)
+    return min(1.0, covered / length)
 
 
 def stored_level(sessions: list[Session]) -> int | None:

@@ -7,7 +7,7 @@ comparison (``COMPARE_COLUMNS`` / ``compare_row``) and its rows by phase (``phas
 
 Goodput and badput in rubles, after MaxText's goodput: the phase ``train`` (steps that survived)
 is goodput; every other phase is badput (start-up, compilation, data waits, checkpoint stalls,
-evaluation, idle time, and work lost to restarts), reported as rubles and as a share of the run's
+evaluation, idle time, work lost to restarts, and hangs), reported as rubles and as a share of the run's
 rubles (``badput_rows``; summed over the runs of an experiment by ``experiment_badput_rows``).
 Every money column comes in RUB with the USD figure and the dated USD->RUB rate beside it.
 
@@ -30,10 +30,11 @@ from cost.report import SIG, Column
 from tracking.metrics import RUB_SPENT
 
 LOST = "lost"  # the phase of work a later session redid
+HANG = "hang"  # a step or checkpoint save that outlived its deadline (trainer/watchdog.py), until the process exited
 STEADY_PHASES = ("train", "data", "eval", "checkpoint", "idle")  # phases that scale with tokens, for projections
 GOODPUT_PHASE = "train"  # steps that survived: the only time that bought progress
 # badput in the order a run meets it; "one_off" (per-GB charges) is neither: it is not time
-BADPUT_PHASES = ("startup", "compile", "data", "checkpoint", "eval", "idle", LOST)
+BADPUT_PHASES = ("startup", "compile", "data", "checkpoint", "eval", "idle", LOST, HANG)
 
 RUB_TOTAL = "cost/rub_total"  # the final total in the run summary
 # field -> (W&B name at every log step or None, name in the run summary)

@@ -128,8 +128,8 @@ def test_badput_in_rubles_by_phase_per_run_and_per_experiment(tmp_path: Path) ->
     assert rows["data"]["rub"] == pytest.approx(0.25 * 960) and rows["data"]["kind"] == "badput"
     assert rows["badput"]["rub"] == pytest.approx(2 * 960) and rows["badput"]["share"] == pytest.approx(2 / 3.75)
     assert rows["total"]["usd"] == pytest.approx(3.75 * 9.6) and rows["startup"]["usd"] == pytest.approx(0.5 * 9.6)
-    assert [r["phase"] for r in summary.badput_rows()][:9] == ["train", "startup", "compile", "data", "checkpoint",
-                                                               "eval", "idle", "lost", "badput"]
+    assert [r["phase"] for r in summary.badput_rows()][:10] == ["train", "startup", "compile", "data", "checkpoint",
+                                                               "eval", "idle", "lost", "hang", "badput"]
     assert summary.rub_badput == pytest.approx(2 * 960) and summary.badput_share == pytest.approx(2 / 3.75)
     assert summary.goodput_share == pytest.approx(1.75 / 3.75)
     run = FakeRun()

@@ -17,6 +17,7 @@ itself does not import eval.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -32,11 +33,12 @@ from experiment.schema import ExperimentConfig
 from experiment.sections.train import TrainConfig
 from model.family import FamilyModel, params_label
 from trainer import checkpoint
-from trainer.guard import GUARD_KEY, Guard
+from trainer.guard import GUARD_KEY, Guard, is_spike
 from trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch
 from trainer.reporting import TrainLedger, log_metrics, log_samples
 from trainer.step import AUX_METRICS, State, TrainProgram
 from trainer.throughput import MetricsWindow
+from trainer.watchdog import Watchdog
 
 if TYPE_CHECKING:
     import orbax.checkpoint as ocp
@@ -51,10 +53,11 @@ class CheckpointSaves:
     """Async Orbax saves, each booked in the ledger once it is known to be on disk."""
 
     def __init__(self, manager: ocp.CheckpointManager, ledger: TrainLedger, guard: Guard | None = None,
-                 train_log: appendlog.LogWriter | None = None) -> None:
+                 train_log: appendlog.LogWriter | None = None, watchdog: Watchdog | None = None) -> None:
         self.manager, self.ledger = manager, ledger
         self.guard = guard if guard is not None else Guard()
         self.train_log = train_log
+        self.watchdog = watchdog  # the session's hang watchdog (None: saves have no deadline)
         self.unconfirmed: list[int] = []  # async saves not yet known to be on disk
 
     def save(self, step: int, state: State, loader_state: dict[str, Any], meta: dict[str, Any]) -> None:
@@ -64,7 +67,7 @@ class CheckpointSaves:
             # the log up to this step is durable before the checkpoint that a resume cuts the log back to (in a
             # bucket, lines reach the storage only with a segment: a kill would lose the lines this step keeps)
             self.train_log.sync()
-        with self.ledger.phase("checkpoint"):
+        with self._deadline(f"the checkpoint save of step {step}"), self.ledger.phase("checkpoint"):
             # Orbax finishes the previous async save before it starts this one
             checkpoint.save(self.manager, step, state, loader_state, self.ledger.checkpoint_record(step),
                             {**meta, GUARD_KEY: record}, force=True)
@@ -72,9 +75,13 @@ class CheckpointSaves:
         self.unconfirmed = [step]
 
     def wait(self) -> None:
-        with self.ledger.phase("checkpoint"):
+        pending = ", ".join(map(str, self.unconfirmed)) or "none pending"
+        with self._deadline(f"waiting for the checkpoint save of step {pending}"), self.ledger.phase("checkpoint"):
             self.manager.wait_until_finished()
         self._confirm()
+
+    def _deadline(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext() if self.watchdog is None else self.watchdog.save(what)
 
     def _confirm(self) -> None:
         for done in self.unconfirmed:
@@ -112,6 +119,11 @@ class LoopContext:
     def guard(self) -> Guard:
         """The NaN guard of this session (the checkpoint saves' own: what it records goes into their meta)."""
         return self.saves.guard
+
+    @property
+    def watchdog(self) -> Watchdog | None:
+        """The session's hang watchdog (the checkpoint saves' own, which watches them too)."""
+        return self.saves.watchdog
 
     @property
     def train_cfg(self) -> TrainConfig:
@@ -161,7 +173,7 @@ class LogMetrics:
         record = {"train/step": ctx.step, "train/loss": ctx.last_loss,
                   "train/total_loss": float(metrics["total_loss"]),
                   "train/grad_norm": float(metrics["grad_norm"]), "train/lr": float(metrics["lr"]),
-                  "train/skipped": int(not metrics["finite"]),
+                  "train/skipped": int(not metrics["finite"] or is_spike(metrics)),
                   "train/tokens_seen": ctx.step * ctx.tokens_per_step, **ctx.window.flush(),
                   # the family's auxiliary losses (ModelFamily.aux_losses), weighted, as they joined the loss, and its
                   # statistics (ModelFamily.aux_metrics: a mixture of experts' expert load per layer, its drops)

@@ -41,6 +41,9 @@ class OtherHostLedger:
 
     def book_as_lost(self) -> None: ...
 
+    def record_hang(self, what: str, seconds: float, lock_timeout: float = 10.0) -> bool:
+        return True
+
     def checkpoint_record(self, step: int) -> dict[str, Any]:
         return {}
 

@@ -7,7 +7,10 @@ Read it top to bottom as the step runs::
         grads(params, batch)           d loss / d params, summed over train.grad_accum_steps micro-batches
           loss(params, batch)          the model's hidden states -> chunked cross-entropy (+ z-loss, + the
                                        family's auxiliary losses: ``ModelFamily.aux_losses``)
-        update(state, grads, loss)     freeze the body, clip + AdamW, skip a non-finite step
+        update(state, grads, loss)     freeze the body, clip + AdamW, skip a non-finite step or a spike
+    step_skipping_spikes(state, batch, spike_limits)
+                                       the same step, the update kept only under the guard's limits
+                                       (train.skip_spikes: trainer/guard.py)
     lower(abstract_batch)              the same jitted step, lowered ahead of time (trainer/fit_check.py)
 
 The train state is a plain dict ``{"params", "opt_state", "step", "rng"}`` so that Orbax saves
@@ -128,6 +131,14 @@ class TrainProgram:
             out_shardings=(self.state_shardings, replicated(mesh)),
             donate_argnums=0,
         )
+        # train.skip_spikes: the step also takes the guard's [loss limit, gradient-norm limit] (trainer/guard.py),
+        # an input on every process alike, so the skip is decided on the devices with no wait for the host
+        self.step_skipping_spikes = jax.jit(
+            self.train_step,
+            in_shardings=(self.state_shardings, self.batch_sharding, replicated(mesh)),
+            out_shardings=(self.state_shardings, replicated(mesh)),
+            donate_argnums=0,
+        )
         self._init = jax.jit(self.initial_state, out_shardings=self.state_shardings)
         self.state_finite = jax.jit(lambda state: all_finite((state["params"], state["opt_state"])))
         self._init_from = jax.jit(self.state_of, in_shardings=(self.state_shardings["params"],),
@@ -206,12 +217,15 @@ class TrainProgram:
         return (loss / accum, nll / accum, {name: value / accum for name, value in aux.items()},
                 jax.tree.map(lambda g: g / accum, grads))
 
-    def update(self, state: State, grads: nnx.State, loss: jax.Array) -> tuple[nnx.State, Any, jax.Array, jax.Array]:
-        """The optimizer step: ``(new params, new optimizer state, gradient norm, finite)``.
+    def update(self, state: State, grads: nnx.State, loss: jax.Array, spike_limits: jax.Array | None = None
+               ) -> tuple[nnx.State, Any, jax.Array, jax.Array, jax.Array]:
+        """The optimizer step: ``(new params, new optimizer state, gradient norm, finite, spike)``.
 
         A frozen body (``freeze_body``) gets zero gradients and zero updates. ``finite``: the loss, the
         gradient norm and every updated parameter and moment are finite; under ``train.nan_policy: skip`` a
-        step that is not keeps the previous weights and moments.
+        step that is not keeps the previous weights and moments. ``spike``: a finite loss or gradient norm
+        above its limit in ``spike_limits`` (``[loss, gradient norm]``; None: not checked); such a step keeps
+        the previous weights and moments whatever the NaN policy.
         """
         params, step = state["params"], state["step"]
         if self.trainable is not None:
@@ -227,20 +241,27 @@ class TrainProgram:
         # the updated state itself: a step can have a finite loss and gradient and still overflow the weights
         # or the moments (a huge learning rate); one fused reduction over what the step computed anyway
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite((new_params, opt_state))
-        if self.train_cfg.nan_policy == "skip":
+        spike = jnp.asarray(False)
+        if spike_limits is not None:  # a NaN compares above nothing: only a finite step is a spike
+            spike = finite & ((loss > spike_limits[0]) | (grad_norm > spike_limits[1]))
+        keep = None if self.train_cfg.nan_policy != "skip" else finite
+        if spike_limits is not None:
+            keep = ~spike if keep is None else keep & ~spike
+        if keep is not None:
             new_params, opt_state = jax.tree.map(
-                lambda new, old: jnp.where(finite, new, old), (new_params, opt_state), (params, state["opt_state"])
+                lambda new, old: jnp.where(keep, new, old), (new_params, opt_state), (params, state["opt_state"])
             )
-        return new_params, opt_state, grad_norm, finite
+        return new_params, opt_state, grad_norm, finite, spike
 
-    def train_step(self, state: State, batch: Batch) -> tuple[State, Metrics]:
-        """One optimizer step, pure: ``step`` is this function jitted (call that one)."""
+    def train_step(self, state: State, batch: Batch, spike_limits: jax.Array | None = None) -> tuple[State, Metrics]:
+        """One optimizer step, pure: ``step`` is this function jitted (call that one), ``step_skipping_spikes``
+        with the guard's ``spike_limits``."""
         with self.layout():
             step = state["step"]
             loss, nll, aux, grads = self.grads(state["params"], batch)
-            params, opt_state, grad_norm, finite = self.update(state, grads, loss)
+            params, opt_state, grad_norm, finite, spike = self.update(state, grads, loss, spike_limits)
             if self.bias_rate:
-                params = self.balanced(params, aux.pop(EXPERT_LOAD), finite, step)
+                params = self.balanced(params, aux.pop(EXPERT_LOAD), finite & ~spike, step)
             new_state = {
                 "params": params,
                 "opt_state": opt_state,
@@ -249,7 +270,8 @@ class TrainProgram:
                 "rng": jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), step)),
             }
             metrics = {"loss": nll, "total_loss": loss, "grad_norm": grad_norm, "lr": self.schedule(step),
-                       "finite": finite, **{f"{AUX_METRICS}{name}": value for name, value in aux.items()}}
+                       "finite": finite, "spike": spike,
+                       **{f"{AUX_METRICS}{name}": value for name, value in aux.items()}}
         return new_state, metrics
 
     def balanced(self, params: nnx.State, expert_load: jax.Array, finite: jax.Array, step: jax.Array) -> nnx.State:
@@ -278,8 +300,12 @@ class TrainProgram:
             yield
 
     def lower(self, abstract_batch: dict[str, jax.ShapeDtypeStruct]) -> jax.stages.Lowered:
-        """``step`` lowered for the abstract state and ``abstract_batch``: compile it ahead of time (e.g. for
-        a TPU topology: trainer/fit_check.py) or read its HLO."""
+        """The step the loop runs (``step``, or ``step_skipping_spikes`` under ``train.skip_spikes``) lowered
+        for the abstract state and ``abstract_batch``: compile it ahead of time (e.g. for a TPU topology:
+        trainer/fit_check.py) or read its HLO."""
+        if self.train_cfg.skip_spikes:
+            limits = jax.ShapeDtypeStruct((2,), jnp.float32, sharding=replicated(self.mesh))
+            return self.step_skipping_spikes.lower(self.abstract_state, abstract_batch, limits)
         return self.step.lower(self.abstract_state, abstract_batch)
 
     def abstract_batch(self, batch_size: int, seq_len: int, packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:

@@ -18,7 +18,9 @@ stopped, saves a checkpoint and exits within ``train.preemption_grace_s``. A ste
 gradient or updated state is not finite stops the run before it is checkpointed (``train.nan_policy:
 stop``) or skips that update (``skip``, up to ``train.max_skipped_steps`` in a row): it is checked right
 after the step, before any hook can log or save it, and the run names the newest checkpoint still worth
-resuming from (trainer/guard.py).
+resuming from (trainer/guard.py). Under ``train.skip_spikes`` a step whose loss or gradient norm is far above the
+last steps' is skipped the same way. A step or a checkpoint save past its deadline (``train.step_deadline_s``,
+``train.save_deadline_s``) dumps every thread's stack and exits with ``HUNG_EXIT_CODE`` (trainer/watchdog.py).
 """
 
 from __future__ import annotations
@@ -54,7 +56,18 @@ from tracking.metrics import define_cost_metrics
 from trainer import checkpoint, checkpoint_integrity
 from trainer.branch import Branch, link_wandb, open_branch, restore_or_branch
 from trainer.distributed import is_primary
-from trainer.guard import DIVERGED_DIR, Guard, TrainingDiverged, describe, stop_message, usable_step
+from trainer.guard import (
+    DIVERGED_DIR,
+    NAN_ADVICE,
+    SPIKE_ADVICE,
+    Guard,
+    SpikeWindow,
+    TrainingDiverged,
+    describe,
+    is_spike,
+    stop_message,
+    usable_step,
+)
 from trainer.hooks import BodyUnfreezes, CheckpointSaves, Hook, LogMetrics, LoopContext, SaveCheckpoint, StopOnSignal
 from trainer.init_from import StartPoint, check_init_from, record_lineage, start_point
 from trainer.preemption import PreemptionWatch
@@ -72,6 +85,7 @@ from trainer.resume import (
 from trainer.schedules import schedule_change, schedule_record
 from trainer.step import State, TrainProgram, global_batch
 from trainer.throughput import MetricsWindow, peak_flops_per_device
+from trainer.watchdog import Watchdog
 
 if TYPE_CHECKING:
     import orbax.checkpoint as ocp
@@ -196,12 +210,15 @@ def _pretrain(cfg: ExperimentConfig, data: DataSpec, run_folder: RunFolder, wand
                            peak_flops_per_device(session.cfg))
     announce(session, wandb_run)
     train_log = open_train_log(run_folder)
+    watchdog = Watchdog(ledger, session.cfg.train)  # steps and saves past their deadline end the process
     ctx = LoopContext(cfg=session.cfg, run_folder=run_folder, program=session.program, loader=session.loader,
                       ledger=ledger, wandb_run=wandb_run, train_log=train_log,
-                      saves=CheckpointSaves(session.manager, ledger, session.guard, train_log), window=window,
-                      meta=session.meta, tokens_per_step=tokens_per_step, start_step=session.start_step,
-                      state=session.state, step=session.start_step, last_loss=session.last_loss)
-    train_session(session, ctx, hooks)
+                      saves=CheckpointSaves(session.manager, ledger, session.guard, train_log, watchdog),
+                      window=window, meta=session.meta, tokens_per_step=tokens_per_step,
+                      start_step=session.start_step, state=session.state, step=session.start_step,
+                      last_loss=session.last_loss)
+    with watchdog:
+        train_session(session, ctx, hooks)
     cost = ledger.summary()  # None on processes other than 0
     log.info("pretraining done at step %d: loss %.4f, %.2f RUB so far", ctx.step, ctx.last_loss,
              cost.rub_total if cost is not None else math.nan)
@@ -240,7 +257,8 @@ def open_session(cfg: ExperimentConfig, data: DataSpec, run_folder: RunFolder, l
         steps = None if untrained and cfg.train.steps == 0 else cfg.train.steps  # 0: the step-0 checkpoint alone
         state, start_step, parent_run_id = restore_state(manager, program, loader, meta, ledger, branch, start, steps)
         saved_meta = checkpoint.read_meta(manager, start_step) if start_step in manager.all_steps() else None
-        guard = Guard.resumed(saved_meta, start_step)
+        spikes = SpikeWindow(cfg.train.spike_window, cfg.train.spike_sigma) if cfg.train.skip_spikes else None
+        guard = Guard.resumed(saved_meta, start_step, spikes)
         schedule_changes = record_schedule(meta, saved_meta, cfg.train, start_step)
         last_loss = math.nan
         if is_primary():
@@ -404,11 +422,16 @@ def train_one_step(ctx: LoopContext) -> None:
     """One optimizer step, booked in the ledger (the first one of a session as compilation, a skipped
     one as lost)."""
     phase = "compile" if ctx.step == ctx.start_step else "train"
-    with ctx.ledger.phase(phase):
+    watched = ctx.watchdog.step(ctx.step + 1, first=phase == "compile") if ctx.watchdog else contextlib.nullcontext()
+    with watched, ctx.ledger.phase(phase):
         with ctx.ledger.phase("data"):  # waiting for the loader is badput of its own, not training
             host_batch = next(ctx.loader)
         batch = global_batch(host_batch, ctx.program.batch_sharding)
-        ctx.state, metrics = ctx.program.step(ctx.state, batch)
+        limits = ctx.guard.spike_limits()  # train.skip_spikes: from the steps before, on the host already
+        if limits is None:
+            ctx.state, metrics = ctx.program.step(ctx.state, batch)
+        else:
+            ctx.state, metrics = ctx.program.step_skipping_spikes(ctx.state, batch, limits)
         ctx.metrics = jax.device_get(metrics)  # tiny; also where a NaN is caught before any save
         trained = ctx.guard.after_step(ctx.step + 1, ctx.metrics, kept_previous=ctx.train_cfg.nan_policy == "skip")
         if not trained and phase == "train":
@@ -425,14 +448,16 @@ def train_one_step(ctx: LoopContext) -> None:
 
 
 def guard_step(ctx: LoopContext) -> None:
-    """A step that was not finite: skipped (``train.nan_policy: skip``, up to ``train.max_skipped_steps`` in
-    a row), or the run stops naming the newest checkpoint worth resuming from, the newer ones set aside."""
-    train_cfg, what = ctx.train_cfg, describe(ctx.metrics)
-    if train_cfg.nan_policy == "skip":
+    """A step that was not finite, or a spike: skipped (``train.nan_policy: skip``, ``train.skip_spikes``, up to
+    ``train.max_skipped_steps`` in a row), or the run stops naming the newest checkpoint worth resuming from, the
+    newer ones set aside."""
+    train_cfg, spike = ctx.train_cfg, is_spike(ctx.metrics)
+    what = describe(ctx.metrics, ctx.guard.checked_against)
+    if spike or train_cfg.nan_policy == "skip":
         if ctx.guard.skipped_in_a_row <= train_cfg.max_skipped_steps:
-            log.warning("step %d: %s; update skipped (train.nan_policy=skip, %d in a row of at most "
-                        "train.max_skipped_steps=%d)", ctx.step, what, ctx.guard.skipped_in_a_row,
-                        train_cfg.max_skipped_steps)
+            log.warning("step %d: %s; update skipped (%s, %d in a row of at most train.max_skipped_steps=%d)",
+                        ctx.step, what, "train.skip_spikes" if spike else "train.nan_policy=skip",
+                        ctx.guard.skipped_in_a_row, train_cfg.max_skipped_steps)
             return
         what += f"; {ctx.guard.skipped_in_a_row} steps in a row skipped, more than train.max_skipped_steps=" \
                 f"{train_cfg.max_skipped_steps}"
@@ -443,4 +468,5 @@ def guard_step(ctx: LoopContext) -> None:
     moved = [s for s in steps if usable is None or s > usable]
     checkpoint_integrity.set_aside(manager, moved, into=DIVERGED_DIR, why="diverged")
     raise TrainingDiverged(stop_message(ctx.step, what, usable, moved,
-                                        checkpoint.checkpoint_location(manager.directory)))
+                                        checkpoint.checkpoint_location(manager.directory),
+                                        SPIKE_ADVICE if spike else NAN_ADVICE))

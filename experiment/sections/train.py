@@ -97,7 +97,20 @@ class TrainConfig:
     # a step whose loss, gradient or updated parameters and moments are not finite stops the run (naming
     # the newest checkpoint still worth resuming from: trainer/guard.py), or skips that update
     nan_policy: Literal["stop", "skip"] = "stop"
-    max_skipped_steps: int = 5  # nan_policy skip: more skipped steps in a row than this stop the run
+    max_skipped_steps: int = 5  # skipped steps (nan_policy skip, skip_spikes) in a row beyond this stop the run
+    # skip a loss spike like a non-finite step (MaxText's skip_step_on_spikes): a step whose loss or gradient
+    # norm is above mean + spike_sigma * std of the last spike_window finite steps' keeps the previous weights
+    # and moments (trainer/guard.py); checked once the window is half full
+    skip_spikes: bool = False
+    spike_window: int = 128
+    spike_sigma: float = 6.0
+    # the hang watchdog (trainer/watchdog.py): a step, or the blocking part of a checkpoint save, running longer
+    # than this many seconds dumps every thread's stack to the log, books the hang in the ledger and exits with
+    # HUNG_EXIT_CODE for the relauncher; the session's first step (which compiles) gets first_step_deadline_s.
+    # 0 turns that deadline off
+    step_deadline_s: float = 1800.0
+    first_step_deadline_s: float = 3600.0
+    save_deadline_s: float = 3600.0
     # a resume whose learning-rate schedule (learning_rate, warmup_steps, schedule, decay, decay_steps,
     # min_lr_ratio, and steps where it moves the decay) gives a step already trained, or the next one,
     # another rate than the checkpoints' is refused; true applies the new schedule and records the change
@@ -168,9 +181,14 @@ class TrainConfig:
                               f"(schedule is {self.schedule}); "
                               f"remove it or set train.schedule=wsd")
         for name in ("weight_decay", "grad_clip", "eval_every", "keep_checkpoints_every", "preemption_grace_s",
-                     "cpu_devices", "loss_chunk_len", "embeddings_only_steps", "max_skipped_steps"):
+                     "cpu_devices", "loss_chunk_len", "embeddings_only_steps", "max_skipped_steps",
+                     "step_deadline_s", "first_step_deadline_s", "save_deadline_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config key '{prefix}{name}': must be >= 0, got {getattr(self, name)}")
+        if self.spike_window < 2:  # a standard deviation needs two losses
+            raise ConfigError(f"config key '{prefix}spike_window': must be >= 2, got {self.spike_window}")
+        if not self.spike_sigma > 0:
+            raise ConfigError(f"config key '{prefix}spike_sigma': must be positive, got {self.spike_sigma}")
         unknown = [p for p in self.fit_search_remat if p not in ("none", "save_dots", "offload", "full")]
         if unknown or not self.fit_search_remat:
             raise ConfigError(f"config key '{prefix}fit_search_remat': give some of none, save_dots, offload, full "
