@@ -313,3 +313,20 @@ def test_recipes_01_and_03_on_beam_read_and_write_a_remote_scheme_like_local(tmp
         assert all(np.array_equal(beam_batch[k], local_batch[k]) for k in local_batch)
     finally:
         filesystem.scheme = classmethod(lambda cls: "testfs-retired")  # unregister for later tests
+
+
+@pytest.mark.integration
+def test_recipe_02_trains_the_tokenizer_in_the_beam_venv(tmp_path: Path) -> None:
+    """Recipe 02 runs in the venv docs/corpus.md has Beam users build (Beam pins protobuf below 7): SentencePiece's
+    generated model module, made by a newer protobuf, refused that runtime at import (a VersionError traceback)."""
+    import_extra("apache_beam", "beam")
+    from tests.fixture_run import fixture_config
+    from tests.recipe_runner import run_recipe
+    from tokenizer.model_proto import read_model
+    from tokenizer.normalization import NORMALIZATION_NAME
+
+    config = fixture_config(tmp_path)
+    run_recipe("01_build_corpus.py", config)
+    run_recipe("02_train_tokenizer.py", config, subprocess_=True)  # a fresh interpreter of this venv
+    model = read_model((tmp_path / "runs" / "tiny" / "tokenizer" / "spm.model").read_bytes())
+    assert model.normalizer_spec.name == NORMALIZATION_NAME and len(model.pieces) == 600
