@@ -1,0 +1,67 @@
+"""Hostile inputs: a config, a file the project reads back or a folder it writes into, made to exhaust memory,
+the interpreter's stack or a disk; each is one error line naming the file, before anything is built from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiment.config import MAX_ALIAS_VALUES, load_config
+from experiment.errors import ECHO_LIMIT, ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "recipes" / "configs" / "demo.yaml"
+LOL = '["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'
+
+
+def laughs(levels: int) -> str:
+    """A billion-laughs flow list: anchor ``l0`` holds nine strings, each next anchor nine aliases of the last."""
+    parts = [f"&l0 {LOL}"] + [f"&l{i} [{','.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return f"[{', '.join(parts)}]"
+
+
+def config_with(tmp_path: Path, name_value: str) -> Path:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(DEMO.read_text(encoding="utf-8").replace("  name: demo\n", f"  name: {name_value}\n"),
+                    encoding="utf-8")
+    return path
+
+
+def test_a_billion_laughs_config_is_one_short_line_naming_the_file(tmp_path: Path) -> None:
+    """Five levels of aliases (66,430 values from six lines): the error used to quote them all, a 481 KB line."""
+    config = config_with(tmp_path, laughs(5))
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    message = str(caught.value)
+    assert message.startswith(f"config file {config} is refused: its aliases expand to ") and len(message) < 300
+    with pytest.raises(ConfigError, match=r"^override 'experiment.name': the value is refused: its aliases expand"):
+        load_config(DEMO, [f"experiment.name={laughs(5)}"])
+
+
+def test_aliases_within_the_bound_load_and_a_cycle_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared.yaml"  # one list reused: a few values more, as YAML users write them
+    shared.write_text(DEMO.read_text(encoding="utf-8").replace("  d_model: 256", "  d_model: &width 256").replace(
+        "  max_seq_len: 128", "  max_seq_len: *width"), encoding="utf-8")
+    assert load_config(shared).model.max_seq_len == 256
+    assert 9 ** 4 < MAX_ALIAS_VALUES < 9 ** 5  # four levels are within the bound, five beyond it
+    with pytest.raises(ConfigError, match="expected a string, got"):
+        load_config(config_with(tmp_path, laughs(4)))
+    with pytest.raises(ConfigError, match="an alias refers to the anchor it is inside"):
+        load_config(config_with(tmp_path, "&me [*me]"))
+
+
+def test_an_error_quotes_at_most_a_line_of_the_value(tmp_path: Path) -> None:
+    """A megabyte string or a long list given where a number belongs is quoted cut, on one line."""
+    for override in ("train.steps=" + "x" * 1_000_000, "train.steps=[" + ", ".join(["1"] * 100_000) + "]",
+                     "tokenizer.model_type=" + "y" * 10_000):
+        with pytest.raises(ConfigError) as caught:
+            load_config(DEMO, [override])
+        assert len(str(caught.value)) < ECHO_LIMIT + 120 and "..." in str(caught.value)
+
+
+def test_deeply_nested_yaml_is_one_line_not_a_recursion_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^config file .*bomb.yaml is refused: values nested more than 32 levels"):
+        load_config(config_with(tmp_path, "[" * 5000 + "]" * 5000))
+    with pytest.raises(ConfigError, match=r"^override 'train.steps': the value is refused: values nested"):
+        load_config(DEMO, ["train.steps=" + "{a: " * 40 + "1" + "}" * 40])
