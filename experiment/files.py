@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from experiment.errors import DataError, WriteError
+from experiment.jsontext import parse_json
 from experiment.storage import BucketPath, RunPath, location
 from experiment.storage.local import fsync_dir, umask
 
@@ -135,7 +136,7 @@ def read_json_object(path: str | os.PathLike[str] | BucketPath) -> dict[str, Any
     """A JSON object from a file someone else wrote (a model's config.json); anything else is one DataError
     naming it."""
     try:
-        body = json.loads(location(path).read_text(encoding="utf-8"))
+        body = parse_json(location(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise DataError(f"{path} is not readable JSON ({exc})") from exc
     if not isinstance(body, dict):

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiment.errors import RecipeError
+from experiment.jsontext import parse_json
 from experiment.runfolder import RunFolder, linked_run
 from experiment.stages import Stage, stage_named
 from experiment.storage import BucketPath, RunPath, backends
@@ -105,7 +106,7 @@ def lock_path(folder: RunFolder, name: str) -> RunPath:
 def _decode(body: bytes | str) -> Holder | None:
     """The holder in a lock's record (None: released cleanly, or unreadable while being rewritten)."""
     try:
-        data = json.loads(body or "null")
+        data = parse_json(body or "null")
         return Holder(str(data["host"]), int(data["pid"]), str(data["since"]), float(data["renewed"]),
                       str(data["stage"]), str(data.get("token", "")))
     except (ValueError, TypeError, KeyError):

@@ -18,7 +18,6 @@ Bad input is one line naming the file and the tensor (DataError) or the config f
 from __future__ import annotations
 
 import dataclasses
-import json
 import pickle
 import re
 from collections.abc import Iterator, Mapping
@@ -31,6 +30,7 @@ from flax import nnx
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import read_json_object, sha256_file
+from experiment.jsontext import parse_json
 from experiment.sections.model import FamilyConfig
 from model.family import ModelFamily
 from model.registry import families, get_family
@@ -237,7 +237,7 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
 def read_index(path: Path) -> dict[str, Path]:
     """A sharded checkpoint's index: tensor name -> the shard file in the same folder."""
     try:
-        weight_map = json.loads(path.read_text())["weight_map"]
+        weight_map = parse_json(path.read_text())["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path}: not a readable checkpoint index with a 'weight_map' ({exc})") from None
     files = {name: path.parent / shard for name, shard in weight_map.items()}

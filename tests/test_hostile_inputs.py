@@ -65,3 +65,27 @@ def test_deeply_nested_yaml_is_one_line_not_a_recursion_error(tmp_path: Path) ->
         load_config(config_with(tmp_path, "[" * 5000 + "]" * 5000))
     with pytest.raises(ConfigError, match=r"^override 'train.steps': the value is refused: values nested"):
         load_config(DEMO, ["train.steps=" + "{a: " * 40 + "1" + "}" * 40])
+
+
+@pytest.mark.parametrize("depth", [150, 100_000])
+def test_deeply_nested_json_in_a_manifest_or_a_ledger_line_is_one_line_naming_it(tmp_path: Path, depth: int) -> None:
+    """100,000 levels used to be a RecursionError traceback; 150 parsed, a hazard for every walk after it."""
+    from cost.ledger_format import read_records
+    from experiment.errors import DataError
+    from experiment.manifest import manifest_path, read_manifest, write_manifest
+    from experiment.storage import location
+
+    nested = "[" * depth + "]" * depth
+    stage = tmp_path / "corpus"
+    stage.mkdir()
+    write_manifest(str(stage), "corpus", {"counts": {}})
+    path = Path(str(manifest_path(str(stage))))
+    path.write_text(path.read_text(encoding="utf-8").replace('"counts": {}', f'"counts": {nested}'), encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{path} is not a readable manifest \(nested more than 100 levels deep\)"):
+        read_manifest(str(stage), "corpus", "recipes/01_build_corpus.py")
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text('{"kind": "session"}\n' + f'{{"kind": {nested}}}\n', encoding="utf-8")
+    for text in (ledger.read_text(encoding="utf-8"), ledger.read_text(encoding="utf-8").rstrip("\n")):
+        ledger.write_text(text, encoding="utf-8")  # with and without the last newline: deep is never a torn tail
+        with pytest.raises(DataError, match=rf"^{ledger} line 2: not valid JSON \(nested more than 100 levels deep\)"):
+            read_records(location(str(ledger)))
