@@ -89,3 +89,55 @@ def test_deeply_nested_json_in_a_manifest_or_a_ledger_line_is_one_line_naming_it
         ledger.write_text(text, encoding="utf-8")  # with and without the last newline: deep is never a torn tail
         with pytest.raises(DataError, match=rf"^{ledger} line 2: not valid JSON \(nested more than 100 levels deep\)"):
             read_records(location(str(ledger)))
+
+
+def sparse_hf_folder(folder: Path, **shape: int) -> int:
+    """A Hugging Face Llama folder whose config.json and safetensors header agree on a model of ``shape``, the
+    weights a sparse file (no disk used); returns the weights' declared bytes (bf16)."""
+    import json
+
+    import numpy as np
+    from flax import nnx
+
+    from model.hf_tensors import get_path
+    from model.registry import get_family
+
+    family = get_family("llama")
+    cfg = family.config_cls(**shape, scan_layers=False)
+    abstract = nnx.to_pure_dict(nnx.state(family.abstract(cfg, 32000), nnx.Param))
+    header, offset = {}, 0
+    for tensor in family.hf_adapter.tensors(cfg):
+        hf_shape = tensor.hf_shape(tuple(get_path(abstract, tensor.path).shape))
+        size = int(np.prod(hf_shape)) * 2
+        header[tensor.name] = {"dtype": "BF16", "shape": list(hf_shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(family.hf_adapter.to_config(cfg, 32000)), encoding="utf-8")
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with (folder / "model.safetensors").open("wb") as weights:
+        weights.write(len(head).to_bytes(8, "little") + head)
+        weights.truncate(8 + len(head) + offset)
+    return offset
+
+
+def test_an_init_from_larger_than_memory_is_refused_before_a_tensor_is_read(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consistent 2.2 TiB Llama folder (1.3 trillion parameters in bf16, sparse weights) was read tensor by tensor
+    until a MemoryError; now one line names the folder and the sizes, and not a byte of a tensor is read."""
+    from experiment.errors import DataError
+    from model.hf_checkpoint import LazyTensor, load_hf_checkpoint
+
+    def read(tensor: LazyTensor, *args: object, **kwargs: object) -> None:
+        raise AssertionError(f"tensor {tensor.name} was read")
+
+    monkeypatch.setattr(LazyTensor, "__array__", read)
+
+    folder = tmp_path / "huge"
+    declared = sparse_hf_folder(folder, d_model=65536, n_layers=21, n_heads=512, n_kv_heads=8, d_ff=262144,
+                                max_seq_len=4096)
+    assert 2.2 * 2**40 < declared < 2.4 * 2**40
+    with pytest.raises(DataError, match=rf"^{folder}: the model its config.json and weights declare has "
+                                        r"1,\d{3},\d{3},\d{3},\d{3} parameters, \d+\.\d GiB as float32, more than the "
+                                        r"\d+\.\d GiB available on 1 cpu device: nothing was read"):
+        load_hf_checkpoint(folder)
