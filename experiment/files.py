@@ -61,6 +61,16 @@ def free_bytes(path: str | os.PathLike[str] | BucketPath) -> int | None:
         return None
 
 
+def mount_point(path: str | os.PathLike[str]) -> Path:
+    """The mount point of the disk that holds ``path`` (or its nearest existing parent)."""
+    where = Path(path).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    while not os.path.ismount(where) and where != where.parent:
+        where = where.parent
+    return where
+
+
 def free_space(path: str | os.PathLike[str] | BucketPath) -> str:
     """Free space on the disk that holds ``path``, e.g. '1.3 MiB'."""
     free = free_bytes(path)

@@ -3,6 +3,8 @@ the interpreter's stack or a disk; each is one error line naming the file, befor
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,54 @@ def test_an_init_from_larger_than_memory_is_refused_before_a_tensor_is_read(tmp_
                                         r"1,\d{3},\d{3},\d{3},\d{3} parameters, \d+\.\d GiB as float32, more than the "
                                         r"\d+\.\d GiB available on 1 cpu device: nothing was read"):
         load_hf_checkpoint(folder)
+
+
+class FullDisk:
+    """A log file's handle once its disk is full: every write and flush fails as write(2) does (ENOSPC)."""
+
+    def __init__(self, handle: object) -> None:
+        self.handle = handle
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    flush = write
+
+    def fileno(self) -> int:
+        return self.handle.fileno()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.handle.close()  # type: ignore[attr-defined]
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # the buffer it would write out first
+
+
+def test_a_full_ledger_disk_stops_the_run_at_its_next_step_naming_the_ledger_and_its_disk(tmp_path: Path) -> None:
+    """The heartbeat's flush failed in its own thread and died there: training went on unrecorded until the next
+    checkpoint, whose error named the checkpoints' disk. Now the next call of the training thread raises it."""
+    import datetime as dt
+
+    from cost.ledger import Ledger
+    from cost.rates import UsdRubRate
+    from experiment.errors import WriteError
+    from experiment.files import mount_point
+    from experiment.sections.cost import CostConfig
+
+    cfg = CostConfig(accelerator="tpu-v5e", pricing="on-demand", chips=8, usd_rub_rate=100.0,
+                     usd_rub_date=dt.date.today().isoformat(), flush_seconds=0.05)
+    ledger = Ledger.open(tmp_path / "ledger", cfg, "run-1", rate=UsdRubRate(100.0, dt.date.today(), "test"))
+    path = tmp_path / "ledger" / "ledger.jsonl"
+    with ledger.phase("train"):
+        ledger.add_tokens(1, 1000)
+    log = ledger._file._log
+    log._handle = FullDisk(log._handle)
+    assert ledger._thread is not None
+    ledger._thread.join(timeout=10)  # the heartbeat's flush meets the full disk and ends
+    assert not ledger._thread.is_alive()
+    expected = (rf"^cannot write {path}: No space left on device \(.* free on that disk\): free space on the disk "
+                rf"mounted at {mount_point(path)} and rerun the same command")
+    with pytest.raises(WriteError, match=expected), ledger.phase("train"):  # the next step
+        pass
+    with pytest.raises(WriteError, match=expected):
+        ledger.add_tokens(2, 1000)
+    ledger.close(clean=False)  # ends without writing, without a second error
+    assert ledger._closed
