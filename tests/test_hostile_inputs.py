@@ -194,3 +194,33 @@ def test_a_full_ledger_disk_stops_the_run_at_its_next_step_naming_the_ledger_and
         ledger.add_tokens(2, 1000)
     ledger.close(clean=False)  # ends without writing, without a second error
     assert ledger._closed
+
+
+def test_a_read_only_lock_folder_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock folder on a read-only mount (EROFS: root too is refused) was a PermissionError/OSError traceback."""
+    from experiment import lock
+    from experiment.errors import WriteError
+
+    locks = tmp_path / "run" / lock.LOCKS_DIR
+    locks.mkdir(parents=True)
+    real_open = os.open
+
+    def read_only(path: str | os.PathLike[str], flags: int, *args: int) -> int:
+        if Path(path).parent == locks and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args)
+
+    expected = (rf"^cannot take the lock {locks / 'shards.lock'}: Read-only file system: every stage writes its "
+                rf"lock in {locks}; make that folder writable")
+    with monkeypatch.context() as patch:
+        patch.setattr(lock.os, "open", read_only)
+        with pytest.raises(WriteError, match=expected), lock.hold(locks / "shards.lock", "shards"):
+            pass
+    if os.geteuid() != 0:  # a folder without write permission (root writes anyway)
+        locks.chmod(0o555)
+        try:
+            with pytest.raises(WriteError, match=r"Permission denied: every stage writes its lock"), \
+                    lock.hold(locks / "shards.lock", "shards"):
+                pass
+        finally:
+            locks.chmod(0o755)
