@@ -5,7 +5,8 @@ YAML against it, so an unknown key or a value of the wrong type fails at once wi
 and, for a typo, the nearest valid key. Strings may use ``${VAR}`` or ``${VAR:-default}`` so that
 paths such as the shared benchmark folder can come from the environment.
 
-A credential read that way (a variable ``is_secret_var`` names: ``${WANDB_API_KEY}``, ``${HF_TOKEN}``) is
+A credential read that way (a variable ``is_secret_var`` names, by its name or its value's shape:
+``${WANDB_API_KEY}``, ``${HF_TOKEN}``, ``${DATABASE_URL}`` holding a password) is
 the value the running code sees, but every record of the config (``to_dict``, ``dump_yaml``: the run
 folder's ``config.resolved.yaml`` and ``configs/`` copies, the W&B config) keeps the text as written.
 """
@@ -36,19 +37,25 @@ from experiment.sweep import select_variant, variant_experiment_name
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # Variables that hold credentials, by name (case-insensitive): any name containing TOKEN, SECRET, PASSWORD,
-# PASSWD or CREDENTIAL, or ending in KEY or KEY_ID: WANDB_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN,
-# AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, GOOGLE_APPLICATION_CREDENTIALS, GCP_SA_KEY.
-# Broad on purpose: a name wrongly taken for one only costs the record its value (reloading expands it again).
-_SECRET_VAR = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|KEY$|KEY_ID$", re.IGNORECASE)
+# PASSWD, PASSPHRASE, CREDENTIAL, PRIVATE or APIKEY, ending in KEY or KEY_ID, or with KEY(S), PAT, PASS, AUTH, DSN or
+# COOKIE as one of its _-separated words: WANDB_API_KEY, HF_TOKEN, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+# GOOGLE_APPLICATION_CREDENTIALS, GCP_SA_KEY, PRIVATE_KEY_PEM, GH_PAT, DB_PASS, SENTRY_DSN. And by value, whatever the
+# name: a URL with user information (postgres://user:password@host, https://token@host: DATABASE_URL) or a PEM
+# private key. Broad on purpose: a name wrongly taken for one only costs the record its value (reloading expands it).
+_SECRET_VAR = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE|APIKEY|KEY$|KEY_ID$",
+                         re.IGNORECASE)
+_SECRET_WORDS = frozenset({"KEY", "KEYS", "PAT", "PASS", "AUTH", "DSN", "COOKIE"})
+_SECRET_VALUE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#\s@]+@|-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 # expanded string -> the text as written, for every string a credential went into (this process's loads)
 _SECRET_EXPANSIONS: dict[str, str] = {}
 # a credential's value -> its reference, to hide it inside strings made from such a string
 _SECRET_VALUES: dict[str, str] = {}
 
 
-def is_secret_var(name: str) -> bool:
-    """Whether the environment variable ``name`` holds a credential that no file may record."""
-    return _SECRET_VAR.search(name) is not None
+def is_secret_var(name: str, value: str = "") -> bool:
+    """Whether the environment variable ``name`` (holding ``value``) holds a credential that no file may record."""
+    return (_SECRET_VAR.search(name) is not None or not _SECRET_WORDS.isdisjoint(name.upper().split("_"))
+            or _SECRET_VALUE.search(value) is not None)
 
 
 def expand_env(text: str, key: str) -> str:
@@ -59,7 +66,7 @@ def expand_env(text: str, key: str) -> str:
         name, default = match.group(1), match.group(2)
         value = os.environ.get(name)
         if value is not None and value != "":
-            if is_secret_var(name):
+            if is_secret_var(name, value):
                 secrets.append((value, f"${{{name}}}"))
             return value
         if default is not None:

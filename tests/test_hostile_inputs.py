@@ -224,3 +224,30 @@ def test_a_read_only_lock_folder_is_one_line_naming_it(tmp_path: Path, monkeypat
                 pass
         finally:
             locks.chmod(0o755)
+
+
+def test_credentials_outside_the_name_list_are_recorded_as_their_reference(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """DATABASE_URL (a password in its URL), PRIVATE_KEY_PEM and GH_PAT were written in clear to
+    config.resolved.yaml and the W&B config; by name or by the value's shape they are now ``${VAR}``."""
+    import yaml
+
+    from experiment.config import dump_yaml, is_secret_var, to_dict
+
+    secrets = {"DATABASE_URL": "postgresql://trainer:Pw-81xQ@db.internal:5432/runs",
+               "PRIVATE_KEY_PEM": "-----BEGIN PRIVATE KEY-----MIIEvQIBADANBgkqhkiG9w0BAQEFAASC",
+               "GH_PAT": "github_pat_11AAQ7Z2Y0xVxk"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RU_PLAIN_URL", "https://mirror.example.org/data")  # no credential: recorded as it is
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({"experiment": {"name": "x", "description": "db ${DATABASE_URL} via ${GH_PAT}",
+                                                   "run_root": str(tmp_path / "runs")},
+                                    "wandb": {"tags": ["${PRIVATE_KEY_PEM}", "${RU_PLAIN_URL}"]}}), encoding="utf-8")
+    cfg = load_config(path)
+    assert cfg.experiment.description == f"db {secrets['DATABASE_URL']} via {secrets['GH_PAT']}"  # the run sees them
+    recorded = dump_yaml(cfg) + repr(to_dict(cfg))
+    assert not [name for name, value in secrets.items() if value in recorded]
+    assert "db ${DATABASE_URL} via ${GH_PAT}" in recorded and "${PRIVATE_KEY_PEM}" in recorded
+    assert "https://mirror.example.org/data" in recorded
+    assert not any(map(is_secret_var, ["PATH", "PWD", "HOME", "KEYBOARD", "RU_SHARED_DATA", "AUTHOR"]))
