@@ -251,3 +251,27 @@ def test_credentials_outside_the_name_list_are_recorded_as_their_reference(tmp_p
     assert "db ${DATABASE_URL} via ${GH_PAT}" in recorded and "${PRIVATE_KEY_PEM}" in recorded
     assert "https://mirror.example.org/data" in recorded
     assert not any(map(is_secret_var, ["PATH", "PWD", "HOME", "KEYBOARD", "RU_SHARED_DATA", "AUTHOR"]))
+
+
+def test_recipe_02_refuses_a_corpus_edited_after_recipe_01_before_the_old_tokenizer_goes(tmp_path: Path) -> None:
+    """Only recipe 03 checked the corpus shards' sha256: recipe 02 trained on a corpus edited after recipe 01."""
+    from data_prep.corpus.build import build_corpus
+    from experiment.errors import DataError
+    from experiment.runfolder import RunFolder
+    from tests.fixture_run import fixture_config
+    from tokenizer.train import train_tokenizer
+
+    cfg = load_config(fixture_config(tmp_path))
+    folder = RunFolder.for_config(cfg)
+    build_corpus(cfg, folder, None)
+    shard = Path(str(folder.corpus)) / "docs-00000.jsonl"
+    text = shard.read_bytes()
+    index = text.index("о".encode())  # one Cyrillic letter for another of the same size: the sizes still match
+    shard.write_bytes(text[:index] + "а".encode() + text[index + 2:])
+    previous = Path(str(folder.tokenizer)) / "manifest.json"  # the tokenizer an earlier recipe 02 wrote
+    previous.parent.mkdir(parents=True)
+    previous.write_text("{}", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^corpus shard {shard} does not match its manifest: sha256 .* "
+                                        r"\(the file changed after recipes/01_build_corpus.py wrote it\)"):
+        train_tokenizer(cfg, folder, None)
+    assert previous.read_text(encoding="utf-8") == "{}"

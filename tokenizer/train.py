@@ -20,7 +20,7 @@ from typing import Any
 import sentencepiece as spm
 
 from experiment.config import redact
-from experiment.corpus_format import iter_documents
+from experiment.corpus_format import iter_documents, read_corpus_manifest, verify_corpus
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
 from experiment.manifest import invalidate
@@ -151,6 +151,8 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any,
     out_dir = run_folder.tokenizer
     corpus_dir = run_folder.corpus
     validation_percent = cfg.shards.validation_percent
+    # a corpus edited since recipe 01 wrote it is refused (as recipe 03 refuses it) before the old tokenizer goes
+    verify_corpus(corpus_dir, read_corpus_manifest(corpus_dir))
     invalidate(out_dir)
 
     log.info("reading the corpus in %s (held-out share %.1f%%)", corpus_dir, validation_percent)
