@@ -13,7 +13,6 @@ history, eval score against rubles), and logs them to the compare run in W&B.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from cost.target import (
 )
 from experiment import appendlog
 from experiment.errors import MissingStageError
+from experiment.jsontext import parse_json
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import EVAL, PRETRAIN
@@ -115,7 +115,7 @@ def eval_results_summary(eval_dir: Path) -> dict[str, float]:
     recipe 05 logs them; empty without a readable results file."""
     for path in sorted(eval_dir.glob("step_*.json"), reverse=True):  # zero-padded steps: newest first
         try:
-            results = json.loads(path.read_text(encoding="utf-8"))
+            results = parse_json(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         if not isinstance(results, dict):
@@ -350,7 +350,7 @@ def score_interval(eval_dir: Path, metric: str | None, score: float) -> tuple[fl
     _, task, name = parts
     for path in sorted(eval_dir.glob("step_*.json"), reverse=True):
         try:
-            entry = json.loads(path.read_text(encoding="utf-8"))["tasks"][task]["metrics"][name]
+            entry = parse_json(path.read_text(encoding="utf-8"))["tasks"][task]["metrics"][name]
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if math.isclose(entry.get("value", math.nan), score, rel_tol=1e-9) and entry.get("ci95"):

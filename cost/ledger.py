@@ -145,6 +145,9 @@ class Ledger:
         self._listing_path: RunPath | None = None  # the bucket folder a default measurement lists (its LISTs count)
         self._measuring: threading.Thread | None = None
         self._closed = False
+        # what made the background flush fail (a full or read-only disk): the next call of the training thread
+        # raises it, so a run never goes on unrecorded until its next checkpoint
+        self._failed: Exception | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if background:
@@ -257,7 +260,11 @@ class Ledger:
             with self._lock:
                 if self._closed:
                     return
-                self._flush()
+                try:
+                    self._flush()
+                except Exception as exc:  # raised in the training thread by its next call (``_check_open``)
+                    self._failed = exc
+                    return
 
     def _maybe_flush(self) -> None:
         """Without the background thread (tests, fake clocks), flush when a call finds the time is due."""
@@ -265,6 +272,8 @@ class Ledger:
             self._flush()
 
     def _check_open(self) -> None:
+        if self._failed is not None:
+            raise self._failed
         if self._closed:
             raise RuntimeError(f"ledger {self.path} is closed")
 
@@ -502,6 +511,10 @@ class Ledger:
         self.settle_storage(timeout=60)  # the level the last checkpoint left, measured before the session's end
         with self._lock:
             if self._closed:
+                return
+            if self._failed is not None:  # the file takes no more records: the session ends as a killed one does
+                self._closed = True
+                self._file.close(publish=False)
                 return
             last = self._current.last_step
             clean = clean or last is None or (self._durable_step is not None and last <= self._durable_step)

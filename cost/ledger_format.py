@@ -251,5 +251,5 @@ class LedgerWriter:
     def sync(self) -> None:
         self._log.sync()
 
-    def close(self) -> None:
-        self._log.close()
+    def close(self, publish: bool = True) -> None:
+        self._log.close(publish)

@@ -52,6 +52,7 @@ from cost.target import Target, TargetCrossing, cost_to_target, eval_points, rea
 from experiment import appendlog
 from experiment.config import load_config
 from experiment.errors import ConfigError, DataError
+from experiment.jsontext import parse_json
 from experiment.presets import preset_model_config
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
@@ -388,10 +389,9 @@ def fit_settings(run_folder: RunFolder | None, catalog: Catalog) -> dict[tuple[s
     path = None if run_folder is None else FIT_CHECK.dir(run_folder) / FIT_CHECK.output
     if path is None or not path.is_file():
         return {}
-    import json
 
     try:
-        reports = json.loads(path.read_text(encoding="utf-8"))
+        reports = parse_json(path.read_text(encoding="utf-8"))
         settings = {}
         for r in reports:
             if r.get("fits") and "remat" in r:

@@ -17,6 +17,7 @@ from typing import Any
 
 from experiment.errors import DataError
 from experiment.jsonl import iter_jsonl
+from experiment.jsontext import parse_json
 from experiment.storage import RunPath, location
 
 log = logging.getLogger("eval.loaders")
@@ -68,7 +69,7 @@ def _read_jsonl(path: Path) -> Iterator[Record]:
 
 def _read_json(path: Path) -> Iterator[Record]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
     if isinstance(data, dict) and "data" in data:  # {"data": {split: [...]}} or {"data": [...]}

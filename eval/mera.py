@@ -40,6 +40,7 @@ from eval.loaders import Record, SourceUnavailable, read_file, read_hub
 from eval.scoring import LogitsFn, score_requests
 from experiment.errors import DataError
 from experiment.files import atomic_write_bytes, atomic_write_json
+from experiment.jsontext import parse_json
 from experiment.schema import ExperimentConfig
 from experiment.stages import MERA
 from experiment.storage import BucketPath, RunPath, location
@@ -202,7 +203,7 @@ def validate_submission(path: RunPath, expected: dict[str, list[dict[str, Any]]]
             if task is None or "/" in name:
                 raise DataError(f"{path}: member '{name}' is not a MERA task's <Task>.json at the top level")
             try:
-                body = json.loads(archive.read(name).decode("utf-8"))
+                body = parse_json(archive.read(name).decode("utf-8"))
                 rows = body["data"]["test"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise DataError(f"{path}: {name} is not {{'data': {{'test': [...]}}}} JSON ({exc!r})") from exc

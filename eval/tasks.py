@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from eval.loaders import Record
 from experiment.errors import ConfigError, DataError
+from experiment.jsontext import parse_json
 from experiment.sections.eval import EvalConfig
 
 BENCH = "{bench}"  # replaced by eval.bench_dir
@@ -101,7 +102,7 @@ def _json_field(value: Any) -> Any:
     """A list field as the JSON text a CSV or TSV copy stores it in."""
     if isinstance(value, str) and value.strip()[:1] == "[":
         try:
-            return json.loads(value)
+            return parse_json(value)
         except json.JSONDecodeError as exc:
             raise KeyError(f"{value[:30]!r} (not valid JSON: {exc.msg})") from exc
     return value
@@ -171,9 +172,8 @@ def _prepare_hellaswag(fields: dict[str, Any]) -> dict[str, Any]:
     ctx = fields["ctx"] if "ctx" in fields else f"{fields['ctx_a']} {str(fields['ctx_b']).capitalize()}"
     endings = fields["endings"]
     if isinstance(endings, str):  # a CSV copy stores the list as JSON text
-        import json
 
-        endings = json.loads(endings)
+        endings = parse_json(endings)
     return {**fields, "query": clean(f"{fields.get('activity_label', '')}: {ctx}".lstrip(": ")),
             "endings": [clean(str(e)) for e in endings]}
 

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import IO
 
-from experiment.errors import DataError
-from experiment.files import atomic_write_text
+from experiment.errors import DataError, WriteError
+from experiment.files import atomic_write_text, mount_point, write_error
 from experiment.storage import BucketPath, RunPath
 from experiment.storage.retry import create_exclusive_checked
 
@@ -107,12 +107,24 @@ class LogWriter:
             segments = _segments(path)
             self._next = segments[-1][0] + 1 if segments else 0
         else:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._handle = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 - held open until close()
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                self._handle = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 - held open until close()
+            except OSError as exc:
+                raise self._disk_error(exc) from exc
+
+    def _disk_error(self, exc: OSError) -> WriteError:
+        """A failed append on a disk (full, read-only, failing) as one line naming the log, its disk and the space
+        left there: the log's own disk, which need not be the checkpoints'."""
+        return write_error(exc, self.path, f"free space on the disk mounted at {mount_point(self.path)} and rerun "
+                                           "the same command (the run resumes from its last checkpoint)")
 
     def write(self, text: str) -> None:
         if self._handle is not None:
-            self._handle.write(text)
+            try:
+                self._handle.write(text)
+            except OSError as exc:  # a full buffer is written out here
+                raise self._disk_error(exc) from exc
         else:
             self._pending.append(text)
 
@@ -120,14 +132,20 @@ class LogWriter:
         """Hand what was written to the OS (a disk); in a bucket, publish it as a segment when the last one is
         ``PUBLISH_S`` old (what a kill loses before a ``sync`` is what a resume retraces anyway)."""
         if self._handle is not None:
-            self._handle.flush()
+            try:
+                self._handle.flush()
+            except OSError as exc:
+                raise self._disk_error(exc) from exc
         elif time.monotonic() - self._published >= PUBLISH_S:
             self.sync()
 
     def sync(self) -> None:
         if self._handle is not None:
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
+            try:
+                self._handle.flush()
+                os.fsync(self._handle.fileno())
+            except OSError as exc:
+                raise self._disk_error(exc) from exc
             return
         if not self._pending:
             return
@@ -142,8 +160,12 @@ class LogWriter:
         """Close the log; in a bucket, what was written since the last segment is published (``publish=False``:
         dropped, when the storage is failing and it is work a resume retraces)."""
         if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+            handle, self._handle = self._handle, None
+            try:
+                handle.close()  # writes out the buffer first: the fd is closed even when that fails
+            except OSError as exc:
+                if publish:
+                    raise self._disk_error(exc) from exc
         elif publish:
             self.sync()
         else:

@@ -5,7 +5,8 @@ YAML against it, so an unknown key or a value of the wrong type fails at once wi
 and, for a typo, the nearest valid key. Strings may use ``${VAR}`` or ``${VAR:-default}`` so that
 paths such as the shared benchmark folder can come from the environment.
 
-A credential read that way (a variable ``is_secret_var`` names: ``${WANDB_API_KEY}``, ``${HF_TOKEN}``) is
+A credential read that way (a variable ``is_secret_var`` names, by its name or its value's shape:
+``${WANDB_API_KEY}``, ``${HF_TOKEN}``, ``${DATABASE_URL}`` holding a password) is
 the value the running code sees, but every record of the config (``to_dict``, ``dump_yaml``: the run
 folder's ``config.resolved.yaml`` and ``configs/`` copies, the W&B config) keeps the text as written.
 """
@@ -27,7 +28,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
-from experiment.errors import ConfigError
+from experiment.errors import ConfigError, echo
 from experiment.presets import preset_fields
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import family_axis_rules, model_section_class
@@ -36,19 +37,25 @@ from experiment.sweep import select_variant, variant_experiment_name
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # Variables that hold credentials, by name (case-insensitive): any name containing TOKEN, SECRET, PASSWORD,
-# PASSWD or CREDENTIAL, or ending in KEY or KEY_ID: WANDB_API_KEY, HF_TOKEN, HUGGING_FACE_HUB_TOKEN,
-# AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, GOOGLE_APPLICATION_CREDENTIALS, GCP_SA_KEY.
-# Broad on purpose: a name wrongly taken for one only costs the record its value (reloading expands it again).
-_SECRET_VAR = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|KEY$|KEY_ID$", re.IGNORECASE)
+# PASSWD, PASSPHRASE, CREDENTIAL, PRIVATE or APIKEY, ending in KEY or KEY_ID, or with KEY(S), PAT, PASS, AUTH, DSN or
+# COOKIE as one of its _-separated words: WANDB_API_KEY, HF_TOKEN, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+# GOOGLE_APPLICATION_CREDENTIALS, GCP_SA_KEY, PRIVATE_KEY_PEM, GH_PAT, DB_PASS, SENTRY_DSN. And by value, whatever the
+# name: a URL with user information (postgres://user:password@host, https://token@host: DATABASE_URL) or a PEM
+# private key. Broad on purpose: a name wrongly taken for one only costs the record its value (reloading expands it).
+_SECRET_VAR = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE|APIKEY|KEY$|KEY_ID$",
+                         re.IGNORECASE)
+_SECRET_WORDS = frozenset({"KEY", "KEYS", "PAT", "PASS", "AUTH", "DSN", "COOKIE"})
+_SECRET_VALUE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#\s@]+@|-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 # expanded string -> the text as written, for every string a credential went into (this process's loads)
 _SECRET_EXPANSIONS: dict[str, str] = {}
 # a credential's value -> its reference, to hide it inside strings made from such a string
 _SECRET_VALUES: dict[str, str] = {}
 
 
-def is_secret_var(name: str) -> bool:
-    """Whether the environment variable ``name`` holds a credential that no file may record."""
-    return _SECRET_VAR.search(name) is not None
+def is_secret_var(name: str, value: str = "") -> bool:
+    """Whether the environment variable ``name`` (holding ``value``) holds a credential that no file may record."""
+    return (_SECRET_VAR.search(name) is not None or not _SECRET_WORDS.isdisjoint(name.upper().split("_"))
+            or _SECRET_VALUE.search(value) is not None)
 
 
 def expand_env(text: str, key: str) -> str:
@@ -59,7 +66,7 @@ def expand_env(text: str, key: str) -> str:
         name, default = match.group(1), match.group(2)
         value = os.environ.get(name)
         if value is not None and value != "":
-            if is_secret_var(name):
+            if is_secret_var(name, value):
                 secrets.append((value, f"${{{name}}}"))
             return value
         if default is not None:
@@ -112,13 +119,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(errors[0] if len(errors) == 1
-                          else f"config key '{key}': {value!r} fits none of {_type_name(tp)}")
+                          else f"config key '{key}': {echo(value)} fits none of {_type_name(tp)}")
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed:
-            near = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+            near = difflib.get_close_matches(value, [str(a) for a in allowed], n=1) if isinstance(value, str) else []
             hint = f" (did you mean '{near[0]}'?)" if near else ""
-            raise ConfigError(f"config key '{key}': {value!r} is not one of {list(allowed)}{hint}")
+            raise ConfigError(f"config key '{key}': {echo(value)} is not one of {list(allowed)}{hint}")
         return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
@@ -126,7 +133,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return build_dataclass(tp, value, key)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key '{key}': expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"config key '{key}': expected a list, got {type(value).__name__} {echo(value)}")
         (item_tp, *_rest) = get_args(tp) or (Any,)
         items = [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
@@ -138,11 +145,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"config key '{key}': expected true or false, got {value!r}")
+        raise ConfigError(f"config key '{key}': expected true or false, got {echo(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
+        raise ConfigError(f"config key '{key}': expected an integer, got {echo(value)}")
     if tp is float:
         number: float | None = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -151,10 +158,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             with contextlib.suppress(ValueError):
                 number = float(value)
         if number is None:
-            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+            raise ConfigError(f"config key '{key}': expected a number, got {echo(value)}")
         # NaN fails every range check (each comparison is false) and inf passes most: neither is a setting
         if not math.isfinite(number):
-            raise ConfigError(f"config key '{key}': expected a finite number, got {value!r}")
+            raise ConfigError(f"config key '{key}': expected a finite number, got {echo(value)}")
         return number
     if tp is str:
         if isinstance(value, str):
@@ -163,7 +170,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return str(value)
         if isinstance(value, datetime.date):  # YAML reads an unquoted 2025-01-01 as a date
             return value.isoformat()
-        raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+        raise ConfigError(f"config key '{key}': expected a string, got {echo(value)}")
     raise ConfigError(f"config key '{key}': unsupported annotation {tp!r} in the schema")
 
 
@@ -216,6 +223,59 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return where
 
 
+# YAML aliases let a few lines hold billions of values ("billion laughs"), which every walk over the config (type
+# checks, copies, records, an error quoting a value) would then visit. What aliases may add to a document: far
+# above a shared list or mapping reused in a few places, far below what those walks notice.
+MAX_ALIAS_VALUES = 10_000
+# nesting deeper than any section, sweep or mixture needs; the checks and copies of the tree recurse into it
+MAX_YAML_DEPTH = 32
+
+
+class YAMLTooLarge(yaml.YAMLError):
+    """A YAML document whose aliases add more than MAX_ALIAS_VALUES values, or nested beyond MAX_YAML_DEPTH."""
+
+
+def _expanded_values(node: yaml.Node, depth: int, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """How many values ``node`` holds once every alias is expanded: each node counted once per use, measured
+    once (``sizes``, by node: an alias is the node of its anchor)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_nodes:
+        raise YAMLTooLarge("an alias refers to the anchor it is inside (a document that never ends)")
+    if depth > MAX_YAML_DEPTH:
+        raise YAMLTooLarge(f"values nested more than {MAX_YAML_DEPTH} levels deep")
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    open_nodes.add(id(node))
+    sizes[id(node)] = total = 1 + sum(_expanded_values(child, depth + 1, sizes, open_nodes) for child in children)
+    open_nodes.discard(id(node))
+    return total
+
+
+def load_yaml_text(text: str) -> Any:
+    """``yaml.safe_load`` of ``text``, refusing (``YAMLTooLarge``) a document whose aliases add more than
+    MAX_ALIAS_VALUES values or that nests beyond MAX_YAML_DEPTH, before anything is built from it."""
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:  # the composer recurses once per level: deeper than the interpreter allows
+            raise YAMLTooLarge(f"values nested more than {MAX_YAML_DEPTH} levels deep") from None
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+        added = _expanded_values(node, 0, sizes, set()) - len(sizes)  # the values only aliases hold
+        if added > MAX_ALIAS_VALUES:
+            raise YAMLTooLarge(f"its aliases expand to {added:,} more values (at most {MAX_ALIAS_VALUES:,}); write "
+                               "the values out instead of repeating anchors")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override '{text}' is not of the form key.sub=value")
@@ -223,7 +283,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override '{text}' has an empty key part")
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = load_yaml_text(raw) if raw != "" else ""
+    except YAMLTooLarge as exc:
+        raise ConfigError(f"override '{key}': the value is refused: {exc}") from None
     except yaml.YAMLError as exc:  # the value is read as YAML: a list [a, b], a mapping {k: v}, a number
         raise ConfigError(f"override '{text}': the value is not valid YAML ({yaml_problem(exc)}); "
                           "quote a string that holds YAML syntax") from exc
@@ -254,7 +316,9 @@ def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml_text(path.read_text(encoding="utf-8"))
+    except YAMLTooLarge as exc:
+        raise ConfigError(f"config file {path} is refused: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(exc)}") from exc
     except (ValueError, OverflowError) as exc:  # a scalar YAML types but cannot build: a date of month 13
@@ -292,7 +356,7 @@ def resolve_model_tree(model_tree: dict[str, Any], explicit: set[str], family: s
     if not preset:
         return model_tree
     if not isinstance(preset, str):
-        raise ConfigError(f"config key 'model.preset': expected a preset name, got {preset!r}")
+        raise ConfigError(f"config key 'model.preset': expected a preset name, got {echo(preset)}")
     filled = {name: value for name, value in preset_fields(preset, family).items() if f"model.{name}" not in explicit}
     return {**model_tree, **filled}
 
@@ -325,7 +389,7 @@ def build_config(tree: dict[str, Any]) -> ExperimentConfig:
         raise ConfigError(f"config key 'model': expected a mapping, got {type(model_tree).__name__}")
     family = model_tree.get("family", "llama")
     if not isinstance(family, str):
-        raise ConfigError(f"config key 'model.family': expected a family name, got {family!r}")
+        raise ConfigError(f"config key 'model.family': expected a family name, got {echo(family)}")
     model_cls = model_section_class(family)
     model = build_dataclass(model_cls, resolve_model_tree(model_tree, explicit, family), "model")
     cfg = build_dataclass(ExperimentConfig, {k: v for k, v in tree.items() if k != "model"})

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from experiment.errors import DataError, WriteError
+from experiment.jsontext import parse_json
 from experiment.storage import BucketPath, RunPath, location
 from experiment.storage.local import fsync_dir, umask
 
@@ -58,6 +59,16 @@ def free_bytes(path: str | os.PathLike[str] | BucketPath) -> int | None:
         return shutil.disk_usage(where).free
     except OSError:
         return None
+
+
+def mount_point(path: str | os.PathLike[str]) -> Path:
+    """The mount point of the disk that holds ``path`` (or its nearest existing parent)."""
+    where = Path(path).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    while not os.path.ismount(where) and where != where.parent:
+        where = where.parent
+    return where
 
 
 def free_space(path: str | os.PathLike[str] | BucketPath) -> str:
@@ -135,7 +146,7 @@ def read_json_object(path: str | os.PathLike[str] | BucketPath) -> dict[str, Any
     """A JSON object from a file someone else wrote (a model's config.json); anything else is one DataError
     naming it."""
     try:
-        body = json.loads(location(path).read_text(encoding="utf-8"))
+        body = parse_json(location(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise DataError(f"{path} is not readable JSON ({exc})") from exc
     if not isinstance(body, dict):

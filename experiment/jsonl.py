@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from experiment import appendlog
 from experiment.errors import DataError
+from experiment.jsontext import JSONTooDeep, parse_json
 from experiment.storage import BucketPath, location
 
 log = logging.getLogger("experiment.jsonl")
@@ -86,9 +87,9 @@ def iter_jsonl(lines: Iterable[str], name: str, *, torn_tail: TornTail,
         if not text.strip():
             continue
         try:
-            value = json.loads(text)
+            value = parse_json(text)
         except json.JSONDecodeError as exc:
-            if not line.endswith("\n"):  # the last line, cut short: a record being written
+            if not line.endswith("\n") and not isinstance(exc, JSONTooDeep):  # the last line, cut short: being written
                 message = (f"{name} line {number}: a last line without a newline that is not JSON "
                            f"({len(text.encode('utf-8'))} bytes; a writer was killed or is still writing)")
                 if torn_tail == "error":

@@ -44,7 +44,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiment.errors import RecipeError
+from experiment.errors import RecipeError, WriteError
+from experiment.jsontext import parse_json
 from experiment.runfolder import RunFolder, linked_run
 from experiment.stages import Stage, stage_named
 from experiment.storage import BucketPath, RunPath, backends
@@ -105,7 +106,7 @@ def lock_path(folder: RunFolder, name: str) -> RunPath:
 def _decode(body: bytes | str) -> Holder | None:
     """The holder in a lock's record (None: released cleanly, or unreadable while being rewritten)."""
     try:
-        data = json.loads(body or "null")
+        data = parse_json(body or "null")
         return Holder(str(data["host"]), int(data["pid"]), str(data["since"]), float(data["renewed"]),
                       str(data["stage"]), str(data.get("token", "")))
     except (ValueError, TypeError, KeyError):
@@ -243,11 +244,21 @@ def _write_record(fd: int, holder: Holder) -> None:
     os.fsync(fd)
 
 
+def _unwritable(path: Path, exc: OSError) -> WriteError:
+    """The lock's folder refuses the lock file (read-only, another user's, a full disk): one line naming it."""
+    return WriteError(f"cannot take the lock {path}: {exc.strerror or exc}: every stage writes its lock in "
+                      f"{path.parent}; make that folder writable (or set experiment.run_root to one that is) and "
+                      "rerun the same command")
+
+
 def _open_locked(path: Path, shared: bool) -> tuple[int | None, Holder | None]:
     """``(fd, previous holder)`` with the flock taken, or ``(None, holder)`` when a live process holds it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(5):  # another process may replace the file between our open and our flock
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise _unwritable(path, exc) from exc
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except OSError as exc:
@@ -259,7 +270,10 @@ def _open_locked(path: Path, shared: bool) -> tuple[int | None, Holder | None]:
                 return None, holder
             log.warning("taking over the lock %s of %s (%s): that process is gone", path, holder.stage,
                         holder.describe())
-            _break(path)
+            try:
+                _break(path)
+            except OSError as exc:
+                raise _unwritable(path, exc) from exc
             continue
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
@@ -292,7 +306,10 @@ def _hold_on_disk(path: Path, name: str, shared: bool) -> Iterator[None]:
                 log.warning("taking over the lock %s left by %s (%s): that process is gone", path, previous.stage,
                             previous.describe())
             holder = _new_holder(name)
-            _write_record(fd, holder)
+            try:
+                _write_record(fd, holder)
+            except OSError as exc:
+                raise _unwritable(path, exc) from exc
             state = {"holder": holder}
 
             def renew() -> None:

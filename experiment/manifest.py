@@ -17,6 +17,7 @@ from typing import Any
 
 from experiment.errors import DataError, MissingStageError
 from experiment.files import atomic_write_json
+from experiment.jsontext import parse_json
 from experiment.runfolder import link_target, linked_run
 from experiment.storage import RunPath, location
 
@@ -58,7 +59,7 @@ def read_manifest(stage_dir: RunPath | str, stage: str, recipe: str) -> dict[str
     if not path.is_file():
         raise MissingStageError(f"{stage} output not found ({path} is missing): run {recipe} first")
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
+        body = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise DataError(f"{path} is not a readable manifest ({exc}): run {recipe} again") from exc
     if body.get("stage") != stage:

@@ -20,6 +20,7 @@ from pathlib import Path
 from experiment.config import dump_yaml
 from experiment.errors import DataError
 from experiment.files import atomic_write_text
+from experiment.jsontext import parse_json
 from experiment.schema import ExperimentConfig
 from experiment.storage import BucketPath, RunPath, host_local_root, location
 from experiment.storage.retry import create_exclusive_checked
@@ -40,7 +41,7 @@ def link_target(folder: RunPath) -> RunPath | None:
     if not path.is_file():
         return None
     try:
-        return location(str(json.loads(path.read_text(encoding="utf-8"))["target"]))
+        return location(str(parse_json(path.read_text(encoding="utf-8"))["target"]))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path} is not a readable link file ({exc}): remove it and run the recipe again") from exc
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from experiment.errors import ConfigError
+from experiment.errors import ConfigError, echo
 
 NAME_KEY = "name"  # a variant's own name among its overrides
 
@@ -46,7 +46,7 @@ def variant_name(overrides: Mapping[str, Any]) -> str:
 def _check_keys(overrides: Mapping[str, Any], where: str) -> None:
     for key in overrides:
         if not isinstance(key, str) or "." not in key or any(not part for part in key.split(".")):
-            raise ConfigError(f"config key '{where}': {key!r} is not a dotted config key such as model.d_model")
+            raise ConfigError(f"config key '{where}': {echo(key)} is not a dotted config key such as model.d_model")
         if key.startswith("experiment."):
             raise ConfigError(f"config key '{where}': {key} cannot vary (a variant's name, folder and group "
                               "come from the sweep)")
@@ -76,11 +76,11 @@ def expand_variants(variants: list[Mapping[str, Any]] | None, grid: Mapping[str,
     names = [v.name for v in found]
     for name in names:
         if not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
-            raise ConfigError(f"config key 'experiment.variants': variant name {name!r} may hold only letters, "
+            raise ConfigError(f"config key 'experiment.variants': variant name {echo(name)} may hold only letters, "
                               "digits and _ . + -")
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ConfigError(f"config key 'experiment.variants': two variants are named {duplicates[0]!r}: give "
+        raise ConfigError(f"config key 'experiment.variants': two variants are named {echo(duplicates[0])}: give "
                           "each a distinct name")
     return found
 
@@ -104,7 +104,7 @@ def select_variant(experiment_tree: Mapping[str, Any]) -> Variant | None:
         if variant.name == chosen:
             return variant
     known = ", ".join(v.name for v in variants) or "none declared (experiment.variants / experiment.grid)"
-    raise ConfigError(f"config key 'experiment.variant': no variant named {chosen!r}; the variants: {known}")
+    raise ConfigError(f"config key 'experiment.variant': no variant named {echo(chosen)}; the variants: {known}")
 
 
 def variant_of(experiment: Any) -> Variant | None:

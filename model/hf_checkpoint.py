@@ -17,8 +17,9 @@ Bad input is one line naming the file and the tensor (DataError) or the config f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
+import os
 import pickle
 import re
 from collections.abc import Iterator, Mapping
@@ -30,7 +31,8 @@ import numpy as np
 from flax import nnx
 
 from experiment.errors import ConfigError, DataError
-from experiment.files import read_json_object, sha256_file
+from experiment.files import format_bytes, read_json_object, sha256_file
+from experiment.jsontext import parse_json
 from experiment.sections.model import FamilyConfig
 from model.family import ModelFamily
 from model.registry import families, get_family
@@ -237,7 +239,7 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
 def read_index(path: Path) -> dict[str, Path]:
     """A sharded checkpoint's index: tensor name -> the shard file in the same folder."""
     try:
-        weight_map = json.loads(path.read_text())["weight_map"]
+        weight_map = parse_json(path.read_text())["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path}: not a readable checkpoint index with a 'weight_map' ({exc})") from None
     files = {name: path.parent / shard for name, shard in weight_map.items()}
@@ -268,6 +270,39 @@ def weight_source(folder: Path) -> tuple[Mapping[str, Any], list[Path]]:
     raise DataError(f"{folder}: no weights ({SAFETENSORS}, {SAFETENSORS_INDEX}, {TORCH_BIN} or a *.pt state dict)")
 
 
+def available_memory(devices: list[Any]) -> int | None:
+    """Bytes the parameters can take on ``devices``: the host's available memory for CPU devices (they share it),
+    otherwise the sum of the devices' memory limits (a device of another process counted as one of this
+    process's); None where the runtime does not say."""
+    if all(d.platform == "cpu" for d in devices):
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return None
+    import jax
+
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices if d.process_index == jax.process_index()]
+    if not limits or None in limits:
+        return None
+    return int(sum(limits) * len(devices) / len(limits))
+
+
+def check_fits_memory(folder: Path, parameters: int, dtype: np.dtype, devices: list[Any]) -> None:
+    """Refuse, before a tensor is read, a model whose parameters at ``dtype`` exceed what ``devices`` hold: a
+    consistent folder of a model too large (config.json and the headers agree; the files can be sparse) was read
+    tensor by tensor until a MemoryError."""
+    needed = parameters * dtype.itemsize
+    available = available_memory(devices)
+    if available is not None and needed > available:
+        where = f"{len(devices)} {devices[0].platform} device{'s' if len(devices) > 1 else ''}"
+        raise DataError(f"{folder}: the model its config.json and weights declare has {parameters:,} parameters, "
+                        f"{format_bytes(needed)} as {dtype.name}, more than the {format_bytes(available)} available "
+                        f"on {where}: nothing was read; import it on a larger slice (a mesh over more devices)")
+
+
 def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: Any = None,
                        rules: Mapping[str, Any] | None = None, scan_layers: bool | None = None) -> ImportedCheckpoint:
     """Read a Hugging Face model folder (see the module docstring) into our parameters.
@@ -292,7 +327,10 @@ def load_hf_checkpoint(folder: Path, param_dtype: str | None = None, *, mesh: An
     dtype = np.dtype(jax.numpy.dtype(param_dtype or "float32"))
 
     abstract_state = nnx.state(family.abstract(model_cfg, vocab_size), nnx.Param)
-    axes = {path: leaf.get_metadata().get("out_sharding") for path, leaf in nnx.to_flat_state(abstract_state)}
+    flat_state = nnx.to_flat_state(abstract_state)
+    check_fits_memory(folder, sum(int(np.prod(leaf.shape)) for _, leaf in flat_state), dtype,
+                      list(mesh.devices.flat) if mesh is not None else [jax.devices()[0]])
+    axes = {path: leaf.get_metadata().get("out_sharding") for path, leaf in flat_state}
     layout = family.mesh_rules(rules or {}) if mesh is not None else None
 
     def place(path: tuple[Any, ...], value: np.ndarray) -> Any:

@@ -125,6 +125,9 @@ def test_a_demo_like_run_gives_the_fields_readme_records(tiny_demo: tuple[Path, 
         assert figures["rublimp"]["acc"] == rublimp["metrics"]["acc"]["value"]
         assert f"step-0 weights ({figures['rublimp']['random_init']:.3f})" in text
     assert f"{KEEP} checkpoints kept (steps {STEPS - EVERY}, {STEPS})" in text
+    # the corpus size as recipe 01's report quotes it (the kept text; the manifest's bytes are the shard files')
+    size = f"({figures['corpus_bytes'] / 1e6:.1f} MB of text)"
+    assert size in text and size in (folder / "corpus" / "report.md").read_text(encoding="utf-8")
 
     scores = demo_eval_figures(folder)
     want = recorded(DEMO_EVAL)[0]

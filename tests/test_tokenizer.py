@@ -143,6 +143,18 @@ def test_report_measures_both_tokenizers_on_heldout(trained: tuple[RunFolder, Re
     assert "| chars_per_token |" in md and "hf_bytelevel_bpe" in md
 
 
+def test_report_defines_coverage_by_the_characters_it_checked(trained: tuple[RunFolder, RecordingRun]) -> None:
+    """The coverage rows said neither which characters nor what counts as covered."""
+    folder, _ = trained
+    report = json.loads((folder.tokenizer / "report.json").read_text(encoding="utf-8"))
+    cyrillic = report["tokenizers"]["sentencepiece"]["coverage"]["cyrillic"]
+    assert len(cyrillic["characters"]) == 66 and "ё" in cyrillic["characters"] and "Ё" in cyrillic["characters"]
+    md = (folder.tokenizer / "report.md").read_text(encoding="utf-8")
+    assert ("cyrillic coverage is the share of the 66 Cyrillic letters of Russian `абвгдеё" in md
+            and "that each encode, alone, as one ordinary token (not unknown, not byte-fallback pieces)" in md)
+    assert "punctuation coverage is the share of the 21 punctuation marks `.,:;!?()" in md and "not covered: " in md
+
+
 def test_heldout_documents_are_not_trained_on(tmp_path: Path) -> None:
     """A word only in held-out documents must not become a piece."""
     from experiment.split import is_validation

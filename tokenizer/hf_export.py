@@ -14,12 +14,12 @@ import json
 from typing import Any
 
 import sentencepiece as spm
-from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 from experiment.errors import ConfigError
 from experiment.files import atomic_dir, atomic_write_bytes, atomic_write_text
 from experiment.storage import RunPath, location
+from tokenizer.model_proto import BPE, UNIGRAM, USER_DEFINED, read_model
 from tokenizer.spm import WHITESPACE_MARK
 
 # Control and byte pieces are never matched against text by SentencePiece; in the HF Unigram lattice
@@ -56,13 +56,12 @@ def _bpe_model(sp: spm.SentencePieceProcessor, byte_fallback: bool) -> models.Mo
 
 def build_hf_tokenizer(sp: spm.SentencePieceProcessor) -> Tokenizer:
     """A ``tokenizers.Tokenizer`` that gives the same ids as ``sp`` (unigram or BPE)."""
-    proto = model_pb2.ModelProto()
-    proto.ParseFromString(sp.serialized_model_proto())
+    proto = read_model(sp.serialized_model_proto())
     model_type = proto.trainer_spec.model_type
     byte_fallback = proto.trainer_spec.byte_fallback
-    if model_type == model_pb2.TrainerSpec.UNIGRAM:
+    if model_type == UNIGRAM:
         tokenizer = Tokenizer(_unigram_model(sp, byte_fallback))
-    elif model_type == model_pb2.TrainerSpec.BPE:
+    elif model_type == BPE:
         tokenizer = Tokenizer(_bpe_model(sp, byte_fallback))
     else:
         raise ConfigError("config key 'tokenizer.hf_export': the Hugging Face export supports model_type unigram "
@@ -74,7 +73,7 @@ def build_hf_tokenizer(sp: spm.SentencePieceProcessor) -> Tokenizer:
     tokenizer.decoder = decoders.Sequence([decoders.Replace(WHITESPACE_MARK, " "), decoders.ByteFallback(),
                                            decoders.Fuse()])
     user_defined = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
-                    if proto.pieces[i].type == model_pb2.ModelProto.SentencePiece.USER_DEFINED]
+                    if proto.pieces[i].type == USER_DEFINED]
     # matched after the normalizer, as SentencePiece matches them in normalized text ("\r\n" is one "\n")
     tokenizer.add_tokens([AddedToken(p, normalized=True, special=False) for p in user_defined])
     controls = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.is_control(i) or sp.is_unknown(i)]

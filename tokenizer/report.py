@@ -85,7 +85,8 @@ def coverage(tok: MeasuredTokenizer, characters: str) -> dict[str, Any]:
         single = len(ids) == 1 and not tok.is_unknown(ids[0])
         if not single or (tok.is_byte_fallback is not None and tok.is_byte_fallback(ids[0])):
             missing.append(char)
-    return {"share": _ratio(len(characters) - len(missing), len(characters)), "missing": "".join(missing)}
+    return {"share": _ratio(len(characters) - len(missing), len(characters)), "missing": "".join(missing),
+            "characters": characters}
 
 
 def piece_lists(tok: MeasuredTokenizer, counts: Counter[int]) -> dict[str, Any]:
@@ -164,6 +165,24 @@ def _md_piece(text: str) -> str:
     return "`" + text.replace("\n", "\\n").replace("`", "'").replace("|", "\\|") + "`"
 
 
+COVERAGE_SETS = {"cyrillic": "Cyrillic letters of Russian", "punctuation": "punctuation marks"}
+
+
+def _coverage_definition(results: dict[str, Any]) -> str:
+    """What the coverage rows measure, from the characters the report checked (older reports: the current sets),
+    and each tokenizer's characters that are not covered."""
+    parts = []
+    for kind, what in COVERAGE_SETS.items():
+        first = next(iter(results.values()))["coverage"][kind]
+        characters = first.get("characters", CYRILLIC_LETTERS if kind == "cyrillic" else COMMON_PUNCTUATION)
+        missing = "; ".join(f"{name}: {_md_piece(r['coverage'][kind]['missing'])}" for name, r in results.items()
+                            if r["coverage"][kind]["missing"])
+        parts.append(f"{kind} coverage is the share of the {len(characters)} {what} {_md_piece(characters)} that "
+                     f"each encode, alone, as one ordinary token (not unknown, not byte-fallback pieces); "
+                     f"not covered: {missing or 'none'}.")
+    return " ".join(parts)
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     names = list(report["tokenizers"])
     results = report["tokenizers"]
@@ -186,6 +205,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     for kind in ("cyrillic", "punctuation"):
         lines.append(f"| {kind} coverage | " + " | ".join(_cell(results[n]["coverage"][kind]["share"]) for n in names)
                      + " |")
+    lines += ["", _coverage_definition(results)]
     unseen = set(held.get("unseen_sources", []))
     for metric in _SOURCE_METRICS:
         lines += ["", f"## {metric} by source", "", "| source | documents | " + " | ".join(names) + " |",

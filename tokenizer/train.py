@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
-from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from experiment.config import redact
-from experiment.corpus_format import iter_documents
+from experiment.corpus_format import iter_documents, read_corpus_manifest, verify_corpus
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
 from experiment.manifest import invalidate
@@ -31,6 +30,7 @@ from experiment.sections.tokenizer import TokenizerConfig
 from experiment.stages import TOKENIZER
 from experiment.storage import remove_tree
 from tokenizer.measured import sentencepiece_under_test
+from tokenizer.model_proto import with_normalizer_name
 from tokenizer.normalization import NORMALIZATION_NAME, normalization_record, write_rules_tsv
 from tokenizer.report import build_report, log_report, write_report
 from tokenizer.spm import MODEL_FILE, VOCAB_FILE
@@ -114,11 +114,7 @@ def train_sentencepiece(lines: Iterable[str], options: dict[str, Any]) -> bytes:
 def named_normalization(model_bytes: bytes, name: str) -> bytes:
     """The model with its normalizer spec named after the rules it carries (SentencePiece names any
     rules file "user_defined" and keeps the temporary file's path, which means nothing later)."""
-    proto = model_pb2.ModelProto()
-    proto.ParseFromString(model_bytes)
-    proto.normalizer_spec.name = name
-    proto.normalizer_spec.normalization_rule_tsv = ""
-    return proto.SerializeToString()
+    return with_normalizer_name(model_bytes, name)
 
 
 def vocab_text(sp: spm.SentencePieceProcessor) -> str:
@@ -155,6 +151,8 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any,
     out_dir = run_folder.tokenizer
     corpus_dir = run_folder.corpus
     validation_percent = cfg.shards.validation_percent
+    # a corpus edited since recipe 01 wrote it is refused (as recipe 03 refuses it) before the old tokenizer goes
+    verify_corpus(corpus_dir, read_corpus_manifest(corpus_dir))
     invalidate(out_dir)
 
     log.info("reading the corpus in %s (held-out share %.1f%%)", corpus_dir, validation_percent)

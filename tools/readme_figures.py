@@ -153,7 +153,8 @@ def demo_figures(folder: Path) -> dict[str, Any]:
         "devices": opened[0].get("devices") if opened else None,
         "wall_seconds": wall_seconds(_stamps(folder), sorted((folder / "reports").glob("plan.*"))),
         "documents_in": corpus["counts"]["in"], "documents_kept": corpus["counts"]["kept"],
-        "corpus_bytes": corpus["bytes"],
+        # the kept documents' UTF-8 text, as recipe 01's log and report quote it (the shard files add ids and JSON)
+        "corpus_bytes": corpus["input_bytes"]["kept_text"],
         "vocab_size": tokenizer["vocab_size"], "tokenizer_type": tokenizer.get("model_type"),
         "train_tokens": shards["splits"]["train"]["tokens"],
         "n_params": meta["n_params"], "steps": eval_manifest["latest_step"], "checkpoints_kept": steps,
@@ -274,7 +275,8 @@ def render_demo(f: dict[str, Any]) -> str:
     text = (
         f"- **Demo** (`make demo` on {f['devices'] or 'devices not recorded'}, run `{f['train_run']}` evaluated "
         f"{f['evaluated'][:10]}): {minutes(f['wall_seconds'])} from recipe 01 to recipe 07. "
-        f"{f['documents_in']:,} Debian documents in, {f['documents_kept']:,} kept ({f['corpus_bytes'] / 1e6:.1f} MB); "
+        f"{f['documents_in']:,} Debian documents in, {f['documents_kept']:,} kept "
+        f"({f['corpus_bytes'] / 1e6:.1f} MB of text); "
         f"a {f['vocab_size']:,}-piece {(f['tokenizer_type'] or '').upper()} tokenizer; a "
         f"{f['n_params'] / 1e6:.2f}M-parameter decoder trained {f['steps']} steps on {f['train_tokens']:,} tokens"
         + (f" at {speed[0]:,.0f}-{speed[1]:,.0f} tokens/s" if speed else "")

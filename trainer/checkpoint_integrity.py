@@ -22,7 +22,6 @@ the Orbax wrapper (``trainer.checkpoint``) writes the checksums through ``Checks
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import threading
 import time
@@ -37,6 +36,7 @@ import jax
 
 from experiment.errors import DataError
 from experiment.files import atomic_write_json, atomic_write_text
+from experiment.jsontext import parse_json
 from experiment.storage import BucketPath, RunPath, location
 
 if TYPE_CHECKING:  # a manager is handed in: this module itself never calls Orbax
@@ -112,7 +112,7 @@ def verify_checksums(step_dir: RunPath, item: str | None = None) -> None:
     given, e.g. ``meta``) that differs from its checksum."""
     path = step_dir / CHECKSUMS
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
+        body = parse_json(path.read_text(encoding="utf-8"))
         recorded, algorithm = body["files"], body.get("algorithm", "crc32c")
         if not isinstance(recorded, dict) or not recorded:
             raise ValueError("no files listed")
@@ -208,7 +208,7 @@ def committed_step_bytes(directory: RunPath) -> tuple[int, int] | None:
     """``(step, bytes)`` of the newest step with checksums: what the next save will need on disk."""
     for step_dir in sorted((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name)):
         with suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-            files = json.loads((step_dir / CHECKSUMS).read_text(encoding="utf-8"))["files"]
+            files = parse_json((step_dir / CHECKSUMS).read_text(encoding="utf-8"))["files"]
             return int(step_dir.name), sum(int(f["bytes"]) for f in files.values())
     return None
 

@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 from experiment.files import atomic_write_json
+from experiment.jsontext import parse_json
 from experiment.storage import RunPath, location
 
 log = logging.getLogger("trainer.fit_check")
@@ -127,7 +128,7 @@ class FitVerdicts:
         """The stored answer, or None when there is none or it does not verify (then a warning names the file)."""
         path = self.path(key)
         try:
-            entry = json.loads(path.read_text(encoding="utf-8"))
+            entry = parse_json(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:

@@ -18,6 +18,7 @@ from typing import Any
 from experiment import appendlog
 from experiment.errors import ConfigError, DataError
 from experiment.jsonl import read_jsonl
+from experiment.jsontext import parse_json
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import model_section_class
@@ -46,7 +47,7 @@ def resume_wandb_run_id(cfg: ExperimentConfig, run_folder: RunFolder) -> str | N
     if not path.is_file() or not finished_steps(run_folder.checkpoints):
         return None
     with contextlib.suppress(OSError, json.JSONDecodeError, KeyError):
-        return str(json.loads(path.read_text(encoding="utf-8"))["run_id"])
+        return str(parse_json(path.read_text(encoding="utf-8"))["run_id"])
     return None
 
 

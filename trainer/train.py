@@ -40,6 +40,7 @@ from jax.sharding import Mesh
 from data_prep.shards.layout import VERIFIED_DIR
 from data_prep.shards.loader import TrainIterator, log_mixture, make_train_iterator, mixture_sets, read_shards_manifest
 from experiment.config import to_dict
+from experiment.errors import WriteError
 from experiment.files import atomic_write_json
 from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
@@ -375,9 +376,10 @@ def train_session(session: TrainSession, ctx: LoopContext, hooks: Sequence[Hook]
     finally:
         if ctx.train_log is not None:
             failing = sys.exc_info()[1]
-            # a storage that just failed would make the last segment wait out the retries again; its lines are
-            # after the last checkpoint, which a resume retraces anyway
-            ctx.train_log.close(publish=failing is None or storage_failure_reason(failing) is None)
+            # a storage that just failed would make the last segment wait out the retries again, a full disk fail
+            # again over the first error; its lines are after the last checkpoint, which a resume retraces anyway
+            ctx.train_log.close(publish=failing is None or (storage_failure_reason(failing) is None
+                                                            and not isinstance(failing, WriteError)))
 
 
 def record_schedule(meta: dict[str, Any], saved_meta: dict[str, Any] | None, train_cfg: TrainConfig,

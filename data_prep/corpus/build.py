@@ -144,7 +144,7 @@ def finish_corpus(counts: CorpusCounts, shards: list[dict[str, Any]], cfg: Corpu
     log_reference(wandb_run, f"{corpus_dir.parent.name}-corpus", "corpus", corpus_dir,
                   {"documents": payload["documents"], "bytes": payload["bytes"],
                    "shards_sha256": [shard["sha256"] for shard in shards]}, files=references)
-    log.info("corpus: %d of %d documents kept (%.1f MB) in %d shard(s), %.0f s; report: %s",
+    log.info("corpus: %d of %d documents kept (%.1f MB of text) in %d shard(s), %.0f s; report: %s",
              counts.kept, counts.documents_in, counts.bytes_kept / 1e6, len(shards), seconds,
              corpus_dir / "report.md")
     return payload

@@ -11,7 +11,6 @@ to text with block elements as paragraph breaks.
 from __future__ import annotations
 
 import gzip
-import json
 import logging
 import os
 import shutil
@@ -25,6 +24,7 @@ from pathlib import Path
 from data_prep.corpus.documents import DocumentNumberer, RawDocument, pack_pieces
 from experiment.errors import DataError
 from experiment.files import atomic_write_json
+from experiment.jsontext import parse_json
 from experiment.progress import progress
 from experiment.sections.corpus import SourceConfig
 
@@ -115,7 +115,7 @@ def render_man_pages(root: Path, pages: list[Path]) -> dict[str, str | None]:
     """Render an unpacked package's man pages once; later runs read the cached texts."""
     cache = root / _RENDERED_CACHE
     if cache.is_file():
-        return json.loads(cache.read_text(encoding="utf-8"))
+        return parse_json(cache.read_text(encoding="utf-8"))
     if pages:
         log.info("rendering %d man pages with groff", len(pages))
     # groff runs in subprocesses, so threads render pages in parallel

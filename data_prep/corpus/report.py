@@ -84,7 +84,7 @@ class CorpusCounts:
         return {
             "in": self.documents_in,
             "kept": self.kept,
-            "rejected": dict(sorted(self.rejected.items(), key=lambda kv: -kv[1])),
+            "rejected": dict(sorted(self.rejected.items(), key=lambda kv: (-kv[1], kv[0]))),
             "duplicates": {kind: self.duplicates.get(kind, 0) for kind in DUPLICATE_KINDS},
         }
 
@@ -93,7 +93,7 @@ class CorpusCounts:
         return {
             "in": self.bytes_in,
             "kept_text": self.bytes_kept,
-            "rejected": dict(sorted(self.rejected_bytes.items(), key=lambda kv: -kv[1])),
+            "rejected": dict(sorted(self.rejected_bytes.items(), key=lambda kv: (-kv[1], kv[0]))),
             "duplicates": {kind: self.duplicate_bytes.get(kind, 0) for kind in DUPLICATE_KINDS},
         }
 
@@ -101,7 +101,8 @@ class CorpusCounts:
         """(outcome, documents, input bytes), largest first, for the report and the W&B table."""
         rows = [(f"rejected: {r}", n, self.rejected_bytes[r]) for r, n in self.rejected.items()]
         rows += [(f"duplicate: {k}", n, self.duplicate_bytes[k]) for k, n in self.duplicates.items()]
-        return [("kept", self.kept, self.bytes_kept)] + sorted(rows, key=lambda row: -row[1])
+        # ties by name: the order outcomes were met in is the runner's (Beam's workers meet them in any order)
+        return [("kept", self.kept, self.bytes_kept)] + sorted(rows, key=lambda row: (-row[1], row[0]))
 
 
 def _share(part: int, whole: int) -> str:

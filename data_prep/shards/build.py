@@ -11,7 +11,6 @@ which the loader refuses.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -33,6 +32,7 @@ from data_prep.shards.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64
 from experiment.config import redact
 from experiment.corpus_format import iter_documents, read_corpus_manifest, verify_corpus
 from experiment.errors import DataError
+from experiment.jsontext import parse_json
 from experiment.manifest import MANIFEST_NAME, invalidate
 from experiment.progress import progress as progress_bar
 from experiment.schema import ExperimentConfig
@@ -113,7 +113,7 @@ def describe_previous(out_dir: RunPath, tokenizer_sha256: str, seq_len: int) -> 
     if not path.is_file():
         return
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
+        old = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
     if old.get("tokenizer_sha256") != tokenizer_sha256:

@@ -61,7 +61,6 @@ import concurrent.futures
 import contextlib
 import datetime as dt
 import hashlib
-import json
 import logging
 import queue
 import socket
@@ -84,6 +83,7 @@ from data_prep.shards.tfrecord import (
 )
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
+from experiment.jsontext import parse_json
 from experiment.stages import SHARDS
 from experiment.storage import BucketPath, ObjectStat, RunPath, is_bucket_url, location, read_range
 
@@ -203,7 +203,7 @@ def shard_set_key(shards_dir: RunPath) -> str:
 def verified(record: RunPath, sha256: str, generation: str) -> bool:
     """Whether ``record`` says the shard was hashed in full, with this sha256, at this generation."""
     try:
-        body = json.loads(record.read_text(encoding="utf-8"))
+        body = parse_json(record.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(body, dict) and body.get("sha256") == sha256 and body.get("generation") == generation

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from experiment.errors import ConfigError
+from experiment.errors import ConfigError, echo
 from experiment.storage.urls import check_any_url
 
 SourceKind = Literal["debian", "files", "hub"]
@@ -68,7 +68,7 @@ class SourceConfig:
             value = getattr(self, cap)
             _require(value is None or value > 0, f"{key}.{cap}", f"{value} must be positive (or null for no cap)")
         _require(bool(self.label.strip()) and "/" not in self.label and ":" not in self.label, f"{key}.name",
-                 f"{self.label!r} cannot label document ids (empty, or contains '/' or ':')")
+                 f"{echo(self.label)} cannot label document ids (empty, or contains '/' or ':')")
 
 
 @dataclass

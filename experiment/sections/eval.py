@@ -3,7 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from experiment.errors import ConfigError
+from experiment.errors import ConfigError, echo
 from experiment.storage.urls import check_location
 
 SHARED_BENCH = "${RU_SHARED_DATA:-../shared/data}/bench"
@@ -80,7 +80,7 @@ class EvalConfig:
                 raise ConfigError(f"config key '{prefix}{name}': must be positive, got {value}")
         for task, schema in self.task_schemas.items():
             if not isinstance(schema, str) or not schema.strip():
-                raise ConfigError(f"config key '{prefix}task_schemas.{task}': must name a schema, got {schema!r}")
+                raise ConfigError(f"config key '{prefix}task_schemas.{task}': must name a schema, got {echo(schema)}")
             if task not in self.task_files:
                 raise ConfigError(f"config key '{prefix}task_schemas.{task}': names the schema of "
                                   f"'{prefix}task_files.{task}', which is not set")

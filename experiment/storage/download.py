@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from experiment.errors import DataError
+from experiment.jsontext import parse_json
 from experiment.storage.path import BucketPath
 
 log = logging.getLogger("experiment.storage")
@@ -33,7 +34,7 @@ def local_copy(folder: BucketPath | Path, what: str, root: Path) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     record_path = target / COPY_RECORD
     try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
+        record = parse_json(record_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         record = {}
     wanted = {name: f"{found.size}-{found.generation}" for name, found in objects.items()}
