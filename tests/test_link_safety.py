@@ -9,6 +9,7 @@ foreign folder whose files must come out byte-identical, with one error line nam
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -56,15 +57,22 @@ def expected_line(link: Path, target: Path, run_dir: Path, recipe: str) -> str:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("script", "folder"), [("01_build_corpus.py", "corpus"), ("03_shard.py", "shards")])
+@pytest.mark.parametrize(("script", "folder", "kind"), [("01_build_corpus.py", "corpus", "symlink"),
+                                                        ("03_shard.py", "shards", "symlink"),
+                                                        ("01_build_corpus.py", "corpus", "link file")])
 def test_a_data_stage_never_deletes_through_a_planted_link(fixture_stages: Path, tmp_path: Path, script: str,
-                                                           folder: str) -> None:
+                                                           folder: str, kind: str) -> None:
+    """A symlink, or a ``<folder>.link`` file (the links of a run in a bucket, ``experiment.runfolder``)."""
     shutil.copytree(fixture_stages / "runs" / "tiny", tmp_path / "runs" / "tiny",
                     ignore=shutil.ignore_patterns("wandb"))
     run_dir = tmp_path / "runs" / "tiny"
     foreign = foreign_folder(tmp_path / "elsewhere")
     before = digest(foreign)
-    plant_link(run_dir / folder, foreign)
+    if kind == "symlink":
+        plant_link(run_dir / folder, foreign)
+    else:
+        shutil.rmtree(run_dir / folder)
+        (run_dir / f"{folder}.link").write_text(json.dumps({"target": str(foreign)}) + "\n", encoding="utf-8")
     proc = run_recipe(script, fixture_config(tmp_path), check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert error_line(proc) == expected_line(run_dir / folder, foreign, run_dir, f"recipes/{script}")
