@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from experiment.errors import DataError
-from experiment.files import atomic_open, sha256_file
+from experiment.files import atomic_open, remove_file, sha256_file
 from experiment.jsonl import iter_jsonl
 from experiment.manifest import invalidate
 from experiment.stages import CORPUS
@@ -142,4 +142,4 @@ def clear_corpus_folder(corpus_dir: RunPath) -> None:
     invalidate(corpus_dir)
     for pattern in ("docs-*.jsonl", ".docs-*.tmp", "report.md", ".report.md.*.tmp"):
         for path in corpus_dir.glob(pattern):
-            path.unlink(missing_ok=True)
+            remove_file(path)

@@ -87,6 +87,38 @@ def write_error(exc: OSError, path: str | os.PathLike[str] | BucketPath, advice:
     return WriteError(f"cannot write {where}: {exc.strerror or exc} ({free_space(where)} free on that disk): {advice}")
 
 
+# the file every stage writes first into its run folder (``experiment.runfolder.RESOLVED_CONFIG``): the
+# guard below finds a path's run folder by it
+RUN_FOLDER_MARKER = "config.resolved.yaml"
+
+
+def check_removable(path: str | os.PathLike[str] | BucketPath) -> None:
+    """Refuse (one DataError line naming the link) to delete or replace ``path`` through a symlinked folder
+    between it and its run folder (the nearest folder above it holding ``RUN_FOLDER_MARKER``): a link planted
+    there (or left by a user) would make a stage delete another folder's files. ``path`` itself may be a link
+    (removing or replacing a link touches nothing else); the run folder, or a folder above it, may be one
+    (where the user keeps runs). A bucket has no links; a path in no run folder has no boundary to keep."""
+    if isinstance(path, BucketPath):
+        return
+    folder = Path(os.path.abspath(path)).parent  # lexical, so that the links on the way are seen
+    for above in (folder, *folder.parents):
+        if (above / RUN_FOLDER_MARKER).is_file():
+            return  # the run folder (a link itself where the user keeps it elsewhere)
+        if above.is_symlink():
+            run_folder = next((p for p in above.parents if (p / RUN_FOLDER_MARKER).is_file()), None)
+            if run_folder is None:
+                return  # no run folder above: a user's own layout (a run root kept elsewhere)
+            raise DataError(f"{above} is a link to {above.resolve()}, out of the run folder {run_folder}: a stage "
+                            f"never deletes or replaces files through a link (here {Path(path).name}); remove the "
+                            "link and rerun (to keep runs on another disk, point experiment.run_root there)")
+
+
+def remove_file(path: str | os.PathLike[str] | BucketPath, missing_ok: bool = True) -> None:
+    """Delete the file ``path`` (a local one only where ``check_removable`` allows it)."""
+    check_removable(path)
+    location(path).unlink(missing_ok=missing_ok)
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str] | BucketPath, mode: str = "w",
                 encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
@@ -97,6 +129,7 @@ def atomic_open(path: str | os.PathLike[str] | BucketPath, mode: str = "w",
         with path.open("wb" if "b" in mode else "w", encoding=None if "b" in mode else encoding) as handle:
             yield handle
         return
+    check_removable(path)  # the rename replaces what is there
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.chmod(tmp_name, 0o666 & ~umask())  # mkstemp makes 0600 files; give them the usual permissions
@@ -172,12 +205,15 @@ def atomic_dir(path: str | os.PathLike[str] | BucketPath) -> Iterator[Path]:
             yield Path(staging)
             publish_dir(Path(staging), path)
         return
+    check_removable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     os.chmod(staging, 0o777 & ~umask())
     try:
         yield staging
-        if path.exists():
+        if path.is_symlink():  # the link goes, never what it points to
+            path.unlink()
+        elif path.exists():
             shutil.rmtree(path)
         staging.rename(path)
         fsync_dir(path.parent)

@@ -6,8 +6,9 @@ share) and ``experiment.data_from`` (any run of recipes 04/05 on another experim
 continued pretraining on the demo's shards). A link is made only where the run has no folder of
 its own, and the data behind it belongs to the other run: a stage recipe (01-03) whose output
 folder is such a link refuses to run (``check_own_output``), and ``experiment.manifest.invalidate``
-never clears a folder through one. A link the user made to store a folder elsewhere (a target
-that is no run folder's stage) is the user's own folder.
+never clears a folder through one. No stage writes its output through a link of any other kind either (a
+folder kept elsewhere): it deletes and replaces files there, and a planted link would point that at another
+folder's files (``experiment.files.check_removable`` guards each deletion below the stage folder too).
 """
 
 from __future__ import annotations
@@ -71,13 +72,20 @@ def _link_reason(cfg: ExperimentConfig) -> str:
 
 
 def check_own_output(cfg: ExperimentConfig, run_folder: RunFolder, stage: Stage) -> None:
-    """Refuse to run ``stage`` where its output folder is a link into another run folder."""
+    """Refuse to run ``stage`` where its output folder is a link: into another run folder (that run's data), or
+    anywhere else (a stage deletes and replaces files in its output folder, and never does so through a link:
+    a planted one would make it delete another folder's files)."""
     folder = stage.dir(run_folder)
-    owner = linked_run(folder)
-    if owner is None:
+    if not is_linked(folder):
         return
-    raise LinkedOutputError(f"{folder} is a link to {link_target(folder)} ({_link_reason(cfg)}): its data is read-only "
-                            f"here; remove the link to build this run's own")
+    owner = linked_run(folder)
+    if owner is not None:
+        raise LinkedOutputError(f"{folder} is a link to {link_target(folder)} ({_link_reason(cfg)}): its data is "
+                                "read-only here; remove the link to build this run's own")
+    raise LinkedOutputError(f"{folder} is a link to {link_target(folder)}, out of the run folder {run_folder.root}: "
+                            f"{stage.recipe} deletes and replaces files in its output folder and never does so "
+                            "through a link; remove the link and rerun (to keep runs on another disk, point "
+                            "experiment.run_root there)")
 
 
 def link_data_from(cfg: ExperimentConfig, run_folder: RunFolder, stage: Stage) -> None:

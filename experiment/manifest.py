@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiment.errors import DataError, MissingStageError
-from experiment.files import atomic_write_json
+from experiment.files import atomic_write_json, remove_file
 from experiment.jsontext import parse_json
 from experiment.runfolder import link_target, linked_run
 from experiment.storage import RunPath, location
@@ -37,8 +37,8 @@ def invalidate(stage_dir: RunPath | str) -> None:
     if owner is not None:
         raise DataError(f"{stage_dir} is a link to {link_target(stage_dir)} (the data of run {owner}): its data is "
                         "read-only here; remove the link to build this run's own")
+    remove_file(manifest_path(stage_dir))  # first: refused through a link before anything is made there
     stage_dir.mkdir(parents=True, exist_ok=True)
-    manifest_path(stage_dir).unlink(missing_ok=True)
 
 
 def write_manifest(stage_dir: RunPath | str, stage: str, payload: dict[str, Any]) -> RunPath:

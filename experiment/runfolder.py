@@ -19,13 +19,13 @@ from pathlib import Path
 
 from experiment.config import dump_yaml
 from experiment.errors import DataError
-from experiment.files import atomic_write_text
+from experiment.files import RUN_FOLDER_MARKER, atomic_write_text
 from experiment.jsontext import parse_json
 from experiment.schema import ExperimentConfig
 from experiment.storage import BucketPath, RunPath, host_local_root, location
 from experiment.storage.retry import create_exclusive_checked
 
-RESOLVED_CONFIG = "config.resolved.yaml"  # every stage writes it first: its presence marks a run folder
+RESOLVED_CONFIG = RUN_FOLDER_MARKER  # every stage writes it first: its presence marks a run folder
 LINK_SUFFIX = ".link"  # <folder>.link: a JSON file naming the folder of another run that stands for <folder>
 
 

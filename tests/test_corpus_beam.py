@@ -29,6 +29,7 @@ from experiment.runfolder import RunFolder
 from experiment.sections.corpus import DedupConfig
 from tests.conftest import import_extra
 from tests.test_corpus_build import inputs, make_cfg, run, sources_for  # noqa: F401  (inputs is a fixture)
+from tests.test_corpus_ruslit import RUSLIT, write_jsonl_with_bad_bytes
 
 TWO_WORKERS = ["--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 _opened: list[str] | None = None  # files this process opens while a guard is on (an audit hook stays for good)
@@ -334,3 +335,18 @@ def test_recipe_02_trains_the_tokenizer_in_the_beam_venv(tmp_path: Path) -> None
     run_recipe("02_train_tokenizer.py", config, subprocess_=True)  # a fresh interpreter of this venv
     model = read_model((tmp_path / "runs" / "tiny" / "tokenizer" / "spm.model").read_bytes())
     assert model.normalizer_spec.name == NORMALIZATION_NAME and len(model.pieces) == 600
+
+
+@pytest.mark.shared_data(RUSLIT)
+def test_invalid_utf8_in_one_jsonl_line_rejects_that_line_alone_on_beam(tmp_path: Path) -> None:
+    import_extra("apache_beam", "beam")
+    path = tmp_path / "tolstoy.jsonl"
+    write_jsonl_with_bad_bytes(path)
+    source = [{"kind": "files", "name": "tolstoy", "paths": [str(path)]}]
+    local = run(make_cfg(tmp_path / "local", source, workers=1))
+    beam_cfg = make_cfg(tmp_path / "beam", source, runner="beam", beam_options=TWO_WORKERS)
+    manifest, docs = run(beam_cfg)
+    assert manifest["counts"] == local[0]["counts"] and docs == local[1]
+    assert manifest["counts"]["rejected"] == {"invalid_utf8": 1} and manifest["counts"]["kept"] == len(docs) == 199
+    report = (RunFolder.for_config(beam_cfg).corpus / "report.md").read_text(encoding="utf-8")
+    assert f"from `{path}:10`" in report

@@ -6,12 +6,15 @@ The full measurement (all of ruslit plus the Debian demo text, 500 planted copie
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from data_prep.corpus.sources import iter_raw_documents
+from experiment.runfolder import RunFolder
 from experiment.schema import SourceConfig
 from tests.dedup_eval import measure_planted_levels, planted_rates, write_planted_source
 from tests.test_corpus_build import make_cfg, run
@@ -63,3 +66,30 @@ def test_each_planted_copy_is_matched_to_its_own_original(tmp_path: Path) -> Non
         assert level["judged"] >= 95 and level["wrong_match"] == [], (rate, level)
         assert abs(level["own_original"] - level["expected_by_lsh"]) <= 4 * level["sigma_by_lsh"] + 1, (rate, level)
     assert report["levels"]["0.02"]["caught_share"] >= 0.95, report["levels"]
+
+
+def write_jsonl_with_bad_bytes(path: Path, lines: int = 200, bad_line: int = 10) -> None:
+    """``lines`` records of Tolstoy's prose (a paragraph of 400 characters or more each), with bytes that are
+    no UTF-8 (0xC3 0x28: a lead byte without its continuation, then a 0xFF) planted in line ``bad_line``'s text."""
+    paragraphs = (line.strip() for p in sorted((RUSLIT / "prose" / "Tolstoy").glob("*.txt"))
+                  for line in p.read_text(encoding="utf-8").splitlines())
+    pieces = list(itertools.islice((p for p in paragraphs if len(p) >= 400 and p[-1] in ".!?"), lines))
+    rows = [json.dumps({"text": piece}, ensure_ascii=False).encode("utf-8") for piece in pieces]
+    rows[bad_line - 1] = rows[bad_line - 1][:40] + b"\xc3\x28\xff" + rows[bad_line - 1][40:]
+    path.write_bytes(b"\n".join(rows) + b"\n")
+
+
+def test_invalid_utf8_in_one_jsonl_line_rejects_that_line_alone(tmp_path: Path) -> None:
+    path = tmp_path / "tolstoy.jsonl"
+    write_jsonl_with_bad_bytes(path)
+    raw = list(iter_raw_documents([SourceConfig(kind="files", name="tolstoy", paths=[str(path)])], tmp_path))
+    assert len(raw) == 200
+    assert [(d.origin, d.reject) for d in raw if d.reject] == [(f"{path}:10", "invalid_utf8")]
+    assert [d.origin for d in raw if not d.reject] == [f"{path}:{n}" for n in range(1, 201) if n != 10]
+    cfg = make_cfg(tmp_path, [{"kind": "files", "name": "tolstoy", "paths": [str(path)]}])
+    manifest, docs = run(cfg)
+    counts = manifest["counts"]
+    assert counts["in"] == 200 and counts["rejected"].get("invalid_utf8") == 1
+    assert counts["rejected"] == {"invalid_utf8": 1} and counts["kept"] == len(docs) == 199
+    report = (RunFolder.for_config(cfg).corpus / "report.md").read_text(encoding="utf-8")
+    assert f"from `{path}:10`" in report

@@ -19,7 +19,7 @@ from typing import Any
 
 from experiment.config import redact
 from experiment.errors import ConfigError, DataError
-from experiment.files import atomic_dir, atomic_write_bytes, read_json_object, sha256_file
+from experiment.files import atomic_dir, atomic_write_bytes, read_json_object, remove_file, sha256_file
 from experiment.manifest import invalidate
 from experiment.schema import ExperimentConfig
 from experiment.stages import TOKENIZER
@@ -158,7 +158,7 @@ def adopt_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> d
     invalidate(out_dir)
     target = HF_TOKENIZER_FILE if kind == KIND_HF else SPM_TOKENIZER_FILE
     for stale in (MODEL_FILE, VOCAB_FILE, HF_TOKENIZER_FILE, SPM_TOKENIZER_FILE):  # an earlier run's model
-        (out_dir / stale).unlink(missing_ok=True)
+        remove_file(out_dir / stale)
     atomic_write_bytes(out_dir / target, data)
     # the copy is what later stages load: read it back and check it is the file that was measured
     digest = hashlib.sha256(data).hexdigest()

@@ -22,7 +22,7 @@ import sentencepiece as spm
 from experiment.config import redact
 from experiment.corpus_format import iter_documents, read_corpus_manifest, verify_corpus
 from experiment.errors import ConfigError, DataError
-from experiment.files import atomic_write_bytes, atomic_write_text, sha256_file
+from experiment.files import atomic_write_bytes, atomic_write_text, check_removable, remove_file, sha256_file
 from experiment.manifest import invalidate
 from experiment.progress import progress
 from experiment.schema import ExperimentConfig
@@ -185,7 +185,7 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any,
                  extra_train["extra_documents"], extra_train["extra_chars"] / 1e6)
 
     for adopted in ("tokenizer.json", "tokenizer.model"):  # an earlier adoption's model (tokenizer.adopt)
-        (out_dir / adopted).unlink(missing_ok=True)
+        remove_file(out_dir / adopted)
     atomic_write_bytes(out_dir / MODEL_FILE, model_bytes)
     sp = spm.SentencePieceProcessor(model_proto=model_bytes)
     atomic_write_text(out_dir / VOCAB_FILE, vocab_text(sp))
@@ -199,6 +199,7 @@ def train_tokenizer(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any,
 
         export_hf(sp, out_dir / "hf", special_ids(tok), model_max_length=cfg.model.max_seq_len)
     elif (out_dir / "hf").exists():  # an export left by an earlier run would not match this model
+        check_removable(out_dir / "hf")
         remove_tree(out_dir / "hf")
 
     manifest = {

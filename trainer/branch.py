@@ -81,7 +81,8 @@ def restore_or_branch(manager: Any, program: TrainProgram, loader: Any, meta: di
         return state, items
 
     try:
-        _, (state, items), _ = checkpoint_integrity.restore_verified(parent_manager, read, [branch.step])
+        _, (state, items), _ = checkpoint_integrity.restore_verified(parent_manager, read, [branch.step],
+                                                                     advice=checkpoint_integrity.READER_ADVICE)
     finally:
         parent_manager.close()
     ledger.mark_resume(branch.step)  # an earlier session of this branch that saved nothing was redone

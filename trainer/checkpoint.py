@@ -39,6 +39,7 @@ from experiment.storage import RunPath, location
 from model.stacking import saved_scan_layers
 from trainer import orbax_s3
 from trainer.checkpoint_integrity import ChecksumWriter, committed_step_bytes, mark_checksummed
+from trainer.checkpoint_pins import KeepPinned
 
 log = logging.getLogger("trainer.checkpoint")
 ITEMS = ("params", "train", "loader", "ledger", "meta")
@@ -116,14 +117,16 @@ def open_manager(checkpoint_dir: RunPath | str, train_cfg: TrainConfig | None = 
     """A manager that keeps the latest ``keep_checkpoints`` plus every ``keep_checkpoints_every``-th step.
 
     Without ``train_cfg`` (eval, export) it only reads: nothing is created, cleaned or deleted, so
-    it is safe beside a training run that is still writing.
+    it is safe beside a training run that is still writing. A training run's manager also keeps the steps
+    readers have pinned (``trainer.checkpoint_pins``).
     """
+    directory = location(checkpoint_dir)
     policies: list[preservation_policy.PreservationPolicy] = []
     if train_cfg is not None:
         policies.append(preservation_policy.LatestN(train_cfg.keep_checkpoints))
         if train_cfg.keep_checkpoints_every:
             policies.append(preservation_policy.EveryNSteps(train_cfg.keep_checkpoints_every))
-    directory = location(checkpoint_dir)
+        policies.append(KeepPinned(directory))  # a step a reader is loading stays until it is done
     options = ocp.CheckpointManagerOptions(
         preservation_policy=preservation_policy.AnyPreservationPolicy(policies) if policies else None,
         enable_async_checkpointing=bool(train_cfg and train_cfg.async_checkpointing),

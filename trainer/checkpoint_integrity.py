@@ -38,6 +38,7 @@ from experiment.errors import DataError
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.jsontext import parse_json
 from experiment.storage import BucketPath, RunPath, location
+from trainer.checkpoint_pins import pinned
 
 if TYPE_CHECKING:  # a manager is handed in: this module itself never calls Orbax
     import orbax.checkpoint as ocp
@@ -53,6 +54,14 @@ _CHUNK = 4 << 20
 
 class CheckpointDamaged(DataError):
     """A checkpoint step fails its checksums or cannot be read (names the step folder and file)."""
+
+
+class CheckpointRotated(DataError):
+    """The step a reader asked for was deleted by its training run's rotation (names the steps left)."""
+
+
+class StepRotated(Exception):
+    """Inside ``restore_verified``: the step being read is gone (rotated away), not damaged."""
 
 
 def file_crc32c(path: RunPath) -> str:
@@ -217,19 +226,32 @@ def committed_step_bytes(directory: RunPath) -> tuple[int, int] | None:
 READ_ERRORS = (ValueError, KeyError, TypeError, OSError)
 
 
+OWN_RUN_ADVICE = "move the folder away or delete it to start over"
+# what a reader (eval, export, generation, a branch) says: the folder is another run's, maybe still training
+READER_ADVICE = ("these are the checkpoints of the run that wrote them: rerun once that run has saved a sound step "
+                 "(resume it with recipes/04_pretrain.py)")
+
+
 def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
-                     steps: Sequence[int] | None = None, item: str | None = None) -> tuple[int, Any, list[int]]:
+                     steps: Sequence[int] | None = None, item: str | None = None,
+                     advice: str = OWN_RUN_ADVICE) -> tuple[int, Any, list[int]]:
     """``read(step)`` of the newest step that passes its checksums and reads back (``item``: the checksums
     of that item's files alone, for a ``read`` that reads nothing else, such as ``read_meta``).
 
+    Each step is pinned while it is checked and read (``trainer.checkpoint_pins``): a training run saving
+    beside this reader keeps it. A step its run rotated away before the pin (or before a training run that
+    predates pins honoured it) is no damage: with ``steps`` None the newest step is listed again and read
+    instead, said in one line; a given step that is gone is one error line naming the steps there are.
     Each damaged step is logged as a warning naming the file, and the previous one is tried.
     Returns ``(step, read(step), damaged steps)``; raises CheckpointDamaged naming the checkpoint
-    folder when no step is left. Errors of ``read`` other than read errors (e.g. a checkpoint of
-    another model) propagate.
+    folder (and ``advice``) when no step is left. Errors of ``read`` other than read errors (e.g. a
+    checkpoint of another model) propagate.
     """
     directory = location(str(manager.directory))
+    newest_wanted = steps is None
     candidates = sorted(manager.all_steps() if steps is None else steps, reverse=True)
     damaged: list[int] = []
+    rotated: list[int] = []
     reasons: list[str] = []
     # a folder written before per-file checksums existed: read it (Orbax's read errors still fall back)
     # rather than call every step damaged and lose a run to an upgrade
@@ -237,23 +259,45 @@ def restore_verified(manager: ocp.CheckpointManager, read: Callable[[int], Any],
     if legacy:
         log.warning("the checkpoints in %s have no checksums (written by an older version): restoring them "
                     "unverified; steps saved from now on are verified", directory)
-    for step in candidates:
-        try:
-            if not legacy:
-                verify_checksums(directory / str(step), item)
+    while candidates:
+        step = candidates.pop(0)
+        with pinned(directory, step):
             try:
-                return step, read(step), damaged
-            except READ_ERRORS as exc:
-                raise CheckpointDamaged(f"step {step} passed its checksums but cannot be read: "
-                                        f"{str(exc).splitlines()[0][:300]}") from exc
-        except CheckpointDamaged as exc:
-            damaged.append(step)
-            reasons.append(f"step {step}: {exc}")
-            older = [s for s in candidates if s < step]
-            log.warning("checkpoint step %d is damaged: %s; %s", step, exc,
-                        f"falling back to step {older[0]}" if older else "no older step is left")
-    raise CheckpointDamaged(f"no restorable checkpoint in {directory} ({'; '.join(reasons)}): move the folder away "
-                            "or delete it to start over")
+                if not committed(directory / str(step)):
+                    raise StepRotated
+                try:
+                    if not legacy:
+                        verify_checksums(directory / str(step), item)
+                    return step, read(step), damaged
+                except Exception as exc:
+                    if not committed(directory / str(step)):
+                        raise StepRotated from exc  # its files went with the whole step: not a damaged one
+                    if isinstance(exc, CheckpointDamaged) or not isinstance(exc, READ_ERRORS):
+                        raise
+                    raise CheckpointDamaged(f"step {step} passed its checksums but cannot be read: "
+                                            f"{str(exc).splitlines()[0][:300]}") from exc
+            except StepRotated:
+                rotated.append(step)
+                if newest_wanted:
+                    manager.reload()
+                    tried = {*damaged, *rotated}
+                    candidates = sorted((s for s in manager.all_steps() if s not in tried), reverse=True)
+                log.warning("checkpoint step %d was removed by its run's checkpoint rotation (train.keep_checkpoints) "
+                            "while this was loading it: %s", step,
+                            f"loading step {candidates[0]}" if candidates else "no other step is left")
+            except CheckpointDamaged as exc:
+                damaged.append(step)
+                reasons.append(f"step {step}: {exc}")
+                older = [s for s in candidates if s < step]
+                log.warning("checkpoint step %d is damaged: %s; %s", step, exc,
+                            f"falling back to step {older[0]}" if older else "no older step is left")
+    if rotated and not damaged:
+        manager.reload()
+        left = sorted(manager.all_steps())
+        raise CheckpointRotated(f"checkpoint step {', '.join(map(str, rotated))} of {directory} was removed by its "
+                                "run's checkpoint rotation (train.keep_checkpoints) before it could be read: "
+                                f"choose a step the run keeps (there now: {', '.join(map(str, left)) or 'none'})")
+    raise CheckpointDamaged(f"no restorable checkpoint in {directory} ({'; '.join(reasons)}): {advice}")
 
 
 def set_aside(manager: ocp.CheckpointManager, steps: Sequence[int], into: str = DAMAGED_DIR,

@@ -26,7 +26,7 @@ from model.registry import get_family
 from model.sharding import tree_shardings
 from model.stacking import saved_scan_layers
 from trainer.checkpoint import open_manager, read_meta
-from trainer.checkpoint_integrity import restore_verified
+from trainer.checkpoint_integrity import READER_ADVICE, restore_verified
 
 log = logging.getLogger("trainer.checkpoint")
 
@@ -81,7 +81,8 @@ def load_trained_model(run_folder: Any, step: int | None = None, mesh: Mesh | No
             return meta, graphdef, params["params"]
 
         # an explicit step is that step or an error; the latest falls back to the previous complete one
-        step, (meta, graphdef, params), _ = restore_verified(manager, read_params, None if step is None else [step])
+        step, (meta, graphdef, params), _ = restore_verified(manager, read_params, None if step is None else [step],
+                                                             advice=READER_ADVICE)
     finally:
         manager.close()
     log.info("loaded step %d from %s", step, checkpoint_dir)

@@ -178,22 +178,47 @@ def _read_txt(path: str | Path, numberer: DocumentNumberer) -> Iterator[RawDocum
         yield numberer.make(piece, f"{path}#{i}")
 
 
+def _utf8_lines(stream: Any, invalid: list[tuple[int, int]], block: int = 1 << 20) -> Iterator[str]:
+    """The lines of a binary ``stream`` (with their ``\\n``), each decoded alone: a line that is no UTF-8 is
+    recorded in ``invalid`` as ``(line number, bytes)`` and read as a blank line (which ``iter_jsonl`` skips,
+    keeping the numbering), so one bad byte costs its own line, not the rest of the file. The last line
+    without a newline is decoded with replacement: a copy cut inside a character is the torn tail's case."""
+    number, pending = 0, b""
+    while chunk := stream.read(block):
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            number += 1
+            try:
+                yield line.decode("utf-8") + "\n"
+            except UnicodeDecodeError:
+                invalid.append((number, len(line) + 1))
+                yield "\n"
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
+
+
 def _read_jsonl(path: str, numberer: DocumentNumberer) -> Iterator[RawDocument]:
     field = numberer.cfg.text_field
+    invalid: list[tuple[int, int]] = []  # lines of no UTF-8 not yet handed on as rejections
+
+    def rejected_lines() -> Iterator[RawDocument]:
+        while invalid:
+            number, size = invalid.pop(0)
+            yield numberer.make(None, f"{path}:{number}", "invalid_utf8", raw_bytes=size)
+
     try:
         with open_input(path) as raw, _decompressed(raw, path) as stream:
-            # a user's corpus: a bad line is counted as a rejected record, not fatal; a last line cut
-            # short (an interrupted download or copy) is logged and dropped
-            lines = io.TextIOWrapper(stream, encoding="utf-8", errors="strict")
-            for line in iter_jsonl(lines, path, torn_tail="warn", malformed="yield"):
+            # a user's corpus: a bad line (not JSON, not UTF-8, no text field) is counted as a rejected
+            # record, not fatal; a last line cut short (an interrupted download or copy) is logged and dropped
+            for line in iter_jsonl(_utf8_lines(stream, invalid), path, torn_tail="warn", malformed="yield"):
+                yield from rejected_lines()  # the lines before this one, in file order
                 origin = f"{path}:{line.line}"
                 text = line.value.get(field) if isinstance(line.value, dict) else None
                 if not isinstance(text, str):
                     yield numberer.make(None, origin, "bad_record", raw_bytes=len(line.text) + 1)
                     continue
                 yield numberer.make(text, origin)
-    except UnicodeDecodeError:
-        yield numberer.make(None, str(path), "invalid_utf8")
+            yield from rejected_lines()
     except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
         log.warning("cannot read %s: %s", path, exc)
         yield numberer.make(None, str(path), "unreadable")

@@ -32,6 +32,7 @@ from data_prep.shards.tfrecord import INDEX_SUFFIX, TFRecordWriter, encode_int64
 from experiment.config import redact
 from experiment.corpus_format import iter_documents, read_corpus_manifest, verify_corpus
 from experiment.errors import DataError
+from experiment.files import remove_file
 from experiment.jsontext import parse_json
 from experiment.manifest import MANIFEST_NAME, invalidate
 from experiment.progress import progress as progress_bar
@@ -104,7 +105,7 @@ def remove_old_shards(out_dir: RunPath) -> None:
         finished = name.endswith(".tfrecord") or name.endswith(".tfrecord" + INDEX_SUFFIX)
         leftover = name.startswith(".") and ".tfrecord" in name and name.endswith(".tmp")
         if finished or leftover:
-            path.unlink(missing_ok=True)
+            remove_file(path)
 
 
 def describe_previous(out_dir: RunPath, tokenizer_sha256: str, seq_len: int) -> None:
