@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from experiment.errors import ConfigError, DataError
-from experiment.files import atomic_dir, atomic_write_json, atomic_write_text, read_json_object
+from experiment.files import atomic_dir, atomic_write_json, atomic_write_text, read_json_object, write_errno
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import FamilyConfig
 from experiment.stages import TOKENIZER
 from experiment.storage import location
+from experiment.storage.local import umask
 from model.registry import family_of
 
 if TYPE_CHECKING:
@@ -117,12 +119,34 @@ def write_export(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir: 
     ``base_context``: the ``max_position_embeddings`` of the base model a continued run started from; the export
     declares the larger of it and the trained ``model.max_seq_len`` (a 512-context base trained at 128 stays a
     512-context model: RoPE has no learned positions to lose), and says so when they differ."""
-    from safetensors.numpy import save_file
-
     family = family_of(model_cfg)
     if family.hf_adapter is None:
         raise ConfigError(f"the '{family.name}' model family has no Hugging Face adapter: it cannot be exported")
     out_dir = location(out_dir)
+    try:
+        tensors = _write_folder(model, model_cfg, vocab_size, out_dir, sp=sp, special_ids=special_ids,
+                                metadata=metadata, tokenizer_files=tokenizer_files, base_context=base_context)
+    except Exception as exc:
+        # safetensors and tokenizers (Rust) report a full disk as their own errors, the errno in the text: the
+        # recipes turn an OSError of a write errno into one line
+        code = write_errno(exc)
+        if code is None or isinstance(exc, OSError):
+            raise
+        raise OSError(code, os.strerror(code), str(out_dir)) from exc
+    n_params = sum(t.size for t in tensors.values())
+    log.info("Hugging Face %s export (%d tensors, %.2fM parameters) in %s", family.hf_adapter.architecture,
+             len(tensors), n_params / 1e6, out_dir)
+    return out_dir
+
+
+def _write_folder(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir: Path, *, sp: Any,
+                  special_ids: dict[str, int] | None, metadata: dict[str, str] | None,
+                  tokenizer_files: Path | None, base_context: int | None) -> dict[str, Any]:
+    """``write_export``'s folder, staged and moved into place; returns the tensors written."""
+    from safetensors.numpy import save_file
+
+    family = family_of(model_cfg)
+    assert family.hf_adapter is not None  # write_export checked
     with atomic_dir(out_dir) as staging:
         if tokenizer_files is not None:
             for path in sorted(location(tokenizer_files).iterdir()):
@@ -134,9 +158,9 @@ def write_export(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir: 
 
                 build_hf_tokenizer(sp).save(str(staging / TOKENIZER_JSON))
         elif sp is not None:  # the tokenizer stage's exporter writes its files into the staging folder
-            from tokenizer.hf_export import export_hf
+            from tokenizer.hf_export import write_hf_files
 
-            export_hf(sp, staging, special_ids or {}, model_max_length=model_cfg.max_seq_len)
+            write_hf_files(sp, staging, special_ids or {}, model_max_length=model_cfg.max_seq_len)
         tensors, config = family.hf_adapter.export(model, model_cfg, vocab_size, special_ids)
         eos_id = (special_ids or {}).get("eos")
         start_id = config["bos_token_id"]
@@ -155,10 +179,10 @@ def write_export(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir: 
         atomic_write_text(staging / "generation_config.json", json.dumps(
             {"bos_token_id": start_id, "eos_token_id": config["eos_token_id"],
              "pad_token_id": config["pad_token_id"]}, indent=2) + "\n")
-    n_params = sum(t.size for t in tensors.values())
-    log.info("Hugging Face %s export (%d tensors, %.2fM parameters) in %s", family.hf_adapter.architecture,
-             len(tensors), n_params / 1e6, out_dir)
-    return out_dir
+        # safetensors writes through a private temporary file (mode 0600): the export is for others to read
+        for path in staging.iterdir():
+            os.chmod(path, 0o666 & ~umask())
+    return tensors
 
 
 def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: Any, cfg: ExperimentConfig,

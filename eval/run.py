@@ -27,13 +27,13 @@ from eval.report import render_markdown, results_rows
 from eval.scoring import LogitsFn, model_logits_fn
 from eval.tasks import GENERATIVE_TASKS, check_task_names, get_task
 from experiment.config import redact
-from experiment.errors import DataError
-from experiment.files import atomic_write_json, atomic_write_text
+from experiment.errors import DataError, RecipeError, WriteError
+from experiment.files import atomic_write_json, atomic_write_text, write_errno, write_error
 from experiment.manifest import invalidate
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.eval import EvalConfig
-from experiment.stages import EVAL, SHARDS
+from experiment.stages import EVAL, EXPORT, SHARDS
 from tokenizer.loaded import RunTokenizer, load_run_tokenizer
 from tracking.artifacts import add_files
 
@@ -439,15 +439,37 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
                          results["base_model"]["val_bpb_change"])
             results["base_model_seconds"] = round(time.perf_counter() - base_started, 2)
     results["seconds"] = round(time.perf_counter() - started, 2)
-    if eval_cfg.export_hf:
-        from eval.hf_export import export_checkpoint
-
-        exported = export_checkpoint(model, int(step), meta, run_folder, cfg, tok)
-        if exported is not None:  # None: the model family has no Hugging Face adapter
-            results["hf_export"] = str(exported)
+    # the results first: an export that fails (a full disk) must not take a finished evaluation with it
     json_path, md_path = write_results(run_folder.eval, results)
     log.info("wrote %s and %s", json_path, md_path)
+    export_failure: str | None = None
+    if eval_cfg.export_hf:
+        export_failure = export_beside_results(model, int(step), meta, run_folder, cfg, tok, results)
+        if "hf_export" in results:
+            write_results(run_folder.eval, results)  # the same files, naming the export
     if wandb_run is not None:  # None: library use without tracking
         inputs = [name for name in (meta.get("wandb_artifact"), f"{cfg.experiment.name}-tokenizer:latest") if name]
         log_to_wandb(wandb_run, cfg, results, [json_path, md_path], inputs)
+    if export_failure is not None:
+        raise WriteError(f"{export_failure}; the evaluation of step {step} is saved in {json_path}")
     return results
+
+
+def export_beside_results(model: Any, step: int, meta: dict[str, Any], run_folder: RunFolder, cfg: ExperimentConfig,
+                          tok: RunTokenizer, results: dict[str, Any]) -> str | None:
+    """``eval.export_hf``: the Hugging Face folder of the evaluated step, its path put in ``results['hf_export']``;
+    the reason it could not be written (a full disk, a tokenizer that is not the checkpoint's), or None."""
+    from eval.hf_export import export_checkpoint
+
+    try:
+        exported = export_checkpoint(model, step, meta, run_folder, cfg, tok)
+    except RecipeError as exc:
+        return str(exc)
+    except OSError as exc:
+        if write_errno(exc) is None:
+            raise
+        return str(write_error(exc, run_folder.eval / "hf", advice=f"free some space, then {EXPORT.recipe} "
+                               f"eval.checkpoint_step={step} exports the step without evaluating it again"))
+    if exported is not None:  # None: the model family has no Hugging Face adapter
+        results["hf_export"] = str(exported)
+    return None

@@ -11,6 +11,7 @@ shards stage appends EOS itself).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
@@ -101,15 +102,21 @@ def tokenizer_config(sp: spm.SentencePieceProcessor, special_ids: dict[str, int]
     }
 
 
+def write_hf_files(sp: spm.SentencePieceProcessor, folder: Path, special_ids: dict[str, int],
+                   model_max_length: int) -> None:
+    """The export's files into ``folder``, a staging folder its caller publishes (``export_hf``, the model export)."""
+    build_hf_tokenizer(sp).save(str(folder / "tokenizer.json"))
+    config = tokenizer_config(sp, special_ids, model_max_length)
+    atomic_write_text(folder / "tokenizer_config.json", json.dumps(config, ensure_ascii=False, indent=2) + "\n")
+    special_map = {k: v for k, v in config.items() if k in _TOKEN_NAMES.values()}
+    atomic_write_text(folder / "special_tokens_map.json", json.dumps(special_map, indent=2) + "\n")
+    atomic_write_bytes(folder / "tokenizer.model", sp.serialized_model_proto())
+
+
 def export_hf(sp: spm.SentencePieceProcessor, out_dir: RunPath, special_ids: dict[str, int],
               model_max_length: int) -> RunPath:
     """Write the export into a temporary folder and move it over ``out_dir`` only when complete."""
     out_dir = location(out_dir)
     with atomic_dir(out_dir) as staging:
-        build_hf_tokenizer(sp).save(str(staging / "tokenizer.json"))
-        config = tokenizer_config(sp, special_ids, model_max_length)
-        atomic_write_text(staging / "tokenizer_config.json", json.dumps(config, ensure_ascii=False, indent=2) + "\n")
-        special_map = {k: v for k, v in config.items() if k in _TOKEN_NAMES.values()}
-        atomic_write_text(staging / "special_tokens_map.json", json.dumps(special_map, indent=2) + "\n")
-        atomic_write_bytes(staging / "tokenizer.model", sp.serialized_model_proto())
+        write_hf_files(sp, staging, special_ids, model_max_length)
     return out_dir
