@@ -21,7 +21,7 @@ from typing import Any
 from data_prep.shards.loader import mixture_sets
 from eval import bpb, harness
 from eval.generative import GenerateTexts, GenTaskData, evaluate_generative, load_generative
-from eval.harness import PairEncoder, TaskData, headline_metric
+from eval.harness import PairEncoder, TaskData, headline_metric, one_answer_warning
 from eval.loaders import SourceUnavailable
 from eval.report import render_markdown, results_rows
 from eval.scoring import LogitsFn, model_logits_fn
@@ -148,8 +148,7 @@ def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, *,
                  result["task"], metric, acc["value"], *acc["ci95"], versus["baseline"], versus["baseline_value"],
                  versus["verdict"], acc["chance"], result["items"], result["labels"])
         if result["answers"]["one_answer"]:
-            log.warning("%s: one answer ('%s') takes %.0f%% of the predictions", result["task"],
-                        result["answers"]["top"], 100 * result["answers"]["top_share"])
+            log.warning(one_answer_warning(result["task"], result["answers"]["top"], result["answers"]["top_share"]))
     return scored, skipped
 
 
