@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import json
 import os
@@ -178,11 +179,7 @@ def _exchange(first: Path, second: Path) -> bool:
 
 
 def _sibling_folders(path: Path, tag: str) -> list[Path]:
-    return sorted(p for p in path.parent.glob(f".{glob_escape(path.name)}.{tag}*") if p.is_dir() and not p.is_symlink())
-
-
-def glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)
+    return sorted(p for p in path.parent.glob(f".{glob.escape(path.name)}.{tag}*") if p.is_dir() and not p.is_symlink())
 
 
 def recover_staging(path: Path) -> None:
