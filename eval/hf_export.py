@@ -153,10 +153,14 @@ def _write_folder(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir:
                 if path.is_file():
                     shutil.copyfile(path, staging / path.name)
             if sp is not None and not (staging / TOKENIZER_JSON).is_file():
-                # an adopted tokenizer.model alone: the converted tokenizer.json carries the prompt convention
-                from tokenizer.hf_export import build_hf_tokenizer
+                # an adopted tokenizer.model alone: the converted tokenizer.json (SentencePiece's ids exactly) carries
+                # the prompt convention, and AutoTokenizer is told to run it as it is
+                from tokenizer.hf_export import FAST_TOKENIZER_CLASS, build_hf_tokenizer
 
                 build_hf_tokenizer(sp).save(str(staging / TOKENIZER_JSON))
+                config_path = staging / TOKENIZER_CONFIG
+                settings = read_json_object(config_path) if config_path.is_file() else {}
+                atomic_write_json(config_path, {**settings, **FAST_TOKENIZER_CLASS})
         elif sp is not None:  # the tokenizer stage's exporter writes its files into the staging folder
             from tokenizer.hf_export import write_hf_files
 

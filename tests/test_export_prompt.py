@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import import_extra
+from tests.conftest import import_extra, optional_import
 from tests.fixture_run import pretrained_copy
 from tests.recipe_runner import run_recipe
 
@@ -123,9 +123,10 @@ def test_adopted_tokenizer_export_generates_recipe_09s_tokens(tmp_path: Path) ->
         k: v for k, v in theirs.items() if k != "post_processor"}
 
 
-@pytest.mark.parametrize("kind", ["sentencepiece", "adopted"])
+@pytest.mark.parametrize("kind", ["sentencepiece", "adopted", "adopted-sentencepiece"])
 def test_tokenizers_library_alone_puts_eos_first(tmp_path: Path, kind: str) -> None:
-    """Without transformers: tokenizer.json's own post-processor starts the text with EOS."""
+    """Without transformers: tokenizer.json's own post-processor starts the text with EOS (an adopted base that
+    ships tokenizer.model alone gets the converted tokenizer.json beside it)."""
     import sentencepiece as spm
 
     from eval.hf_export import write_export
@@ -149,6 +150,14 @@ def test_tokenizers_library_alone_puts_eos_first(tmp_path: Path, kind: str) -> N
         sp = spm.SentencePieceProcessor(model_proto=train_sentencepiece(iter(lines), trainer_options(tok_cfg, 0)))
         eos, vocab, kwargs = sp.eos_id(), sp.get_piece_size(), {"sp": sp}
         kwargs["special_ids"] = special_ids(tok_cfg)
+        if kind == "adopted-sentencepiece":  # a base folder with its SentencePiece model and config only
+            base = tmp_path / "base"
+            base.mkdir()
+            (base / "tokenizer.model").write_bytes(sp.serialized_model_proto())
+            (base / "tokenizer_config.json").write_text(json.dumps(
+                {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}),
+                encoding="utf-8")
+            kwargs["tokenizer_files"] = base
     kwargs.setdefault("special_ids", {"eos": eos})
     model = get_family("llama").init(cfg, vocab, seed=0)
     out = write_export(model, cfg, vocab, tmp_path / "hf", **kwargs)
@@ -158,3 +167,7 @@ def test_tokenizers_library_alone_puts_eos_first(tmp_path: Path, kind: str) -> N
     settings = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
     assert settings["add_bos_token"] is True and settings["bos_token"] == exported.id_to_token(eos)
     assert json.loads((out / "generation_config.json").read_text(encoding="utf-8"))["bos_token_id"] == eos
+    transformers = optional_import("transformers", "hf")
+    if transformers is not None:  # and transformers' AutoTokenizer, whatever class the base's config named
+        hf_tok = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+        assert hf_tok("Жили-были дед и баба")["input_ids"] == exported.encode("Жили-были дед и баба").ids

@@ -27,6 +27,12 @@ from tokenizer.spm import WHITESPACE_MARK
 # they are ordinary vocabulary entries, so they get a score no real segmentation would pick.
 UNREACHABLE_SCORE = -1e9
 _TOKEN_NAMES = {"pad": "pad_token", "unk": "unk_token", "bos": "bos_token", "eos": "eos_token"}
+# tokenizer_config.json's keys that make AutoTokenizer run tokenizer.json's pipeline as it is. AutoTokenizer picks a
+# model type's own class over tokenizer_class for some types (transformers 5: qwen2's Qwen2Tokenizer rebuilds a
+# byte-level pipeline from our vocabulary and encodes Russian into byte pieces; LlamaTokenizer adds a prefix space
+# a model without add_dummy_prefix never saw); naming the class in auto_map keeps the pipeline for every model type.
+FAST_TOKENIZER_CLASS: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                                        "auto_map": {"AutoTokenizer": [None, "PreTrainedTokenizerFast"]}}
 
 
 def _is_text_piece(sp: spm.SentencePieceProcessor, piece_id: int) -> bool:
@@ -87,7 +93,7 @@ def tokenizer_config(sp: spm.SentencePieceProcessor, special_ids: dict[str, int]
                      model_max_length: int) -> dict[str, Any]:
     tokens = {_TOKEN_NAMES[name]: sp.id_to_piece(i) for name, i in special_ids.items()}
     return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": FAST_TOKENIZER_CLASS["tokenizer_class"],
         **tokens,
         "model_max_length": model_max_length,
         "add_bos_token": False,
@@ -95,10 +101,7 @@ def tokenizer_config(sp: spm.SentencePieceProcessor, special_ids: dict[str, int]
         "clean_up_tokenization_spaces": False,
         # "<s>" typed in text stays text, as in SentencePiece, instead of becoming the BOS id.
         "split_special_tokens": True,
-        # AutoTokenizer picks a model type's own class over tokenizer_class for some types (transformers 5:
-        # qwen2's Qwen2Tokenizer rebuilds a byte-level pipeline from our vocabulary and encodes Russian into
-        # byte pieces); naming the class here keeps tokenizer.json's pipeline for every model type.
-        "auto_map": {"AutoTokenizer": [None, "PreTrainedTokenizerFast"]},
+        "auto_map": FAST_TOKENIZER_CLASS["auto_map"],
     }
 
 
