@@ -162,12 +162,10 @@ def _exchange(first: Path, second: Path) -> bool:
     """Swap two folders' names atomically (Linux renameat2 RENAME_EXCHANGE); False where the C library, the kernel or
     the filesystem cannot."""
     import ctypes
-    import ctypes.util
 
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
+    try:  # the C library the interpreter runs on (no search for it: find_library would start ldconfig)
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not Linux, or a C library without renameat2 (glibc before 2.28)
         return False
     at_fdcwd = -100
     if renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), _RENAME_EXCHANGE) == 0:

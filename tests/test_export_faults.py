@@ -170,7 +170,16 @@ def test_a_replaced_folder_holds_the_new_files_and_nothing_is_left_beside_it(tmp
     """Both ways of replacing (a filesystem without RENAME_EXCHANGE renames the old folder aside first)."""
     from experiment import files
 
-    if not swap:
+    if swap:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        (tmp_path / "a" / "in-a").touch()
+        if not files._exchange(tmp_path / "a", tmp_path / "b"):
+            pytest.skip(f"the filesystem of {tmp_path} cannot swap two names (renameat2 RENAME_EXCHANGE)")
+        assert (tmp_path / "b" / "in-a").exists()  # swapped
+        shutil.rmtree(tmp_path / "a")
+        shutil.rmtree(tmp_path / "b")
+    else:
         monkeypatch.setattr(files, "_exchange", lambda first, second: False)
     target = tmp_path / "step_0000003"
     for content in ("first", "second"):
