@@ -188,7 +188,9 @@ def recover_staging(path: Path) -> None:
     if retired and not path.exists():
         retired[-1].rename(path)
         fsync_dir(path.parent)
-    for stale in [*_sibling_folders(path, RETIRED_TAG), *_sibling_folders(path, STAGING_TAG)]:
+    # staging folders named before the tag (mkdtemp's 8 random characters alone) are a killed build's too
+    legacy = [p for p in _sibling_folders(path, "") if re.fullmatch(r"[a-z0-9_]{8}", p.name[len(path.name) + 2:])]
+    for stale in [*_sibling_folders(path, RETIRED_TAG), *_sibling_folders(path, STAGING_TAG), *legacy]:
         if stale.exists():
             shutil.rmtree(stale, ignore_errors=True)
 

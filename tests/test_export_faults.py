@@ -152,6 +152,7 @@ def test_staging_a_kill_left_is_removed_and_a_set_aside_export_put_back(tmp_path
     (tmp_path / f".{target.name}.{STAGING_TAG}abcd").mkdir()
     (tmp_path / f".{target.name}.{STAGING_TAG}abcd" / "config.json").write_text("new", encoding="utf-8")
     (tmp_path / "step_00000061").mkdir()  # another step's folder: not this one's staging
+    (tmp_path / f".{target.name}.k3x_9qzw").mkdir()  # a staging folder as mkdtemp named them before the tags
     with pytest.raises(RuntimeError), atomic_dir(target) as staging:
         assert (target / "config.json").read_text(encoding="utf-8") == "old"
         (staging / "config.json").write_text("newer", encoding="utf-8")
