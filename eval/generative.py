@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eval.harness import baselines_summary, metric_summary, versus_baseline
+from eval.harness import baselines_summary, metric_summary, one_answer, versus_baseline
 from eval.loaders import Record, read_file, read_hub
 from eval.tasks import BENCH, GenerativeTask
 from experiment.errors import DataError
@@ -247,7 +247,7 @@ def evaluate_generative(data: GenTaskData, generate: GenerateTexts, *, seed: int
     gold_top = Counter(item.answer for item in data.items).most_common(1)[0][1] / len(data.items)
     answers = {"predicted": answer_shares(predicted), "gold": answer_shares([it.answer for it in data.items]),
                "top": top[0], "top_share": top[1] / len(predicted),
-               "one_answer": bool(top[1] / len(predicted) >= 0.95 and gold_top < 0.95)}
+               "one_answer": one_answer(top[1] / len(predicted), gold_top)}
     headline = next(iter(metrics))
     return {"task": task.name, "description": task.description, "source": data.where, "labels": data.labels,
             "items": len(data.items), "num_fewshot": task.num_fewshot, "kind": "generative",

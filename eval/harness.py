@@ -160,6 +160,18 @@ class PairEncoder:
 ONE_ANSWER_SHARE = 0.95
 
 
+def one_answer(top_share: float, gold_share: float = 0.0) -> bool:
+    """The flag of recipes 05 and 05c: one answer takes ``ONE_ANSWER_SHARE`` or more of the predictions while the
+    gold labels are not that one-sided (``gold_share``: 0 where the gold is not known, as in MERA's closed tests)."""
+    return top_share >= ONE_ANSWER_SHARE and gold_share < ONE_ANSWER_SHARE
+
+
+def one_answer_warning(task: str, top: str, top_share: float) -> str:
+    """The warning line of a flagged task, the same in recipe 05's log and recipe 05c's."""
+    answer = f"one answer ('{top}')" if top else "an empty answer"
+    return f"{task}: {answer} takes {100 * top_share:.0f}% of the predictions"
+
+
 def metric_summary(values: Sequence[float], chance: float, majority: float | None = None) -> dict[str, Any]:
     """Mean of per-item credits with its Wilson interval, the chance level and the majority baseline
     (the score of always giving the most common gold answer; above chance when labels are skewed)."""
@@ -210,7 +222,7 @@ def answer_distribution(items: Sequence[Item], loglik: Sequence[Sequence[float]]
     return {"predicted": {n: round(float(v), 6) for n, v in zip(names, predicted, strict=True)},
             "gold": {n: round(float(v), 6) for n, v in zip(names, gold, strict=True)},
             "top": names[top], "top_share": float(predicted[top]),
-            "one_answer": bool(predicted[top] >= ONE_ANSWER_SHARE and gold[top] < ONE_ANSWER_SHARE)}
+            "one_answer": one_answer(float(predicted[top]), float(gold[top]))}
 
 
 def baseline_credits(items: Sequence[Item], tokens: Sequence[Sequence[int]] | None) -> dict[str, list[float]]:

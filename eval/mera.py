@@ -29,13 +29,14 @@ import json
 import logging
 import time
 import zipfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eval.generative import GenerateTexts
-from eval.harness import PairEncoder
+from eval.harness import PairEncoder, one_answer, one_answer_warning
 from eval.loaders import Record, SourceUnavailable, read_file, read_hub
 from eval.scoring import LogitsFn, score_requests
 from experiment.errors import DataError
@@ -174,6 +175,14 @@ def build_submission(tasks: Sequence[str], mera_dir: str, *, logits_fn: LogitsFn
         summary[task.name] = {"source": where, "items": len(items), "kind": "choice" if task.choices else "text",
                               "seconds": round(time.perf_counter() - started, 2)}
         log.info("MERA %s: %d predictions from %s", task.name, len(items), where)
+        if answers:
+            # recipe 05's check of its answers: the test split's gold is closed, so any one answer throughout
+            top, count = Counter(answers).most_common(1)[0]
+            summary[task.name].update(top_answer=top, top_share=count / len(answers),
+                                      one_answer=one_answer(count / len(answers)))
+            if summary[task.name]["one_answer"]:
+                log.warning("MERA %s: the site will score that, not the model", one_answer_warning(
+                    task.name, top, count / len(answers)))
     return files, skipped, summary
 
 
@@ -258,9 +267,11 @@ def mera_submission(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> P
                                        for name, body in files.items()})
     atomic_write_json(out.with_suffix(".json"), {"step": int(step), "archive": out.name, "tasks": summary,
                                                  "predictions": counts, "skipped": skipped})
-    log.info("MERA submission of step %d: %s (%d tasks, %d predictions; skipped: %s)", step, out, len(counts),
-             sum(counts.values()), ", ".join(skipped) or "none")
+    flagged = [name for name, task in summary.items() if task.get("one_answer")]
+    log.info("MERA submission of step %d: %s (%d tasks, %d predictions; skipped: %s; one answer throughout: %s)",
+             step, out, len(counts), sum(counts.values()), ", ".join(skipped) or "none", ", ".join(flagged) or "none")
     print(out)
     if wandb_run is not None:
-        wandb_run.summary.update({"mera/archive": str(out), "mera/tasks": len(counts), "mera/step": int(step)})
+        wandb_run.summary.update({"mera/archive": str(out), "mera/tasks": len(counts), "mera/step": int(step),
+                                  "mera/one_answer_tasks": len(flagged)})
     return out

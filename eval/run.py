@@ -21,19 +21,19 @@ from typing import Any
 from data_prep.shards.loader import mixture_sets
 from eval import bpb, harness
 from eval.generative import GenerateTexts, GenTaskData, evaluate_generative, load_generative
-from eval.harness import PairEncoder, TaskData, headline_metric
+from eval.harness import PairEncoder, TaskData, headline_metric, one_answer_warning
 from eval.loaders import SourceUnavailable
 from eval.report import render_markdown, results_rows
 from eval.scoring import LogitsFn, model_logits_fn
 from eval.tasks import GENERATIVE_TASKS, check_task_names, get_task
 from experiment.config import redact
-from experiment.errors import DataError
-from experiment.files import atomic_write_json, atomic_write_text
+from experiment.errors import DataError, RecipeError, WriteError
+from experiment.files import atomic_write_json, atomic_write_text, write_errno, write_error
 from experiment.manifest import invalidate
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.eval import EvalConfig
-from experiment.stages import EVAL, SHARDS
+from experiment.stages import EVAL, EXPORT, SHARDS
 from tokenizer.loaded import RunTokenizer, load_run_tokenizer
 from tracking.artifacts import add_files
 
@@ -122,7 +122,7 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, run_
 
 
 def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, *, tasks: Sequence[str],
-                max_items: int | None, max_len: int, quiet: bool = False,
+                max_items: int | None, max_len: int,
                 generate: GenerateTexts | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Every task's result (see ``harness.evaluate_task``, ``generative.evaluate_generative``: the generative
     tasks need ``generate``) and the tasks skipped for missing files."""
@@ -140,17 +140,20 @@ def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, *,
                                            num_fewshot=eval_cfg.num_fewshot, seed=eval_cfg.seed, pad_id=tok.pad_id)
         result["seconds"] = round(time.perf_counter() - started, 2)
         scored[result["task"]] = result
-        if quiet:
-            continue
+    return scored, skipped
+
+
+def log_task_results(tasks: dict[str, Any]) -> None:
+    """Each task's line, from the results the report renders, once every baseline (the random-init model's, the
+    base model's) has joined them: the verdict in the log is the report's."""
+    for task, result in tasks.items():
         metric = headline_metric(result)
         acc, versus = result["metrics"][metric], result["vs_strongest_baseline"]
         log.info("%s: %s %.3f [%.3f, %.3f] (strongest baseline %s %.3f: %s; chance %.3f, %d items, %s labels)",
-                 result["task"], metric, acc["value"], *acc["ci95"], versus["baseline"], versus["baseline_value"],
+                 task, metric, acc["value"], *acc["ci95"], versus["baseline"], versus["baseline_value"],
                  versus["verdict"], acc["chance"], result["items"], result["labels"])
         if result["answers"]["one_answer"]:
-            log.warning("%s: one answer ('%s') takes %.0f%% of the predictions", result["task"],
-                        result["answers"]["top"], 100 * result["answers"]["top_share"])
-    return scored, skipped
+            log.warning(one_answer_warning(task, result["answers"]["top"], result["answers"]["top_share"]))
 
 
 def random_init_model(cfg: ExperimentConfig, meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -290,6 +293,7 @@ def evaluate_model(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, ste
         heldout_files=eval_cfg.heldout_text_files,
         mixture=mixture_sets(cfg.train.mixture, run_folder.shards),
     )
+    log_task_results(results["tasks"])
     flat = flat_metrics(results)
     flat["eval/seconds"] = time.perf_counter() - started
     log.info("eval at step %s: %s", step, ", ".join(f"{k}={v:.4f}" for k, v in flat.items()))
@@ -325,8 +329,18 @@ def sample_completions(model: Any, cfg: ExperimentConfig, run_folder: RunFolder,
     records = complete(model, run_codec(load_run_tokenizer(run_folder.tokenizer)), cfg.eval.sample_prompts,
                        max_new_tokens=cfg.eval.sample_max_new_tokens, max_len=max_len_of(cfg))
     log.info("samples at step %s (%.1f s): %s", step, time.perf_counter() - started,
-             " | ".join(f"{r['prompt']}{r['completion']}" for r in records))
+             " | ".join(one_line(f"{r['prompt']}{r['completion']}") for r in records))
     return records
+
+
+# every character str.splitlines() breaks a line at, and the backslash that escapes them, as Python writes them
+_LINE_ESCAPES = str.maketrans({char: ascii(char)[1:-1] for char in "\\\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def one_line(text: str) -> str:
+    """``text`` on one log line: its line breaks written as escapes (a completion's newlines would each start a line
+    of the log that no longer says what it is)."""
+    return text.translate(_LINE_ESCAPES)
 
 
 def step_name(step: int) -> str:
@@ -410,7 +424,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
         log.info("scoring the same items with the step-0 model (seed %d from %s)", init["seed"], init["seed_from"])
         scored, _ = score_tasks(model_logits_fn(random_model), tok, eval_cfg,
                                 tasks=list(results["tasks"]), max_items=eval_cfg.max_items_per_task,
-                                max_len=max_len, quiet=True, generate=text_generator(random_model, tok, max_len))
+                                max_len=max_len, generate=text_generator(random_model, tok, max_len))
         add_random_init(results, scored, init)
         results["random_init_seconds"] = round(time.perf_counter() - random_started, 2)
     if eval_cfg.base_model_baseline and meta.get("init_from"):
@@ -439,15 +453,38 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
                          results["base_model"]["val_bpb_change"])
             results["base_model_seconds"] = round(time.perf_counter() - base_started, 2)
     results["seconds"] = round(time.perf_counter() - started, 2)
-    if eval_cfg.export_hf:
-        from eval.hf_export import export_checkpoint
-
-        exported = export_checkpoint(model, int(step), meta, run_folder, cfg, tok)
-        if exported is not None:  # None: the model family has no Hugging Face adapter
-            results["hf_export"] = str(exported)
+    log_task_results(results["tasks"])
+    # the results first: an export that fails (a full disk) must not take a finished evaluation with it
     json_path, md_path = write_results(run_folder.eval, results)
     log.info("wrote %s and %s", json_path, md_path)
+    export_failure: str | None = None
+    if eval_cfg.export_hf:
+        export_failure = export_beside_results(model, int(step), meta, run_folder, cfg, tok, results)
+        if "hf_export" in results:
+            write_results(run_folder.eval, results)  # the same files, naming the export
     if wandb_run is not None:  # None: library use without tracking
         inputs = [name for name in (meta.get("wandb_artifact"), f"{cfg.experiment.name}-tokenizer:latest") if name]
         log_to_wandb(wandb_run, cfg, results, [json_path, md_path], inputs)
+    if export_failure is not None:
+        raise WriteError(f"{export_failure}; the evaluation of step {step} is saved in {json_path}")
     return results
+
+
+def export_beside_results(model: Any, step: int, meta: dict[str, Any], run_folder: RunFolder, cfg: ExperimentConfig,
+                          tok: RunTokenizer, results: dict[str, Any]) -> str | None:
+    """``eval.export_hf``: the Hugging Face folder of the evaluated step, its path put in ``results['hf_export']``;
+    the reason it could not be written (a full disk, a tokenizer that is not the checkpoint's), or None."""
+    from eval.hf_export import export_checkpoint
+
+    try:
+        exported = export_checkpoint(model, step, meta, run_folder, cfg, tok)
+    except RecipeError as exc:
+        return str(exc)
+    except OSError as exc:
+        if write_errno(exc) is None:
+            raise
+        return str(write_error(exc, run_folder.eval / "hf", advice=f"free some space, then {EXPORT.recipe} "
+                               f"eval.checkpoint_step={step} exports the step without evaluating it again"))
+    if exported is not None:  # None: the model family has no Hugging Face adapter
+        results["hf_export"] = str(exported)
+    return None

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -27,15 +29,18 @@ from experiment.storage.local import fsync_dir, umask
 
 # errors of writing (not of the data or the code): reported as one line, the run can be repeated
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
-_ERRNO_IN_TEXT = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
+# tensorstore: os_error_code='28'; Python: [Errno 28]; Rust's io::Error (safetensors, tokenizers): Os { code: 28, ...
+# or (os error 28)
+_ERRNO_IN_TEXT = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]|Os \{ code: (\d+)|\(os error (\d+)\)")
 
 
 def write_errno(exc: BaseException | str) -> int | None:
-    """The errno of a write error, also when tensorstore reports it inside a ValueError's text."""
+    """The errno of a write error, also when tensorstore (a ValueError) or safetensors (a SafetensorError) reports it
+    inside its text."""
     if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
         return exc.errno
     match = _ERRNO_IN_TEXT.search(str(exc))
-    code = int(match.group(1) or match.group(2)) if match else None
+    code = int(next(group for group in match.groups() if group)) if match else None
     return code if code in WRITE_ERRNOS else None
 
 
@@ -192,9 +197,75 @@ def read_json_object(path: str | os.PathLike[str] | BucketPath) -> dict[str, Any
 COMMIT_FILES = ("config.json", "manifest.json")
 
 
+# the names atomic_dir gives its folders beside ``path``: a folder being built, and the old one being replaced
+STAGING_TAG, RETIRED_TAG = "staging-", "retired-"
+_RENAME_EXCHANGE = 2  # linux/fs.h: renameat2 swaps the two names in one step
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two folders' names atomically (Linux renameat2 RENAME_EXCHANGE); False where the C library, the kernel or
+    the filesystem cannot."""
+    import ctypes
+
+    try:  # the C library the interpreter runs on (no search for it: find_library would start ldconfig)
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not Linux, or a C library without renameat2 (glibc before 2.28)
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), str(second))
+
+
+def _sibling_folders(path: Path, tag: str) -> list[Path]:
+    return sorted(p for p in path.parent.glob(f".{glob.escape(path.name)}.{tag}*") if p.is_dir() and not p.is_symlink())
+
+
+def recover_staging(path: Path) -> None:
+    """What a killed ``atomic_dir`` on ``path`` left: an old folder moved aside while its replacement was not yet in
+    (put back: the old stays until a new one is in) and staging folders (removed: each is rebuilt from the start).
+    The stage lock keeps a second writer of ``path`` away, so no staging folder here is in use."""
+    retired = _sibling_folders(path, RETIRED_TAG)
+    if retired and not path.exists():
+        retired[-1].rename(path)
+        fsync_dir(path.parent)
+    # staging folders named before the tag (mkdtemp's 8 random characters alone) are a killed build's too
+    legacy = [p for p in _sibling_folders(path, "") if re.fullmatch(r"[a-z0-9_]{8}", p.name[len(path.name) + 2:])]
+    for stale in [*_sibling_folders(path, RETIRED_TAG), *_sibling_folders(path, STAGING_TAG), *legacy]:
+        if stale.exists():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def replace_dir(new: Path, path: Path) -> None:
+    """Put the complete folder ``new`` at ``path``, keeping the old one there until the new is in: one atomic swap of
+    the two names where the filesystem has it, else the old renamed aside first (``recover_staging`` puts it back
+    if a kill comes between the two renames); the old is removed last, never followed if it is a link."""
+    if not path.exists() and not path.is_symlink():
+        new.rename(path)
+        fsync_dir(path.parent)
+        return
+    if path.is_dir() and not path.is_symlink() and _exchange(new, path):
+        fsync_dir(path.parent)
+        shutil.rmtree(new)  # the old folder, now under the staging name
+        return
+    retired = path.parent / f".{path.name}.{RETIRED_TAG}{os.getpid()}-{time.time_ns()}"
+    path.rename(retired)
+    new.rename(path)
+    fsync_dir(path.parent)
+    if retired.is_dir() and not retired.is_symlink():
+        shutil.rmtree(retired)
+    else:
+        retired.unlink()
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike[str] | BucketPath) -> Iterator[Path]:
-    """Build a folder under a hidden temporary name beside ``path``; it replaces ``path`` only on success.
+    """Build a folder under a hidden temporary name beside ``path``; it replaces ``path`` only on success
+    (``replace_dir``: the old one stays until the new one is in), and what a killed earlier build left beside
+    ``path`` is recovered or removed first (``recover_staging``).
 
     In a bucket the folder is built in a local temporary folder and uploaded on success: a bucket has no
     atomic rename of a prefix, so the files its readers open first (``COMMIT_FILES``) are removed before
@@ -207,16 +278,12 @@ def atomic_dir(path: str | os.PathLike[str] | BucketPath) -> Iterator[Path]:
         return
     check_removable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    recover_staging(path)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.{STAGING_TAG}", dir=path.parent))
     os.chmod(staging, 0o777 & ~umask())
     try:
         yield staging
-        if path.is_symlink():  # the link goes, never what it points to
-            path.unlink()
-        elif path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)
-        fsync_dir(path.parent)
+        replace_dir(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -101,3 +101,46 @@ def test_recipe_05c_writes_a_submission_the_validator_reads_back(fixture_pretrai
     assert summary["tasks"]["RCB"]["items"] == 9 and summary["tasks"]["SimpleAr"]["kind"] == "text"
     assert (not (tmp_path / "runs" / "tiny" / "eval").exists()
             or not list((tmp_path / "runs" / "tiny" / "eval").glob("*")))
+
+
+def test_an_archive_of_one_answer_throughout_is_flagged_per_task(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A model whose logits are the same for every token (every choice ties: the first wins) and whose generations
+    are empty fills a valid archive with one answer per task; recipe 05's check (eval.harness.one_answer) flags each
+    task in the log and in the summary, as recipe 05 does; a task whose answers vary is not flagged."""
+    import logging
+
+    import numpy as np
+
+    from eval.harness import PairEncoder
+    from eval.mera import build_submission
+
+    folder = tmp_path / "mera"
+    folder.mkdir()
+    rows = {"rcb": [{"instruction": RCB_INSTRUCTION, "inputs": {"premise": f"Посылка {i}.", "hypothesis": "Вывод."},
+                     "meta": {"id": i}} for i in range(20)],
+            "simplear": [{"instruction": "{inputs} =", "inputs": f"{i} + {i}", "meta": {"id": i}} for i in range(20)],
+            "multiq": [{"instruction": "{inputs}", "inputs": f"Вопрос {i}?", "meta": {"id": i}} for i in range(20)]}
+    for name, records in rows.items():
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+                                              encoding="utf-8")
+
+    def flat_logits(tokens):  # the same logits everywhere: a model that learned nothing
+        return np.zeros((*np.shape(tokens), 64), dtype=np.float32)
+
+    def generate(prompts, max_new_tokens, stop):  # empty for the arithmetic, the question's number for MultiQ
+        return ["" if "=" in p else p.split()[-1] for p in prompts]
+
+    with caplog.at_level(logging.WARNING, logger="eval.mera"):
+        files, _, summary = build_submission(
+            ["rcb", "simplear", "multiq"], str(folder), logits_fn=flat_logits, generate=generate, batch_size=8,
+            max_len=64, encoder=PairEncoder(lambda text: [ord(c) % 60 + 4 for c in text], 3))
+    write_submission(tmp_path / "submission.zip", files)
+    assert validate_submission(tmp_path / "submission.zip")  # the site would take it
+    assert summary["RCB"]["one_answer"] and summary["RCB"]["top_answer"] == "1" and summary["RCB"]["top_share"] == 1
+    assert summary["SimpleAr"]["one_answer"] and summary["SimpleAr"]["top_answer"] == ""
+    assert not summary["MultiQ"]["one_answer"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["MERA RCB: one answer ('1') takes 100% of the predictions: the site will score that, not the "
+                        "model", "MERA SimpleAr: an empty answer takes 100% of the predictions: the site will score "
+                        "that, not the model"]

@@ -137,7 +137,9 @@ def test_eval_reads_the_adopted_tokenizer(adopted_run: tuple[Path, Path]) -> Non
     assert bits.piece_byte_lengths()[bits.eos_id] == 0
 
 
-def test_hf_export_ships_the_adopted_tokenizer_as_it_is(adopted_run: tuple[Path, Path], tmp_path: Path) -> None:
+def test_hf_export_ships_the_adopted_tokenizer_starting_texts_with_eos(adopted_run: tuple[Path, Path],
+                                                                      tmp_path: Path) -> None:
+    """The base's vocabulary and pipeline as they are; only the post-processor changes: EOS first, as trained."""
     from eval.hf_export import write_export
     from model.llama.config import LlamaConfig
     from model.registry import get_family
@@ -147,7 +149,9 @@ def test_hf_export_ships_the_adopted_tokenizer_as_it_is(adopted_run: tuple[Path,
     model = get_family("llama").init(cfg, MODEL_VOCAB, seed=0)
     out = write_export(model, cfg, MODEL_VOCAB, tmp_path / "hf", tokenizer_files=run / "tokenizer" / "hf",
                        special_ids={"eos": 3})
-    assert (out / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
+    ours, theirs = (json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")) for folder in (out, base))
+    assert ours.pop("post_processor")["type"] == "TemplateProcessing"
+    assert ours == {k: v for k, v in theirs.items() if k != "post_processor"}
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == 3
 
 

@@ -11,6 +11,7 @@ shards stage appends EOS itself).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
@@ -26,6 +27,12 @@ from tokenizer.spm import WHITESPACE_MARK
 # they are ordinary vocabulary entries, so they get a score no real segmentation would pick.
 UNREACHABLE_SCORE = -1e9
 _TOKEN_NAMES = {"pad": "pad_token", "unk": "unk_token", "bos": "bos_token", "eos": "eos_token"}
+# tokenizer_config.json's keys that make AutoTokenizer run tokenizer.json's pipeline as it is. AutoTokenizer picks a
+# model type's own class over tokenizer_class for some types (transformers 5: qwen2's Qwen2Tokenizer rebuilds a
+# byte-level pipeline from our vocabulary and encodes Russian into byte pieces; LlamaTokenizer adds a prefix space
+# a model without add_dummy_prefix never saw); naming the class in auto_map keeps the pipeline for every model type.
+FAST_TOKENIZER_CLASS: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                                        "auto_map": {"AutoTokenizer": [None, "PreTrainedTokenizerFast"]}}
 
 
 def _is_text_piece(sp: spm.SentencePieceProcessor, piece_id: int) -> bool:
@@ -85,7 +92,7 @@ def tokenizer_config(sp: spm.SentencePieceProcessor, special_ids: dict[str, int]
                      model_max_length: int) -> dict[str, Any]:
     tokens = {_TOKEN_NAMES[name]: sp.id_to_piece(i) for name, i in special_ids.items()}
     return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": FAST_TOKENIZER_CLASS["tokenizer_class"],
         **tokens,
         "model_max_length": model_max_length,
         "add_bos_token": False,
@@ -93,11 +100,19 @@ def tokenizer_config(sp: spm.SentencePieceProcessor, special_ids: dict[str, int]
         "clean_up_tokenization_spaces": False,
         # "<s>" typed in text stays text, as in SentencePiece, instead of becoming the BOS id.
         "split_special_tokens": True,
-        # AutoTokenizer picks a model type's own class over tokenizer_class for some types (transformers 5:
-        # qwen2's Qwen2Tokenizer rebuilds a byte-level pipeline from our vocabulary and encodes Russian into
-        # byte pieces); naming the class here keeps tokenizer.json's pipeline for every model type.
-        "auto_map": {"AutoTokenizer": [None, "PreTrainedTokenizerFast"]},
+        "auto_map": FAST_TOKENIZER_CLASS["auto_map"],
     }
+
+
+def write_hf_files(sp: spm.SentencePieceProcessor, folder: Path, special_ids: dict[str, int],
+                   model_max_length: int) -> None:
+    """The export's files into ``folder``, a staging folder its caller publishes (``export_hf``, the model export)."""
+    build_hf_tokenizer(sp).save(str(folder / "tokenizer.json"))
+    config = tokenizer_config(sp, special_ids, model_max_length)
+    atomic_write_text(folder / "tokenizer_config.json", json.dumps(config, ensure_ascii=False, indent=2) + "\n")
+    special_map = {k: v for k, v in config.items() if k in _TOKEN_NAMES.values()}
+    atomic_write_text(folder / "special_tokens_map.json", json.dumps(special_map, indent=2) + "\n")
+    atomic_write_bytes(folder / "tokenizer.model", sp.serialized_model_proto())
 
 
 def export_hf(sp: spm.SentencePieceProcessor, out_dir: RunPath, special_ids: dict[str, int],
@@ -105,10 +120,5 @@ def export_hf(sp: spm.SentencePieceProcessor, out_dir: RunPath, special_ids: dic
     """Write the export into a temporary folder and move it over ``out_dir`` only when complete."""
     out_dir = location(out_dir)
     with atomic_dir(out_dir) as staging:
-        build_hf_tokenizer(sp).save(str(staging / "tokenizer.json"))
-        config = tokenizer_config(sp, special_ids, model_max_length)
-        atomic_write_text(staging / "tokenizer_config.json", json.dumps(config, ensure_ascii=False, indent=2) + "\n")
-        special_map = {k: v for k, v in config.items() if k in _TOKEN_NAMES.values()}
-        atomic_write_text(staging / "special_tokens_map.json", json.dumps(special_map, indent=2) + "\n")
-        atomic_write_bytes(staging / "tokenizer.model", sp.serialized_model_proto())
+        write_hf_files(sp, staging, special_ids, model_max_length)
     return out_dir
