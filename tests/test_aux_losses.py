@@ -110,7 +110,7 @@ def test_a_family_without_aux_losses_reports_none() -> None:
                         seed=0)
     _, metrics = prog.step(prog.init_state(), batch(prog))
     assert not [key for key in metrics if key.startswith("aux/")]
-    assert set(metrics) == {"loss", "total_loss", "grad_norm", "lr", "finite"}
+    assert set(metrics) == {"loss", "total_loss", "grad_norm", "lr", "finite", "spike"}
 
 
 def test_the_log_hook_writes_train_aux(tmp_path: Path) -> None:
