@@ -38,9 +38,10 @@ def write_export(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir: 
 
     The tokenizer: ``sp`` (a trained SentencePiece model, converted by the tokenizer stage's exporter)
     or ``tokenizer_files`` (an adopted tokenizer's folder, copied as it is). ``base_context``: the
-    ``max_position_embeddings`` of the base model a continued run started from; the export declares the
-    larger of it and the trained ``model.max_seq_len`` (a 512-context base trained at 128 stays a
-    512-context model: RoPE has no learned positions to lose), and says so when they differ."""
+    ``max_position_embeddings`` of the base model a continued run started from; the export declares it when the
+    run trained at a shorter ``model.max_seq_len`` (a 512-context base trained at 128 stays a 512-context model:
+    RoPE has no learned positions to lose), and the trained length past it only where the run said so
+    (``model.extend_context``): a checkpoint trained past its base's context without it keeps the base's."""
     from safetensors.numpy import save_file
 
     family = family_of(model_cfg)
@@ -58,10 +59,7 @@ def write_export(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir: 
                     shutil.copyfile(path, staging / path.name)
         tensors, config = family.hf_adapter.export(model, model_cfg, vocab_size, special_ids)
         if base_context and base_context != config.get("max_position_embeddings"):
-            context = max(base_context, model_cfg.max_seq_len)
-            log.info("max_position_embeddings %d: the larger of the base model's %d and the trained "
-                     "model.max_seq_len %d", context, base_context, model_cfg.max_seq_len)
-            config["max_position_embeddings"] = context
+            config["max_position_embeddings"] = export_context(model_cfg, base_context)
         save_file(tensors, str(staging / WEIGHTS_FILE),
                   metadata={"format": "pt", "family": family.name, **(metadata or {})})
         atomic_write_text(staging / "config.json", json.dumps(config, indent=2) + "\n")
@@ -72,6 +70,23 @@ def write_export(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir: 
     log.info("Hugging Face %s export (%d tensors, %.2fM parameters) in %s", family.hf_adapter.architecture,
              len(tensors), n_params / 1e6, out_dir)
     return out_dir
+
+
+def export_context(model_cfg: FamilyConfig, base_context: int) -> int:
+    """The ``max_position_embeddings`` a continued run's export declares (``write_export``), and a log line on why."""
+    trained = model_cfg.max_seq_len
+    if trained <= base_context:
+        log.info("max_position_embeddings %d: the base model's, which the run trained at model.max_seq_len %d",
+                 base_context, trained)
+        return base_context
+    if getattr(model_cfg, "extend_context", False):
+        log.info("max_position_embeddings %d: the trained model.max_seq_len, past the base model's %d "
+                 "(model.extend_context)", trained, base_context)
+        return trained
+    log.warning("max_position_embeddings %d: the base model's; the checkpoint trained at model.max_seq_len %d past it "
+                "without model.extend_context, so the export does not declare the longer context", base_context,
+                trained)
+    return base_context
 
 
 def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: Any, cfg: ExperimentConfig,
