@@ -197,3 +197,29 @@ def test_recipe_04_compares_the_batch_with_the_training_records_before_it_writes
     assert proc.returncode == 2
     assert error_line(proc).startswith(f"error: config key 'train.batch_size': {records * 2:,} sequences a step, but ")
     assert sorted(os.listdir(run)) == ["corpus", "shards", "tokenizer"]
+
+
+@pytest.mark.integration
+def test_continued_pretraining_past_the_base_context_is_refused_unless_extend_context(fixture_stages: Path,
+                                                                                      tmp_path: Path) -> None:
+    """A base built for 32 positions continued at model.max_seq_len 64 used to train (and export as a 64-position
+    model) without a word: now one line naming both lengths and the key that allows it, before the run is written;
+    with model.extend_context=true it trains, and its export declares the 64 it was trained at."""
+    from tests.test_continue_pretraining import BASE_MODEL, continue_config, hf_base_folder
+
+    (tmp_path / "base").mkdir()
+    base = hf_base_folder(tmp_path / "base", dataclasses.replace(BASE_MODEL, max_seq_len=32))
+    config = continue_config(fixture_stages, tmp_path / "run", base, steps=0)
+    run = tmp_path / "run" / "runs" / "tiny"
+    proc = run_recipe("04_pretrain.py", config, check=False)
+    assert proc.returncode == 2
+    assert error_line(proc) == (
+        f"error: config key 'model.max_seq_len': 64 is past the base model's context (32, max_position_embeddings of "
+        f"{base / 'config.json'}): continued pretraining would train positions the base never saw, with RoPE not "
+        "rescaled for them; set model.max_seq_len to at most 32, or model.extend_context=true to train the longer "
+        "context as it is")
+    assert sorted(os.listdir(run)) == ["corpus", "shards", "tokenizer"]
+    run_recipe("04_pretrain.py", config, "model.extend_context=true")
+    run_recipe("05b_export_hf.py", config, "model.extend_context=true")
+    exported = json.loads((run / "export" / "hf" / "step_0000000" / "config.json").read_text("utf-8"))
+    assert exported["max_position_embeddings"] == 64
