@@ -22,7 +22,6 @@ import contextvars
 import importlib
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from experiment.errors import RecipeError
 from experiment.runfolder import RunFolder
@@ -87,6 +86,7 @@ def check_config(cfg: ExperimentConfig, stages: Iterable[Stage] | None = None,
 def main(argv: list[str] | None = None) -> int:
     from experiment.config import load_config
     from experiment.plugins import load_plugins
+    from experiment.sweep import sweep_variants
 
     parser = argparse.ArgumentParser(description="Run every recipe's checks of a config, writing nothing")
     parser.add_argument("--config", required=True, help="experiment YAML, e.g. recipes/configs/demo.yaml")
@@ -96,20 +96,26 @@ def main(argv: list[str] | None = None) -> int:
         load_plugins()
         cfg = load_config(args.config, args.overrides)
         problems, notes, count = check_config(cfg)
+        if not cfg.experiment.variant:  # a sweep's variants are runs of their own (recipe 08 runs each)
+            for variant in sweep_variants(cfg.experiment):
+                try:
+                    found, _, _ = check_config(load_config(args.config, [*args.overrides,
+                                                                         f"experiment.variant={variant.name}"]))
+                except RecipeError as exc:  # the variant's overrides do not load
+                    found = [str(exc)]
+                problems += [f"variant '{variant.name}': {problem}" for problem in found if problem not in problems]
     except RecipeError as exc:  # the config itself does not load: that one line is the answer
         problems, notes, count = [str(exc)], [], 0
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:
         return 1
-    summary: list[Any] = [f"ok: {args.config}: {count} checks of {len(STAGES)} stages passed, nothing written"]
-    summary += [f"  not checked here: {note}" for note in notes]
-    print("\n".join(summary))
+    print(f"ok: {args.config}: the {count} checks of the {len(STAGES)} stages pass; nothing was written")
+    for note in notes:
+        print(f"  not checked here: {note}")
     return 0
 
 
 if __name__ == "__main__":
     # the checks import experiment.check (reads_buckets): run the main of that module, not of this __main__ copy
-    from experiment.check import main as check_main
-
-    sys.exit(check_main())
+    sys.exit(importlib.import_module("experiment.check").main())

@@ -47,6 +47,7 @@ TYPOS = [
     ("experiment.name=checkpoints", "experiment.name"),
     ("generate.prompt_file=/nonexistent/prompts.txt", "generate.prompt_file"),
     ("generate.max_new_tokens=500", "generate.max_new_tokens"),
+    ("experiment.variants=[{model.d_model: 130}]", "model.head_dim"),  # a sweep variant's own overrides
 ]
 
 
