@@ -137,7 +137,8 @@ def check_generate(cfg: ExperimentConfig, run_folder: Any) -> str | None:
     """The stage check of recipe 09 (experiment/check.py), before anything is written or loaded: the prompts
     (``read_prompts``: generate.prompt_file is a file), ``generate.hf_model`` a Hugging Face folder whose
     config.json is a model we import, and ``generate.max_new_tokens`` below the model's context (config.json's,
-    else model.max_seq_len, the run's checkpoints' length: ``keeping_the_end``)."""
+    else model.max_seq_len, which a run's checkpoints keep: a run key even under model.init_from), so a prompt
+    has room."""
     from experiment.check import reads_buckets
     from model.hf_checkpoint import hf_model_config
 

@@ -10,7 +10,9 @@ A check is ``fn(cfg, run_folder) -> str | None``: it reads (the config, the cata
 run's finished manifests where there are some) and never writes; it raises a RecipeError (one line naming the key)
 for a problem, and may return a note of what it could not check here (a base model in a bucket, a tokenizer recipe
 02 has not trained yet). The checks live with the code they check (layered above this package) and are imported
-by their dotted names, as model families are (experiment/families.py).
+by their dotted names, as model families are (experiment/families.py). A run folder in a bucket is read where its
+manifests are (the bucket must answer); inputs outside the run in a bucket (a base model, a tokenizer to adopt) are
+left to the recipe, since a shipped config names placeholders there.
 
 Exit codes: 0 with a short summary when every check passes, 1 with one ``error:`` line per problem otherwise.
 """
