@@ -18,7 +18,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # five venvs are built from the same wheels: a pip cache would only hold a second copy of them on disk
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup demo demo-bucket storage-servers storage-emulators generate demo-sweep test test-base test-extras \
+.PHONY: setup check demo demo-bucket storage-servers storage-emulators generate demo-sweep test test-base test-extras \
 	install-extras lint clean-demo
 
 $(VENV)/bin/python:
@@ -31,6 +31,11 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 setup: $(STAMP)
+
+# Every recipe's checks of a config, writing nothing: one line per problem and exit 1, else a short "ok"
+# (e.g. make check CONFIG=recipes/configs/ru-8b-v6e-64.yaml ARGS='train.batch_size=256')
+check: setup
+	$(PY) -m experiment.check --config $(CONFIG) $(ARGS)
 
 # DEMO_ARGS: overrides for every recipe of the demo, e.g. DEMO_ARGS='experiment.run_root=gs://my-bucket/runs'
 demo: setup

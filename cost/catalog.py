@@ -329,7 +329,11 @@ class Catalog:
         moded = [row for row in candidates if row.pricing == pricing]
         if not moded:
             modes = sorted({row.pricing for row in candidates})
-            raise CatalogError(f"config key '{key}': {name} has no '{pricing}' price in the catalog "
+            # the pricing is the key to fix (cost.pricing, cost.plan_options[i].pricing), not the accelerator
+            pricing_key = key.removesuffix(".accelerator") + ".pricing" if key.endswith(".accelerator") else key
+            near = difflib.get_close_matches(pricing, modes, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise CatalogError(f"config key '{pricing_key}': {name} has no '{pricing}' price in the catalog{hint} "
                                f"(available: {', '.join(modes)})")
         priced = sorted((row for row in moded if row.figure is not None),
                         key=lambda row: row.usd_equivalent(usd_rub_rate))

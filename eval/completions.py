@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from experiment.errors import ConfigError, DataError
-from experiment.files import atomic_write_text
+from experiment.files import atomic_write_text, read_json_object
 from experiment.schema import ExperimentConfig
 from experiment.sections.generate import GenerateConfig
 from experiment.stages import GENERATE
-from experiment.storage import local_folder, location
+from experiment.storage import is_bucket, local_folder, location
 
 log = logging.getLogger("eval.completions")
 
@@ -131,6 +131,34 @@ def read_prompts(gen_cfg: GenerateConfig) -> list[str]:
     if not prompts:
         raise ConfigError("config key 'generate.prompt_file': it has no prompts (and generate.prompts is empty)")
     return prompts
+
+
+def check_generate(cfg: ExperimentConfig, run_folder: Any) -> str | None:
+    """The stage check of recipe 09 (experiment/check.py), before anything is written or loaded: the prompts
+    (``read_prompts``: generate.prompt_file is a file), ``generate.hf_model`` a Hugging Face folder whose
+    config.json is a model we import, and ``generate.max_new_tokens`` below the model's context (config.json's,
+    else model.max_seq_len, which a run's checkpoints keep: a run key even under model.init_from), so a prompt
+    has room."""
+    from experiment.check import reads_buckets
+    from model.hf_checkpoint import hf_model_config
+
+    gen = cfg.generate
+    read_prompts(gen)
+    context, source = cfg.model.max_seq_len, "model.max_seq_len"
+    if gen.hf_model:
+        folder = location(gen.hf_model, "generate.hf_model")
+        if is_bucket(folder) and not reads_buckets():
+            return f"generate.hf_model {gen.hf_model} is in a bucket (recipe 09 reads it before it writes anything)"
+        config_path = folder / "config.json"
+        if not config_path.is_file():
+            raise ConfigError(f"config key 'generate.hf_model': {config_path} does not exist (a Hugging Face model "
+                              "folder holds config.json and *.safetensors)")
+        _, model_cfg, _ = hf_model_config(read_json_object(config_path), str(config_path))
+        context, source = model_cfg.max_seq_len, f"max_position_embeddings of {config_path}"
+    if gen.max_new_tokens >= context:
+        raise ConfigError(f"config key 'generate.max_new_tokens': {gen.max_new_tokens} leaves no room for a prompt in "
+                          f"the model's {context} tokens ({source})")
+    return None
 
 
 def generation_mesh(cfg: ExperimentConfig) -> Any:

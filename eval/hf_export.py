@@ -117,8 +117,9 @@ def write_export(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir: 
     has no tokenizer.json). With ``special_ids['eos']`` the tokenizer files then start every text with EOS, as
     the model was trained (``carry_prompt_convention``), and README.md says how to generate as recipe 09 does.
     ``base_context``: the ``max_position_embeddings`` of the base model a continued run started from; the export
-    declares the larger of it and the trained ``model.max_seq_len`` (a 512-context base trained at 128 stays a
-    512-context model: RoPE has no learned positions to lose), and says so when they differ."""
+    declares it when the run trained at a shorter ``model.max_seq_len`` (a 512-context base trained at 128 stays a
+    512-context model: RoPE has no learned positions to lose), and the trained length past it only where the run
+    said so (``model.extend_context``): a checkpoint trained past its base's context without it keeps the base's."""
     family = family_of(model_cfg)
     if family.hf_adapter is None:
         raise ConfigError(f"the '{family.name}' model family has no Hugging Face adapter: it cannot be exported")
@@ -173,10 +174,7 @@ def _write_folder(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir:
             atomic_write_text(staging / MODEL_CARD, model_card(family.hf_adapter.architecture, eos_piece, eos_id))
             start_id = eos_id  # generate() without a prompt starts a document as the model was trained
         if base_context and base_context != config.get("max_position_embeddings"):
-            context = max(base_context, model_cfg.max_seq_len)
-            log.info("max_position_embeddings %d: the larger of the base model's %d and the trained "
-                     "model.max_seq_len %d", context, base_context, model_cfg.max_seq_len)
-            config["max_position_embeddings"] = context
+            config["max_position_embeddings"] = export_context(model_cfg, base_context)
         save_file(tensors, str(staging / WEIGHTS_FILE),
                   metadata={"format": "pt", "family": family.name, **(metadata or {})})
         atomic_write_text(staging / "config.json", json.dumps(config, indent=2) + "\n")
@@ -187,6 +185,23 @@ def _write_folder(model: Any, model_cfg: FamilyConfig, vocab_size: int, out_dir:
         for path in staging.iterdir():
             os.chmod(path, 0o666 & ~umask())
     return tensors
+
+
+def export_context(model_cfg: FamilyConfig, base_context: int) -> int:
+    """The ``max_position_embeddings`` a continued run's export declares (``write_export``), and a log line on why."""
+    trained = model_cfg.max_seq_len
+    if trained <= base_context:
+        log.info("max_position_embeddings %d: the base model's, which the run trained at model.max_seq_len %d",
+                 base_context, trained)
+        return base_context
+    if getattr(model_cfg, "extend_context", False):
+        log.info("max_position_embeddings %d: the trained model.max_seq_len, past the base model's %d "
+                 "(model.extend_context)", trained, base_context)
+        return trained
+    log.warning("max_position_embeddings %d: the base model's; the checkpoint trained at model.max_seq_len %d past it "
+                "without model.extend_context, so the export does not declare the longer context", base_context,
+                trained)
+    return base_context
 
 
 def export_checkpoint(model: Any, step: int, meta: dict[str, Any], run_folder: Any, cfg: ExperimentConfig,

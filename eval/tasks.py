@@ -30,6 +30,8 @@ from typing import Any, Literal
 from eval.loaders import Record
 from experiment.errors import ConfigError, DataError
 from experiment.jsontext import parse_json
+from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.sections.eval import EvalConfig
 
 BENCH = "{bench}"  # replaced by eval.bench_dir
@@ -362,6 +364,12 @@ def check_task_names(eval_cfg: EvalConfig) -> None:
             raise ConfigError(f"config key 'eval.task_schemas.{task}': unknown task{_known_tasks(task)}")
     for task, schema in eval_cfg.task_schemas.items():
         named_schema(TASKS[task], schema)
+
+
+def check_eval_tasks(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
+    """The stage check of recipes 04 and 05 (experiment/check.py): ``check_task_names`` of ``cfg.eval``, before
+    the run folder, its lock or a W&B run is written."""
+    check_task_names(cfg.eval)
 
 
 def _known_tasks(task: str) -> str:

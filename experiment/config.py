@@ -409,6 +409,7 @@ def check_sections(cfg: ExperimentConfig) -> None:
     run_rules = {**family_rules, **cfg.train.mesh.rules}
     cfg.train.mesh.axes = family_mesh_axes(cfg.train.mesh.axes, run_rules, cfg.model.family)
     check_batch_split(cfg.train, run_rules.get("batch", []))
+    check_batch_tokens(cfg)
     if cfg.model.attention == "cudnn" and cfg.train.compute_dtype != "bfloat16":
         raise ConfigError("config key 'model.attention': cudnn flash attention needs train.compute_dtype=bfloat16, "
                           f"got {cfg.train.compute_dtype}; use auto")
@@ -445,6 +446,21 @@ def check_batch_split(train: TrainConfig, batch_axes: list[str]) -> None:
         raise ConfigError(f"config key 'train.batch_size': the micro-batch of {micro} sequences (batch_size / "
                           f"grad_accum_steps) is not divisible by {what}, the mesh axes that split the batch "
                           "(train.mesh); change the batch or the mesh")
+
+
+# The most tokens one step may hold (train.batch_size x model.max_seq_len): 2^28, whose int32 ids alone take 1 GiB of
+# host memory before the step starts; the shipped configs' largest step is about a hundredth of it. A batch of
+# millions of sequences is a typo, and unchecked it grinds in the loader for minutes before anything says so.
+MAX_BATCH_TOKENS = 2**28
+
+
+def check_batch_tokens(cfg: ExperimentConfig) -> None:
+    tokens = cfg.train.batch_size * cfg.model.max_seq_len
+    if tokens > MAX_BATCH_TOKENS:
+        raise ConfigError(f"config key 'train.batch_size': {cfg.train.batch_size:,} sequences x model.max_seq_len "
+                          f"{cfg.model.max_seq_len:,} = {tokens:,} tokens a step, more than the {MAX_BATCH_TOKENS:,} "
+                          f"(2^28) a step may hold: its token ids alone would take {tokens * 4 / 2**30:,.0f} GiB of "
+                          "host memory")
 
 
 def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:

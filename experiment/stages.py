@@ -29,6 +29,9 @@ class Stage:
     # the stages whose output it reads while it runs: their lock is held shared (experiment/lock.py),
     # so none of them rewrites it meanwhile
     reads: tuple[str, ...] = ()
+    # the checks of a config for this stage, as ``module:function`` names (experiment/check.py): run by the recipe
+    # harness before it writes anything, and all of every stage's by ``python -m experiment.check``
+    checks: tuple[str, ...] = ()
 
     @property
     def has_manifest(self) -> bool:
@@ -87,25 +90,34 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
 
+# the checks the stages share (experiment/check.py)
+EVAL_TASKS = "eval.tasks:check_eval_tasks"
+RUN_PRICE = "cost.checks:check_run_price"
+
 CORPUS = Stage("corpus", "corpus", "recipes/01_build_corpus.py", {"documents": int, "shards": list})
 TOKENIZER = Stage("tokenizer", "tokenizer", "recipes/02_train_tokenizer.py", {"sha256": str, "vocab_size": int},
-                  reads=("corpus",))
+                  reads=("corpus",), checks=("tokenizer.adopt:check_adopt_source",))
 SHARDS = Stage("shards", "shards", "recipes/03_shard.py",
                {"tokenizer_sha256": str, "seq_len": int, "splits": dict}, reads=("corpus", "tokenizer"))
-PRETRAIN = Stage("pretrain", "checkpoints", "recipes/04_pretrain.py", output="", reads=("tokenizer", "shards"))
-FIT_CHECK = Stage("fit_check", "reports", "recipes/04b_tpu_fit_check.py", output="fit_check.json")
+PRETRAIN = Stage("pretrain", "checkpoints", "recipes/04_pretrain.py", output="", reads=("tokenizer", "shards"),
+                 checks=(EVAL_TASKS, RUN_PRICE, "trainer.init_from:check_base_model",
+                         "data_prep.shards.loader:check_batch_records"))
+FIT_CHECK = Stage("fit_check", "reports", "recipes/04b_tpu_fit_check.py", output="fit_check.json",
+                  checks=("trainer.fit_check:check_topology_names",))
 NEURON_CHECK = Stage("neuron_check", "reports", "recipes/04c_neuron_check.py", output="neuron_check.json")
 # not the checkpoints: recipe 05 evaluates finished ones while recipe 04 goes on training
 EVAL = Stage("eval", "eval", "recipes/05_evaluate.py", {"latest": str, "latest_step": int},
-             reads=("tokenizer", "shards"))
+             reads=("tokenizer", "shards"), checks=(EVAL_TASKS,))
 # a step's Hugging Face folder and nothing else (recipe 05's eval/ is never touched)
 EXPORT = Stage("export", "export", "recipes/05b_export_hf.py", output="", reads=("tokenizer",))
 # a MERA leaderboard submission of a checkpoint (its test predictions as the ZIP the site takes)
 MERA = Stage("mera", "mera", "recipes/05c_mera_submission.py", output="", reads=("tokenizer",))
 # completions of prompts by a checkpoint (or a Hugging Face folder), one jsonl per run of recipe 09
-GENERATE = Stage("generate", "generate", "recipes/09_generate.py", output="", reads=("tokenizer",))
+GENERATE = Stage("generate", "generate", "recipes/09_generate.py", output="", reads=("tokenizer",),
+                 checks=("eval.completions:check_generate",))
 COMPARE = Stage("compare", "reports", "recipes/06_compare_costs.py", output="costs.csv")
-PLAN = Stage("plan", "reports", "recipes/07_plan_costs.py", output="plan.csv")
+PLAN = Stage("plan", "reports", "recipes/07_plan_costs.py", output="plan.csv",
+             checks=("cost.checks:check_plan",))
 
 STAGES: dict[str, Stage] = {s.name: s for s in (CORPUS, TOKENIZER, SHARDS, PRETRAIN, FIT_CHECK, NEURON_CHECK, EVAL,
                                                EXPORT, MERA, GENERATE, COMPARE, PLAN)}

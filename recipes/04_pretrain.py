@@ -3,8 +3,6 @@
 import functools
 
 from eval.run import evaluate_model, sample_completions
-from eval.tasks import check_task_names
-from experiment.schema import ExperimentConfig
 from experiment.stages import PRETRAIN
 from tracking.harness import recipe_main
 from trainer.distributed import prepare_processes, reports
@@ -13,16 +11,11 @@ from trainer.resume import resume_wandb_run_id
 from trainer.train import check, pretrain
 
 
-def prepare(cfg: ExperimentConfig) -> None:
-    check_task_names(cfg.eval)  # a misspelled eval task stops the run now, not at its first eval hours in
-    prepare_processes(cfg)
-
-
 def main(argv: list[str] | None = None) -> None:
     """The recipe; ``argv`` is its command line without the program name (tests call this in process)."""
     recipe_main(PRETRAIN, "Pretrain the Flax decoder; rerun the same command to resume",
                 functools.partial(pretrain, hooks=[EvalHook(evaluate_model, sample_completions)]),
-                wandb_run_id=resume_wandb_run_id, prepare=prepare, reports=reports, check=check, argv=argv)
+                wandb_run_id=resume_wandb_run_id, prepare=prepare_processes, reports=reports, check=check, argv=argv)
 
 
 if __name__ == "__main__":

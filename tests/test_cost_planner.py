@@ -489,7 +489,7 @@ def test_maxtexts_mixtral_rows_are_rederived_from_active_parameters_and_lend_onl
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("cost.pricing=spott", "config key 'cost.accelerator': cpu-e2-standard-2 has no 'spott' price in the catalog"),
+    ("cost.pricing=spott", "config key 'cost.pricing': cpu-e2-standard-2 has no 'spott' price in the catalog (did"),
     ("cost.accelerator=tpu-v7", "config key 'cost.accelerator': unknown accelerator 'tpu-v7' (did you mean"),
 ])
 def test_the_runs_own_accelerator_and_pricing_are_checked_even_when_the_options_do_not_use_them(

@@ -182,7 +182,8 @@ def test_every_familys_export_round_trips_through_autotokenizer(tmp_path: Path, 
 
 def test_a_continued_run_exports_the_base_models_context(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A base built for 64 positions trained at 16 exports as a 64-position model, and says why; a run trained
-    longer than its base declares its own length; a run from scratch declares model.max_seq_len."""
+    longer than its base declares its own length only with model.extend_context (without it the export used to
+    raise the limit silently: it keeps the base's and warns); a run from scratch declares model.max_seq_len."""
     import dataclasses
     import logging
 
@@ -193,8 +194,14 @@ def test_a_continued_run_exports_the_base_models_context(tmp_path: Path, caplog:
     with caplog.at_level(logging.INFO, logger="eval.hf_export"):
         out = write_export(model, short, VOCAB, tmp_path / "a", base_context=64)
     assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 64
-    assert "the larger of the base model's 64 and the trained model.max_seq_len 16" in caplog.text
-    out = write_export(model, cfg, VOCAB, tmp_path / "b", base_context=32)
+    assert "max_position_embeddings 64: the base model's, which the run trained at model.max_seq_len 16" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="eval.hf_export"):
+        out = write_export(model, cfg, VOCAB, tmp_path / "b", base_context=32)
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 32
+    assert "trained at model.max_seq_len 64 past it without model.extend_context" in caplog.text
+    extended = dataclasses.replace(cfg, extend_context=True)
+    out = write_export(model, extended, VOCAB, tmp_path / "b2", base_context=32)
     assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 64
     out = write_export(model, short, VOCAB, tmp_path / "c")
     assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 16

@@ -21,9 +21,11 @@ from experiment.config import redact
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_dir, atomic_write_bytes, read_json_object, remove_file, sha256_file
 from experiment.manifest import invalidate
+from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import TOKENIZER
 from experiment.storage import RunPath, location
+from experiment.storage.urls import is_bucket_url
 from tokenizer.loaded import KIND_HF, KIND_SENTENCEPIECE, read_hf_tokenizer, read_sentencepiece
 from tokenizer.measured import MeasuredTokenizer, hf_tokenizer_under_test, sentencepiece_under_test
 from tokenizer.report import build_report, log_report, write_report
@@ -57,6 +59,21 @@ def locate_source(adopt_from: str) -> tuple[str, RunPath]:
     if not path.is_file():
         raise ConfigError(f"{key}: {path} does not exist")
     return (KIND_SENTENCEPIECE if path.suffix == ".model" else KIND_HF), path
+
+
+def check_adopt_source(cfg: ExperimentConfig, run_folder: RunFolder) -> str | None:
+    """The stage check of recipe 02 (experiment/check.py): ``tokenizer.adopt_from`` names a tokenizer
+    (``locate_source``); a bucket is left to the recipe where the check reads none (``python -m experiment.check``),
+    which the returned note says."""
+    from experiment.check import reads_buckets
+
+    source = cfg.tokenizer.adopt_from
+    if not source:
+        return None
+    if is_bucket_url(source) and not reads_buckets():
+        return f"tokenizer.adopt_from {source} is in a bucket (recipe 02 reads it before it writes anything)"
+    locate_source(source)
+    return None
 
 
 def _present(folder: RunPath, names: tuple[str, ...]) -> Iterator[tuple[RunPath, dict[str, Any]]]:

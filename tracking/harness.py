@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from experiment.check import run_stage_checks
 from experiment.config import load_config
 from experiment.errors import RecipeError
 from experiment.files import WRITE_ERRNOS, write_error
@@ -94,8 +95,9 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
     """Run one stage: ``fn(cfg, run_folder, wandb_run)``; exits 2 with one line on a RecipeError.
 
     ``wandb_run_id(cfg, run_folder)``, when given, names a W&B run to continue (a resumed training).
-    ``prepare(cfg)`` runs right after the config is read, before W&B starts any thread (process-wide
-    settings such as the allocator and JAX's device count, and joining the other JAX processes).
+    The stage's checks of the config (``Stage.checks``, experiment/check.py: what ``python -m experiment.check``
+    runs) come first, before anything is written. ``prepare(cfg)`` runs right after them, before W&B starts any
+    thread (process-wide settings such as the allocator and JAX's device count, and joining the other JAX processes).
     ``reports(cfg)``, asked after ``prepare``, says whether this process opens the W&B run (only the
     first JAX process does; the others get a run that keeps nothing); that process also holds the run
     folder's stage lock (experiment/lock.py) while the stage runs. Before it, the stage's output folder is
@@ -110,10 +112,13 @@ def recipe_main(stage: Stage | str, description: str, fn: StageFn, argv: list[st
     try:
         load_plugins()  # e.g. a model family defined outside the package, before its config section is read
         cfg = load_config(args.config, args.overrides)
-        if prepare is not None:
-            prepare(cfg)
         run_folder = RunFolder.for_config(cfg)
         run_root = run_folder.root
+        # the stage's checks of the config (experiment/check.py), before anything is written or joined
+        for note in run_stage_checks(stage, cfg, run_folder):
+            logging.getLogger("experiment.check").info("not checked yet: %s", note)
+        if prepare is not None:
+            prepare(cfg)
         check_not_on_a_bucket_mount(run_folder)
         run_folder.root.mkdir(parents=True, exist_ok=True)
         prepare_links(cfg, run_folder, stage)

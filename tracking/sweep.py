@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from experiment.check import run_stage_checks
 from experiment.config import load_config
 from experiment.errors import RecipeError
 from experiment.links import DATA_STAGES, link_stages
@@ -106,6 +107,11 @@ def run_sweep(config: str, overrides: list[str], compare: bool = True) -> dict[s
     if not variants:
         raise RecipeError(f"{config}: declares no variants: add experiment.variants (a list of overrides) or "
                           "experiment.grid (key: [values])")
+    # every variant's checks of its stages before the sweep writes its lock or its data (experiment/check.py)
+    for variant in variants:
+        variant_cfg = load_config(config, [*overrides, f"experiment.variant={variant.name}"])
+        for stage in (*DATA_STAGES, *VARIANT_STAGES, COMPARE):
+            run_stage_checks(stage, variant_cfg, RunFolder.for_config(variant_cfg))
     # one sweep at a time in its folder (a double submit); no deadlock with its stages: they run in processes
     # of their own and each locks its own stage, never this lock
     with hold(lock_path(RunFolder.for_config(cfg), SWEEP), SWEEP):

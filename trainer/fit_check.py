@@ -10,6 +10,7 @@ that cannot fit fails to compile within seconds with ``RESOURCE_EXHAUSTED ... Hb
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import logging
 import os
@@ -82,10 +83,23 @@ def require_libtpu() -> None:
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
 
-def topology_devices(slice_name: str, num_slices: int = 1) -> list[Any]:
+def check_topology_name(slice_name: str) -> None:
     if slice_name not in TOPOLOGIES:
-        raise ConfigError(f"config key 'train.fit_topologies': unknown TPU slice '{slice_name}' "
+        near = difflib.get_close_matches(slice_name, list(TOPOLOGIES), n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        raise ConfigError(f"config key 'train.fit_topologies': unknown TPU slice '{slice_name}'{hint} "
                           f"(known: {', '.join(TOPOLOGIES)})")
+
+
+def check_topology_names(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
+    """The stage check of recipe 04b (experiment/check.py): every ``train.fit_topologies`` entry is a slice
+    it knows, before anything is written or compiled."""
+    for slice_name in cfg.train.fit_topologies:
+        check_topology_name(slice_name)
+
+
+def topology_devices(slice_name: str, num_slices: int = 1) -> list[Any]:
+    check_topology_name(slice_name)
     require_libtpu()
     from jax.experimental import topologies
 

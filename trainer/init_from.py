@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from experiment.errors import ConfigError, DataError
-from experiment.files import atomic_write_json
+from experiment.files import atomic_write_json, read_json_object
 from experiment.presets import preset_fields
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer")
 # model keys that belong to the run, not to the base model: kept from our YAML
 RUN_KEYS = ("max_seq_len", "z_loss", "init_std", "attention", "remat", "init_from", "vocab_adaptation", "preset",
-            "scan_layers", "scan_unroll")
+            "scan_layers", "scan_unroll", "extend_context")
 LINEAGE_FILE = "init_from.json"  # in checkpoints/: the base model a run started from (written by its first session)
 # our tokenizer manifest's special ids -> the config.json key of the base model's counterpart
 SPECIAL_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "pad_token_id"}
@@ -83,6 +83,7 @@ def start_point(cfg: ExperimentConfig, run_folder: RunFolder, vocab_size: int, m
     base_config = read_config(local)
     _, base_cfg, base_vocab = hf_model_config(base_config, str(named / "config.json"))
     model_cfg = merge_model_config(cfg, base_cfg, str(named / "config.json"))
+    check_context(cfg, base_cfg.max_seq_len, f"max_position_embeddings of {named / 'config.json'}")
     embeddings = EmbeddingPlan.for_run(cfg, run_folder, base_config, base_vocab, vocab_size)
     imported = load_hf_checkpoint(local, cfg.train.param_dtype, mesh=mesh, rules=cfg.train.mesh.rules,
                                   scan_layers=model_cfg.scan_layers)
@@ -99,6 +100,55 @@ def start_point(cfg: ExperimentConfig, run_folder: RunFolder, vocab_size: int, m
     log.info("model.init_from: %s (%s family, vocabulary %d); embeddings: %s", folder, imported.family,
              imported.vocab_size, describe_adaptation(adaptation))
     return StartPoint(model_cfg, params, lineage)
+
+
+def check_context(cfg: ExperimentConfig, base_context: int, source: str) -> None:
+    """A continued run trains at most at the base model's context (``source`` names where it comes from), unless
+    ``model.extend_context`` says to train past it: positions the base never saw, with its RoPE frequencies as
+    they are, would otherwise be trained silently and the export would declare the longer context."""
+    if cfg.model.max_seq_len > base_context and not cfg.model.extend_context:
+        raise ConfigError(f"config key 'model.max_seq_len': {cfg.model.max_seq_len} is past the base model's context "
+                          f"({base_context}, {source}): continued pretraining would train positions the base never "
+                          f"saw, with RoPE not rescaled for them; set model.max_seq_len to at most {base_context}, or "
+                          "model.extend_context=true to train the longer context as it is")
+
+
+def check_base_model(cfg: ExperimentConfig, run_folder: RunFolder) -> str | None:
+    """The stage check of recipe 04 (experiment/check.py) for a first session from ``model.init_from``, before
+    anything is written: the folder is a Hugging Face model whose config.json agrees with the YAML's shape keys
+    (``merge_model_config``), whose context the run does not exceed (``check_context``), and, once recipe 02 has
+    made the run's tokenizer, whose vocabulary fits it by ``model.vocab_adaptation`` (``EmbeddingPlan``: the same
+    token texts for ``none``). A run with checkpoints (or a branch's) trains theirs: checked under the stage's
+    lock (``check_init_from``). A base in a bucket is not read by ``python -m experiment.check``: its preset's
+    context stands for its own, and the note says so."""
+    from experiment.check import reads_buckets
+    from experiment.stages import TOKENIZER
+
+    folder = cfg.model.init_from
+    if not folder or cfg.train.branch_from or finished_steps(run_folder.checkpoints):
+        return None
+    named = location(folder, "model.init_from")
+    config_path = named / "config.json"
+    if isinstance(named, BucketPath) and not reads_buckets():
+        preset = preset_fields(cfg.model.preset, cfg.model.family) if cfg.model.preset else {}
+        if "max_seq_len" in preset:
+            check_context(cfg, int(preset["max_seq_len"]), f"model.preset {cfg.model.preset!r}'s max_seq_len")
+        return f"model.init_from {folder} is in a bucket (recipe 04 reads its config.json before it writes anything)"
+    if not config_path.is_file():
+        raise ConfigError(f"config key 'model.init_from': {config_path} does not exist (a Hugging Face model folder "
+                          "holds config.json and *.safetensors)")
+    base_config = read_json_object(config_path)
+    _, base_cfg, base_vocab = hf_model_config(base_config, str(config_path))
+    merge_model_config(cfg, base_cfg, str(config_path))
+    check_context(cfg, base_cfg.max_seq_len, f"max_position_embeddings of {config_path}")
+    tokenizer = TOKENIZER.read_manifest_if_present(run_folder.tokenizer)
+    if tokenizer is None:
+        return (f"model.vocab_adaptation: the run's tokenizer is not made yet, so it is not compared with "
+                f"{folder}'s (recipe 04 compares them before it reads the weights)")
+    if isinstance(named, BucketPath):  # its tokenizer files come with the copy recipe 04 makes of the base
+        return None
+    EmbeddingPlan.for_run(cfg, run_folder, base_config, base_vocab, int(tokenizer["vocab_size"]))
+    return None
 
 
 def base_folder(folder: str, key: str) -> tuple[RunPath, Path]:

@@ -34,7 +34,7 @@ WANDB_ID_FILE = "wandb_run.json"
 EXECUTION_KEYS = ("attention", "remat", "scan_layers", "scan_unroll")  # a checkpoint of either layer layout restacks
 # where the first session's weights came from: read once, at step 0 (trainer/init_from.py); a resume may
 # name the base model's folder elsewhere, or not at all
-START_KEYS = ("init_from", "vocab_adaptation")
+START_KEYS = ("init_from", "vocab_adaptation", "extend_context")
 
 
 def resume_wandb_run_id(cfg: ExperimentConfig, run_folder: RunFolder) -> str | None:

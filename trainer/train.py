@@ -116,15 +116,13 @@ def read_inputs(cfg: ExperimentConfig, run_folder: RunFolder) -> DataSpec:
 def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
     """What recipe 04 checks before the harness opens a W&B run and the ledger a session (so a rerun that
     fails here leaves a finished run's W&B id and ledger untouched): the branch's parent, the input
-    manifests, the cost catalog's rows, and, on a run with checkpoints, that the resume is the same
-    optimization (trainer.resume.check_schedule) and the same base model (trainer.init_from.check_init_from)."""
-    from cost.ledger import price_rows
-
+    manifests, and, on a run with checkpoints, that the resume is the same optimization
+    (trainer.resume.check_schedule) and the same base model (trainer.init_from.check_init_from). The config's own
+    checks (the cost catalog's rows, eval tasks, the base model) ran before, as the stage's (experiment/check.py)."""
     if cfg.train.branch_from:
         run_folder.root.mkdir(parents=True, exist_ok=True)  # the parent's tokenizer and shards are linked in
         open_branch(cfg, run_folder)
     data = read_inputs(cfg, run_folder)
-    price_rows(cfg.cost)
     checkpoint_dir = run_folder.checkpoints
     steps = finished_steps(checkpoint_dir)
     latest = latest_step_meta(checkpoint_dir, steps) if steps else None

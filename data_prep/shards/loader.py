@@ -572,3 +572,21 @@ def log_mixture(wandb_run: Any, mixture: dict[str, float] | None) -> None:
     wandb_run.config.update({"data_mixture": mixture}, allow_val_change=True)
     for name, weight in mixture.items():
         wandb_run.summary[f"data/mixture/{name}"] = weight / total
+
+
+def check_batch_records(cfg: Any, run_folder: Any) -> str | None:
+    """The stage check of recipe 04 (experiment/check.py): a global batch (``train.batch_size``) that is more than
+    every training record recipe 03 wrote would repeat records within each step (and a batch of millions of
+    rows grinds in host memory before the first step). Checked against the run's finished shards; a mixture's
+    sets, or shards not made yet, are left to the loader, which the note says."""
+    if cfg.train.mixture:
+        return None
+    manifest = SHARDS.read_manifest_if_present(run_folder.shards)
+    if manifest is None:
+        return "train.batch_size: no shards yet, so the batch is not compared with the training records"
+    records = int((manifest["splits"].get("train") or {}).get("records", 0))
+    if cfg.train.batch_size > records:
+        raise ConfigError(f"config key 'train.batch_size': {cfg.train.batch_size:,} sequences a step, but "
+                          f"{run_folder.shards} holds {records:,} training records: every step would repeat "
+                          "records; lower the batch or build a larger corpus")
+    return None

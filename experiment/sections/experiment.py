@@ -36,10 +36,23 @@ class ExperimentSection:
                               "declares no experiment.variants or experiment.grid")
 
 
+# the entries of a run folder (experiment/runfolder.py's RunFolder, experiment/stages.py's folders, the XLA cache):
+# a run named like one would be that entry of another run whose folder is the run root (run_root: runs/demo)
+RUN_FOLDER_ENTRIES = ("corpus", "tokenizer", "shards", "checkpoints", "ledger", "eval", "export", "generate", "mera",
+                      "reports", "configs", "wandb", "xla_cache", "config.resolved.yaml")
+
+
 def _check_plain_name(key: str, value: str, allow_empty: bool) -> None:
-    """A name that is one folder under the run root: never a path out of it, an absolute path or the root itself."""
+    """A name that is one folder under the run root: never a path out of it, an absolute path or the root itself,
+    nor a hidden entry (the run root's ``.cache``, a run folder's ``.locks``) or a run folder's own entry."""
     if not value and allow_empty:
         return
     if not value or value in (".", "..") or re.search(r"[/\\\x00]", value):
         raise ConfigError(f"config key '{key}': {value!r} is not a plain name (no '/', '\\', '..' or empty name): "
                           "it names a folder under experiment.run_root")
+    if value.startswith("."):
+        raise ConfigError(f"config key '{key}': {value!r} starts with '.': names beginning with a dot are the "
+                          "project's own entries (the run root's .cache, a run folder's .locks); pick another name")
+    if value in RUN_FOLDER_ENTRIES:
+        raise ConfigError(f"config key '{key}': {value!r} is the name of a run folder's own entry "
+                          f"({', '.join(RUN_FOLDER_ENTRIES)}); pick another name")

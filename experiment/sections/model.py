@@ -62,6 +62,9 @@ class FamilyConfig(Protocol):
     @property
     def vocab_adaptation(self) -> str: ...  # none, mean or random (model/vocab_adaptation.py)
 
+    @property
+    def extend_context(self) -> bool: ...  # init_from may train past the base's context (trainer/init_from.py)
+
     def validate(self, key: str) -> None: ...  # the section's checks: one ConfigError line naming the key
 
 
@@ -104,6 +107,10 @@ class ModelSection:
     # the pieces the base tokenizer splits its text into (a token the base has whole is copied); random
     # starts them afresh (the control). model/vocab_adaptation.py
     vocab_adaptation: Literal["none", "mean", "random"] = "none"
+    # continued pretraining at a model.max_seq_len above the base model's max_position_embeddings: false refuses
+    # it (positions the base never saw, and RoPE frequencies not rescaled for them); true trains them as they are,
+    # and the export then declares the trained length
+    extend_context: bool = False
 
     def validate(self, key: str) -> None:
         """The common fields' checks; a family's section extends this with its own."""

@@ -8,6 +8,10 @@ from experiment.storage.urls import check_location
 
 # the mesh axes every run has; a family's axis rules may lay logical axes out on more (``MeshConfig.axes``)
 BASE_MESH_AXES = ("data", "fsdp", "tensor")
+# The least peak learning rate a run may set. AdamW moves each weight by about the learning rate a step, and float32
+# holds a weight w to about w x 2^-23 (1.2e-7 w): below ~1e-9 the updates of weights of the initialisers' size (0.02)
+# round away and the run trains nothing. (No upper bound: a run made to diverge on purpose is a test of the guards.)
+MIN_LEARNING_RATE = 1e-9
 
 
 @dataclass
@@ -167,6 +171,11 @@ class TrainConfig:
             )
         if self.learning_rate <= 0:
             raise ConfigError(f"config key '{prefix}learning_rate': must be positive, got {self.learning_rate}")
+        if self.learning_rate < MIN_LEARNING_RATE:
+            raise ConfigError(f"config key '{prefix}learning_rate': {self.learning_rate!r} is below "
+                              f"{MIN_LEARNING_RATE:g}: AdamW moves each weight by about the learning rate a step, and "
+                              "float32 weights of the initialisers' size do not change by less, so the run would train "
+                              "nothing")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"config key '{prefix}min_lr_ratio': must be in [0, 1], got {self.min_lr_ratio}")
         if self.warmup_steps < 0 or (self.steps and self.warmup_steps >= self.steps):
