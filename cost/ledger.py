@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from cost.catalog import Catalog
+from cost.ledger_clock import SteadyClock
 from cost.ledger_format import (
     LEDGER_FILE,
     PHASES,
@@ -157,6 +158,7 @@ class Ledger:
              catalog: Catalog | None = None, rate: UsdRubRate | None = None,
              clock: Callable[[], float] = time.time, started_at: float | None = None,
              background: bool = True, chips_in_use: int | None = None,
+             monotonic: Callable[[], float] | None = None,
              measure_storage: Callable[[], tuple[int, int]] | None = None) -> Ledger:
         """Open (or continue) ``ledger_dir/ledger.jsonl`` and start a session priced by ``cost_cfg``.
 
@@ -164,7 +166,9 @@ class Ledger:
         beside the priced ``cost.chips``.
 
         ``started_at`` (default: this process's start time) prices the start-up before this call;
-        ``clock`` and ``background=False`` exist for tests with a fake clock.
+        ``clock`` and ``background=False`` exist for tests with a fake clock. Durations within the session are
+        ``monotonic``'s (``cost.ledger_clock``: a wall-clock jump is recorded, not billed); it defaults to
+        ``time.monotonic`` for the real wall clock, and to ``clock`` itself for a fake one.
 
         ``measure_storage`` (default: every object's size under the run folder, ``ledger_dir``'s parent) gives
         (bytes, objects) the run folder holds, when its object storage is priced (``cost.storage``).
@@ -181,6 +185,7 @@ class Ledger:
             records, torn = read_records(path)
             end_on_a_newline(path, torn)
             past = sessions_of(records, path)
+        clock = SteadyClock(clock, monotonic or (time.monotonic if clock is time.time else clock))
         now = clock()
         started = _process_start_time() if started_at is None else started_at
         if started is not None and past:  # never price a second twice (process start times are coarse)
@@ -237,6 +242,11 @@ class Ledger:
             self._write({"e": "time", "t0": self._pending.t0, "t1": now, "seconds": self._pending.seconds})
         self._pending = Interval(now, now, {})
         self._frame_seconds = [0.0] * len(self._frame_seconds)
+        if isinstance(self._clock, SteadyClock):
+            for jump in self._clock.take_jumps():  # booked as what it is: a moved clock, no time of the session
+                log.warning("the wall clock jumped by %+.0f s during this session: not billed (cost.ledger_clock)",
+                            jump.seconds)
+                self._write(jump.record())
         if self._pending_tokens is not None:
             batch = self._pending_tokens
             self._write(batch.record())

@@ -16,7 +16,10 @@ The ledger is an append-only JSONL file, one record a line, each with its kind u
   whose open record prices object storage (``storage``; ``cost.storage``);
 - ``requests``: the ``writes``, ``reads`` and ``egress_bytes`` counted against the bucket up to ``t`` since the
   last such record;
-- ``close``: the session ended at ``t``; ``clean`` says whether its unsaved work survived.
+- ``clock``: around ``t`` the wall clock jumped by ``jump_s`` seconds against elapsed time (``cost.ledger_clock``:
+  the session's times follow the monotonic clock, so the jump is in no interval);
+- ``close``: the session ended at ``t``; ``clean`` says whether its unsaved work survived; ``ended_by`` (when an
+  exception or an exit code ended it, e.g. ``exit 143`` after a preemption) what did.
 
 A kill mid-write leaves a torn last line: readers drop it with a warning (``experiment.jsonl``), and
 the next session cuts it off before appending (``end_on_a_newline``). What the records *mean* for
@@ -103,6 +106,7 @@ class Session:
     closed: bool = False  # a close record, clean or not (none after SIGKILL)
     stored: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes the run folder holds from then on)
     requests: list[tuple[float, int, int, int]] = field(default_factory=list)  # (time, writes, reads, egress bytes)
+    clock_jumps: list[tuple[float, float]] = field(default_factory=list)  # (time, seconds the wall clock jumped)
 
     @property
     def resume_step(self) -> int | None:
@@ -166,6 +170,8 @@ def _apply(record: dict[str, Any], sessions: list[Session]) -> None:
     elif kind == "requests":
         session.requests.append((float(record["t"]), int(record.get("writes", 0)), int(record.get("reads", 0)),
                                  int(record.get("egress_bytes", 0))))
+    elif kind == "clock":
+        session.clock_jumps.append((float(record["t"]), float(record["jump_s"])))
     elif kind == "close":
         session.closed = True
         session.clean = bool(record.get("clean", True))

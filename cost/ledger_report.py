@@ -8,6 +8,7 @@ requests, egress, their rubles, and the price rows with their sources.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from typing import Any
 
@@ -93,12 +94,24 @@ def write_report(ledger_dir: str | os.PathLike[str] | RunPath) -> RunPath:
             f"USD->RUB {', '.join(rates)} (each session at its own rate); {summary.tokens:,} tokens.\n\n"
             f"## Sessions\n\n{to_markdown(rows, columns)}\n"
             f"## Goodput and badput\n\n{to_markdown(summary.badput_rows(), PHASE_COLUMNS)}")
+    jumps = [(index, t, jump) for index, session in enumerate(sessions) for t, jump in session.clock_jumps]
+    if jumps:
+        text += "\n" + clock_section(jumps)
     if priced_storage:
         text += "\n" + storage_section(priced_storage)
     path = ledger_dir / REPORT_FILE
     atomic_write_text(path, text)
     atomic_write_text(ledger_dir / SESSIONS_CSV, to_csv(rows, columns))
     return path
+
+
+def clock_section(jumps: list[tuple[int, float, float]]) -> str:
+    """The wall-clock jumps the sessions saw: not billed (a session's durations follow the monotonic clock)."""
+    lines = "".join(f"- session {index}: {jump:+,.0f} s around "
+                    f"{dt.datetime.fromtimestamp(t, dt.UTC):%Y-%m-%d %H:%M:%S} UTC\n" for index, t, jump in jumps)
+    return ("## Wall-clock jumps\n\nThe host's wall clock moved against elapsed time; the ledger measures a session's "
+            "time with the monotonic clock, so these seconds are in no phase and cost nothing "
+            f"(cost/ledger_clock.py).\n\n{lines}")
 
 
 def storage_section(priced: list[tuple[Session, dict[str, Any]]]) -> str:

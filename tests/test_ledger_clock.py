@@ -1,0 +1,72 @@
+"""The ledger's time: a wall-clock jump inside a session is recorded and not billed (cost/ledger_clock.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from cost.ledger import Ledger
+from cost.ledger_format import LEDGER_FILE
+from cost.ledger_pricing import summarize_ledger
+from cost.ledger_report import REPORT_FILE
+from cost.rates import UsdRubRate
+from experiment.sections.cost import CostConfig
+
+RATE = UsdRubRate(100.0, dt.date.today(), "test")
+RUB_PER_SECOND = 8 * 1.20 * 100.0 / 3600  # an 8-chip v5e slice on demand at 100 RUB per USD
+THREE_DAYS = 3 * 86400.0
+
+
+class Clocks:
+    """A wall clock and a monotonic clock that advance together, and a wall clock that can be set."""
+
+    def __init__(self) -> None:
+        self.wall_t, self.mono_t = 1_000_000.0, 50.0
+
+    def wall(self) -> float:
+        return self.wall_t
+
+    def monotonic(self) -> float:
+        return self.mono_t
+
+    def advance(self, seconds: float) -> None:
+        self.wall_t += seconds
+        self.mono_t += seconds
+
+
+def test_a_three_day_wall_clock_jump_mid_run_is_reported_not_billed(tmp_path: Path) -> None:
+    clocks = Clocks()
+    cfg = CostConfig(accelerator="tpu-v5e", pricing="on-demand", chips=8, usd_rub_rate=100.0,
+                     usd_rub_date=dt.date.today().isoformat(), flush_seconds=10.0)
+    ledger = Ledger.open(tmp_path / "ledger", cfg, "run-1", rate=RATE, clock=clocks.wall,
+                         monotonic=clocks.monotonic, started_at=clocks.wall(), background=False)
+    for step in range(1, 61):  # 60 steps of one second each
+        with ledger.phase("train"):
+            clocks.advance(1.0)
+            if step == 30:
+                clocks.wall_t += THREE_DAYS  # an NTP step or `date -s` in the middle of step 30
+            ledger.add_tokens(step, 1000)
+    ledger.close()
+
+    summary = summarize_ledger(tmp_path / "ledger")
+    assert summary.seconds_by_phase == pytest.approx({"train": 60.0})
+    assert summary.rub_total == pytest.approx(60.0 * RUB_PER_SECOND)  # 16 RUB, not 3 days' 69,000
+    records = [json.loads(line) for line in (tmp_path / "ledger" / LEDGER_FILE).read_text().splitlines()]
+    assert [r["jump_s"] for r in records if r["e"] == "clock"] == [pytest.approx(THREE_DAYS)]
+    report = (tmp_path / "ledger" / REPORT_FILE).read_text()
+    assert "## Wall-clock jumps" in report and "session 0: +259,200 s" in report
+
+
+def test_a_fake_wall_clock_alone_still_drives_the_session(tmp_path: Path) -> None:
+    """Tests that pass only ``clock`` (tests/test_ledger.py) keep timing by it: it is both clocks."""
+    clocks = Clocks()
+    cfg = CostConfig(accelerator="tpu-v5e", chips=8, usd_rub_rate=100.0, usd_rub_date=dt.date.today().isoformat())
+    ledger = Ledger.open(tmp_path / "ledger", cfg, "run-1", rate=RATE, clock=clocks.wall,
+                         started_at=clocks.wall(), background=False)
+    with ledger.phase("train"):
+        clocks.wall_t += 7.0
+    ledger.close()
+    assert summarize_ledger(tmp_path / "ledger").seconds_by_phase == pytest.approx({"train": 7.0})
