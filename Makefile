@@ -109,11 +109,14 @@ EXTRA_TESTS_beam := tests/test_corpus_beam.py tests/test_shard_beam.py \
 EXTRA_TESTS_hf := tests/test_eval_hf_export.py tests/test_eval_lm_eval.py tests/test_hf_import.py \
 	tests/test_tokenizer.py::test_transformers_loads_export_offline_with_identical_ids $(wildcard tests/test_hf_parity_*.py)
 EXTRA_TESTS_tpu := tests/test_fit_check.py
-EXTRAS := tpu hf tf beam  # the longest installs first
+# recipe 07b's SkyPilot task and xpk command, loaded by SkyPilot's and xpk's own parsers (offline)
+EXTRA_TESTS_launch := tests/test_launch_spec.py
+EXTRAS := tpu hf tf beam launch  # the longest installs first
 EXTRA_PIP_tf := tf,test
 EXTRA_PIP_beam := beam,zstd,test
 EXTRA_PIP_hf := hf,lm-eval,test
 EXTRA_PIP_tpu := tpu,test
+EXTRA_PIP_launch := launch,test
 
 # Each editable install rewrites ru_pretrain.egg-info in this folder: they take turns (flock, where the
 # system has it) while everything else about the venvs installs in parallel.
@@ -170,7 +173,7 @@ test-extra-tpu-a test-extra-tpu-b: .venvs/tpu/.installed
 # hf (3 min) beside the tpu halves, then beam and tf: with the fit check's answers kept from an earlier run
 # the tpu halves take 1-2 min each and the lanes end about together (4 min); without them (11 min each)
 # the order ends no later than tpu first did
-test-extras: test-extra-hf test-extra-tpu-a test-extra-tpu-b test-extra-beam test-extra-tf
+test-extras: test-extra-hf test-extra-tpu-a test-extra-tpu-b test-extra-beam test-extra-tf test-extra-launch
 
 .PRECIOUS: .venvs/%/.installed
 
