@@ -112,6 +112,23 @@ def storage_choice(cost_cfg: CostConfig, ledger_dir: RunPath, catalog: Catalog |
     return choice
 
 
+def wait_billed(cost_cfg: CostConfig) -> bool:
+    """Whether the slice stays held, and billing, from an interruption of this session to the next one
+    (``cost.between_sessions``; auto: a spot slice is taken away, anything else stays until someone deletes it)."""
+    held = getattr(cost_cfg, "between_sessions", "auto")
+    return cost_cfg.pricing != "spot" if held == "auto" else held == "held"
+
+
+def what_ended(exc_type: Any, exc: Any) -> str | None:
+    """What ended a session, for its close record: an exit code other than 0 (``exit 143`` after a preemption's
+    checkpoint) or an exception's type; None for a normal end."""
+    if exc_type is None:
+        return None
+    if isinstance(exc, SystemExit):
+        return None if exc.code in (0, None) else f"exit {exc.code}"
+    return exc_type.__name__
+
+
 class Ledger:
     """The live ledger of this process's session; see the module docstring for the accounting."""
 
@@ -195,7 +212,7 @@ class Ledger:
             "e": "open", "session": len(past), "run_id": run_id, "t": begin, "opened": now, "pid": os.getpid(),
             "chips": cost_cfg.chips, "chips_in_use": chips_in_use, "devices": _device_description(),
             "price": price_dict(price), "infra": infra,
-            **rate.as_dict(), "token_budget": cost_cfg.token_budget,
+            **rate.as_dict(), "token_budget": cost_cfg.token_budget, "wait_billed": wait_billed(cost_cfg),
             **({"storage": storage.meta()} if storage.priced else {}),
         }
         ledger = cls(path, meta, past, clock, cost_cfg.flush_seconds, background)
@@ -213,7 +230,7 @@ class Ledger:
         return ledger
 
     def _tally_past(self) -> list[tuple[dict[str, Any], Tally]]:
-        return tally_finished(self._past, self._resume)
+        return tally_finished(self._past, self._resume, self.meta["t"])
 
     # ----------------------------------------------------------------------------------- counting
     def _phase_now(self) -> str:
@@ -483,8 +500,9 @@ class Ledger:
             return summarize([*self._past_tallies, (self.meta, current)], self.meta.get("token_budget"))
 
     # ----------------------------------------------------------------------------------- closing
-    def close(self, clean: bool = True) -> None:
+    def close(self, clean: bool = True, ended_by: str | None = None) -> None:
         """End the session; ``clean=False`` (an exception) makes its unsaved work count as lost on resume.
+        ``ended_by``: the exit code or exception that ended it (its wait until the next session is then booked).
 
         A session whose every step is in a durable checkpoint (a SIGTERM save, a crash right after a
         save) lost nothing: its close is clean whatever ended it.
@@ -497,7 +515,8 @@ class Ledger:
             clean = clean or last is None or (self._durable_step is not None and last <= self._durable_step)
             now = self._flush()
             self._storage_to(now)
-            self._write({"e": "close", "clean": clean, "t": now})
+            record = {"e": "close", "clean": clean, "t": now}
+            self._write({**record, "ended_by": ended_by} if ended_by else record)
             self._file.sync()
             self._closed = True
             self._file.close()
@@ -522,5 +541,5 @@ class Ledger:
             log.warning("the cost ledger %s could not be closed (its storage failed): the next session counts this "
                         "one from its records up to the last flush", self.path)
             return
-        self.close(clean=exc_type is None)
+        self.close(clean=exc_type is None, ended_by=what_ended(exc_type, exc))
 

@@ -104,9 +104,16 @@ class Session:
     resume: Resume | None = None
     clean: bool = False  # a close record saying nothing of this session's work was lost
     closed: bool = False  # a close record, clean or not (none after SIGKILL)
+    ended_by: str | None = None  # the close record's exit code or exception (e.g. "exit 143" after a preemption)
     stored: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes the run folder holds from then on)
     requests: list[tuple[float, int, int, int]] = field(default_factory=list)  # (time, writes, reads, egress bytes)
     clock_jumps: list[tuple[float, float]] = field(default_factory=list)  # (time, seconds the wall clock jumped)
+
+    @property
+    def interrupted(self) -> bool:
+        """Ended by a kill (no close record), a crash (not clean) or an exit code or exception (a preemption's 143),
+        not by finishing what it was asked to do."""
+        return not self.closed or not self.clean or self.ended_by is not None
 
     @property
     def resume_step(self) -> int | None:
@@ -175,6 +182,7 @@ def _apply(record: dict[str, Any], sessions: list[Session]) -> None:
     elif kind == "close":
         session.closed = True
         session.clean = bool(record.get("clean", True))
+        session.ended_by = record.get("ended_by")
     else:
         raise ValueError(f"unknown record kind {kind!r}")
 

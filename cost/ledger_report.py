@@ -31,6 +31,8 @@ SESSION_COLUMNS = (
     Column("usd", "USD", SIG), Column("rate_label", "RUB per USD (date)"),
 )
 STORAGE_COLUMN = Column("storage_rub", "of which storage RUB", SIG)  # only in a ledger that prices storage
+# only in a ledger with an interrupted session: the wait until the next session, and whether it billed
+WAIT_COLUMNS = (Column("waited_hours", "waited for the next session (h)", SIG), Column("wait", "the slice meanwhile"))
 STORAGE_COLUMNS = (
     Column("session", "session", "{:d}"), Column("storage", "storage class"), Column("stored_where", "run folder"),
     Column("gb_months", "GB-months", "{:.4g}"), Column("stored_gb", "GB held at the end", "{:,.3f}"),
@@ -53,7 +55,10 @@ def session_row(index: int, session: Session, tally: Tally) -> dict[str, Any]:
               "storage_rub_by_unit": {unit: v * meta["usd_rub_rate"]
                                       for unit, v in cost_by_unit(storage["rows"], use, meta["usd_rub_rate"]).items()}
               } if storage else {"storage": None, "storage_rub": None}
+    wait = ("" if not tally.waited else "held: idle at this session's rate" if meta.get("wait_billed")
+            else "released: not billed")
     return {**stored, "session": index, "seconds_by_phase": dict(tally.seconds), "tokens": tally.tokens,
+            "waited_hours": tally.waited / 3600, "wait": wait,
             "last_step": tally.last_step, "resumed_from": session.resume_step, "closed": session.closed,
             "clean": session.clean if session.closed else None,
             "accelerator": price["name"], "pricing": price["pricing"],
@@ -90,6 +95,8 @@ def write_report(ledger_dir: str | os.PathLike[str] | RunPath) -> RunPath:
     rates = sorted({row["rate_label"] for row in rows})
     priced_storage = [(session, row) for session, row in zip(sessions, rows, strict=True) if row["storage"]]
     columns = (*SESSION_COLUMNS, STORAGE_COLUMN) if priced_storage else SESSION_COLUMNS
+    if any(row["waited_hours"] for row in rows):
+        columns = (*columns, *WAIT_COLUMNS)
     text = (f"# Cost of run {summary.run_id}\n\n{summary.rub_total:,.2f} RUB = {summary.usd_total:,.2f} USD at "
             f"USD->RUB {', '.join(rates)} (each session at its own rate); {summary.tokens:,} tokens.\n\n"
             f"## Sessions\n\n{to_markdown(rows, columns)}\n"
