@@ -19,7 +19,7 @@ unexport PYTHONDONTWRITEBYTECODE
 export PIP_NO_CACHE_DIR := 1
 
 .PHONY: setup demo demo-bucket storage-servers storage-emulators generate demo-sweep test test-base test-extras \
-	install-extras lint clean-demo
+	install-extras lint clean-demo launch-engines test-extra-launch
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -109,14 +109,11 @@ EXTRA_TESTS_beam := tests/test_corpus_beam.py tests/test_shard_beam.py \
 EXTRA_TESTS_hf := tests/test_eval_hf_export.py tests/test_eval_lm_eval.py tests/test_hf_import.py \
 	tests/test_tokenizer.py::test_transformers_loads_export_offline_with_identical_ids $(wildcard tests/test_hf_parity_*.py)
 EXTRA_TESTS_tpu := tests/test_fit_check.py
-# recipe 07b's SkyPilot task and xpk command, loaded by SkyPilot's and xpk's own parsers (offline)
-EXTRA_TESTS_launch := tests/test_launch_spec.py
-EXTRAS := tpu hf tf beam launch  # the longest installs first
+EXTRAS := tpu hf tf beam  # the longest installs first
 EXTRA_PIP_tf := tf,test
 EXTRA_PIP_beam := beam,zstd,test
 EXTRA_PIP_hf := hf,lm-eval,test
 EXTRA_PIP_tpu := tpu,test
-EXTRA_PIP_launch := launch,test
 
 # Each editable install rewrites ru_pretrain.egg-info in this folder: they take turns (flock, where the
 # system has it) while everything else about the venvs installs in parallel.
@@ -146,7 +143,24 @@ REQUIREMENTS_PY := import sys, tomllib; p = tomllib.load(open("pyproject.toml", 
 	fi
 	@touch $@
 
-install-extras: $(foreach e,$(EXTRAS),.venvs/$(e)/.installed)
+# The engines recipe 07b writes jobs for (SkyPilot, xpk), in a venv of their own without the project (SkyPilot pins
+# click below what W&B needs): tests/test_launch_spec.py writes the files with the project and has
+# tests/launch_engines.py read them there, with each engine's own loader
+LAUNCH_VENV := .venvs/launch
+launch-engines: $(LAUNCH_VENV)/.installed
+$(LAUNCH_VENV)/.installed: tests/launch-engines.txt
+	@mkdir -p .venvs
+	$(PYTHON) -m venv $(LAUNCH_VENV)
+	$(LAUNCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LAUNCH_VENV)/bin/python -m pip install -q --no-compile -r tests/launch-engines.txt
+	@touch $@
+
+# the launch lane: the base venv writes, the engines' venv reads (a missing engine fails here instead of skipping)
+test-extra-launch: setup $(LAUNCH_VENV)/.installed
+	RU_REQUIRE_EXTRAS=launch RU_LAUNCH_ENGINES=$(LAUNCH_VENV) $(PY) -m pytest -q -n 0 tests/test_launch_spec.py \
+	  --junitxml=$(TEST_REPORTS)/extra-launch.xml
+
+install-extras: $(foreach e,$(EXTRAS),.venvs/$(e)/.installed) $(LAUNCH_VENV)/.installed
 
 # every extra that venv installed must import: a broken install fails instead of skipping. Each lane has
 # a temporary folder of its own, removed after it: Beam's job server makes a beam-temp* folder in it per

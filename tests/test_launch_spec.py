@@ -1,19 +1,32 @@
 """Recipe 07b: the SkyPilot managed-job task and the xpk workload written for each shipped config, checked by the
-engines' own loaders (SkyPilot's task YAML schema and ``Resources``, xpk's argument parser), offline."""
+engines' own loaders (SkyPilot's task YAML schema and ``Resources``, xpk's argument parser), offline.
+
+The engines run in a venv of their own (``make launch-engines``: SkyPilot pins click below what W&B needs), so the
+files are written here and read there, all at once, by tests/launch_engines.py."""
 
 from __future__ import annotations
 
-import argparse
+import json
+import os
 import shlex
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from experiment.config import ExperimentConfig, load_config
-from tests.conftest import import_extra
+from tests.conftest import skip_unless_required
 from tests.recipe_runner import recipe_module
-from trainer.launch_spec import PREEMPTED_EXIT_CODE, SKY_GPUS, TPU_KINDS, launch_target, write_launch_files
+from trainer.launch_spec import (
+    PREEMPTED_EXIT_CODE,
+    SKY_GPUS,
+    TPU_KINDS,
+    LaunchFiles,
+    launch_target,
+    write_launch_files,
+)
 from trainer.preemption import PREEMPTED_EXIT_CODE as TRAINER_PREEMPTED_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,27 +34,71 @@ BUCKET = "gs://test-bucket/runs"
 LAUNCHABLE = (*TPU_KINDS, *SKY_GPUS)
 
 
-def shipped_options() -> list[tuple[str, int | None]]:
-    """(config, option) for every shipped config on a Cloud TPU or GPU: its own setting and each plan option."""
+def shipped_options() -> list[tuple[str, int | None, str]]:
+    """(config, option, accelerator) for every shipped config on a Cloud TPU or GPU: its own setting and each TPU
+    or GPU option of its plan."""
     cases = []
     for path in sorted((REPO / "recipes" / "configs").glob("*.yaml")):
         cfg = load_config(path, [f"experiment.run_root={BUCKET}"])
         if cfg.cost.accelerator not in LAUNCHABLE:
             continue  # the CPU demos: nothing to rent
-        cases.append((path.name, None))
-        cases += [(path.name, i) for i, o in enumerate(cfg.cost.plan_options) if o.accelerator in LAUNCHABLE]
+        cases.append((path.name, None, cfg.cost.accelerator))
+        cases += [(path.name, i, o.accelerator) for i, o in enumerate(cfg.cost.plan_options)
+                  if o.accelerator in LAUNCHABLE]
     return cases
 
 
-SHIPPED = shipped_options()
+CASES = shipped_options()
+SHIPPED = [(name, option) for name, option, _ in CASES]
+IDS = [f"{name.removesuffix('.yaml')}-{'own' if option is None else option}" for name, option in SHIPPED]
+TPU_SHIPPED = [(name, option) for name, option, accelerator in CASES if accelerator in TPU_KINDS]
+TPU_IDS = [case_id for case_id, (_, _, accelerator) in zip(IDS, CASES, strict=True) if accelerator in TPU_KINDS]
 
 
-def write(tmp_path: Path, name: str, option: int | None, *extra: str) -> tuple[ExperimentConfig, Path]:
+def write(out: Path, name: str, option: int | None, *extra: str) -> tuple[ExperimentConfig, LaunchFiles]:
     config = f"recipes/configs/{name}"
     overrides = [f"experiment.run_root={BUCKET}", *extra]
     cfg = load_config(REPO / config, overrides)
-    files = write_launch_files(cfg, REPO / config, overrides, tmp_path, option, repo_root=REPO)
-    return cfg, files
+    return cfg, write_launch_files(cfg, REPO / config, overrides, out, option, repo_root=REPO)
+
+
+def read_with_engines(pairs: list[tuple[str, Path]]) -> list[dict[str, Any]]:
+    """What SkyPilot and xpk read from each (kind, file), in the launch engines' venv (tests/launch_engines.py)."""
+    venv = Path(os.environ.get("RU_LAUNCH_ENGINES") or REPO / ".venvs" / "launch")
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        skip_unless_required(f"the launch engines (SkyPilot, xpk) are not installed in {venv} (make launch-engines)",
+                             "RU_REQUIRE_EXTRAS", "launch" in os.environ.get("RU_REQUIRE_EXTRAS", "").split(","))
+    argv = [str(python), str(REPO / "tests" / "launch_engines.py")]
+    for kind, path in pairs:
+        argv += [kind, str(path)]
+    # the task's workdir is the repository: `sky jobs launch` is run from its root
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def engines_read(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every shipped case's files, and a misspelt copy of one of each, as the engines read them."""
+    root = tmp_path_factory.mktemp("launch")
+    cases = {case_id: write(root / case_id, name, option) for case_id, (name, option) in zip(IDS, SHIPPED,
+                                                                                                strict=True)}
+    pairs: list[tuple[str, Path]] = []
+    for _, files in cases.values():
+        pairs.append(("sky", files.sky_task))
+        if files.xpk_script is not None:
+            pairs.append(("xpk", files.xpk_script))
+    sky_file, xpk_file = cases[IDS[0]][1].sky_task, cases[IDS[0]][1].xpk_script
+    bad_sky, bad_xpk = root / "bad_sky.yaml", root / "bad_xpk.sh"
+    bad_sky.write_text(sky_file.read_text().replace("use_spot:", "use_spott:"))
+    bad_xpk.write_text(xpk_file.read_text().replace("--tpu-type v", "--tpu-type x"))
+    read = iter(read_with_engines([*pairs, ("sky", bad_sky), ("xpk", bad_xpk)]))
+    answers = {case_id: {"cfg": cfg, "files": files, "sky": next(read),
+                         "xpk": next(read) if files.xpk_script is not None else None}
+               for case_id, (cfg, files) in cases.items()}
+    return {**answers, "bad_sky": next(read), "bad_xpk": next(read)}
 
 
 def test_every_shipped_tpu_and_gpu_config_is_covered() -> None:
@@ -50,56 +107,52 @@ def test_every_shipped_tpu_and_gpu_config_is_covered() -> None:
     assert PREEMPTED_EXIT_CODE == TRAINER_PREEMPTED_EXIT_CODE
 
 
-@pytest.mark.parametrize(("name", "option"), SHIPPED, ids=[f"{n.removesuffix('.yaml')}-{o}" for n, o in SHIPPED])
-def test_the_sky_task_parses_with_skypilots_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str,
+@pytest.mark.parametrize(("name", "option"), SHIPPED, ids=IDS)
+def test_the_sky_task_parses_with_skypilots_loader(engines_read: dict[str, Any], name: str,
                                                     option: int | None) -> None:
-    sky = import_extra("sky", "launch")
-    cfg, files = write(tmp_path, name, option)
-    target = files.target
+    answer = engines_read[IDS[SHIPPED.index((name, option))]]
+    cfg, files, task = answer["cfg"], answer["files"], answer["sky"]
+    assert "error" not in task, task.get("error")
     chosen = cfg.cost if option is None else cfg.cost.plan_options[option]
+    target = files.target
     assert (target.accelerator, target.chips, target.pricing) == (chosen.accelerator, chosen.chips, chosen.pricing)
-    monkeypatch.chdir(REPO)  # the task's workdir is the repository, as `sky jobs launch` is run from its root
-    task = sky.Task.from_yaml(str(files.sky_task))
-    (resources,) = task.resources
-    assert resources.use_spot == (chosen.pricing == "spot")
-    assert resources.job_recovery["max_restarts_on_errors"] == 3
-    assert resources.job_recovery["recover_on_exit_codes"] == [PREEMPTED_EXIT_CODE]
-    (accelerator, count), = resources.accelerators.items()
+    assert task["use_spot"] == (chosen.pricing == "spot")
+    assert task["job_recovery"] == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3,
+                                    "recover_on_exit_codes": [PREEMPTED_EXIT_CODE]}
     tpu = TPU_KINDS.get(chosen.accelerator)
     if tpu is not None:  # one SkyPilot node per slice: `run` runs on each of its hosts
-        assert (accelerator, count, task.num_nodes) == (f"{tpu.sky_prefix}-{chosen.chips * tpu.cores_per_chip}", 1, 1)
+        expected = (f"{tpu.sky_prefix}-{chosen.chips * tpu.cores_per_chip}", 1, 1)
+        assert (task["accelerator"], task["count"], task["num_nodes"]) == expected
     else:
-        assert (accelerator, count * task.num_nodes) == (SKY_GPUS[chosen.accelerator], chosen.chips)
-    assert str(resources.cloud).lower() == target.cloud
-    argv = shlex.split(task.run.splitlines()[-1].removeprefix("exec "))
+        assert task["accelerator"] == SKY_GPUS[chosen.accelerator]
+        assert task["count"] * task["num_nodes"] == chosen.chips
+        assert ("JAX_COORDINATOR_ADDRESS" in task["run"]) == (task["num_nodes"] > 1)
+    assert task["cloud"] == target.cloud and task["workdir"] == "."  # the repository, where it is launched from
+    argv = shlex.split(task["run"].splitlines()[-1].removeprefix("exec "))
     assert argv[:4] == ["python", "recipes/04_pretrain.py", "--config", f"recipes/configs/{name}"]
     assert f"experiment.run_root={BUCKET}" in argv
     assert ("train.distributed=true" in argv) == (target.hosts > 1)
-    if option is not None and (chosen.accelerator, chosen.chips) != (cfg.cost.accelerator, cfg.cost.chips):
-        assert f"cost.accelerator={chosen.accelerator}" in argv or f"cost.chips={chosen.chips}" in argv
-    # the loader checks what it reads: a misspelt key of the same file is refused
-    bad = files.sky_task.read_text().replace("use_spot:", "use_spott:")
-    with pytest.raises(Exception, match="use_spot"):
-        sky.Task.from_yaml_str(bad)
+    for key in ("accelerator", "chips", "pricing"):  # the ledger prices the option that runs
+        if getattr(chosen, key) != getattr(cfg.cost, key):
+            assert f"cost.{key}={getattr(chosen, key)}" in argv
 
 
-@pytest.mark.parametrize(("name", "option"), [c for c in SHIPPED if c[1] is None])
-def test_the_xpk_command_parses_with_xpks_parser(tmp_path: Path, name: str, option: int | None) -> None:
-    xpk_core = import_extra("xpk.parser.core", "launch")
-    cfg, files = write(tmp_path, name, option)
-    line = files.xpk_script.read_text().splitlines()[-1]
-    line = line.replace("${XPK_CLUSTER}", "my-cluster").replace("${XPK_PROJECT}", "my-project")
-    argv = shlex.split(line.replace("${XPK_ZONE}", "us-central1-a"))
-    assert argv[0] == "xpk"
-    parser = argparse.ArgumentParser()
-    xpk_core.set_parser(parser)
-    args = parser.parse_args(argv[1:])  # xpk's own checks: --tpu-type among its slices, the workload's name
-    assert args.tpu_type == files.target.tpu_slice and args.max_restarts == "3" and args.num_slices == 1
-    assert args.spot == files.target.spot
-    assert f"experiment.run_root={BUCKET}" in args.command
-    assert ("train.distributed=true" in args.command) == (files.target.hosts > 1)
-    with pytest.raises(SystemExit):  # a slice xpk does not know is refused by the same parser
-        parser.parse_args([*argv[1:], "--tpu-type", "v5p-127"])
+@pytest.mark.parametrize(("name", "option"), TPU_SHIPPED, ids=TPU_IDS)
+def test_the_xpk_command_parses_with_xpks_parser(engines_read: dict[str, Any], name: str,
+                                                  option: int | None) -> None:
+    answer = engines_read[IDS[SHIPPED.index((name, option))]]
+    files, args = answer["files"], answer["xpk"]
+    assert "error" not in args, args.get("error")
+    assert args["tpu_type"] == files.target.tpu_slice and args["max_restarts"] == "3" and args["num_slices"] == 1
+    assert args["spot"] == files.target.spot and args["workload"] == answer["cfg"].experiment.name
+    assert f"experiment.run_root={BUCKET}" in args["command"]
+    assert ("train.distributed=true" in args["command"]) == (files.target.hosts > 1)
+
+
+def test_the_engines_refuse_what_they_cannot_read(engines_read: dict[str, Any]) -> None:
+    """The loaders check: a misspelt key, a slice xpk does not know."""
+    assert "use_spot" in engines_read["bad_sky"]["error"]
+    assert "--tpu-type" in engines_read["bad_xpk"]["error"]
 
 
 def test_slices_hosts_and_names() -> None:
