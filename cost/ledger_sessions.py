@@ -151,7 +151,10 @@ def book_wait(tally: Tally, session: Session, next_start: float) -> None:
     started): ``idle`` at the session's own hourly rate where its slice stayed held, else only counted."""
     if not session.interrupted:
         return
-    tally.waited = max(0.0, next_start - session.last_time())
+    # the session's times follow its monotonic clock; the next one's start is the wall clock's: a jump the session
+    # saw (its clock records) is where the wall clock went meanwhile, not time anyone waited
+    ended = session.last_time() + sum(jump for _, jump in session.clock_jumps)
+    tally.waited = max(0.0, next_start - ended)
     if session.meta.get("wait_billed"):
         tally.add("idle", tally.waited)
 

@@ -70,3 +70,26 @@ def test_a_fake_wall_clock_alone_still_drives_the_session(tmp_path: Path) -> Non
         clocks.wall_t += 7.0
     ledger.close()
     assert summarize_ledger(tmp_path / "ledger").seconds_by_phase == pytest.approx({"train": 7.0})
+
+
+def test_a_jump_inside_a_killed_session_is_not_waited_for_by_the_next(tmp_path: Path) -> None:
+    """The next session starts by the wall clock, which jumped 3 days inside the killed one: the wait is the hour."""
+    clocks = Clocks()
+    cfg = CostConfig(accelerator="tpu-v5e", pricing="on-demand", chips=8, usd_rub_rate=100.0,
+                     usd_rub_date=dt.date.today().isoformat(), flush_seconds=1.0)
+    ledger = Ledger.open(tmp_path / "ledger", cfg, "run-1", rate=RATE, clock=clocks.wall,
+                         monotonic=clocks.monotonic, started_at=clocks.wall(), background=False)
+    with ledger.phase("train"):
+        clocks.advance(30.0)
+        clocks.wall_t += THREE_DAYS
+        clocks.advance(30.0)
+        ledger.add_tokens(1, 1000)
+    ledger.mark_checkpoint(1)
+    ledger._file.close()  # killed: no close record  # noqa: SLF001
+    clocks.advance(3600.0)  # an hour until the relaunch (held on demand: billed as idle)
+    resumed = Ledger.open(tmp_path / "ledger", cfg, "run-1", rate=RATE, clock=clocks.wall,
+                          monotonic=clocks.monotonic, started_at=clocks.wall(), background=False)
+    resumed.mark_resume(1)
+    resumed.close()
+    summary = summarize_ledger(tmp_path / "ledger")
+    assert summary.seconds_by_phase == pytest.approx({"train": 60.0, "idle": 3600.0})
