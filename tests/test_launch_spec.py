@@ -107,6 +107,7 @@ def test_every_shipped_tpu_and_gpu_config_is_covered() -> None:
     assert PREEMPTED_EXIT_CODE == TRAINER_PREEMPTED_EXIT_CODE
 
 
+@pytest.mark.integration  # the engines read in a process of their own
 @pytest.mark.parametrize(("name", "option"), SHIPPED, ids=IDS)
 def test_the_sky_task_parses_with_skypilots_loader(engines_read: dict[str, Any], name: str,
                                                     option: int | None) -> None:
@@ -137,6 +138,7 @@ def test_the_sky_task_parses_with_skypilots_loader(engines_read: dict[str, Any],
             assert f"cost.{key}={getattr(chosen, key)}" in argv
 
 
+@pytest.mark.integration  # the engines read in a process of their own
 @pytest.mark.parametrize(("name", "option"), TPU_SHIPPED, ids=TPU_IDS)
 def test_the_xpk_command_parses_with_xpks_parser(engines_read: dict[str, Any], name: str,
                                                   option: int | None) -> None:
@@ -149,6 +151,7 @@ def test_the_xpk_command_parses_with_xpks_parser(engines_read: dict[str, Any], n
     assert ("train.distributed=true" in args["command"]) == (files.target.hosts > 1)
 
 
+@pytest.mark.integration  # the engines read in a process of their own
 def test_the_engines_refuse_what_they_cannot_read(engines_read: dict[str, Any]) -> None:
     """The loaders check: a misspelt key, a slice xpk does not know."""
     assert "use_spot" in engines_read["bad_sky"]["error"]
@@ -163,6 +166,7 @@ def test_slices_hosts_and_names() -> None:
     assert (launch_target(one_host, None).tpu_slice, launch_target(one_host, None).hosts) == ("v6e-8", 1)
 
 
+@pytest.mark.integration  # runs recipe 07b
 def test_a_local_run_root_is_one_error_line_and_nothing_is_written(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     recipe = recipe_module("07b_launch_spec.py")
