@@ -130,7 +130,8 @@ def test_the_sky_task_parses_with_skypilots_loader(engines_read: dict[str, Any],
         assert ("JAX_COORDINATOR_ADDRESS" in task["run"]) == (task["num_nodes"] > 1)
     assert task["cloud"] == target.cloud and task["workdir"] == "."  # the repository, where it is launched from
     argv = shlex.split(task["run"].splitlines()[-1].removeprefix("exec "))
-    assert argv[:4] == ["python", "recipes/04_pretrain.py", "--config", f"recipes/configs/{name}"]
+    assert argv[:4] == ["$HOME/ru-pretrain-venv/bin/python", "recipes/04_pretrain.py", "--config",
+                        f"recipes/configs/{name}"]
     assert f"experiment.run_root={BUCKET}" in argv
     assert ("train.distributed=true" in argv) == (target.hosts > 1)
     for key in ("accelerator", "chips", "pricing"):  # the ledger prices the option that runs

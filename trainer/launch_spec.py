@@ -34,11 +34,12 @@ import yaml
 from cost.catalog import Catalog, PriceRow
 from experiment.config import ExperimentConfig
 from experiment.errors import ConfigError
+from experiment.files import atomic_write_text
 from experiment.storage import is_bucket, location
 
 PREEMPTED_EXIT_CODE = 143  # trainer.preemption.PREEMPTED_EXIT_CODE (not imported: that module installs signals)
 DEFAULT_MAX_RESTARTS = 3  # restarts on errors (a crash, a hang the watchdog ended) before the job is failed
-VENV = "~/ru-pretrain-venv"
+VENV = "$HOME/ru-pretrain-venv"  # written inside double quotes: the host's shell expands $HOME
 PYTHON = "3.12"  # the project needs 3.11+; Cloud TPU VM images ship 3.10, so uv brings its own interpreter
 COORDINATOR_PORT = 8476  # JAX's coordinator on the first GPU node (any free port)
 GPUS_PER_NODE = 8
@@ -165,8 +166,8 @@ def setup_script(target: LaunchTarget) -> str:
     return (f"set -euo pipefail\n"
             f"command -v uv >/dev/null || curl -LsSf https://astral.sh/uv/install.sh | sh\n"
             f'export PATH="$HOME/.local/bin:$PATH"\n'
-            f"uv venv --allow-existing --python {PYTHON} {VENV}\n"
-            f"VIRTUAL_ENV={VENV} uv pip install {packages}\n")
+            f'uv venv --allow-existing --python {PYTHON} "{VENV}"\n'
+            f'VIRTUAL_ENV="{VENV}" uv pip install {packages}\n')
 
 
 def train_command(config_arg: str, run_root: str, overrides: list[str], target: LaunchTarget,
@@ -184,11 +185,11 @@ def run_script(argv: list[str], target: LaunchTarget) -> str:
     """The per-host command: on GPU nodes JAX's coordinator is the first node (SkyPilot's variables); a Cloud
     TPU slice's hosts find each other (``jax.distributed.initialize``). ``exec``: the trainer's exit code is the
     job's, which SkyPilot's recovery reads."""
-    lines = ["set -euo pipefail", f"source {VENV}/bin/activate"]
+    lines = ["set -euo pipefail"]
     if target.tpu is None and target.hosts > 1:
         lines += [f'export JAX_COORDINATOR_ADDRESS="$(echo "$SKYPILOT_NODE_IPS" | head -n1):{COORDINATOR_PORT}"',
                   'export JAX_NUM_PROCESSES="$SKYPILOT_NUM_NODES" JAX_PROCESS_ID="$SKYPILOT_NODE_RANK"']
-    lines.append("exec " + shlex.join(argv))
+    lines.append(f'exec "{VENV}/bin/python" ' + shlex.join(argv[1:]))  # the venv's python, whatever is on PATH
     return "\n".join(lines) + "\n"
 
 
@@ -254,7 +255,7 @@ def xpk_workload_name(name: str) -> str:
 
 def xpk_script(argv: list[str]) -> str:
     """The xpk command as a shell script; the cluster, project and zone come from the environment."""
-    quoted = " ".join(a if a.startswith("${XPK_") else shlex.quote(a) for a in argv)
+    quoted = " ".join(f'"{a}"' if a.startswith("${XPK_") else shlex.quote(a) for a in argv)
     return ("#!/usr/bin/env bash\n"
             "# Written by recipes/07b_launch_spec.py: the run as an xpk workload (docs/launch.md)\n"
             "set -euo pipefail\n"
@@ -298,8 +299,6 @@ def write_launch_files(cfg: ExperimentConfig, config_path: str | os.PathLike[str
     task = sky_task(cfg, target, config_arg, env, overrides, max_restarts, file_mounts) if (
         target.tpu is None or target.tpu.sky_prefix is not None) else None
     argv = xpk_argv(cfg, target, config_arg, env, overrides, max_restarts) if target.tpu is not None else None
-    from experiment.files import atomic_write_text
-
     out_dir.mkdir(parents=True, exist_ok=True)
     sky_path = xpk_path = None
     if task is not None:
