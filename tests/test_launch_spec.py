@@ -202,3 +202,18 @@ def test_only_the_configs_variables_travel(tmp_path: Path, monkeypatch: pytest.M
     task = yaml.safe_load(files.sky_task.read_text())
     assert task["envs"] == {"RU_RUNS": BUCKET, "RU_GIGACHAT3_LIGHTNING": "gs://models/GigaChat3"}
     assert "not-for-the-task" not in files.sky_task.read_text() + files.xpk_script.read_text()
+
+
+def test_an_s3_run_root_takes_its_endpoint_and_asks_for_its_keys(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_S3_ADDRESSING_STYLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "https://storage.yandexcloud.net")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-for-the-task")
+    config = REPO / "recipes/configs/ru-8b-v6e-64.yaml"
+    cfg = load_config(config, ["experiment.run_root=s3://my-bucket/runs"])
+    files = write_launch_files(cfg, config, ["experiment.run_root=s3://my-bucket/runs"], tmp_path, repo_root=REPO)
+    task = yaml.safe_load(files.sky_task.read_text())
+    assert task["envs"] == {"RU_RUNS": "s3://my-bucket/runs", "AWS_ENDPOINT_URL_S3": "https://storage.yandexcloud.net"}
+    assert task["secrets"] == {"WANDB_API_KEY": None, "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}
+    assert "not-for-the-task" not in files.sky_task.read_text() + files.xpk_script.read_text()

@@ -63,6 +63,10 @@ TPU_KINDS = {
 }
 CHIPS_PER_TPU_HOST = 4  # every multi-host slice of these generations has 4 chips per host
 SKY_GPUS = {"nvidia-h100": "H100", "nvidia-h200": "H200", "nvidia-b200": "B200"}  # SkyPilot's accelerator names
+# an s3:// run root on the hosts (docs/launch.md, "Run folders in buckets"): the endpoint and addressing travel as
+# they are set here, the keys as secrets given at launch
+S3_SETTINGS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_S3_ADDRESSING_STYLE")
+S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,14 @@ def config_env(config_path: Path, run_root: str) -> dict[str, str]:
     env = {name: os.environ[name] for name in dict.fromkeys(names) if name in os.environ}
     if "RU_RUNS" in names:
         env["RU_RUNS"] = run_root
+    if run_root.startswith("s3://"):  # where an S3-compatible store is and how to address it (not its keys)
+        env.update({name: os.environ[name] for name in S3_SETTINGS if name in os.environ})
     return env
+
+
+def sky_secrets(run_root: str) -> dict[str, None]:
+    """The credentials the hosts need, as SkyPilot secrets given at launch (``--secret NAME``): never in the file."""
+    return dict.fromkeys(("WANDB_API_KEY", *(S3_KEYS if run_root.startswith("s3://") else ())))
 
 
 def jax_version() -> str:
@@ -215,7 +226,7 @@ def sky_task(cfg: ExperimentConfig, target: LaunchTarget, config_arg: str, env: 
     run_root = bucket_run_root(cfg)
     task: dict[str, Any] = {
         "name": cfg.experiment.name, "workdir": ".", "num_nodes": num_nodes, "resources": resources,
-        "envs": env, "secrets": {"WANDB_API_KEY": None},  # given at launch (--secret): never written here
+        "envs": env, "secrets": sky_secrets(run_root),  # given at launch (--secret): never written here
         "setup": setup_script(target),
         "run": run_script(train_command(config_arg, run_root, overrides, target, cfg), target),
     }
