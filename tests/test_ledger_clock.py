@@ -16,7 +16,8 @@ from cost.rates import UsdRubRate
 from experiment.sections.cost import CostConfig
 
 RATE = UsdRubRate(100.0, dt.date.today(), "test")
-RUB_PER_SECOND = 8 * 1.20 * 100.0 / 3600  # an 8-chip v5e slice on demand at 100 RUB per USD
+DEMO_RATE = UsdRubRate(101.6797, dt.date(2025, 1, 1), "test")  # the demo's: its 3 days of CPU were 490 RUB
+DEMO_RUB_PER_SECOND = 0.06701 * 101.6797 / 3600  # cpu-e2-standard-2 on demand (the bundled catalog)
 THREE_DAYS = 3 * 86400.0
 
 
@@ -39,9 +40,9 @@ class Clocks:
 
 def test_a_three_day_wall_clock_jump_mid_run_is_reported_not_billed(tmp_path: Path) -> None:
     clocks = Clocks()
-    cfg = CostConfig(accelerator="tpu-v5e", pricing="on-demand", chips=8, usd_rub_rate=100.0,
-                     usd_rub_date=dt.date.today().isoformat(), flush_seconds=10.0)
-    ledger = Ledger.open(tmp_path / "ledger", cfg, "run-1", rate=RATE, clock=clocks.wall,
+    cfg = CostConfig(accelerator="cpu-e2-standard-2", pricing="on-demand", chips=1, usd_rub_rate=101.6797,
+                     usd_rub_date="2025-01-01", max_rate_age_days=100000, flush_seconds=10.0)
+    ledger = Ledger.open(tmp_path / "ledger", cfg, "run-1", rate=DEMO_RATE, clock=clocks.wall,
                          monotonic=clocks.monotonic, started_at=clocks.wall(), background=False)
     for step in range(1, 61):  # 60 steps of one second each
         with ledger.phase("train"):
@@ -53,7 +54,7 @@ def test_a_three_day_wall_clock_jump_mid_run_is_reported_not_billed(tmp_path: Pa
 
     summary = summarize_ledger(tmp_path / "ledger")
     assert summary.seconds_by_phase == pytest.approx({"train": 60.0})
-    assert summary.rub_total == pytest.approx(60.0 * RUB_PER_SECOND)  # 16 RUB, not 3 days' 69,000
+    assert summary.rub_total == pytest.approx(60.0 * DEMO_RUB_PER_SECOND)  # 0.11 RUB, not 3 days' 490
     records = [json.loads(line) for line in (tmp_path / "ledger" / LEDGER_FILE).read_text().splitlines()]
     assert [r["jump_s"] for r in records if r["e"] == "clock"] == [pytest.approx(THREE_DAYS)]
     report = (tmp_path / "ledger" / REPORT_FILE).read_text()
