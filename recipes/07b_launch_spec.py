@@ -8,7 +8,7 @@ from experiment.config import load_config
 from experiment.errors import RecipeError
 from experiment.plugins import load_plugins
 from tracking.harness import make_parser
-from trainer.launch_spec import DEFAULT_MAX_RESTARTS, write_launch_files
+from trainer.launch_spec import DEFAULT_MAX_RESTARTS, DEFAULT_XPK_MAX_RESTARTS, write_launch_files
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,13 +21,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="folder for sky_task.yaml and xpk_workload.sh "
                                                     "(default: runs/launch/<experiment.name>)")
     parser.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS,
-                        help="restarts after a failed run (a crash, a hang the watchdog ended) before the job fails")
+                        help="SkyPilot: restarts after a failed run (a crash, a hang the watchdog ended) before the "
+                             "job fails (preemptions do not count)")
+    parser.add_argument("--xpk-max-restarts", type=int, default=DEFAULT_XPK_MAX_RESTARTS,
+                        help="xpk: restarts of the JobSet before it fails, preemptions included")
     args = parser.parse_args(argv)
     try:
         load_plugins()
         cfg = load_config(args.config, args.overrides)
         out = Path(args.out) if args.out else Path("runs") / "launch" / cfg.experiment.name
-        files = write_launch_files(cfg, args.config, list(args.overrides), out, args.option, args.max_restarts)
+        files = write_launch_files(cfg, args.config, list(args.overrides), out, args.option, args.max_restarts,
+                                   args.xpk_max_restarts)
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

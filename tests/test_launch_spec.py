@@ -146,7 +146,7 @@ def test_the_xpk_command_parses_with_xpks_parser(engines_read: dict[str, Any], n
     answer = engines_read[IDS[SHIPPED.index((name, option))]]
     files, args = answer["files"], answer["xpk"]
     assert "error" not in args, args.get("error")
-    assert args["tpu_type"] == files.target.tpu_slice and args["max_restarts"] == "3" and args["num_slices"] == 1
+    assert args["tpu_type"] == files.target.tpu_slice and args["max_restarts"] == "20" and args["num_slices"] == 1
     assert args["spot"] == files.target.spot and args["workload"] == answer["cfg"].experiment.name
     assert f"experiment.run_root={BUCKET}" in args["command"]
     assert ("train.distributed=true" in args["command"]) == (files.target.hosts > 1)

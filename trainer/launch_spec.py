@@ -13,7 +13,8 @@ do it, from the run's config and the option of its cost plan it is to run on (``
   the trainer's exit after a SIGTERM checkpoint, which is a preemption, never a bug), setup (a venv with the
   project) and the per-host command with ``train.distributed=true`` where the slice has more than one host;
 - for Cloud TPU slices, the ``xpk workload create`` command (a JobSet on a GKE cluster, restarted up to
-  ``--max-restarts`` times; xpk restarts on exit codes 42 and 127-255 by default, which holds 143).
+  ``--max-restarts`` times, preemptions included; xpk restarts on exit codes 42 and 127-255 by default, which holds
+  143, and fails at once on any other).
 
 The run folder is a bucket (``experiment.run_root``): a relaunched job runs on new machines, which find the
 checkpoints, the shards and the ledger only there. ``recipes/07b_launch_spec.py`` is the command line.
@@ -38,7 +39,9 @@ from experiment.files import atomic_write_text
 from experiment.storage import is_bucket, location
 
 PREEMPTED_EXIT_CODE = 143  # trainer.preemption.PREEMPTED_EXIT_CODE (not imported: that module installs signals)
-DEFAULT_MAX_RESTARTS = 3  # restarts on errors (a crash, a hang the watchdog ended) before the job is failed
+DEFAULT_MAX_RESTARTS = 3  # SkyPilot: restarts on errors (a crash, a hang the watchdog ended) before the job fails
+# xpk: a JobSet's maxRestarts counts every restart, preemptions included, so a spot run needs room for them
+DEFAULT_XPK_MAX_RESTARTS = 20
 VENV = "$HOME/ru-pretrain-venv"  # written inside double quotes: the host's shell expands $HOME
 PYTHON = "3.12"  # the project needs 3.11+; Cloud TPU VM images ship 3.10, so uv brings its own interpreter
 COORDINATOR_PORT = 8476  # JAX's coordinator on the first GPU node (any free port)
@@ -238,7 +241,7 @@ def sky_task(cfg: ExperimentConfig, target: LaunchTarget, config_arg: str, env: 
 
 
 def xpk_argv(cfg: ExperimentConfig, target: LaunchTarget, config_arg: str, env: dict[str, str],
-             overrides: list[str], max_restarts: int) -> list[str]:
+             overrides: list[str], xpk_max_restarts: int) -> list[str]:
     """``xpk workload create`` for a Cloud TPU slice: the repository as the image's script folder on a Python
     image, the setup and the trainer in one command; ``$XPK_CLUSTER`` (and ``$XPK_PROJECT`` / ``$XPK_ZONE``) are
     left for the shell that runs it."""
@@ -250,7 +253,7 @@ def xpk_argv(cfg: ExperimentConfig, target: LaunchTarget, config_arg: str, env: 
     argv = ["xpk", "workload", "create", "--cluster", "${XPK_CLUSTER}", "--project", "${XPK_PROJECT}",
             "--zone", "${XPK_ZONE}", "--workload", xpk_workload_name(cfg.experiment.name),
             "--tpu-type", target.tpu_slice, "--num-slices", "1", "--base-docker-image", f"python:{PYTHON}",
-            "--script-dir", ".", "--max-restarts", str(max_restarts), "--command", command]
+            "--script-dir", ".", "--max-restarts", str(xpk_max_restarts), "--command", command]
     if target.spot:
         argv.append("--spot")
     for name, value in env.items():
@@ -292,10 +295,11 @@ class LaunchFiles:
 
 def write_launch_files(cfg: ExperimentConfig, config_path: str | os.PathLike[str], overrides: list[str],
                        out_dir: Path, option: int | None = None, max_restarts: int = DEFAULT_MAX_RESTARTS,
-                       repo_root: Path | None = None) -> LaunchFiles:
+                       xpk_max_restarts: int = DEFAULT_XPK_MAX_RESTARTS, repo_root: Path | None = None) -> LaunchFiles:
     """Check everything, then write ``sky_task.yaml`` and (for a Cloud TPU slice) ``xpk_workload.sh``."""
-    if max_restarts < 0:
-        raise ConfigError(f"--max-restarts: must be >= 0, got {max_restarts}")
+    for flag, value in (("--max-restarts", max_restarts), ("--xpk-max-restarts", xpk_max_restarts)):
+        if value < 0:
+            raise ConfigError(f"{flag}: must be >= 0, got {value}")
     target = launch_target(cfg, option)
     run_root = bucket_run_root(cfg)
     repo_root = (repo_root or Path.cwd()).resolve()
@@ -309,7 +313,7 @@ def write_launch_files(cfg: ExperimentConfig, config_path: str | os.PathLike[str
     env = config_env(config_file, run_root)
     task = sky_task(cfg, target, config_arg, env, overrides, max_restarts, file_mounts) if (
         target.tpu is None or target.tpu.sky_prefix is not None) else None
-    argv = xpk_argv(cfg, target, config_arg, env, overrides, max_restarts) if target.tpu is not None else None
+    argv = xpk_argv(cfg, target, config_arg, env, overrides, xpk_max_restarts) if target.tpu is not None else None
     out_dir.mkdir(parents=True, exist_ok=True)
     sky_path = xpk_path = None
     if task is not None:
