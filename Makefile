@@ -19,7 +19,7 @@ unexport PYTHONDONTWRITEBYTECODE
 export PIP_NO_CACHE_DIR := 1
 
 .PHONY: setup check demo demo-bucket storage-servers storage-emulators generate demo-sweep test test-base test-extras \
-	install-extras lint clean-demo
+	install-extras lint clean-demo launch-engines test-extra-launch
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -148,7 +148,24 @@ REQUIREMENTS_PY := import sys, tomllib; p = tomllib.load(open("pyproject.toml", 
 	fi
 	@touch $@
 
-install-extras: $(foreach e,$(EXTRAS),.venvs/$(e)/.installed)
+# The engines recipe 07b writes jobs for (SkyPilot, xpk), in a venv of their own without the project (SkyPilot pins
+# click below what W&B needs): tests/test_launch_spec.py writes the files with the project and has
+# tests/launch_engines.py read them there, with each engine's own loader
+LAUNCH_VENV := .venvs/launch
+launch-engines: $(LAUNCH_VENV)/.installed
+$(LAUNCH_VENV)/.installed: tests/launch-engines.txt
+	@mkdir -p .venvs
+	$(PYTHON) -m venv $(LAUNCH_VENV)
+	$(LAUNCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LAUNCH_VENV)/bin/python -m pip install -q --no-compile -r tests/launch-engines.txt
+	@touch $@
+
+# the launch lane: the base venv writes, the engines' venv reads (a missing engine fails here instead of skipping)
+test-extra-launch: setup $(LAUNCH_VENV)/.installed
+	RU_REQUIRE_EXTRAS=launch RU_LAUNCH_ENGINES=$(LAUNCH_VENV) $(PY) -m pytest -q -n 0 tests/test_launch_spec.py \
+	  --junitxml=$(TEST_REPORTS)/extra-launch.xml
+
+install-extras: $(foreach e,$(EXTRAS),.venvs/$(e)/.installed) $(LAUNCH_VENV)/.installed
 
 # every extra that venv installed must import: a broken install fails instead of skipping. Each lane has
 # a temporary folder of its own, removed after it: Beam's job server makes a beam-temp* folder in it per
@@ -175,7 +192,7 @@ test-extra-tpu-a test-extra-tpu-b: .venvs/tpu/.installed
 # hf (3 min) beside the tpu halves, then beam and tf: with the fit check's answers kept from an earlier run
 # the tpu halves take 1-2 min each and the lanes end about together (4 min); without them (11 min each)
 # the order ends no later than tpu first did
-test-extras: test-extra-hf test-extra-tpu-a test-extra-tpu-b test-extra-beam test-extra-tf
+test-extras: test-extra-hf test-extra-tpu-a test-extra-tpu-b test-extra-beam test-extra-tf test-extra-launch
 
 .PRECIOUS: .venvs/%/.installed
 

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from cost.catalog import Catalog
+from cost.ledger_clock import SteadyClock
 from cost.ledger_format import (
     LEDGER_FILE,
     PHASES,
@@ -111,6 +112,23 @@ def storage_choice(cost_cfg: CostConfig, ledger_dir: RunPath, catalog: Catalog |
     return choice
 
 
+def wait_billed(cost_cfg: CostConfig) -> bool:
+    """Whether the slice stays held, and billing, from an interruption of this session to the next one
+    (``cost.between_sessions``; auto: a spot slice is taken away, anything else stays until someone deletes it)."""
+    held = getattr(cost_cfg, "between_sessions", "auto")
+    return cost_cfg.pricing != "spot" if held == "auto" else held == "held"
+
+
+def what_ended(exc_type: Any, exc: Any) -> str | None:
+    """What ended a session, for its close record: an exit code other than 0 (``exit 143`` after a preemption's
+    checkpoint) or an exception's type; None for a normal end."""
+    if exc_type is None:
+        return None
+    if isinstance(exc, SystemExit):
+        return None if exc.code in (0, None) else f"exit {exc.code}"
+    return exc_type.__name__
+
+
 class Ledger:
     """The live ledger of this process's session; see the module docstring for the accounting."""
 
@@ -160,6 +178,7 @@ class Ledger:
              catalog: Catalog | None = None, rate: UsdRubRate | None = None,
              clock: Callable[[], float] = time.time, started_at: float | None = None,
              background: bool = True, chips_in_use: int | None = None,
+             monotonic: Callable[[], float] | None = None,
              measure_storage: Callable[[], tuple[int, int]] | None = None) -> Ledger:
         """Open (or continue) ``ledger_dir/ledger.jsonl`` and start a session priced by ``cost_cfg``.
 
@@ -167,7 +186,9 @@ class Ledger:
         beside the priced ``cost.chips``.
 
         ``started_at`` (default: this process's start time) prices the start-up before this call;
-        ``clock`` and ``background=False`` exist for tests with a fake clock.
+        ``clock`` and ``background=False`` exist for tests with a fake clock. Durations within the session are
+        ``monotonic``'s (``cost.ledger_clock``: a wall-clock jump is recorded, not billed); it defaults to
+        ``time.monotonic`` for the real wall clock, and to ``clock`` itself for a fake one.
 
         ``measure_storage`` (default: every object's size under the run folder, ``ledger_dir``'s parent) gives
         (bytes, objects) the run folder holds, when its object storage is priced (``cost.storage``).
@@ -187,6 +208,7 @@ class Ledger:
             records, torn = read_records(path)
             end_on_a_newline(path, torn)
             past = sessions_of(records, path)
+        clock = SteadyClock(clock, monotonic or (time.monotonic if clock is time.time else clock))
         now = clock()
         started = _process_start_time() if started_at is None else started_at
         if started is not None and past:  # never price a second twice (process start times are coarse)
@@ -196,7 +218,7 @@ class Ledger:
             "e": "open", "session": len(past), "run_id": run_id, "t": begin, "opened": now, "pid": os.getpid(),
             "chips": cost_cfg.chips, "chips_in_use": chips_in_use, "devices": _device_description(),
             "price": price_dict(price), "infra": infra, "vat_rate": cost_cfg.vat_rate,
-            **rate.as_dict(), "token_budget": cost_cfg.token_budget,
+            **rate.as_dict(), "token_budget": cost_cfg.token_budget, "wait_billed": wait_billed(cost_cfg),
             **({"storage": storage.meta()} if storage.priced else {}),
         }
         ledger = cls(path, meta, past, clock, cost_cfg.flush_seconds, background)
@@ -214,7 +236,7 @@ class Ledger:
         return ledger
 
     def _tally_past(self) -> list[tuple[dict[str, Any], Tally]]:
-        return tally_finished(self._past, self._resume)
+        return tally_finished(self._past, self._resume, self.meta["t"])
 
     # ----------------------------------------------------------------------------------- counting
     def _phase_now(self) -> str:
@@ -243,6 +265,11 @@ class Ledger:
             self._write({"e": "time", "t0": self._pending.t0, "t1": now, "seconds": self._pending.seconds})
         self._pending = Interval(now, now, {})
         self._frame_seconds = [0.0] * len(self._frame_seconds)
+        if isinstance(self._clock, SteadyClock):
+            for jump in self._clock.take_jumps():  # booked as what it is: a moved clock, no time of the session
+                log.warning("the wall clock jumped by %+.0f s during this session: not billed (cost.ledger_clock)",
+                            jump.seconds)
+                self._write(jump.record())
         if self._pending_tokens is not None:
             batch = self._pending_tokens
             self._write(batch.record())
@@ -502,8 +529,9 @@ class Ledger:
             return summarize([*self._past_tallies, (self.meta, current)], self.meta.get("token_budget"))
 
     # ----------------------------------------------------------------------------------- closing
-    def close(self, clean: bool = True) -> None:
+    def close(self, clean: bool = True, ended_by: str | None = None) -> None:
         """End the session; ``clean=False`` (an exception) makes its unsaved work count as lost on resume.
+        ``ended_by``: the exit code or exception that ended it (its wait until the next session is then booked).
 
         A session whose every step is in a durable checkpoint (a SIGTERM save, a crash right after a
         save) lost nothing: its close is clean whatever ended it.
@@ -520,7 +548,8 @@ class Ledger:
             clean = clean or last is None or (self._durable_step is not None and last <= self._durable_step)
             now = self._flush()
             self._storage_to(now)
-            self._write({"e": "close", "clean": clean, "t": now})
+            record = {"e": "close", "clean": clean, "t": now}
+            self._write({**record, "ended_by": ended_by} if ended_by else record)
             self._file.sync()
             self._closed = True
             self._file.close()
@@ -545,5 +574,5 @@ class Ledger:
             log.warning("the cost ledger %s could not be closed (its storage failed): the next session counts this "
                         "one from its records up to the last flush", self.path)
             return
-        self.close(clean=exc_type is None)
+        self.close(clean=exc_type is None, ended_by=what_ended(exc_type, exc))
 

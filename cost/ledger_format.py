@@ -18,7 +18,10 @@ The ledger is an append-only JSONL file, one record a line, each with its kind u
   last such record;
 - ``hang``: ``what`` (a step, a checkpoint save) had run since ``t0`` when the trainer's watchdog gave up on it
   at ``t`` and ended the process (trainer/watchdog.py); that span is booked as the phase ``hang``;
-- ``close``: the session ended at ``t``; ``clean`` says whether its unsaved work survived.
+- ``clock``: around ``t`` the wall clock jumped by ``jump_s`` seconds against elapsed time (``cost.ledger_clock``:
+  the session's times follow the monotonic clock, so the jump is in no interval);
+- ``close``: the session ended at ``t``; ``clean`` says whether its unsaved work survived; ``ended_by`` (when an
+  exception or an exit code ended it, e.g. ``exit 143`` after a preemption) what did.
 
 A kill mid-write leaves a torn last line: readers drop it with a warning (``experiment.jsonl``), and
 the next session cuts it off before appending (``end_on_a_newline``). What the records *mean* for
@@ -103,9 +106,17 @@ class Session:
     resume: Resume | None = None
     clean: bool = False  # a close record saying nothing of this session's work was lost
     closed: bool = False  # a close record, clean or not (none after SIGKILL)
+    ended_by: str | None = None  # the close record's exit code or exception (e.g. "exit 143" after a preemption)
     stored: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes the run folder holds from then on)
     requests: list[tuple[float, int, int, int]] = field(default_factory=list)  # (time, writes, reads, egress bytes)
     hangs: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of what the watchdog found hung
+    clock_jumps: list[tuple[float, float]] = field(default_factory=list)  # (time, seconds the wall clock jumped)
+
+    @property
+    def interrupted(self) -> bool:
+        """Ended by a kill (no close record), a crash (not clean) or an exit code or exception (a preemption's 143),
+        not by finishing what it was asked to do."""
+        return not self.closed or not self.clean or self.ended_by is not None
 
     @property
     def resume_step(self) -> int | None:
@@ -113,7 +124,8 @@ class Session:
 
     def last_time(self) -> float:
         times = [self.meta["t"], *(i.t1 for i in self.intervals), *(b.t for b in self.tokens),
-                 *(t for _, t in self.checkpoints), *(t for t, _ in self.stored), *(r[0] for r in self.requests)]
+                 *(t for _, t in self.checkpoints), *(t for t, _ in self.stored), *(r[0] for r in self.requests),
+                 *(t for _, t in self.hangs)]
         return max(times)
 
 
@@ -171,9 +183,12 @@ def _apply(record: dict[str, Any], sessions: list[Session]) -> None:
                                  int(record.get("egress_bytes", 0))))
     elif kind == "hang":
         session.hangs.append((float(record["t0"]), float(record["t"])))
+    elif kind == "clock":
+        session.clock_jumps.append((float(record["t"]), float(record["jump_s"])))
     elif kind == "close":
         session.closed = True
         session.clean = bool(record.get("clean", True))
+        session.ended_by = record.get("ended_by")
     else:
         raise ValueError(f"unknown record kind {kind!r}")
 

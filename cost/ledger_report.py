@@ -8,6 +8,7 @@ requests, egress, their rubles, and the price rows with their sources.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from typing import Any
 
@@ -30,6 +31,8 @@ SESSION_COLUMNS = (
     Column("usd", "USD", SIG), Column("rate_label", "RUB per USD (date)"),
 )
 STORAGE_COLUMN = Column("storage_rub", "of which storage RUB", SIG)  # only in a ledger that prices storage
+# only in a ledger with an interrupted session: the wait until the next session, and whether it billed
+WAIT_COLUMNS = (Column("waited_hours", "waited for the next session (h)", SIG), Column("wait", "the slice meanwhile"))
 STORAGE_COLUMNS = (
     Column("session", "session", "{:d}"), Column("storage", "storage class"), Column("stored_where", "run folder"),
     Column("gb_months", "GB-months", "{:.4g}"), Column("stored_gb", "GB held at the end", "{:,.3f}"),
@@ -53,7 +56,10 @@ def session_row(index: int, session: Session, tally: Tally) -> dict[str, Any]:
               "storage_rub_by_unit": {unit: v * meta["usd_rub_rate"]
                                       for unit, v in cost_by_unit(storage["rows"], use, meta["usd_rub_rate"]).items()}
               } if storage else {"storage": None, "storage_rub": None}
+    wait = ("" if not tally.waited else "held: idle at this session's rate" if meta.get("wait_billed")
+            else "released: not billed")
     return {**stored, "session": index, "seconds_by_phase": dict(tally.seconds), "tokens": tally.tokens,
+            "waited_hours": tally.waited / 3600, "wait": wait,
             "last_step": tally.last_step, "resumed_from": session.resume_step, "closed": session.closed,
             "clean": session.clean if session.closed else None,
             "accelerator": price["name"], "pricing": price["pricing"],
@@ -92,18 +98,32 @@ def write_report(ledger_dir: str | os.PathLike[str] | RunPath) -> RunPath:
     rates = sorted({row["rate_label"] for row in rows})
     priced_storage = [(session, row) for session, row in zip(sessions, rows, strict=True) if row["storage"]]
     columns = (*SESSION_COLUMNS, STORAGE_COLUMN) if priced_storage else SESSION_COLUMNS
+    if any(row["waited_hours"] for row in rows):
+        columns = (*columns, *WAIT_COLUMNS)
     # significant digits, not two decimals: a short run's 0.004 USD is not "0.00 USD"
     text = (f"# Cost of run {summary.run_id}\n\n{significant(summary.rub_total)} RUB = "
             f"{significant(summary.usd_total)} USD at "
             f"USD->RUB {', '.join(rates)} (each session at its own rate); {summary.tokens:,} tokens.\n\n"
             f"## Sessions\n\n{to_markdown(rows, columns)}\n"
             f"## Goodput and badput\n\n{to_markdown(summary.badput_rows(), PHASE_COLUMNS)}")
+    jumps = [(index, t, jump) for index, session in enumerate(sessions) for t, jump in session.clock_jumps]
+    if jumps:
+        text += "\n" + clock_section(jumps)
     if priced_storage:
         text += "\n" + storage_section(priced_storage)
     path = ledger_dir / REPORT_FILE
     atomic_write_text(path, text)
     atomic_write_text(ledger_dir / SESSIONS_CSV, to_csv(rows, columns))
     return path
+
+
+def clock_section(jumps: list[tuple[int, float, float]]) -> str:
+    """The wall-clock jumps the sessions saw: not billed (a session's durations follow the monotonic clock)."""
+    lines = "".join(f"- session {index}: {jump:+,.0f} s around "
+                    f"{dt.datetime.fromtimestamp(t, dt.UTC):%Y-%m-%d %H:%M:%S} UTC\n" for index, t, jump in jumps)
+    return ("## Wall-clock jumps\n\nThe host's wall clock moved against elapsed time; the ledger measures a session's "
+            "time with the monotonic clock, so these seconds are in no phase and cost nothing "
+            f"(cost/ledger_clock.py).\n\n{lines}")
 
 
 def storage_section(priced: list[tuple[Session, dict[str, Any]]]) -> str:

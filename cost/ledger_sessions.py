@@ -16,6 +16,12 @@ Object storage (``cost.storage``) is not reconciled: the bytes a run folder held
 paid, whether the work that made them survived or not. A session's storage is the integral of its ``stored``
 levels over its wall time, from its start (at the level the earlier sessions left) to its last record.
 
+The wait after an interruption: when a session was killed, crashed or exited on a preemption (``Session.interrupted``),
+the time from its last record to the start of the session that followed it is booked to it as ``idle`` when its
+open record says the slice stayed held and billing (``wait_billed``: ``cost.between_sessions``), and only counted
+(``Tally.waited``, shown in the report, no rubles) when it was released. A session that finished and was started
+again later (a run extended) books no wait: nobody was waiting for it.
+
 The result is a ``Tally`` per session (seconds by phase, tokens, last step, storage use), which
 ``cost.ledger_pricing`` prices.
 """
@@ -47,6 +53,7 @@ class Tally:
     tokens: int = 0
     last_step: int | None = None
     storage: StorageUse = field(default_factory=StorageUse)  # what the run folder held and was asked, this session
+    waited: float = 0.0  # seconds from this session's interruption to the next session's start (billed or not)
 
     def add(self, phase: str, seconds: float) -> None:
         if seconds > 0:
@@ -151,10 +158,25 @@ def add_storage(tally: Tally, session: Session, carried: int | None) -> int | No
     return level if session.stored else carried
 
 
-def tally_finished(sessions: list[Session], resume_after: Resume | None) -> list[tuple[dict[str, Any], Tally]]:
+def book_wait(tally: Tally, session: Session, next_start: float) -> None:
+    """The time from an interrupted ``session``'s last record to ``next_start`` (when the next session's process
+    started): ``idle`` at the session's own hourly rate where its slice stayed held, else only counted."""
+    if not session.interrupted:
+        return
+    # the session's times follow its monotonic clock; the next one's start is the wall clock's: a jump the session
+    # saw (its clock records) is where the wall clock went meanwhile, not time anyone waited
+    ended = session.last_time() + sum(jump for _, jump in session.clock_jumps)
+    tally.waited = max(0.0, next_start - ended)
+    if session.meta.get("wait_billed"):
+        tally.add("idle", tally.waited)
+
+
+def tally_finished(sessions: list[Session], resume_after: Resume | None,
+                   next_start: float | None = None) -> list[tuple[dict[str, Any], Tally]]:
     """Tallies of finished sessions. A later session that resumed from step S (the smallest such S
     after a session) means that session's work past S was redone; without one, a session that did
-    not close cleanly kept only the work up to its last marked checkpoint."""
+    not close cleanly kept only the work up to its last marked checkpoint. ``next_start``: when the session after
+    the last of these started (its wait is booked to the last one)."""
     tallies: list[Tally] = [Tally() for _ in sessions]
     judged_by: list[Resume | None] = [None] * len(sessions)
     later = resume_after
@@ -181,6 +203,9 @@ def tally_finished(sessions: list[Session], resume_after: Resume | None) -> list
     carried: int | None = None
     for session, tally in zip(sessions, tallies, strict=True):
         carried = add_storage(tally, session, carried)
+    starts = [float(s.meta["t"]) for s in sessions[1:]] + ([] if next_start is None else [next_start])
+    for session, tally, start in zip(sessions, tallies, starts, strict=False):
+        book_wait(tally, session, start)
     return [(session.meta, tally) for session, tally in zip(sessions, tallies, strict=True)]
 
 
@@ -190,4 +215,4 @@ def tally_on_disk(sessions: list[Session]) -> list[tuple[dict[str, Any], Tally]]
     last = sessions[-1]
     tally = tally_session(last, None)
     add_storage(tally, last, stored_level(sessions[:-1]))
-    return [*tally_finished(sessions[:-1], last.resume), (last.meta, tally)]
+    return [*tally_finished(sessions[:-1], last.resume, float(last.meta["t"])), (last.meta, tally)]

@@ -87,7 +87,7 @@ def test_resume_on_another_device_count_and_price_row(fixture_stages: Path, tmp_
     assert code == 143, output.read_text()[-3000:]
     stopped = max(r["train/step"] for r in log_records(run_dir))
     assert 5 <= stopped < STEPS
-    resumed = run_recipe("04_pretrain.py", config, *SECOND)
+    resumed = run_recipe("04_pretrain.py", config, *SECOND, subprocess_=True)  # a new process, as a relaunch is
     assert f"resumed from the checkpoint of step {stopped}" in resumed.stderr
 
     # the data order is the uninterrupted run's: same global batch, same loader position at every step
@@ -123,3 +123,12 @@ def test_resume_on_another_device_count_and_price_row(fixture_stages: Path, tmp_
     assert total.rub_lost_to_restarts == 0  # the SIGTERM save kept every step
     report = (ledger_dir / REPORT_FILE).read_text(encoding="utf-8")
     assert "4 x cpu" in report and "1 x cpu" in report and "nvidia-h100" in report and "badput" in report
+    # the preempted session's close names its exit, and the wait until the resumed process started is booked to it
+    # as idle at its on-demand rate (cost.between_sessions: auto holds an on-demand slice)
+    from cost.ledger_format import read_sessions
+
+    first, second = read_sessions(ledger_dir)
+    assert first.ended_by == "exit 143" and second.ended_by is None
+    waited = second.meta["t"] - first.last_time()
+    assert waited > 0 and sessions[0]["waited_hours"] == pytest.approx(waited / 3600)
+    assert sessions[0]["seconds_by_phase"]["idle"] >= waited

@@ -109,7 +109,7 @@ def crashed_session(tmp_path: Path, clock: FakeClock) -> None:
 def test_crash_then_resume_prices_lost_work_once(tmp_path: Path, say_resume: bool) -> None:
     clock = FakeClock()
     crashed_session(tmp_path, clock)
-    clock.advance(0.25)  # the restart gap is not billed by the ledger
+    clock.advance(0.25)  # the restart gap: an on-demand slice stays held, billed as idle (cost.between_sessions)
     ledger = open_fake(tmp_path, clock)
     if say_resume:
         ledger.mark_resume(100)
@@ -124,13 +124,13 @@ def test_crash_then_resume_prices_lost_work_once(tmp_path: Path, say_resume: boo
     s = summarize_ledger(tmp_path / "ledger")
     assert s.sessions == 2
     assert s.seconds_by_phase == pytest.approx({"compile": 1.0 * HOUR, "train": 2.5 * HOUR,
-                                                   "checkpoint": 0.25 * HOUR, "lost": 1.0 * HOUR})
-    assert s.hours == pytest.approx(4.75)  # every paid hour once: 0.5+1+0.25+1 then 0.5+1.5
-    assert s.rub_total == pytest.approx(4.75 * RUB_PER_HOUR)
+                                                   "checkpoint": 0.25 * HOUR, "lost": 1.0 * HOUR, "idle": 0.25 * HOUR})
+    assert s.hours == pytest.approx(5.0)  # every paid hour once: 0.5+1+0.25+1, the 0.25 gap, then 0.5+1.5
+    assert s.rub_total == pytest.approx(5.0 * RUB_PER_HOUR)
     assert s.rub_lost_to_restarts == pytest.approx(RUB_PER_HOUR)
     assert s.tokens == 2_000_000_000  # steps 101-150 of the crashed session are not counted
     assert s.last_step == 200
-    assert s.rub_per_1b_tokens == pytest.approx(4.75 * RUB_PER_HOUR / 2)
+    assert s.rub_per_1b_tokens == pytest.approx(5.0 * RUB_PER_HOUR / 2)
 
 
 def test_resume_from_an_older_checkpoint_loses_more(tmp_path: Path) -> None:

@@ -103,6 +103,11 @@ class CostConfig:
     rate_cache_dir: str = "${XDG_CACHE_HOME:-~/.cache}/ru-pretrain/cbr"
     token_budget: int | None = None  # tokens planned for the run, for the projection
     flush_seconds: float = 5.0  # the ledger is fsynced at least this often
+    # the time from a preempted or crashed session to the session that resumes it, booked as idle (cost/README.md):
+    # held = the slice stays yours and bills at the session's hourly rate (an on-demand or committed VM left
+    # standing), released = it was given back and bills nothing (a spot VM or queued resource taken away); auto =
+    # released for spot pricing, held otherwise
+    between_sessions: Literal["auto", "held", "released"] = "auto"
     # where the run's data lives, priced as object storage (cost/storage.py): a storage class of the catalog (rows of
     # kind storage: gcs-standard, s3-standard, or a user catalog's, e.g. a Russian provider's in rubles), "none", or
     # "auto": by experiment.run_root, a gs:// bucket is gcs-standard, an s3:// bucket on AWS s3-standard, a bucket at

@@ -1,0 +1,107 @@
+"""The wait between an interrupted session and the session that resumes it, booked as idle (cost.between_sessions)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from cost.ledger import Ledger
+from cost.ledger_pricing import summarize_ledger
+from cost.ledger_report import REPORT_FILE, summarize_sessions
+from cost.rates import UsdRubRate
+from experiment.sections.cost import CostConfig
+from trainer.preemption import PREEMPTED_EXIT_CODE
+
+HOUR = 3600.0
+RATE = UsdRubRate(100.0, dt.date.today(), "test")
+USD_PER_CHIP_HOUR = {"on-demand": 1.20, "spot": 0.24493}  # tpu-v5e in the bundled catalog
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, hours: float) -> None:
+        self.t += hours * HOUR
+
+
+def open_at(tmp_path: Path, clock: FakeClock, pricing: str, between_sessions: str = "auto") -> Ledger:
+    cfg = CostConfig(accelerator="tpu-v5e", pricing=pricing, chips=8, usd_rub_rate=100.0,
+                     usd_rub_date=dt.date.today().isoformat(), flush_seconds=1.0, between_sessions=between_sessions)
+    return Ledger.open(tmp_path / "ledger", cfg, "run-1", rate=RATE, clock=clock, started_at=clock(),
+                       background=False)
+
+
+def first_session(tmp_path: Path, clock: FakeClock, pricing: str, ending: str, between_sessions: str = "auto") -> None:
+    """One hour of training to step 100, checkpointed, then the session ends as ``ending`` says."""
+    ledger = open_at(tmp_path, clock, pricing, between_sessions)
+    with ledger.phase("train"):
+        clock.advance(1.0)
+        ledger.add_tokens(100, 1_000_000)
+    ledger.mark_checkpoint(100)
+    if ending == "sigkill":
+        ledger._file.close()  # the process dies: no close record  # noqa: SLF001
+    elif ending == "preempted":  # SIGTERM: the checkpoint is saved, the trainer exits 143 through the ledger
+        with pytest.raises(SystemExit), ledger:
+            raise SystemExit(PREEMPTED_EXIT_CODE)
+    else:
+        with ledger:  # finished: a normal end
+            pass
+
+
+def resumed_session(tmp_path: Path, clock: FakeClock, pricing: str, between_sessions: str = "auto") -> float:
+    ledger = open_at(tmp_path, clock, pricing, between_sessions)
+    ledger.mark_resume(100)
+    live_idle = ledger.summary().rub_by_phase.get("idle", 0.0)  # what W&B's rub_spent shows from the reopen on
+    with ledger.phase("train"):
+        clock.advance(0.5)
+        ledger.add_tokens(150, 500_000)
+    ledger.close()
+    return live_idle
+
+
+@pytest.mark.parametrize(("pricing", "ending", "between_sessions", "billed"), [
+    ("on-demand", "sigkill", "auto", True),  # a crashed on-demand VM stays up and bills until the relaunch
+    ("on-demand", "preempted", "auto", True),
+    ("spot", "sigkill", "auto", False),  # a spot slice taken away bills nothing meanwhile
+    ("spot", "preempted", "auto", False),
+    ("spot", "preempted", "held", True),  # a queued resource kept waiting for capacity, say
+    ("on-demand", "sigkill", "released", False),  # the relauncher deletes the VM at once
+])
+def test_a_run_killed_and_resumed_an_hour_later_shows_the_wait(tmp_path: Path, pricing: str, ending: str,
+                                                                between_sessions: str, billed: bool) -> None:
+    clock = FakeClock()
+    first_session(tmp_path, clock, pricing, ending, between_sessions)
+    clock.advance(1.0)  # an hour until the relaunched process starts
+    live_idle = resumed_session(tmp_path, clock, pricing, between_sessions)
+
+    rub_per_hour = 8 * USD_PER_CHIP_HOUR[pricing] * 100.0
+    idle_rub = rub_per_hour if billed else 0.0
+    summary = summarize_ledger(tmp_path / "ledger")
+    assert summary.rub_by_phase.get("idle", 0.0) == pytest.approx(idle_rub)
+    assert live_idle == pytest.approx(idle_rub)
+    assert summary.rub_total == pytest.approx(1.5 * rub_per_hour + idle_rub)  # 1 h + 0.5 h of training, and the wait
+    assert summary.hours == pytest.approx(1.5 + (1.0 if billed else 0.0))
+    rows = summarize_sessions(tmp_path / "ledger")
+    assert rows[0]["waited_hours"] == pytest.approx(1.0) and rows[1]["waited_hours"] == 0.0
+    assert rows[0]["wait"] == ("held: idle at this session's rate" if billed else "released: not billed")
+    report = (tmp_path / "ledger" / REPORT_FILE).read_text()
+    idle_cells = next(line for line in report.splitlines() if line.startswith("| idle")).split("|")
+    assert float(idle_cells[4].replace(",", "")) == pytest.approx(idle_rub, rel=1e-3)  # the goodput/badput table
+    assert "waited for the next session (h)" in report and rows[0]["wait"] in report
+
+
+def test_a_finished_run_started_again_later_books_no_wait(tmp_path: Path) -> None:
+    clock = FakeClock()
+    first_session(tmp_path, clock, "on-demand", "finished")
+    clock.advance(24.0)  # a day later the run is extended: nobody was waiting for it
+    resumed_session(tmp_path, clock, "on-demand")
+    summary = summarize_ledger(tmp_path / "ledger")
+    assert "idle" not in summary.rub_by_phase and summary.hours == pytest.approx(1.5)
+    assert [row["waited_hours"] for row in summarize_sessions(tmp_path / "ledger")] == [0.0, 0.0]
+    assert "waited for the next session" not in (tmp_path / "ledger" / REPORT_FILE).read_text()
