@@ -12,7 +12,8 @@ do it, from the run's config and the option of its cost plan it is to run on (``
   relaunched, in another region first; ``max_restarts_on_errors`` for a failing run; ``recover_on_exit_codes``:
   the trainer's exit after a SIGTERM checkpoint, which is a preemption, never a bug; the hang watchdog's exit
   counts against ``max_restarts_on_errors``: a hang that comes back every time must not loop forever), setup (a
-  venv with the project) and the per-host command with ``train.distributed=true`` where the slice has more than one host;
+  venv with the project) and the per-host command with ``train.distributed=true`` where the slice has more than one
+  host;
 - for Cloud TPU slices, the ``xpk workload create`` command (a JobSet on a GKE cluster, restarted up to
   ``--max-restarts`` times, preemptions included; xpk restarts on exit codes 42 and 127-255 by default, which holds
   143, and fails at once on any other: the hang watchdog's 124 is added with ``--restart-on-exit-codes``).
