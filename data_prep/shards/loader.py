@@ -578,7 +578,12 @@ def check_batch_records(cfg: Any, run_folder: Any) -> str | None:
     """The stage check of recipe 04 (experiment/check.py): a global batch (``train.batch_size``) that is more than
     every training record recipe 03 wrote would repeat records within each step (and a batch of millions of
     rows grinds in host memory before the first step). Checked against the run's finished shards; a mixture's
-    sets, or shards not made yet, are left to the loader, which the note says."""
+    sets, or shards not made yet, are left to the loader, which the note says.
+
+    A run that trains more rows than the shards hold (``train.steps x train.batch_size`` above the training
+    records) is allowed, but said in one warning line before training: the loader then goes over its data
+    again (each epoch a new permutation), which a corpus sized in bytes for a token budget does silently when
+    its bytes per token were guessed (bench/bytes_per_token.py measures them)."""
     if cfg.train.mixture:
         return None
     manifest = SHARDS.read_manifest_if_present(run_folder.shards)
@@ -589,4 +594,14 @@ def check_batch_records(cfg: Any, run_folder: Any) -> str | None:
         raise ConfigError(f"config key 'train.batch_size': {cfg.train.batch_size:,} sequences a step, but "
                           f"{run_folder.shards} holds {records:,} training records: every step would repeat "
                           "records; lower the batch or build a larger corpus")
+    rows = cfg.train.steps * cfg.train.batch_size
+    if rows > records:
+        seq_len = int(manifest["seq_len"])
+        shard_tokens = int((manifest["splits"].get("train") or {}).get("tokens", 0))
+        log.warning("train.steps x train.batch_size x model.max_seq_len = %s x %s x %s = %s tokens, but the "
+                    "training shards in %s hold %s records (%s tokens): the run goes over its training data "
+                    "%.2f times (epochs); to see each record once, build a larger corpus "
+                    "(corpus.sources[].max_bytes) or lower train.steps", f"{cfg.train.steps:,}",
+                    f"{cfg.train.batch_size:,}", f"{seq_len:,}", f"{rows * seq_len:,}", run_folder.shards,
+                    f"{records:,}", f"{shard_tokens:,}", rows / records)
     return None

@@ -1,0 +1,63 @@
+"""A run that trains more tokens than its training shards hold loops over its data: recipe 04 (and
+``python -m experiment.check``) says so in one warning line, with the epochs, before the first step. A corpus sized
+in bytes for a token budget used to do this silently (the shipped configs counted bytes as characters)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from experiment.check import main as check_main
+from tests.recipe_runner import run_recipe
+
+pytestmark = pytest.mark.integration
+
+WARNING = "the run goes over its training data"
+
+
+def epoch_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if WARNING in line]
+
+
+def check_warnings(caplog: pytest.LogCaptureFixture, config: Path, *overrides: str) -> list[str]:
+    """The epoch warnings ``python -m experiment.check`` logs, run in this process."""
+    caplog.clear()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert check_main(["--config", str(config), *overrides]) == 0, err.getvalue()
+    return [record.getMessage() for record in caplog.records if WARNING in record.getMessage()]
+
+
+def test_recipe_04_warns_once_before_training_when_the_run_loops_over_its_data(fixture_stages: Path,
+                                                                              tmp_path: Path,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    from tests.fixture_run import run_copy
+
+    config = run_copy(fixture_stages, tmp_path)
+    manifest = json.loads((tmp_path / "runs" / "tiny" / "shards" / "manifest.json").read_text("utf-8"))
+    records, shard_tokens = manifest["splits"]["train"]["records"], manifest["splits"]["train"]["tokens"]
+    batch = 8
+    steps = records // batch + 2  # a little more than one pass over the training records
+    assert steps * batch > records
+    proc = run_recipe("04_pretrain.py", config, f"train.steps={steps}", f"train.batch_size={batch}",
+                      "train.log_every=1", "train.checkpoint_every=100")
+    lines = proc.stderr.splitlines()
+    found = epoch_lines(proc.stderr)
+    assert len(found) == 1, proc.stderr[-3000:]
+    assert found[0].endswith(
+        f"train.steps x train.batch_size x model.max_seq_len = {steps} x {batch} x 64 = {steps * batch * 64:,} tokens, "
+        f"but the training shards in {tmp_path / 'runs' / 'tiny' / 'shards'} hold {records} records "
+        f"({shard_tokens:,} tokens): the run goes over its training data {steps * batch / records:.2f} times (epochs); "
+        "to see each record once, build a larger corpus (corpus.sources[].max_bytes) or lower train.steps")
+    first_step = next(i for i, line in enumerate(lines) if "step 1" in line or "step 1/" in line)
+    assert lines.index(found[0]) < first_step
+
+    # the same line from the config check, which trains nothing; none for a run within one pass
+    checked = check_warnings(caplog, config, f"train.steps={steps}", f"train.batch_size={batch}")
+    assert len(checked) == 1 and found[0].endswith(checked[0])
+    assert check_warnings(caplog, config, f"train.steps={records // batch}", f"train.batch_size={batch}",
+                          "train.warmup_steps=1") == []
