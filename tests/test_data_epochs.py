@@ -16,7 +16,7 @@ from tests.recipe_runner import run_recipe
 
 pytestmark = pytest.mark.integration
 
-WARNING = "the run goes over its training data"
+WARNING = "train.steps x train.batch_size x model.max_seq_len = "  # the epoch warnings begin so
 
 
 def epoch_lines(output: str) -> list[str]:
@@ -61,3 +61,27 @@ def test_recipe_04_warns_once_before_training_when_the_run_loops_over_its_data(f
     assert len(checked) == 1 and found[0].endswith(checked[0])
     assert check_warnings(caplog, config, f"train.steps={records // batch}", f"train.batch_size={batch}",
                           "train.warmup_steps=1") == []
+
+
+def test_a_mixture_names_each_set_it_goes_over_more_than_once(fixture_stages: Path, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Each set of ``train.mixture`` gives its weight's share of the rows: the line names the sets that loop."""
+    import shutil
+
+    from tests.fixture_run import run_copy
+
+    config = run_copy(fixture_stages, tmp_path)
+    other = tmp_path / "other-shards"
+    shutil.copytree(tmp_path / "runs" / "tiny" / "shards", other)
+    records = json.loads((other / "manifest.json").read_text("utf-8"))["splits"]["train"]["records"]
+    batch, steps = 8, records // 6 + 1  # own set: 3/4 of the rows, over one pass; the other: 1/4, under it
+    assert steps * batch * 3 / 4 > records > steps * batch / 4
+    mixture = f"train.mixture=[{{name: own, weight: 3}}, {{name: other, shards: '{other}', weight: 1}}]"
+    found = check_warnings(caplog, config, f"train.steps={steps}", f"train.batch_size={batch}", mixture)
+    assert found == [
+        f"train.steps x train.batch_size x model.max_seq_len = {steps} x {batch} x 64 = {steps * batch * 64:,} tokens, "
+        f"but the run goes over train.mixture's sets more than once: 'own' {steps * batch * 0.75 / records:.2f} epochs "
+        f"({records} records for 75% of the rows); to see each record once, build larger sets or lower train.steps "
+        "or their weights"]
+    even = mixture.replace("weight: 3", "weight: 1")  # half the rows each: both within one pass
+    assert check_warnings(caplog, config, f"train.steps={steps}", f"train.batch_size={batch}", even) == []

@@ -583,9 +583,10 @@ def check_batch_records(cfg: Any, run_folder: Any) -> str | None:
     A run that trains more rows than the shards hold (``train.steps x train.batch_size`` above the training
     records) is allowed, but said in one warning line before training: the loader then goes over its data
     again (each epoch a new permutation), which a corpus sized in bytes for a token budget does silently when
-    its bytes per token were guessed (bench/bytes_per_token.py measures them)."""
+    its bytes per token were guessed (bench/bytes_per_token.py measures them). A mixture's sets are each
+    compared with their weight's share of the rows (``check_mixture_epochs``)."""
     if cfg.train.mixture:
-        return None
+        return check_mixture_epochs(cfg, run_folder)
     manifest = SHARDS.read_manifest_if_present(run_folder.shards)
     if manifest is None:
         return "train.batch_size: no shards yet, so the batch is not compared with the training records"
@@ -604,4 +605,35 @@ def check_batch_records(cfg: Any, run_folder: Any) -> str | None:
                     "(corpus.sources[].max_bytes) or lower train.steps", f"{cfg.train.steps:,}",
                     f"{cfg.train.batch_size:,}", f"{seq_len:,}", f"{rows * seq_len:,}", run_folder.shards,
                     f"{records:,}", f"{shard_tokens:,}", rows / records)
+    return None
+
+
+def check_mixture_epochs(cfg: Any, run_folder: Any) -> str | None:
+    """``check_batch_records``'s epoch warning for ``train.mixture``: set ``i`` gives ``weight_i / sum(weights)`` of
+    the run's rows, so a set that holds fewer records than its share is gone over again; one line names every such
+    set with its epochs. A set in a bucket that this check may not read, or not sharded yet, is the note."""
+    from experiment.check import reads_buckets
+
+    sets = mixture_sets(cfg.train.mixture, run_folder.shards)
+    total_weight = sum(weight for _, _, weight in sets)
+    rows = cfg.train.steps * cfg.train.batch_size
+    looping: list[str] = []
+    seq_len = 0
+    for name, shards_dir, weight in sets:
+        if isinstance(shards_dir, BucketPath) and not reads_buckets():
+            return f"train.mixture: set '{name}' is in a bucket, not read here, so its records are not compared"
+        manifest = SHARDS.read_manifest_if_present(shards_dir)
+        if manifest is None:
+            return f"train.mixture: set '{name}' has no shards yet, so its records are not compared with its rows"
+        records = int((manifest["splits"].get("train") or {}).get("records", 0))
+        seq_len = int(manifest["seq_len"])
+        share = weight / total_weight
+        if records and rows * share > records:  # an empty set is the loader's error
+            looping.append(f"'{name}' {rows * share / records:.2f} epochs ({records:,} records for {share:.0%} of "
+                           "the rows)")
+    if looping:
+        log.warning("train.steps x train.batch_size x model.max_seq_len = %s x %s x %s = %s tokens, but the run "
+                    "goes over train.mixture's sets more than once: %s; to see each record once, build larger sets "
+                    "or lower train.steps or their weights", f"{cfg.train.steps:,}", f"{cfg.train.batch_size:,}",
+                    f"{seq_len:,}", f"{rows * seq_len:,}", ", ".join(looping))
     return None
