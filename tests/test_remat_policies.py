@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
+from collections.abc import Callable
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -31,17 +32,24 @@ VOCAB, BATCH, SEQ = 96, 2, 16
 POLICIES = ("none", "save_dots", "offload", "full")
 
 
-def residuals(family: str, remat: str, scan_layers: bool) -> list[tuple[jax.core.ShapedArray, str]]:
-    """(value, where it comes from) of everything the gradient of the tiny model's hidden states keeps, less the
-    parameters (kept under every policy)."""
+def hidden_loss(family: str, remat: str, seq: int = SEQ, **shape: object) -> tuple[Callable[[nnx.State], jax.Array],
+                                                                                  nnx.State]:
+    """(parameters -> the sum of the tiny model's hidden states, its parameters) under ``remat``."""
     fam = get_family(family)
-    model = fam.init(fam.tiny_config(scan_layers=scan_layers, remat=remat), VOCAB, seed=0)
+    model = fam.init(fam.tiny_config(remat=remat, max_seq_len=max(seq, SEQ), **shape), VOCAB, seed=0)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tokens = jnp.zeros((BATCH, SEQ), jnp.int32)
+    tokens = jnp.zeros((BATCH, seq), jnp.int32)
 
     def loss(p: nnx.State) -> jax.Array:
         return jnp.sum(nnx.merge(graphdef, p, rest).hidden(tokens))
 
+    return loss, params
+
+
+def residuals(family: str, remat: str, scan_layers: bool) -> list[tuple[jax.core.ShapedArray, str]]:
+    """(value, where it comes from) of everything the gradient of the tiny model's hidden states keeps, less the
+    parameters (kept under every policy)."""
+    loss, params = hidden_loss(family, remat, scan_layers=scan_layers)
     return [(aval, source) for aval, source in saved_residuals(loss, params)
             if not source.startswith("from the argument")]
 
@@ -91,3 +99,23 @@ def test_scanned_layers_keep_the_same(family: str) -> None:
     extra = size(unrolled["save_dots"], host=False) - size(unrolled["full"], host=False)
     assert size(scanned["save_dots"], host=False) - size(scanned["full"], host=False) == extra > 0
     assert size(scanned["offload"], host=True) == extra
+
+
+def test_the_priced_recompute_is_what_the_compiled_step_recomputes() -> None:
+    """XLA's own FLOP count of the unrolled step (which counts rematerialised work) under each policy, less the
+    step without remat, against what the planner prices (``ModelFamily.recompute_flops``, hand-counted dots):
+    save_dots re-runs attention's score and value dots (and elementwise work the hand count leaves out, under a
+    fifth here); full re-runs every block but the down projections, whose outputs the backward pass never reads
+    (the hand count includes them: full is priced high by at most those)."""
+    fam = get_family("llama")
+    seq, shape = 128, {"d_model": 128, "d_ff": 512, "n_heads": 4, "n_kv_heads": 2, "attention": "dot_product"}
+    compiled, priced = {}, {}
+    for remat in ("none", "save_dots", "full"):
+        loss, params = hidden_loss("llama", remat, seq, scan_layers=False, **shape)
+        compiled[remat] = jax.jit(jax.grad(loss)).lower(params).compile().cost_analysis()["flops"] / (BATCH * seq)
+        priced[remat] = fam.recompute_flops(fam.tiny_config(remat=remat, max_seq_len=seq, **shape), VOCAB, seq,
+                                            "dot_product")
+    save_dots, full = compiled["save_dots"] - compiled["none"], compiled["full"] - compiled["none"]
+    assert priced["save_dots"] <= save_dots <= 1.2 * priced["save_dots"], (save_dots, priced)
+    down = 2 * shape["d_model"] * shape["d_ff"] * fam.tiny_config().n_layers
+    assert priced["full"] - down <= full <= priced["full"], (full, priced)
