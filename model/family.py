@@ -341,9 +341,11 @@ def remat_recompute_flops(remat: str, kernel: str, blocks_forward: float, attent
     (everything but the output head) costs ``blocks_forward`` and whose attention scores and values cost
     ``attention_forward``:
 
-    - ``model.remat``: full recomputes every block's forward; save_dots and offload keep the projections'
-      outputs (dots without batch dims) and recompute attention, whose dots have batch dims (and a Pallas
-      kernel is not a dot); none recomputes nothing.
+    - ``model.remat``: full recomputes every block's forward (counted whole: the backward pass never reads a
+      block's last projection, e.g. Llama's down projection, so the compiled step skips it and full is priced
+      high by that much; tests/test_remat_policies.py compares with XLA's count); save_dots and offload keep the
+      projections' outputs (model/linear.py's named ``PROJECTIONS``) and recompute attention's score and value
+      dots (and a Pallas kernel's); none recomputes nothing.
     - flash-style kernels (splash, cudnn) recompute the scores QK^T in their backward pass: half of
       attention's forward matmuls.
     """

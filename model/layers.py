@@ -15,20 +15,24 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from model.linear import project
+from model.linear import PROJECTIONS, project
 from model.loss import output_logits
 from model.sharding import constrain
 
 if TYPE_CHECKING:
     from model.kv_cache import KVCache
 
-# activation checkpointing per decoder block (``model.remat``); "none" runs without jax.checkpoint
+# activation checkpointing per decoder block (``model.remat``); "none" runs without jax.checkpoint. Each policy saves
+# named values (model/linear.py's ``PROJECTIONS``), not "dots": every projection runs inside ``linear``'s custom VJP,
+# where a dot-matching policy (``dots_with_no_batch_dims_saveable``) finds no dot and saves nothing beyond ``full``
 REMAT_POLICIES = {
-    "full": None,  # save nothing, recompute the whole block in the backward pass
-    # keep the projections' outputs (dots without batch dims), recompute attention and elementwise work
-    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    # the same outputs, kept in host memory instead of HBM (TPU; the fit search reports where unsupported)
-    "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    "full": None,  # save nothing but the block's input, recompute the whole block in the backward pass
+    # keep the projections' outputs, recompute attention (its dots have batch dims) and the elementwise work
+    "save_dots": jax.checkpoint_policies.save_only_these_names(*PROJECTIONS),
+    # the same outputs, moved to host memory (TPU; the fit search reports where unsupported) instead of kept in HBM
+    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=list(PROJECTIONS), offload_src="device",
+        offload_dst="pinned_host"),
 }
 
 
@@ -154,10 +158,10 @@ class GatedMLP(nnx.Module):
         self.w_down = param(rngs, (d_ff, d_model), ("mlp", "embed"), init_std / (2 * n_layers) ** 0.5)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        gate = project(x, self.w_gate[...])
-        up = project(x, self.w_up[...])
+        gate = project(x, self.w_gate[...], name="gate_proj")
+        up = project(x, self.w_up[...], name="up_proj")
         hidden = constrain(ACTIVATIONS[self.activation](gate) * up, ("batch", "length", "act_mlp"))
-        return project(hidden, self.w_down[...])
+        return project(hidden, self.w_down[...], name="down_proj")
 
 
 class CausalLM(nnx.Module):

@@ -288,7 +288,7 @@ class MoE(nnx.Module):
     def route(self, tokens: jax.Array) -> Routing:
         """tokens [N, D] -> their experts and combine weights; the router computes in fp32 whatever the dtype."""
         cfg = self.cfg
-        logits = project(tokens.astype(jnp.float32), self.router[...])
+        logits = project(tokens.astype(jnp.float32), self.router[...], name="router")
         if cfg.score_func == "softmax":
             scores = jax.nn.softmax(logits, axis=-1)
             probs = scores

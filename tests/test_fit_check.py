@@ -91,6 +91,27 @@ def test_a_tpu7x_slice_compiles_as_two_devices_per_chip(tmp_path: Path) -> None:
     assert "tpu7x-8 (tpu7x:2x2x1, 8 devices" in proc.stderr
 
 
+def test_a_slice_that_cannot_split_the_batch_is_reported_and_the_others_checked(tmp_path: Path) -> None:
+    """8 sequences over v5e-16's 16 data-parallel devices cannot split: that slice is reported as such (checked and
+    searched alike), v6e-8 after it is still compiled, and the one error line names the slice. libtpu's warning
+    about the accelerator type, which sounds fatal, comes after the line that says why it is expected."""
+    reports = tmp_path / "runs" / "tiny" / "reports"
+    for search in ("false", "true"):
+        proc = run_fit_check(tmp_path, "train.fit_topologies=[v5e-16, v6e-8]", "train.batch_size=8",
+                             "train.mesh.data=-1", f"train.fit_search={search}", "train.fit_search_remat=[none]")
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        unsplit, fitted = json.loads((reports / "fit_check.json").read_text(encoding="utf-8"))
+        assert (unsplit["slice"], unsplit["fits"], unsplit["unsplittable"]) == ("v5e-16", False, True)
+        assert "cannot be split over the 16 data-parallel devices" in unsplit["error"]
+        assert (fitted["slice"], fitted["fits"], fitted["mesh"]["data"]) == ("v6e-8", True, 8)
+        line = error_line(proc)
+        assert line.startswith("error: v5e-16 (v5e:4x4, 16 devices") and "CANNOT SPLIT the step over this slice" in line
+        assert "v6e-8" not in line
+        warning = proc.stderr.find("could not determine TPU accelerator type")
+        explained = proc.stderr.find("libtpu may warn next that it 'could not determine TPU accelerator type'")
+        assert 0 <= explained < warning or warning == -1 < explained, proc.stderr[:2000]
+
+
 SHIPPED = sorted((REPO / "recipes" / "configs").glob("*.yaml"))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import logging
 import os
@@ -83,6 +84,14 @@ def require_libtpu() -> None:
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
 
+@functools.cache
+def explain_libtpu_warning() -> None:
+    """Once per process, before the first topology loads libtpu: libtpu then prints, on every run, a warning that
+    sounds fatal and is not (it looks for the TPU of this machine; the compiles name their target topology)."""
+    log.info("libtpu may warn next that it 'could not determine TPU accelerator type': expected, no TPU is attached "
+             "here and each compile names its target topology")
+
+
 def check_topology_name(slice_name: str) -> None:
     if slice_name not in TOPOLOGIES:
         near = difflib.get_close_matches(slice_name, list(TOPOLOGIES), n=1)
@@ -103,6 +112,7 @@ def topology_devices(slice_name: str, num_slices: int = 1) -> list[Any]:
     require_libtpu()
     from jax.experimental import topologies
 
+    explain_libtpu_warning()
     topo = TOPOLOGIES[slice_name]
     desc = topologies.get_topology_desc(platform="tpu", topology_name=topo.name, chip_config_name=topo.chip_config,
                                         chips_per_host_bounds=(2, 2, 1), num_slices=num_slices)
@@ -147,22 +157,23 @@ def check_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, 
     ``verdicts``: the compiler's answers kept from earlier runs (trainer/fit_verdicts.py): the same lowered
     program for the same target is not compiled again (``verdict_cached`` in the report).
     """
-    from model.sharding import build_mesh
     from trainer.step import TrainProgram
 
     setting = setting or configured_setting(model_cfg, train_cfg)
     model_cfg = dataclasses.replace(model_cfg, remat=setting.remat, attention=setting.attention)
     train_cfg = dataclasses.replace(train_cfg, grad_accum_steps=setting.grad_accum_steps)
     devices = topology_devices(slice_name, train_cfg.mesh.dcn_data)
-    mesh = build_mesh(train_cfg.mesh, devices)
     capacity = TOPOLOGIES[slice_name].usable_hbm_gib
     report: dict[str, Any] = {"slice": slice_name, "topology": TOPOLOGIES[slice_name].name, "devices": len(devices),
-                              "mesh": dict(mesh.shape), "capacity_gib": capacity, **dataclasses.asdict(setting),
-                              "scan_layers": model_cfg.scan_layers,
-                              "micro_batch_per_device": (train_cfg.batch_size // setting.grad_accum_steps
-                                                         // _data_parts(mesh, model_cfg, train_cfg)),
-                              "loss_chunk_len": train_cfg.loss_chunk_len,
+                              "capacity_gib": capacity, **dataclasses.asdict(setting),
+                              "scan_layers": model_cfg.scan_layers, "loss_chunk_len": train_cfg.loss_chunk_len,
                               **setting_costs(model_cfg, train_cfg, vocab_size, seq_len, "tpu")}
+    try:
+        mesh, parts = slice_layout(model_cfg, train_cfg, devices)
+    except ConfigError as exc:  # this slice's devices, not the config: the others are still checked
+        return {**report, "fits": False, "unsplittable": True, "compile_s": 0.0, "error": str(exc)}
+    report.update(mesh=dict(mesh.shape),
+                  micro_batch_per_device=train_cfg.batch_size // setting.grad_accum_steps // parts)
     try:
         program = TrainProgram(model_cfg, train_cfg, vocab_size, mesh, seed=0)
         lowered = program.lower(program.abstract_batch(train_cfg.batch_size, seq_len, packed))
@@ -226,8 +237,22 @@ def _data_parts(mesh: Any, model_cfg: FamilyConfig, train_cfg: TrainConfig) -> i
     return mesh_parts(mesh, spec[0] if spec else None)
 
 
+def slice_layout(model_cfg: FamilyConfig, train_cfg: TrainConfig, devices: list[Any]) -> tuple[Any, int]:
+    """(the run's mesh over a slice's ``devices``, the devices the batch is split over); a ConfigError naming the
+    key when the mesh does not divide the slice or the micro-batch does not split over its data-parallel devices
+    (what recipe 04 would refuse on that slice: the fit search's other slices are still checked)."""
+    from model.registry import family_of
+    from model.sharding import batch_sharding, build_mesh
+    from trainer.step import check_batch
+
+    mesh = build_mesh(train_cfg.mesh, devices)
+    check_batch(train_cfg, batch_sharding(mesh, family_of(model_cfg).mesh_rules(train_cfg.mesh.rules)))
+    return mesh, _data_parts(mesh, model_cfg, train_cfg)
+
+
 def describe(report: dict[str, Any]) -> str:
-    head = (f"{report['slice']} ({report['topology']}, {report['devices']} devices, mesh {report['mesh']}; "
+    mesh = f"mesh {report['mesh']}; " if "mesh" in report else ""
+    head = (f"{report['slice']} ({report['topology']}, {report['devices']} devices, {mesh}"
             f"{'scanned' if report.get('scan_layers') else 'unrolled'} layers, remat {report['remat']}, "
             f"attention {report['attention']} -> {report['attention_kernel']}, "
             f"{report['grad_accum_steps']} micro-batch(es))")
@@ -238,6 +263,8 @@ def describe(report: dict[str, Any]) -> str:
                 f"recompute {report['recompute_factor']:.2f}x; compiled in {report['compile_s']:.0f} s"
                 + (" by an earlier run (the same program for this slice: its answer was kept)"
                    if report.get("verdict_cached") else ""))
+    if report.get("unsplittable"):
+        return f"{head}: CANNOT SPLIT the step over this slice ({report['error']})"
     return f"{head}: DOES NOT FIT ({report['error']})"
 
 
@@ -261,12 +288,17 @@ def search_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int,
     shows what the kernel buys.
     The best row is marked (``best``): see ``best_setting``.
     """
-    from model.sharding import build_mesh
-
-    parts = _data_parts(build_mesh(train_cfg.mesh, topology_devices(slice_name, train_cfg.mesh.dcn_data)), model_cfg,
-                        train_cfg)
+    try:
+        parts = slice_layout(model_cfg, dataclasses.replace(train_cfg, grad_accum_steps=1),
+                             topology_devices(slice_name, train_cfg.mesh.dcn_data))[1]
+    except ConfigError:  # the mesh does not divide the slice, or the batch does not split over it at one micro-batch
+        parts = None
+    splits = accumulation_splits(train_cfg, parts) if parts else []
+    if not splits:  # nothing to search: the config's setting, reported as what cannot split over this slice
+        report = check_fit(model_cfg, train_cfg, vocab_size, seq_len, slice_name, packed, verdicts=verdicts)
+        log.info("  %s", describe(report))
+        return [{**report, "best": False}]
     kernels = [model_cfg.attention] + (["dot_product"] if model_cfg.attention != "dot_product" else [])
-    splits = accumulation_splits(train_cfg, parts)
     rows: list[dict[str, Any]] = []
     fewest = splits[-1]  # micro-batches of the best setting so far: more cannot win, so they are not compiled
     for attention in kernels:
@@ -381,9 +413,12 @@ def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> l
 
     Writes ``reports/fit_check.json``: one report per slice, the configured setting's or the search's
     best (the planner prices that setting). A search also writes ``reports/fit_search.json`` and
-    ``.md`` (every compile) and prints the overrides of the best setting. DoesNotFit names the slices
-    where nothing fits.
+    ``.md`` (every compile) and prints the overrides of the best setting. A slice whose devices the mesh does
+    not divide, or the batch does not split over, is reported as such and the next one checked. DoesNotFit
+    names the slices where nothing fits or the step cannot split.
     """
+    # every name before the first compile: a slice that cannot split the step is reported and the others checked
+    check_topology_names(cfg, run_folder)
     require_libtpu()
     verdicts = fit_verdicts(cfg, run_folder)
     model_cfg, vocab, seq_len = fit_model(cfg, run_folder)

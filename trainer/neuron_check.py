@@ -14,7 +14,9 @@ unsupported (``KNOWN_ISSUES_URL``):
   ``io_callback``, ``pure_callback``, an unfunctionalized ``checkify.check``;
 - the Threefry PRNG ("not completely supported, use rbg"): any ``random_*`` primitive on a Threefry key,
   or the ``threefry2x32`` primitive itself;
-- FP8 dtypes other than e4m3 and e5m2 (``NEURON_FP8``), and ``jax.lax.reduce_precision``.
+- FP8 dtypes other than e4m3 and e5m2 (``NEURON_FP8``), and ``jax.lax.reduce_precision``, which JAX's remat
+  itself puts on every value a policy saves (``remat_partial_eval``, against XLA's excess precision): a step
+  under ``model.remat`` save_dots or offload has one per saved projection, full and none have none.
 
 The Neuron path's settings: ``jax_default_prng_impl=rbg`` (AWS's advice; rbg still hashes with Threefry to
 split and fold in keys, which is the configuration AWS recommends, so only Threefry *keys* are reported)
@@ -191,8 +193,9 @@ def constructs(eqn: jcore.JaxprEqn, enclosing: jcore.Jaxpr) -> list[str]:
         found.append("jax.lax.while_loop with a dynamic trip count (while primitive)")
     elif name in HOST_CALLBACKS:
         found.append(HOST_CALLBACKS[name])
-    elif name == "reduce_precision":
-        found.append("jax.lax.reduce_precision")
+    elif name == "reduce_precision":  # also what jax.checkpoint puts on each value a remat policy saves
+        found.append("jax.lax.reduce_precision (JAX's remat adds one to each value model.remat=save_dots or "
+                     "offload keeps; model.remat=full or none adds none)")
     if name == "threefry2x32" or (name.startswith("random_") and any(
             _threefry_key(v) for v in (*eqn.invars, *eqn.outvars))):
         found.append("Threefry PRNG (use jax_default_prng_impl=rbg)")

@@ -100,7 +100,8 @@ def saved_values_per_token(cfg: DeepseekV3Config, remat: str, head_dim: int) -> 
     """Activation values per trained token kept for the backward pass, all layers (the planner's estimate where no
     fit check ran): without remat each layer's residuals and norms, the query bottleneck and latent, the queries,
     keys, padded values and attention output, and its MLP's (the dense SwiGLU's gate, up and product, or the
-    router logits and each chosen and shared expert's rows); save_dots/offload the projections' outputs; full, the
+    router logits and each chosen and shared expert's rows); save_dots/offload the projections' outputs (named in
+    model/linear.py: the routed experts' are recomputed); full, the
     layer input (one layer's set live again)."""
     d, h, qk = cfg.d_model, cfg.n_heads, cfg.qk_head_dim
     attention = 4 * d + cfg.q_lora_rank + cfg.kv_lora_rank + cfg.qk_rope_head_dim + 4 * h * qk

@@ -153,7 +153,7 @@ class LatentAttention(nnx.Module):
         impl = resolve_attention(self.impl, compiled_platform(), x.dtype, q.shape[-1], x.shape[1])
         out = attend(impl, q, k, v, segments, scale=self.scale)
         out = constrain(out[..., :self.v_dim], ("batch", "length", "act_heads", "head_dim"))
-        return project(out, self.wo[...], n_in=2)
+        return project(out, self.wo[...], n_in=2, name="o_proj")
 
     def qkv(self, x: jax.Array, rope: RopeTable) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Queries and keys [B, T, H, nope + rope] (RoPE'd) and values zero-padded to that width."""
@@ -165,20 +165,20 @@ class LatentAttention(nnx.Module):
     def queries(self, x: jax.Array, rope: RopeTable) -> jax.Array:
         """[B, T, H, nope + rope], the rope part RoPE'd."""
         if self.wq is None:
-            q = project(self.q_norm(project(x, self.wq_a[...])), self.wq_b[...])
+            q = project(self.q_norm(project(x, self.wq_a[...], name="q_a_proj")), self.wq_b[...], name="q_b_proj")
         else:
-            q = project(x, self.wq[...])
+            q = project(x, self.wq[...], name="q_proj")
         q = jnp.concatenate([q[..., :self.nope], self.rotate(q[..., self.nope:], rope)], axis=-1)
         return constrain(q, ("batch", "length", "act_heads", "head_dim"))
 
     def latent(self, x: jax.Array, rope: RopeTable) -> tuple[jax.Array, jax.Array]:
         """What a token leaves for later ones: its normed latent [B, T, kv_lora] and RoPE'd key [B, T, 1, rope]."""
-        compressed = project(x, self.wkv_a[...])
+        compressed = project(x, self.wkv_a[...], name="kv_a_proj")
         return self.kv_norm(compressed[..., :self.kv_rank]), self.rotate(compressed[..., None, self.kv_rank:], rope)
 
     def keys_values(self, latent: jax.Array, k_rope: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
         """Keys [B, S, H, nope + rope] (the rope key shared by the heads) and values zero-padded to ``width``."""
-        kv = project(latent, self.wkv_b[...])  # [B, S, H, nope + v]
+        kv = project(latent, self.wkv_b[...], name="kv_b_proj")  # [B, S, H, nope + v]
         k = jnp.concatenate([kv[..., :self.nope], jnp.broadcast_to(k_rope, (*kv.shape[:3], self.rope_dim))], axis=-1)
         v = kv[..., self.nope:]
         return k, jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, width - self.v_dim)))
@@ -206,7 +206,7 @@ class LatentAttention(nnx.Module):
         else:
             k, v = self.keys_values(cached_latent[:, :, 0].astype(q.dtype), cached_rope.astype(q.dtype), q.shape[-1])
             out = einsum_attention(q, k, v, mask, self.scale)[..., :self.v_dim]
-        return project(out, self.wo[...], n_in=2), (cached_latent, cached_rope)
+        return project(out, self.wo[...], n_in=2, name="o_proj"), (cached_latent, cached_rope)
 
     def absorbed_for(self, t: int, s: int) -> bool:
         """Whether ``t`` new tokens over ``s`` cache slots attend absorbed: as ``model.mla_decode`` says, or under
@@ -277,7 +277,8 @@ class MultiTokenPredictor(nnx.Module):
 
     def __call__(self, embedded: jax.Array, hidden: jax.Array, layer: LayerFn) -> tuple[jax.Array, LayerStats]:
         """(the depth's normed hidden state [B, T, D] the output head reads, its MoE layer's statistics)."""
-        x = project(jnp.concatenate([self.enorm(embedded), self.hnorm(hidden)], axis=-1), self.eh_proj[...])
+        x = project(jnp.concatenate([self.enorm(embedded), self.hnorm(hidden)], axis=-1), self.eh_proj[...],
+                    name="eh_proj")
         x, stats = layer(self.block, constrain(x, ("batch", "length", "act_embed")))
         return self.head_norm(x), cast(LayerStats, stats)
 

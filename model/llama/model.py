@@ -77,11 +77,12 @@ class Attention(nnx.Module):
         q, k, v = self.qkv(x, rope)
         impl = resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, t)
         out = constrain(attend(impl, q, k, v, segments), ("batch", "length", "act_heads", "head_dim"))
-        return project(out, self.wo[...], n_in=2)
+        return project(out, self.wo[...], n_in=2, name="o_proj")
 
     def qkv(self, x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
         """The queries and keys (RoPE'd) and values of ``x``: [B, T, H or KV, D]."""
-        q, k, v = (project(x, w[...]) for w in (self.wq, self.wk, self.wv))
+        q, k, v = (project(x, w[...], name=name) for w, name in ((self.wq, "q_proj"), (self.wk, "k_proj"),
+                                                                     (self.wv, "v_proj")))
         if self.bq is not None:
             q, k, v = (y + bias[...].astype(y.dtype) for y, bias in ((q, self.bq), (k, self.bk), (v, self.bv)))
         if self.q_norm is not None:
@@ -94,7 +95,7 @@ class Attention(nnx.Module):
         """``__call__`` over this layer's cached keys and values (model/kv_cache.py): (output, updated k and v)."""
         q, k, v = self.qkv(x, rope)
         out, layer = attend_cached(q, k, v, layer, cache)
-        return project(out, self.wo[...], n_in=2), layer
+        return project(out, self.wo[...], n_in=2, name="o_proj"), layer
 
 
 class Block(nnx.Module):

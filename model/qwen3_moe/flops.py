@@ -57,7 +57,8 @@ def train_flops_per_token(cfg: Qwen3MoeConfig, vocab_size: int, seq_len: int) ->
 def recompute_flops(cfg: Qwen3MoeConfig, vocab_size: int, seq_len: int, attention: str) -> float:
     """Forward work the backward pass does again, per trained token (model.family.remat_recompute_flops), plus,
     under save_dots and offload, the experts' forward: their ragged_dots (dropless) and batched einsums (capacity)
-    are no dots without batch dims, so the policy does not save them. The chunked loss's is model.family's."""
+    are not the named projections (model/linear.py's ``PROJECTIONS``) the policy saves. The chunked loss's is
+    model.family's."""
     blocks = forward_flops_per_token(cfg, vocab_size, seq_len) - 2.0 * cfg.d_model * vocab_size  # all but the head
     extra = remat_recompute_flops(cfg.remat, attention, blocks, attention_forward_flops_per_token(cfg, seq_len))
     if cfg.remat in ("save_dots", "offload"):

@@ -96,11 +96,12 @@ class Attention(nnx.Module):
         q, k, v = self.qkv(x, rope)
         impl = resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, x.shape[1])
         out = constrain(attend(impl, q, k, v, segments), ("batch", "length", "act_heads", "head_dim"))
-        return project(out, self.wo[...], n_in=2)
+        return project(out, self.wo[...], n_in=2, name="o_proj")
 
     def qkv(self, x: jax.Array, rope: RopeTable) -> tuple[jax.Array, jax.Array, jax.Array]:
         """The normed, RoPE'd queries and keys and the values of ``x``: [B, T, H or KV, D]."""
-        q, k, v = (project(x, w[...]) for w in (self.wq, self.wk, self.wv))
+        q, k, v = (project(x, w[...], name=name) for w, name in ((self.wq, "q_proj"), (self.wk, "k_proj"),
+                                                                     (self.wv, "v_proj")))
         q = constrain(rotary(self.q_norm(q), rope), ("batch", "length", "act_heads", "head_dim"))
         return q, rotary(self.k_norm(k), rope), v
 
@@ -108,7 +109,7 @@ class Attention(nnx.Module):
         """``__call__`` over this layer's cached keys and values (model/kv_cache.py): (output, updated k and v)."""
         q, k, v = self.qkv(x, rope)
         out, layer = attend_cached(q, k, v, layer, cache)
-        return project(out, self.wo[...], n_in=2), layer
+        return project(out, self.wo[...], n_in=2, name="o_proj"), layer
 
 
 class Block(nnx.Module):
