@@ -420,11 +420,13 @@ def option_setting(option: PlanOption, devices: int, hbm_gib_per_device: float |
     return RunSetting(estimate.remat, estimate.grad_accum_steps, source, "estimate", estimate)
 
 
-def batch_split_problem(devices: int, model: PlanModel, train_cfg: TrainConfig, grad_accum_steps: int) -> str | None:
+def batch_split_problem(devices: int, model_cfg: FamilyConfig, train_cfg: TrainConfig,
+                        grad_accum_steps: int) -> str | None:
     """Why the run's batch cannot be split over ``devices`` (None: it can). The option keeps the config's tensor
     and family axes (``train.mesh``) and its data-parallel axes (data x fsdp) fill the slice, as a run moved to
-    another slice would set them; each micro-batch must then divide over the devices of the batch rule's axes."""
-    rules = family_of(model.cfg).mesh_rules(train_cfg.mesh.rules)
+    another slice would set them; each micro-batch must then divide over the devices of the batch rule's axes.
+    The planner drops such an option with this line; ``cost.checks.check_plan`` refuses one the config names."""
+    rules = family_of(model_cfg).mesh_rules(train_cfg.mesh.rules)
     extra = family_axes(train_cfg.mesh, rules)
     fixed = train_cfg.mesh.tensor * math.prod(extra.values())
     named = " x ".join([f"tensor={train_cfg.mesh.tensor}", *(f"axes.{a}={n}" for a, n in extra.items())])
@@ -485,7 +487,7 @@ def estimate(option: PlanOption, index: int, model: PlanModel, tokens: int, cata
         "setting_from": setting.source, "hbm_gib": chip.hbm_gib, "price_date": price.date,
         "price_source": price.source, "not_planned": None,
     }
-    split = batch_split_problem(devices, model, train_cfg, setting.grad_accum_steps)
+    split = batch_split_problem(devices, model.cfg, train_cfg, setting.grad_accum_steps)
     if split is not None:  # no hours, no rubles: a run on this slice could not start with this batch
         unplanned = {c.key: None for c in COLUMNS if c.key not in row}
         return {**unplanned, **row, "not_planned": f"not planned: {split}", "mfu_source": "not planned",

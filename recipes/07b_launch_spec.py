@@ -4,9 +4,12 @@ trainer/launch_spec.py)."""
 import sys
 from pathlib import Path
 
+from experiment.check import run_stage_checks
 from experiment.config import load_config
 from experiment.errors import RecipeError
 from experiment.plugins import load_plugins
+from experiment.runfolder import RunFolder
+from experiment.stages import PLAN
 from tracking.harness import make_parser
 from trainer.launch_spec import DEFAULT_MAX_RESTARTS, DEFAULT_XPK_MAX_RESTARTS, write_launch_files
 
@@ -29,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         load_plugins()
         cfg = load_config(args.config, args.overrides)
+        # what recipe 07 checks of the plan (accelerator, pricing, options, the batch on each slice), before writing
+        run_stage_checks(PLAN, cfg, RunFolder.for_config(cfg))
         out = Path(args.out) if args.out else Path("runs") / "launch" / cfg.experiment.name
         files = write_launch_files(cfg, args.config, list(args.overrides), out, args.option, args.max_restarts,
                                    args.xpk_max_restarts)

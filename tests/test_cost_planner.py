@@ -251,7 +251,7 @@ def test_bad_options_name_the_key() -> None:
                                        "pricing: spot, chips: 4}]"), None, rate=RATE)
     assert trn2["rub"] is None and trn2["usd"] is None and trn2["hours"] > 0
     assert "give your rate: cost.contract_rates.aws-trainium2" in trn2["not_planned"]
-    with pytest.raises(CatalogError, match=r"cost.plan_options\[1\].accelerator.*no '1y' price"):
+    with pytest.raises(CatalogError, match=r"cost.plan_options\[1\].pricing.*no '1y' price"):
         plan(demo_cfg("cost.plan_options=[{accelerator: tpu-v5e}, {accelerator: aws-trainium2, pricing: 1y}]"), None,
              rate=RATE)
     with pytest.raises(CatalogError, match=r"no peak bf16 TFLOP/s for cpu-e2-standard-2"):

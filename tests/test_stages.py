@@ -17,11 +17,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # recipes that run other recipes (each through its registered stage) rather than a stage of their own
 ORCHESTRATORS = {"recipes/08_sweep.py": "tracking/sweep.py"}
+# recipes that write beside the repository, not into the run folder (the launch files go to the machine that
+# launches; the run folder is the bucket the launched hosts use), after the checks of the stage they plan for
+LAUNCHERS = {"recipes/07b_launch_spec.py": "PLAN"}
 
 
 def test_every_recipe_runs_a_registered_stage_and_every_stage_has_its_recipe() -> None:
     recipes = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "recipes").glob("[0-9]*.py"))
-    assert sorted([s.recipe for s in STAGES.values()] + list(ORCHESTRATORS)) == recipes
+    assert sorted([s.recipe for s in STAGES.values()] + list(ORCHESTRATORS) + list(LAUNCHERS)) == recipes
+    for launcher, stage_name in LAUNCHERS.items():
+        assert f"run_stage_checks({stage_name}," in (ROOT / launcher).read_text(encoding="utf-8"), launcher
     for orchestrator in ORCHESTRATORS.values():
         # it names the recipes it runs by their stage records, never by a path of its own
         text = (ROOT / orchestrator).read_text(encoding="utf-8")
