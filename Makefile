@@ -47,15 +47,21 @@ demo: setup
 	$(PY) recipes/06_compare_costs.py --config $(CONFIG) $(DEMO_ARGS)
 	$(PY) recipes/07_plan_costs.py --config $(CONFIG) $(DEMO_ARGS)
 
+# A venv of its own (the folder of the stamp $@) with the requirements file $< and nothing of the project: for
+# tools whose pins clash with the project's
+define requirements_venv
+	@mkdir -p $(@D)
+	$(PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install -q --upgrade pip
+	$(@D)/bin/python -m pip install -q --no-compile -r $<
+	@touch $@
+endef
+
 # The storage API servers the tests use (GCS: fake-gcs-server, S3: moto), in a venv of their own
 STORAGE_VENV := .venvs/storage
 storage-servers: $(STORAGE_VENV)/.installed
 $(STORAGE_VENV)/.installed: tests/storage-servers.txt
-	@mkdir -p .venvs
-	$(PYTHON) -m venv $(STORAGE_VENV)
-	$(STORAGE_VENV)/bin/python -m pip install -q --upgrade pip
-	$(STORAGE_VENV)/bin/python -m pip install -q -r tests/storage-servers.txt
-	@touch $@
+	$(requirements_venv)
 
 # The demo with its run folder in a bucket: both servers start on loopback, the demo (recipes 01-07, then 09's
 # completions) runs with experiment.run_root=<bucket>/runs (BUCKET_SCHEME=gs or s3), the servers stop (and forget
@@ -154,11 +160,7 @@ REQUIREMENTS_PY := import sys, tomllib; p = tomllib.load(open("pyproject.toml", 
 LAUNCH_VENV := .venvs/launch
 launch-engines: $(LAUNCH_VENV)/.installed
 $(LAUNCH_VENV)/.installed: tests/launch-engines.txt
-	@mkdir -p .venvs
-	$(PYTHON) -m venv $(LAUNCH_VENV)
-	$(LAUNCH_VENV)/bin/python -m pip install -q --upgrade pip
-	$(LAUNCH_VENV)/bin/python -m pip install -q --no-compile -r tests/launch-engines.txt
-	@touch $@
+	$(requirements_venv)
 
 # the launch lane: the base venv writes, the engines' venv reads (a missing engine fails here instead of skipping)
 test-extra-launch: setup $(LAUNCH_VENV)/.installed

@@ -18,19 +18,10 @@ from cost.summary import CostSummary
 from experiment.config import build_dataclass
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
+from tests.fake_clock import HOUR, FakeClock
 from tests.recipe_runner import run_recipe
 from tracking.metrics import define_cost_metrics, log_step
 from tracking.wandb_run import open_run
-
-HOUR = 3600.0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def experiment_cfg(tmp_path: Path, name: str) -> ExperimentConfig:

@@ -25,8 +25,8 @@ from experiment.errors import ConfigError, DataError
 from experiment.runfolder import RunFolder
 from experiment.sections.cost import CostConfig
 from experiment.storage import location
+from tests.fake_clock import FakeClock
 
-HOUR = 3600.0
 GIB = 1024**3
 MONTH_HOURS = 730.0  # the hours of a GB-month, as Google publishes it: $0.000027397 per GiB-hour x 730 = $0.020
 RATE = 100.0
@@ -46,15 +46,6 @@ def usd(name: str, unit: str) -> float:
     return float(bundled(name, unit)["usd"])
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, hours: float) -> None:
-        self.t += hours * HOUR
 
 
 def storage_cfg(**changes: object) -> CostConfig:

@@ -26,20 +26,11 @@ from cost.rates import UsdRubRate
 from experiment.errors import DataError
 from experiment.files import atomic_write_json
 from experiment.sections.cost import CostConfig, InfraItem
+from tests.fake_clock import HOUR, FakeClock
 
-HOUR = 3600.0
 REPO = Path(__file__).resolve().parents[1]
 
 
-class FakeClock:
-    def __init__(self, t: float = 1_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, hours: float) -> None:
-        self.t += hours * HOUR
 
 
 def v5e_config(**changes: object) -> CostConfig:

@@ -12,22 +12,13 @@ from cost.ledger_pricing import summarize_ledger
 from cost.ledger_report import REPORT_FILE, summarize_sessions
 from cost.rates import UsdRubRate
 from experiment.sections.cost import CostConfig
+from tests.fake_clock import FakeClock
 from trainer.preemption import PREEMPTED_EXIT_CODE
 
-HOUR = 3600.0
 RATE = UsdRubRate(100.0, dt.date.today(), "test")
 USD_PER_CHIP_HOUR = {"on-demand": 1.20, "spot": 0.24493}  # tpu-v5e in the bundled catalog
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, hours: float) -> None:
-        self.t += hours * HOUR
 
 
 def open_at(tmp_path: Path, clock: FakeClock, pricing: str, between_sessions: str = "auto") -> Ledger:
