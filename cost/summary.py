@@ -265,7 +265,29 @@ def phase_table(rub_by_phase: Mapping[str, float], seconds_by_phase: Mapping[str
                                       sum(seconds_by_phase.get(p, 0.0) for p in BADPUT_PHASES), "badput"))
         rows += [row(p, rub, seconds_by_phase.get(p), "other") for p, rub in rub_by_phase.items() if p not in ordered]
     rows.append(row("total", total, sum(seconds_by_phase.values()), ""))
+    if total:  # the shares as printed (0.1%) add up to the badput subtotal's and to 100.0%
+        parts = [r for r in rows if r["phase"] not in ("badput", "total")]
+        for part, share in zip(parts, apportion([r["share"] for r in parts], SHARE_STEP), strict=True):
+            part["share"] = share
+        for r in rows:
+            if r["phase"] == "badput":
+                r["share"] = round(sum(p["share"] for p in parts if p["kind"] == "badput"), 6)
     return rows
+
+
+SHARE_STEP = 0.001  # the tables print a share of rubles to 0.1%
+
+
+def apportion(shares: Sequence[float], step: float) -> list[float]:
+    """``shares`` (adding up to 1) rounded to multiples of ``step`` that still add up to 1: each rounded down, and
+    the steps left over given to the largest remainders (Hamilton's method), so no printed column of shares sums
+    to 100.1% or 99.9% and a subtotal is the sum of the parts printed above it."""
+    units = [share / step for share in shares]
+    floors = [int(u) for u in units]
+    left = round(sum(units)) - sum(floors)
+    for index in sorted(range(len(units)), key=lambda i: floors[i] - units[i])[:max(left, 0)]:
+        floors[index] += 1
+    return [round(f * step, 6) for f in floors]
 
 
 def experiment_badput_rows(summaries: Sequence[CostSummary]) -> list[dict[str, Any]]:
