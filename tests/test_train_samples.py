@@ -53,3 +53,15 @@ def test_sample_settings_out_of_range_are_one_error_line_naming_the_key() -> Non
     with pytest.raises(ConfigError, match="'eval.sample_prompts': a prompt is empty"):
         EvalConfig(sample_prompts=["Москва", "  "]).validate("eval")
     EvalConfig(sample_max_new_tokens=0).validate("eval")  # 0 turns the samples off
+
+
+def test_the_runs_wandb_summary_is_the_cost_it_ended_with(fixture_pretrained: Path) -> None:
+    """W&B holds a row logged at an explicit step until the next step or the end: the last step's row, with its
+    running cost, used to land after the final cost summary and overwrite its hours and badput share (the demo's
+    summary said 0.02159 hours beside 0.02166 chip-hours on one chip)."""
+    (wandb_run,) = [run for run in find_offline_runs(fixture_pretrained.parent / "runs" / "tiny" / "wandb")
+                    if read_offline_run(run).job_type == "pretrain"]
+    summary = read_offline_run(wandb_run).summary
+    assert summary["cost/chips_in_use"] == 1
+    assert summary["cost/hours"] == summary["cost/chip_hours"]
+    assert summary["cost/badput_share"] == summary["cost/rub_badput"] / summary["cost/rub_total"]

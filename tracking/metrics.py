@@ -45,3 +45,10 @@ def log_step(run: Any, step: int, metrics: Mapping[str, Any], cost_metrics: Mapp
     payload = {**metrics, **cost_metrics, **(by_rubles(metrics, loss_keys) if RUB_SPENT in cost_metrics else {})}
     run.log(payload, step=int(step))
     return payload
+
+
+def commit_step(run: Any, step: int) -> None:
+    """Send the row of ``step`` now. W&B holds a row logged with an explicit step until a later step or the run's
+    end, so the last step's row, with its running cost, would land after the final cost summary and overwrite the
+    summary's keys it shares (hours, badput share) with older values."""
+    run.log({}, step=int(step), commit=True)

@@ -53,7 +53,7 @@ from model.registry import family_of
 from model.sharding import build_mesh
 from model.stacking import LAYOUT_KEY, layout_meta
 from tracking.history import backfill_offline_history
-from tracking.metrics import define_cost_metrics
+from tracking.metrics import commit_step, define_cost_metrics
 from trainer import checkpoint, checkpoint_integrity
 from trainer.branch import Branch, link_wandb, open_branch, restore_or_branch
 from trainer.distributed import is_primary
@@ -223,6 +223,7 @@ def _pretrain(cfg: ExperimentConfig, data: DataSpec, run_folder: RunFolder, wand
              cost.rub_total if cost is not None else math.nan)
     wandb_run.summary["train/final_loss"] = ctx.last_loss
     if cost is not None:
+        commit_step(wandb_run, ctx.step)  # the last step's row first: the summary below is the newer cost
         cost.log_to(wandb_run)
     return {"final_step": ctx.step, "final_loss": ctx.last_loss, "n_params": session.n_params, "cost": cost}
 
