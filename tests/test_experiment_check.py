@@ -45,6 +45,7 @@ TYPOS = [
     ("train.stpes=100", "train.stpes"),
     ("experiment.name=.locks", "experiment.name"),
     ("experiment.name=checkpoints", "experiment.name"),
+    ("experiment.name=" + "опыт" * 1250, "experiment.name"),  # 10,000 bytes: 'File name too long' at the first mkdir
     ("generate.prompt_file=/nonexistent/prompts.txt", "generate.prompt_file"),
     ("generate.max_new_tokens=500", "generate.max_new_tokens"),
     ("experiment.variants=[{model.d_model: 130}]", "model.head_dim"),  # a sweep variant's own overrides

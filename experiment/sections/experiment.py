@@ -4,7 +4,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from experiment.errors import ConfigError
+from experiment.errors import ConfigError, echo
 from experiment.storage.urls import check_location
 from experiment.sweep import expand_variants
 
@@ -42,11 +42,18 @@ RUN_FOLDER_ENTRIES = ("corpus", "tokenizer", "shards", "checkpoints", "ledger", 
                       "reports", "configs", "wandb", "xla_cache", "config.resolved.yaml")
 
 
+NAME_MAX_BYTES = 128  # a Cyrillic letter is 2 bytes: 64 of them
+
+
 def _check_plain_name(key: str, value: str, allow_empty: bool) -> None:
     """A name that is one folder under the run root: never a path out of it, an absolute path or the root itself,
     nor a hidden entry (the run root's ``.cache``, a run folder's ``.locks``) or a run folder's own entry."""
     if not value and allow_empty:
         return
+    if len(value.encode("utf-8")) > NAME_MAX_BYTES:
+        raise ConfigError(f"config key '{key}': {echo(value)} is {len(value.encode('utf-8'))} bytes in UTF-8: a "
+                          f"name is at most {NAME_MAX_BYTES} (a folder name, with the suffixes the stages add, must "
+                          "stay under the filesystems' 255)")
     if not value or value in (".", "..") or re.search(r"[/\\\x00]", value):
         raise ConfigError(f"config key '{key}': {value!r} is not a plain name (no '/', '\\', '..' or empty name): "
                           "it names a folder under experiment.run_root")
