@@ -95,6 +95,12 @@ class Resume:
         return {"e": "resume", "step": self.step, "t": t, **{k: v for k, v in saved.items() if v is not None}}
 
 
+# the close records of exits a relauncher restarts: the trainer's after a preemption's checkpoint
+# (trainer.preemption.PREEMPTED_EXIT_CODE) and the hang watchdog's (trainer.watchdog.HUNG_EXIT_CODE, whose
+# os._exit usually leaves no close record at all); tests/test_ledger_wait.py checks they are the trainer's
+RELAUNCHED_EXITS = ("exit 143", "exit 124")
+
+
 @dataclass
 class Session:
     """One session's records, as read back."""
@@ -114,9 +120,11 @@ class Session:
 
     @property
     def interrupted(self) -> bool:
-        """Ended by a kill (no close record), a crash (not clean) or an exit code or exception (a preemption's 143),
-        not by finishing what it was asked to do."""
-        return not self.closed or not self.clean or self.ended_by is not None
+        """Ended by what a relauncher restarts: a kill (no close record: SIGKILL, a lost host, the hang watchdog's
+        ``os._exit``) or the exit of a preemption's checkpoint or of a hang (``RELAUNCHED_EXITS``). Not a run that
+        finished, nor one stopped by a person (Ctrl-C), a refused config or a divergence: who reruns those later
+        was not waiting for a relaunch, and the days between are not the slice's idle time."""
+        return not self.closed or self.ended_by in RELAUNCHED_EXITS
 
     @property
     def resume_step(self) -> int | None:

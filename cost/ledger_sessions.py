@@ -16,7 +16,7 @@ Object storage (``cost.storage``) is not reconciled: the bytes a run folder held
 paid, whether the work that made them survived or not. A session's storage is the integral of its ``stored``
 levels over its wall time, from its start (at the level the earlier sessions left) to its last record.
 
-The wait after an interruption: when a session was killed, crashed or exited on a preemption (``Session.interrupted``),
+The wait after an interruption: when a session was killed or exited on a preemption or a hang (``Session.interrupted``),
 the time from its last record to the start of the session that followed it is booked to it as ``idle`` when its
 open record says the slice stayed held and billing (``wait_billed``: ``cost.between_sessions``), and only counted
 (``Tally.waited``, shown in the report, no rubles) when it was released. A session that finished and was started

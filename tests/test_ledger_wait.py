@@ -8,17 +8,19 @@ from pathlib import Path
 import pytest
 
 from cost.ledger import Ledger
+from cost.ledger_format import RELAUNCHED_EXITS
 from cost.ledger_pricing import summarize_ledger
 from cost.ledger_report import REPORT_FILE, summarize_sessions
 from cost.rates import UsdRubRate
+from experiment.errors import ConfigError
 from experiment.sections.cost import CostConfig
 from tests.fake_clock import FakeClock
+from trainer.guard import TrainingDiverged
 from trainer.preemption import PREEMPTED_EXIT_CODE
+from trainer.watchdog import HUNG_EXIT_CODE
 
 RATE = UsdRubRate(100.0, dt.date.today(), "test")
 USD_PER_CHIP_HOUR = {"on-demand": 1.20, "spot": 0.24493}  # tpu-v5e in the bundled catalog
-
-
 
 
 def open_at(tmp_path: Path, clock: FakeClock, pricing: str, between_sessions: str = "auto") -> Ledger:
@@ -40,9 +42,20 @@ def first_session(tmp_path: Path, clock: FakeClock, pricing: str, ending: str, b
     elif ending == "preempted":  # SIGTERM: the checkpoint is saved, the trainer exits 143 through the ledger
         with pytest.raises(SystemExit), ledger:
             raise SystemExit(PREEMPTED_EXIT_CODE)
+    elif ending == "hung":  # the watchdog's exit, where its os._exit let the close record through
+        with pytest.raises(SystemExit), ledger:
+            raise SystemExit(HUNG_EXIT_CODE)
+    elif ending in STOPPED_BY:
+        with pytest.raises(STOPPED_BY[ending]), ledger:
+            raise STOPPED_BY[ending]("stopped")
     else:
         with ledger:  # finished: a normal end
             pass
+
+
+# ends nobody relaunches: a person's Ctrl-C, a config error, a divergence; whoever reruns later was not waiting
+STOPPED_BY: dict[str, type[BaseException]] = {"ctrl-c": KeyboardInterrupt, "config error": ConfigError,
+                                              "diverged": TrainingDiverged}
 
 
 def resumed_session(tmp_path: Path, clock: FakeClock, pricing: str, between_sessions: str = "auto") -> float:
@@ -87,9 +100,22 @@ def test_a_run_killed_and_resumed_an_hour_later_shows_the_wait(tmp_path: Path, p
     assert "waited for the next session (h)" in report and rows[0]["wait"] in report
 
 
-def test_a_finished_run_started_again_later_books_no_wait(tmp_path: Path) -> None:
+def test_the_relaunched_exits_are_the_trainers() -> None:
+    assert (f"exit {PREEMPTED_EXIT_CODE}", f"exit {HUNG_EXIT_CODE}") == RELAUNCHED_EXITS
+
+
+def test_a_hang_ended_session_resumed_an_hour_later_shows_the_wait(tmp_path: Path) -> None:
     clock = FakeClock()
-    first_session(tmp_path, clock, "on-demand", "finished")
+    first_session(tmp_path, clock, "on-demand", "hung")
+    clock.advance(1.0)
+    resumed_session(tmp_path, clock, "on-demand")
+    assert summarize_ledger(tmp_path / "ledger").rub_by_phase.get("idle") == pytest.approx(8 * 1.20 * 100.0)
+
+
+@pytest.mark.parametrize("ending", ["finished", *STOPPED_BY])
+def test_a_run_ended_by_nobodys_relauncher_and_started_again_later_books_no_wait(tmp_path: Path, ending: str) -> None:
+    clock = FakeClock()
+    first_session(tmp_path, clock, "on-demand", ending)
     clock.advance(24.0)  # a day later the run is extended: nobody was waiting for it
     resumed_session(tmp_path, clock, "on-demand")
     summary = summarize_ledger(tmp_path / "ledger")
