@@ -45,6 +45,7 @@ TYPOS = [
     ("train.stpes=100", "train.stpes"),
     ("experiment.name=.locks", "experiment.name"),
     ("experiment.name=checkpoints", "experiment.name"),
+    ("cost.contract_rates={cpu-e2-standard-2: 1e308}", "cost.contract_rates.cpu-e2-standard-2"),  # inf RUB an hour
     ("experiment.name=" + "опыт" * 17, "experiment.name"),  # 136 bytes (past 255 with suffixes: 'File name too long')
     ("generate.prompt_file=/nonexistent/prompts.txt", "generate.prompt_file"),
     ("generate.max_new_tokens=500", "generate.max_new_tokens"),
@@ -225,3 +226,15 @@ def test_continued_pretraining_past_the_base_context_is_refused_unless_extend_co
     run_recipe("05b_export_hf.py", config, "model.extend_context=true")
     exported = json.loads((run / "export" / "hf" / "step_0000000" / "config.json").read_text("utf-8"))
     assert exported["max_position_embeddings"] == 64
+
+
+def test_a_plan_option_without_a_published_rate_is_a_note_not_an_error(sandbox: Sandbox) -> None:
+    """A Russian cloud's row the catalog knows without a figure: recipe 07 plans its hours and asks for the rate
+    (cost/README.md), so its check says so and lets the plan run; recipe 04 on that row is refused."""
+    option = "cost.plan_options=[{accelerator: nvidia-a100, chips: 8, cloud: yandex}]"
+    code, out, err = run_check(DEMO, option)
+    assert (code, err) == (0, ""), err
+    assert "no rubles for cost.plan_options[0]" in out and "asks for the rate" in out
+    code, _, err = run_check(DEMO, "cost.accelerator=nvidia-a100", "cost.cloud=yandex")
+    assert code == 1 and err.startswith("error: ") and len(err.splitlines()) == 1
+    assert sandbox.written() == []
