@@ -273,7 +273,7 @@ def weight_source(folder: Path) -> tuple[Mapping[str, Any], list[Path]]:
 def available_memory(devices: list[Any]) -> int | None:
     """Bytes the parameters can take on ``devices``: the host's available memory for CPU devices (they share it),
     otherwise the sum of the devices' memory limits (a device of another process counted as one of this
-    process's); None where the runtime does not say."""
+    process's); None where the runtime does not say. No devices: this host's available memory (before JAX starts)."""
     if all(d.platform == "cpu" for d in devices):
         with contextlib.suppress(OSError, ValueError):
             for line in Path("/proc/meminfo").read_text().splitlines():
@@ -294,12 +294,18 @@ def check_fits_memory(folder: Path, parameters: int, dtype: np.dtype, devices: l
     """Refuse, before a tensor is read, a model whose parameters at ``dtype`` exceed what ``devices`` hold: a
     consistent folder of a model too large (config.json and the headers agree; the files can be sparse) was read
     tensor by tensor until a MemoryError."""
-    needed = parameters * dtype.itemsize
-    available = available_memory(devices)
+    where = f"{len(devices)} {devices[0].platform} device{'s' if len(devices) > 1 else ''}"
+    check_fits(folder, parameters, dtype.itemsize, dtype.name, available_memory(devices), where)
+
+
+def check_fits(folder: Any, parameters: int, itemsize: int, dtype_name: str, available: int | None,
+               where: str) -> None:
+    """``check_fits_memory``'s refusal for ``available`` bytes on ``where`` (None: unknown, nothing refused); recipe
+    04's checks call it with the planned slice's memory before anything is written (trainer.init_from)."""
+    needed = parameters * itemsize
     if available is not None and needed > available:
-        where = f"{len(devices)} {devices[0].platform} device{'s' if len(devices) > 1 else ''}"
         raise DataError(f"{folder}: the model its config.json and weights declare has {parameters:,} parameters, "
-                        f"{format_bytes(needed)} as {dtype.name}, more than the {format_bytes(available)} available "
+                        f"{format_bytes(needed)} as {dtype_name}, more than the {format_bytes(available)} available "
                         f"on {where}: nothing was read; import it on a larger slice (a mesh over more devices)")
 
 

@@ -145,6 +145,30 @@ def test_an_init_from_larger_than_memory_is_refused_before_a_tensor_is_read(tmp_
         load_hf_checkpoint(folder)
 
 
+def test_an_init_from_larger_than_the_planned_slice_is_refused_by_the_checks(tmp_path: Path) -> None:
+    """The same folder under recipe 04's checks, before a run folder, W&B or JAX exists: on the demo's CPU (the
+    machine's 8 GiB in cost/hardware.csv) and on 8 TPU v5e chips (8 x 16 GiB), one line naming the folder and the
+    slice."""
+    from experiment.check import check_config
+    from experiment.stages import PRETRAIN
+
+    folder = tmp_path / "huge"
+    sparse_hf_folder(folder, d_model=65536, n_layers=21, n_heads=512, n_kv_heads=8, d_ff=262144, max_seq_len=4096)
+    config = tmp_path / "huge.yaml"  # a continued-pretraining config: the shape is the base's
+    config.write_text(f"experiment: {{name: huge, run_root: {tmp_path / 'runs'}}}\n"
+                      f"model: {{init_from: {folder}, max_seq_len: 128}}\n"
+                      "cost: {accelerator: cpu-e2-standard-2, chips: 1, usd_rub_rate: 100.0,\n"
+                      "       usd_rub_date: '2026-12-01'}\n",
+                      encoding="utf-8")
+    for slice_overrides, where in (([], "1 x cpu-e2-standard-2"), (["cost.accelerator=tpu-v5e", "cost.chips=8"],
+                                                                   "8 x tpu-v5e")):
+        cfg = load_config(config, slice_overrides)
+        problems, _, _ = check_config(cfg, [PRETRAIN])
+        assert len(problems) == 1 and problems[0].startswith(f"{folder}: the model its config.json"), problems
+        assert f"available on {where}" in problems[0]
+    assert not (tmp_path / "runs").exists()
+
+
 class FullDisk:
     """A log file's handle once its disk is full: every write and flush fails as write(2) does (ENOSPC)."""
 

@@ -29,7 +29,14 @@ from experiment.schema import ExperimentConfig
 from experiment.sections.model import FamilyConfig
 from experiment.storage import BucketPath, RunPath, local_folder, location
 from model.family import family_of
-from model.hf_checkpoint import ImportedCheckpoint, hf_model_config, load_hf_checkpoint, read_config
+from model.hf_checkpoint import (
+    ImportedCheckpoint,
+    available_memory,
+    check_fits,
+    hf_model_config,
+    load_hf_checkpoint,
+    read_config,
+)
 from model.hf_tensors import get_path, set_path
 from model.vocab_adaptation import adapt_embeddings
 from trainer.branch import Branch
@@ -141,6 +148,7 @@ def check_base_model(cfg: ExperimentConfig, run_folder: RunFolder) -> str | None
     _, base_cfg, base_vocab = hf_model_config(base_config, str(config_path))
     merge_model_config(cfg, base_cfg, str(config_path))
     check_context(cfg, base_cfg.max_seq_len, f"max_position_embeddings of {config_path}")
+    check_base_fits(cfg, named, base_cfg, base_vocab)
     tokenizer = TOKENIZER.read_manifest_if_present(run_folder.tokenizer)
     if tokenizer is None:
         return (f"model.vocab_adaptation: the run's tokenizer is not made yet, so it is not compared with "
@@ -149,6 +157,25 @@ def check_base_model(cfg: ExperimentConfig, run_folder: RunFolder) -> str | None
         return None
     EmbeddingPlan.for_run(cfg, run_folder, base_config, base_vocab, int(tokenizer["vocab_size"]))
     return None
+
+
+PARAM_BYTES = {"float32": 4, "bfloat16": 2}  # train.param_dtype's choices
+
+
+def check_base_fits(cfg: ExperimentConfig, folder: RunPath, base_cfg: FamilyConfig, base_vocab: int) -> None:
+    """The base model's parameters at ``train.param_dtype`` fit the slice the run is priced on (``cost.chips`` x
+    the accelerator's memory in cost/hardware.csv; a CPU's: this host's available memory), before anything is
+    written or JAX is started (a multi-host run initializes it later): a consistent 2 TiB folder was read until a
+    MemoryError. Loading checks again against the devices it finds (``model.hf_checkpoint.check_fits_memory``)."""
+    from cost.catalog import Catalog
+
+    parameters = family_of(base_cfg).param_count(base_cfg, base_vocab)
+    hardware = Catalog.from_config(cfg.cost).hardware.get(cfg.cost.accelerator)
+    if hardware is not None and hardware.hbm_gib:
+        available, where = int(hardware.hbm_gib * 2**30) * cfg.cost.chips, f"{cfg.cost.chips} x {cfg.cost.accelerator}"
+    else:
+        available, where = available_memory([]), "this host (its available memory)"
+    check_fits(folder, parameters, PARAM_BYTES[cfg.train.param_dtype], cfg.train.param_dtype, available, where)
 
 
 def base_folder(folder: str, key: str) -> tuple[RunPath, Path]:
