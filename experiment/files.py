@@ -107,15 +107,17 @@ def check_removable(path: str | os.PathLike[str] | BucketPath) -> None:
         return
     folder = Path(os.path.abspath(path)).parent  # lexical, so that the links on the way are seen
     for above in (folder, *folder.parents):
-        if (above / RUN_FOLDER_MARKER).is_file():
-            return  # the run folder (a link itself where the user keeps it elsewhere)
+        # the link first: a link to another run's folder has that run's marker behind it, and would pass for
+        # this path's own run folder
         if above.is_symlink():
             run_folder = next((p for p in above.parents if (p / RUN_FOLDER_MARKER).is_file()), None)
             if run_folder is None:
-                return  # no run folder above: a user's own layout (a run root kept elsewhere)
+                return  # the run folder itself, or a folder above it: where the user keeps runs
             raise DataError(f"{above} is a link to {above.resolve()}, out of the run folder {run_folder}: a stage "
                             f"never deletes or replaces files through a link (here {Path(path).name}); remove the "
                             "link and rerun (to keep runs on another disk, point experiment.run_root there)")
+        if (above / RUN_FOLDER_MARKER).is_file():
+            return  # the run folder: what is above it is the user's
 
 
 def remove_file(path: str | os.PathLike[str] | BucketPath, missing_ok: bool = True) -> None:

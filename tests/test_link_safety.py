@@ -123,6 +123,27 @@ def test_no_deletion_or_replacement_below_a_stage_folder_follows_a_link(tmp_path
     assert not list((run_dir / "eval").glob(".*")), "no staging folder is left behind"
 
 
+def test_a_link_to_another_runs_folder_is_refused_too(tmp_path: Path) -> None:
+    """``runs/x/eval/hf`` a link to the run folder ``runs/y``: that run's marker, seen through the link, must not
+    pass for x's own run folder (the folder replace would have replaced y's ``step_N`` and removed its
+    ``.step_N.*``)."""
+    runs = tmp_path / "runs"
+    for name in ("x", "y"):
+        (runs / name / "eval").mkdir(parents=True)
+        (runs / name / "config.resolved.yaml").write_text("{}\n", encoding="utf-8")
+    (runs / "y" / "step_0000006").mkdir()
+    (runs / "y" / "step_0000006" / "config.json").write_text('{"y": true}', encoding="utf-8")
+    before = digest(runs / "y")
+    (runs / "x" / "eval" / "hf").symlink_to(runs / "y", target_is_directory=True)
+    link = runs / "x" / "eval" / "hf"
+    with pytest.raises(DataError, match=rf"^{link} is a link to {runs / 'y'}, out of the run folder {runs / 'x'}"), \
+            atomic_dir(link / "step_0000006"):
+        pass
+    with pytest.raises(DataError, match="is a link to"):
+        remove_file(runs / "x" / "eval" / "hf" / "step_0000006" / "config.json")
+    assert digest(runs / "y") == before
+
+
 def test_a_link_of_its_own_name_is_replaced_and_a_run_folder_kept_elsewhere_is_written(tmp_path: Path) -> None:
     """What stays allowed: replacing a link itself (its target is untouched), and writing in a run folder
     that is itself a link (where a user keeps runs on another disk)."""
