@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  SkyPilot: sky jobs launch {files.sky_task} --secret WANDB_API_KEY")
     if files.xpk_script is not None:
         print(f"  xpk (GKE): XPK_CLUSTER=... XPK_PROJECT=... XPK_ZONE=... {files.xpk_script}")
+    for note in files.notes:
+        print(f"  note: {note}")
 
 
 if __name__ == "__main__":

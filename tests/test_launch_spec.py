@@ -27,7 +27,6 @@ from trainer.launch_spec import (
     launch_target,
     write_launch_files,
 )
-from trainer.preemption import PREEMPTED_EXIT_CODE as TRAINER_PREEMPTED_EXIT_CODE
 from trainer.watchdog import HUNG_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,7 +104,6 @@ def engines_read(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_every_shipped_tpu_and_gpu_config_is_covered() -> None:
     assert {name for name, _ in SHIPPED} == {"gigachat3-lightning-ru-v6e-32.yaml", "qwen3-30b-a3b-ru-v5p-64.yaml",
                                             "ru-1b-fineweb2-v6e-8.yaml", "ru-70b-v5p-128.yaml", "ru-8b-v6e-64.yaml"}
-    assert PREEMPTED_EXIT_CODE == TRAINER_PREEMPTED_EXIT_CODE
 
 
 @pytest.mark.integration  # the engines read in a process of their own
@@ -219,3 +217,37 @@ def test_an_s3_run_root_takes_its_endpoint_and_asks_for_its_keys(tmp_path: Path,
     assert task["envs"] == {"RU_RUNS": "s3://my-bucket/runs", "AWS_ENDPOINT_URL_S3": "https://storage.yandexcloud.net"}
     assert task["secrets"] == {"WANDB_API_KEY": None, "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}
     assert "not-for-the-task" not in files.sky_task.read_text() + files.xpk_script.read_text()
+
+
+def test_a_credential_the_config_names_travels_as_a_secret_only(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config reading ``${HF_TOKEN}`` or a ``${DATABASE_URL}`` with a password: the SkyPilot task names them as
+    secrets given at launch, the xpk command leaves them to the cluster and says so; no value is written."""
+    config = tmp_path / "repo" / "with-secrets.yaml"
+    config.parent.mkdir()
+    text = (REPO / "recipes/configs/ru-8b-v6e-64.yaml").read_text(encoding="utf-8")
+    config.write_text(text + "# ${HF_TOKEN} ${DATABASE_URL} ${RU_PLAIN}\n", encoding="utf-8")
+    monkeypatch.setenv("HF_TOKEN", "hf_not-for-the-files")
+    monkeypatch.setenv("DATABASE_URL", "postgres://me:not-for-the-files@db/x")
+    monkeypatch.setenv("RU_PLAIN", "plain-value")
+    overrides = [f"experiment.run_root={BUCKET}"]
+    files = write_launch_files(load_config(config, overrides), config, overrides, tmp_path / "out",
+                               repo_root=config.parent)
+    task = yaml.safe_load(files.sky_task.read_text())
+    assert task["envs"]["RU_PLAIN"] == "plain-value" and {"HF_TOKEN", "DATABASE_URL"} <= set(task["secrets"])
+    assert "not-for-the-files" not in files.sky_task.read_text() + files.xpk_script.read_text()
+    assert files.notes == ("the xpk workload does not carry HF_TOKEN, DATABASE_URL (credentials): give them to the "
+                           "GKE workload as Kubernetes secrets",)
+
+
+def test_a_config_outside_the_repository_gets_no_xpk_workload_and_a_note(tmp_path: Path) -> None:
+    """SkyPilot mounts such a config; an xpk workload carries the repository folder only, so it would exit 2 on
+    every start (not a restart code): none is written, and the note says why."""
+    config = tmp_path / "elsewhere" / "ru-8b.yaml"
+    config.parent.mkdir()
+    config.write_text((REPO / "recipes/configs/ru-8b-v6e-64.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    overrides = [f"experiment.run_root={BUCKET}"]
+    files = write_launch_files(load_config(config, overrides), config, overrides, tmp_path / "out", repo_root=REPO)
+    assert files.sky_task is not None and files.xpk_script is None
+    assert "file_mounts" in yaml.safe_load(files.sky_task.read_text())
+    assert files.notes and files.notes[0].startswith(f"no xpk workload: {config} is outside the repository")

@@ -35,13 +35,13 @@ from typing import Any
 import yaml
 
 from cost.catalog import Catalog, PriceRow
-from experiment.config import ExperimentConfig
+from experiment.config import ExperimentConfig, is_secret_var
 from experiment.errors import ConfigError
 from experiment.files import atomic_write_text
 from experiment.storage import is_bucket, location
+from trainer.preemption import PREEMPTED_EXIT_CODE
 from trainer.watchdog import HUNG_EXIT_CODE
 
-PREEMPTED_EXIT_CODE = 143  # trainer.preemption.PREEMPTED_EXIT_CODE (not imported: that module installs signals)
 DEFAULT_MAX_RESTARTS = 3  # SkyPilot: restarts on errors (a crash, a hang the watchdog ended) before the job fails
 # xpk: a JobSet's maxRestarts counts every restart, preemptions included, so a spot run needs room for them
 DEFAULT_XPK_MAX_RESTARTS = 20
@@ -155,22 +155,27 @@ def bucket_run_root(cfg: ExperimentConfig) -> str:
     return str(run_root)
 
 
-def config_env(config_path: Path, run_root: str) -> dict[str, str]:
+def config_env(config_path: Path, run_root: str) -> tuple[dict[str, str], list[str]]:
     """The variables the config file names (``${NAME}`` / ``${NAME:-default}``) that are set here, with their values
     here, so every host reads the config as this machine did; ``RU_RUNS`` is the bucket. Only names the config
-    refers to travel (never the environment at large: it holds credentials)."""
+    refers to travel (never the environment at large: it holds credentials), and of those a credential
+    (``experiment.config.is_secret_var``: HF_TOKEN, a URL with a password) travels by name only, as a secret
+    given at launch: the second list."""
     names = re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", config_path.read_text(encoding="utf-8"))
-    env = {name: os.environ[name] for name in dict.fromkeys(names) if name in os.environ}
+    named = {name: os.environ[name] for name in dict.fromkeys(names) if name in os.environ}
+    secrets = [name for name, value in named.items() if is_secret_var(name, value)]
+    env = {name: value for name, value in named.items() if name not in secrets}
     if "RU_RUNS" in names:
         env["RU_RUNS"] = run_root
     if run_root.startswith("s3://"):  # where an S3-compatible store is and how to address it (not its keys)
         env.update({name: os.environ[name] for name in S3_SETTINGS if name in os.environ})
-    return env
+    return env, secrets
 
 
-def sky_secrets(run_root: str) -> dict[str, None]:
-    """The credentials the hosts need, as SkyPilot secrets given at launch (``--secret NAME``): never in the file."""
-    return dict.fromkeys(("WANDB_API_KEY", *(S3_KEYS if run_root.startswith("s3://") else ())))
+def sky_secrets(run_root: str, named: list[str]) -> dict[str, None]:
+    """The credentials the hosts need, as SkyPilot secrets given at launch (``--secret NAME``): never in the file;
+    ``named``: those the config names (``config_env``)."""
+    return dict.fromkeys(("WANDB_API_KEY", *(S3_KEYS if run_root.startswith("s3://") else ()), *named))
 
 
 def jax_version() -> str:
@@ -211,7 +216,8 @@ def run_script(argv: list[str], target: LaunchTarget) -> str:
 
 
 def sky_task(cfg: ExperimentConfig, target: LaunchTarget, config_arg: str, env: dict[str, str],
-             overrides: list[str], max_restarts: int, file_mounts: dict[str, str]) -> dict[str, Any]:
+             overrides: list[str], max_restarts: int, file_mounts: dict[str, str],
+             secrets: list[str] = ()) -> dict[str, Any]:
     """The SkyPilot task (a dict in its task YAML schema: ``sky.Task.from_yaml_config`` reads it)."""
     tpu = target.tpu
     if tpu is not None:
@@ -232,7 +238,7 @@ def sky_task(cfg: ExperimentConfig, target: LaunchTarget, config_arg: str, env: 
     run_root = bucket_run_root(cfg)
     task: dict[str, Any] = {
         "name": cfg.experiment.name, "workdir": ".", "num_nodes": num_nodes, "resources": resources,
-        "envs": env, "secrets": sky_secrets(run_root),  # given at launch (--secret): never written here
+        "envs": env, "secrets": sky_secrets(run_root, list(secrets)),  # given at launch (--secret): never written here
         "setup": setup_script(target),
         "run": run_script(train_command(config_arg, run_root, overrides, target, cfg), target),
     }
@@ -296,6 +302,7 @@ class LaunchFiles:
     sky_task: Path | None
     xpk_script: Path | None
     target: LaunchTarget
+    notes: tuple[str, ...] = ()  # what was not written, or is not carried, and why
 
 
 def write_launch_files(cfg: ExperimentConfig, config_path: str | os.PathLike[str], overrides: list[str],
@@ -315,10 +322,18 @@ def write_launch_files(cfg: ExperimentConfig, config_path: str | os.PathLike[str
     except ValueError:  # a config outside the repository travels as a file mount
         config_arg = f"/tmp/ru-pretrain-config/{config_file.name}"
         file_mounts[config_arg] = str(config_file)
-    env = config_env(config_file, run_root)
-    task = sky_task(cfg, target, config_arg, env, overrides, max_restarts, file_mounts) if (
+    env, secrets = config_env(config_file, run_root)
+    task = sky_task(cfg, target, config_arg, env, overrides, max_restarts, file_mounts, secrets) if (
         target.tpu is None or target.tpu.sky_prefix is not None) else None
-    argv = xpk_argv(cfg, target, config_arg, env, overrides, xpk_max_restarts) if target.tpu is not None else None
+    argv, notes = None, []
+    if target.tpu is not None and file_mounts:  # xpk's image holds the repository folder only (--script-dir .)
+        notes.append(f"no xpk workload: {config_file} is outside the repository, which is all an xpk workload "
+                     "carries (--script-dir .); put the config under it to get one")
+    elif target.tpu is not None:
+        argv = xpk_argv(cfg, target, config_arg, env, overrides, xpk_max_restarts)
+        if secrets:  # an xpk command line is no place for a credential: the workload gets it from the cluster
+            notes.append(f"the xpk workload does not carry {', '.join(secrets)} (credentials): give them to the "
+                         "GKE workload as Kubernetes secrets")
     out_dir.mkdir(parents=True, exist_ok=True)
     sky_path = xpk_path = None
     if task is not None:
@@ -331,4 +346,4 @@ def write_launch_files(cfg: ExperimentConfig, config_path: str | os.PathLike[str
         xpk_path = out_dir / "xpk_workload.sh"
         atomic_write_text(xpk_path, xpk_script(argv))
         xpk_path.chmod(0o755)
-    return LaunchFiles(sky_path, xpk_path, target)
+    return LaunchFiles(sky_path, xpk_path, target, tuple(notes))
