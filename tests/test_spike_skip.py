@@ -84,6 +84,20 @@ def test_the_window_a_checkpoint_records_gives_a_resumed_guard_the_same_limits()
     assert Guard.resumed({"guard": record}, 6).spike_limits() is None
 
 
+def test_a_run_of_skips_cut_by_a_save_goes_on_counting_after_the_resume() -> None:
+    """A preemption's checkpoint between two skipped spikes: the resumed guard counts the first, so the run stops
+    at train.max_skipped_steps where the uninterrupted one does (it restarted the count at 0)."""
+    live = Guard(spikes=SpikeWindow(4, SIGMA))
+    spike = {"finite": True, "total_loss": 9.0, "loss": 9.0, "grad_norm": 9.0, "spike": True}
+    assert not live.after_step(7, spike, kept_previous=True)
+    resumed = Guard.resumed({"guard": live.saved(7, [])}, 7, SpikeWindow(4, SIGMA))
+    assert resumed.skipped_in_a_row == live.skipped_in_a_row == 1
+    resumed.after_step(8, spike, kept_previous=True)
+    live.after_step(8, spike, kept_previous=True)
+    assert resumed.skipped_in_a_row == live.skipped_in_a_row == 2
+    assert "skipped_in_a_row" not in Guard().saved(3, [])  # a checkpoint after a step that trained: nothing to carry
+
+
 def test_the_window_warms_up_before_it_skips_anything() -> None:
     window = SpikeWindow(8, SIGMA)
     for value in (1.0, 2.0, 3.0):

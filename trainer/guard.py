@@ -46,7 +46,8 @@ import numpy as np
 from experiment.errors import RecipeError
 
 log = logging.getLogger("trainer")
-# in a checkpoint's meta: {"finite": true, "measured": {step: loss on its parameters}, "window": SpikeWindow.record()}
+# in a checkpoint's meta: {"finite": true, "measured": {step: loss on its parameters}, "window": SpikeWindow.record(),
+# "skipped_in_a_row": steps skipped just before the save (absent: none)}
 GUARD_KEY = "guard"
 DIVERGED_DIR = "diverged"  # in checkpoints/: steps set aside after a divergence (not a step name for Orbax)
 
@@ -142,7 +143,10 @@ class Guard:
         measured = {int(k): float("nan" if v is None else v) for k, v in (record.get("measured") or {}).items()}
         if spikes is not None:
             spikes = SpikeWindow.restored(spikes.size, spikes.sigma, record.get("window"))
-        return cls(measured=measured, on_params_of=step if saved_meta is not None else None, spikes=spikes)
+        # a save in the middle of a run of skipped steps (a preemption's): the resumed run goes on counting it, so it
+        # stops at train.max_skipped_steps where an uninterrupted one would
+        return cls(measured=measured, on_params_of=step if saved_meta is not None else None, spikes=spikes,
+                   skipped_in_a_row=int(record.get("skipped_in_a_row", 0)))
 
     def spike_limits(self) -> np.ndarray | None:
         """The limits the next step is checked against (``TrainProgram.step_skipping_spikes``); None: no check."""
@@ -180,6 +184,8 @@ class Guard:
                                                                for s, v in sorted(self.measured.items())}}
         if self.spikes is not None:
             record["window"] = self.spikes.record()
+        if self.skipped_in_a_row:
+            record["skipped_in_a_row"] = self.skipped_in_a_row
         return record
 
 
