@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_dir, atomic_write_json, atomic_write_text, read_json_object, write_errno
+from experiment.jsontext import parse_json
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import FamilyConfig
 from experiment.stages import TOKENIZER
@@ -63,7 +64,7 @@ def carry_prompt_convention(folder: Path, eos_id: int) -> str:
     from tokenizer.loaded import read_hf_tokenizer
 
     tokenizer_path = folder / TOKENIZER_JSON
-    spec = json.loads(tokenizer_path.read_text(encoding="utf-8"))
+    spec = parse_json(tokenizer_path.read_text(encoding="utf-8"))
     eos_piece = read_hf_tokenizer(tokenizer_path).id_to_token(eos_id)
     if eos_piece is None:
         raise DataError(f"{tokenizer_path} has no token of the EOS id {eos_id}: it is not the run's tokenizer")

@@ -137,3 +137,12 @@ def test_a_pin_left_by_a_dead_reader_keeps_nothing(training: Any, directory: Run
     assert pinned_steps(directory) == set()
     save_step(training, 3)
     assert steps_on_disk(directory) == [3]
+
+
+def test_a_pin_file_nested_too_deep_is_no_pin(tmp_path: Any) -> None:
+    """A planted pin of 100,000 nested lists was a RecursionError (not an OSError or ValueError) out of Orbax's
+    preservation policy, at the training run's next save; now it is an unreadable pin: it keeps nothing."""
+    pins = tmp_path / PINS_DIR
+    pins.mkdir()
+    (pins / f"2.{socket.gethostname()}.{os.getpid()}.z.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert pinned_steps(tmp_path) == set()

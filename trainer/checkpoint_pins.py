@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
+from experiment.jsontext import parse_json
 from experiment.lock import _pid_alive
 from experiment.storage import RunPath, create_exclusive
 from experiment.storage.retry import unique_token
@@ -82,7 +83,7 @@ def pinned_steps(checkpoint_dir: RunPath) -> set[int]:
         if step is None or step in steps:
             continue
         with contextlib.suppress(OSError, ValueError):  # a pin removed or being written meanwhile
-            if _live(json.loads((folder / name).read_text(encoding="utf-8")), now):
+            if _live(parse_json((folder / name).read_text(encoding="utf-8")), now):
                 steps.add(step)
     return steps
 

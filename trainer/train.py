@@ -421,7 +421,7 @@ def run_loop(ctx: LoopContext, hooks: Sequence[Hook]) -> None:
 
 def train_one_step(ctx: LoopContext) -> None:
     """One optimizer step, booked in the ledger (the first one of a session as compilation, a skipped
-    one as lost)."""
+    one as lost; a skipped first step stays compilation: nearly all of its time is the compiler's)."""
     phase = "compile" if ctx.step == ctx.start_step else "train"
     watched = ctx.watchdog.step(ctx.step + 1, first=phase == "compile") if ctx.watchdog else contextlib.nullcontext()
     with watched, ctx.ledger.phase(phase):
