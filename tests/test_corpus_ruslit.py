@@ -79,6 +79,25 @@ def write_jsonl_with_bad_bytes(path: Path, lines: int = 200, bad_line: int = 10)
     path.write_bytes(b"\n".join(rows) + b"\n")
 
 
+def test_invalid_utf8_in_a_last_line_without_a_newline_is_rejected_and_a_cut_one_dropped(tmp_path: Path) -> None:
+    """The file's last line, with no newline after it: bad bytes inside a complete record are that record's
+    rejection as anywhere else (it became a document of U+FFFD), and a character cut at the very end is a torn
+    tail (a copy cut short), dropped with a warning as before."""
+    bad_last = tmp_path / "bad-last.jsonl"
+    write_jsonl_with_bad_bytes(bad_last, lines=20, bad_line=20)
+    bad_last.write_bytes(bad_last.read_bytes().rstrip(b"\n"))
+    raw = list(iter_raw_documents([SourceConfig(kind="files", name="t", paths=[str(bad_last)])], tmp_path))
+    assert [(d.origin, d.reject) for d in raw if d.reject] == [(f"{bad_last}:20", "invalid_utf8")]
+    assert len([d for d in raw if not d.reject]) == 19 and not any("\ufffd" in (d.text or "") for d in raw)
+    cut = tmp_path / "cut.jsonl"
+    write_jsonl_with_bad_bytes(cut, lines=20, bad_line=1)
+    whole = cut.read_bytes().rstrip(b"\n")
+    cut.write_bytes(whole[:whole.rindex("а".encode()) + 1])  # the last line cut inside its last letter
+    raw = list(iter_raw_documents([SourceConfig(kind="files", name="t", paths=[str(cut)])], tmp_path))
+    assert [(d.origin, d.reject) for d in raw if d.reject] == [(f"{cut}:1", "invalid_utf8")]
+    assert [d.origin for d in raw if not d.reject] == [f"{cut}:{n}" for n in range(2, 20)]
+
+
 def test_invalid_utf8_in_one_jsonl_line_rejects_that_line_alone(tmp_path: Path) -> None:
     path = tmp_path / "tolstoy.jsonl"
     write_jsonl_with_bad_bytes(path)

@@ -182,7 +182,8 @@ def _utf8_lines(stream: Any, invalid: list[tuple[int, int]], block: int = 1 << 2
     """The lines of a binary ``stream`` (with their ``\\n``), each decoded alone: a line that is no UTF-8 is
     recorded in ``invalid`` as ``(line number, bytes)`` and read as a blank line (which ``iter_jsonl`` skips,
     keeping the numbering), so one bad byte costs its own line, not the rest of the file. The last line
-    without a newline is decoded with replacement: a copy cut inside a character is the torn tail's case."""
+    without a newline is the same, except where its only fault is a character cut at its very end: a copy cut
+    short, the torn tail's case (decoded with replacement; ``iter_jsonl`` drops it with a warning)."""
     number, pending = 0, b""
     while chunk := stream.read(block):
         *lines, pending = (pending + chunk).split(b"\n")
@@ -194,7 +195,13 @@ def _utf8_lines(stream: Any, invalid: list[tuple[int, int]], block: int = 1 << 2
                 invalid.append((number, len(line) + 1))
                 yield "\n"
     if pending:
-        yield pending.decode("utf-8", errors="replace")
+        try:
+            yield pending.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if exc.reason == "unexpected end of data":  # cut inside its last character: a torn tail
+                yield pending.decode("utf-8", errors="replace")
+            else:
+                invalid.append((number + 1, len(pending)))
 
 
 def _read_jsonl(path: str, numberer: DocumentNumberer) -> Iterator[RawDocument]:
