@@ -104,11 +104,15 @@ class PriceRow:
             return None
         return self.figure * (1.0 + vat_rate) if self.vat == "added" else self.figure
 
-    def usd_equivalent(self, usd_rub_rate: float | None) -> float:
-        """The figure in USD, for ordering rows of both currencies (a ruble row without a rate sorts last)."""
-        if self.usd is not None:
-            return self.usd
-        return (self.rub or 0.0) / usd_rub_rate if usd_rub_rate else math.inf
+    def usd_equivalent(self, usd_rub_rate: float | None, vat_rate: float = 0.0) -> float:
+        """The figure as billed (``vat_rate`` added to a price before VAT) in USD, for ordering rows of both
+        currencies (a ruble row without a rate sorts last)."""
+        billed = self.billed(vat_rate)
+        if billed is None:
+            return math.inf
+        if self.currency == "USD":
+            return billed
+        return billed / usd_rub_rate if usd_rub_rate else math.inf
 
     def describe_figure(self) -> str:
         if self.figure is None:
@@ -267,6 +271,7 @@ class Catalog:
 
     # accelerator -> the team's own rate per chip-hour (a bare number: USD as billed)
     contract_rates: dict[str, float | ContractRate] = dataclasses.field(default_factory=dict)
+    vat_rate: float = 0.0  # cost.vat_rate: the cheapest row is the cheapest as billed, VAT added where it is not in
 
     @classmethod
     def load(cls, catalog_path: str = "", hardware_path: str = "",
@@ -282,7 +287,8 @@ class Catalog:
 
     @classmethod
     def from_config(cls, cost_cfg: CostConfig) -> Catalog:
-        return cls.load(cost_cfg.catalog_path, cost_cfg.hardware_path, cost_cfg.contract_rates)
+        return dataclasses.replace(cls.load(cost_cfg.catalog_path, cost_cfg.hardware_path, cost_cfg.contract_rates),
+                                   vat_rate=cost_cfg.vat_rate)
 
     def contract(self, name: str, pricing: str, cloud: str = "", region: str = "") -> PriceRow:
         """The team's own rate for ``name`` (``cost.contract_rates``), whatever the list price or mode; on the
@@ -336,7 +342,7 @@ class Catalog:
             raise CatalogError(f"config key '{pricing_key}': {name} has no '{pricing}' price in the catalog{hint} "
                                f"(available: {', '.join(modes)})")
         priced = sorted((row for row in moded if row.figure is not None),
-                        key=lambda row: row.usd_equivalent(usd_rub_rate))
+                        key=lambda row: row.usd_equivalent(usd_rub_rate, self.vat_rate))
         if not priced:
             row = moded[0]
             where = "/".join(p for p in (row.cloud, row.region) if p) or "any cloud"

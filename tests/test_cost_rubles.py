@@ -216,3 +216,18 @@ def test_a_small_cost_report_shows_its_dollars_not_zero(tmp_path: Path) -> None:
     usd = 0.06701 / 60
     head = (tmp_path / "ledger" / "cost_report.md").read_text(encoding="utf-8").splitlines()[2]
     assert head.startswith(f"{usd * 100:.3g} RUB = {usd:.3g} USD at USD->RUB 100.0000"), head
+
+
+def test_the_cheapest_row_is_the_cheapest_as_billed_with_vat() -> None:
+    """110 RUB with VAT in is cheaper than 100 RUB before 22% VAT (122 billed): the row picked for an option
+    without a cloud is the one the invoice charges least for."""
+    from cost.catalog import PriceRow
+
+    def row(cloud: str, rub: float, vat: str) -> PriceRow:
+        return PriceRow(kind="accelerator", name="nvidia-a100", cloud=cloud, region="ru-central1", pricing="on-demand",
+                        usd=None, unit="chip-hour", source="test", date="2026-12-01", rub=rub, vat=vat)
+
+    catalog = Catalog(prices=[row("a", 100.0, "added"), row("b", 110.0, "included")], hardware={}, vat_rate=0.22)
+    assert catalog.lookup("nvidia-a100", "on-demand", cheapest=True, usd_rub_rate=80.0).cloud == "b"
+    assert [r.cloud for r in catalog.priced_rows("nvidia-a100", "on-demand", cheapest=True, usd_rub_rate=80.0)] == [
+        "b", "a"]
