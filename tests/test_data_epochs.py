@@ -85,3 +85,7 @@ def test_a_mixture_names_each_set_it_goes_over_more_than_once(fixture_stages: Pa
         "or their weights"]
     even = mixture.replace("weight: 3", "weight: 1")  # half the rows each: both within one pass
     assert check_warnings(caplog, config, f"train.steps={steps}", f"train.batch_size={batch}", even) == []
+    # a set not sharded yet, listed before the looping one: the note names it, and the looping set is still warned of
+    unmade = (f"train.mixture=[{{name: later, shards: '{tmp_path / 'not-yet'}', weight: 1}}, {{name: own, weight: 3}}, "
+              f"{{name: other, shards: '{other}', weight: 1}}]")
+    assert check_warnings(caplog, config, f"train.steps={steps}", f"train.batch_size={batch * 5 // 4}", unmade)

@@ -618,13 +618,16 @@ def check_mixture_epochs(cfg: Any, run_folder: Any) -> str | None:
     total_weight = sum(weight for _, _, weight in sets)
     rows = cfg.train.steps * cfg.train.batch_size
     looping: list[str] = []
+    unread: list[str] = []  # sets not compared: the note (the others are still compared and warned about)
     seq_len = 0
     for name, shards_dir, weight in sets:
         if isinstance(shards_dir, BucketPath) and not reads_buckets():
-            return f"train.mixture: set '{name}' is in a bucket, not read here, so its records are not compared"
+            unread.append(f"set '{name}' is in a bucket, not read here")
+            continue
         manifest = SHARDS.read_manifest_if_present(shards_dir)
         if manifest is None:
-            return f"train.mixture: set '{name}' has no shards yet, so its records are not compared with its rows"
+            unread.append(f"set '{name}' has no shards yet")
+            continue
         records = int((manifest["splits"].get("train") or {}).get("records", 0))
         seq_len = int(manifest["seq_len"])
         share = weight / total_weight
@@ -636,4 +639,6 @@ def check_mixture_epochs(cfg: Any, run_folder: Any) -> str | None:
                     "goes over train.mixture's sets more than once: %s; to see each record once, build larger sets "
                     "or lower train.steps or their weights", f"{cfg.train.steps:,}", f"{cfg.train.batch_size:,}",
                     f"{seq_len:,}", f"{rows * seq_len:,}", ", ".join(looping))
+    if unread:
+        return f"train.mixture: {'; '.join(unread)}, so its records are not compared with its rows"
     return None
