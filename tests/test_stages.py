@@ -85,3 +85,12 @@ def test_fit_check_reads_the_manifests_checked_or_falls_back_to_the_config(tmp_p
     (folder.shards / "manifest.json").write_text("{}", encoding="utf-8")
     with pytest.raises(DataError, match=r"shards/manifest.json belongs to stage 'None', expected 'shards'"):
         vocab_and_seq_len(cfg, folder)
+
+
+def test_every_stage_check_names_a_function_that_exists() -> None:
+    """``Stage.checks`` name their functions as strings (the registry sits below the packages it checks): a
+    renamed function would fail only when its recipe starts."""
+    from experiment.check import check_function, stage_check_names
+
+    names = stage_check_names(STAGES.values())
+    assert names and all(callable(check_function(name)) for name in names)
