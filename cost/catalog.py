@@ -27,6 +27,7 @@ import datetime as dt
 import difflib
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,25 @@ class PriceRow:
         if self.figure is None:
             return None
         return self.figure * (1.0 + vat_rate) if self.vat == "added" else self.figure
+
+    def cost_of(self, chip_hours: float, vat_rate: float, usd_rub_rate: float) -> tuple[float, float] | None:
+        """(USD, RUB) of ``chip_hours`` at this row as billed (``billed``): counted in the row's own currency, the
+        other derived at ``usd_rub_rate`` (rubles are multiplied as rubles, never through the USD rate); None for
+        a row without a figure."""
+        billed = self.billed(vat_rate)
+        if billed is None:
+            return None
+        if self.currency == "RUB":
+            rub = chip_hours * billed
+            return rub / usd_rub_rate, rub
+        usd = chip_hours * billed
+        return usd, usd * usd_rub_rate
+
+    @classmethod
+    def stored(cls, fields: Mapping[str, Any]) -> PriceRow:
+        """A row as a ledger or W&B keeps it (``as_dict`` less ``origin``), read back; a key of a newer or older
+        version that the row does not have is left out."""
+        return cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
 
     def usd_equivalent(self, usd_rub_rate: float | None, vat_rate: float = 0.0) -> float:
         """The figure as billed (``vat_rate`` added to a price before VAT) in USD, for ordering rows of both

@@ -26,13 +26,12 @@ from cost.summary import CostSummary
 from experiment.errors import ConfigError, DataError
 
 STORAGE = "storage"  # the line of object storage in a ledger's rubles (not a phase: bytes x time, and requests)
-PRICE_FIELDS = set(PriceRow.__dataclass_fields__)  # what an open record's price row may hold
 
 
 def chip_hour(meta: dict[str, Any]) -> tuple[float, str]:
     """A session's chip-hour as billed (VAT added to a figure before VAT, at the session's ``vat_rate``) and its
     currency; a ledger written before rubles and VAT were recorded reads as USD as billed."""
-    row = PriceRow(**{k: v for k, v in meta["price"].items() if k in PRICE_FIELDS})
+    row = PriceRow.stored(meta["price"])
     billed = row.billed(meta.get("vat_rate", 0.0))
     if billed is None:
         raise DataError(f"a ledger session priced by {row.describe()} has no figure for it")
@@ -43,13 +42,10 @@ def hourly_cost(meta: dict[str, Any]) -> tuple[float, float]:
     """(USD, RUB) per wall-clock hour of a session: chips x chip-hour price + hourly infrastructure, each figure
     counted in its own currency and the other derived at the session's rate (rubles stay rubles)."""
     rate = meta["usd_rub_rate"]
-    usd = hourly_usd_items(meta)
-    figure, currency = chip_hour(meta)
-    if currency == "RUB":
-        rub_only = meta["chips"] * figure
-        return usd + rub_only / rate, usd * rate + rub_only
-    usd += meta["chips"] * figure
-    return usd, usd * rate
+    infra_usd = hourly_usd_items(meta)
+    chip_hour(meta)  # a row without a figure: the DataError naming it
+    chips_usd, chips_rub = PriceRow.stored(meta["price"]).cost_of(meta["chips"], meta.get("vat_rate", 0.0), rate)
+    return infra_usd + chips_usd, infra_usd * rate + chips_rub
 
 
 def check_finite(meta: dict[str, Any]) -> None:
@@ -57,7 +53,7 @@ def check_finite(meta: dict[str, Any]) -> None:
     before anything is booked: one line naming the figure."""
     usd, rub = hourly_cost(meta)
     if not (math.isfinite(usd) and math.isfinite(rub)):
-        row = PriceRow(**{k: v for k, v in meta["price"].items() if k in PRICE_FIELDS})
+        row = PriceRow.stored(meta["price"])
         raise ConfigError(f"config key '{row.price_key}': {meta['chips']} chips x {row.describe_figure()} at USD->RUB "
                           f"{meta['usd_rub_rate']:g} is not a finite number of rubles per hour; check the figure")
 
@@ -120,7 +116,7 @@ def summarize(sessions: list[tuple[dict[str, Any], Tally]], token_budget: int | 
             last_step = tally.last_step if last_step is None else max(last_step, tally.last_step)
     meta = sessions[-1][0]
     return CostSummary(
-        run_id=meta.get("run_id"), sessions=len(sessions), price=PriceRow(**meta["price"]), chips=meta["chips"],
+        run_id=meta.get("run_id"), sessions=len(sessions), price=PriceRow.stored(meta["price"]), chips=meta["chips"],
         chips_in_use=meta.get("chips_in_use"), usd_rub_rate=meta["usd_rub_rate"], rate_date=meta["rate_date"],
         rate_source=meta.get("rate_source", ""), hours=sum(seconds.values()) / 3600, chip_hours=chip_hours,
         usd_total=usd_total, rub_total=rub_total, tokens=tokens, last_step=last_step, token_budget=token_budget,

@@ -502,14 +502,7 @@ def estimate(option: PlanOption, index: int, model: PlanModel, tokens: int, cata
     per_device = tokens_per_s_per_chip(mfu, chip.peak_bf16_tflops_per_device or 0.0, model.flops_per_token)
     per_chip = per_device * chip.devices_per_chip
     hours = tokens / (per_device * devices) / 3600
-    if billed is None:
-        usd = rub = None
-    elif price.currency == "RUB":  # rubles as the provider bills them, never through the USD rate
-        rub = hours * option.chips * billed
-        usd = rub / rate.rate
-    else:
-        usd = hours * option.chips * billed
-        rub = usd * rate.rate
+    usd, rub = price.cost_of(hours * option.chips, vat_rate, rate.rate) or (None, None)
     if rub is not None and not (math.isfinite(rub) and math.isfinite(usd or 0.0)):
         raise ConfigError(f"config key '{price.price_key}': {option.chips} chips x {hours:.4g} hours x "
                           f"{price.describe_figure()} at USD->RUB {rate.rate:g} is not a finite number of rubles; "

@@ -312,8 +312,7 @@ def price_dict(row: PriceRow) -> dict[str, Any]:
 
 def _price_row(row: Mapping[str, Any], cost_cfg: Mapping[str, Any]) -> PriceRow:
     """A stored price row; a run without one is named by its config (its price unknown)."""
-    known = {f.name for f in dataclasses.fields(PriceRow)}
     base = {"kind": "accelerator", "name": cost_cfg.get("accelerator", ""), "cloud": cost_cfg.get("cloud", ""),
             "region": cost_cfg.get("region", ""), "pricing": cost_cfg.get("pricing", ""), "usd": None,
             "unit": "", "source": "", "date": ""}
-    return PriceRow(**{**base, **{k: v for k, v in row.items() if k in known}})
+    return PriceRow.stored({**base, **row})
