@@ -147,12 +147,14 @@ def test_make_check_runs_the_checks(tmp_path: Path) -> None:
     """``make check CONFIG=... ARGS=...`` is the command's: ok on the demo, one line for a typo (make adds its own
     status line after it)."""
     runs = tmp_path / "runs"
-    command = ["make", "-s", "-o", "setup", "check", f"PY={sys.executable}", f"CONFIG={DEMO}"]
+    command = ["make", "-s", "--no-print-directory", "-o", "setup", "check", f"PY={sys.executable}", f"CONFIG={DEMO}"]
+    # as a user runs it: not as a sub-make of `make test` (which would add its jobserver warning and directories)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
     ok = subprocess.run([*command, f"ARGS=experiment.run_root={runs}"], cwd=REPO, capture_output=True, text=True,
-                        timeout=300)
+                        timeout=300, env=env)
     assert ok.returncode == 0 and ok.stdout.startswith("ok: "), ok.stderr
     bad = subprocess.run([*command, f"ARGS=experiment.run_root={runs} cost.plan_model=15b"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode != 0
     assert bad.stderr.splitlines()[0].startswith("error: config key 'cost.plan_model': unknown model '15b'")
     assert not runs.exists()

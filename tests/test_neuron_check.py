@@ -178,7 +178,8 @@ PLANTED = [
     ("check", plant_check, "host callback (checkify.check, not functionalized)", False),
     ("threefry", plant_threefry, "Threefry PRNG (use jax_default_prng_impl=rbg)", False),
     ("fp8", plant_fp8, "FP8 dtype float8_e4m3fnuz (only e4m3 and e5m2 are supported)", False),
-    ("reduce_precision", plant_reduce_precision, "jax.lax.reduce_precision", False),
+    ("reduce_precision", plant_reduce_precision, "jax.lax.reduce_precision (JAX's remat adds one to each value "
+     "model.remat=save_dots or offload keeps; model.remat=full or none adds none)", False),
     # inside sub-jaxprs: a scan body, a custom VJP's backward pass, a remat region, a function traced twice
     ("cond_in_scan", plant_cond_in_scan, COND, True),
     ("cond_in_vjp_bwd", plant_cond_in_vjp_bwd, COND, True),
