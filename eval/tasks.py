@@ -343,9 +343,13 @@ GENERATIVE_TASKS: dict[str, GenerativeTask] = {task.name: task for task in (
 )}
 
 
+PASSKEY = "passkey"  # generated, not read: eval/passkey.py (settings: eval.passkey)
+
+
 def known_task_names() -> list[str]:
-    """Every task recipe 05 can score: the log-likelihood ones and the generative ones (eval/generative.py)."""
-    return sorted({*TASKS, *GENERATIVE_TASKS})
+    """Every task recipe 05 can score: the log-likelihood ones, the generative ones (eval/generative.py) and the
+    passkey retrieval (eval/passkey.py)."""
+    return sorted({*TASKS, *GENERATIVE_TASKS, PASSKEY})
 
 
 def check_task_names(eval_cfg: EvalConfig) -> None:
