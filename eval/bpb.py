@@ -175,13 +175,13 @@ def stream_documents(batches: Iterable[dict[str, np.ndarray]], eos_id: int) -> I
                 pending, known_start = [], False
                 continue
             row = row[keep[r]]
+            start = 0
             for end in np.flatnonzero(row == eos_id):
-                head, row = row[:end], row[end + 1:]
                 if known_start:
-                    yield np.concatenate([*pending, head])
-                pending, known_start = [], True
-            pending.append(row)
-    if known_start and pending:
+                    yield np.concatenate([*pending, row[start:end]])
+                pending, known_start, start = [], True, end + 1
+            pending.append(row[start:])
+    if known_start and sum(piece.size for piece in pending):
         yield np.concatenate(pending)  # the stream's last document, as far as the split holds it
 
 
