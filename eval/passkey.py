@@ -93,6 +93,10 @@ def read_filler(cfg: PasskeyConfig, decode: Callable[[Sequence[int]], str], eos_
         chars += len(texts[-1])
         if chars >= enough_chars:
             break
+    if not texts:
+        raise DataError(f"{shards_dir}: the validation split has no documents to take passkey filler from (set "
+                        "eval.passkey.filler_file to a UTF-8 text, or raise shards.validation_percent and rerun recipe "
+                        "03)")
     return filler_sentences(texts), f"{shards_dir} (validation split)"
 
 

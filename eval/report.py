@@ -67,6 +67,8 @@ def _baselines(baselines: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
+    if x is not None and 0 < abs(x) < 0.5 * 10 ** -digits:  # a passkey's chance (1e-05) is not 0.000
+        return f"{x:.0e}"
     return "" if x is None else f"{x:.{digits}f}"
 
 

@@ -200,7 +200,10 @@ def test_recipe_05_reports_passkey_against_chance_and_bpb_by_position(fixture_pr
     from tests.recipe_runner import run_recipe
 
     config = pretrained_copy(fixture_pretrained, tmp_path)
-    run_recipe("05_evaluate.py", config, "eval.tasks=[passkey]", "eval.bpb_position_buckets=[0,16,32]",
+    # the fixture's 10% validation split is empty: half of its documents held out instead (the same tokenizer)
+    held_out = "shards.validation_percent=50"
+    run_recipe("03_shard.py", config, held_out)
+    run_recipe("05_evaluate.py", config, held_out, "eval.tasks=[passkey]", "eval.bpb_position_buckets=[0,16,32]",
                "eval.passkey.items_per_depth=2", "eval.max_validation_batches=null")
     eval_dir = tmp_path / "runs" / "tiny" / "eval"
     results = json.loads(sorted(eval_dir.glob("step_*.json"))[-1].read_text(encoding="utf-8"))
@@ -218,5 +221,19 @@ def test_recipe_05_reports_passkey_against_chance_and_bpb_by_position(fixture_pr
     assert r["source"].endswith("(validation split)")
     report = sorted(eval_dir.glob("step_*.md"))[-1].read_text(encoding="utf-8")
     assert "## Bits per byte by position" in report and "| [32, 64) |" in report
-    assert re.search(r"\| passkey \| exact_match \| [0-9.]+ \| \[[0-9.]+, [0-9.]+\] \| 0\.000 \|", report)
+    assert re.search(r"\| passkey \| exact_match \| [0-9.]+ \| \[[0-9.]+, [0-9.]+\] \| 1e-05 \|", report)
     assert "## passkey by group" in report and "64 tokens, depth 0.50" in report
+    # eval during training (train.eval_every): the same two, as the flat metrics the trainer logs
+    from eval.run import evaluate_model
+    from experiment.config import load_config
+    from experiment.runfolder import RunFolder
+    from trainer.trained_model import load_trained_model
+
+    cfg = load_config(config, [held_out, "eval.train_tasks=[passkey]", "eval.bpb_position_buckets=[0,16,32]",
+                               "eval.passkey.items_per_depth=1", "eval.train_validation_batches=100"])
+    run_folder = RunFolder.for_config(cfg)
+    model, step, _ = load_trained_model(run_folder)
+    flat = evaluate_model(model, cfg, run_folder, int(step))
+    assert [flat[f"eval/val_bpb_position/{lo}-{hi}"] for lo, hi in ((0, 16), (16, 32), (32, 64))] == [
+        pytest.approx(b["bits_per_byte"], rel=1e-5) for b in by_position["buckets"]]
+    assert flat["eval/passkey/baseline_chance"] == 1e-5 and 0.0 <= flat["eval/passkey/exact_match"] <= 1.0
