@@ -143,6 +143,14 @@ def test_bad_passkey_settings_are_one_line(settings: dict, message: str) -> None
         PasskeyConfig(**settings).validate("eval.passkey")
 
 
+def test_passkey_is_a_known_task_and_has_no_task_file() -> None:
+    from eval.tasks import check_task_names
+
+    check_task_names(EvalConfig(tasks=["passkey"], train_tasks=["passkey"]))
+    with pytest.raises(ConfigError, match=r"^config key 'eval.task_files.passkey': the passkey items are generated"):
+        check_task_names(EvalConfig(task_files={"passkey": "x.jsonl"}))
+
+
 def test_bucket_starts_must_increase_from_zero() -> None:
     assert bucket_spans([0, 256, 512, 1024, 2048], 1024) == [(0, 256), (256, 512), (512, 1024)]
     for starts in ([16, 32], [0, 32, 16]):
