@@ -42,7 +42,7 @@ log = logging.getLogger("eval")
 
 _TASK_CACHE: dict[tuple[Any, ...], TaskData | GenTaskData] = {}
 _SKIPPED_CACHE: dict[tuple[Any, ...], str] = {}
-_PASSKEY_CACHE: dict[tuple[Any, ...], tuple[list[Any], str]] = {}
+_PASSKEY_CACHE: dict[tuple[Any, ...], tuple[list[passkey.PasskeyItem], str]] = {}
 
 
 def load_tasks(names: Sequence[str], eval_cfg: EvalConfig, max_items: int | None,
