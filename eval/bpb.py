@@ -199,8 +199,11 @@ class PositionBuckets:
         self.buckets = self.buckets or [BitsPerByte() for _ in self.spans]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; with no document long enough the buckets' rates are null (nothing was measured), not NaN."""
+        rates = ("bits_per_byte", "perplexity", "nats_per_token")
         return {"documents": self.documents, "shorter_documents": self.shorter,
-                "buckets": [{"start": lo, "end": hi, **acc.to_dict()}
+                "buckets": [{"start": lo, "end": hi, **{k: (None if k in rates and not acc.tokens else v)
+                                                         for k, v in acc.to_dict().items()}}
                             for (lo, hi), acc in zip(self.spans, self.buckets, strict=True)]}
 
 

@@ -212,8 +212,8 @@ def _position_table(results: dict[str, Any]) -> list[str]:
              "from the document's start: the token at position p is predicted from the p tokens before it and the "
              "EOS. Falling with position: the model uses its context.", "",
              "| positions | bits per byte | perplexity | tokens | bytes |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| [{b['start']}, {b['end']}) | {b['bits_per_byte']:.4f} | {b['perplexity']:.2f} | {b['tokens']} | "
-              f"{b['bytes']} |" for b in found["buckets"]]
+    lines += [f"| [{b['start']}, {b['end']}) | {_fmt(b['bits_per_byte'], 4) or 'n/a'} | "
+              f"{_fmt(b['perplexity'], 2) or 'n/a'} | {b['tokens']} | {b['bytes']} |" for b in found["buckets"]]
     return [*lines, ""]
 
 

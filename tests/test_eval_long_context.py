@@ -23,6 +23,7 @@ from eval.passkey import (
     key_credit,
     make_items,
 )
+from eval.report import render_markdown
 from experiment.errors import ConfigError, DataError
 from experiment.sections.eval import EvalConfig, PasskeyConfig
 
@@ -199,6 +200,11 @@ def test_position_buckets_count_tokens_and_bytes_of_long_documents_only() -> Non
         assert acc.bytes == sum(int(piece_bytes[d[lo:hi]].sum()) for d in first_16)
         assert math.isclose(acc.nats, acc.tokens * math.log(vocab), rel_tol=1e-6)
     assert position_bucket_bpb(uniform, docs, piece_bytes, [(0, 16)], EOS, max_len, 2, max_documents=1).documents == 1
+    none_long = position_bucket_bpb(uniform, docs[1:2], piece_bytes, [(0, 8), (8, 16)], EOS, max_len, 2)
+    found = {**none_long.to_dict(), "max_len": max_len}  # nothing measured: null, not NaN, and the report says so
+    assert found["shorter_documents"] == 1 and [b["bits_per_byte"] for b in found["buckets"]] == [None, None]
+    report = render_markdown({"step": 1, "validation_by_position": found})
+    assert "(0 documents; 1 shorter left out)" in report and "| [8, 16) | n/a | n/a | 0 | 0 |" in report
 
 
 @pytest.mark.integration
