@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
 from eval.scoring import LogitsFn, ScoreRequest, score_requests, target_logprobs
-from experiment.errors import DataError
+from experiment.errors import ConfigError, DataError
 from experiment.progress import progress
 from experiment.storage import RunPath, location
 
@@ -145,9 +146,117 @@ def read_text_files(paths: Sequence[str | RunPath]) -> list[tuple[str, str]]:
     return texts
 
 
+def bucket_spans(starts: Sequence[int], max_len: int) -> list[tuple[int, int]]:
+    """``[start, next start)`` position spans from bucket starts (``eval.bpb_position_buckets``), the last one ending
+    at the model's context ``max_len``; starts at or past ``max_len`` are dropped (a shorter model has no such
+    positions). Starts must increase from 0."""
+    kept = [int(s) for s in starts if int(s) < max_len]
+    if not kept or kept[0] != 0 or any(b <= a for a, b in zip(kept, kept[1:], strict=False)):
+        raise ConfigError(f"config key 'eval.bpb_position_buckets': bucket starts must increase from 0, got "
+                          f"{list(starts)}")
+    return list(zip(kept, [*kept[1:], max_len], strict=True))
+
+
+def stream_documents(batches: Iterable[dict[str, np.ndarray]], eos_id: int) -> Iterator[np.ndarray]:
+    """The documents of a split's token stream (the shards' rows in file order, each ``inputs`` plus the last
+    target), cut at EOS, each without its EOS. Rows are consecutive cuts of one stream (data_prep.shards.packing),
+    so a document that crossed rows comes back whole. Padding (segment 0) is left out; a row that scores nothing
+    (a corrupt record skipped) breaks the stream, and the document it cut is dropped: its start is unknown."""
+    pending: list[np.ndarray] = []
+    known_start = True
+    for batch in batches:
+        rows = np.concatenate([batch["inputs"], batch["targets"][:, -1:]], axis=1)
+        keep = np.ones(rows.shape, dtype=bool)
+        if "segment_ids" in batch:
+            keep[:, :-1] = batch["segment_ids"] != 0
+            keep[:, -1] = keep[:, -2]  # the last target belongs to the last input's segment or its padding
+        for r, row in enumerate(rows):
+            if "loss_weights" in batch and not batch["loss_weights"][r].any():
+                pending, known_start = [], False
+                continue
+            row = row[keep[r]]
+            start = 0
+            for end in np.flatnonzero(row == eos_id):
+                if known_start:
+                    yield np.concatenate([*pending, row[start:end]])
+                pending, known_start, start = [], True, end + 1
+            pending.append(row[start:])
+    if known_start and sum(piece.size for piece in pending):
+        yield np.concatenate(pending)  # the stream's last document, as far as the split holds it
+
+
+@dataclass
+class PositionBuckets:
+    """Bits per byte by position in the context window: each long document's first ``max_len`` tokens (after the
+    EOS it follows) scored as one window, the target at input position ``p`` seeing ``p + 1`` tokens."""
+
+    spans: list[tuple[int, int]]
+    documents: int = 0  # windows scored: documents at least as long as the context
+    shorter: int = 0  # documents left out for being shorter
+    buckets: list[BitsPerByte] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.buckets = self.buckets or [BitsPerByte() for _ in self.spans]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready; with no document long enough the buckets' rates are null (nothing was measured), not NaN."""
+        rates = ("bits_per_byte", "perplexity", "nats_per_token")
+        return {"documents": self.documents, "shorter_documents": self.shorter,
+                "buckets": [{"start": lo, "end": hi, **{k: (None if k in rates and not acc.tokens else v)
+                                                         for k, v in acc.to_dict().items()}}
+                            for (lo, hi), acc in zip(self.spans, self.buckets, strict=True)]}
+
+
+def position_bucket_bpb(logits_fn: LogitsFn, documents: Iterable[np.ndarray], piece_bytes: np.ndarray,
+                        spans: list[tuple[int, int]], start_id: int, max_len: int, batch_size: int,
+                        max_documents: int | None = None) -> PositionBuckets:
+    """Bits per byte per position span over the documents of at least ``max_len`` tokens (``max_documents`` of
+    them at most): a model that uses its context gets better further in, and a stage trained at a longer
+    ``max_seq_len`` shows it past the parent's length. Bytes are the target pieces' UTF-8 bytes."""
+    out = PositionBuckets(spans)
+    windows: list[np.ndarray] = []
+
+    def score(windows: list[np.ndarray]) -> None:
+        rows = np.stack(windows)
+        logp, _ = target_logprobs(logits_fn(jnp.asarray(rows[:, :-1])), jnp.asarray(rows[:, 1:]))
+        nll = -np.asarray(logp, dtype=np.float64)
+        n_bytes = piece_bytes[rows[:, 1:]]
+        for (lo, hi), acc in zip(spans, out.buckets, strict=True):
+            acc.add(nll[:, lo:hi].sum(), int(n_bytes[:, lo:hi].sum()), nll[:, lo:hi].size)
+
+    for doc in documents:
+        if max_documents is not None and out.documents >= max_documents:
+            break
+        if doc.size < max_len:
+            out.shorter += 1
+            continue
+        windows.append(np.concatenate([[start_id], doc[:max_len]]).astype(np.int32))
+        out.documents += 1
+        if len(windows) == batch_size:
+            score(windows)
+            windows = []
+    if windows:
+        score(windows)
+    return out
+
+
+def validation_position_buckets(logits_fn: LogitsFn, shards_dir: Path, piece_bytes: np.ndarray, *,
+                                starts: Sequence[int], eos_id: int, max_len: int, batch_size: int,
+                                max_batches: int | None = None, max_documents: int | None = None,
+                                tokenizer_sha256: str | None = None) -> PositionBuckets:
+    """``position_bucket_bpb`` over the validation split's documents (read as ``validation_bpb`` reads it)."""
+    from data_prep.shards.loader import iter_eval_batches
+
+    batches = iter_eval_batches(shards_dir, "validation", batch_size, max_batches=max_batches,
+                                tokenizer_sha256=tokenizer_sha256)
+    return position_bucket_bpb(logits_fn, stream_documents(batches, eos_id), piece_bytes,
+                               bucket_spans(starts, max_len), eos_id, max_len, batch_size, max_documents)
+
+
 def describe(acc: BitsPerByte) -> str:
     return f"{acc.bits_per_byte:.4f} bits/byte, perplexity {acc.perplexity:.2f} over {acc.tokens} tokens"
 
 
-__all__ = ["BitsPerByte", "add_batch", "batches_bpb", "describe", "read_text_files", "sets_validation_bpb", "text_bpb",
-           "validation_bpb"]
+__all__ = ["BitsPerByte", "PositionBuckets", "add_batch", "batches_bpb", "bucket_spans", "describe",
+           "position_bucket_bpb", "read_text_files", "sets_validation_bpb", "stream_documents",
+           "text_bpb", "validation_bpb", "validation_position_buckets"]

@@ -32,6 +32,10 @@ def results_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         add("validation", "", "perplexity", v["perplexity"], None, None, v["tokens"], "")
     for name, v in results.get("heldout", {}).items():
         add("heldout", name, "bits_per_byte", v["bits_per_byte"], None, None, v["tokens"], "")
+    by_position = results.get("validation_by_position", {})
+    for b in by_position.get("buckets", []):  # items: the bucket's tokens
+        add("validation_by_position", f"[{b['start']}, {b['end']})", "bits_per_byte", b["bits_per_byte"], None, None,
+            b["tokens"], "", note=f"{b['bytes']} bytes in {by_position['documents']} documents")
     for task, r in results.get("tasks", {}).items():
         one_answer = r.get("answers", {}).get("one_answer", False)
         flag = f"one answer ('{r['answers']['top']}') throughout" if one_answer else ""
@@ -63,6 +67,8 @@ def _baselines(baselines: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
+    if x is not None and 0 < abs(x) < 0.5 * 10 ** -digits:  # a passkey's chance (1e-05) is not 0.000
+        return f"{x:.0e}"
     return "" if x is None else f"{x:.{digits}f}"
 
 
@@ -195,6 +201,22 @@ def _base_model(results: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _position_table(results: dict[str, Any]) -> list[str]:
+    """Validation bits per byte by position in the context window (``eval.bpb_position_buckets``)."""
+    found = results.get("validation_by_position")
+    if not found:
+        return []
+    lines = ["## Bits per byte by position", "",
+             f"The first {found['max_len']} tokens of each validation document at least that long "
+             f"({found['documents']} documents; {found['shorter_documents']} shorter left out), scored as one window "
+             "from the document's start: the token at position p is predicted from the p tokens before it and the "
+             "EOS. Falling with position: the model uses its context.", "",
+             "| positions | bits per byte | perplexity | tokens | bytes |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| [{b['start']}, {b['end']}) | {_fmt(b['bits_per_byte'], 4) or 'n/a'} | "
+              f"{_fmt(b['perplexity'], 2) or 'n/a'} | {b['tokens']} | {b['bytes']} |" for b in found["buckets"]]
+    return [*lines, ""]
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     lines = [f"# Evaluation of {results.get('experiment', '')} at step {results['step']}", ""]
     if "validation" in results or "heldout" in results:
@@ -204,6 +226,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines += [f"| {name} | {v['bits_per_byte']:.4f} | {v['perplexity']:.2f} | {v['tokens']} | {v['bytes']} |"
                   for name, v in texts]
         lines.append("")
+    lines += _position_table(results)
     lines += _base_model(results)
     if results.get("tasks"):
         lines += _headline(results)

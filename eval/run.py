@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.shards.loader import mixture_sets
-from eval import bpb, harness
+from eval import bpb, harness, passkey
 from eval.generative import GenerateTexts, GenTaskData, evaluate_generative, load_generative
 from eval.harness import PairEncoder, TaskData, headline_metric, one_answer_warning
 from eval.loaders import SourceUnavailable
 from eval.report import render_markdown, results_rows
 from eval.scoring import LogitsFn, model_logits_fn
-from eval.tasks import GENERATIVE_TASKS, check_task_names, get_task
+from eval.tasks import GENERATIVE_TASKS, PASSKEY, check_task_names, get_task
 from experiment.config import redact
 from experiment.errors import DataError, RecipeError, WriteError
 from experiment.files import atomic_write_json, atomic_write_text, write_errno, write_error
@@ -42,6 +42,7 @@ log = logging.getLogger("eval")
 
 _TASK_CACHE: dict[tuple[Any, ...], TaskData | GenTaskData] = {}
 _SKIPPED_CACHE: dict[tuple[Any, ...], str] = {}
+_PASSKEY_CACHE: dict[tuple[Any, ...], tuple[list[passkey.PasskeyItem], str]] = {}
 
 
 def load_tasks(names: Sequence[str], eval_cfg: EvalConfig, max_items: int | None,
@@ -101,6 +102,9 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, run_
                                  max_batches=validation_batches, tokenizer_sha256=tok.sha256 or None)
         results["validation"] = {**acc.to_dict(), "seconds": round(time.perf_counter() - started, 2)}
         log.info("validation: %s", bpb.describe(acc))
+        if eval_cfg.bpb_position_buckets:
+            results["validation_by_position"] = position_buckets(logits_fn, tok, eval_cfg, run_folder.shards,
+                                                                 max_len=max_len, validation_batches=validation_batches)
     if mixture:
         by_set = bpb.sets_validation_bpb(logits_fn, mixture, tok.piece_byte_lengths(), eval_cfg.batch_size,
                                          max_batches=validation_batches, tokenizer_sha256=tok.sha256 or None)
@@ -115,21 +119,30 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, run_
             results["heldout"][name] = acc.to_dict()
             log.info("held-out %s: %s", name, bpb.describe(acc))
     results["tasks"], skipped = score_tasks(logits_fn, tok, eval_cfg, tasks=tasks, max_items=max_items,
-                                            max_len=max_len, generate=generate)
+                                            max_len=max_len, generate=generate, shards_dir=run_folder.shards)
     if skipped:
         results["tasks_skipped"] = skipped
     return results
 
 
 def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, *, tasks: Sequence[str],
-                max_items: int | None, max_len: int,
-                generate: GenerateTexts | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+                max_items: int | None, max_len: int, generate: GenerateTexts | None = None,
+                shards_dir: Path | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Every task's result (see ``harness.evaluate_task``, ``generative.evaluate_generative``: the generative
-    tasks need ``generate``) and the tasks skipped for missing files."""
+    tasks need ``generate``; ``passkey.evaluate_passkey``: its filler comes from ``shards_dir``'s validation split
+    unless ``eval.passkey.filler_file`` is set) and the tasks skipped for missing files."""
     encoder = PairEncoder(tok.encode, tok.eos_id, tok.normalize)
     scored: dict[str, Any] = {}
     skipped: dict[str, str] = {}
-    for data in load_tasks(tasks, eval_cfg, max_items, skipped):
+    if PASSKEY in tasks:
+        if generate is None:
+            raise ValueError("task passkey is generative: score_tasks needs generate=")
+        started = time.perf_counter()
+        items, source = passkey_items(tok, eval_cfg, shards_dir, max_len)
+        scored[PASSKEY] = passkey.evaluate_passkey(items, generate, eval_cfg.passkey, seed=eval_cfg.seed,
+                                                   source=source, batch_size=eval_cfg.batch_size)
+        scored[PASSKEY]["seconds"] = round(time.perf_counter() - started, 2)
+    for data in load_tasks([task for task in tasks if task != PASSKEY], eval_cfg, max_items, skipped):
         started = time.perf_counter()
         if isinstance(data, GenTaskData):
             if generate is None:
@@ -141,6 +154,44 @@ def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, *,
         result["seconds"] = round(time.perf_counter() - started, 2)
         scored[result["task"]] = result
     return scored, skipped
+
+
+def passkey_items(tok: RunTokenizer, eval_cfg: EvalConfig, shards_dir: Path | None,
+                  max_len: int) -> tuple[list[passkey.PasskeyItem], str]:
+    """The passkey task's items (made once per tokenizer, context and settings: eval during training repeats
+    them) and where their filler came from."""
+    from eval.completions import run_codec
+
+    settings = eval_cfg.passkey
+    key = (tok.sha256, max_len, eval_cfg.seed, str(shards_dir), tuple(settings.lengths), tuple(settings.depths),
+           settings.items_per_depth, settings.digits, settings.filler_file)
+    if key not in _PASSKEY_CACHE:
+        if shards_dir is None and not settings.filler_file:
+            raise DataError("task passkey: no filler (set eval.passkey.filler_file, or run recipe 03 for the "
+                            "validation shards)")
+        sentences, source = passkey.read_filler(settings, tok.decode, tok.eos_id, shards_dir, eval_cfg.batch_size,
+                                                tokenizer_sha256=tok.sha256 or None)
+        items = passkey.make_items(sentences, run_codec(tok).encode, settings, max_len=max_len, seed=eval_cfg.seed,
+                                   where=source)
+        _PASSKEY_CACHE[key] = (items, source)
+    return _PASSKEY_CACHE[key]
+
+
+def position_buckets(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, shards_dir: Path, *,
+                     max_len: int, validation_batches: int | None) -> dict[str, Any]:
+    """Bits per byte by position bucket (``eval.bpb_position_buckets``) on the validation documents at least as long
+    as the context, read from as many batches as the validation bits per byte reads."""
+    started = time.perf_counter()
+    found = bpb.validation_position_buckets(
+        logits_fn, shards_dir, tok.piece_byte_lengths(), starts=eval_cfg.bpb_position_buckets, eos_id=tok.eos_id,
+        max_len=max_len, batch_size=eval_cfg.batch_size, max_batches=validation_batches,
+        max_documents=eval_cfg.position_bucket_documents, tokenizer_sha256=tok.sha256 or None)
+    if not found.documents:
+        log.warning("no validation document of %d tokens or more in the batches read (%d shorter): no bits per byte "
+                    "by position", max_len, found.shorter)
+    for (lo, hi), acc in zip(found.spans, found.buckets, strict=True):
+        log.info("validation positions [%d, %d): %s, %d bytes", lo, hi, bpb.describe(acc), acc.bytes)
+    return {**found.to_dict(), "max_len": max_len, "seconds": round(time.perf_counter() - started, 2)}
 
 
 def log_task_results(tasks: dict[str, Any]) -> None:
@@ -212,7 +263,8 @@ def join_baselines(target: dict[str, Any], model_acc: dict[str, Any], own: dict[
                                                               baselines)
 
 
-BITS_PER_BYTE_PARTS = ("validation", "validation_by_set", "heldout")  # what run_suite measures besides the tasks
+# what run_suite measures besides the tasks
+BITS_PER_BYTE_PARTS = ("validation", "validation_by_position", "validation_by_set", "heldout")
 
 
 def add_base_model(results: dict[str, Any], scored: dict[str, Any], info: dict[str, Any]) -> None:
@@ -237,6 +289,9 @@ def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, flo
     if "validation" in results:
         flat[f"{prefix}/val_bpb"] = results["validation"]["bits_per_byte"]
         flat[f"{prefix}/val_ppl"] = results["validation"]["perplexity"]
+    for bucket in results.get("validation_by_position", {}).get("buckets", []):
+        if bucket["tokens"]:
+            flat[f"{prefix}/val_bpb_position/{bucket['start']}-{bucket['end']}"] = bucket["bits_per_byte"]
     for name, acc in results.get("validation_by_set", {}).items():
         flat[f"{prefix}/mixture/{name}/val_bpb"] = acc["bits_per_byte"]
     for name, acc in results.get("heldout", {}).items():
@@ -424,7 +479,8 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
         log.info("scoring the same items with the step-0 model (seed %d from %s)", init["seed"], init["seed_from"])
         scored, _ = score_tasks(model_logits_fn(random_model), tok, eval_cfg,
                                 tasks=list(results["tasks"]), max_items=eval_cfg.max_items_per_task,
-                                max_len=max_len, generate=text_generator(random_model, tok, max_len))
+                                max_len=max_len, generate=text_generator(random_model, tok, max_len),
+                                shards_dir=run_folder.shards)
         add_random_init(results, scored, init)
         results["random_init_seconds"] = round(time.perf_counter() - random_started, 2)
     if eval_cfg.base_model_baseline and meta.get("init_from"):

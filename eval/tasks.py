@@ -343,9 +343,13 @@ GENERATIVE_TASKS: dict[str, GenerativeTask] = {task.name: task for task in (
 )}
 
 
+PASSKEY = "passkey"  # generated, not read: eval/passkey.py (settings: eval.passkey)
+
+
 def known_task_names() -> list[str]:
-    """Every task recipe 05 can score: the log-likelihood ones and the generative ones (eval/generative.py)."""
-    return sorted({*TASKS, *GENERATIVE_TASKS})
+    """Every task recipe 05 can score: the log-likelihood ones, the generative ones (eval/generative.py) and the
+    passkey retrieval (eval/passkey.py)."""
+    return sorted({*TASKS, *GENERATIVE_TASKS, PASSKEY})
 
 
 def check_task_names(eval_cfg: EvalConfig) -> None:
@@ -359,6 +363,9 @@ def check_task_names(eval_cfg: EvalConfig) -> None:
     for task in eval_cfg.task_files:
         if task not in known:
             raise ConfigError(f"config key 'eval.task_files.{task}': unknown task{_known_tasks(task)}")
+        if task == PASSKEY:
+            raise ConfigError(f"config key 'eval.task_files.{task}': the passkey items are generated, not read "
+                              "(its filler text: eval.passkey.filler_file)")
     for task in eval_cfg.task_schemas:
         if task not in TASKS:  # a generative task's schema is read from its records
             raise ConfigError(f"config key 'eval.task_schemas.{task}': unknown task{_known_tasks(task)}")

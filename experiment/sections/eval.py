@@ -18,6 +18,29 @@ SAMPLE_PROMPTS = ("Москва — столица", "Однажды зимни�
 
 
 @dataclass
+class PasskeyConfig:
+    """The ``passkey`` task (eval/passkey.py): a key hidden in Russian filler at each depth of each length."""
+
+    # prompt budgets in tokens (EOS, prompt and answer); a length past the model's context is capped at it
+    lengths: list[int] = field(default_factory=lambda: [4096, 8192, 16384, 32768, 65536, 131072])
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # share of filler before the key
+    items_per_depth: int = 4  # items per (length, depth)
+    digits: int = 5  # the key's digits: exact-match chance 10^-digits
+    filler_file: str = ""  # UTF-8 text whose sentences are the filler; "": the run's validation shards, decoded
+
+    def validate(self, key: str) -> None:
+        check_location(self.filler_file, f"{key}.filler_file")
+        if not self.lengths or any(length < 1 for length in self.lengths):
+            raise ConfigError(f"config key '{key}.lengths': positive token counts, got {self.lengths}")
+        if not self.depths or any(not 0.0 <= depth <= 1.0 for depth in self.depths):
+            raise ConfigError(f"config key '{key}.depths': shares between 0 and 1, got {self.depths}")
+        if self.items_per_depth < 1:
+            raise ConfigError(f"config key '{key}.items_per_depth': must be positive, got {self.items_per_depth}")
+        if not 1 <= self.digits <= 12:
+            raise ConfigError(f"config key '{key}.digits': 1 to 12, got {self.digits}")
+
+
+@dataclass
 class EvalConfig:
     checkpoint_step: int | None = None  # None: the latest checkpoint
     batch_size: int = 16  # sequences per scoring batch
@@ -38,6 +61,12 @@ class EvalConfig:
     seed: int = 0  # item sampling and few-shot example choice
     # raw UTF-8 texts: bits per byte on each, by recipe 05 and at every eval during training (train.eval_every)
     heldout_text_files: list[str] = field(default_factory=list)
+    # bits per byte by position in the context: the starts of the position buckets (e.g. [0, 256, 512, 1024]; the
+    # last ends at the model's context, starts past it are dropped), over the validation documents at least as long
+    # as the context, each one's first window; [] (the default): not measured. Recipe 05 and eval during training
+    bpb_position_buckets: list[int] = field(default_factory=list)
+    position_bucket_documents: int | None = None  # documents scored at most; None: all the validation batches read
+    passkey: PasskeyConfig = field(default_factory=PasskeyConfig)  # the passkey task's settings
     # eval during training (train.eval_every > 0): a quick subset, logged against step and rubles
     train_tasks: list[str] = field(default_factory=lambda: ["rublimp"])
     train_max_items_per_task: int = 10
@@ -74,7 +103,7 @@ class EvalConfig:
                 raise ConfigError(f"config key '{prefix}mera_tasks': unknown MERA task '{task}' (known: "
                                   f"{', '.join(MERA_CONFIGS)})")
         for name in ("max_validation_batches", "max_items_per_task", "train_max_items_per_task", "mera_max_items",
-                     "train_validation_batches", "checkpoint_step"):
+                     "train_validation_batches", "checkpoint_step", "position_bucket_documents"):
             value = getattr(self, name)
             if value is not None and value < (0 if name == "checkpoint_step" else 1):
                 raise ConfigError(f"config key '{prefix}{name}': must be positive, got {value}")
@@ -84,5 +113,9 @@ class EvalConfig:
             if task not in self.task_files:
                 raise ConfigError(f"config key '{prefix}task_schemas.{task}': names the schema of "
                                   f"'{prefix}task_files.{task}', which is not set")
+        starts = self.bpb_position_buckets
+        if starts and (starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:], strict=False))):
+            raise ConfigError(f"config key '{prefix}bpb_position_buckets': bucket starts must increase from 0, got "
+                              f"{starts}")
         if self.num_fewshot < 0:
             raise ConfigError(f"config key '{prefix}num_fewshot': must be 0 or more, got {self.num_fewshot}")
