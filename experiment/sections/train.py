@@ -67,6 +67,42 @@ class MixtureSetConfig:
 
 
 @dataclass
+class MixtureStageConfig:
+    """A change of the mixture's weights: from global batch ``step`` on (the batches of steps ``step + 1``, ...) the
+    sets are read at ``weights`` (relative, normalised; a set left out reads 0). Levanter's ``train_weights`` stages."""
+
+    step: int
+    weights: dict[str, float] = field(default_factory=dict)
+
+
+def check_mixture_schedule(names: list[str], stages: list[tuple[int, dict[str, float]]], key: str,
+                           steps: int = 0) -> None:
+    """One ConfigError naming the key of the first bad stage: steps increasing from 1 (step 0 reads
+    ``train.mixture``'s own weights) and, with ``steps``, below it; only the mixture's set names; weights >= 0 and
+    not all 0. Shared by the config's validation and the loader's (``make_mixture_iterator``)."""
+    if stages and not names:
+        raise ConfigError(f"config key '{key}': a schedule changes the weights of train.mixture, which is empty")
+    previous = 0
+    for index, (step, weights) in enumerate(stages):
+        where = f"{key}[{index}]"
+        if step <= previous:
+            raise ConfigError(f"config key '{where}.step': {step} must be above {previous} (the steps increase; "
+                              "step 0 reads the weights of train.mixture)")
+        if steps and step >= steps:
+            raise ConfigError(f"config key '{where}.step': {step} is never reached by a run of train.steps={steps}")
+        unknown = [name for name in weights if name not in names]
+        if unknown:
+            raise ConfigError(f"config key '{where}.weights.{unknown[0]}': not a set of train.mixture "
+                              f"({', '.join(names)})")
+        bad = [name for name, weight in weights.items() if not weight >= 0]
+        if bad:
+            raise ConfigError(f"config key '{where}.weights.{bad[0]}': must be >= 0, got {weights[bad[0]]}")
+        if not sum(weights.values()) > 0:
+            raise ConfigError(f"config key '{where}.weights': at least one set needs a positive weight")
+        previous = step
+
+
+@dataclass
 class TrainConfig:
     steps: int = 1000
     batch_size: int = 32  # global batch, in sequences
@@ -153,6 +189,8 @@ class TrainConfig:
     # several shard sets mixed by weight at train time (data_prep.shards.loader.make_mixture_iterator);
     # [] trains on this run's shards alone
     mixture: list[MixtureSetConfig] = field(default_factory=list)
+    # the mixture's weights changed at given steps, piecewise constant (data_prep.shards.loader.MixtureSchedule)
+    mixture_schedule: list[MixtureStageConfig] = field(default_factory=list)
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
@@ -222,6 +260,8 @@ class TrainConfig:
                                   "that no other set has")
             if not m.weight > 0:
                 raise ConfigError(f"config key '{prefix}mixture[{i}].weight': must be positive, got {m.weight}")
+        check_mixture_schedule(names, [(s.step, s.weights) for s in self.mixture_schedule],
+                               f"{prefix}mixture_schedule", self.steps)
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
             raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, "
                               f"got {self.peak_flops_per_chip}")
