@@ -44,11 +44,11 @@ def test_the_shares_change_at_the_steps_named_counted_from_the_batches(sets: lis
     assert books[10:].tolist() == [0.5] * 6 and code[10:].tolist() == [0.5] * 6 and not web[10:].any()
     # the loader's closed form says the same, batch by batch, without reading a row
     for step in range(1, 17):
-        metrics = it.mixture_metrics(step, SEQ_LEN)
+        metrics = it.mixture_metrics(step, BATCH * SEQ_LEN)
         for name, shares in (("web", web), ("books", books), ("code", code)):
             assert metrics[f"data/{name}/share"] == shares[step - 1]
             assert metrics[f"data/{name}/tokens_seen"] == round(sum(shares[:step]) * BATCH * SEQ_LEN)
-    assert it.tokens_by_set(5, SEQ_LEN) == {"web": 5 * SEQ_LEN, "books": 0, "code": 15 * SEQ_LEN}
+    assert it.tokens_by_set(5, BATCH * SEQ_LEN) == {"web": 5 * SEQ_LEN, "books": 0, "code": 15 * SEQ_LEN}
 
 
 def test_each_set_reads_on_in_its_own_stream_across_a_change(sets: list[tuple[str, Path, float]]) -> None:
@@ -122,7 +122,8 @@ def test_schedule_keys_are_checked_at_load(stages: list[dict], key: str) -> None
     from experiment.sections.train import MixtureSetConfig, MixtureStageConfig, TrainConfig
 
     mixture = [MixtureSetConfig("a"), MixtureSetConfig("b", "x")]
-    TrainConfig(steps=50, warmup_steps=1, mixture=mixture, mixture_schedule=[MixtureStageConfig(5, {"b": 1.0})]).validate("train")
+    schedule = [MixtureStageConfig(5, {"b": 1.0})]
+    TrainConfig(steps=50, warmup_steps=1, mixture=mixture, mixture_schedule=schedule).validate("train")
     with pytest.raises(ConfigError, match=key):
         TrainConfig(steps=50, warmup_steps=1, mixture=mixture,
                      mixture_schedule=[MixtureStageConfig(**s) for s in stages]).validate("train")

@@ -447,7 +447,7 @@ def train_one_step(ctx: LoopContext) -> None:
             ctx.ledger.book_as_lost()
     ctx.step += 1
     ctx.window.add()
-    by_set = ctx.loader.tokens_by_set(ctx.step - 1, ctx.tokens_per_row) if trained else None  # a mixture's sets
+    by_set = ctx.loader.tokens_by_set(ctx.step - 1, ctx.tokens_per_step) if trained else None  # a mixture's sets
     ctx.ledger.add_tokens(ctx.step, ctx.tokens_per_step if trained else 0, by_set)  # a skipped step trained no token
     ctx.last_loss = float(ctx.metrics["loss"])
     if not trained:

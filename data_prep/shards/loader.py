@@ -447,18 +447,21 @@ class TrainIterator:
         """The rows each set gave to the first ``batches`` global batches (closed form: no row is read)."""
         return dict(zip(self.names, self.schedule.rows_before(batches * self.global_batch_size), strict=True))
 
-    def tokens_by_set(self, batch: int, tokens_per_row: int) -> dict[str, int] | None:
-        """The tokens each set gave to global batch ``batch`` (the batch of step ``batch + 1``); None for one set."""
+    def tokens_by_set(self, batch: int, tokens_per_step: int) -> dict[str, int] | None:
+        """The tokens each set gave to global batch ``batch`` (the batch of step ``batch + 1``, ``tokens_per_step``
+        tokens in all); None for one set."""
         if self.mixture is None:
             return None
+        tokens_per_row = tokens_per_step // self.global_batch_size
         before, after = self.rows_by_set(batch), self.rows_by_set(batch + 1)
         return {name: (after[name] - before[name]) * tokens_per_row for name in self.names}
 
-    def mixture_metrics(self, step: int, tokens_per_row: int) -> dict[str, float]:
+    def mixture_metrics(self, step: int, tokens_per_step: int) -> dict[str, float]:
         """``data/<set>/share`` (its share of the rows of step ``step``'s batch, as the batch holds them) and
         ``data/<set>/tokens_seen`` (its tokens in steps 1..``step``); empty for one set or before step 1."""
         if self.mixture is None or step < 1:
             return {}
+        tokens_per_row = tokens_per_step // self.global_batch_size
         before, after = self.rows_by_set(step - 1), self.rows_by_set(step)
         metrics: dict[str, float] = {}
         for name in self.names:
