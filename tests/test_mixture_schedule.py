@@ -140,3 +140,70 @@ def test_a_schedule_key_in_yaml_is_one_line_before_anything_opens(tmp_path: Path
                                           "mixture_schedule": [{"step": 10, "weights": {"own": 1, "wbe": 2}}]})
     with pytest.raises(ConfigError, match=r"^config key 'train.mixture_schedule\[0\].weights.wbe': not a set"):
         load_config(config)
+
+
+SCHEDULED_TRAIN = {"steps": 6, "checkpoint_every": 2, "warmup_steps": 1, "log_every": 1,
+                   "mixture_schedule": [{"step": 3, "weights": {"own": 1.0, "other": 1.0}}]}
+
+
+@pytest.mark.integration
+def test_recipe_04_follows_the_schedule_resumes_exactly_and_prices_each_set(fixture_stages: Path,
+                                                                            tmp_path: Path) -> None:
+    """Recipe 04 on own 3 : other 1, then 1 : 1 from step 3 (batch 8): train_log's data/<set>/share is 0.75 for
+    steps 1-3 and 0.5 after; runs resumed from checkpoint 2 (before the change) and 4 (after it) log the same steps
+    and end with checkpoint 6 bitwise the uninterrupted run's; the ledger's rubles by data set add up to its rubles."""
+    import shutil
+
+    from cost.ledger_pricing import summarize_ledger
+    from cost.ledger_report import REPORT_FILE, _rows, data_set_rows
+    from cost.ledger_sessions import tally_on_disk
+    from tests.fixture_run import (
+        assert_same_checkpoint,
+        assert_same_log,
+        checkpoint_contents,
+        fixture_config,
+        log_records,
+        run_copy,
+    )
+    from tests.recipe_runner import run_recipe
+
+    other = tmp_path / "other-shards"
+    shutil.copytree(fixture_stages / "runs" / "tiny" / "shards", other)
+    train = {**SCHEDULED_TRAIN, "mixture": [{"name": "own", "weight": 3.0},
+                                            {"name": "other", "shards": str(other), "weight": 1.0}]}
+    whole_root = tmp_path / "whole"
+    run_recipe("04_pretrain.py", run_copy(fixture_stages, whole_root, train=train))
+    whole = whole_root / "runs" / "tiny"
+    records = log_records(whole)
+    assert [r["data/own/share"] for r in records] == [0.75] * 3 + [0.5] * 3
+    assert [r["data/other/share"] for r in records] == [0.25] * 3 + [0.5] * 3
+    assert records[-1]["data/own/tokens_seen"] == (3 * 6 + 3 * 4) * 64  # rows x max_seq_len
+    assert records[-1]["data/other/tokens_seen"] == (3 * 2 + 3 * 4) * 64
+    _, items = checkpoint_contents(whole, 2)
+    assert items["loader"]["mixture_schedule"] == [[3, {"own": 1.0, "other": 1.0}]]
+
+    for resume_from in (2, 4):
+        root = tmp_path / f"from-{resume_from}"
+        shutil.copytree(whole_root / "runs", root / "runs")
+        for step in (4, 6):
+            if step > resume_from:
+                shutil.rmtree(root / "runs" / "tiny" / "checkpoints" / str(step))
+        proc = run_recipe("04_pretrain.py", fixture_config(root, train=train))
+        assert f"resumed from the checkpoint of step {resume_from}" in proc.stderr
+        resumed = root / "runs" / "tiny"
+        assert_same_log(resumed, whole, 6)
+        for key in ("data/own/share", "data/other/share", "data/own/tokens_seen", "data/other/tokens_seen"):
+            assert [r[key] for r in log_records(resumed)] == [r[key] for r in records], key
+        assert_same_checkpoint(resumed, whole, 6)
+
+    ledger = whole / "ledger"
+    from cost.ledger_format import read_sessions
+
+    sessions = read_sessions(ledger)
+    tallies = tally_on_disk(sessions)
+    total = summarize_ledger(ledger).rub_total
+    table = {row["data_set"]: row for row in data_set_rows(_rows(sessions, tallies), tallies, total)}
+    assert set(table) == {"own", "other", "total"}
+    assert table["own"]["tokens"] == 30 * 64 and table["other"]["tokens"] == 18 * 64
+    assert table["own"]["rub"] + table["other"]["rub"] == pytest.approx(total) and total > 0
+    assert "## Rubles by data set" in (ledger / REPORT_FILE).read_text(encoding="utf-8")
