@@ -166,6 +166,7 @@ def test_recipe_04_follows_the_schedule_resumes_exactly_and_prices_each_set(fixt
         run_copy,
     )
     from tests.recipe_runner import run_recipe
+    from tracking.readback import find_offline_runs, read_offline_run
 
     other = tmp_path / "other-shards"
     shutil.copytree(fixture_stages / "runs" / "tiny" / "shards", other)
@@ -181,6 +182,10 @@ def test_recipe_04_follows_the_schedule_resumes_exactly_and_prices_each_set(fixt
     assert records[-1]["data/other/tokens_seen"] == (3 * 2 + 3 * 4) * 64
     _, items = checkpoint_contents(whole, 2)
     assert items["loader"]["mixture_schedule"] == [[3, {"own": 1.0, "other": 1.0}]]
+    (run,) = [read_offline_run(d) for d in find_offline_runs(whole / "wandb")]  # W&B's rows: the same shares
+    shares = [(row["_step"], row["data/own/share"]) for row in run.history if "data/own/share" in row]
+    assert shares == [(step, 0.75 if step <= 3 else 0.5) for step in range(1, 7)]
+    assert run.config["data_mixture_schedule"] == [[3, {"own": 1.0, "other": 1.0}]]
 
     for resume_from in (2, 4):
         root = tmp_path / f"from-{resume_from}"
