@@ -24,8 +24,8 @@ CHANGES = [(5, {"web": 1.0, "code": 3.0}), (10, {"books": 1.0, "code": 1.0})]
 def sets(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, Path, float]]:
     root = tmp_path_factory.mktemp("schedule")
     return [("web", write_shard_set(root / "web", 1, 301), 1.0),
-            ("books", write_shard_set(root / "books", 2, 203), 0.0001),  # all but absent before step 10
-            ("code", write_shard_set(root / "code", 3, 47, validation_rows=0), 0.0001)]
+            ("books", write_shard_set(root / "books", 2, 203), 0.0),  # brought in by the schedule (Levanter's way)
+            ("code", write_shard_set(root / "code", 3, 47, validation_rows=0), 0.0)]
 
 
 def loader(sets: list[tuple[str, Path, float]], **kwargs: object):  # noqa: ANN201 (a TrainIterator)
@@ -38,7 +38,6 @@ def test_the_shares_change_at_the_steps_named_counted_from_the_batches(sets: lis
     batches = [next(it) for _ in range(16)]
     per_step = [np.bincount(set_of_rows([b]), minlength=4)[1:] / BATCH for b in batches]  # web, books, code
     web, books, code = np.array(per_step).T
-    # weights 1 : 1e-4 : 1e-4 give web all 100 of its first 100 rows (Grain's interleave: 10,000 : 1 : 1 per cycle)
     assert web[:5].tolist() == [1.0] * 5
     assert web[5:10].tolist() == [0.25] * 5 and code[5:10].tolist() == [0.75] * 5 and not books[5:10].any()
     assert books[10:].tolist() == [0.5] * 6 and code[10:].tolist() == [0.5] * 6 and not web[10:].any()
@@ -86,17 +85,19 @@ def test_the_state_pins_the_schedule_and_the_batch_size(sets: list[tuple[str, Pa
     next(it)
     state = it.get_state()
     with pytest.raises(DataError, match="mixture schedule"):
-        loader(sets, schedule=[(6, {"web": 1.0, "code": 3.0})]).set_state(state)
+        loader(sets, schedule=[(6, {"web": 1.0, "code": 3.0}), CHANGES[1]]).set_state(state)
+    evenly = [(name, folder, 1.0) for name, folder, _ in sets]
     with pytest.raises(DataError, match="mixture schedule"):
-        loader(sets, schedule=[]).set_state(state)
+        loader(evenly, schedule=[]).set_state(loader(evenly).get_state())
     other_batch = make_mixture_iterator(sets, BATCH // 2, seed=3, schedule=CHANGES)
     with pytest.raises(DataError, match="global batch size 20"):
         other_batch.set_state(state)
-    fixed = loader(sets, schedule=[])
-    fixed_state = fixed.get_state()
+    fixed_state = loader(evenly, schedule=[]).get_state()
     assert "mixture_schedule" not in fixed_state  # a fixed mixture's state is as it was before schedules
     with pytest.raises(DataError, match="mixture schedule"):
-        loader(sets).set_state(fixed_state)
+        loader(evenly).set_state(fixed_state)
+    with pytest.raises(ConfigError, match=r"train.mixture\[1\].weight': must be positive, got 0.0"):
+        loader(sets, schedule=[])  # books and code would never be read: refused before any shard opens
 
 
 @pytest.mark.parametrize("weights", [[0.6, 0.3, 0.1], [0.7, 0.3], [3.0, 1.0], [1 / 3, 1 / 3, 1 / 3]])
@@ -129,6 +130,14 @@ def test_schedule_keys_are_checked_at_load(stages: list[dict], key: str) -> None
                      mixture_schedule=[MixtureStageConfig(**s) for s in stages]).validate("train")
     with pytest.raises(ConfigError, match="train.mixture, which is empty"):
         TrainConfig(steps=50, warmup_steps=1, mixture_schedule=[MixtureStageConfig(5, {"b": 1.0})]).validate("train")
+    # a set may start at 0 only when a stage brings it in; some set must read at step 0
+    brought_in = [MixtureSetConfig("a"), MixtureSetConfig("b", "x", 0.0)]
+    TrainConfig(steps=50, warmup_steps=1, mixture=brought_in, mixture_schedule=schedule).validate("train")
+    with pytest.raises(ConfigError, match=r"train.mixture\[1\].weight': must be positive, got 0.0 \(0 only"):
+        TrainConfig(steps=50, warmup_steps=1, mixture=brought_in).validate("train")
+    with pytest.raises(ConfigError, match=r"train.mixture': at least one set needs a positive weight at step 0"):
+        TrainConfig(steps=50, warmup_steps=1, mixture=[MixtureSetConfig("a", weight=0.0), brought_in[1]],
+                     mixture_schedule=[MixtureStageConfig(5, {"a": 1.0, "b": 1.0})]).validate("train")
 
 
 def test_a_schedule_key_in_yaml_is_one_line_before_anything_opens(tmp_path: Path) -> None:

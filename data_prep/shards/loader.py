@@ -95,7 +95,7 @@ from data_prep.shards.tfrecord import (
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
 from experiment.jsontext import parse_json
-from experiment.sections.train import check_mixture_schedule
+from experiment.sections.train import check_mixture_schedule, check_start_weights
 from experiment.stages import SHARDS
 from experiment.storage import BucketPath, ObjectStat, RunPath, is_bucket_url, location, read_range
 
@@ -666,12 +666,11 @@ def make_mixture_iterator(sets: Sequence[tuple[str, RunPath | str, float]], glob
     a set that differs is one error naming it. One set reads exactly as ``make_train_iterator``."""
     if not sets:
         raise ConfigError("a mixture needs at least one shard set")
-    check_mixture_schedule([name for name, _, _ in sets], [(step, dict(w)) for step, w in schedule],
-                           "train.mixture_schedule")  # before any shard set opens
+    stages = [(step, dict(w)) for step, w in schedule]  # checked before any shard set opens
+    check_start_weights([name for name, _, _ in sets], [float(w) for _, _, w in sets], stages, "train.mixture")
+    check_mixture_schedule([name for name, _, _ in sets], stages, "train.mixture_schedule")
     sources = []
-    for name, shards_dir, weight in sets:
-        if not weight > 0:
-            raise ConfigError(f"mixture set '{name}': weight {weight} must be positive")
+    for name, shards_dir, _ in sets:
         manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
         if tokenizer_sha256 is None:  # no tokenizer given: the sets must at least agree with each other
             tokenizer_sha256, seq_len = manifest["tokenizer_sha256"], manifest["seq_len"]

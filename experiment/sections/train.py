@@ -75,6 +75,20 @@ class MixtureStageConfig:
     weights: dict[str, float] = field(default_factory=dict)
 
 
+def check_start_weights(names: list[str], weights: list[float], stages: list[tuple[int, dict[str, float]]],
+                        key: str) -> None:
+    """The mixture's own weights (step 0): positive, or 0 for a set a later stage brings in (Levanter's stages
+    introduce sets so), and not all 0; one ConfigError naming ``key[i].weight`` (or ``key``)."""
+    for index, (name, weight) in enumerate(zip(names, weights, strict=True)):
+        brought_in = weight == 0 and any(stage.get(name, 0) > 0 for _, stage in stages)
+        if not (weight > 0 or brought_in):
+            raise ConfigError(f"config key '{key}[{index}].weight': must be positive, got {weight}"
+                              + (" (0 only for a set that train.mixture_schedule brings in later)" if weight == 0
+                                 else ""))
+    if names and not sum(weights) > 0:
+        raise ConfigError(f"config key '{key}': at least one set needs a positive weight at step 0")
+
+
 def check_mixture_schedule(names: list[str], stages: list[tuple[int, dict[str, float]]], key: str,
                            steps: int = 0) -> None:
     """One ConfigError naming the key of the first bad stage: steps increasing from 1 (step 0 reads
@@ -258,10 +272,9 @@ class TrainConfig:
             if not m.name.strip() or m.name in names[:i]:
                 raise ConfigError(f"config key '{prefix}mixture[{i}].name': {m.name!r} must be a non-empty name "
                                   "that no other set has")
-            if not m.weight > 0:
-                raise ConfigError(f"config key '{prefix}mixture[{i}].weight': must be positive, got {m.weight}")
-        check_mixture_schedule(names, [(s.step, s.weights) for s in self.mixture_schedule],
-                               f"{prefix}mixture_schedule", self.steps)
+        stages = [(s.step, s.weights) for s in self.mixture_schedule]
+        check_start_weights(names, [m.weight for m in self.mixture], stages, f"{prefix}mixture")
+        check_mixture_schedule(names, stages, f"{prefix}mixture_schedule", self.steps)
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
             raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, "
                               f"got {self.peak_flops_per_chip}")
