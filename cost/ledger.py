@@ -360,8 +360,9 @@ class Ledger:
         finally:
             self._lock.release()
 
-    def add_tokens(self, step: int, tokens: int) -> None:
-        """Tokens trained by the steps after the previous call up to ``step`` (call per step or per log)."""
+    def add_tokens(self, step: int, tokens: int, by_set: dict[str, int] | None = None) -> None:
+        """Tokens trained by the steps after the previous call up to ``step`` (call per step or per log);
+        ``by_set``: those tokens by shard set of a mixture (the report's rubles by data set)."""
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         with self._lock:
@@ -374,6 +375,12 @@ class Ledger:
                                                    self._last_step_done, now)
             else:
                 batch.step, batch.tokens, batch.t = int(step), batch.tokens + int(tokens), now
+            if by_set:
+                pending = self._pending_tokens
+                pending.by_set = pending.by_set or {}
+                for name, count in by_set.items():
+                    pending.by_set[name] = pending.by_set.get(name, 0) + int(count)
+                    self._current.tokens_by_set[name] = self._current.tokens_by_set.get(name, 0.0) + int(count)
             self._current.tokens += int(tokens)
             self._current.last_step = int(step)
             self._last_step_done = now

@@ -7,7 +7,8 @@ The ledger is an append-only JSONL file, one record a line, each with its kind u
   infrastructure rows, its dated USD->RUB rate, the token budget;
 - ``time``: an interval ``t0``..``t1`` and its ``seconds`` by phase (they add up to ``t1 - t0``);
 - ``tokens``: the steps ``first_step``..``step`` trained since the last one, their ``tokens``, and
-  when the step before the first (``t_start``) and the last step (``t``) finished;
+  when the step before the first (``t_start``) and the last step (``t``) finished; for a run on a mixture of
+  shard sets (``train.mixture``), ``by_set``: those tokens by set name;
 - ``ckpt``: the checkpoint of ``step`` is durable at ``t``;
 - ``resume``: this session restored the checkpoint of ``step``, with what that checkpoint's ledger
   item says (``saved_by`` session, ``saved_at`` moment, ``tokens`` up to the step);
@@ -60,6 +61,12 @@ class TokenBatch:
     tokens: int
     t_start: float  # when the step before ``first_step`` had finished (or the session began)
     t: float  # when ``step`` finished
+    by_set: dict[str, int] | None = None  # the tokens by shard set of a mixture (train.mixture), None without one
+
+    def by_set_up_to(self, step: int) -> dict[str, float]:
+        """Each set's tokens of steps <= ``step`` (spread evenly over the batch's steps, as ``tokens_up_to``)."""
+        share = self.share_up_to(step)
+        return {name: tokens * share for name, tokens in (self.by_set or {}).items()}
 
     def tokens_up_to(self, step: int) -> int:
         """The tokens of steps <= ``step`` (spread evenly over the batch's steps)."""
@@ -77,8 +84,9 @@ class TokenBatch:
         return self.t_start + (self.t - self.t_start) * self.share_up_to(step)
 
     def record(self) -> dict[str, Any]:
-        return {"e": "tokens", "first_step": self.first_step, "step": self.step, "tokens": self.tokens,
-                "t_start": self.t_start, "t": self.t}
+        record = {"e": "tokens", "first_step": self.first_step, "step": self.step, "tokens": self.tokens,
+                  "t_start": self.t_start, "t": self.t}
+        return {**record, "by_set": self.by_set} if self.by_set else record
 
 
 @dataclass
@@ -174,8 +182,10 @@ def _apply(record: dict[str, Any], sessions: list[Session]) -> None:
         session.intervals.append(Interval(float(record["t0"]), float(record["t1"]),
                                           {k: float(v) for k, v in record["seconds"].items()}))
     elif kind == "tokens":
+        by_set = record.get("by_set")
         session.tokens.append(TokenBatch(int(record["first_step"]), int(record["step"]), int(record["tokens"]),
-                                         float(record["t_start"]), float(record["t"])))
+                                         float(record["t_start"]), float(record["t"]),
+                                         None if by_set is None else {str(k): int(v) for k, v in by_set.items()}))
     elif kind == "ckpt":
         session.checkpoints.append((int(record["step"]), float(record["t"])))
     elif kind == "resume":

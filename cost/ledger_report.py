@@ -3,7 +3,8 @@
 Each session with its hardware, price row and dated rate (a run that moved between hardware is
 priced session by session), then goodput and badput by phase in RUB, USD and share; for a run whose folder
 is priced as object storage (``cost.storage``), its storage line session by session: GB-months held,
-requests, egress, their rubles, and the price rows with their sources.
+requests, egress, their rubles, and the price rows with their sources; for a run on a mixture of shard sets
+(``train.mixture``), its rubles by data set (``data_set_rows``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from cost.ledger_pricing import STORAGE, chip_hour, cost_by_phase, summarize
 from cost.ledger_sessions import Tally, tally_on_disk
 from cost.report import SIG, Column, significant, to_csv, to_markdown
 from cost.storage import GIB, cost_by_unit, figure_of
-from cost.summary import PHASE_COLUMNS
+from cost.summary import PHASE_COLUMNS, SHARE_STEP, apportion
 from experiment.files import atomic_write_text
 from experiment.storage import RunPath, location
 
@@ -39,6 +40,11 @@ STORAGE_COLUMNS = (
     Column("writes", "write requests", "{:,d}"), Column("reads", "read requests", "{:,d}"),
     Column("egress_gb", "egress GB", "{:,.3f}"), Column("storage_rub", "rubles", SIG),
 )
+DATA_SET_COLUMNS = (
+    Column("data_set", "data set"), Column("tokens", "tokens trained", "{:,.0f}"), Column("rub", "rubles", SIG),
+    Column("share", "share of rubles", "{:.1%}"),
+)
+INHERITED = "the parent run, up to the branch step"  # a branch's inherited rubles: not split by this run's sets
 
 
 def session_row(index: int, session: Session, tally: Tally) -> dict[str, Any]:
@@ -111,10 +117,44 @@ def write_report(ledger_dir: str | os.PathLike[str] | RunPath) -> RunPath:
         text += "\n" + clock_section(jumps)
     if priced_storage:
         text += "\n" + storage_section(priced_storage)
+    by_set = data_set_rows(rows, tallies, summary.rub_total)
+    if by_set:
+        text += ("\n## Rubles by data set\n\nEach session's rubles (every phase, badput included) split by the tokens "
+                 "each shard set of train.mixture gave to the steps that survived in it (cost/ledger_report.py); "
+                 f"they add up to the run's rubles.\n\n{to_markdown(by_set, DATA_SET_COLUMNS)}")
     path = ledger_dir / REPORT_FILE
     atomic_write_text(path, text)
     atomic_write_text(ledger_dir / SESSIONS_CSV, to_csv(rows, columns))
     return path
+
+
+def data_set_rows(rows: list[dict[str, Any]], tallies: list[tuple[dict[str, Any], Tally]],
+                  rub_total: float) -> list[dict[str, Any]]:
+    """The run's rubles by data set (``DATA_SET_COLUMNS``; none for a run on one shard set): each session's rubles
+    split by its tokens of each set (``tokens`` records' ``by_set``), a session that trained no token by the run's
+    split; a branch's inherited rubles stay a row of their own, and a last row the total."""
+    run_tokens: dict[str, float] = {}
+    for _, tally in tallies:
+        for name, tokens in tally.tokens_by_set.items():
+            run_tokens[name] = run_tokens.get(name, 0.0) + tokens
+    if not sum(run_tokens.values()):
+        return []
+    rub = dict.fromkeys(run_tokens, 0.0)
+    for row, (_, tally) in zip(rows, tallies, strict=True):
+        tokens = tally.tokens_by_set if sum(tally.tokens_by_set.values()) else run_tokens
+        counted = sum(tokens.values())
+        for name, count in tokens.items():
+            rub[name] += row["rub"] * count / counted
+    table = [{"data_set": name, "tokens": run_tokens[name], "rub": rub[name]} for name in run_tokens]
+    inherited = rub_total - sum(rub.values())
+    if abs(inherited) > 1e-9 * max(abs(rub_total), 1.0):  # a branch: its parent's rubles up to the branch step
+        table.append({"data_set": INHERITED, "tokens": None, "rub": inherited})
+    if rub_total:  # the shares as printed (0.1%) add up to 100.0%
+        for entry, share in zip(table, apportion([t["rub"] / rub_total for t in table], SHARE_STEP), strict=True):
+            entry["share"] = share
+    table.append({"data_set": "total", "tokens": sum(run_tokens.values()), "rub": rub_total,
+                  "share": 1.0 if rub_total else None})
+    return table
 
 
 def clock_section(jumps: list[tuple[int, float, float]]) -> str:

@@ -54,6 +54,7 @@ class Tally:
     last_step: int | None = None
     storage: StorageUse = field(default_factory=StorageUse)  # what the run folder held and was asked, this session
     waited: float = 0.0  # seconds from this session's interruption to the next session's start (billed or not)
+    tokens_by_set: dict[str, float] = field(default_factory=dict)  # a mixture's tokens by shard set (surviving ones)
 
     def add(self, phase: str, seconds: float) -> None:
         if seconds > 0:
@@ -119,6 +120,9 @@ def tally_session(session: Session, survived_step: int | None, saved_at: float |
                 tally.add(phase, seconds)
     limit = math.inf if survived_step is None else survived_step
     tally.tokens = sum(b.tokens if survived_step is None else b.tokens_up_to(survived_step) for b in session.tokens)
+    for batch in session.tokens:  # a mixture's sets: cut at the same step as the tokens
+        for name, tokens in batch.by_set_up_to(limit).items():
+            tally.tokens_by_set[name] = tally.tokens_by_set.get(name, 0.0) + tokens
     tally.last_step = max((min(b.step, limit) for b in session.tokens if b.first_step <= limit), default=None)
     return tally
 

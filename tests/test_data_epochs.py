@@ -89,3 +89,10 @@ def test_a_mixture_names_each_set_it_goes_over_more_than_once(fixture_stages: Pa
     unmade = (f"train.mixture=[{{name: later, shards: '{tmp_path / 'not-yet'}', weight: 1}}, {{name: own, weight: 3}}, "
               f"{{name: other, shards: '{other}', weight: 1}}]")
     assert check_warnings(caplog, config, f"train.steps={steps}", f"train.batch_size={batch * 5 // 4}", unmade)
+    # under train.mixture_schedule each set's rows are what its stages give it: the even mixture, then own alone
+    own_rows = batch // 2 + (steps - 1) * batch  # half of step 1's rows, then every row
+    scheduled = check_warnings(caplog, config, f"train.steps={steps}", f"train.batch_size={batch}", even,
+                               "train.mixture_schedule=[{step: 1, weights: {own: 1}}]")
+    assert len(scheduled) == 1 and scheduled[0].endswith(
+        f"'own' {own_rows / records:.2f} epochs ({records} records for {own_rows / (steps * batch):.0%} of the rows); "
+        "to see each record once, build larger sets or lower train.steps or their weights")

@@ -465,6 +465,9 @@ class FakeLoader:
     def set_state(self, state: dict[str, Any]) -> None:
         self.position = state["position"]
 
+    def tokens_by_set(self, batch: int, tokens_per_step: int) -> None:  # one shard set: no tokens by set
+        return None
+
 
 class Killed(BaseException):
     """SIGKILL: nothing after it runs (no hook, no ledger close)."""

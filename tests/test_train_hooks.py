@@ -46,6 +46,12 @@ class Loader:
     def get_state(self) -> dict[str, Any]:
         return {}
 
+    def tokens_by_set(self, batch: int, tokens_per_step: int) -> None:  # one shard set: nothing by set
+        return None
+
+    def mixture_metrics(self, step: int, tokens_per_step: int) -> dict[str, float]:
+        return {}
+
 
 class Recorder:
     """A hook added by a test: notes the steps it fired at."""

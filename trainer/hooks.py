@@ -178,6 +178,8 @@ class LogMetrics:
                   # the family's auxiliary losses (ModelFamily.aux_losses), weighted, as they joined the loss, and its
                   # statistics (ModelFamily.aux_metrics: a mixture of experts' expert load per layer, its drops)
                   **{f"train/{key}": float(value) for key, value in metrics.items() if key.startswith(AUX_METRICS)}}
+        # a mixture's sets: each one's share of this step's rows and its tokens so far (closed forms of the step)
+        record.update(ctx.loader.mixture_metrics(ctx.step, ctx.tokens_per_step))
         if ctx.loader.skipped_records:  # shards.on_corrupt=skip; each one was logged with file and offset
             record["data/skipped_records"] = ctx.loader.skipped_records
             ctx.wandb_run.summary["data/skipped_at"] = [f"{f}@{o}" for f, o in ctx.loader.skipped_at]

@@ -38,7 +38,14 @@ import jax
 from jax.sharding import Mesh
 
 from data_prep.shards.layout import VERIFIED_DIR
-from data_prep.shards.loader import TrainIterator, log_mixture, make_train_iterator, mixture_sets, read_shards_manifest
+from data_prep.shards.loader import (
+    TrainIterator,
+    log_mixture,
+    make_train_iterator,
+    mixture_changes,
+    mixture_sets,
+    read_shards_manifest,
+)
 from experiment.config import to_dict
 from experiment.errors import WriteError
 from experiment.files import atomic_write_json
@@ -250,6 +257,7 @@ def open_session(cfg: ExperimentConfig, data: DataSpec, run_folder: RunFolder, l
                                      tokenizer_sha256=data.tokenizer_sha256, seq_len=data.seq_len,
                                      on_corrupt=cfg.shards.on_corrupt,
                                      mixture=mixture_sets(cfg.train.mixture, run_folder.shards),
+                                     schedule=mixture_changes(cfg.train.mixture_schedule),
                                      verified_dir=run_folder.root / VERIFIED_DIR)
         manager = checkpoint.open_manager(run_folder.checkpoints, cfg.train)
         untrained = not finished_steps(checkpoint.checkpoint_location(manager.directory))
@@ -341,7 +349,7 @@ def announce(session: TrainSession, wandb_run: WandbRun) -> None:
     if session.cfg.model.init_from:  # the base model's section, as config.resolved.yaml now has it
         wandb_run.config.update({"model": to_dict(session.cfg)["model"]}, allow_val_change=True)
     wandb_run.summary["model/attention_kernel"] = kernel
-    log_mixture(wandb_run, session.loader.mixture)
+    log_mixture(wandb_run, session.loader.mixture, session.loader.mixture_schedule)
     link_wandb(wandb_run, session.branch, session.parent_run_id)
     if session.schedule_changes:
         wandb_run.config.update({"schedule_changes": session.schedule_changes}, allow_val_change=True)
@@ -439,7 +447,8 @@ def train_one_step(ctx: LoopContext) -> None:
             ctx.ledger.book_as_lost()
     ctx.step += 1
     ctx.window.add()
-    ctx.ledger.add_tokens(ctx.step, ctx.tokens_per_step if trained else 0)  # a skipped step trained no token
+    by_set = ctx.loader.tokens_by_set(ctx.step - 1, ctx.tokens_per_step) if trained else None  # a mixture's sets
+    ctx.ledger.add_tokens(ctx.step, ctx.tokens_per_step if trained else 0, by_set)  # a skipped step trained no token
     ctx.last_loss = float(ctx.metrics["loss"])
     if not trained:
         guard_step(ctx)

@@ -31,6 +31,16 @@ form, so a set's share of any window of rows is its weight to within a row per s
 (process slices, the resume rule) applies to the mixed stream unchanged; the state also records the
 sets and weights, and restoring it with other weights is refused.
 
+A mixture schedule (``train.mixture_schedule``, Levanter's ``train_weights`` stages) changes the weights at
+given steps, piecewise constant (``MixtureSchedule``): stage ``s`` covers stream positions
+``[step_s x G, step_(s+1) x G)`` and interleaves the sets as Grain's mix does at its weights, counted from the
+stage's start; set ``i``'s position there is the rows it gave in the stages before (a closed form of their
+lengths) plus its count within the stage. So every set's stream position stays a closed form of the
+global batch, a resumed run reads exactly the batches an uninterrupted one does, and the rows each set gave
+to any batch are known without reading it (``TrainIterator.rows_by_set``: logged as ``data/<set>/share``,
+booked as each set's tokens in the cost ledger). The state records the schedule; one with another schedule,
+or another global batch size (which would move the change points in the stream), is refused.
+
 Damaged shards
 --------------
 Every read checks the record's CRCs; under ``shards.on_corrupt=skip`` a corrupt record is logged with its
@@ -64,8 +74,9 @@ import hashlib
 import logging
 import queue
 import socket
+import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import grain
@@ -84,6 +95,7 @@ from data_prep.shards.tfrecord import (
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
 from experiment.jsontext import parse_json
+from experiment.sections.train import check_mixture_schedule, check_start_weights
 from experiment.stages import SHARDS
 from experiment.storage import BucketPath, ObjectStat, RunPath, is_bucket_url, location, read_range
 
@@ -361,7 +373,8 @@ class TrainIterator:
 
     def __init__(self, source: ShardSource | Sequence[ShardSource], global_batch_size: int, seed: int,
                  process_index: int, process_count: int, read_threads: int,
-                 weights: Sequence[float] | None = None, names: Sequence[str] | None = None) -> None:
+                 weights: Sequence[float] | None = None, names: Sequence[str] | None = None,
+                 schedule: Sequence[tuple[int, Mapping[str, float]]] = ()) -> None:
         self.sources = [source] if isinstance(source, ShardSource) else list(source)
         self.weights = [float(w) for w in weights] if weights is not None else [1.0] * len(self.sources)
         self.names = list(names) if names is not None else [str(s.shards_dir) for s in self.sources]
@@ -389,7 +402,13 @@ class TrainIterator:
         streams = [grain.MapDataset.source(part)
                    .shuffle(seed=mixture_seed(self.seed, i))  # index shuffle: a new permutation per epoch
                    .repeat(None) for i, part in enumerate(self.sources)]
-        records = streams[0] if len(streams) == 1 else grain.MapDataset.mix(streams, self.weights)
+        self.schedule = MixtureSchedule(self.names, self.weights, schedule, global_batch_size)
+        if len(streams) == 1:
+            records = streams[0]
+        elif len(self.schedule.steps) == 1:  # fixed weights: Grain's mix (the stream the schedule's one stage is)
+            records = grain.MapDataset.mix(streams, self.weights)
+        else:
+            records = ScheduledMix(streams, self.schedule)
         self._batches = (records[process_index::process_count]
                          .batch(self.batch_size, drop_remainder=True)
                          .map(_to_model_batch))
@@ -419,6 +438,37 @@ class TrainIterator:
         """``{set name: weight}`` of a mixture (None for one shard set): what the state records and W&B logs."""
         return dict(zip(self.names, self.weights, strict=True)) if len(self.sources) > 1 else None
 
+    @property
+    def mixture_schedule(self) -> list[list[Any]] | None:
+        """``[[step, {set name: weight}], ...]`` of the weight changes after step 0 (None: fixed weights)."""
+        return self.schedule.changes() if len(self.sources) > 1 and len(self.schedule.steps) > 1 else None
+
+    def rows_by_set(self, batches: int) -> dict[str, int]:
+        """The rows each set gave to the first ``batches`` global batches (closed form: no row is read)."""
+        return dict(zip(self.names, self.schedule.rows_before(batches * self.global_batch_size), strict=True))
+
+    def tokens_by_set(self, batch: int, tokens_per_step: int) -> dict[str, int] | None:
+        """The tokens each set gave to global batch ``batch`` (the batch of step ``batch + 1``, ``tokens_per_step``
+        tokens in all); None for one set."""
+        if self.mixture is None:
+            return None
+        tokens_per_row = tokens_per_step // self.global_batch_size
+        before, after = self.rows_by_set(batch), self.rows_by_set(batch + 1)
+        return {name: (after[name] - before[name]) * tokens_per_row for name in self.names}
+
+    def mixture_metrics(self, step: int, tokens_per_step: int) -> dict[str, float]:
+        """``data/<set>/share`` (its share of the rows of step ``step``'s batch, as the batch holds them) and
+        ``data/<set>/tokens_seen`` (its tokens in steps 1..``step``); empty for one set or before step 1."""
+        if self.mixture is None or step < 1:
+            return {}
+        tokens_per_row = tokens_per_step // self.global_batch_size
+        before, after = self.rows_by_set(step - 1), self.rows_by_set(step)
+        metrics: dict[str, float] = {}
+        for name in self.names:
+            metrics[f"data/{name}/share"] = (after[name] - before[name]) / self.global_batch_size
+            metrics[f"data/{name}/tokens_seen"] = after[name] * tokens_per_row
+        return metrics
+
     def get_state(self) -> dict[str, Any]:
         """JSON-serialisable position; identical on every process for the same step."""
         state = {"version": STATE_VERSION, "next_global_batch": self._next_batch, "seed": self.seed,
@@ -426,6 +476,8 @@ class TrainIterator:
                  "shards_fingerprint": self.fingerprint, "process_count": self.process_count}
         if self.mixture is not None:
             state["mixture"] = self.mixture
+        if self.mixture_schedule is not None:
+            state["mixture_schedule"] = self.mixture_schedule
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -440,6 +492,15 @@ class TrainIterator:
                             f"{state.get('mixture') or 'of one shard set'}, this "
                             f"run mixes {self.mixture or 'one shard set'}: resuming would replay or skip data "
                             "(keep train.mixture as it was, or start a new run)")
+        if state.get("mixture_schedule") != self.mixture_schedule:
+            raise DataError("loader state was saved for the mixture schedule "
+                            f"{state.get('mixture_schedule') or 'of fixed weights'}, this run has "
+                            f"{self.mixture_schedule or 'fixed weights'}: resuming would replay or skip data "
+                            "(keep train.mixture_schedule as it was, or start a new run)")
+        if self.mixture_schedule is not None and state["global_batch_size"] != self.global_batch_size:
+            raise DataError(f"loader state was saved with global batch size {state['global_batch_size']}, this run "
+                            f"has {self.global_batch_size}: train.mixture_schedule changes weights at steps, so "
+                            "another batch size moves its changes in the stream (resume with the same batch size)")
         records = sum(len(s) for s in self.sources)
         if state["records"] != records or state["shards_fingerprint"] != self.fingerprint:
             raise DataError(f"loader state was saved for other shards ({state['records']} train records, "
@@ -474,6 +535,93 @@ class TrainIterator:
         return [where for s in self.sources for where in s.skipped_at]
 
 
+def integer_proportions(weights: Sequence[float]) -> tuple[int, ...]:
+    """A stage's weights as the integers Grain's mix interleaves by (the least positive weight scaled to 100, the
+    others by the same factor, truncated: Grain's own rounding, so a one-stage schedule is Grain's stream); a
+    weight of 0 stays 0 (its set gives no row in that stage)."""
+    scale = 100 / min(w for w in weights if w > 0)
+    return tuple(int(w * scale) for w in weights)
+
+
+def interleaved_counts(rows: int, proportions: Sequence[int]) -> list[int]:
+    """The rows each set gives to the first ``rows`` positions of Grain's interleaving at integer ``proportions``
+    (``MapDataset.mix``): set 0 takes ``rows - rows x (P - p0) // P`` of them, the rest split among the others
+    the same way. A closed form: the count at any position, without walking the ones before."""
+    counts = []
+    remaining = sum(proportions)
+    for proportion in proportions:
+        rest = rows * (remaining - proportion) // remaining if remaining else rows
+        counts.append(rows - rest)
+        remaining -= proportion
+        rows = rest
+    return counts
+
+
+class MixtureSchedule:
+    """The weights of a mixture over the stream, piecewise constant: the sets' own weights from step 0, each
+    change ``(step, {name: weight})`` from stream position ``step x global_batch_size`` on (see the module's
+    Mixtures section). ``rows_before(n)`` and ``locate(n)`` are closed forms of the position ``n``."""
+
+    def __init__(self, names: Sequence[str], weights: Sequence[float],
+                 changes: Sequence[tuple[int, Mapping[str, float]]], global_batch_size: int) -> None:
+        check_mixture_schedule(list(names), [(int(step), dict(w)) for step, w in changes], "train.mixture_schedule")
+        self.names = list(names)
+        self.steps = [0, *(int(step) for step, _ in changes)]
+        self.weights = [[float(w) for w in weights],
+                        *([float(stage.get(name, 0.0)) for name in self.names] for _, stage in changes)]
+        self.starts = [step * global_batch_size for step in self.steps]
+        self.proportions = [integer_proportions(w) for w in self.weights]
+        self.bases = [[0] * len(self.names)]  # each set's rows in the stages before stage s
+        for s in range(1, len(self.steps)):
+            within = interleaved_counts(self.starts[s] - self.starts[s - 1], self.proportions[s - 1])
+            self.bases.append([a + b for a, b in zip(self.bases[-1], within, strict=True)])
+
+    def changes(self) -> list[list[Any]]:
+        """The changes after step 0 as ``[[step, {name: weight}], ...]`` (what the loader state and W&B record)."""
+        return [[step, dict(zip(self.names, weights, strict=True))]
+                for step, weights in zip(self.steps[1:], self.weights[1:], strict=True)]
+
+    def _stage(self, position: int) -> int:
+        return bisect.bisect_right(self.starts, position) - 1
+
+    def rows_before(self, position: int) -> list[int]:
+        """The rows each set gives to stream positions ``[0, position)``."""
+        stage = self._stage(position)
+        within = interleaved_counts(position - self.starts[stage], self.proportions[stage])
+        return [a + b for a, b in zip(self.bases[stage], within, strict=True)]
+
+    def locate(self, position: int) -> tuple[int, int]:
+        """``(set, position in that set's stream)`` of stream position ``position``."""
+        stage = self._stage(position)
+        local = position - self.starts[stage]
+        before = interleaved_counts(local, self.proportions[stage])
+        after = interleaved_counts(local + 1, self.proportions[stage])
+        for index, (a, b) in enumerate(zip(before, after, strict=True)):
+            if b != a:
+                return index, self.bases[stage][index] + a
+        raise AssertionError(f"stream position {position}: no set gives it")  # the counts grow by one a position
+
+
+class ScheduledMix(grain.MapDataset):
+    """The endless mixed stream of a ``MixtureSchedule``: position ``n`` is row ``locate(n)`` of its set's stream."""
+
+    def __init__(self, streams: Sequence[grain.MapDataset], schedule: MixtureSchedule) -> None:
+        super().__init__(list(streams))
+        self._schedule = schedule
+
+    def __len__(self) -> int:
+        return sys.maxsize  # every set's stream repeats without end
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.slice(index)
+        part, position = self._schedule.locate(int(index))
+        return self.parents[part][position]
+
+    def __str__(self) -> str:
+        return f"ScheduledMix[{len(self.parents)} sets, changes at steps {self._schedule.steps[1:]}]"
+
+
 def mixture_seed(seed: int, index: int) -> int:
     """The shuffle seed of mixture set ``index``: set 0 keeps the run's seed (one set reads as before), the
     others get their own permutations."""
@@ -487,15 +635,17 @@ def make_train_iterator(shards_dir: RunPath | str, global_batch_size: int, seed:
                         process_count: int = 1, *, tokenizer_sha256: str | None = None, seq_len: int | None = None,
                         on_corrupt: OnCorrupt | None = None, read_threads: int = 4,
                         mixture: Sequence[tuple[str, RunPath | str, float]] = (),
+                        schedule: Sequence[tuple[int, Mapping[str, float]]] = (),
                         verified_dir: RunPath | None = None) -> TrainIterator:
     """The training batches of process ``process_index`` (see the module docstring for the order).
 
     ``tokenizer_sha256`` and ``seq_len``, when given, are checked against the shards' manifest. A
-    ``mixture`` of ``(name, shards folder, weight)`` reads those sets instead (``make_mixture_iterator``)."""
+    ``mixture`` of ``(name, shards folder, weight)`` reads those sets instead (``make_mixture_iterator``), with
+    its weights changed at the steps of ``schedule``."""
     if mixture:
         return make_mixture_iterator(mixture, global_batch_size, seed, process_index, process_count,
                                      tokenizer_sha256=tokenizer_sha256, seq_len=seq_len, on_corrupt=on_corrupt,
-                                     read_threads=read_threads, verified_dir=verified_dir)
+                                     read_threads=read_threads, verified_dir=verified_dir, schedule=schedule)
     manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
     source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt, verify=process_index == 0,
                          verified_dir=verified_dir)
@@ -507,17 +657,20 @@ def make_train_iterator(shards_dir: RunPath | str, global_batch_size: int, seed:
 def make_mixture_iterator(sets: Sequence[tuple[str, RunPath | str, float]], global_batch_size: int, seed: int,
                           process_index: int = 0, process_count: int = 1, *, tokenizer_sha256: str | None = None,
                           seq_len: int | None = None, on_corrupt: OnCorrupt | None = None,
-                          read_threads: int = 4, verified_dir: RunPath | None = None) -> TrainIterator:
-    """The training batches of a weighted mixture of shard sets ``(name, shards folder, weight)``.
+                          read_threads: int = 4, verified_dir: RunPath | None = None,
+                          schedule: Sequence[tuple[int, Mapping[str, float]]] = ()) -> TrainIterator:
+    """The training batches of a weighted mixture of shard sets ``(name, shards folder, weight)``, the weights
+    changed at the steps of ``schedule`` (``(step, {name: weight})``: ``MixtureSchedule``).
 
     Every set must have the same tokenizer, ``seq_len`` and features (rows are mixed, never re-tokenized);
     a set that differs is one error naming it. One set reads exactly as ``make_train_iterator``."""
     if not sets:
         raise ConfigError("a mixture needs at least one shard set")
+    stages = [(step, dict(w)) for step, w in schedule]  # checked before any shard set opens
+    check_start_weights([name for name, _, _ in sets], [float(w) for _, _, w in sets], stages, "train.mixture")
+    check_mixture_schedule([name for name, _, _ in sets], stages, "train.mixture_schedule")
     sources = []
-    for name, shards_dir, weight in sets:
-        if not weight > 0:
-            raise ConfigError(f"mixture set '{name}': weight {weight} must be positive")
+    for name, shards_dir, _ in sets:
         manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
         if tokenizer_sha256 is None:  # no tokenizer given: the sets must at least agree with each other
             tokenizer_sha256, seq_len = manifest["tokenizer_sha256"], manifest["seq_len"]
@@ -533,8 +686,10 @@ def make_mixture_iterator(sets: Sequence[tuple[str, RunPath | str, float]], glob
              ", ".join(f"{n} {w / sum(weights):.1%} ({len(s)} records)" for n, w, s in zip(names, weights, sources,
                                                                                           strict=True)),
              global_batch_size, seed)
+    if schedule:
+        log.info("train loader: mixture weights change at steps %s", ", ".join(str(step) for step, _ in schedule))
     return TrainIterator(sources, global_batch_size, seed, process_index, process_count, read_threads,
-                         weights=weights, names=names)
+                         weights=weights, names=names, schedule=schedule)
 
 
 def iter_eval_batches(shards_dir: RunPath | str, split: str, batch_size: int, max_batches: int | None = None, *,
@@ -563,13 +718,22 @@ def mixture_sets(mixture: Sequence[Any], own_shards: RunPath | str) -> list[tupl
             for m in mixture]
 
 
-def log_mixture(wandb_run: Any, mixture: dict[str, float] | None) -> None:
-    """The mixture's weights in the W&B config (``data_mixture``) and each set's share of the rows in the
-    summary (``data/mixture/<set>``); nothing for one shard set or a disabled run."""
+def mixture_changes(stages: Sequence[Any]) -> list[tuple[int, dict[str, float]]]:
+    """``train.mixture_schedule`` entries as ``(step, {name: weight})``."""
+    return [(int(stage.step), {name: float(w) for name, w in stage.weights.items()}) for stage in stages]
+
+
+def log_mixture(wandb_run: Any, mixture: dict[str, float] | None,
+                schedule: list[list[Any]] | None = None) -> None:
+    """The mixture's weights in the W&B config (``data_mixture``, and ``data_mixture_schedule``: its changes) and
+    each set's share of the rows at step 0 in the summary (``data/mixture/<set>``; the rows of each step are
+    ``data/<set>/share``); nothing for one shard set or a disabled run."""
     if not mixture or wandb_run is None or getattr(wandb_run, "disabled", False):
         return
     total = sum(mixture.values())
     wandb_run.config.update({"data_mixture": mixture}, allow_val_change=True)
+    if schedule:
+        wandb_run.config.update({"data_mixture_schedule": schedule}, allow_val_change=True)
     for name, weight in mixture.items():
         wandb_run.summary[f"data/mixture/{name}"] = weight / total
 
@@ -610,17 +774,23 @@ def check_batch_records(cfg: Any, run_folder: Any) -> str | None:
 
 def check_mixture_epochs(cfg: Any, run_folder: Any) -> str | None:
     """``check_batch_records``'s epoch warning for ``train.mixture``: set ``i`` gives ``weight_i / sum(weights)`` of
-    the run's rows, so a set that holds fewer records than its share is gone over again; one line names every such
-    set with its epochs. A set in a bucket that this check may not read, or not sharded yet, is the note."""
+    the run's rows (under ``train.mixture_schedule``, the rows its stages give it), so a set that holds fewer records
+    than its share is gone over again; one line names every such set with its epochs. A set in a bucket that this
+    check may not read, or not sharded yet, is the note."""
     from experiment.check import reads_buckets
 
     sets = mixture_sets(cfg.train.mixture, run_folder.shards)
     total_weight = sum(weight for _, _, weight in sets)
     rows = cfg.train.steps * cfg.train.batch_size
+    shares = {name: weight / total_weight for name, _, weight in sets}
+    if cfg.train.mixture_schedule and rows:
+        schedule = MixtureSchedule([n for n, _, _ in sets], [w for _, _, w in sets],
+                                   mixture_changes(cfg.train.mixture_schedule), cfg.train.batch_size)
+        shares = {name: count / rows for name, count in zip(shares, schedule.rows_before(rows), strict=True)}
     looping: list[str] = []
     unread: list[str] = []  # sets not compared: the note (the others are still compared and warned about)
     seq_len = 0
-    for name, shards_dir, weight in sets:
+    for name, shards_dir, _ in sets:
         if isinstance(shards_dir, BucketPath) and not reads_buckets():
             unread.append(f"set '{name}' is in a bucket, not read here")
             continue
@@ -630,7 +800,7 @@ def check_mixture_epochs(cfg: Any, run_folder: Any) -> str | None:
             continue
         records = int((manifest["splits"].get("train") or {}).get("records", 0))
         seq_len = int(manifest["seq_len"])
-        share = weight / total_weight
+        share = shares[name]
         if records and rows * share > records:  # an empty set is the loader's error
             looping.append(f"'{name}' {rows * share / records:.2f} epochs ({records:,} records for {share:.0%} of "
                            "the rows)")

@@ -67,6 +67,56 @@ class MixtureSetConfig:
 
 
 @dataclass
+class MixtureStageConfig:
+    """A change of the mixture's weights: from global batch ``step`` on (the batches of steps ``step + 1``, ...) the
+    sets are read at ``weights`` (relative, normalised; a set left out reads 0). Levanter's ``train_weights`` stages."""
+
+    step: int
+    weights: dict[str, float] = field(default_factory=dict)
+
+
+def check_start_weights(names: list[str], weights: list[float], stages: list[tuple[int, dict[str, float]]],
+                        key: str) -> None:
+    """The mixture's own weights (step 0): positive, or 0 for a set a later stage brings in (Levanter's stages
+    introduce sets so), and not all 0; one ConfigError naming ``key[i].weight`` (or ``key``)."""
+    for index, (name, weight) in enumerate(zip(names, weights, strict=True)):
+        brought_in = weight == 0 and any(stage.get(name, 0) > 0 for _, stage in stages)
+        if not (weight > 0 or brought_in):
+            raise ConfigError(f"config key '{key}[{index}].weight': must be positive, got {weight}"
+                              + (" (0 only for a set that train.mixture_schedule brings in later)" if weight == 0
+                                 else ""))
+    if names and not sum(weights) > 0:
+        raise ConfigError(f"config key '{key}': at least one set needs a positive weight at step 0")
+
+
+def check_mixture_schedule(names: list[str], stages: list[tuple[int, dict[str, float]]], key: str,
+                           steps: int = 0) -> None:
+    """One ConfigError naming the key of the first bad stage: steps increasing from 1 (step 0 reads
+    ``train.mixture``'s own weights) and, with ``steps``, below it; only the mixture's set names; weights >= 0 and
+    not all 0. Shared by the config's validation and the loader's (``make_mixture_iterator``)."""
+    if stages and not names:
+        raise ConfigError(f"config key '{key}': a schedule changes the weights of train.mixture, which is empty")
+    previous = 0
+    for index, (step, weights) in enumerate(stages):
+        where = f"{key}[{index}]"
+        if step <= previous:
+            raise ConfigError(f"config key '{where}.step': {step} must be above {previous} (the steps increase; "
+                              "step 0 reads the weights of train.mixture)")
+        if steps and step >= steps:
+            raise ConfigError(f"config key '{where}.step': {step} is never reached by a run of train.steps={steps}")
+        unknown = [name for name in weights if name not in names]
+        if unknown:
+            raise ConfigError(f"config key '{where}.weights.{unknown[0]}': not a set of train.mixture "
+                              f"({', '.join(names)})")
+        bad = [name for name, weight in weights.items() if not weight >= 0]
+        if bad:
+            raise ConfigError(f"config key '{where}.weights.{bad[0]}': must be >= 0, got {weights[bad[0]]}")
+        if not sum(weights.values()) > 0:
+            raise ConfigError(f"config key '{where}.weights': at least one set needs a positive weight")
+        previous = step
+
+
+@dataclass
 class TrainConfig:
     steps: int = 1000
     batch_size: int = 32  # global batch, in sequences
@@ -153,6 +203,8 @@ class TrainConfig:
     # several shard sets mixed by weight at train time (data_prep.shards.loader.make_mixture_iterator);
     # [] trains on this run's shards alone
     mixture: list[MixtureSetConfig] = field(default_factory=list)
+    # the mixture's weights changed at given steps, piecewise constant (data_prep.shards.loader.MixtureSchedule)
+    mixture_schedule: list[MixtureStageConfig] = field(default_factory=list)
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
@@ -220,8 +272,9 @@ class TrainConfig:
             if not m.name.strip() or m.name in names[:i]:
                 raise ConfigError(f"config key '{prefix}mixture[{i}].name': {m.name!r} must be a non-empty name "
                                   "that no other set has")
-            if not m.weight > 0:
-                raise ConfigError(f"config key '{prefix}mixture[{i}].weight': must be positive, got {m.weight}")
+        stages = [(s.step, s.weights) for s in self.mixture_schedule]
+        check_start_weights(names, [m.weight for m in self.mixture], stages, f"{prefix}mixture")
+        check_mixture_schedule(names, stages, f"{prefix}mixture_schedule", self.steps)
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
             raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, "
                               f"got {self.peak_flops_per_chip}")
