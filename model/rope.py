@@ -126,6 +126,9 @@ _HF_KEYS: dict[str, dict[str, str]] = {
              "beta_slow": "beta_slow", "mscale": "mscale", "mscale_all_dim": "mscale_all_dim",
              "yarn_attention_factor": "attention_factor", "truncate": "truncate"},
 }
+# YaRN's optional terms at the values Transformers assumes when they are absent (0: unset, derived)
+_YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.0, "mscale_all_dim": 0.0,
+                  "yarn_attention_factor": 0.0, "truncate": True}
 # the config field of each Rope field (yarn_attention_factor: rope_attention_factor)
 FIELD_KEYS = {"theta": "rope_theta", "scaling": "rope_scaling", "factor": "rope_factor",
               "low_freq_factor": "rope_low_freq_factor", "high_freq_factor": "rope_high_freq_factor",
@@ -135,14 +138,15 @@ FIELD_KEYS = {"theta": "rope_theta", "scaling": "rope_scaling", "factor": "rope_
 
 
 def rope_to_hf(rope: Rope) -> dict[str, Any]:
-    """Transformers' ``rope_parameters`` (the ``rope_scaling`` of files before Transformers 5) for ``rope``; unset
-    optional YaRN terms (mscale 0, attention factor 0) are left out, as Transformers derives them."""
+    """Transformers' ``rope_parameters`` (the ``rope_scaling`` of files before Transformers 5) for ``rope``; YaRN's
+    optional terms at Transformers' defaults are left out (as the files Transformers writes leave them), so an
+    imported config.json is written back as it came."""
     if rope.scaling == "none":
         return {"rope_type": "default", "rope_theta": rope.theta}
     out: dict[str, Any] = {"rope_type": rope.scaling, "rope_theta": rope.theta}
     for ours, theirs in _HF_KEYS[rope.scaling].items():
         value = getattr(rope, ours)
-        if ours in ("mscale", "mscale_all_dim", "yarn_attention_factor") and not value:
+        if rope.scaling == "yarn" and ours in _YARN_DEFAULTS and value == _YARN_DEFAULTS[ours]:
             continue
         out[theirs] = value
     return out
