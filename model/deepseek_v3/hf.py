@@ -11,7 +11,7 @@ layer's router is ``mlp.gate.weight`` [E, D] and its selection bias ``mlp.gate.e
 experts a tensor per expert and projection (as the published checkpoints, model/hf_tensors.py's
 ``ExpertTensors``), its shared experts ``mlp.shared_experts.{gate,up,down}_proj``.
 
-RoPE: default or YaRN (DeepSeek-V3's own: model/layers.py's Rope, and the softmax scale's mscale). Not built, each
+RoPE: default or YaRN (DeepSeek-V3's own: model/rope.py's Rope, and the softmax scale's mscale). Not built, each
 one ConfigError line naming the key: another RoPE scaling, attention biases, an activation other than SiLU, a
 routing other than sigmoid with ``noaux_tc``. Multi-token prediction: the published checkpoints carry
 ``num_nextn_predict_layers`` extra layers (``model.layers.<num_hidden_layers + j>.*``: ``enorm``, ``hnorm``,
