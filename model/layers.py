@@ -6,8 +6,6 @@ onto the device mesh. Norms and the rotary angles compute in fp32 whatever the c
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import jax
@@ -17,6 +15,7 @@ from flax import nnx
 
 from model.linear import PROJECTIONS, project
 from model.loss import output_logits
+from model.rope import Rope, yarn_mscale  # noqa: F401 (re-exported: the families import them from here)
 from model.sharding import constrain
 
 if TYPE_CHECKING:
@@ -55,63 +54,6 @@ class RMSNorm(nnx.Module):
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (normed * self.scale[...].astype(jnp.float32)).astype(x.dtype)
-
-
-@dataclass(frozen=True)
-class Rope:
-    """RoPE's frequencies: base ``theta``, optionally with Llama 3's scaling (``scaling="llama3"``) or YaRN's
-    (``scaling="yarn"``: Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models", as
-    DeepSeek-V3's config.json and Transformers' ``_compute_yarn_parameters`` define it)."""
-
-    theta: float = 10_000.0
-    scaling: str = "none"
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_len: int = 8192
-    beta_fast: float = 32.0  # YaRN: rotations at which a dimension is left unscaled (extrapolated)
-    beta_slow: float = 1.0  # YaRN: rotations below which a dimension is fully interpolated
-    mscale: float = 0.0  # YaRN's attention temperature terms (0: unset; see ``attention_factor``)
-    mscale_all_dim: float = 0.0
-
-    def attention_factor(self) -> float:
-        """What YaRN multiplies sin and cos by (1 otherwise): mscale(factor, mscale) / mscale(factor,
-        mscale_all_dim) when both are set (DeepSeek-V3: 1), else mscale(factor), mscale(s, m) = 0.1 m ln s + 1."""
-        if self.scaling != "yarn":
-            return 1.0
-        if self.mscale and self.mscale_all_dim:
-            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
-        return yarn_mscale(self.factor)
-
-    def frequencies(self, head_dim: int) -> np.ndarray:
-        """Inverse wavelengths [head_dim / 2] (fp32), as Transformers' ``ROPE_INIT_FUNCTIONS`` compute them."""
-        half = head_dim // 2
-        freqs = np.float32(self.theta) ** (-np.arange(half, dtype=np.float32) / np.float32(half))
-        if self.scaling == "llama3":
-            # long wavelengths (low frequencies) slowed down by ``factor``, short ones kept, a ramp between
-            wavelen = 2 * math.pi / freqs
-            scaled = np.where(wavelen > self.original_max_len / self.low_freq_factor, freqs / self.factor, freqs)
-            smooth = ((self.original_max_len / wavelen - self.low_freq_factor)
-                      / (self.high_freq_factor - self.low_freq_factor))
-            smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-            medium = ~(wavelen < self.original_max_len / self.high_freq_factor) & ~(
-                wavelen > self.original_max_len / self.low_freq_factor)
-            freqs = np.where(medium, smoothed, scaled).astype(np.float32)
-        elif self.scaling == "yarn":
-            # dimensions that turn fewer than beta_slow times over the original context are interpolated (slowed by
-            # ``factor``), those that turn more than beta_fast times kept, a linear ramp between (in dimension index)
-            def dim_at(rotations: float) -> float:
-                return half * math.log(self.original_max_len / (rotations * 2 * math.pi)) / math.log(self.theta)
-
-            low, high = max(math.floor(dim_at(self.beta_fast)), 0), min(math.ceil(dim_at(self.beta_slow)), head_dim - 1)
-            ramp = np.clip((np.arange(half, dtype=np.float32) - low) / max(high - low, 0.001), 0, 1)
-            freqs = (freqs / np.float32(self.factor) * ramp + freqs * (1 - ramp)).astype(np.float32)
-        return freqs
-
-
-def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    """YaRN's attention temperature term, 0.1 mscale ln(scale) + 1 (1 for scale <= 1)."""
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
 def rope_table(length: int, head_dim: int, theta: float | Rope) -> tuple[np.ndarray, np.ndarray]:

@@ -162,10 +162,10 @@ def test_unsupported_config_is_one_line(tmp_path: Path) -> None:
     config = json.loads((folder / "config.json").read_text())
     cases = [
         ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
-         "rope_scaling type 'yarn' is not supported"),
+        ({"rope_parameters": {"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e4}},
+         "rope_type 'longrope' is not supported"),
         ({"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
-         "rope_scaling type 'dynamic' is not supported"),
+         "rope_type 'dynamic' is not supported"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu' is not supported"),
         ({"attention_bias": True}, "attention_bias=True is not supported"),
     ]

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Literal
 
 from experiment.errors import ConfigError
 from experiment.sections.model import ModelSection
+from model.rope import check_rope, rope_of_config
 
 # Named sizes (``model.preset``). "tiny" is the tests' and the family contract's; "deepseek-v3" is DeepSeek-V3's
 # published config.json (deepseek-ai/DeepSeek-V3 on the Hugging Face hub, also Transformers' DeepseekV3Config
@@ -117,7 +118,7 @@ class DeepseekV3Config(ModelSection):
     rope_interleave: bool = True  # the rope part's pairs interleaved (x0, x1), (x2, x3)... as DeepSeek's weights
     # YaRN context extension of the rope part (DeepSeek-V3's config.json: factor 40 over 4,096 positions, beta_fast
     # 32, beta_slow 1, mscale 1, mscale_all_dim 1): frequencies interpolated by dimension, sin and cos scaled, and
-    # with mscale_all_dim the softmax scale too (model/layers.py's Rope)
+    # with mscale_all_dim the softmax scale too (model/rope.py's Rope)
     rope_scaling: Literal["none", "yarn"] = "none"
     rope_factor: float = 1.0
     rope_original_max_len: int = 4096
@@ -175,10 +176,7 @@ class DeepseekV3Config(ModelSection):
         if self.top_k > self.topk_group * (self.n_experts // self.n_group):
             raise ConfigError(f"config key '{prefix}top_k': {self.top_k} is more than the experts of topk_group="
                               f"{self.topk_group} groups")
-        if self.rope_scaling == "yarn" and not (self.rope_factor >= 1 and self.rope_original_max_len > 0
-                                                and self.rope_beta_fast > self.rope_beta_slow > 0):
-            raise ConfigError(f"config key '{prefix}rope_scaling': yarn needs rope_factor >= 1, rope_original_max_len "
-                              "> 0 and rope_beta_fast > rope_beta_slow > 0")
+        check_rope(rope_of_config(self), prefix)
         self.check_positive(key, ("rope_theta", "norm_eps", "capacity_factor", "routed_scaling_factor"))
 
     @property

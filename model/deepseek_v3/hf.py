@@ -11,7 +11,7 @@ layer's router is ``mlp.gate.weight`` [E, D] and its selection bias ``mlp.gate.e
 experts a tensor per expert and projection (as the published checkpoints, model/hf_tensors.py's
 ``ExpertTensors``), its shared experts ``mlp.shared_experts.{gate,up,down}_proj``.
 
-RoPE: default or YaRN (DeepSeek-V3's own: model/layers.py's Rope, and the softmax scale's mscale). Not built, each
+RoPE: default or YaRN (DeepSeek-V3's own: model/rope.py's Rope, and the softmax scale's mscale). Not built, each
 one ConfigError line naming the key: another RoPE scaling, attention biases, an activation other than SiLU, a
 routing other than sigmoid with ``noaux_tc``. Multi-token prediction: the published checkpoints carry
 ``num_nextn_predict_layers`` extra layers (``model.layers.<num_hidden_layers + j>.*``: ``enorm``, ``hnorm``,
@@ -38,6 +38,9 @@ from model.hf_tensors import (
     config_reader,
     source_of,
 )
+from model.rope import rope_from_hf as shared_rope_from_hf
+from model.rope import rope_of_config
+from model.rope import rope_to_hf as shared_rope_to_hf
 from model.stacking import BLOCKS
 
 log = logging.getLogger(__name__)
@@ -162,31 +165,16 @@ def to_hf_config(cfg: DeepseekV3Config, vocab_size: int, special_ids: Mapping[st
 
 def rope_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     """The section's RoPE fields of ``rope_parameters`` (Transformers 5) or ``rope_theta`` / ``rope_scaling``
-    (earlier files, DeepSeek-V3's own): default or YaRN; another kind is one error line."""
-    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
-    if kind == "default":
-        return {"rope_theta": theta}
-    if kind != "yarn":
-        raise ConfigError(f"{WHERE}: rope_type '{kind}' is not supported (only default and yarn)")
-    original = int(rope.get("original_max_position_embeddings") or 0)
-    factor = rope.get("factor") or (int(hf.get("max_position_embeddings", 0)) / original if original else 0)
-    if rope.get("attention_factor") is not None or not rope.get("truncate", True):
+    (earlier files, DeepSeek-V3's own): default or YaRN (model/rope.py); another kind is one error line."""
+    fields = shared_rope_from_hf(hf, WHERE, supported=("none", "yarn"))
+    if "rope_attention_factor" in fields or not fields.pop("rope_truncate", True):
         raise ConfigError(f"{WHERE}: yarn with attention_factor or truncate false is not supported")
-    return {"rope_theta": theta, "rope_scaling": "yarn", "rope_factor": float(factor),
-            "rope_original_max_len": original, "rope_beta_fast": float(rope.get("beta_fast") or 32),
-            "rope_beta_slow": float(rope.get("beta_slow") or 1), "rope_mscale": float(rope.get("mscale") or 0),
-            "rope_mscale_all_dim": float(rope.get("mscale_all_dim") or 0)}
+    return fields
 
 
 def rope_to_hf(cfg: DeepseekV3Config) -> dict[str, Any]:
     """``rope_parameters`` of the section (the inverse of ``rope_from_hf``)."""
-    if cfg.rope_scaling != "yarn":
-        return {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    return {"rope_type": "yarn", "rope_theta": cfg.rope_theta, "factor": cfg.rope_factor,
-            "original_max_position_embeddings": cfg.rope_original_max_len, "beta_fast": cfg.rope_beta_fast,
-            "beta_slow": cfg.rope_beta_slow, "mscale": cfg.rope_mscale, "mscale_all_dim": cfg.rope_mscale_all_dim}
+    return shared_rope_to_hf(rope_of_config(cfg))
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> DeepseekV3Config:

@@ -80,6 +80,7 @@ from model.moe import (
     router_metrics,
     updated_bias,
 )
+from model.rope import rope_of_config
 from model.sharding import compiled_platform, constrain
 from model.stacking import layer_stack, run_layers_ys
 
@@ -108,10 +109,8 @@ def moe_config(cfg: DeepseekV3Config) -> MoEConfig:
 
 
 def rope_of(cfg: DeepseekV3Config) -> Rope:
-    """The rope part's frequencies: plain, or YaRN's (model/layers.py's Rope)."""
-    return Rope(cfg.rope_theta, cfg.rope_scaling, factor=cfg.rope_factor, original_max_len=cfg.rope_original_max_len,
-                beta_fast=cfg.rope_beta_fast, beta_slow=cfg.rope_beta_slow, mscale=cfg.rope_mscale,
-                mscale_all_dim=cfg.rope_mscale_all_dim)
+    """The rope part's frequencies: plain, or YaRN's (model/rope.py's Rope)."""
+    return rope_of_config(cfg)
 
 
 def softmax_scale(cfg: DeepseekV3Config) -> float:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -47,24 +46,11 @@ Segments = jax.Array | None  # packed documents' segment ids [B, T]; None: plain
 RopeTable = tuple[jax.Array, jax.Array]  # sin, cos [B, T, 1, head_dim / 2]
 
 
-@dataclass(frozen=True)
-class GemmaRope(Rope):
-    """RoPE frequencies with Transformers' ``linear`` scaling too (``scaling="linear"``: every inverse
-    wavelength divided by ``factor``, i.e. positions slowed down by it; ``modeling_rope_utils``'
-    ``_compute_linear_scaling_rope_parameters``). model/layers.py's ``Rope`` knows none and llama3."""
-
-    def frequencies(self, head_dim: int) -> np.ndarray:
-        if self.scaling == "linear":
-            base = Rope(self.theta).frequencies(head_dim)
-            return (base / np.float32(self.factor)).astype(np.float32)
-        return super().frequencies(head_dim)
-
-
-def ropes_of(cfg: Gemma3Config) -> dict[str, GemmaRope]:
+def ropes_of(cfg: Gemma3Config) -> dict[str, Rope]:
     """Each layer type's RoPE: local layers the plain ``rope_theta_local`` one, global ones ``rope_theta_global``,
     scaled as the config says."""
-    return {LOCAL: GemmaRope(cfg.rope_theta_local),
-            GLOBAL: GemmaRope(cfg.rope_theta_global, cfg.rope_scaling, factor=cfg.rope_factor)}
+    return {LOCAL: Rope(cfg.rope_theta_local),
+            GLOBAL: Rope(cfg.rope_theta_global, cfg.rope_scaling, factor=cfg.rope_factor)}
 
 
 class GemmaRMSNorm(nnx.Module):

@@ -7,10 +7,10 @@ Data only (imports nothing above ``experiment``): config load reads it by family
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from experiment.errors import ConfigError
 from experiment.sections.model import GroupedHeads, ModelSection
+from model.rope import RopeScaling, check_rope, rope_of_config
 
 # Named model sizes (the section's PRESETS), from the CPU demo to Llama-2-70B shapes: ``model.preset: 1b`` fills the
 # shape fields the config does not set (experiment.config.resolve_model_tree); a key the YAML or an override sets
@@ -72,14 +72,22 @@ class LlamaConfig(GroupedHeads, ModelSection):
     head_dim: int = 0  # 0: d_model // n_heads
     d_ff: int = 688
     rope_theta: float = 10_000.0
-    # RoPE frequency scaling for a longer context: none, or llama3 (Llama 3.1+: wavelengths longer than
-    # rope_original_max_len / rope_low_freq_factor are divided by rope_factor, shorter than
-    # rope_original_max_len / rope_high_freq_factor kept, a smooth ramp between)
-    rope_scaling: Literal["none", "llama3"] = "none"
+    # RoPE frequency scaling for a longer context (model/rope.py; docs/guide.md): none; linear (every frequency
+    # divided by rope_factor); llama3 (Llama 3.1+: wavelengths longer than rope_original_max_len /
+    # rope_low_freq_factor divided by rope_factor, shorter than rope_original_max_len / rope_high_freq_factor kept,
+    # a smooth ramp between); yarn (dimensions turning fewer than rope_beta_slow times over rope_original_max_len
+    # slowed by rope_factor, more than rope_beta_fast times kept, sin and cos scaled by the attention factor)
+    rope_scaling: RopeScaling = "none"
     rope_factor: float = 8.0
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_len: int = 8192
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_mscale: float = 0.0  # yarn: attention factor mscale(f, rope_mscale) / mscale(f, rope_mscale_all_dim)
+    rope_mscale_all_dim: float = 0.0  # when both are set, else 0.1 ln(rope_factor) + 1
+    rope_attention_factor: float = 0.0  # yarn: the attention factor given outright (0: derived as above)
+    rope_truncate: bool = True  # yarn: the ramp's ends rounded to whole dimensions
     qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2/2.5)
     qk_norm: bool = False  # RMSNorm over each query and key head before RoPE (Qwen3)
     norm_eps: float = 1e-5
@@ -90,14 +98,7 @@ class LlamaConfig(GroupedHeads, ModelSection):
         prefix = f"{key}." if key else ""
         self.check_positive(key, ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"))
         self.check_heads(key)
-        if self.rope_scaling == "llama3" and not (self.rope_factor >= 1 and self.rope_original_max_len > 0
-                                                  and self.rope_high_freq_factor > self.rope_low_freq_factor > 0):
-            raise ConfigError(
-                f"config key '{prefix}rope_scaling': llama3 needs rope_factor >= 1, rope_original_max_len > 0 and "
-                f"rope_high_freq_factor > rope_low_freq_factor > 0 (got {self.rope_factor}, "
-                f"{self.rope_original_max_len}, {self.rope_high_freq_factor}, {self.rope_low_freq_factor})"
-            )
-
+        check_rope(rope_of_config(self), prefix)
 
 
 @dataclass

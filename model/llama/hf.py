@@ -26,6 +26,7 @@ from model.hf_tensors import (
     config_reader,
 )
 from model.llama.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from model.rope import rope_from_hf, rope_of_config, rope_to_hf
 
 
 def hf_tensors(cfg: LlamaConfig) -> list[HFTensor]:
@@ -52,12 +53,8 @@ def hf_tensors(cfg: LlamaConfig) -> list[HFTensor]:
 
 
 def rope_hf(cfg: LlamaConfig) -> dict[str, Any]:
-    """Transformers' ``rope_parameters`` for our RoPE settings."""
-    if cfg.rope_scaling == "llama3":
-        return {"rope_type": "llama3", "rope_theta": cfg.rope_theta, "factor": cfg.rope_factor,
-                "low_freq_factor": cfg.rope_low_freq_factor, "high_freq_factor": cfg.rope_high_freq_factor,
-                "original_max_position_embeddings": cfg.rope_original_max_len}
-    return {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    """Transformers' ``rope_parameters`` for our RoPE settings (model/rope.py)."""
+    return rope_to_hf(rope_of_config(cfg))
 
 
 def llama_config(model_cfg: LlamaConfig, vocab_size: int,
@@ -91,34 +88,6 @@ def llama_config(model_cfg: LlamaConfig, vocab_size: int,
         "torch_dtype": "float32",
         "dtype": "float32",
     }
-
-
-# rope_scaling / rope_parameters keys that are not settings of the scaling itself
-_ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
-              "original_max_position_embeddings", "partial_rotary_factor"}
-
-
-def rope_from_hf(hf_config: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Our rope_* fields for a config.json's ``rope_parameters`` (Transformers 5) or ``rope_theta`` and
-    ``rope_scaling`` (earlier); a scaling other than llama3 is an error naming it."""
-    rope = dict(hf_config.get("rope_parameters") or {})
-    legacy = hf_config.get("rope_scaling") or {}
-    rope = {**legacy, **rope}
-    theta = float(rope.get("rope_theta", hf_config.get("rope_theta", 10_000.0)))
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    if rope.get("partial_rotary_factor", 1.0) != 1.0 or hf_config.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ConfigError(f"{where}: partial_rotary_factor is not supported (only RoPE over the whole head)")
-    if kind == "default":
-        return {"rope_theta": theta}
-    if kind != "llama3":
-        raise ConfigError(f"{where}: rope_scaling type '{kind}' is not supported (only default and llama3)")
-    missing = [k for k in ("factor", "original_max_position_embeddings") if k not in rope]
-    if missing:
-        raise ConfigError(f"{where}: rope_scaling of type llama3 lacks '{missing[0]}'")
-    return {"rope_theta": theta, "rope_scaling": "llama3", "rope_factor": float(rope["factor"]),
-            "rope_low_freq_factor": float(rope.get("low_freq_factor", 1.0)),
-            "rope_high_freq_factor": float(rope.get("high_freq_factor", 4.0)),
-            "rope_original_max_len": int(rope["original_max_position_embeddings"])}
 
 
 def check_full_attention(hf_config: Mapping[str, Any], where: str) -> None:

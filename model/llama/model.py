@@ -36,6 +36,7 @@ from model.layers import (
 )
 from model.linear import project
 from model.llama.config import LlamaConfig
+from model.rope import rope_of_config
 from model.sharding import compiled_platform, constrain
 from model.stacking import layer_stack, scan_layers
 
@@ -47,8 +48,7 @@ QUANTIZED_MODULES = r"blocks/(\d+/)?(attn|mlp)"  # unrolled blocks/<i>/attn, or 
 
 def rope_of(cfg: LlamaConfig) -> Rope:
     """RoPE's frequencies as the config sets them."""
-    return Rope(cfg.rope_theta, cfg.rope_scaling, cfg.rope_factor, cfg.rope_low_freq_factor,
-                cfg.rope_high_freq_factor, cfg.rope_original_max_len)
+    return rope_of_config(cfg)
 
 
 Segments = jax.Array | None  # packed documents' segment ids [B, T]; None: plain causal attention
