@@ -63,6 +63,7 @@ class LlamaConfig(GroupedHeads, ModelSection):
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
     AXIS_RULES: ClassVar[dict[str, list[str]]] = AXIS_RULES
+    CONTEXT_PARALLEL: ClassVar[bool] = True  # load-balanced, over the gathered keys and values (model/context.py)
 
     family: str = "llama"
     d_model: int = 256
