@@ -50,14 +50,55 @@ def balanced_order(length: int, parts: int) -> np.ndarray:
     return np.concatenate([np.arange(c * size, (c + 1) * size) for c in order])
 
 
-def to_balanced(x: jax.Array, parts: int) -> jax.Array:
-    """[B, T, ...] in sequence order -> the load-balanced layout (unchanged when the sequence is not split)."""
-    return x if parts == 1 else jnp.take(x, balanced_order(x.shape[1], parts), axis=1)
+def to_balanced(x: jax.Array, parts: int, logical: tuple[str | None, ...]) -> jax.Array:
+    """[B, T, ...] in sequence order -> the load-balanced layout (unchanged when the sequence is not split).
+    ``logical``: x's logical axis names (its layout on the mesh)."""
+    return x if parts == 1 else _move_chunks(x, parts, logical, to_balanced=True)
 
 
-def from_balanced(x: jax.Array, parts: int) -> jax.Array:
+def from_balanced(x: jax.Array, parts: int, logical: tuple[str | None, ...]) -> jax.Array:
     """``to_balanced``'s inverse: [B, T, ...] back in sequence order."""
-    return x if parts == 1 else jnp.take(x, np.argsort(balanced_order(x.shape[1], parts)), axis=1)
+    return x if parts == 1 else _move_chunks(x, parts, logical, to_balanced=False)
+
+
+def _move_chunks(x: jax.Array, parts: int, logical: tuple[str | None, ...], to_balanced: bool) -> jax.Array:
+    """Each device's two chunks to where the other layout keeps them, by two ``ppermute``s over the context axis
+    (a device sends one chunk and receives one in each), not a gather: indexing a split dimension with a constant
+    permutation makes the compiler gather the whole sequence on every device, the memory context parallelism saves.
+
+    In sequence order device d holds chunks 2d and 2d+1; balanced, chunks d and 2N-1-d. Moving to the balanced
+    layout, round k sends every device's chunk in slot k (chunks of one parity, which land on distinct devices:
+    chunk j < N on device j, j >= N on device 2N-1-j, of the other parity); back, round k fills every device's
+    slot k (likewise from distinct devices). The tables say, per device, which slot it sends and which it fills."""
+    layout = current_layout()
+    assert layout is not None, "a split sequence is moved inside a trainer's activation layout"
+    mesh, rules = layout
+    balanced = balanced_order(2 * parts, parts)  # chunk order of the balanced layout (chunks of one position)
+    where_balanced = {int(chunk): (slot // 2, slot % 2) for slot, chunk in enumerate(balanced)}
+    where_sequence = {chunk: (chunk // 2, chunk % 2) for chunk in range(2 * parts)}
+    source, target = (where_sequence, where_balanced) if to_balanced else (where_balanced, where_sequence)
+    rounds = []  # per round: (device pairs, slot each device sends, slot each device fills)
+    for k in range(2):
+        moves = [(source[c], target[c]) for c in range(2 * parts) if (source if to_balanced else target)[c][1] == k]
+        send, fill = np.zeros(parts, np.int32), np.zeros(parts, np.int32)
+        for (src, src_slot), (dst, dst_slot) in moves:
+            send[src], fill[dst] = src_slot, dst_slot
+        rounds.append(([(src, dst) for (src, _), (dst, _) in moves], send, fill))
+    spec = logical_to_spec(logical, rules)
+    axes = spec_axes(spec[1])
+
+    def local(x: jax.Array) -> jax.Array:
+        device = jax.lax.axis_index(axes)
+        slots = jnp.split(x, 2, axis=1)
+        got = []
+        for pairs, send, fill in rounds:
+            chunk = jnp.where(jnp.asarray(send)[device] == 0, slots[0], slots[1])
+            got.append((jax.lax.ppermute(chunk, axes, perm=pairs), jnp.asarray(fill)[device]))
+        (first, first_slot), (second, _) = got  # the two rounds fill the two slots
+        return jnp.where(first_slot == 0, jnp.concatenate([first, second], axis=1),
+                         jnp.concatenate([second, first], axis=1))
+
+    return jax.shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec)(x)
 
 
 def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, window: int = 0,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import jax
@@ -49,9 +50,11 @@ def packed_rows(seed: int) -> dict[str, np.ndarray]:
     return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "segment_ids": segments, "positions": positions}
 
 
-def logits_and_grads(mesh_cfg: MeshConfig, devices: list[Any]) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
+def logits_and_grads(mesh_cfg: MeshConfig, devices: list[Any]) -> tuple[np.ndarray, dict[str, np.ndarray], int,
+                                                                         list[str]]:
     """The tiny llama's logits on packed rows and the gradient of their mean cross-entropy, computed on ``mesh_cfg``
-    (parameters laid out by the rules, the batch split, the trainer's activation layout); and the context parts."""
+    (parameters laid out by the rules, the batch split, the trainer's activation layout); the context parts; the
+    shapes the compiled program all-gathers."""
     fam = get_family("llama")
     cfg = fam.tiny_config(max_seq_len=SEQ)
     rules = fam.mesh_rules(mesh_cfg.rules)
@@ -66,25 +69,27 @@ def logits_and_grads(mesh_cfg: MeshConfig, devices: list[Any]) -> tuple[np.ndarr
 
     with activation_layout(mesh, rules):
         parts = context_parts()
-        (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, batch)
+        compiled = jax.jit(jax.value_and_grad(loss, has_aux=True)).lower(params, batch).compile()
+    (_, logits), grads = compiled(params, batch)
     flat = {"/".join(map(str, path)): np.asarray(leaf) for path, leaf in nnx.to_flat_state(grads)}
-    return np.asarray(logits), flat, parts
+    gathered = sorted({shape.split("{")[0] for shape in re.findall(r"= (\S+) all-gather\(", compiled.as_text())})
+    return np.asarray(logits), flat, parts, gathered
 
 
 def context_parallel_on_8_devices() -> dict[str, Any]:
     """In the 8-device worker: logits and gradients on each context mesh against one device; the train step's
     losses and gradient norms (two steps on packed batches) likewise; the layout the mesh gives the activations."""
-    want_logits, want_grads, one_parts = logits_and_grads(MeshConfig(data=1), jax.devices()[:1])
+    want_logits, want_grads, one_parts, _ = logits_and_grads(MeshConfig(data=1), jax.devices()[:1])
     out: dict[str, Any] = {"one_parts": one_parts}
     for name, mesh_cfg in MESHES.items():
-        logits, grads, parts = logits_and_grads(mesh_cfg, jax.devices())
+        logits, grads, parts, gathered = logits_and_grads(mesh_cfg, jax.devices())
         out[name] = {"parts": parts, "logits_diff": float(np.abs(logits - want_logits).max()),
                      "logits_scale": float(np.abs(want_logits).max()),
                      # per parameter, relative to the largest entry of its one-device gradient
                      "grad_diff": max(float(np.abs(grads[k] - g).max() / np.abs(g).max())
                                       for k, g in want_grads.items()),
                      "grad_zero": [k for k, g in want_grads.items() if not np.abs(g).max() > 0],
-                     "grad_names": sorted(grads) == sorted(want_grads)}
+                     "grad_names": sorted(grads) == sorted(want_grads), "gathered": gathered}
     fam = get_family("llama")
     cfg = fam.tiny_config(max_seq_len=SEQ)
     train = TrainConfig(steps=10, batch_size=ROWS, learning_rate=1e-2, warmup_steps=1, loss_chunk_len=8,
@@ -110,6 +115,11 @@ def test_context_parallel_matches_one_device(eight_devices: DeviceWorker) -> Non
         assert got["parts"] == parts and got["grad_names"]
         assert got["logits_diff"] < 1e-5 * max(1.0, got["logits_scale"]), got
         assert got["grad_diff"] < 1e-4 and got["grad_zero"] == [], got  # every parameter has a gradient
+        # K and V [rows, T, KV, head_dim] and the segment ids are gathered whole, never the hidden states
+        # [rows, T, d_model] (the load-balanced reorder moves chunks between devices, it gathers nothing)
+        rows = ROWS // (4 if parts == 2 else 2)  # the rows a device holds: data 2 (x fsdp 2 beside context 2)
+        assert {f"f32[{rows},{SEQ},2,8]", f"s32[{rows},{SEQ}]"} <= set(got["gathered"]), got
+        assert f"f32[{rows},{SEQ},32]" not in got["gathered"], got
     # the rows over data x fsdp, each row's positions over context
     assert out["step_context4_batch"] == "P(('data', 'fsdp'), 'context')"
     np.testing.assert_allclose(out["step_context4"], out["step_one"], rtol=1e-5)

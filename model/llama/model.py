@@ -141,8 +141,8 @@ class Decoder(CausalLM):
         # with the sequence split over a context axis the blocks see it in the load-balanced order (model/context.py),
         # each token with its own position and segment; the hidden states go back to sequence order at the end
         parts = context_parts()
-        tokens, positions = to_balanced(tokens, parts), to_balanced(positions, parts)
-        segment_ids = None if segment_ids is None else to_balanced(segment_ids, parts)
+        tokens, positions = (to_balanced(a, parts, ("batch", "length")) for a in (tokens, positions))
+        segment_ids = None if segment_ids is None else to_balanced(segment_ids, parts, ("batch", "length"))
         rope = rope_angles(positions, self.head_dim, self.rope)
         x = constrain(jnp.take(self.embed[...], tokens, axis=0), ("batch", "length", "act_embed"))
         if self.scanned:
@@ -151,7 +151,7 @@ class Decoder(CausalLM):
         else:
             for block in self.blocks:
                 x = self.run_block(block, x, rope, segment_ids)
-        return self.final_norm(constrain(from_balanced(x, parts), ("batch", "length", "act_embed")))
+        return self.final_norm(from_balanced(x, parts, ("batch", "length", "act_embed")))
 
     def decode_hidden(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """``hidden`` of tokens [B, T] that continue the sequences in ``cache`` (``CausalLM.decode``)."""
