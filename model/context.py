@@ -18,6 +18,8 @@ own), and the mask is built from each token's original index and its segment id:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -102,34 +104,80 @@ def _move_chunks(x: jax.Array, parts: int, logical: tuple[str | None, ...], to_b
 
 
 def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, window: int = 0,
-                      scale: float | None = None) -> jax.Array:
+                      scale: float | None = None, ring: bool = False) -> jax.Array:
     """Causal attention [B, T, H, D] of a sequence in the load-balanced layout (``to_balanced``) whose length is
-    split over the context axis: each device gathers K, V and the segment ids of the whole sequence and attends its
-    own queries to them with XLA's attention. The mask is ``model.attention.attention_mask``'s (causal, within
-    ``window``, within one packed document), on the tokens' original indices."""
+    split over the context axis. All-gather (the default): each device gathers K, V and the segment ids of the whole
+    sequence and attends its own queries to them with XLA's attention. ``ring``: the devices pass their K, V and
+    segment ids around the axis in N steps and each accumulates its queries' softmax over one share at a time (the
+    online softmax of flash attention), holding one share instead of the whole sequence. The mask is
+    ``model.attention.attention_mask``'s (causal, within ``window``, within one packed document), on the tokens'
+    original indices."""
     layout = current_layout()
     assert layout is not None, "context_attention runs inside a trainer's activation layout"
     mesh, rules = layout
     parts = context_parts(layout)
-    b, t = q.shape[:2]
-    order = balanced_order(t, parts)
+    b, t, h, hd = q.shape
+    order = jnp.asarray(balanced_order(t, parts))
     chunk = t // (2 * parts)
+    scale = hd**-0.5 if scale is None else scale
     heads = logical_to_spec(("batch", "length", "act_heads", "head_dim"), rules)
     rows = logical_to_spec(("batch", "length"), rules)
     axes = spec_axes(heads[1])
     seg = jnp.zeros((b, t), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
 
+    def visible(query_index: jax.Array, key_index: jax.Array, seg: jax.Array, key_seg: jax.Array) -> jax.Array:
+        """[B, 1, Tq, Tk]: which keys each query sees."""
+        causal = key_index[None, :] <= query_index[:, None]
+        if 0 < window < t:
+            causal &= query_index[:, None] - key_index[None, :] < window
+        return causal[None, None] & (seg[:, None, :, None] == key_seg[:, None, None, :])
+
     def local(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array) -> jax.Array:
-        # the whole sequence's keys, values and segment ids, in the balanced layout (device order along T)
-        k_all, v_all, seg_all = (jax.lax.all_gather(x, axes, axis=1, tiled=True) for x in (k, v, seg))
         device = jax.lax.axis_index(axes)
         arange = jnp.arange(chunk)
         query_index = jnp.concatenate([device * chunk + arange, (2 * parts - 1 - device) * chunk + arange])
-        key_index = jnp.asarray(order)
-        visible = key_index[None, :] <= query_index[:, None]
-        if 0 < window < t:
-            visible &= query_index[:, None] - key_index[None, :] < window
-        mask = visible[None, None] & (seg[:, None, :, None] == seg_all[:, None, None, :])
-        return jax.nn.dot_product_attention(q, k_all, v_all, mask=mask, scale=scale)
+        if not ring:  # the whole sequence's keys, values and segment ids, in the balanced layout (device order)
+            k_all, v_all, seg_all = (jax.lax.all_gather(x, axes, axis=1, tiled=True) for x in (k, v, seg))
+            mask = visible(query_index, order, seg, seg_all)
+            return jax.nn.dot_product_attention(q, k_all, v_all, mask=mask, scale=scale)
+        return _ring(q, k, v, seg, query_index, order, visible, axes, parts, scale)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(heads, heads, heads, rows), out_specs=heads)(q, k, v, seg)
+
+
+def _ring(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array, query_index: jax.Array, order: jax.Array,
+          visible: Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array], axes: tuple[str, ...],
+          parts: int, scale: float) -> jax.Array:
+    """One device's queries [B, Tq, H, D] against every device's keys and values, passed around the ring: at step s
+    the device holds device (i - s)'s share, whose original indices it reads from the balanced ``order``. Scores in
+    float32, a running max and sum per query (a masked score adds nothing: exp is taken where visible only)."""
+    b, share, h, hd = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, share, kv, h // kv, hd)
+    device = jax.lax.axis_index(axes)
+    neg = jnp.finfo(jnp.float32).min
+
+    @jax.checkpoint  # the backward pass recomputes a step's scores: one share's in memory, never all of them
+    def attend_share(carry: tuple[jax.Array, jax.Array, jax.Array], k: jax.Array, v: jax.Array, key_seg: jax.Array,
+                     key_index: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        peak, total, acc = carry  # [B, KV, G, Tq], the same, [B, KV, G, Tq, D]
+        scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k).astype(jnp.float32) * scale
+        mask = visible(query_index, key_index, seg, key_seg)[:, :, None]  # [B, 1, 1, Tq, Tk]
+        new_peak = jnp.maximum(peak, jnp.max(jnp.where(mask, scores, neg), axis=-1))
+        probs = jnp.where(mask, jnp.exp(scores - new_peak[..., None]), 0.0)
+        fade = jnp.exp(peak - new_peak)
+        acc = acc * fade[..., None] + jnp.einsum("bkgqs,bskd->bkgqd", probs, v.astype(jnp.float32))
+        return new_peak, total * fade + probs.sum(-1), acc
+
+    carry = (jnp.full((b, kv, h // kv, share), neg), jnp.zeros((b, kv, h // kv, share)),
+             jnp.zeros((b, kv, h // kv, share, hd)))
+    ring = [(j, (j + 1) % parts) for j in range(parts)]
+    key_seg = seg
+    for step in range(parts):
+        key_index = jax.lax.dynamic_slice_in_dim(order, ((device - step) % parts) * share, share)
+        carry = attend_share(carry, k, v, key_seg, key_index)
+        if step < parts - 1:  # the next device's share; the last step's would only come back home
+            k, v, key_seg = (jax.lax.ppermute(x, axes, perm=ring) for x in (k, v, key_seg))
+    _, total, acc = carry
+    out = acc / total[..., None]  # every query sees at least itself: total > 0
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, share, h, hd).astype(v.dtype)

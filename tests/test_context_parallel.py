@@ -6,6 +6,7 @@ step's losses; config load lays ``length`` out on the axis and refuses sizes tha
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 from typing import Any
@@ -34,6 +35,7 @@ MESHES = {  # name -> the 8-device mesh: context 2 beside data and fsdp, context
     "context2": MeshConfig(data=2, fsdp=2, axes={"context": 2}, rules=CONTEXT),
     "context4": MeshConfig(data=2, axes={"context": 4}, rules=CONTEXT),
 }
+STRATEGIES = ("all_gather", "ring")  # model.context_attention
 
 
 def packed_rows(seed: int) -> dict[str, np.ndarray]:
@@ -50,13 +52,13 @@ def packed_rows(seed: int) -> dict[str, np.ndarray]:
     return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "segment_ids": segments, "positions": positions}
 
 
-def logits_and_grads(mesh_cfg: MeshConfig, devices: list[Any]) -> tuple[np.ndarray, dict[str, np.ndarray], int,
-                                                                         list[str]]:
+def logits_and_grads(mesh_cfg: MeshConfig, devices: list[Any], strategy: str = "all_gather"
+                     ) -> tuple[np.ndarray, dict[str, np.ndarray], int, list[str]]:
     """The tiny llama's logits on packed rows and the gradient of their mean cross-entropy, computed on ``mesh_cfg``
-    (parameters laid out by the rules, the batch split, the trainer's activation layout); the context parts; the
-    shapes the compiled program all-gathers."""
+    (parameters laid out by the rules, the batch split, the trainer's activation layout) with attention over the
+    context axis by ``strategy``; the context parts; the shapes the compiled program all-gathers."""
     fam = get_family("llama")
-    cfg = fam.tiny_config(max_seq_len=SEQ)
+    cfg = fam.tiny_config(max_seq_len=SEQ, context_attention=strategy)
     rules = fam.mesh_rules(mesh_cfg.rules)
     mesh = build_mesh(mesh_cfg, devices, rules)
     graphdef, params = nnx.split(init_module(fam.build, cfg, VOCAB), nnx.Param)
@@ -81,9 +83,9 @@ def context_parallel_on_8_devices() -> dict[str, Any]:
     losses and gradient norms (two steps on packed batches) likewise; the layout the mesh gives the activations."""
     want_logits, want_grads, one_parts, _ = logits_and_grads(MeshConfig(data=1), jax.devices()[:1])
     out: dict[str, Any] = {"one_parts": one_parts}
-    for name, mesh_cfg in MESHES.items():
-        logits, grads, parts, gathered = logits_and_grads(mesh_cfg, jax.devices())
-        out[name] = {"parts": parts, "logits_diff": float(np.abs(logits - want_logits).max()),
+    for (name, mesh_cfg), strategy in itertools.product(MESHES.items(), STRATEGIES):
+        logits, grads, parts, gathered = logits_and_grads(mesh_cfg, jax.devices(), strategy)
+        out[f"{name}_{strategy}"] = {"parts": parts, "logits_diff": float(np.abs(logits - want_logits).max()),
                      "logits_scale": float(np.abs(want_logits).max()),
                      # per parameter, relative to the largest entry of its one-device gradient
                      "grad_diff": max(float(np.abs(grads[k] - g).max() / np.abs(g).max())
@@ -91,11 +93,13 @@ def context_parallel_on_8_devices() -> dict[str, Any]:
                      "grad_zero": [k for k, g in want_grads.items() if not np.abs(g).max() > 0],
                      "grad_names": sorted(grads) == sorted(want_grads), "gathered": gathered}
     fam = get_family("llama")
-    cfg = fam.tiny_config(max_seq_len=SEQ)
     train = TrainConfig(steps=10, batch_size=ROWS, learning_rate=1e-2, warmup_steps=1, loss_chunk_len=8,
                         mesh=MESHES["context4"])
     one = dataclasses.replace(train, mesh=MeshConfig(data=1))
-    for name, train_cfg, devices in (("step_context4", train, None), ("step_one", one, jax.devices()[:1])):
+    for name, train_cfg, devices, strategy in (("step_all_gather", train, None, "all_gather"),
+                                               ("step_ring", train, None, "ring"),
+                                               ("step_one", one, jax.devices()[:1], "all_gather")):
+        cfg = fam.tiny_config(max_seq_len=SEQ, context_attention=strategy)
         rules = fam.mesh_rules(train_cfg.mesh.rules)
         program = TrainProgram(cfg, train_cfg, VOCAB, build_mesh(train_cfg.mesh, devices, rules), seed=0)
         state, metrics = program.init_state(), []
@@ -110,19 +114,24 @@ def context_parallel_on_8_devices() -> dict[str, Any]:
 def test_context_parallel_matches_one_device(eight_devices: DeviceWorker) -> None:
     out = eight_devices.run(context_parallel_on_8_devices)
     assert out["one_parts"] == 1
-    for name, parts in (("context2", 2), ("context4", 4)):
-        got = out[name]
+    for (name, parts), strategy in itertools.product((("context2", 2), ("context4", 4)), STRATEGIES):
+        got = out[f"{name}_{strategy}"]
         assert got["parts"] == parts and got["grad_names"]
         assert got["logits_diff"] < 1e-5 * max(1.0, got["logits_scale"]), got
         assert got["grad_diff"] < 1e-4 and got["grad_zero"] == [], got  # every parameter has a gradient
-        # K and V [rows, T, KV, head_dim] and the segment ids are gathered whole, never the hidden states
-        # [rows, T, d_model] (the load-balanced reorder moves chunks between devices, it gathers nothing)
+        # all-gather: K and V [rows, T, KV, head_dim] and the segment ids are gathered whole; ring: never. Neither
+        # gathers the hidden states [rows, T, d_model] (the load-balanced reorder moves chunks between devices)
         rows = ROWS // (4 if parts == 2 else 2)  # the rows a device holds: data 2 (x fsdp 2 beside context 2)
-        assert {f"f32[{rows},{SEQ},2,8]", f"s32[{rows},{SEQ}]"} <= set(got["gathered"]), got
+        whole_kv = {f"f32[{rows},{SEQ},2,8]", f"s32[{rows},{SEQ}]"}
+        if strategy == "ring":
+            assert not whole_kv & set(got["gathered"]), got
+        else:
+            assert whole_kv <= set(got["gathered"]), got
         assert f"f32[{rows},{SEQ},32]" not in got["gathered"], got
     # the rows over data x fsdp, each row's positions over context
-    assert out["step_context4_batch"] == "P(('data', 'fsdp'), 'context')"
-    np.testing.assert_allclose(out["step_context4"], out["step_one"], rtol=1e-5)
+    assert out["step_all_gather_batch"] == "P(('data', 'fsdp'), 'context')"
+    np.testing.assert_allclose(out["step_all_gather"], out["step_one"], rtol=1e-5)
+    np.testing.assert_allclose(out["step_ring"], out["step_one"], rtol=1e-5)
 
 
 def test_the_balanced_order_gives_each_device_an_early_and_a_late_chunk() -> None:

@@ -85,6 +85,10 @@ class LlamaConfig(GroupedHeads, ModelSection):
     qk_norm: bool = False  # RMSNorm over each query and key head before RoPE (Qwen3)
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
+    # with the sequence split over train.mesh.axes.context (model/context.py): all_gather gathers the whole
+    # sequence's keys and values per layer (MaxText's default); ring passes them device to device in N steps,
+    # holding one device's share at a time
+    context_attention: Literal["all_gather", "ring"] = "all_gather"
 
     def validate(self, key: str) -> None:
         super().validate(key)

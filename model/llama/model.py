@@ -59,7 +59,7 @@ class Attention(nnx.Module):
     def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
         d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = h, kv, hd
-        self.impl = cfg.attention
+        self.impl, self.context_attention = cfg.attention, cfg.context_attention
         self.wq = param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), cfg.init_std)
         self.wk = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std)
         self.wv = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std)
@@ -77,7 +77,7 @@ class Attention(nnx.Module):
         t = x.shape[1]
         q, k, v = self.qkv(x, rope)
         if context_parts() > 1:  # the sequence split over the context axis, load-balanced (model/context.py)
-            out = context_attention(q, k, v, segments)
+            out = context_attention(q, k, v, segments, ring=self.context_attention == "ring")
         else:
             out = attend(resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, t), q, k, v,
                          segments)
