@@ -22,6 +22,7 @@ from experiment.errors import ConfigError
 from experiment.sections.train import MeshConfig, TrainConfig
 from model.context import balanced_order, context_parts
 from model.family import get_family, init_module
+from model.generate import generate
 from model.loss import cross_entropy
 from model.sharding import activation_layout, batch_sharding, build_mesh, tree_shardings
 from tests.device_worker import DeviceWorker
@@ -108,6 +109,12 @@ def context_parallel_on_8_devices() -> dict[str, Any]:
             metrics.append([float(m["loss"]), float(m["grad_norm"])])
         out[name] = metrics
         out[f"{name}_batch"] = str(program.batch_sharding.spec)
+    # recipe 09 generates on the training mesh: a decode step's one position is not split, the compiler lays it out
+    model = init_module(fam.build, fam.tiny_config(max_seq_len=SEQ), VOCAB)
+    rules = fam.mesh_rules(CONTEXT)
+    prompts = [np.random.default_rng(3).integers(1, VOCAB, size=n).tolist() for n in (3, 9)]
+    out["generated"] = generate(model, prompts, 6, layout=(build_mesh(MESHES["context2"], None, rules), rules)).tokens
+    out["generated_one"] = generate(model, prompts, 6).tokens
     return out
 
 
@@ -132,6 +139,7 @@ def test_context_parallel_matches_one_device(eight_devices: DeviceWorker) -> Non
     assert out["step_all_gather_batch"] == "P(('data', 'fsdp'), 'context')"
     np.testing.assert_allclose(out["step_all_gather"], out["step_one"], rtol=1e-5)
     np.testing.assert_allclose(out["step_ring"], out["step_one"], rtol=1e-5)
+    assert out["generated"] == out["generated_one"]
 
 
 def test_the_balanced_order_gives_each_device_an_early_and_a_late_chunk() -> None:
