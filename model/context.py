@@ -3,9 +3,11 @@
 When a slice has more chips than the batch has sequences (a long-context stage: a few sequences of 32k-128k tokens),
 the data-parallel axes run out of rows to split. The ``context`` axis (``train.mesh.axes: {context: N}``, which lays
 the logical axis ``length`` out on it) splits each sequence instead: every activation [B, T, ...] holds T / N positions
-per device. Everything but attention is per position; attention gathers the keys and values of the whole sequence
-over the context axis inside ``jax.shard_map`` (the "all-gather" strategy, MaxText's default: one all-gather of K
-and V per layer forward, its transpose, a reduce-scatter, backward) and each device attends its own queries to them.
+per device. Everything but attention is per position; attention runs inside ``jax.shard_map`` by
+``model.context_attention``: ``all_gather`` (MaxText's default strategy) gathers the keys and values of the whole
+sequence over the context axis (one all-gather of K and V per layer forward, its transpose, a reduce-scatter,
+backward) and each device attends its own queries to them; ``ring`` passes K and V from device to device in N - 1
+``ppermute``s and accumulates each query's softmax one share at a time, never holding the whole sequence's.
 
 Load balancing: with causal attention the device holding the last positions has all the work (its queries see
 every key) and the first almost none. As in MaxText (``context_parallel_load_balance``) and Megatron-LM, the sequence
