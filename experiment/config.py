@@ -32,7 +32,7 @@ from experiment.errors import ConfigError, echo
 from experiment.presets import preset_fields
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import family_axis_rules, model_section_class
-from experiment.sections.train import BASE_MESH_AXES, TrainConfig
+from experiment.sections.train import BASE_MESH_AXES, CONTEXT_AXIS, TrainConfig
 from experiment.sweep import select_variant, variant_experiment_name
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -401,6 +401,7 @@ def build_config(tree: dict[str, Any]) -> ExperimentConfig:
 
 def check_sections(cfg: ExperimentConfig) -> None:
     """Every rule that spans two sections, checked once at load (a section's own rules are its validate)."""
+    check_context_axis(cfg)
     family_rules = family_axis_rules(cfg.model.family)
     unknown = sorted(set(cfg.train.mesh.rules) - set(family_rules))
     if unknown:
@@ -413,6 +414,26 @@ def check_sections(cfg: ExperimentConfig) -> None:
     if cfg.model.attention == "cudnn" and cfg.train.compute_dtype != "bfloat16":
         raise ConfigError("config key 'model.attention': cudnn flash attention needs train.compute_dtype=bfloat16, "
                           f"got {cfg.train.compute_dtype}; use auto")
+
+
+def check_context_axis(cfg: ExperimentConfig) -> None:
+    """``train.mesh.axes.context`` splits each sequence (model/context.py): it lays the logical axis ``length`` out
+    on the context axis (unless train.mesh.rules does), and a split needs a family whose decoder implements it and
+    a sequence that cuts into its 2 x context load-balanced chunks."""
+    mesh = cfg.train.mesh
+    if CONTEXT_AXIS not in mesh.axes:
+        return
+    mesh.rules.setdefault("length", [CONTEXT_AXIS])
+    parts = mesh.axes[CONTEXT_AXIS]
+    if parts == 1:
+        return
+    if not getattr(type(cfg.model), "CONTEXT_PARALLEL", False):
+        raise ConfigError(f"config key 'train.mesh.axes.{CONTEXT_AXIS}': context parallelism is built for the llama "
+                          f"family's attention (llama, mistral, qwen2, qwen3), not {cfg.model.family}; use 1")
+    if cfg.model.max_seq_len % (2 * parts):
+        raise ConfigError(f"config key 'train.mesh.axes.{CONTEXT_AXIS}': context parallelism over {parts} devices "
+                          f"cuts a sequence into {2 * parts} load-balanced chunks, but model.max_seq_len "
+                          f"{cfg.model.max_seq_len} is not divisible by {2 * parts}")
 
 
 def family_mesh_axes(sized: dict[str, int], run_rules: dict[str, list[str]], family: str) -> dict[str, int]:

@@ -74,6 +74,8 @@ class ModelSection:
     # default mesh axes (``train.mesh.rules`` may change them), given by its section class
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     AXIS_RULES: ClassVar[dict[str, list[str]]] = {}
+    # whether the family's decoder splits a sequence over the context mesh axis (model/context.py)
+    CONTEXT_PARALLEL: ClassVar[bool] = False
 
     # the model family (experiment/families.py); its folder's section class adds the shape fields
     family: str = "llama"

@@ -8,6 +8,9 @@ from experiment.storage.urls import check_location
 
 # the mesh axes every run has; a family's axis rules may lay logical axes out on more (``MeshConfig.axes``)
 BASE_MESH_AXES = ("data", "fsdp", "tensor")
+# the mesh axis that splits each sequence (context parallelism, model/context.py): ``train.mesh.axes: {context: N}``
+# lays the logical axis "length" out on it (experiment.config.check_context_axis)
+CONTEXT_AXIS = "context"
 # The least peak learning rate a run may set. AdamW moves each weight by about the learning rate a step, and float32
 # holds a weight w to about w x 2^-23 (1.2e-7 w): below ~1e-9 the updates of weights of the initialisers' size (0.02)
 # round away and the run trains nothing. (No upper bound: a run made to diverge on purpose is a test of the guards.)

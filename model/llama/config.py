@@ -63,6 +63,7 @@ class LlamaConfig(GroupedHeads, ModelSection):
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
     AXIS_RULES: ClassVar[dict[str, list[str]]] = AXIS_RULES
+    CONTEXT_PARALLEL: ClassVar[bool] = True  # load-balanced, over the gathered keys and values (model/context.py)
 
     family: str = "llama"
     d_model: int = 256
@@ -92,6 +93,10 @@ class LlamaConfig(GroupedHeads, ModelSection):
     qk_norm: bool = False  # RMSNorm over each query and key head before RoPE (Qwen3)
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
+    # with the sequence split over train.mesh.axes.context (model/context.py): all_gather gathers the whole
+    # sequence's keys and values per layer (MaxText's default); ring passes them device to device in N steps,
+    # holding one device's share at a time
+    context_attention: Literal["all_gather", "ring"] = "all_gather"
 
     def validate(self, key: str) -> None:
         super().validate(key)

@@ -45,7 +45,7 @@ def _family(name: str, adapter: TableAdapter, validate: Callable[[LlamaConfig], 
         name=name, config_cls=SECTIONS[name], build=Decoder, flops=flops.train_flops_per_token,
         param_count=flops.param_count, recompute_flops=flops.recompute_flops, axis_rules=AXIS_RULES,
         validate=validate, describe=describe, hf_adapter=adapter, quantized_modules=QUANTIZED_MODULES,
-        roles=ROLES, tiny=TINY_SHAPES[name],
+        roles=ROLES, tiny=TINY_SHAPES[name], run_keys=("context_attention",),
     ))
 
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from model.attention import attend, resolve_attention
+from model.context import context_attention, context_parts, from_balanced, to_balanced
 from model.kv_cache import KVCache, LayerKV, attend_cached, decode_layers
 from model.layers import (
     REMAT_POLICIES,
@@ -58,7 +59,7 @@ class Attention(nnx.Module):
     def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
         d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = h, kv, hd
-        self.impl = cfg.attention
+        self.impl, self.context_attention = cfg.attention, cfg.context_attention
         self.wq = param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), cfg.init_std)
         self.wk = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std)
         self.wv = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std)
@@ -75,8 +76,12 @@ class Attention(nnx.Module):
     def __call__(self, x: jax.Array, rope: tuple[jax.Array, jax.Array], segments: Segments) -> jax.Array:
         t = x.shape[1]
         q, k, v = self.qkv(x, rope)
-        impl = resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, t)
-        out = constrain(attend(impl, q, k, v, segments), ("batch", "length", "act_heads", "head_dim"))
+        if context_parts() > 1:  # the sequence split over the context axis, load-balanced (model/context.py)
+            out = context_attention(q, k, v, segments, ring=self.context_attention == "ring")
+        else:
+            out = attend(resolve_attention(self.impl, compiled_platform(), x.dtype, self.head_dim, t), q, k, v,
+                         segments)
+        out = constrain(out, ("batch", "length", "act_heads", "head_dim"))
         return project(out, self.wo[...], n_in=2, name="o_proj")
 
     def qkv(self, x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -133,6 +138,11 @@ class Decoder(CausalLM):
                positions: jax.Array | None = None) -> jax.Array:
         """tokens [B, T] int32 -> the final-normed hidden states [B, T, D] the output projection reads."""
         positions = default_positions(tokens, positions)
+        # with the sequence split over a context axis the blocks see it in the load-balanced order (model/context.py),
+        # each token with its own position and segment; the hidden states go back to sequence order at the end
+        parts = context_parts()
+        tokens, positions = (to_balanced(a, parts, ("batch", "length")) for a in (tokens, positions))
+        segment_ids = None if segment_ids is None else to_balanced(segment_ids, parts, ("batch", "length"))
         rope = rope_angles(positions, self.head_dim, self.rope)
         x = constrain(jnp.take(self.embed[...], tokens, axis=0), ("batch", "length", "act_embed"))
         if self.scanned:
@@ -141,7 +151,7 @@ class Decoder(CausalLM):
         else:
             for block in self.blocks:
                 x = self.run_block(block, x, rope, segment_ids)
-        return self.final_norm(x)
+        return self.final_norm(from_balanced(x, parts, ("batch", "length", "act_embed")))
 
     def decode_hidden(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """``hidden`` of tokens [B, T] that continue the sequences in ``cache`` (``CausalLM.decode``)."""
