@@ -7,7 +7,7 @@ Data only (imports nothing above ``experiment``): config load reads it by family
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from experiment.sections.model import GroupedHeads, ModelSection
 from model.rope import RopeScaling, check_rope, rope_of_config
