@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiment.sections.rope import Rope, yarn_mscale  # noqa: F401 (re-exported: the families import them from here)
 from model.linear import PROJECTIONS, project
 from model.loss import output_logits
-from model.rope import Rope, yarn_mscale  # noqa: F401 (re-exported: the families import them from here)
 from model.sharding import constrain
 
 if TYPE_CHECKING:

@@ -234,9 +234,9 @@ def test_a_skipped_step_or_a_frozen_body_leaves_the_selection_biases() -> None:
 
 
 def test_yarn_keeps_the_fast_dimensions_slows_the_slow_ones_and_scales_the_temperature() -> None:
-    """YaRN (model/rope.py's Rope) at DeepSeek-V3's setting (factor 40 over 4,096 positions, beta 32 / 1, rope part
-    64 wide, base 10,000): a dimension that turns more than 32 times over the original context keeps its
-    frequency, one that turns less than once is slowed 40x, those between are mixed; sin and cos are scaled by
+    """YaRN (experiment/sections/rope.py's Rope) at DeepSeek-V3's setting (factor 40 over 4,096 positions, beta
+    32 / 1, rope part 64 wide, base 10,000): a dimension that turns more than 32 times over the original context
+    keeps its frequency, one that turns less than once is slowed 40x, those between are mixed; sin and cos are scaled by
     mscale(40, 1) / mscale(40, 1) = 1, and the softmax by mscale(40, 1)^2 = (0.1 ln 40 + 1)^2."""
     from model.deepseek_v3.model import softmax_scale
     from model.layers import Rope

@@ -1,6 +1,6 @@
-"""RoPE scalings (model/rope.py) without torch or JAX: the inverse frequencies of linear, llama3 and YaRN scaling
-against hand computations, the ``model.rope_*`` keys' validation (one line naming the key), and the reading of
-the Hugging Face ``rope_parameters`` / ``rope_scaling`` entries."""
+"""RoPE scalings (experiment/sections/rope.py) without torch or JAX: the inverse frequencies of linear, llama3
+and YaRN scaling against hand computations, the ``model.rope_*`` keys' validation (one line naming the key), and
+the reading of the Hugging Face ``rope_parameters`` / ``rope_scaling`` entries."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from experiment.config import load_config
 from experiment.errors import ConfigError
-from model.rope import Rope, rope_from_hf, rope_to_hf
+from experiment.sections.rope import Rope, rope_from_hf, rope_to_hf
 
 TINY = Path(__file__).resolve().parent / "configs" / "tiny.yaml"
 # base 10,000 over a head of 8: inverse wavelengths 1, 0.1, 0.01, 0.001, wavelengths 2 pi times 1, 10, 100, 1000

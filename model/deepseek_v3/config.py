@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 
 from experiment.errors import ConfigError
 from experiment.sections.model import ModelSection
-from model.rope import check_rope, rope_of_config
+from experiment.sections.rope import check_rope, rope_of_config
 
 # Named sizes (``model.preset``). "tiny" is the tests' and the family contract's; "deepseek-v3" is DeepSeek-V3's
 # published config.json (deepseek-ai/DeepSeek-V3 on the Hugging Face hub, also Transformers' DeepseekV3Config
@@ -118,7 +118,7 @@ class DeepseekV3Config(ModelSection):
     rope_interleave: bool = True  # the rope part's pairs interleaved (x0, x1), (x2, x3)... as DeepSeek's weights
     # YaRN context extension of the rope part (DeepSeek-V3's config.json: factor 40 over 4,096 positions, beta_fast
     # 32, beta_slow 1, mscale 1, mscale_all_dim 1): frequencies interpolated by dimension, sin and cos scaled, and
-    # with mscale_all_dim the softmax scale too (model/rope.py's Rope)
+    # with mscale_all_dim the softmax scale too (experiment/sections/rope.py's Rope)
     rope_scaling: Literal["none", "yarn"] = "none"
     rope_factor: float = 1.0
     rope_original_max_len: int = 4096

@@ -11,9 +11,9 @@ layer's router is ``mlp.gate.weight`` [E, D] and its selection bias ``mlp.gate.e
 experts a tensor per expert and projection (as the published checkpoints, model/hf_tensors.py's
 ``ExpertTensors``), its shared experts ``mlp.shared_experts.{gate,up,down}_proj``.
 
-RoPE: default or YaRN (DeepSeek-V3's own: model/rope.py's Rope, and the softmax scale's mscale). Not built, each
-one ConfigError line naming the key: another RoPE scaling, attention biases, an activation other than SiLU, a
-routing other than sigmoid with ``noaux_tc``. Multi-token prediction: the published checkpoints carry
+RoPE: default or YaRN (DeepSeek-V3's own: experiment/sections/rope.py's Rope, and the softmax scale's mscale).
+Not built, each one ConfigError line naming the key: another RoPE scaling, attention biases, an activation other
+than SiLU, a routing other than sigmoid with ``noaux_tc``. Multi-token prediction: the published checkpoints carry
 ``num_nextn_predict_layers`` extra layers (``model.layers.<num_hidden_layers + j>.*``: ``enorm``, ``hnorm``,
 ``eh_proj``, a MoE decoder layer, ``shared_head.norm``, and copies of the embedding and head), which Transformers
 itself does not load (vLLM and SGLang do, for speculative decoding); they are the ``mtp`` modules here, imported and
@@ -30,6 +30,9 @@ import numpy as np
 from flax import nnx
 
 from experiment.errors import ConfigError, DataError
+from experiment.sections.rope import rope_from_hf as shared_rope_from_hf
+from experiment.sections.rope import rope_of_config
+from experiment.sections.rope import rope_to_hf as shared_rope_to_hf
 from model.deepseek_v3.config import DeepseekV3Config
 from model.hf_tensors import (
     ExpertTensors,
@@ -38,9 +41,6 @@ from model.hf_tensors import (
     config_reader,
     source_of,
 )
-from model.rope import rope_from_hf as shared_rope_from_hf
-from model.rope import rope_of_config
-from model.rope import rope_to_hf as shared_rope_to_hf
 from model.stacking import BLOCKS
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,8 @@ def to_hf_config(cfg: DeepseekV3Config, vocab_size: int, special_ids: Mapping[st
 
 def rope_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     """The section's RoPE fields of ``rope_parameters`` (Transformers 5) or ``rope_theta`` / ``rope_scaling``
-    (earlier files, DeepSeek-V3's own): default or YaRN (model/rope.py); another kind is one error line."""
+    (earlier files, DeepSeek-V3's own): default or YaRN (experiment/sections/rope.py); another kind is one error
+    line."""
     fields = shared_rope_from_hf(hf, WHERE, supported=("none", "yarn"))
     if "rope_attention_factor" in fields or not fields.pop("rope_truncate", True):
         raise ConfigError(f"{WHERE}: yarn with attention_factor or truncate false is not supported")

@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from experiment.sections.rope import rope_of_config
 from model.attention import attend, einsum_attention, resolve_attention
 from model.deepseek_v3.config import DeepseekV3Config
 from model.family import EXPERT_LOAD
@@ -80,7 +81,6 @@ from model.moe import (
     router_metrics,
     updated_bias,
 )
-from model.rope import rope_of_config
 from model.sharding import compiled_platform, constrain
 from model.stacking import layer_stack, run_layers_ys
 
@@ -109,7 +109,7 @@ def moe_config(cfg: DeepseekV3Config) -> MoEConfig:
 
 
 def rope_of(cfg: DeepseekV3Config) -> Rope:
-    """The rope part's frequencies: plain, or YaRN's (model/rope.py's Rope)."""
+    """The rope part's frequencies: plain, or YaRN's (experiment/sections/rope.py's Rope)."""
     return rope_of_config(cfg)
 
 

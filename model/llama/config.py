@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from experiment.sections.model import GroupedHeads, ModelSection
-from model.rope import RopeScaling, check_rope, rope_of_config
+from experiment.sections.rope import RopeScaling, check_rope, rope_of_config
 
 # Named model sizes (the section's PRESETS), from the CPU demo to Llama-2-70B shapes: ``model.preset: 1b`` fills the
 # shape fields the config does not set (experiment.config.resolve_model_tree); a key the YAML or an override sets
@@ -73,8 +73,8 @@ class LlamaConfig(GroupedHeads, ModelSection):
     head_dim: int = 0  # 0: d_model // n_heads
     d_ff: int = 688
     rope_theta: float = 10_000.0
-    # RoPE frequency scaling for a longer context (model/rope.py; docs/guide.md): none; linear (every frequency
-    # divided by rope_factor); llama3 (Llama 3.1+: wavelengths longer than rope_original_max_len /
+    # RoPE frequency scaling for a longer context (experiment/sections/rope.py; docs/guide.md): none; linear
+    # (every frequency divided by rope_factor); llama3 (Llama 3.1+: wavelengths longer than rope_original_max_len /
     # rope_low_freq_factor divided by rope_factor, shorter than rope_original_max_len / rope_high_freq_factor kept,
     # a smooth ramp between); yarn (dimensions turning fewer than rope_beta_slow times over rope_original_max_len
     # slowed by rope_factor, more than rope_beta_fast times kept, sin and cos scaled by the attention factor)

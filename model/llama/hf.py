@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from experiment.errors import ConfigError
+from experiment.sections.rope import rope_from_hf, rope_of_config, rope_to_hf
 from model.hf_tensors import (
     HFTensor,
     TableAdapter,
@@ -26,7 +27,6 @@ from model.hf_tensors import (
     config_reader,
 )
 from model.llama.config import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
-from model.rope import rope_from_hf, rope_of_config, rope_to_hf
 
 
 def hf_tensors(cfg: LlamaConfig) -> list[HFTensor]:
@@ -53,7 +53,7 @@ def hf_tensors(cfg: LlamaConfig) -> list[HFTensor]:
 
 
 def rope_hf(cfg: LlamaConfig) -> dict[str, Any]:
-    """Transformers' ``rope_parameters`` for our RoPE settings (model/rope.py)."""
+    """Transformers' ``rope_parameters`` for our RoPE settings (experiment/sections/rope.py)."""
     return rope_to_hf(rope_of_config(cfg))
 
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from experiment.sections.rope import rope_of_config
 from model.attention import attend, resolve_attention
 from model.context import context_attention, context_parts, from_balanced, to_balanced
 from model.kv_cache import KVCache, LayerKV, attend_cached, decode_layers
@@ -37,7 +38,6 @@ from model.layers import (
 )
 from model.linear import project
 from model.llama.config import LlamaConfig
-from model.rope import rope_of_config
 from model.sharding import compiled_platform, constrain
 from model.stacking import layer_stack, scan_layers
 

@@ -1,5 +1,6 @@
 """RoPE's frequencies and their scalings for a longer context, shared by every family (no JAX here: the
-config sections and the Hugging Face adapters use it too).
+config sections and the Hugging Face adapters use it too; here, beside the sections, because a family's config
+module imports only experiment, tests/test_import_graph.py).
 
 Scalings, as Transformers' ``modeling_rope_utils`` defines them (``ROPE_INIT_FUNCTIONS``):
   linear: every inverse wavelength divided by ``factor`` (positions slowed down: Chen et al. 2023, "Extending
