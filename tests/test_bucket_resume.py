@@ -154,7 +154,9 @@ def test_a_storage_server_failing_now_and_then_costs_retries_not_data(
             stop.set()
             thread.join()
         injected = flaky.injected
-    assert injected >= 10, f"only {injected} faults reached the run"
+    # faults did reach the run (storms come every 2 s: a dozen-second run on a fast machine meets 5-15 of them; a
+    # storm that never ends is an outage, a test of its own below)
+    assert injected >= 5, f"only {injected} faults reached the run"
     same_log(log_records(run), log_records(reference.parent / "runs" / "tiny"), sections["train"]["steps"])
     assert summarize_ledger(run / "ledger").tokens == sections["train"]["steps"] * 8 * 64
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,9 @@ def test_resume_on_another_device_count_and_price_row(fixture_stages: Path, tmp_
     assert code == 143, output.read_text()[-3000:]
     stopped = max(r["train/step"] for r in log_records(run_dir))
     assert 5 <= stopped < STEPS
+    # a relaunch takes its time: a second at least, so the wait booked below is more than the milliseconds by which
+    # the first session's monotonic times and the next process's wall-clock start may disagree
+    time.sleep(1.0)
     resumed = run_recipe("04_pretrain.py", config, *SECOND, subprocess_=True)  # a new process, as a relaunch is
     assert f"resumed from the checkpoint of step {stopped}" in resumed.stderr
 
