@@ -32,6 +32,7 @@ so a drift in the FLOP count shows up next to the numbers it would distort.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import logging
@@ -684,8 +685,10 @@ def plan(cfg: ExperimentConfig, run_folder: RunFolder | None, catalog: Catalog |
          rate: UsdRubRate | None = None) -> tuple[PlanModel, int, list[dict[str, Any]], list[dict[str, Any]]]:
     """The model, token count, one row per option, and the anchor checks (no files written)."""
     catalog = catalog or Catalog.from_config(cfg.cost)
-    # the run's own price (what recipe 04 books) is checked here too: a typo there would otherwise plan silently
-    catalog.lookup(cfg.cost.accelerator, cfg.cost.pricing, cfg.cost.cloud, cfg.cost.region, cheapest=True)
+    # the run's own accelerator and pricing are names of the catalog (a typo would plan silently); a row without
+    # a published figure is fine here (recipe 04 asks for its rate: cost.checks)
+    with contextlib.suppress(UnpricedError):
+        catalog.lookup(cfg.cost.accelerator, cfg.cost.pricing, cfg.cost.cloud, cfg.cost.region, cheapest=True)
     rate = rate or resolve_usd_rub(cfg.cost)
     measured = measured_target_run(cfg, run_folder)
     if measured is not None:  # the measured run's own model, at the MFU its ledger measured where it ran

@@ -231,3 +231,11 @@ def test_the_cheapest_row_is_the_cheapest_as_billed_with_vat() -> None:
     assert catalog.lookup("nvidia-a100", "on-demand", cheapest=True, usd_rub_rate=80.0).cloud == "b"
     assert [r.cloud for r in catalog.priced_rows("nvidia-a100", "on-demand", cheapest=True, usd_rub_rate=80.0)] == [
         "b", "a"]
+
+
+def test_a_plan_for_a_run_priced_on_a_row_without_a_figure_still_plans() -> None:
+    """The run's own accelerator on a Russian cloud's row without a published rate: its check lets the plan through
+    (a note), so the planner must not refuse it either (it raised UnpricedError after the check had passed)."""
+    cfg = load_config(REPO / "recipes" / "configs" / "demo.yaml", ["cost.accelerator=nvidia-a100", "cost.cloud=yandex"])
+    _, _, rows, _ = plan(cfg, None, rate=UsdRubRate(80.0, TODAY, "t"))
+    assert rows
