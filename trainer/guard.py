@@ -36,7 +36,6 @@ import collections
 import dataclasses
 import logging
 import math
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,8 +99,10 @@ class SpikeWindow:
         """``[loss limit, gradient-norm limit]`` for the next step, float32; +inf while the window warms up."""
         if not self.warm:
             return np.full(2, np.inf, np.float32)
-        return np.array([statistics.fmean(values) + self.sigma * statistics.stdev(values)
-                         for values in (self.losses, self.grad_norms)], np.float32)
+        # numpy's float64 mean and std (Bessel's correction), not statistics': its exact rational arithmetic over
+        # 128 values ran on the host before every step's dispatch
+        window = np.array([self.losses, self.grad_norms], np.float64)
+        return (window.mean(axis=1) + self.sigma * window.std(axis=1, ddof=1)).astype(np.float32)
 
     def add(self, metrics: dict[str, Any]) -> None:
         loss, grad_norm = float(metrics["total_loss"]), float(metrics["grad_norm"])
