@@ -93,7 +93,7 @@ def summarize(sessions: list[tuple[dict[str, Any], Tally]], token_budget: int | 
         raise DataError("an empty ledger has nothing to summarize")
     seconds: dict[str, float] = {}
     rub_by_phase: dict[str, float] = {}
-    usd_total = rub_total = chip_hours = 0.0
+    usd_total = rub_total = wall_seconds = chip_seconds = 0.0
     tokens = 0
     last_step = None
     inherited = [meta["inherited"] for meta, _ in sessions if "inherited" in meta]
@@ -101,7 +101,9 @@ def summarize(sessions: list[tuple[dict[str, Any], Tally]], token_budget: int | 
         parent = inherited[-1]
         seconds.update(parent["seconds_by_phase"])
         rub_by_phase.update(parent["rub_by_phase"])
-        usd_total, rub_total, chip_hours = parent["usd_total"], parent["rub_total"], parent["chip_hours"]
+        usd_total, rub_total = parent["usd_total"], parent["rub_total"]
+        wall_seconds = sum(parent["seconds_by_phase"].values())
+        chip_seconds = parent["chip_hours"] * 3600
         tokens, last_step = parent["tokens"], parent["step"]
     for index, (meta, tally) in enumerate(sessions):
         for phase, (usd, rub) in cost_by_phase(meta, tally, first=index == 0).items():
@@ -110,7 +112,8 @@ def summarize(sessions: list[tuple[dict[str, Any], Tally]], token_budget: int | 
             rub_total += rub
         for phase, secs in tally.seconds.items():
             seconds[phase] = seconds.get(phase, 0.0) + secs
-            chip_hours += secs / 3600 * meta["chips"]
+            wall_seconds += secs
+            chip_seconds += secs * meta["chips"]
         tokens += tally.tokens
         if tally.last_step is not None:
             last_step = tally.last_step if last_step is None else max(last_step, tally.last_step)
@@ -118,7 +121,8 @@ def summarize(sessions: list[tuple[dict[str, Any], Tally]], token_budget: int | 
     return CostSummary(
         run_id=meta.get("run_id"), sessions=len(sessions), price=PriceRow.stored(meta["price"]), chips=meta["chips"],
         chips_in_use=meta.get("chips_in_use"), usd_rub_rate=meta["usd_rub_rate"], rate_date=meta["rate_date"],
-        rate_source=meta.get("rate_source", ""), hours=sum(seconds.values()) / 3600, chip_hours=chip_hours,
+        rate_source=meta.get("rate_source", ""), hours=wall_seconds / 3600,
+        chip_hours=chip_seconds / 3600,  # added and divided alike: on one chip the two are the same float
         usd_total=usd_total, rub_total=rub_total, tokens=tokens, last_step=last_step, token_budget=token_budget,
         projected_rub_to_budget=CostSummary.projection(rub_by_phase, tokens, token_budget),
         seconds_by_phase=seconds, rub_by_phase=rub_by_phase, infra=tuple(meta.get("infra", [])),
