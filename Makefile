@@ -18,7 +18,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # five venvs are built from the same wheels: a pip cache would only hold a second copy of them on disk
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup check demo demo-bucket storage-servers storage-emulators generate demo-sweep test test-base test-extras \
+.PHONY: setup check demo demo-bucket storage-servers storage-emulators generate demo-sweep demo-stage test test-base test-extras \
 	install-extras lint clean-demo launch-engines test-extra-launch
 
 $(VENV)/bin/python:
@@ -84,6 +84,21 @@ generate: setup
 # Three widths of the demo decoder compared by rubles to a target quality (reuses runs/demo's data)
 demo-sweep: setup
 	$(PY) recipes/08_sweep.py --config recipes/configs/demo_sweep.yaml
+
+# Two stages after the demo (after `make demo`): 100 steps at 256 tokens from its step 200, then 150 steps at
+# 1,024 with YaRN on a new mixture (long prose and the demo's text), scored at its first and last checkpoints:
+# the passkey at 1,024 against chance and bits per byte by position (recipes/configs/demo_stage_*.yaml)
+STAGE_256 = recipes/configs/demo_stage_256.yaml
+STAGE_1024 = recipes/configs/demo_stage_1024.yaml
+demo-stage: setup
+	$(PY) recipes/03_shard.py --config $(STAGE_256)
+	$(PY) recipes/04_pretrain.py --config $(STAGE_256)
+	$(PY) recipes/03_shard.py --config $(STAGE_1024) experiment.name=demo-1024-debian
+	$(PY) recipes/01_build_corpus.py --config $(STAGE_1024)
+	$(PY) recipes/03_shard.py --config $(STAGE_1024)
+	$(PY) recipes/04_pretrain.py --config $(STAGE_1024)
+	$(PY) recipes/05_evaluate.py --config $(STAGE_1024) eval.checkpoint_step=325
+	$(PY) recipes/05_evaluate.py --config $(STAGE_1024)
 
 # The README's test command: the base suite, then each optional extra in its own venv (Beam pins
 # protobuf below 7 and TensorFlow is 1.4 GB, so they never share the base environment). Three steps:

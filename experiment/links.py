@@ -35,6 +35,17 @@ CONFIG_SIZED = (FIT_CHECK, NEURON_CHECK)
 BRANCH_DATA = (TOKENIZER, SHARDS)  # the stages a decay branch reads from its parent
 
 
+def branch_links(cfg: ExperimentConfig, stage: Stage) -> tuple[Stage, ...]:
+    """The parent's folders a branch links in before ``stage`` runs: a decay branch's readers read its tokenizer
+    and shards; a stage (``train.branch_data: own``) packs shards of its own (recipe 03: with the parent's
+    tokenizer, from the parent's corpus where it has none of its own) and reads them with that tokenizer."""
+    if getattr(cfg.train, "branch_data", "parent") != "own":
+        return BRANCH_DATA if stage in DATA_READERS else ()
+    if stage == SHARDS:
+        return (CORPUS, TOKENIZER)
+    return (TOKENIZER,) if stage in DATA_READERS else ()
+
+
 class LinkedOutputError(RecipeError):
     """A stage's output folder is a link to another run's: its data is read-only here."""
 
@@ -138,6 +149,6 @@ def prepare_links(cfg: ExperimentConfig, run_folder: RunFolder, stage: Stage) ->
     branch's parent data are linked (before the stage locks what it reads: through the links)."""
     link_data_from(cfg, run_folder, stage)
     parent = branch_parent(cfg)
-    if stage in DATA_READERS and parent is not None and parent.root != resolved(run_folder.root):
-        link_stages(run_folder, parent, BRANCH_DATA, "branch")
+    if parent is not None and parent.root != resolved(run_folder.root):
+        link_stages(run_folder, parent, branch_links(cfg, stage), "branch")
     check_own_output(cfg, run_folder, stage)

@@ -47,7 +47,7 @@ def test_the_shares_change_at_the_steps_named_counted_from_the_batches(sets: lis
         for name, shares in (("web", web), ("books", books), ("code", code)):
             assert metrics[f"data/{name}/share"] == shares[step - 1]
             assert metrics[f"data/{name}/tokens_seen"] == round(sum(shares[:step]) * BATCH * SEQ_LEN)
-    assert it.tokens_by_set(5, BATCH * SEQ_LEN) == {"web": 5 * SEQ_LEN, "books": 0, "code": 15 * SEQ_LEN}
+    assert it.tokens_by_set(6, BATCH * SEQ_LEN) == {"web": 5 * SEQ_LEN, "books": 0, "code": 15 * SEQ_LEN}
 
 
 def test_each_set_reads_on_in_its_own_stream_across_a_change(sets: list[tuple[str, Path, float]]) -> None:

@@ -13,6 +13,13 @@ parent's model, and once it has saved a checkpoint of its own it resumes from th
 Its cost ledger starts with the parent's rubles up to the branch step (``cost.ledger``'s inherit
 record, from ``summarize_ledger_at`` on the parent's ledger), and its W&B run names the parent run (config
 ``branch_parent_run_id``, summary ``branch/parent_run_id``).
+
+A *stage* (``train.branch_data: own``; YandexGPT-5's 32k "Powerup" after its 8k pretraining, a long-context or
+mixture stage) starts from the parent's step N the same way, but reads data of its own: its shards (recipe 03
+in its folder, with the parent's tokenizer, packed at its own ``model.max_seq_len``) or its ``train.mixture``,
+from the start of a stream that begins at step N (the loader's ``stream_start_step``, recorded in its state; its
+``train.mixture_schedule`` names steps after N). It may change the context length, RoPE's base and scaling and
+``model.context_attention`` (``trainer.resume.is_stage_key``); any other model key is refused in one line.
 """
 
 from __future__ import annotations
@@ -24,21 +31,45 @@ from typing import Any
 
 from cost.ledger_pricing import summarize_ledger_at
 from experiment.errors import ConfigError
-from experiment.links import BRANCH_DATA, branch_parent, link_stages
+from experiment.links import branch_links, branch_parent, link_stages
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
+from experiment.stages import PRETRAIN
 from trainer import checkpoint, checkpoint_integrity
 from trainer.distributed import is_primary
 from trainer.resume import check_same_run, finished_steps, restore_or_init
 from trainer.step import TrainProgram
 
 log = logging.getLogger("trainer")
+# checkpoint meta of a stage: the tokens its ancestors trained before its stream began (its train/tokens_seen
+# counts on from there; a run's own stream is step x tokens a step)
+TOKENS_BEFORE_STREAM = "tokens_before_stream"
+
+
+def tokens_at(meta: dict[str, Any], loader_state: dict[str, Any]) -> int:
+    """The tokens trained up to a checkpoint with ``meta`` and ``loader_state``: its stream's rows times its
+    sequence length, after what came before its stream."""
+    rows = int(loader_state["next_global_batch"]) * int(loader_state["global_batch_size"])
+    return int(meta.get(TOKENS_BEFORE_STREAM, 0)) + rows * int(meta["seq_len"])
+
+
+def tokens_seen(meta: dict[str, Any], step: int, stream_start_step: int, tokens_per_step: int) -> int:
+    """train/tokens_seen at ``step`` of a run whose checkpoints carry ``meta``."""
+    return int(meta.get(TOKENS_BEFORE_STREAM, 0)) + (step - stream_start_step) * tokens_per_step
 
 
 @dataclasses.dataclass(frozen=True)
 class Branch:
     parent: RunFolder
     step: int
+    own_data: bool = False  # a stage: its own data from a stream of its own, its own length and RoPE
+
+    @property
+    def advice(self) -> str:
+        if self.own_data:
+            return ("a stage (train.branch_data=own) keeps its parent's model shape and tokenizer: it may change "
+                    "model.max_seq_len, the model's rope_* keys and model.context_attention")
+        return "a branch keeps its parent's model, tokenizer and shards (train.branch_from)"
 
 
 def open_branch(cfg: ExperimentConfig, run_folder: RunFolder) -> Branch | None:
@@ -59,8 +90,8 @@ def open_branch(cfg: ExperimentConfig, run_folder: RunFolder) -> Branch | None:
     if train_cfg.branch_step not in steps:
         raise ConfigError(f"config key 'train.branch_step': no finished checkpoint of step {train_cfg.branch_step} in "
                           f"{parent.checkpoints} (its steps: {', '.join(map(str, steps)) or 'none'})")
-    link_stages(run_folder, parent, BRANCH_DATA, "branch")  # read-only here (experiment/links.py)
-    return Branch(parent, train_cfg.branch_step)
+    link_stages(run_folder, parent, branch_links(cfg, PRETRAIN), "branch")  # read-only here (experiment/links.py)
+    return Branch(parent, train_cfg.branch_step, own_data=train_cfg.branch_data == "own")
 
 
 def restore_or_branch(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any], ledger: Any,
@@ -71,13 +102,15 @@ def restore_or_branch(manager: Any, program: TrainProgram, loader: Any, meta: di
     if branch is None or manager.all_steps():
         return (*restore_or_init(manager, program, loader, meta, ledger, init_state), None)
     parent_manager = checkpoint.open_manager(branch.parent.checkpoints)  # read-only: the parent may still train
-    advice = "a branch keeps its parent's model, tokenizer and shards (train.branch_from)"
 
     def read(step: int) -> tuple[dict[str, Any], dict[str, Any]]:
         parent_meta = checkpoint.read_meta(parent_manager, step)
-        check_same_run(parent_meta, meta, parent_manager.directory, advice)
+        check_same_run(parent_meta, meta, parent_manager.directory, branch.advice, stage=branch.own_data)
         state, items = checkpoint.restore_any_layout(parent_manager, step, program, parent_meta)
-        loader.set_state(items["loader"])
+        if branch.own_data:  # a stage's loader starts its own stream at the branch step (loader.stream_start_step)
+            meta[TOKENS_BEFORE_STREAM] = tokens_at(parent_meta, items["loader"])
+        else:
+            loader.set_state(items["loader"])
         return state, items
 
     try:
@@ -90,8 +123,9 @@ def restore_or_branch(manager: Any, program: TrainProgram, loader: Any, meta: di
         parent_cost = summarize_ledger_at(branch.parent.ledger, items["ledger"])
         ledger.inherit(parent_cost, str(branch.parent.root), branch.step)
     parent_run_id = items["meta"].get("wandb_run_id")
-    log.info("branch: started from the checkpoint of step %d of %s (W&B run %s)", branch.step, branch.parent.root,
-             parent_run_id)
+    log.info("%s: started from the checkpoint of step %d of %s (W&B run %s)%s", "stage" if branch.own_data else
+             "branch", branch.step, branch.parent.root, parent_run_id,
+             f"; its own data stream begins at step {branch.step}" if branch.own_data else "")
     return state, branch.step, parent_run_id
 
 
@@ -100,6 +134,7 @@ def link_wandb(wandb_run: Any, branch: Branch | None, parent_run_id: str | None)
     if branch is None or parent_run_id is None:
         return
     wandb_run.config.update({"branch_parent_run_id": parent_run_id, "branch_parent_folder": str(branch.parent.root),
-                             "branch_step": branch.step}, allow_val_change=True)
+                             "branch_step": branch.step, "branch_data": "own" if branch.own_data else "parent"},
+                            allow_val_change=True)
     wandb_run.summary["branch/parent_run_id"] = parent_run_id
     wandb_run.summary["branch/step"] = branch.step

@@ -33,6 +33,7 @@ from experiment.schema import ExperimentConfig
 from experiment.sections.train import TrainConfig
 from model.family import FamilyModel, params_label
 from trainer import checkpoint
+from trainer.branch import tokens_seen
 from trainer.guard import GUARD_KEY, Guard, is_spike
 from trainer.preemption import PREEMPTED_EXIT_CODE, PreemptionWatch
 from trainer.reporting import TrainLedger, log_metrics, log_samples
@@ -174,7 +175,8 @@ class LogMetrics:
                   "train/total_loss": float(metrics["total_loss"]),
                   "train/grad_norm": float(metrics["grad_norm"]), "train/lr": float(metrics["lr"]),
                   "train/skipped": int(not metrics["finite"] or is_spike(metrics)),
-                  "train/tokens_seen": ctx.step * ctx.tokens_per_step, **ctx.window.flush(),
+                  "train/tokens_seen": tokens_seen(ctx.meta, ctx.step, ctx.cfg.train.stream_start_step,
+                                                      ctx.tokens_per_step), **ctx.window.flush(),
                   # the family's auxiliary losses (ModelFamily.aux_losses), weighted, as they joined the loss, and its
                   # statistics (ModelFamily.aux_metrics: a mixture of experts' expert load per layer, its drops)
                   **{f"train/{key}": float(value) for key, value in metrics.items() if key.startswith(AUX_METRICS)}}

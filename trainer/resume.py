@@ -37,6 +37,13 @@ EXECUTION_KEYS = ("attention", "remat", "scan_layers", "scan_unroll")  # a check
 START_KEYS = ("init_from", "vocab_adaptation", "extend_context")
 
 
+def is_stage_key(name: str) -> bool:
+    """A model key a stage (``train.branch_data: own``) may change from its parent's checkpoint: the context
+    length, RoPE's base and scaling, and how attention splits a sequence over the context axis; none of them
+    shapes a parameter."""
+    return name in ("max_seq_len", "context_attention") or name.startswith("rope_")
+
+
 def resume_wandb_run_id(cfg: ExperimentConfig, run_folder: RunFolder) -> str | None:
     """The W&B run id of the run these checkpoints belong to, so a resumed run continues it.
 
@@ -202,16 +209,18 @@ def _field_defaults(family: str) -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
 
 
-def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any, advice: str = RESUME_ADVICE) -> None:
-    """Refuse to resume checkpoints made for another model or data (the parameters would not fit)."""
+def check_same_run(saved: dict[str, Any], current: dict[str, Any], where: Any, advice: str = RESUME_ADVICE,
+                   stage: bool = False) -> None:
+    """Refuse to resume checkpoints made for another model or data (the parameters would not fit); a ``stage``
+    starts from them with another sequence length and the keys ``is_stage_key`` names."""
     def model_of(meta: dict[str, Any]) -> dict[str, Any]:  # checkpoints from before model families are Llama ones
         model = {"family": "llama", **(meta.get("model") or {})}
         # a field added to the section since the checkpoint was written reads as its default (e.g. qkv_bias)
         return {k: v for k, v in {**_field_defaults(model["family"]), **model}.items()
-                if k not in EXECUTION_KEYS + START_KEYS}
+                if k not in EXECUTION_KEYS + START_KEYS and not (stage and is_stage_key(k))}
 
     saved, current = {**saved, "model": model_of(saved)}, {**current, "model": model_of(current)}
-    for key in ("model", "vocab_size", "tokenizer_sha256", "seq_len", "param_dtype"):
+    for key in ("model", "vocab_size", "tokenizer_sha256", *(() if stage else ("seq_len",)), "param_dtype"):
         if saved.get(key) != current.get(key):
             if key == "model":
                 diff = {k: (saved["model"].get(k), v) for k, v in current["model"].items()

@@ -62,7 +62,7 @@ from model.stacking import LAYOUT_KEY, layout_meta
 from tracking.history import backfill_offline_history
 from tracking.metrics import commit_step, define_cost_metrics
 from trainer import checkpoint, checkpoint_integrity
-from trainer.branch import Branch, link_wandb, open_branch, restore_or_branch
+from trainer.branch import TOKENS_BEFORE_STREAM, Branch, link_wandb, open_branch, restore_or_branch
 from trainer.distributed import is_primary
 from trainer.guard import (
     DIVERGED_DIR,
@@ -126,13 +126,16 @@ def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
     manifests, and, on a run with checkpoints, that the resume is the same optimization
     (trainer.resume.check_schedule) and the same base model (trainer.init_from.check_init_from). The config's own
     checks (the cost catalog's rows, eval tasks, the base model) ran before, as the stage's (experiment/check.py)."""
+    branch = None
     if cfg.train.branch_from:
         run_folder.root.mkdir(parents=True, exist_ok=True)  # the parent's tokenizer and shards are linked in
-        open_branch(cfg, run_folder)
+        branch = open_branch(cfg, run_folder)
     data = read_inputs(cfg, run_folder)
     checkpoint_dir = run_folder.checkpoints
     steps = finished_steps(checkpoint_dir)
     latest = latest_step_meta(checkpoint_dir, steps) if steps else None
+    if latest is None and branch is not None and not cfg.model.init_from:  # the parent's model, before anything
+        check_branch_parent(cfg, data, branch)
     if latest is None:  # a fresh run, or none readable: resume reports the damaged steps
         return
     step, saved_meta = latest
@@ -146,6 +149,18 @@ def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
     if step > cfg.train.steps:  # nothing left to train: that, not the schedule it would change, is the error
         check_steps_left(step, cfg.train.steps, checkpoint_dir)
     check_schedule(saved_meta, cfg.train, step, checkpoint_dir)
+
+
+def check_branch_parent(cfg: ExperimentConfig, data: DataSpec, branch: Branch) -> None:
+    """A branch's first session: the parent's checkpoint of the branch step is of this model and data (a stage's:
+    but for what a stage may change), checked before the W&B run and the ledger open; restore checks it again."""
+    parent = latest_step_meta(branch.parent.checkpoints, [branch.step])
+    if parent is None:
+        return  # restore says which step is damaged
+    check_same_run(parent[1], {"model": dataclasses.asdict(cfg.model), "vocab_size": data.vocab_size,
+                               "tokenizer_sha256": data.tokenizer_sha256, "seq_len": data.seq_len,
+                               "param_dtype": cfg.train.param_dtype},
+                   branch.parent.checkpoints, branch.advice, stage=branch.own_data)
 
 
 def log_trainable(program: TrainProgram, train_cfg: TrainConfig, total: int) -> None:
@@ -258,13 +273,16 @@ def open_session(cfg: ExperimentConfig, data: DataSpec, run_folder: RunFolder, l
                                      on_corrupt=cfg.shards.on_corrupt,
                                      mixture=mixture_sets(cfg.train.mixture, run_folder.shards),
                                      schedule=mixture_changes(cfg.train.mixture_schedule),
-                                     verified_dir=run_folder.root / VERIFIED_DIR)
+                                     verified_dir=run_folder.root / VERIFIED_DIR,
+                                     stream_start_step=cfg.train.stream_start_step)
         manager = checkpoint.open_manager(run_folder.checkpoints, cfg.train)
         untrained = not finished_steps(checkpoint.checkpoint_location(manager.directory))
         from_base = start.params is not None
         steps = None if untrained and cfg.train.steps == 0 else cfg.train.steps  # 0: the step-0 checkpoint alone
         state, start_step, parent_run_id = restore_state(manager, program, loader, meta, ledger, branch, start, steps)
         saved_meta = checkpoint.read_meta(manager, start_step) if start_step in manager.all_steps() else None
+        if saved_meta is not None and TOKENS_BEFORE_STREAM in saved_meta:  # a stage's, set at its first session
+            meta[TOKENS_BEFORE_STREAM] = saved_meta[TOKENS_BEFORE_STREAM]
         spikes = SpikeWindow(cfg.train.spike_window, cfg.train.spike_sigma) if cfg.train.skip_spikes else None
         guard = Guard.resumed(saved_meta, start_step, spikes)
         schedule_changes = record_schedule(meta, saved_meta, cfg.train, start_step)
@@ -447,7 +465,7 @@ def train_one_step(ctx: LoopContext) -> None:
             ctx.ledger.book_as_lost()
     ctx.step += 1
     ctx.window.add()
-    by_set = ctx.loader.tokens_by_set(ctx.step - 1, ctx.tokens_per_step) if trained else None  # a mixture's sets
+    by_set = ctx.loader.tokens_by_set(ctx.step, ctx.tokens_per_step) if trained else None  # a mixture's sets
     ctx.ledger.add_tokens(ctx.step, ctx.tokens_per_step if trained else 0, by_set)  # a skipped step trained no token
     ctx.last_loss = float(ctx.metrics["loss"])
     if not trained:

@@ -374,7 +374,7 @@ class TrainIterator:
     def __init__(self, source: ShardSource | Sequence[ShardSource], global_batch_size: int, seed: int,
                  process_index: int, process_count: int, read_threads: int,
                  weights: Sequence[float] | None = None, names: Sequence[str] | None = None,
-                 schedule: Sequence[tuple[int, Mapping[str, float]]] = ()) -> None:
+                 schedule: Sequence[tuple[int, Mapping[str, float]]] = (), stream_start_step: int = 0) -> None:
         self.sources = [source] if isinstance(source, ShardSource) else list(source)
         self.weights = [float(w) for w in weights] if weights is not None else [1.0] * len(self.sources)
         self.names = list(names) if names is not None else [str(s.shards_dir) for s in self.sources]
@@ -402,7 +402,12 @@ class TrainIterator:
         streams = [grain.MapDataset.source(part)
                    .shuffle(seed=mixture_seed(self.seed, i))  # index shuffle: a new permutation per epoch
                    .repeat(None) for i, part in enumerate(self.sources)]
-        self.schedule = MixtureSchedule(self.names, self.weights, schedule, global_batch_size)
+        # a stage's stream begins at its branch step: its batch b is the batch of step stream_start_step + b + 1,
+        # and the schedule's steps (the run's steps) are moved to positions in this stream
+        self.stream_start_step = int(stream_start_step)
+        self.schedule = MixtureSchedule(self.names, self.weights,
+                                        [(int(step) - self.stream_start_step, w) for step, w in schedule],
+                                        global_batch_size)
         if len(streams) == 1:
             records = streams[0]
         elif len(self.schedule.steps) == 1:  # fixed weights: Grain's mix (the stream the schedule's one stage is)
@@ -441,28 +446,33 @@ class TrainIterator:
     @property
     def mixture_schedule(self) -> list[list[Any]] | None:
         """``[[step, {set name: weight}], ...]`` of the weight changes after step 0 (None: fixed weights)."""
-        return self.schedule.changes() if len(self.sources) > 1 and len(self.schedule.steps) > 1 else None
+        if len(self.sources) == 1 or len(self.schedule.steps) == 1:
+            return None
+        return [[step + self.stream_start_step, weights] for step, weights in self.schedule.changes()]
 
     def rows_by_set(self, batches: int) -> dict[str, int]:
         """The rows each set gave to the first ``batches`` global batches (closed form: no row is read)."""
         return dict(zip(self.names, self.schedule.rows_before(batches * self.global_batch_size), strict=True))
 
-    def tokens_by_set(self, batch: int, tokens_per_step: int) -> dict[str, int] | None:
-        """The tokens each set gave to global batch ``batch`` (the batch of step ``batch + 1``, ``tokens_per_step``
-        tokens in all); None for one set."""
+    def tokens_by_set(self, step: int, tokens_per_step: int) -> dict[str, int] | None:
+        """The tokens each set gave to the batch of step ``step`` (``tokens_per_step`` tokens in all); None for one
+        set."""
         if self.mixture is None:
             return None
         tokens_per_row = tokens_per_step // self.global_batch_size
+        batch = step - self.stream_start_step - 1
         before, after = self.rows_by_set(batch), self.rows_by_set(batch + 1)
         return {name: (after[name] - before[name]) * tokens_per_row for name in self.names}
 
     def mixture_metrics(self, step: int, tokens_per_step: int) -> dict[str, float]:
         """``data/<set>/share`` (its share of the rows of step ``step``'s batch, as the batch holds them) and
-        ``data/<set>/tokens_seen`` (its tokens in steps 1..``step``); empty for one set or before step 1."""
-        if self.mixture is None or step < 1:
+        ``data/<set>/tokens_seen`` (its tokens in this stream's steps up to ``step``: a stage's from its branch
+        step); empty for one set or before the stream's first step."""
+        batches = step - self.stream_start_step
+        if self.mixture is None or batches < 1:
             return {}
         tokens_per_row = tokens_per_step // self.global_batch_size
-        before, after = self.rows_by_set(step - 1), self.rows_by_set(step)
+        before, after = self.rows_by_set(batches - 1), self.rows_by_set(batches)
         metrics: dict[str, float] = {}
         for name in self.names:
             metrics[f"data/{name}/share"] = (after[name] - before[name]) / self.global_batch_size
@@ -478,6 +488,8 @@ class TrainIterator:
             state["mixture"] = self.mixture
         if self.mixture_schedule is not None:
             state["mixture_schedule"] = self.mixture_schedule
+        if self.stream_start_step:
+            state["stream_start_step"] = self.stream_start_step
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -501,6 +513,10 @@ class TrainIterator:
             raise DataError(f"loader state was saved with global batch size {state['global_batch_size']}, this run "
                             f"has {self.global_batch_size}: train.mixture_schedule changes weights at steps, so "
                             "another batch size moves its changes in the stream (resume with the same batch size)")
+        if state.get("stream_start_step", 0) != self.stream_start_step:
+            raise DataError(f"loader state is of a stream that began at step {state.get('stream_start_step', 0)}, "
+                            f"this run's begins at step {self.stream_start_step}: resuming would replay or skip data "
+                            "(keep train.branch_data and train.branch_step as they were, or start a new run)")
         records = sum(len(s) for s in self.sources)
         if state["records"] != records or state["shards_fingerprint"] != self.fingerprint:
             raise DataError(f"loader state was saved for other shards ({state['records']} train records, "
@@ -636,29 +652,33 @@ def make_train_iterator(shards_dir: RunPath | str, global_batch_size: int, seed:
                         on_corrupt: OnCorrupt | None = None, read_threads: int = 4,
                         mixture: Sequence[tuple[str, RunPath | str, float]] = (),
                         schedule: Sequence[tuple[int, Mapping[str, float]]] = (),
-                        verified_dir: RunPath | None = None) -> TrainIterator:
+                        verified_dir: RunPath | None = None, stream_start_step: int = 0) -> TrainIterator:
     """The training batches of process ``process_index`` (see the module docstring for the order).
 
     ``tokenizer_sha256`` and ``seq_len``, when given, are checked against the shards' manifest. A
     ``mixture`` of ``(name, shards folder, weight)`` reads those sets instead (``make_mixture_iterator``), with
-    its weights changed at the steps of ``schedule``."""
+    its weights changed at the steps of ``schedule``. ``stream_start_step``: the step the stream begins at (a
+    stage's branch step; its first batch is that step's + 1)."""
     if mixture:
         return make_mixture_iterator(mixture, global_batch_size, seed, process_index, process_count,
                                      tokenizer_sha256=tokenizer_sha256, seq_len=seq_len, on_corrupt=on_corrupt,
-                                     read_threads=read_threads, verified_dir=verified_dir, schedule=schedule)
+                                     read_threads=read_threads, verified_dir=verified_dir, schedule=schedule,
+                                     stream_start_step=stream_start_step)
     manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
     source = ShardSource(shards_dir, "train", manifest, on_corrupt=on_corrupt, verify=process_index == 0,
                          verified_dir=verified_dir)
     log.info("train loader: %d records, global batch %d = %d processes x %d, seed %d",
              len(source), global_batch_size, process_count, global_batch_size // max(process_count, 1), seed)
-    return TrainIterator(source, global_batch_size, seed, process_index, process_count, read_threads)
+    return TrainIterator(source, global_batch_size, seed, process_index, process_count, read_threads,
+                         stream_start_step=stream_start_step)
 
 
 def make_mixture_iterator(sets: Sequence[tuple[str, RunPath | str, float]], global_batch_size: int, seed: int,
                           process_index: int = 0, process_count: int = 1, *, tokenizer_sha256: str | None = None,
                           seq_len: int | None = None, on_corrupt: OnCorrupt | None = None,
                           read_threads: int = 4, verified_dir: RunPath | None = None,
-                          schedule: Sequence[tuple[int, Mapping[str, float]]] = ()) -> TrainIterator:
+                          schedule: Sequence[tuple[int, Mapping[str, float]]] = (),
+                          stream_start_step: int = 0) -> TrainIterator:
     """The training batches of a weighted mixture of shard sets ``(name, shards folder, weight)``, the weights
     changed at the steps of ``schedule`` (``(step, {name: weight})``: ``MixtureSchedule``).
 
@@ -668,7 +688,7 @@ def make_mixture_iterator(sets: Sequence[tuple[str, RunPath | str, float]], glob
         raise ConfigError("a mixture needs at least one shard set")
     stages = [(step, dict(w)) for step, w in schedule]  # checked before any shard set opens
     check_start_weights([name for name, _, _ in sets], [float(w) for _, _, w in sets], stages, "train.mixture")
-    check_mixture_schedule([name for name, _, _ in sets], stages, "train.mixture_schedule")
+    check_mixture_schedule([name for name, _, _ in sets], stages, "train.mixture_schedule", first=stream_start_step)
     sources = []
     for name, shards_dir, _ in sets:
         manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)
@@ -689,7 +709,7 @@ def make_mixture_iterator(sets: Sequence[tuple[str, RunPath | str, float]], glob
     if schedule:
         log.info("train loader: mixture weights change at steps %s", ", ".join(str(step) for step, _ in schedule))
     return TrainIterator(sources, global_batch_size, seed, process_index, process_count, read_threads,
-                         weights=weights, names=names, schedule=schedule)
+                         weights=weights, names=names, schedule=schedule, stream_start_step=stream_start_step)
 
 
 def iter_eval_batches(shards_dir: RunPath | str, split: str, batch_size: int, max_batches: int | None = None, *,

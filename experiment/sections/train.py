@@ -93,18 +93,20 @@ def check_start_weights(names: list[str], weights: list[float], stages: list[tup
 
 
 def check_mixture_schedule(names: list[str], stages: list[tuple[int, dict[str, float]]], key: str,
-                           steps: int = 0) -> None:
-    """One ConfigError naming the key of the first bad stage: steps increasing from 1 (step 0 reads
-    ``train.mixture``'s own weights) and, with ``steps``, below it; only the mixture's set names; weights >= 0 and
-    not all 0. Shared by the config's validation and the loader's (``make_mixture_iterator``)."""
+                           steps: int = 0, first: int = 0) -> None:
+    """One ConfigError naming the key of the first bad stage: steps increasing from ``first`` + 1 (step
+    ``first`` reads ``train.mixture``'s own weights: 0, or a stage's branch step) and, with ``steps``, below it;
+    only the mixture's set names; weights >= 0 and not all 0. Shared by the config's validation and the loader's
+    (``make_mixture_iterator``)."""
     if stages and not names:
         raise ConfigError(f"config key '{key}': a schedule changes the weights of train.mixture, which is empty")
-    previous = 0
+    previous = first
     for index, (step, weights) in enumerate(stages):
         where = f"{key}[{index}]"
         if step <= previous:
             raise ConfigError(f"config key '{where}.step': {step} must be above {previous} (the steps increase; "
-                              "step 0 reads the weights of train.mixture)")
+                              f"step {first} reads the weights of train.mixture"
+                              + (": a stage's stream starts at its branch_step)" if first else ")"))
         if steps and step >= steps:
             raise ConfigError(f"config key '{where}.step': {step} is never reached by a run of train.steps={steps}")
         unknown = [name for name in weights if name not in names]
@@ -198,6 +200,10 @@ class TrainConfig:
     # optimizer state, data position) and train on with this config's schedule (trainer/branch.py)
     branch_from: str = ""
     branch_step: int = 0
+    # what the branch reads: parent (a decay branch: the parent's shards from its data position, at its length)
+    # or own (a stage: this run's shards or train.mixture, from the start of a stream of its own, at this
+    # config's model.max_seq_len and RoPE; the model's shape otherwise the parent's)
+    branch_data: Literal["parent", "own"] = "parent"
     # which parameters train: all, or only the input embeddings and the LM head (the vocabulary-adaptation
     # phase of RuAdapt / Vikhr); embeddings_only_steps: the first N steps train only those, then all
     trainable: Literal["all", "embeddings"] = "all"
@@ -208,6 +214,12 @@ class TrainConfig:
     mixture: list[MixtureSetConfig] = field(default_factory=list)
     # the mixture's weights changed at given steps, piecewise constant (data_prep.shards.loader.MixtureSchedule)
     mixture_schedule: list[MixtureStageConfig] = field(default_factory=list)
+
+    @property
+    def stream_start_step(self) -> int:
+        """The step at which this run's data stream begins: a stage's branch step, else 0 (a decay branch reads
+        on in its parent's stream, which began at 0)."""
+        return self.branch_step if self.branch_data == "own" else 0
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
@@ -267,6 +279,12 @@ class TrainConfig:
         if self.branch_from and not 1 <= self.branch_step < self.steps:
             raise ConfigError(f"config key '{prefix}branch_step': must be in [1, steps={self.steps}), "
                               f"got {self.branch_step}")
+        if self.branch_data not in ("parent", "own"):
+            raise ConfigError(f"config key '{prefix}branch_data': give parent (a decay branch) or own (a stage), "
+                              f"got {self.branch_data!r}")
+        if self.branch_data == "own" and not self.branch_from:
+            raise ConfigError(f"config key '{prefix}branch_data': own data is a stage of another run: give "
+                              "train.branch_from and train.branch_step too")
         if self.fit_model and not self.fit_model.startswith("hf:"):
             raise ConfigError(f"config key '{prefix}fit_model': give hf:<model folder or config.json>, "
                               f"got {self.fit_model!r}")
@@ -277,7 +295,7 @@ class TrainConfig:
                                   "that no other set has")
         stages = [(s.step, s.weights) for s in self.mixture_schedule]
         check_start_weights(names, [m.weight for m in self.mixture], stages, f"{prefix}mixture")
-        check_mixture_schedule(names, stages, f"{prefix}mixture_schedule", self.steps)
+        check_mixture_schedule(names, stages, f"{prefix}mixture_schedule", self.steps, self.stream_start_step)
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
             raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, "
                               f"got {self.peak_flops_per_chip}")
