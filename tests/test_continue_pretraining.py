@@ -409,3 +409,29 @@ def test_vocab_adaptation_none_needs_the_base_models_own_tokenizer_not_one_of_it
     plan = EmbeddingPlan.for_mode("none", base_folder, RunFolder(tmp_path / "adopted" / "runs" / "tiny"),
                                   {"vocab_size": BASE_VOCAB}, BASE_VOCAB, BASE_VOCAB)
     assert plan.mode == "none"
+
+
+def test_a_stage_of_a_continued_run_takes_its_rope_keys_from_the_yaml_a_run_does_not() -> None:
+    """The checkpoints of a run from a Hugging Face base hold the base's shape; a stage from them
+    (``train.branch_data: own``) may set the RoPE scaling and length of its longer context in its YAML, while any
+    other run, and a stage's other shape keys, are checked against the checkpoints as before."""
+    from experiment.config import load_config
+    from experiment.errors import ConfigError
+    from model.hf_checkpoint import hf_model_config
+    from trainer.init_from import merge_model_config
+
+    repo = Path(__file__).resolve().parents[1]
+    published = json.loads((repo / "cost" / "hf_configs" / "Qwen3-30B-A3B" / "config.json").read_text("utf-8"))
+    _, base, _ = hf_model_config(published)
+    config = repo / "recipes" / "configs" / "qwen3-30b-a3b-ru-v5p-64.yaml"
+    long = ["model.rope_theta=5000000.0", "model.max_seq_len=131072"]
+    stage = load_config(config, [*long, "train.branch_from=/runs/parent", "train.branch_step=100",
+                                 "train.branch_data=own"])
+    merged = merge_model_config(stage, base, "the checkpoints", stage=True)
+    assert (merged.rope_theta, merged.max_seq_len, merged.n_experts) == (5_000_000.0, 131_072, 128)
+    with pytest.raises(ConfigError, match="config key 'model.rope_theta': 5000000.0 disagrees with 1000000.0"):
+        merge_model_config(load_config(config, long), base, "the checkpoints")
+    with pytest.raises(ConfigError, match="config key 'model.n_layers'"):
+        merge_model_config(load_config(config, [*long, "model.n_layers=47", "train.branch_from=/runs/parent",
+                                                "train.branch_step=100", "train.branch_data=own"]),
+                           base, "the checkpoints", stage=True)

@@ -40,7 +40,7 @@ from model.hf_checkpoint import (
 from model.hf_tensors import get_path, set_path
 from model.vocab_adaptation import adapt_embeddings
 from trainer.branch import Branch
-from trainer.resume import finished_steps, latest_meta
+from trainer.resume import finished_steps, is_stage_key, latest_meta
 from trainer.trained_model import model_config_from_meta
 
 if TYPE_CHECKING:
@@ -83,7 +83,8 @@ def start_point(cfg: ExperimentConfig, run_folder: RunFolder, vocab_size: int, m
         base_cfg = model_config_from_meta(meta) if meta else None
         if base_cfg is not None:
             log.info("model.init_from is not read again: the run starts from the checkpoints in %s", checkpoint_dir)
-            return StartPoint(merge_model_config(cfg, base_cfg, f"the checkpoints in {checkpoint_dir}"),
+            return StartPoint(merge_model_config(cfg, base_cfg, f"the checkpoints in {checkpoint_dir}",
+                                                 stage=cfg.train.branch_data == "own"),
                               lineage=meta.get("init_from"))
     # everything config.json and the tokenizers decide is checked before the weights are read
     named, local = base_folder(folder, "model.init_from")
@@ -260,16 +261,19 @@ def run_keys(model_cfg: FamilyConfig) -> tuple[str, ...]:
     return (*RUN_KEYS, *family_of(model_cfg).run_keys)
 
 
-def merge_model_config(cfg: ExperimentConfig, base_cfg: FamilyConfig, source: str) -> FamilyConfig:
+def merge_model_config(cfg: ExperimentConfig, base_cfg: FamilyConfig, source: str,
+                       stage: bool = False) -> FamilyConfig:
     """The base model's config with the run's own keys (``RUN_KEYS``) from the YAML; a shape key the
     YAML sets, or its ``model.preset`` sets (a shipped config names the base model's preset so that the fit check
     and the planner know its shape without the weights), that the base contradicts is a ConfigError naming both
-    values and ``source``."""
+    values and ``source``. A ``stage`` (``train.branch_data: own``, started from checkpoints) also takes the keys
+    ``is_stage_key`` names from the YAML where it sets them (a longer context's RoPE scaling)."""
     explicit = getattr(cfg, "explicit_keys", frozenset())
     ours = cfg.model
     preset = set(preset_fields(ours.preset, ours.family)) if "model.preset" in explicit and ours.preset else set()
     base_fields = {f.name for f in dataclasses.fields(base_cfg)}
-    for name in sorted(base_fields - set(run_keys(base_cfg))):
+    staged = {name for name in base_fields if stage and is_stage_key(name) and f"model.{name}" in explicit}
+    for name in sorted(base_fields - set(run_keys(base_cfg)) - staged):
         if (f"model.{name}" not in explicit and name not in preset) or not hasattr(ours, name):
             continue
         mine, theirs = getattr(ours, name), getattr(base_cfg, name)
@@ -281,7 +285,7 @@ def merge_model_config(cfg: ExperimentConfig, base_cfg: FamilyConfig, source: st
             raise ConfigError(f"config key '{key}': {what} disagrees with {theirs!r} of {source} "
                               "(model.init_from takes the model's shape from there): "
                               f"remove the key or make it {name} {theirs!r}")
-    kept = {name: getattr(ours, name) for name in run_keys(base_cfg) if name in base_fields}
+    kept = {name: getattr(ours, name) for name in (*run_keys(base_cfg), *staged) if name in base_fields}
     return dataclasses.replace(base_cfg, **kept)
 
 
