@@ -96,3 +96,32 @@ def test_a_mixture_names_each_set_it_goes_over_more_than_once(fixture_stages: Pa
     assert len(scheduled) == 1 and scheduled[0].endswith(
         f"'own' {own_rows / records:.2f} epochs ({records} records for {own_rows / (steps * batch):.0%} of the rows); "
         "to see each record once, build larger sets or lower train.steps or their weights")
+
+
+def test_a_stage_counts_the_rows_of_its_own_stream(fixture_stages: Path, tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A stage (``train.branch_data=own``) reads its data from its branch step on: the steps before it are its
+    parent's, so they neither loop its data nor move its mixture's changes."""
+    from tests.fixture_run import run_copy
+
+    config = run_copy(fixture_stages, tmp_path)
+    train = json.loads((tmp_path / "runs" / "tiny" / "shards" / "manifest.json").read_text("utf-8"))["splits"]["train"]
+    records = train["records"]
+    batch, start = 8, 1000
+    steps = records // batch + 1  # one step more than a pass
+    stage = ("train.branch_from=tiny", f"train.branch_step={start}", "train.branch_data=own",
+             f"train.batch_size={batch}", "train.warmup_steps=1")
+    caplog.clear()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert check_main(["--config", str(config), *stage, f"train.steps={start + steps}"]) == 0, err.getvalue()
+    assert [r.getMessage() for r in caplog.records if "epochs" in r.getMessage()] == [
+        f"(train.steps - train.branch_step) x train.batch_size x model.max_seq_len = {steps} x {batch} x 64 = "
+        f"{steps * batch * 64:,} tokens, but the training shards in {tmp_path / 'runs' / 'tiny' / 'shards'} hold "
+        f"{records} records ({train['tokens']:,} tokens): the run goes over its training data "
+        f"{steps * batch / records:.2f} times (epochs); to see each record once, build a larger corpus "
+        "(corpus.sources[].max_bytes) or lower train.steps"]
+    caplog.clear()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert check_main(["--config", str(config), *stage, f"train.steps={start + steps - 1}"]) == 0
+    assert not [r.getMessage() for r in caplog.records if "epochs" in r.getMessage()]

@@ -95,7 +95,7 @@ from data_prep.shards.tfrecord import (
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
 from experiment.jsontext import parse_json
-from experiment.sections.train import check_mixture_schedule, check_start_weights
+from experiment.sections.train import TrainConfig, check_mixture_schedule, check_start_weights
 from experiment.stages import SHARDS
 from experiment.storage import BucketPath, ObjectStat, RunPath, is_bucket_url, location, read_range
 
@@ -779,17 +779,26 @@ def check_batch_records(cfg: Any, run_folder: Any) -> str | None:
         raise ConfigError(f"config key 'train.batch_size': {cfg.train.batch_size:,} sequences a step, but "
                           f"{run_folder.shards} holds {records:,} training records: every step would repeat "
                           "records; lower the batch or build a larger corpus")
-    rows = cfg.train.steps * cfg.train.batch_size
+    steps, steps_key = stream_steps(cfg.train)
+    rows = steps * cfg.train.batch_size
     if rows > records:
         seq_len = int(manifest["seq_len"])
         shard_tokens = int((manifest["splits"].get("train") or {}).get("tokens", 0))
-        log.warning("train.steps x train.batch_size x model.max_seq_len = %s x %s x %s = %s tokens, but the "
+        log.warning("%s x train.batch_size x model.max_seq_len = %s x %s x %s = %s tokens, but the "
                     "training shards in %s hold %s records (%s tokens): the run goes over its training data "
                     "%.2f times (epochs); to see each record once, build a larger corpus "
-                    "(corpus.sources[].max_bytes) or lower train.steps", f"{cfg.train.steps:,}",
+                    "(corpus.sources[].max_bytes) or lower train.steps", steps_key, f"{steps:,}",
                     f"{cfg.train.batch_size:,}", f"{seq_len:,}", f"{rows * seq_len:,}", run_folder.shards,
                     f"{records:,}", f"{shard_tokens:,}", rows / records)
     return None
+
+
+def stream_steps(train_cfg: TrainConfig) -> tuple[int, str]:
+    """The steps whose batches this run's stream gives, and how to name them: ``train.steps``, less a stage's
+    ``train.branch_step`` (its stream begins there; a decay branch reads on in its parent's stream from 0)."""
+    if train_cfg.stream_start_step:
+        return train_cfg.steps - train_cfg.stream_start_step, "(train.steps - train.branch_step)"
+    return train_cfg.steps, "train.steps"
 
 
 def check_mixture_epochs(cfg: Any, run_folder: Any) -> str | None:
@@ -801,11 +810,14 @@ def check_mixture_epochs(cfg: Any, run_folder: Any) -> str | None:
 
     sets = mixture_sets(cfg.train.mixture, run_folder.shards)
     total_weight = sum(weight for _, _, weight in sets)
-    rows = cfg.train.steps * cfg.train.batch_size
+    steps, steps_key = stream_steps(cfg.train)
+    rows = steps * cfg.train.batch_size
     shares = {name: weight / total_weight for name, _, weight in sets}
     if cfg.train.mixture_schedule and rows:
+        start = cfg.train.stream_start_step  # the schedule names the run's steps; its stream begins here
         schedule = MixtureSchedule([n for n, _, _ in sets], [w for _, _, w in sets],
-                                   mixture_changes(cfg.train.mixture_schedule), cfg.train.batch_size)
+                                   [(step - start, w) for step, w in mixture_changes(cfg.train.mixture_schedule)],
+                                   cfg.train.batch_size)
         shares = {name: count / rows for name, count in zip(shares, schedule.rows_before(rows), strict=True)}
     looping: list[str] = []
     unread: list[str] = []  # sets not compared: the note (the others are still compared and warned about)
@@ -825,9 +837,9 @@ def check_mixture_epochs(cfg: Any, run_folder: Any) -> str | None:
             looping.append(f"'{name}' {rows * share / records:.2f} epochs ({records:,} records for {share:.0%} of "
                            "the rows)")
     if looping:
-        log.warning("train.steps x train.batch_size x model.max_seq_len = %s x %s x %s = %s tokens, but the run "
+        log.warning("%s x train.batch_size x model.max_seq_len = %s x %s x %s = %s tokens, but the run "
                     "goes over train.mixture's sets more than once: %s; to see each record once, build larger sets "
-                    "or lower train.steps or their weights", f"{cfg.train.steps:,}", f"{cfg.train.batch_size:,}",
+                    "or lower train.steps or their weights", steps_key, f"{steps:,}", f"{cfg.train.batch_size:,}",
                     f"{seq_len:,}", f"{rows * seq_len:,}", ", ".join(looping))
     if unread:
         return f"train.mixture: {'; '.join(unread)}, so its records are not compared with its rows"
