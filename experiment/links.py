@@ -43,7 +43,8 @@ def branch_links(cfg: ExperimentConfig, stage: Stage) -> tuple[Stage, ...]:
         return BRANCH_DATA if stage in DATA_READERS else ()
     if stage == SHARDS:
         return (CORPUS, TOKENIZER)
-    return (TOKENIZER,) if stage in DATA_READERS else ()
+    # recipe 02 too: the link makes it refuse in one line (a stage trains on with its parent's embeddings)
+    return (TOKENIZER,) if stage in (*DATA_READERS, TOKENIZER) else ()
 
 
 class LinkedOutputError(RecipeError):

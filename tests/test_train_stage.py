@@ -151,3 +151,6 @@ def test_a_stage_may_not_change_the_models_shape_or_a_branch_its_length(stage: P
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "seq_len" in error_line(proc) or "max_seq_len" in error_line(proc), error_line(proc)
     assert not (runs / "wider" / "checkpoints").exists() and not (runs / "wider" / "ledger").exists()
+    proc = run_recipe("02_train_tokenizer.py", stage, check=False)  # a stage's tokenizer is its parent's
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert error_line(proc).startswith(f"error: {runs / 'stage' / 'tokenizer'} is a link to "), error_line(proc)
