@@ -28,8 +28,10 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from math import comb
 from typing import Any
@@ -190,32 +192,38 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def evaluate_code_task(task: str, items: Sequence[CodeItem], sample: SampleCode, *, source: str, n: int = SAMPLES,
-                       ks: Sequence[int] = KS, limits: Limits = LIMITS,
-                       isolation: Isolation = "auto") -> dict[str, Any]:
-    """Sample ``n`` completions per item, run each against the item's tests, and score pass@k for each k <= n
-    beside the stub baseline and the canonical solutions; the JSON-ready result."""
+                       ks: Sequence[int] = KS, limits: Limits = LIMITS, isolation: Isolation = "auto",
+                       workers: int = 4) -> dict[str, Any]:
+    """Sample ``n`` completions per item, run each against the item's tests (``workers`` sandboxes at a time),
+    and score pass@k for each k <= n beside the stub baseline and the canonical solutions; the JSON-ready result."""
     if isolation == "auto":
         isolation = "namespaces" if namespaces_available() else "guards"
     ks = [k for k in ks if k <= n]
     log.info("task %s: %d items from %s, %d samples each, sandbox %s", task, len(items), source, n, isolation)
     completions = sample([item.prompt for item in items], n)
-    per_item, statuses = [], Counter()
-    for item, samples in zip(items, completions, strict=True):
-        results = [check_completion(item, completion, limits, isolation) for completion in samples]
-        statuses.update(r.status for r in results)
-        per_item.append({"id": item.id, "passed": sum(r.passed for r in results), "samples": len(results),
-                         "statuses": [r.status for r in results], "first_completion": samples[0] if samples else ""})
+    if [len(c) for c in completions] != [n] * len(items):
+        raise ValueError(f"the sampler gave {[len(c) for c in completions]} completions, not {n} for each item")
+    with_solution = [item for item in items if item.canonical_solution]
+    # every run: (item, completion) -- the samples, then the stubs, then the canonical solutions
+    runs = [(item, c) for item, samples in zip(items, completions, strict=True) for c in samples]
+    runs += [(item, STUB) for item in items] + [(item, item.canonical_solution) for item in with_solution]
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # each thread waits on its child process
+        results = list(pool.map(lambda run: check_completion(run[0], run[1], limits, isolation), runs))
+    sampled, stub = results[:len(items) * n], results[len(items) * n:len(items) * (n + 1)]
+    canonical = results[len(items) * (n + 1):]
+    per_item = []
+    for i, (item, samples) in enumerate(zip(items, completions, strict=True)):
+        mine = sampled[i * n:(i + 1) * n]
+        per_item.append({"id": item.id, "passed": sum(r.passed for r in mine), "samples": len(mine),
+                         "statuses": [r.status for r in mine], "first_completion": samples[0] if samples else ""})
     metrics = {f"pass@{k}": metric_summary([pass_at_k(r["samples"], r["passed"], k) for r in per_item], 0.0)
                for k in ks}
-    stub = [float(check_completion(item, STUB, limits, isolation).passed) for item in items]
-    canonical = [float(check_completion(item, item.canonical_solution, limits, isolation).passed)
-                 for item in items if item.canonical_solution]
-    baselines = baselines_summary({"stub": stub})
+    baselines = baselines_summary({"stub": [float(r.passed) for r in stub]})
     return {"task": task, "description": CODE_TASKS[task], "source": source, "items": len(items),
             "kind": "code", "samples_per_item": n, "sandbox": isolation, "metrics": metrics, "baselines": baselines,
             "vs_strongest_baseline": versus_baseline(metrics["pass@1"], baselines),
-            "canonical_solution": {"passed": sum(canonical), "of": len(canonical)},
-            "statuses": dict(statuses), "per_item": per_item}
+            "canonical_solution": {"passed": sum(r.passed for r in canonical), "of": len(with_solution)},
+            "statuses": dict(Counter(r.status for r in sampled)), "per_item": per_item}
 
 
 def model_sampler(model: Any, tokenizer: Any, max_len: int, *, max_new_tokens: int = MAX_NEW_TOKENS,
@@ -235,3 +243,66 @@ def model_sampler(model: Any, tokenizer: Any, max_len: int, *, max_new_tokens: i
         return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     return sample
+
+
+def score_run(run: str, task: str, task_file: str, *, step: int | None = None, n: int = SAMPLES,
+              max_items: int | None = None, max_new_tokens: int = MAX_NEW_TOKENS, temperature: float = TEMPERATURE,
+              seed: int = 0, limits: Limits = LIMITS) -> dict[str, Any]:
+    """A run's checkpoint (``step``, else the latest) scored on a code task file: the items are read and checked
+    before the model is loaded."""
+    from experiment.runfolder import RunFolder
+    from experiment.storage import location
+    from tokenizer.loaded import load_run_tokenizer
+    from trainer.trained_model import load_trained_model
+
+    items = load_code_items(task_file, task, max_items)
+    run_folder = RunFolder(location(run, "--run"))
+    model, loaded_step, meta = load_trained_model(run_folder, step=step)
+    max_len = int(meta.get("seq_len") or meta["model"]["max_seq_len"])
+    sampler = model_sampler(model, load_run_tokenizer(run_folder.tokenizer), max_len,
+                            max_new_tokens=min(max_new_tokens, max_len // 2), temperature=temperature, seed=seed)
+    result = evaluate_code_task(task, items, sampler, source=task_file, n=n, limits=limits)
+    return {**result, "run": run, "step": int(loaded_step), "temperature": temperature, "seed": seed}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m eval.code_tasks --run runs/demo --task ruhumaneval --file ruhumaneval.jsonl [--out r.json]``"""
+    import argparse
+
+    from experiment.errors import RecipeError
+    from experiment.files import atomic_write_text
+
+    parser = argparse.ArgumentParser(prog="python -m eval.code_tasks", description=__doc__.splitlines()[0])
+    parser.add_argument("--run", required=True, help="the run folder (runs/<experiment>)")
+    parser.add_argument("--task", required=True, choices=sorted(CODE_TASKS))
+    parser.add_argument("--file", required=True, help="the task's labelled items in MERA's schema (.jsonl, .json)")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    parser.add_argument("--samples", type=int, default=SAMPLES, help="completions per item (n of pass@k)")
+    parser.add_argument("--max-items", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
+    parser.add_argument("--temperature", type=float, default=TEMPERATURE)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the JSON result here (default: print it)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        result = score_run(args.run, args.task, args.file, step=args.step, n=args.samples,
+                           max_items=args.max_items, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, seed=args.seed)
+    except RecipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = json.dumps(result, ensure_ascii=False, indent=1) + "\n"
+    if args.out:
+        atomic_write_text(args.out, text)
+    else:
+        print(text, end="")
+    for k, summary in result["metrics"].items():
+        low, high = summary["ci95"]
+        print(f"{args.task} {k}: {summary['value']:.4f} [{low:.4f}, {high:.4f}] over {result['items']} items; "
+              f"stub {result['baselines']['stub']['value']:.4f}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -177,23 +177,33 @@ def test_the_program_calls_each_case_and_keeps_the_expected_outputs_out(tmp_path
 
 
 def test_the_fixture_model_is_scored_on_two_items(fixture_pretrained: Path, tmp_path: Path) -> None:
-    """The plumbing end to end: the tiny fixture model sampled twice per item through recipe 09's code, its
-    completions run in the sandbox. A 6-step model writes no working Python: pass@1 is 0, as is the stub's."""
-    from eval.code_tasks import model_sampler
-    from experiment.runfolder import RunFolder
-    from tokenizer.loaded import load_run_tokenizer
-    from trainer.trained_model import load_trained_model
+    """The plumbing end to end, through ``python -m eval.code_tasks``: the tiny fixture model sampled twice per
+    item by recipe 09's code, its completions run in the sandbox. A 6-step model writes no working Python: pass@1
+    is 0, as is the stub's, while the canonical solutions pass in the same sandbox."""
+    from eval.code_tasks import main
 
-    run_folder = RunFolder(fixture_pretrained.parent / "runs" / "tiny")
-    model, _, meta = load_trained_model(run_folder)
-    max_len = int(meta["seq_len"])
-    sampler = model_sampler(model, load_run_tokenizer(run_folder.tokenizer), max_len,
-                            max_new_tokens=min(24, max_len // 2), seed=1)
     before = set(Path(tempfile.gettempdir()).glob("ru-sandbox-*"))
-    result = evaluate_code_task("rucodeeval", items(tmp_path), sampler, source="fixture", n=2, ks=(1, 2))
-    assert result["items"] == 2 and [r["samples"] for r in result["per_item"]] == [2, 2]
-    assert result["metrics"]["pass@1"]["value"] == 0.0 and result["metrics"]["pass@2"]["value"] == 0.0
+    out = tmp_path / "result.json"
+    assert main(["--run", str(fixture_pretrained.parent / "runs" / "tiny"), "--task", "rucodeeval",
+                 "--file", str(task_file(tmp_path, GCD, SORT)), "--samples", "2", "--max-new-tokens", "24",
+                 "--seed", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["items"] == 2 and [r["samples"] for r in result["per_item"]] == [2, 2] and result["step"] == 6
+    assert list(result["metrics"]) == ["pass@1"]  # pass@5 and pass@10 need 5 and 10 samples
+    assert result["metrics"]["pass@1"]["value"] == 0.0 and result["baselines"]["stub"]["value"] == 0.0
     assert sum(result["statuses"].values()) == 4 and "passed" not in result["statuses"]
     assert result["canonical_solution"] == {"passed": 2, "of": 2}
-    assert set(Path(tempfile.gettempdir()).glob("ru-sandbox-*")) <= before  # every run's folder removed
     assert all(r["first_completion"] for r in result["per_item"])  # the model wrote something, run and failed
+    assert set(Path(tempfile.gettempdir()).glob("ru-sandbox-*")) <= before  # every run's folder removed
+
+
+def test_a_bad_task_file_is_one_error_line_before_any_model_loads(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from eval.code_tasks import main
+
+    broken = json.loads(json.dumps(SORT))
+    broken["meta"].pop("entry_point")
+    path = task_file(tmp_path, broken)
+    assert main(["--run", str(tmp_path / "no-such-run"), "--task", "ruhumaneval", "--file", str(path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"error: {path}: row 1") and "\n" not in error
