@@ -85,12 +85,14 @@ class SandboxError(RuntimeError):
 # The child's first code: ``python -I -B -c BOOTSTRAP <settings JSON>``. Standard library only; runs in the
 # run's folder (cwd). Kept as text so that nothing of this project is importable or needed in the child.
 BOOTSTRAP = r'''
-import ctypes, json, os, resource, sys
+import json, os, resource, sys
 settings = json.loads(sys.argv[1])
 work = os.path.realpath(settings["work"])
 
 
 def enter_namespaces():
+    import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     NEWNS, NEWUSER, NEWPID, NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
     RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18

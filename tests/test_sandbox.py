@@ -106,6 +106,26 @@ def test_a_fork_bomb_is_refused(layer: tuple[str, bool]) -> None:
         assert outcome.status == "error" and "refused" in outcome.stderr, bomb
 
 
+@pytest.mark.parametrize("layer", [pytest.param(GUARDS, id="guards"), pytest.param(BOTH, id="both")])
+def test_native_code_and_raised_limits_are_refused(layer: tuple[str, bool]) -> None:
+    for attempt in ("import ctypes\nctypes.CDLL(None).fork()", "import resource\n"
+                    "resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))"):
+        outcome = run(attempt, layer)
+        assert outcome.status == "error" and "refused" in outcome.stderr, attempt
+
+
+def test_a_write_relative_to_a_directory_descriptor_gets_past_the_guards_alone(tmp_path: Path) -> None:
+    """What README calls the audit hooks' limit: they judge a path against the cwd, so a path relative to an
+    open directory outside goes unseen. Only the namespaces' read-only file system stops it."""
+    attempt = (f"import os\nos.close(os.open('sentinel', os.O_CREAT | os.O_WRONLY, "
+               f"dir_fd=os.open({str(tmp_path)!r}, os.O_RDONLY)))")
+    assert run(attempt, GUARDS).ok and (tmp_path / "sentinel").exists()
+    (tmp_path / "sentinel").unlink()
+    outcome = run(attempt, BOTH)
+    assert outcome.status == "error" and "Read-only file system" in outcome.stderr
+    assert not (tmp_path / "sentinel").exists()
+
+
 def test_processes_a_program_starts_die_with_it_at_the_timeout() -> None:
     """Namespaces without the guards: forking is allowed (RLIMIT_NPROC and the PID namespace bound it); at the
     timeout the whole PID namespace goes, a child that left the process group with setsid included."""
