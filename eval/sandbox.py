@@ -88,6 +88,7 @@ BOOTSTRAP = r'''
 import json, os, resource, sys
 settings = json.loads(sys.argv[1])
 work = os.path.realpath(settings["work"])
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # before the fork below: no process of a run dumps core
 
 
 def enter_namespaces():
