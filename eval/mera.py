@@ -167,11 +167,16 @@ OPTIONS = "{question}\nA) {option_a}\nB) {option_b}\nC) {option_c}\nD) {option_d
 TEXT_OPTIONS = "{text}\nA) {option_a}\nB) {option_b}\nC) {option_c}\nD) {option_d}\nОтвет:"
 
 
+# how a task is answered and packed: a choice by log-likelihood; ruEthics' choice as its five criteria; ruTiE's
+# choices along its dialogue; generated text (ruDetox: stripped); code samples run on the item's tests
+TaskKind = Literal["choice", "ethics", "dialogue", "text", "detox", "code"]
+
+
 @dataclass(frozen=True)
 class MeraTask:
     name: str  # the submission's file name (log_to_submission.py's class name), e.g. "PARus" -> PARus.json
     config: str  # the hub config and our local file's stem, e.g. "parus"
-    kind: Literal["choice", "text", "ethics", "dialogue", "detox", "code"]
+    kind: TaskKind
     choices: tuple[str, ...] = ()  # a choice task's answers (yaml doc_to_choice)
     num_fewshot: int = 1  # scripts/run_benchmark.sh --num_fewshot for the task
     shots_split: str = "train"  # the yaml's training_split ("test": none, lm-eval falls back to the test split)
@@ -187,51 +192,46 @@ class MeraTask:
         return self.kind in ("text", "detox", "code")
 
 
-def _task(name: str, config: str, kind: Literal["choice", "text", "ethics", "dialogue", "detox", "code"],
-          **settings: Any) -> MeraTask:
-    return MeraTask(name, config, kind, **settings)
-
-
 MERA_TASKS: dict[str, MeraTask] = {task.config: task for task in (
     # rsg/*.yaml
-    _task("PARus", "parus", "choice", choices=("1", "2"), query=ANSWER_QUERY,
+    MeraTask("PARus", "parus", "choice", choices=("1", "2"), query=ANSWER_QUERY,
           shot=fields_filled("Ситуация: {premise}\nФрагмент 1: {choice1}\nФрагмент 2: {choice2}\nОтвет:")),
-    _task("RCB", "rcb", "choice", choices=("1", "2", "3"), query=ANSWER_QUERY,
+    MeraTask("RCB", "rcb", "choice", choices=("1", "2", "3"), query=ANSWER_QUERY,
           shot=fields_filled("Ситуация: {premise}\nГипотеза: {hypothesis}\nОтвет:")),
-    _task("RWSD", "rwsd", "choice", choices=("Да", "Нет"), query=ANSWER_QUERY,
+    MeraTask("RWSD", "rwsd", "choice", choices=("Да", "Нет"), query=ANSWER_QUERY,
           shot=fields_filled("Текст: {text}\nФрагмент 1: {span1_text}\nФрагмент 2: {span2_text}\nОтвет:")),
     # tape/*.yaml
-    _task("ruWorldTree", "ruworldtree", "choice", choices=LETTERS, shot=fields_filled(OPTIONS)),
-    _task("ruOpenBookQA", "ruopenbookqa", "choice", choices=LETTERS, shot=fields_filled(OPTIONS)),
-    _task("MultiQ", "multiq", "text", num_fewshot=0,
+    MeraTask("ruWorldTree", "ruworldtree", "choice", choices=LETTERS, shot=fields_filled(OPTIONS)),
+    MeraTask("ruOpenBookQA", "ruopenbookqa", "choice", choices=LETTERS, shot=fields_filled(OPTIONS)),
+    MeraTask("MultiQ", "multiq", "text", num_fewshot=0,
           shot=fields_filled("Вопрос: {question}\nТекст 1: {support_text}\nТекст 2: {text}\nОтвет:")),
-    _task("CheGeKa", "chegeka", "text", shot=fields_filled("Категория \"{topic}\"\nВопрос: {text}\nОтвет:")),
-    _task("ruMMLU", "rummlu", "choice", choices=LETTERS, shot=fields_filled(TEXT_OPTIONS, lstrip=True)),
-    _task("MaMuRAMu", "mamuramu", "choice", choices=LETTERS, shot=fields_filled(TEXT_OPTIONS, lstrip=True)),
-    _task("MathLogicQA", "mathlogicqa", "choice", choices=LETTERS, shot=fields_filled(TEXT_OPTIONS)),
-    _task("ruHHH", "ruhhh", "choice", choices=("1", "2"), num_fewshot=0, shots_split="test",
+    MeraTask("CheGeKa", "chegeka", "text", shot=fields_filled("Категория \"{topic}\"\nВопрос: {text}\nОтвет:")),
+    MeraTask("ruMMLU", "rummlu", "choice", choices=LETTERS, shot=fields_filled(TEXT_OPTIONS, lstrip=True)),
+    MeraTask("MaMuRAMu", "mamuramu", "choice", choices=LETTERS, shot=fields_filled(TEXT_OPTIONS, lstrip=True)),
+    MeraTask("MathLogicQA", "mathlogicqa", "choice", choices=LETTERS, shot=fields_filled(TEXT_OPTIONS)),
+    MeraTask("ruHHH", "ruhhh", "choice", choices=("1", "2"), num_fewshot=0, shots_split="test",
           shot=fields_filled("Запрос: {query}\nОтвет 1: {reply_1}\nОтвет 2: {reply_2}\nОтвет:")),
-    _task("ruHateSpeech", "ruhatespeech", "choice", choices=("1", "2"), shots_split="test",
+    MeraTask("ruHateSpeech", "ruhatespeech", "choice", choices=("1", "2"), shots_split="test",
           query=instruction_filled(strip=False), shot=fields_filled(
               "Реплика: {replica}\nОтвет 1: {reply_1}\nОтвет 2: {reply_2}\nЦелевая группа: {target_group}\nОтвет:")),
-    _task("BPS", "bps", "choice", choices=("0", "1"), zero=bps_filled, query=bps_filled,
+    MeraTask("BPS", "bps", "choice", choices=("0", "1"), zero=bps_filled, query=bps_filled,
           shot=fields_filled("Последовательность: {inputs}\nОтвет:")),
-    _task("LCS", "lcs", "choice", choices=tuple(str(i) for i in range(10)), shots_split="public_test",
+    MeraTask("LCS", "lcs", "choice", choices=tuple(str(i) for i in range(10)), shots_split="public_test",
           shot=fields_filled("Строки: {inputs}\nОтвет:")),
-    _task("SimpleAr", "simplear", "text", num_fewshot=2, shot=inputs_stripped),
-    _task("ruModAr", "rumodar", "text", num_fewshot=0, shots_split="public_test", shot=fields_filled("{inputs}")),
-    _task("ruMultiAr", "rumultiar", "text", shot=inputs_stripped),
-    _task("USE", "use", "text", query=instruction_filled(strip=False), shot=use_shot, until=("\n", "."),
+    MeraTask("SimpleAr", "simplear", "text", num_fewshot=2, shot=inputs_stripped),
+    MeraTask("ruModAr", "rumodar", "text", num_fewshot=0, shots_split="public_test", shot=fields_filled("{inputs}")),
+    MeraTask("ruMultiAr", "rumultiar", "text", shot=inputs_stripped),
+    MeraTask("USE", "use", "text", query=instruction_filled(strip=False), shot=use_shot, until=("\n", "."),
           meta_keys=("id", "id_task", "variant")),
-    _task("ruTiE", "rutie", "dialogue", choices=("1", "2"), shots_split="test",
+    MeraTask("ruTiE", "rutie", "dialogue", choices=("1", "2"), shots_split="test",
           meta_keys=("dialog_id", "question_id")),
-    _task("ruEthics", "ruethics", "ethics", choices=("0", "1"), num_fewshot=0, shots_split="test",
+    MeraTask("ruEthics", "ruethics", "ethics", choices=("0", "1"), num_fewshot=0, shots_split="test",
           query=instruction_filled(strip=False),
           shot=fields_filled("Текст: {text}\nАктант 1: {actant_1}\nАктант 2: {actant_2}\nОтветы:")),
-    _task("ruDetox", "rudetox", "detox", zero=detox_filled, query=detox_filled,
+    MeraTask("ruDetox", "rudetox", "detox", zero=detox_filled, query=detox_filled,
           shot=fields_filled("Токсичный текст: {inputs}\nНетоксичный текст:")),
-    _task("ruHumanEval", "ruhumaneval", "code", num_fewshot=0, shots_split="test", until=CODE_UNTIL, samples=10),
-    _task("ruCodeEval", "rucodeeval", "code", num_fewshot=0, shots_split="test", until=CODE_UNTIL, samples=10),
+    MeraTask("ruHumanEval", "ruhumaneval", "code", num_fewshot=0, shots_split="test", until=CODE_UNTIL, samples=10),
+    MeraTask("ruCodeEval", "rucodeeval", "code", num_fewshot=0, shots_split="test", until=CODE_UNTIL, samples=10),
 )}
 BY_NAME = {task.name: task for task in MERA_TASKS.values()}
 CODE_TEMPERATURE, CODE_TOP_K = 0.6, 50  # run_benchmark.sh RUHUMANEVAL_GEN_KWARGS; transformers' default top_k
@@ -504,7 +504,8 @@ def build_submission(tasks: Sequence[str], mera_dir: str, predictors: Predictors
     skipped: dict[str, str] = {}
     summary: dict[str, Any] = {}
     code_samples: dict[str, Any] = {}
-    for config in tasks:
+    prepared: list[tuple[MeraTask, list[MeraItem], dict[str, Any]]] = []
+    for config in tasks:  # every task's records read and checked before the model predicts anything
         task = MERA_TASKS[config]
         try:
             items, source = task_items(task, mera_dir, mode, max_items)
@@ -516,6 +517,8 @@ def build_submission(tasks: Sequence[str], mera_dir: str, predictors: Predictors
         if len(set(ids)) != len(ids):
             raise DataError(f"{source['source']}: two records share meta "
                             f"{next(i for i in ids if ids.count(i) > 1)}")
+        prepared.append((task, items, source))
+    for task, items, source in prepared:
         started = time.perf_counter()
         answers = predict_task(task, items, predictors)
         if task.kind == "code":

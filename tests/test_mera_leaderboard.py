@@ -298,3 +298,64 @@ def test_recipe_05c_leaves_out_a_few_shot_task_without_its_examples(tmp_path: Pa
     files, skipped, summary, _ = build_submission(["rcb"], str(folder), predictors, mode="zero")
     assert files["RCB.json"]["data"]["test"] == [{"outputs": "1", "meta": {"id": 0}}]
     assert summary["RCB"]["fewshot"] == 0 and not skipped
+
+
+def stub_predictors(calls: list[str] | None = None, completions: list[str] | None = None) -> Any:
+    """A model that learned nothing (every choice ties: the first wins; empty generations), or one whose code
+    samples are ``completions``; ``calls`` records each scoring call."""
+    import numpy as np
+
+    from eval.harness import PairEncoder
+    from eval.mera import Predictors
+
+    def logits(tokens: Any) -> Any:
+        if calls is not None:
+            calls.append("logits")
+        return np.zeros((*np.shape(tokens), 64), dtype=np.float32)
+
+    def sample(prompts: list[str], n: int, stop: Any, temperature: float, top_k: int, seed: int) -> list[str]:
+        assert (temperature, top_k, len(prompts)) == (0.6, 50, 10)
+        return list(completions or [""] * len(prompts))
+
+    return Predictors(logits, PairEncoder(lambda text: [ord(c) % 60 + 4 for c in text], 3),
+                      lambda prompts, n, stop: [""] * len(prompts), batch_size=4, max_len=64, sample=sample,
+                      run_tests=run_tests_in_subprocess)
+
+
+def test_a_broken_record_of_a_later_task_stops_the_run_before_any_prediction(tmp_path: Path) -> None:
+    from eval.mera import build_submission
+
+    folder = tmp_path / "mera"
+    folder.mkdir()
+    (folder / "ruethics.jsonl").write_text(json.dumps({"instruction": "{text}", "inputs": {"text": "т"},
+                                                       "meta": {"id": 0}}) + "\n", encoding="utf-8")
+    (folder / "rutie.jsonl").write_text(json.dumps({"instruction": "{question}", "inputs": {"question": "в"},
+                                                    "meta": {"dialog_id": 0, "question_id": 0}}) + "\n",
+                                        encoding="utf-8")
+    calls: list[str] = []
+    with pytest.raises(DataError, match=r"rutie.jsonl: row 1: ruTiE's 'instruction' must hold '\{context\}' once"):
+        build_submission(["ruethics", "rutie"], str(folder), stub_predictors(calls))
+    assert calls == []  # ruEthics, read first, was not predicted either
+
+
+def test_code_samples_are_cut_at_meras_stop_strings_unwrapped_and_run(tmp_path: Path) -> None:
+    """ruhumaneval.yaml's until cuts each sample ("\\ndef" ends the function), a sample wrapped in ```python ...```
+    is unwrapped (ruhumaneval/utils.py preprocess_generation), and each is appended to the item's function and run
+    on its tests: the archive holds 10 samples' results per item, the samples themselves go beside it."""
+    from eval.mera import build_submission
+
+    folder = tmp_path / "mera"
+    folder.mkdir()
+    (folder / "ruhumaneval.jsonl").write_text(json.dumps({
+        "instruction": "Допишите функцию.\n{function}", "inputs": {"function": "def add(a, b):\n",
+                                                                 "tests": "[{'a': 1, 'b': 2}, {'a': 5, 'b': 0}]"},
+        "outputs": ["3", "5"], "meta": {"id": 7, "entry_point": "add", "canonical_solution": ""}}) + "\n",
+        encoding="utf-8")
+    completions = (["    return a + b\ndef other():\n    return 0"] * 8 + ["```python    return a - b\n```"]
+                   + ["    return a +"])
+    files, skipped, summary, samples = build_submission(["ruhumaneval"], str(folder),
+                                                        stub_predictors(completions=completions))
+    (row,) = files["ruHumanEval.json"]["data"]["test"]
+    assert row["meta"] == {"id": 7} and row["outputs"] == [["3", "5"]] * 8 + [["-1", "5"], [None, None]]
+    assert samples["ruHumanEval"][0]["samples"][0] == "    return a + b"
+    assert summary["ruHumanEval"]["until"] == ["\nclass", "\ndef", "\n#", "\nif", "\nprint"] and not skipped
