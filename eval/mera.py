@@ -147,7 +147,7 @@ USE_SHOT = {
 def use_shot(doc: dict[str, Any]) -> str:
     kind = (doc.get("meta") or {}).get("type")
     if kind not in USE_SHOT:
-        raise KeyError(f"meta.type {kind!r} (USE's are {', '.join(USE_SHOT)})")
+        raise ValueError(f"USE's field 'meta.type' is {kind!r}, not one of {', '.join(USE_SHOT)}")
     return USE_SHOT[kind].format(**doc["inputs"])
 
 
@@ -160,7 +160,6 @@ def rutie_question(instruction: str, inputs: dict[str, Any]) -> str:
     return RUTIE_FIELDS.sub(lambda m: str(inputs[m.group(1)]), instruction).strip()
 
 
-TABLE = "MERA-Evaluation/MERA benchmark_tasks"
 STANDARD_QUERY = instruction_filled()
 ANSWER_QUERY = instruction_filled(strip=False, after="\nОтвет:")  # rsg/parus.yaml, rcb.yaml, rwsd.yaml
 OPTIONS = "{question}\nA) {option_a}\nB) {option_b}\nC) {option_c}\nD) {option_d}\nОтвет:"
@@ -266,8 +265,10 @@ def render(template: Template, record: Record, what: str = "item") -> str:
         name = exc.args[0] if isinstance(exc, KeyError) and exc.args else None
         if name is not None and f"{{{name}}}" in str(record.fields.get("instruction", "")):
             raise DataError(f"{record.at()}: field 'instruction' names {exc} which 'inputs' does not have") from exc
-        raise DataError(f"{record.at()}: MERA's template for the {what} names {exc}, which the record's 'inputs' "
-                        "do not have") from exc
+        if isinstance(exc, KeyError):
+            raise DataError(f"{record.at()}: MERA's template for the {what} names {exc}, which the record's "
+                            "'inputs' do not have") from exc
+        raise DataError(f"{record.at()}: MERA's template for the {what} cannot be filled ({exc})") from exc
 
 
 def check_record(task: MeraTask, record: Record) -> dict[str, Any]:

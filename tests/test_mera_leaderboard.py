@@ -359,3 +359,20 @@ def test_code_samples_are_cut_at_meras_stop_strings_unwrapped_and_run(tmp_path: 
     assert row["meta"] == {"id": 7} and row["outputs"] == [["3", "5"]] * 8 + [["-1", "5"], [None, None]]
     assert samples["ruHumanEval"][0]["samples"][0] == "    return a + b"
     assert summary["ruHumanEval"]["until"] == ["\nclass", "\ndef", "\n#", "\nif", "\nprint"] and not skipped
+
+
+def test_a_record_meras_templates_cannot_fill_is_one_line() -> None:
+    use = MERA_TASKS["use"]
+    meta = {"id": 1, "id_task": "1", "variant": 1}
+    with pytest.raises(DataError, match=r"^use.jsonl: row 3: MERA's template for the item cannot be filled \(USE's "
+                                        r"field 'meta.type' is 'odd', not one of text, "):
+        build_mera_item(use, Record("use.jsonl", 3, {"instruction": "{task}", "inputs": {"task": "x", "text": "y"},
+                                                     "meta": dict(meta, type="odd")}), [], 1)
+    with pytest.raises(DataError, match=r"^use.jsonl: row 4: MERA's template for the item names 'text', which the "
+                                        r"record's 'inputs' do not have$"):
+        build_mera_item(use, Record("use.jsonl", 4, {"instruction": "{task}", "inputs": {"task": "x"},
+                                                     "meta": dict(meta, type="text")}), [], 1)
+    shot = Record("rcb.train.jsonl", 2, {"instruction": "{premise}", "inputs": {"premise": "п", "hypothesis": "г"},
+                                         "meta": {"id": 5}})
+    with pytest.raises(DataError, match=r"^rcb.train.jsonl: row 2: a solved example needs field 'outputs'"):
+        build_mera_item(MERA_TASKS["rcb"], Record("rcb.jsonl", 1, dict(shot.fields, meta={"id": 0})), [shot], 1)
