@@ -133,7 +133,7 @@ def as_records(rows: list[dict[str, Any]], name: str) -> list[Record]:
     return [Record(name, i + 1, row) for i, row in enumerate(rows)]
 
 
-def test_the_table_has_merAs_23_tasks_with_run_benchmarks_solved_examples() -> None:
+def test_the_table_has_meras_23_tasks_with_run_benchmarks_solved_examples() -> None:
     assert len(MERA_TASKS) == 23 and set(MERA_TASKS) == set(RUN_BENCHMARK)
     assert {config: (1 if task.kind == "dialogue" else task.num_fewshot) for config, task in MERA_TASKS.items()} \
         == RUN_BENCHMARK
