@@ -284,6 +284,8 @@ def check_record(task: MeraTask, record: Record) -> dict[str, Any]:
     if task.kind == "dialogue" and str(raw.get("instruction", "")).count(RUTIE_CONTEXT) != 1:
         raise DataError(f"{record.at()}: ruTiE's 'instruction' must hold '{RUTIE_CONTEXT}' once (where the "
                         "dialogue so far goes)")
+    if task.kind == "code":
+        code_case(record)
     return {key: meta[key] for key in task.meta_keys}
 
 
@@ -376,17 +378,25 @@ def preprocess_generation(text: str) -> str:
     return text
 
 
-def code_outputs(record: Record, completions: Sequence[str], run_tests: RunTests) -> list[list[str | None]]:
-    """Each sample's results on the item's test cases: the item's function with the sample appended, run on
-    ``inputs.tests`` (ruhumaneval/utils.py execute_function)."""
-    inputs, meta = record.fields["inputs"], record.fields.get("meta") or {}
+def code_case(record: Record) -> tuple[str, list[dict[str, Any]], str]:
+    """A code item's function to complete, its test cases (keyword arguments; MERA's records hold them as Python
+    text) and its entry point; one line naming the record where one is missing."""
+    inputs, meta = record.fields.get("inputs"), record.fields.get("meta") or {}
     try:
         tests = ast.literal_eval(inputs["tests"]) if isinstance(inputs["tests"], str) else inputs["tests"]
-        function, entry_point = str(inputs["function"]), str(meta["entry_point"])
+        if not isinstance(tests, list) or not all(isinstance(case, dict) for case in tests):
+            raise ValueError("not a list of keyword arguments")
+        return str(inputs["function"]), tests, str(meta["entry_point"])
     except (KeyError, TypeError, ValueError, SyntaxError) as exc:
         raise DataError(f"{record.at()}: a code item needs 'inputs.function', 'inputs.tests' (a list of keyword "
                         f"arguments) and 'meta.entry_point' ({exc!r})") from exc
-    return [run_tests(function + preprocess_generation(text), list(tests), entry_point) for text in completions]
+
+
+def code_outputs(record: Record, completions: Sequence[str], run_tests: RunTests) -> list[list[str | None]]:
+    """Each sample's results on the item's test cases: the item's function with the sample appended, run on
+    ``inputs.tests`` (ruhumaneval/utils.py execute_function)."""
+    function, tests, entry_point = code_case(record)
+    return [run_tests(function + preprocess_generation(text), tests, entry_point) for text in completions]
 
 
 @dataclass
@@ -407,7 +417,7 @@ class Predictors:
         """MERA's 256 new tokens, or half the model's context where that is less (room left for the prompt)."""
         return min(MAX_GEN_TOKS, self.max_len // 2)
 
-    def choose(self, prompts: Sequence[str], choices: Sequence[str], desc: str) -> list[int]:
+    def choose(self, prompts: Sequence[str], choices: Sequence[str], desc: str | None) -> list[int]:
         requests = [self.encoder(prompt, TARGET_DELIMITER + choice) for prompt in prompts for choice in choices]
         scores = score_requests(self.logits_fn, requests, batch_size=self.batch_size, max_len=self.max_len,
                                 pad_id=self.pad_id, desc=desc)
@@ -430,7 +440,7 @@ def predict_task(task: MeraTask, items: Sequence[MeraItem], predictors: Predicto
                 dialog = []
             dialog.append(item)
             prompt = dialogue_prompts(dialog, answers[len(answers) - len(dialog) + 1:])
-            answers.append(task.choices[predictors.choose([prompt], task.choices, "")[0]])
+            answers.append(task.choices[predictors.choose([prompt], task.choices, None)[0]])
         return answers
     prompts = [item.prompt for item in items]
     if task.kind == "code":

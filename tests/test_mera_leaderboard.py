@@ -376,3 +376,20 @@ def test_a_record_meras_templates_cannot_fill_is_one_line() -> None:
                                          "meta": {"id": 5}})
     with pytest.raises(DataError, match=r"^rcb.train.jsonl: row 2: a solved example needs field 'outputs'"):
         build_mera_item(MERA_TASKS["rcb"], Record("rcb.jsonl", 1, dict(shot.fields, meta={"id": 0})), [shot], 1)
+
+
+def test_a_code_item_without_its_tests_stops_the_run_before_any_prediction(tmp_path: Path) -> None:
+    from eval.mera import build_submission
+
+    folder = tmp_path / "mera"
+    folder.mkdir()
+    (folder / "ruethics.jsonl").write_text(json.dumps({"instruction": "{text}", "inputs": {"text": "т"},
+                                                       "meta": {"id": 0}}) + "\n", encoding="utf-8")
+    (folder / "rucodeeval.jsonl").write_text(json.dumps({"instruction": "{function}", "inputs": {
+        "function": "def f(x):\n", "tests": "[{'x': 1}"}, "meta": {"id": 0, "entry_point": "f"}}) + "\n",
+        encoding="utf-8")
+    calls: list[str] = []
+    with pytest.raises(DataError, match=r"rucodeeval.jsonl: row 1: a code item needs 'inputs.function', "
+                                        r"'inputs.tests' \(a list of keyword arguments\) and 'meta.entry_point'"):
+        build_submission(["ruethics", "rucodeeval"], str(folder), stub_predictors(calls))
+    assert calls == []
