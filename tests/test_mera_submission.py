@@ -86,7 +86,7 @@ def test_recipe_05c_writes_a_submission_the_validator_reads_back(fixture_pretrai
     sizes = mera_inputs(tmp_path / "mera", shared_data)
     config = pretrained_copy(fixture_pretrained, tmp_path)
     run_recipe("05c_mera_submission.py", config, f"eval.mera_dir={tmp_path / 'mera'}",
-               "eval.mera_tasks=[parus,rcb,simplear,use]")
+               "eval.mera_tasks=[parus,rcb,simplear,use]", "eval.mera_fewshot=zero")
     folder = tmp_path / "runs" / "tiny" / "mera"
     (archive,) = folder.glob("submission_step_*.zip")
     metas = {f"{MERA_TASKS[name].name}.json": [{"id": i} if name != "use" else
@@ -113,7 +113,7 @@ def test_an_archive_of_one_answer_throughout_is_flagged_per_task(tmp_path: Path,
     import numpy as np
 
     from eval.harness import PairEncoder
-    from eval.mera import build_submission
+    from eval.mera import Predictors, build_submission
 
     folder = tmp_path / "mera"
     folder.mkdir()
@@ -132,9 +132,10 @@ def test_an_archive_of_one_answer_throughout_is_flagged_per_task(tmp_path: Path,
         return ["" if "=" in p else p.split()[-1] for p in prompts]
 
     with caplog.at_level(logging.WARNING, logger="eval.mera"):
-        files, _, summary = build_submission(
-            ["rcb", "simplear", "multiq"], str(folder), logits_fn=flat_logits, generate=generate, batch_size=8,
-            max_len=64, encoder=PairEncoder(lambda text: [ord(c) % 60 + 4 for c in text], 3))
+        files, _, summary, _ = build_submission(
+            ["rcb", "simplear", "multiq"], str(folder), Predictors(
+                flat_logits, PairEncoder(lambda text: [ord(c) % 60 + 4 for c in text], 3), generate, batch_size=8,
+                max_len=64), mode="zero")
     write_submission(tmp_path / "submission.zip", files)
     assert validate_submission(tmp_path / "submission.zip")  # the site would take it
     assert summary["RCB"]["one_answer"] and summary["RCB"]["top_answer"] == "1" and summary["RCB"]["top_share"] == 1

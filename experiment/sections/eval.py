@@ -12,8 +12,9 @@ SHARED_BENCH = "${RU_SHARED_DATA:-../shared/data}/bench"
 # Russian openings of different kinds (a fact, narrative prose, a definition, an everyday sentence): what a
 # team reads at each eval to see the model learn to write
 # MERA's text tasks recipe 05c predicts (eval/mera.py's table, by its hub config names)
-MERA_CONFIGS = ("parus", "rcb", "rwsd", "ruworldtree", "ruopenbookqa", "rummlu", "mamuramu", "mathlogicqa", "ruhhh",
-                "ruhatespeech", "bps", "lcs", "simplear", "rumodar", "rumultiar", "multiq", "chegeka", "use")
+MERA_CONFIGS = ("parus", "rcb", "rwsd", "ruworldtree", "ruopenbookqa", "multiq", "chegeka", "rummlu", "mamuramu",
+                "mathlogicqa", "ruhhh", "ruhatespeech", "bps", "lcs", "simplear", "rumodar", "rumultiar", "use",
+                "rutie", "ruethics", "rudetox", "ruhumaneval", "rucodeeval")
 SAMPLE_PROMPTS = ("Москва — столица", "Однажды зимним вечером", "Язык — это", "Завтра утром я пойду")
 
 
@@ -85,6 +86,9 @@ class EvalConfig:
     mera_tasks: list[str] = field(default_factory=lambda: list(MERA_CONFIGS))
     mera_dir: str = ""
     mera_max_items: int | None = None
+    # leaderboard: each task's number of solved examples as MERA's scripts/run_benchmark.sh runs it (from
+    # <mera_dir>/<task>.<split>.jsonl or the hub); zero: none (a submission the leaderboard does not compare)
+    mera_fewshot: Literal["leaderboard", "zero"] = "leaderboard"
 
     def validate(self, key: str) -> None:
         prefix = f"{key}." if key else ""
