@@ -66,9 +66,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from eval.code_tasks import LIMITS as CODE_LIMITS
+from eval.code_tasks import CodeItem, reported_results
+from eval.code_tasks import program as code_program
 from eval.generative import GenerateTexts
 from eval.harness import PairEncoder, one_answer, one_answer_warning
 from eval.loaders import Record, SourceUnavailable, read_file, read_hub
+from eval.sandbox import run_python
 from eval.scoring import LogitsFn, score_requests
 from experiment.errors import DataError
 from experiment.files import atomic_write_bytes, atomic_write_json
@@ -561,50 +565,15 @@ def build_submission(tasks: Sequence[str], mera_dir: str, predictors: Predictors
 # The driver a code sample runs in: MERA's unsafe_execute (ruhumaneval/utils.py) in a process of its own: the
 # program exec'd, then the entry point called on each test case's keyword arguments; a value is kept as str(),
 # an exception (or None) as None; a program that does not run gives None for every case.
-_DRIVER = """
-import contextlib, io, json, resource, sys
-for limit, value in ((resource.RLIMIT_CPU, %d), (resource.RLIMIT_AS, 2 << 30), (resource.RLIMIT_FSIZE, 1 << 20)):
-    resource.setrlimit(limit, (value, value))
-job = json.loads(sys.stdin.read())
-cases, results = job["tests"], []
-space = {}
-try:
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        exec(job["program"], space)
-        for case in cases:
-            try:
-                value = space[job["entry_point"]](**case)
-                results.append(None if value is None else str(value))
-            except BaseException:
-                results.append(None)
-except BaseException:
-    results = [None] * len(cases)
-sys.stdout.write(json.dumps(results))
-"""
-CODE_TIMEOUT_S = 4.0  # ruhumaneval/utils.py: 3 s for the program, its process joined 1 s later
-
-
-def run_tests_in_subprocess(program: str, tests: list[dict[str, Any]], entry_point: str) -> list[str | None]:
-    """A code sample's results on its test cases, run by ``python -I`` in a temporary folder with CPU, memory and
-    file-size limits and a wall-clock timeout (a sample that runs out of it: None for every case). Not a security
-    sandbox: run submissions on a machine that holds nothing else of value."""
-    import os
-    import subprocess
-    import sys
-    import tempfile
-
-    job = json.dumps({"program": program, "tests": tests, "entry_point": entry_point}, default=repr)
-    with tempfile.TemporaryDirectory(prefix="mera_code_") as folder:
-        try:
-            done = subprocess.run([sys.executable, "-I", "-c", _DRIVER % (int(CODE_TIMEOUT_S) + 1)], input=job,
-                                  capture_output=True, text=True, timeout=CODE_TIMEOUT_S, cwd=folder,
-                                  env={"PATH": os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1"})
-            results = json.loads(done.stdout) if done.returncode == 0 else None
-        except (subprocess.TimeoutExpired, ValueError):
-            results = None
-    if not isinstance(results, list) or len(results) != len(tests):
-        return [None] * len(tests)
-    return results
+def run_tests_in_sandbox(source: str, tests: list[dict[str, Any]], entry_point: str) -> list[str | None]:
+    """A code sample's results on its test cases (``str`` of each value, None for a call that raised), as MERA's
+    packer records them: run in eval/sandbox.py (namespaces where the kernel allows them, resource limits, audit
+    hooks, a wall clock; eval/README.md says what it isolates); a sample that fails before reporting: None for
+    every case."""
+    item = CodeItem(id="", prompt="", function=source, tests=repr(tests), outputs=("",) * len(tests),
+                    entry_point=entry_point)
+    got = reported_results(run_python(code_program(item, ""), CODE_LIMITS))
+    return got if got is not None and len(got) == len(tests) else [None] * len(tests)
 
 
 def write_submission(path: RunPath, files: dict[str, dict[str, Any]]) -> RunPath:
@@ -702,7 +671,7 @@ def mera_submission(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> P
 
     predictors = Predictors(model_logits_fn(model), PairEncoder(tok.encode, tok.eos_id, tok.normalize),
                             text_generator(model, tok, max_len), eval_cfg.batch_size, max_len, tok.pad_id,
-                            sample=sample, run_tests=run_tests_in_subprocess)
+                            sample=sample, run_tests=run_tests_in_sandbox)
     files, skipped, summary, code_samples = build_submission(
         eval_cfg.mera_tasks, eval_cfg.mera_dir, predictors, mode=eval_cfg.mera_fewshot,
         max_items=eval_cfg.mera_max_items)

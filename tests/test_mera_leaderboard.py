@@ -25,7 +25,7 @@ from eval.mera import (
     dialogue_prompts,
     draw_shots,
     fewshot_count,
-    run_tests_in_subprocess,
+    run_tests_in_sandbox,
     validate_submission,
     write_submission,
 )
@@ -218,10 +218,10 @@ def test_a_code_sample_is_run_on_the_items_tests_as_meras_scorer_expects() -> No
     exception as None, a program that does not run (or runs out of time) None throughout."""
     tests = [{"a": 1, "b": 2}, {"a": "x", "b": 2}]
     header = "def add(a, b):\n"
-    assert run_tests_in_subprocess(header + "    return a + b\n", tests, "add") == ["3", None]
-    assert run_tests_in_subprocess(header + "    return [a, b]\n", tests, "add") == ["[1, 2]", "['x', 2]"]
-    assert run_tests_in_subprocess(header + "    return (\n", tests, "add") == [None, None]
-    assert run_tests_in_subprocess(header + "    while True:\n        pass\n", tests, "add") == [None, None]
+    assert run_tests_in_sandbox(header + "    return a + b\n", tests, "add") == ["3", None]
+    assert run_tests_in_sandbox(header + "    return [a, b]\n", tests, "add") == ["[1, 2]", "['x', 2]"]
+    assert run_tests_in_sandbox(header + "    return (\n", tests, "add") == [None, None]
+    assert run_tests_in_sandbox(header + "    while True:\n        pass\n", tests, "add") == [None, None]
 
 
 def test_the_validator_knows_the_five_schemas_of_their_own(tmp_path: Path) -> None:
@@ -319,7 +319,7 @@ def stub_predictors(calls: list[str] | None = None, completions: list[str] | Non
 
     return Predictors(logits, PairEncoder(lambda text: [ord(c) % 60 + 4 for c in text], 3),
                       lambda prompts, n, stop: [""] * len(prompts), batch_size=4, max_len=64, sample=sample,
-                      run_tests=run_tests_in_subprocess)
+                      run_tests=run_tests_in_sandbox)
 
 
 def test_a_broken_record_of_a_later_task_stops_the_run_before_any_prediction(tmp_path: Path) -> None:
