@@ -30,11 +30,12 @@ BENCHMARKS = ["rublimp", "terra", "ruworldtree", "rcb", "xnli_ru"]
 CLEAN_TEXT = [RUSLIT / "prose" / "Gogol" / "Нос.txt", RUSLIT / "prose" / "Gogol" / "Коляска.txt"]
 
 
-def make_cfg(tmp_path: Path, sources: list[dict[str, Any]], **decontamination: Any) -> ExperimentConfig:
+def make_cfg(tmp_path: Path, sources: list[dict[str, Any]], runner: str = "local",
+             **decontamination: Any) -> ExperimentConfig:
     return build_dataclass(ExperimentConfig, {
         "experiment": {"name": "t", "run_root": str(tmp_path / "runs")},
         # the planted documents are single sentences too: the length, language and quality filters stay out of it
-        "corpus": {"sources": sources, "workers": 1, "min_chars": 20, "langid": {"enabled": False},
+        "corpus": {"sources": sources, "workers": 1, "runner": runner, "min_chars": 20, "langid": {"enabled": False},
                    "quality": {"enabled": False}, "decontamination": {"benchmarks": BENCHMARKS, **decontamination}},
         "eval": {"bench_dir": str(BENCH)},
     })
