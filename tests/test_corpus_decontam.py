@@ -210,3 +210,31 @@ def test_recipe_05_says_per_task_whether_the_corpus_was_decontaminated_against_i
         "rcb": "NOT decontaminated against what was evaluated: the corpus against /b/rcb",
         "xnli_ru": "NOT decontaminated: no local file",
         "rucola": "NOT decontaminated: not among corpus.decontamination.benchmarks"}
+
+
+@pytest.mark.shared_data(BENCH)
+def test_overlap_report_of_a_corpus_built_without_decontamination(tmp_path: Path, clean_paragraphs: list[str]) -> None:
+    import yaml
+
+    from tools.benchmark_overlap import main as overlap_main
+
+    planted = planted_items()
+    sources = write_sources(tmp_path, clean_paragraphs, planted)
+    manifest, _, _ = build(make_cfg(tmp_path, sources, enabled=False), with_index=False)
+    assert manifest["counts"]["kept"] == len(clean_paragraphs) + len(planted)  # every planted item is in it
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump({"experiment": {"name": "t", "run_root": str(tmp_path / "runs")},
+                                      "corpus": {"sources": sources, "decontamination": {
+                                          "enabled": False, "benchmarks": BENCHMARKS}},
+                                      "eval": {"bench_dir": str(BENCH)}}, allow_unicode=True), encoding="utf-8")
+    assert overlap_main(["--config", str(config), "--out", str(tmp_path / "overlap")]) == 0
+    with (tmp_path / "overlap" / "overlap.csv").open(encoding="utf-8") as handle:
+        rows = {row["benchmark"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == set(planted)  # xnli_ru has no local file: listed as not measured
+    for name in planted:  # one item of each planted twice, and no clean paragraph overlaps these benchmarks
+        assert rows[name]["items_overlapping"] == "1", rows[name]
+        assert float(rows[name]["share_overlapping"]) == round(1 / int(rows[name]["items"]), 4)
+    assert int(rows["rublimp"]["items"]) == 35_000 > int(rows["rublimp"]["items_checked"])
+    markdown = (tmp_path / "overlap" / "overlap.md").read_text(encoding="utf-8")
+    assert "| terra | 2,616 |" in markdown and "- xnli_ru: no local file" in markdown
+    assert (tmp_path / "overlap" / "overlap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
