@@ -238,3 +238,33 @@ def test_overlap_report_of_a_corpus_built_without_decontamination(tmp_path: Path
     markdown = (tmp_path / "overlap" / "overlap.md").read_text(encoding="utf-8")
     assert "| terra | 2,616 |" in markdown and "- xnli_ru: no local file" in markdown
     assert (tmp_path / "overlap" / "overlap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.shared_data(BENCH)
+def test_recipe_01_reads_the_benchmarks_before_it_writes_and_removes_what_the_corpus_shares_with_them(
+        tmp_path: Path, clean_paragraphs: list[str]) -> None:
+    import yaml
+
+    from tests.recipe_runner import error_line, run_recipe
+
+    sources = write_sources(tmp_path, clean_paragraphs[:10], {"terra": planted_items()["terra"]})
+    config = tmp_path / "exp.yaml"
+    corpus = {"sources": sources, "workers": 1, "min_chars": 20, "langid": {"enabled": False},
+              "quality": {"enabled": False}, "decontamination": {"benchmarks": ["terra", "xnli_ru"]}}
+    config.write_text(yaml.safe_dump({"experiment": {"name": "t", "run_root": str(tmp_path / "runs")},
+                                      "corpus": corpus, "eval": {"bench_dir": str(BENCH)}}, allow_unicode=True),
+                      encoding="utf-8")
+    # xnli_ru has no local file: with missing=error the recipe stops with one line, the run folder untouched
+    failed = run_recipe("01_build_corpus.py", config, "corpus.decontamination.missing=error", check=False)
+    assert failed.returncode == 2, failed.stderr[-2000:]
+    assert error_line(failed).endswith("benchmark 'xnli_ru' cannot be read for decontamination: no local file "
+                                       "(otherwise its items are on the Hugging Face hub and "
+                                       "corpus.decontamination.read_hub is off; eval.task_files or eval.mera_dir may "
+                                       "name a copy) (corpus.decontamination.missing=error; 'record' builds the "
+                                       "corpus and records it)")
+    run_dir = tmp_path / "runs" / "t"
+    assert not (run_dir / "corpus").exists() and not list(run_dir.rglob("*.yaml"))
+    run_recipe("01_build_corpus.py", config)
+    manifest = read_corpus_manifest(run_dir / "corpus")
+    assert manifest["counts"]["rejected"] == {"benchmark:terra": 2} and manifest["counts"]["kept"] == 9
+    assert set(manifest["decontamination"]["not_decontaminated"]) == {"xnli_ru"}
