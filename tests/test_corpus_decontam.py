@@ -268,3 +268,24 @@ def test_recipe_01_reads_the_benchmarks_before_it_writes_and_removes_what_the_co
     manifest = read_corpus_manifest(run_dir / "corpus")
     assert manifest["counts"]["rejected"] == {"benchmark:terra": 2} and manifest["counts"]["kept"] == 9
     assert set(manifest["decontamination"]["not_decontaminated"]) == {"xnli_ru"}
+
+
+@pytest.mark.shared_data(BENCH)
+def test_recipe_05c_mera_test_inputs_are_indexed_from_eval_mera_dir(tmp_path: Path) -> None:
+    # MERA's record schema (instruction, inputs, outputs, meta), the texts real RCB items from the shared folder
+    items = [json.loads(line) for line in
+             (BENCH / "mera_humanbench" / "rcb_items_human_mv.jsonl").read_text(encoding="utf-8").splitlines()[:20]]
+    (tmp_path / "mera").mkdir()
+    (tmp_path / "mera" / "rcb.jsonl").write_text("".join(json.dumps(
+        {"instruction": "Ситуация: {premise}\nГипотеза: {hypothesis}\nОтвет:", "outputs": "",
+         "inputs": {"premise": item["premise"], "hypothesis": item["hypothesis"]}, "meta": {"id": i}},
+        ensure_ascii=False) + "\n" for i, item in enumerate(items)), encoding="utf-8")
+    cfg = make_cfg(tmp_path, [{"kind": "debian"}], benchmarks=["mera:rcb", "mera:parus"])
+    cfg.eval.mera_dir = str(tmp_path / "mera")
+    index = benchmark_index(cfg)
+    assert index is not None and index.summaries["mera:rcb"].items == 20
+    assert index.summaries["mera:rcb"].source == str(tmp_path / "mera" / "rcb.jsonl")
+    assert "mera:parus" in index.not_indexed  # no parus.jsonl there, and the hub is not read
+    premise = next(item["premise"] for item in items if len(normalized_words(item["premise"])) >= 13)
+    assert decontaminate(f"Вот что писали тогда. {disguised(premise)} Конец.", index, "remove").benchmarks == (
+        "mera:rcb",)
