@@ -355,15 +355,18 @@ def test_invalid_utf8_in_one_jsonl_line_rejects_that_line_alone_on_beam(tmp_path
 
 
 @pytest.mark.shared_data(BENCH)
-def test_beam_decontaminates_as_the_local_runner_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("action", ["remove", "cut"])
+def test_beam_decontaminates_as_the_local_runner_does(tmp_path: Path, action: str) -> None:
     import_extra("apache_beam", "beam")
     lines = [line.strip() for path in CLEAN_TEXT for line in path.read_text(encoding="utf-8").splitlines()]
     sources = write_sources(tmp_path, [line for line in lines if len(line) > 300][:30], planted_items())
-    local_cfg = make_decontam_cfg(tmp_path / "local", sources)
+    local_cfg = make_decontam_cfg(tmp_path / "local", sources, action=action)
     local_cfg.corpus.workers = 2  # the index travels to spawned pool workers as it does to Beam's
     local = build(local_cfg)
-    beam = build(make_decontam_cfg(tmp_path / "beam", sources, runner="beam"))
+    beam = build(make_decontam_cfg(tmp_path / "beam", sources, runner="beam", action=action))
     assert beam[1] == local[1] and beam[0]["counts"] == local[0]["counts"] and beam[0]["shards"] == local[0]["shards"]
     assert beam[0]["decontamination"] == local[0]["decontamination"]
-    assert {f"benchmark:{name}" for name in planted_items()} == set(beam[0]["counts"]["rejected"])
+    # removed: each item whole and inside a paragraph; cut: the whole ones (nothing is left of them)
+    assert beam[0]["counts"]["rejected"] == {f"benchmark:{name}": 2 if action == "remove" else 1
+                                             for name in planted_items()}
     assert beam[2].split("## Decontamination")[1] == local[2].split("## Decontamination")[1]
