@@ -94,7 +94,8 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 EVAL_TASKS = "eval.tasks:check_eval_tasks"
 RUN_PRICE = "cost.checks:check_run_price"
 
-CORPUS = Stage("corpus", "corpus", "recipes/01_build_corpus.py", {"documents": int, "shards": list})
+CORPUS = Stage("corpus", "corpus", "recipes/01_build_corpus.py", {"documents": int, "shards": list},
+               checks=("eval.decontam:check_decontamination",))
 TOKENIZER = Stage("tokenizer", "tokenizer", "recipes/02_train_tokenizer.py", {"sha256": str, "vocab_size": int},
                   reads=("corpus",), checks=("tokenizer.adopt:check_adopt_source",))
 SHARDS = Stage("shards", "shards", "recipes/03_shard.py",

@@ -29,6 +29,8 @@ from experiment.runfolder import RunFolder
 from experiment.sections.corpus import DedupConfig
 from tests.conftest import import_extra
 from tests.test_corpus_build import inputs, make_cfg, run, sources_for  # noqa: F401  (inputs is a fixture)
+from tests.test_corpus_decontam import BENCH, CLEAN_TEXT, build, planted_items, write_sources
+from tests.test_corpus_decontam import make_cfg as make_decontam_cfg
 from tests.test_corpus_ruslit import RUSLIT, write_jsonl_with_bad_bytes
 
 TWO_WORKERS = ["--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -350,3 +352,21 @@ def test_invalid_utf8_in_one_jsonl_line_rejects_that_line_alone_on_beam(tmp_path
     assert manifest["counts"]["rejected"] == {"invalid_utf8": 1} and manifest["counts"]["kept"] == len(docs) == 199
     report = (RunFolder.for_config(beam_cfg).corpus / "report.md").read_text(encoding="utf-8")
     assert f"from `{path}:10`" in report
+
+
+@pytest.mark.shared_data(BENCH)
+@pytest.mark.parametrize("action", ["remove", "cut"])
+def test_beam_decontaminates_as_the_local_runner_does(tmp_path: Path, action: str) -> None:
+    import_extra("apache_beam", "beam")
+    lines = [line.strip() for path in CLEAN_TEXT for line in path.read_text(encoding="utf-8").splitlines()]
+    sources = write_sources(tmp_path, [line for line in lines if len(line) > 300][:30], planted_items())
+    local_cfg = make_decontam_cfg(tmp_path / "local", sources, action=action)
+    local_cfg.corpus.workers = 2  # the index travels to spawned pool workers as it does to Beam's
+    local = build(local_cfg)
+    beam = build(make_decontam_cfg(tmp_path / "beam", sources, runner="beam", action=action))
+    assert beam[1] == local[1] and beam[0]["counts"] == local[0]["counts"] and beam[0]["shards"] == local[0]["shards"]
+    assert beam[0]["decontamination"] == local[0]["decontamination"]
+    # removed: each item whole and inside a paragraph; cut: the whole ones (nothing is left of them)
+    assert beam[0]["counts"]["rejected"] == {f"benchmark:{name}": 2 if action == "remove" else 1
+                                             for name in planted_items()}
+    assert beam[2].split("## Decontamination")[1] == local[2].split("## Decontamination")[1]

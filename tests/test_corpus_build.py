@@ -146,11 +146,11 @@ def test_crash_mid_run_leaves_nothing_trusted_and_rerun_completes(
     real = corpus_module.clean_document
     calls = {"n": 0}
 
-    def crash_after_some(raw: Any, corpus_cfg: Any) -> Any:
+    def crash_after_some(raw: Any, corpus_cfg: Any, *benchmarks: Any) -> Any:
         calls["n"] += 1
         if calls["n"] > 12:
             raise RuntimeError("simulated crash")
-        return real(raw, corpus_cfg)
+        return real(raw, corpus_cfg, *benchmarks)
 
     monkeypatch.setattr(corpus_module, "clean_document", crash_after_some)
     with pytest.raises(RuntimeError, match="simulated crash"):

@@ -140,6 +140,13 @@ def test_results_files_and_manifest(evaluated) -> None:
     assert "| rublimp | acc |" in markdown and "## rublimp by group" in markdown and "silver" in markdown
 
 
+def test_results_say_per_task_whether_the_training_corpus_was_decontaminated(evaluated) -> None:
+    # this run folder has no corpus (recipe 01 did not run in it): recipe 05 cannot know, and says so per task
+    on_disk = json.loads((evaluated.run_folder.eval / "step_0000007.json").read_text(encoding="utf-8"))
+    assert on_disk["corpus_decontamination"] == {
+        task: f"unknown: no finished corpus in {evaluated.run_folder.corpus}" for task in LOCAL_TASKS}
+
+
 def test_hf_export_of_the_checkpoint(evaluated) -> None:
     export = Path(evaluated.results["hf_export"])
     assert export == evaluated.run_folder.eval / "hf" / "step_0000007"

@@ -48,6 +48,7 @@ import numpy as np
 
 from data_prep.beam_common import import_beam, join_uri, recording_opener, run_staged
 from data_prep.corpus.cleaning import CleanDocument, clean_document
+from data_prep.corpus.decontam import BenchmarkIndex
 from data_prep.corpus.dedup import ClusterSizes, band_keys, estimated_jaccard
 from data_prep.corpus.documents import DocumentNumberer, RawDocument
 from data_prep.corpus.report import CorpusCounts, SourceCounts
@@ -58,6 +59,7 @@ from experiment.sections.corpus import CorpusConfig, DedupConfig
 log = logging.getLogger("data_prep.corpus.beam")
 
 Outcome = tuple[CleanDocument, str | None, str | None]
+COUNTERS = ("rejected", "rejected_bytes", "duplicates", "duplicate_bytes", "benchmark_documents")
 BLOCK_DOCS = 8192  # input orders per join block: bounds one group's memory; blocks/corpus = side-input size
 
 
@@ -249,9 +251,9 @@ def write_shard(element: tuple[int, Iterable[tuple[int, str, str, str]]], data_d
 # ---------------------------------------------------------------- counts (combined on the workers)
 
 def merge_counts(into: CorpusCounts, other: CorpusCounts) -> CorpusCounts:
-    for name in ("documents_in", "bytes_in", "kept", "bytes_kept"):
+    for name in ("documents_in", "bytes_in", "kept", "bytes_kept", "words_cut"):
         setattr(into, name, getattr(into, name) + getattr(other, name))
-    for name in ("rejected", "rejected_bytes", "duplicates", "duplicate_bytes"):
+    for name in COUNTERS:
         getattr(into, name).update(getattr(other, name))
     for source, counts in other.per_source.items():
         mine = into.per_source[source]
@@ -290,9 +292,9 @@ def counts_to_json(counts: CorpusCounts) -> dict[str, Any]:
 
 def counts_from_json(row: dict[str, Any], source_order: list[str]) -> CorpusCounts:
     counts = CorpusCounts(max_examples=row["max_examples"])
-    for name in ("documents_in", "bytes_in", "kept", "bytes_kept"):
+    for name in ("documents_in", "bytes_in", "kept", "bytes_kept", "words_cut"):
         setattr(counts, name, row[name])
-    for name in ("rejected", "rejected_bytes", "duplicates", "duplicate_bytes"):
+    for name in COUNTERS:
         setattr(counts, name, Counter(row[name]))
     for name in sorted(row["per_source"],
                        key=lambda n: source_order.index(n) if n in source_order else len(source_order)):
@@ -332,7 +334,7 @@ def _without_text(outcome: Outcome) -> Outcome:
 
 
 def build_pipeline(pipeline: Any, units: list[ReadUnit], cfg: CorpusConfig, data_dir: str, cache_root: Path,
-                   staging: str) -> None:
+                   staging: str, benchmarks: BenchmarkIndex | None = None) -> None:
     beam = import_beam("corpus.runner")
     dedup = cfg.dedup
     root = str(cache_root)
@@ -344,7 +346,9 @@ def build_pipeline(pipeline: Any, units: list[ReadUnit], cfg: CorpusConfig, data
     cleaned = (unit_elements
                | "ReadUnits" >> beam.FlatMap(numbered_documents, beam.pvalue.AsSingleton(offsets), cfg, root)
                | "SpreadDocuments" >> beam.Reshuffle()  # one big file must not stay on one worker
-               | "Clean" >> beam.Map(clean_document, cfg))
+               # the decontamination index reaches the workers as a side input (pickled once, not per document)
+               | "Clean" >> beam.Map(clean_document, cfg, beam.pvalue.AsSingleton(
+                   pipeline | "BenchmarkIndex" >> beam.Create([benchmarks]))))
     rejected = (cleaned
                 | "Rejected" >> beam.Filter(lambda d: d.reject is not None)
                 | "AsOutcome" >> beam.Map(lambda d: (d, None, None)))
@@ -428,8 +432,8 @@ def _rehydration_rows(beam: Any, links: list[Any], kept: Any, kept_per_block: An
                                          beam.pvalue.AsSingleton(kept_total), cfg.docs_per_shard))
 
 
-def run_beam(cfg: CorpusConfig, corpus_dir: Path,
-             cache_root: Path) -> tuple[CorpusCounts, list[dict[str, Any]], list[dict[str, Any]]]:
+def run_beam(cfg: CorpusConfig, corpus_dir: Path, cache_root: Path, benchmarks: BenchmarkIndex | None = None,
+             ) -> tuple[CorpusCounts, list[dict[str, Any]], list[dict[str, Any]]]:
     """Run the pipeline (DirectRunner unless ``cfg.beam_options`` say otherwise): the workers write the
     shards into ``cfg.output_uri`` (or ``corpus_dir``); returns the merged counts, the shards' manifest
     entries in shard order, and their W&B reference entries (``beam_common.file_reference``)."""
@@ -440,7 +444,7 @@ def run_beam(cfg: CorpusConfig, corpus_dir: Path,
     log.info("running the corpus pipeline on Beam (%s) over %d input unit(s), shards to %s",
              " ".join(cfg.beam_options) or "DirectRunner", len(units), data_dir)
     staged = run_staged(beam, cfg.beam_options, data_dir, lambda pipeline, staging: build_pipeline(
-        pipeline, units, cfg, data_dir, cache_root, staging), ("shards", "counts"))
+        pipeline, units, cfg, data_dir, cache_root, staging, benchmarks), ("shards", "counts"))
     numbered = sorted(staged["shards"], key=lambda row: row["number"])
     (counts_row,) = staged["counts"]
     shards = [{k: v for k, v in row.items() if k not in ("number", "reference")} for row in numbered]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from data_prep.corpus.decontam import BenchmarkIndex, decontaminate
 from data_prep.corpus.dedup import exact_key, minhash_signature
 from data_prep.corpus.documents import RawDocument
 from data_prep.corpus.langid import cyrillic_share, detect_language
@@ -35,6 +36,8 @@ class CleanDocument:
     preview: str = ""  # the start of the normalized (or raw) text, for the report's examples
     exact_key: str | None = None
     signature: np.ndarray | None = None
+    benchmarks: tuple[str, ...] = ()  # the benchmarks it overlapped (corpus.decontamination), first overlap first
+    words_cut: int = 0  # words cut out of it (decontamination action 'cut')
 
     @property
     def bytes_out(self) -> int:
@@ -66,7 +69,15 @@ def filter_rejection(text: str, cfg: CorpusConfig) -> str | None:
     return None
 
 
-def clean_document(raw: RawDocument, cfg: CorpusConfig) -> CleanDocument:
+def benchmark_rejection(benchmark: str) -> str:
+    """The rejection reason of a document that overlaps ``benchmark`` (the report's outcome names it)."""
+    return f"benchmark:{benchmark}"
+
+
+def clean_document(raw: RawDocument, cfg: CorpusConfig, benchmarks: BenchmarkIndex | None = None) -> CleanDocument:
+    """``benchmarks``: the decontamination index (recipe 01 builds it from the eval files; None: not checked).
+    Decontamination runs after the filters (a rejected document costs no lookup) and before the fingerprints (a
+    cut document is deduplicated as it is written)."""
     doc = CleanDocument(raw.order, raw.id, raw.source, raw.origin, raw.raw_bytes)
     if raw.reject is not None or raw.text is None:
         doc.reject = raw.reject or "empty_input"
@@ -78,6 +89,14 @@ def clean_document(raw: RawDocument, cfg: CorpusConfig) -> CleanDocument:
         return doc
     if cfg.replace_pii:
         text = replace_pii(text, cfg.email_placeholder, cfg.ip_placeholder)
+    if benchmarks is not None and not benchmarks.empty:
+        action = cfg.decontamination.action
+        checked = decontaminate(text, benchmarks, action)
+        doc.benchmarks, doc.words_cut = checked.benchmarks, checked.words_cut
+        if checked.benchmarks and (action == "remove" or len(checked.text.strip()) < cfg.min_chars):
+            doc.reject = benchmark_rejection(checked.benchmarks[0])
+            return doc
+        text = checked.text
     doc.text = text
     if cfg.dedup.exact:
         doc.exact_key = exact_key(text)

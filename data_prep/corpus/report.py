@@ -39,12 +39,17 @@ class CorpusCounts:
     per_source: dict[str, SourceCounts] = field(default_factory=lambda: defaultdict(SourceCounts))
     examples: dict[str, list[dict[str, str]]] = field(default_factory=lambda: defaultdict(list))
     max_examples: int = 3
+    # decontamination: documents that overlapped each benchmark (removed or cut), and the words cut
+    benchmark_documents: Counter[str] = field(default_factory=Counter)
+    words_cut: int = 0
 
     def _example(self, bucket: str, doc: CleanDocument, note: str = "") -> None:
         if len(self.examples[bucket]) < self.max_examples:
             self.examples[bucket].append({"id": doc.id, "origin": doc.origin, "preview": doc.preview, "note": note})
 
     def _count_in(self, doc: CleanDocument) -> None:
+        self.benchmark_documents.update(doc.benchmarks)
+        self.words_cut += doc.words_cut
         self.documents_in += 1
         self.bytes_in += doc.bytes_in
         source = self.per_source[doc.source]
@@ -57,7 +62,7 @@ class CorpusCounts:
         self.rejected[reason] += 1
         self.rejected_bytes[reason] += doc.bytes_in
         self.per_source[doc.source].rejected += 1
-        self._example(reason, doc)
+        self._example(reason, doc, note=f"overlaps {', '.join(doc.benchmarks)}" if doc.benchmarks else "")
 
     def add_duplicate(self, doc: CleanDocument, kind: str, duplicate_of: str) -> None:
         self._count_in(doc)
@@ -113,7 +118,28 @@ def _quote(text: str) -> str:
     return " ".join(text.split())[:200].replace("|", "\\|")
 
 
-def render_report(counts: CorpusCounts, shards: list[dict[str, Any]], seconds: float) -> str:
+def decontamination_lines(record: dict[str, Any]) -> list[str]:
+    """The report's decontamination section, from the manifest's record (build.decontamination_record)."""
+    lines = ["", "## Decontamination", ""]
+    if not record.get("enabled"):
+        return [*lines, f"Not decontaminated: {record.get('reason', 'off')}."]
+    lines += [f"Word {record['ngram']}-grams (an item text of {record['min_words']} to {record['ngram'] - 1} words: "
+              f"whole) over normalized words ({record['normalization']}); overlapping documents: "
+              f"{'removed' if record['action'] == 'remove' else 'the overlapping spans cut'}"
+              + (f" ({record['words_cut']:,} words cut)." if record["action"] == "cut" else "."), "",
+              "| benchmark | source | items | items checked | n-grams | documents overlapping | documents removed |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for name, entry in record["benchmarks"].items():
+        lines.append(f"| {name} | `{entry['source']}` | {entry['items']:,} | {entry['items_indexed']:,} "
+                     f"| {entry['ngrams']:,} | {entry['documents']:,} | {entry['documents_removed']:,} |")
+    if record["not_decontaminated"]:
+        lines += ["", "Not decontaminated against:", ""]
+        lines += [f"- {name}: {_quote(reason)}" for name, reason in record["not_decontaminated"].items()]
+    return lines
+
+
+def render_report(counts: CorpusCounts, shards: list[dict[str, Any]], seconds: float,
+                  decontamination: dict[str, Any] | None = None) -> str:
     mb_in = counts.bytes_in / 1e6
     lines = [
         "# Corpus report",
@@ -134,6 +160,8 @@ def render_report(counts: CorpusCounts, shards: list[dict[str, Any]], seconds: f
     for name, source in counts.per_source.items():
         lines.append(f"| {name} | {source.documents_in:,} | {source.bytes_in / 1e6:.2f} | {source.kept:,} "
                      f"| {source.bytes_kept / 1e6:.2f} | {source.rejected:,} | {source.duplicates:,} |")
+    if decontamination is not None:
+        lines += decontamination_lines(decontamination)
     lines += ["", "## Examples of removed documents", ""]
     for bucket, examples in sorted(counts.examples.items()):
         lines += [f"### {bucket}", ""]

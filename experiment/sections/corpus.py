@@ -151,6 +151,35 @@ class DedupConfig:
 
 
 @dataclass
+class DecontaminationConfig:
+    """Recipe 01 drops (or cuts) what the corpus shares with the benchmarks recipes 05 and 05c read (docs/corpus.md).
+
+    The index holds, per benchmark item, every ``ngram``-gram of its text (normalized words: lower case, ё as е,
+    punctuation dropped); a piece of an item shorter than ``ngram`` words but of at least ``min_words`` is one gram
+    of its own length (GPT-3's rule: Brown et al. 2020, appendix C)."""
+
+    enabled: bool = True
+    ngram: int = 13  # GPT-3's 13; datatrove's NGramsDecontFilter uses 12, Marin's overlap reports 15
+    min_words: int = 8  # shorter item text is not checked (GPT-3: spurious matches below 8 words)
+    action: Literal["remove", "cut"] = "remove"  # drop the document, or cut the overlapping spans out of it
+    # names from eval/decontam.py's known_benchmarks() (recipe 05's tasks, 05c's as mera:<config>); []: all of them
+    benchmarks: list[str] = field(default_factory=list)
+    # a benchmark whose items cannot be read here: stop before anything is written, or build the corpus and record
+    # 'not decontaminated against X' (the manifest, the report, and recipe 05's line for that task)
+    missing: Literal["error", "record"] = "record"
+    # benchmarks whose only source is the Hugging Face hub (no local file: eval.task_files, eval.bench_dir,
+    # eval.mera_dir) are read from it only when this is on; off, they are recorded as not decontaminated against
+    read_hub: bool = False
+
+    def validate(self, key: str) -> None:
+        _require(1 <= self.ngram <= 64, f"{key}.ngram", f"{self.ngram} must be between 1 and 64 words")
+        _require(1 <= self.min_words <= self.ngram, f"{key}.min_words",
+                 f"{self.min_words} must be between 1 and ngram ({self.ngram})")
+        duplicated = sorted({name for name in self.benchmarks if self.benchmarks.count(name) > 1})
+        _require(not duplicated, f"{key}.benchmarks", f"{duplicated} repeats")
+
+
+@dataclass
 class CorpusConfig:
     sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig(kind="debian")])
     min_chars: int = 200
@@ -164,6 +193,7 @@ class CorpusConfig:
     langid: LangIdConfig = field(default_factory=LangIdConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
+    decontamination: DecontaminationConfig = field(default_factory=DecontaminationConfig)
     # the document filters: ours (the quality: section), or FineWeb-2's Russian set with its published
     # thresholds (data_prep.corpus.quality.FINEWEB2_RUS; its lingua threshold replaces langid.min_confidence)
     filters: Literal["default", "fineweb2-rus"] = "default"
