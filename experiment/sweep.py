@@ -7,6 +7,9 @@ the config is then the YAML with that variant's overrides applied, its ``experim
 ``<sweep name>-<variant name>`` (its own run folder) and its W&B group the sweep's name, so every
 variant's runs share one group. Plain data here (no config import): ``experiment.config`` applies
 the overrides while it loads.
+
+``experiment.anneal`` (experiment/sections/anneal.py) is a third form: an anneal comparison, whose runs
+(the control mixture and each candidate, each seed) are expanded here as variants named ``<mixture>-seed<N>``.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experiment.errors import ConfigError, echo
+
+if TYPE_CHECKING:
+    from experiment.sections.anneal import AnnealConfig
 
 NAME_KEY = "name"  # a variant's own name among its overrides
 
@@ -52,9 +58,62 @@ def _check_keys(overrides: Mapping[str, Any], where: str) -> None:
                               "come from the sweep)")
 
 
+def anneal_run_name(mixture: str, seed: int) -> str:
+    """An anneal comparison's run of ``mixture`` (control or a candidate) from ``seed``."""
+    return f"{mixture}-seed{seed}"
+
+
+def parent_shards(parent: str, run_root: str) -> str:
+    """The shards folder of the anneal's parent: an experiment name is a folder under the run root."""
+    plain = "/" not in parent and "\\" not in parent and "://" not in parent
+    return f"{run_root.rstrip('/')}/{parent}/shards" if plain else f"{parent.rstrip('/')}/shards"
+
+
+def anneal_variants(anneal: AnnealConfig, run_root: str) -> list[Variant]:
+    """The runs of an anneal comparison: for each mixture (control first) and each seed, a decay branch of the
+    parent's checkpoint reading that mixture from the start of its own stream (``train.branch_data: own``), all
+    with the same steps and the same decay, and evaluated on every set the comparison names."""
+    shards = {name: folder or parent_shards(anneal.parent, run_root) for name, folder in anneal.sets.items()}
+    used = [name for name in anneal.sets if any(name in mixture for mixture in anneal.mixtures().values())]
+    common = {"train.branch_from": anneal.parent, "train.branch_step": anneal.step, "train.branch_data": "own",
+              "train.steps": anneal.step + anneal.steps, "train.schedule": "wsd", "train.decay": anneal.decay,
+              # the decay spans every anneal step: the learning rate falls from the stable rate at the parent's
+              # checkpoint to train.min_lr_ratio of it at the last step, as Marin's default_anneal does
+              "train.decay_steps": anneal.steps, "train.mixture_schedule": [],
+              "eval.validation_sets": {name: shards[name] for name in used}}
+    return [Variant(anneal_run_name(name, seed),
+                    {**common, "train.mixture": [{"name": set_name, "shards": shards[set_name], "weight": weight}
+                                                 for set_name, weight in mixture.items()],
+                     "experiment.seed": seed})
+            for name, mixture in anneal.mixtures().items() for seed in anneal.seeds]
+
+
+def typed_anneal(anneal: Any) -> AnnealConfig | None:
+    """``experiment.anneal`` as its section (a YAML mapping is built and checked as the config's loader does);
+    None where the config declares no anneal comparison."""
+    from experiment.sections.anneal import AnnealConfig
+
+    if anneal is None:
+        return None
+    if not isinstance(anneal, AnnealConfig):
+        if not isinstance(anneal, Mapping):
+            raise ConfigError(f"config key 'experiment.anneal': expected a mapping, got {echo(anneal)}")
+        from experiment.config import build_dataclass  # the loader imports this module: imported when used
+
+        anneal = build_dataclass(AnnealConfig, dict(anneal), "experiment.anneal")
+    return anneal if anneal.declared() else None
+
+
 def expand_variants(variants: list[Mapping[str, Any]] | None, grid: Mapping[str, list[Any]] | None,
-                    ) -> list[Variant]:
-    """The sweep's variants: the listed ones in order, then every combination of the grid."""
+                    anneal: Any = None, run_root: str = "runs") -> list[Variant]:
+    """The sweep's variants: the listed ones in order, then every combination of the grid; or the runs of
+    ``anneal`` (``experiment.anneal``: a mapping or its section), whose run folders are under ``run_root``."""
+    comparison = typed_anneal(anneal)
+    if comparison is not None:
+        if variants or grid:
+            raise ConfigError("config key 'experiment.anneal': an anneal comparison makes its own runs; leave "
+                              "experiment.variants and experiment.grid empty")
+        return anneal_variants(comparison, run_root)
     found: list[Variant] = []
     for index, entry in enumerate(variants or []):
         where = f"experiment.variants[{index}]"
@@ -99,11 +158,13 @@ def select_variant(experiment_tree: Mapping[str, Any]) -> Variant | None:
     chosen = experiment_tree.get("variant") or ""
     if not chosen:
         return None
-    variants = expand_variants(experiment_tree.get("variants"), experiment_tree.get("grid"))
+    variants = expand_variants(experiment_tree.get("variants"), experiment_tree.get("grid"),
+                               experiment_tree.get("anneal"), str(experiment_tree.get("run_root") or "runs"))
     for variant in variants:
         if variant.name == chosen:
             return variant
-    known = ", ".join(v.name for v in variants) or "none declared (experiment.variants / experiment.grid)"
+    known = ", ".join(v.name for v in variants) or ("none declared (experiment.variants / experiment.grid / "
+                                                    "experiment.anneal)")
     raise ConfigError(f"config key 'experiment.variant': no variant named {echo(chosen)}; the variants: {known}")
 
 
@@ -111,7 +172,7 @@ def variant_of(experiment: Any) -> Variant | None:
     """The variant a loaded config's experiment section is (None: a plain experiment or a sweep itself)."""
     if not experiment.variant:
         return None
-    for variant in expand_variants(experiment.variants, experiment.grid):
+    for variant in sweep_variants(experiment):
         if variant.name == experiment.variant:
             return variant
     return None
@@ -119,4 +180,4 @@ def variant_of(experiment: Any) -> Variant | None:
 
 def sweep_variants(experiment: Any) -> list[Variant]:
     """The variants a loaded config declares (empty: no sweep)."""
-    return expand_variants(experiment.variants, experiment.grid)
+    return expand_variants(experiment.variants, experiment.grid, experiment.anneal, experiment.run_root)
