@@ -81,9 +81,12 @@ def anneal_variants(anneal: AnnealConfig, run_root: str) -> list[Variant]:
               # checkpoint to train.min_lr_ratio of it at the last step, as Marin's default_anneal does
               "train.decay_steps": anneal.steps, "train.mixture_schedule": [],
               "eval.validation_sets": {name: shards[name] for name in used}}
+    # each mixture's sets in ``sets`` order: the loader shuffles a set by the seed and its place in the mixture, so
+    # a set at the same place in two mixtures is read in the same order by their runs of one seed (paired runs)
     return [Variant(anneal_run_name(name, seed),
-                    {**common, "train.mixture": [{"name": set_name, "shards": shards[set_name], "weight": weight}
-                                                 for set_name, weight in mixture.items()],
+                    {**common, "train.mixture": [{"name": set_name, "shards": shards[set_name],
+                                                  "weight": mixture[set_name]}
+                                                 for set_name in anneal.sets if set_name in mixture],
                      "experiment.seed": seed})
             for name, mixture in anneal.mixtures().items() for seed in anneal.seeds]
 

@@ -36,6 +36,9 @@ def test_an_anneal_expands_into_branches_of_one_checkpoint_with_the_same_steps_a
     assert variants[0].overrides["train.mixture"] == [{"name": "web", "shards": sets["web"], "weight": 1}]
     assert variants[3].overrides["train.mixture"] == [{"name": "web", "shards": sets["web"], "weight": 3},
                                                       {"name": "books", "shards": sets["books"], "weight": 1}]
+    # a mixture's sets in the order of sets: a set keeps its place (its shuffle) in every mixture that has it
+    reordered = expand_variants(None, None, {**ANNEAL, "candidates": {"b": {"books": 1, "web": 3}}}, "/runs")
+    assert [s["name"] for s in reordered[3].overrides["train.mixture"]] == ["web", "books"]
     # a parent given as a folder: its own shards/
     folder = expand_variants(None, None, {**ANNEAL, "parent": "/elsewhere/long"}, "/runs")
     assert folder[0].overrides["train.mixture"][0]["shards"] == "/elsewhere/long/shards"
