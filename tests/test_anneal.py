@@ -173,3 +173,99 @@ def test_eval_measures_its_validation_sets_beside_the_mixtures(tmp_path: Path) -
     with pytest.raises(ConfigError, match=re.escape("config key 'eval.validation_sets.web': /c is not the shards "
                                                     "folder train.mixture names for the set 'web' (/a)")):
         measured_sets(config({"web": "/c"}), folder)
+
+
+def anneal_sweep(tmp_path: Path, fixture_stages: Path, fixture_pretrained: Path, **anneal: Any) -> Path:
+    """An anneal comparison of the fixture run's checkpoint 3 (a copy in ``tmp_path``): 2 steps on set ``a`` (the
+    control) and on ``a`` + ``b``, seeds 0 and 1; both sets are the fixture corpus sharded with the parent's tokenizer
+    at two validation splits (its own shards have an empty one): 2 of its 7 documents held out, and 5 (those 2 among
+    them), so the sets' bits per byte differ. Returns the sweep's config."""
+    from tests.fixture_run import fixture_config, pretrained_copy, run_copy
+    from tests.recipe_runner import run_recipe
+
+    pretrained_copy(fixture_pretrained, tmp_path)
+    sets = {}
+    for name, percent in (("a", 30.0), ("b", 80.0)):
+        run_recipe("03_shard.py", run_copy(fixture_stages, tmp_path / f"set-{name}", shards={"validation_percent":
+                                                                                              percent}))
+        sets[name] = str(tmp_path / f"set-{name}" / "runs" / "tiny" / "shards")
+    return fixture_config(
+        tmp_path,
+        experiment={"name": "an", "anneal": {"parent": "tiny", "step": 3, "steps": 2, "seeds": [0, 1], "sets": sets,
+                                             "control": {"a": 1}, "candidates": {"ab": {"a": 1, "b": 1}}, **anneal}},
+        train={"checkpoint_every": 2, "log_every": 1, "warmup_steps": 1},
+        eval={"tasks": [], "train_tasks": [], "max_validation_batches": 2})
+
+
+@pytest.mark.integration
+def test_recipe_08_runs_an_anneal_comparison_and_prints_its_table_with_intervals(
+        tmp_path: Path, fixture_stages: Path, fixture_pretrained: Path, restore_wandb_env: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import csv
+    import json
+    import sys
+
+    from cost.ledger_pricing import summarize_ledger
+    from tests.recipe_runner import run_in_process, run_recipe
+
+    def stage_in_process(recipe: str, argv: list[str]) -> int:  # as tests/test_sweep.py: recipe 08's stages in here
+        proc = run_in_process(Path(recipe).name, argv)
+        print(proc.stdout, end="")
+        print(proc.stderr, end="", file=sys.stderr)
+        return proc.returncode
+
+    monkeypatch.setattr("tracking.sweep.recipe_exit_code", stage_in_process)
+    config = anneal_sweep(tmp_path, fixture_stages, fixture_pretrained)
+    printed = run_recipe("08_sweep.py", config, timeout=600).stdout  # recipe 06's print, in recipe 08's output
+
+    runs = tmp_path / "runs"
+    reports = runs / "an" / "reports"
+    per_run = list(csv.DictReader((reports / "anneal_runs.csv").open(encoding="utf-8")))
+    names = ["an-control-seed0", "an-control-seed1", "an-ab-seed0", "an-ab-seed1"]
+    assert [r["experiment"] for r in per_run] == names
+    parent_total = summarize_ledger(runs / "tiny" / "ledger").rub_total
+    inherited = []
+    for row in per_run:
+        results = json.loads((runs / row["experiment"] / "eval" / "step_0000005.json").read_text(encoding="utf-8"))
+        for name in ("a", "b"):  # every run measured on both sets, the control's too
+            assert float(row[f"bpb_{name}"]) == results["validation_by_set"][name]["bits_per_byte"]
+        assert row["bpb_a"] != row["bpb_b"]
+        total = summarize_ledger(runs / row["experiment"] / "ledger").rub_total
+        assert float(row["rub_total"]) == pytest.approx(total)
+        assert 0 < float(row["rub_own"]) < total
+        inherited.append(total - float(row["rub_own"]))
+    # every run inherited the same rubles: the parent's up to its checkpoint 3, less than its whole 6 steps
+    assert inherited == pytest.approx([inherited[0]] * 4) and inherited[0] < parent_total
+    bpb = {(r["experiment"], name): float(r[f"bpb_{name}"]) for r in per_run for name in ("a", "b")}
+    assert bpb["an-control-seed0", "a"] != bpb["an-control-seed1", "a"]  # the seeds read the data in other orders
+
+    rows = list(csv.DictReader((reports / "anneal.csv").open(encoding="utf-8")))
+    assert [(r["candidate"], r["data_set"]) for r in rows] == [("ab", "a"), ("ab", "b")]
+    for row in rows:
+        name = row["data_set"]
+        control = [bpb[f"an-control-seed{seed}", name] for seed in (0, 1)]
+        candidate = [bpb[f"an-ab-seed{seed}", name] for seed in (0, 1)]
+        paired = stats.ttest_rel(candidate, control).confidence_interval(0.95)
+        assert (float(row["difference_low"]), float(row["difference_high"])) == pytest.approx((paired.low,
+                                                                                               paired.high))
+        own = stats.ttest_1samp(control, 0.0).confidence_interval(0.95)
+        assert (float(row["control_low"]), float(row["control_high"])) == pytest.approx((own.low, own.high))
+        assert float(row["control_low"]) < float(row["control_mean"]) < float(row["control_high"])
+        assert float(row["rub_candidate"]) == pytest.approx(np.mean([float(r["rub_own"]) for r in per_run[2:]]))
+    # the table in the log, as a CI log shows it, and in Markdown
+    assert "Anneal comparison: 2 seeds, 2 steps from tiny step 3" in printed
+    assert "candidate - control" in printed and rows[0]["difference"].split(" [")[0] in printed
+    assert "| ab | a |" in (reports / "anneal.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.integration
+def test_an_anneal_from_a_step_the_parent_never_saved_writes_nothing(
+        tmp_path: Path, fixture_stages: Path, fixture_pretrained: Path) -> None:
+    from experiment.errors import RecipeError
+    from tracking.sweep import run_sweep
+
+    config = anneal_sweep(tmp_path, fixture_stages, fixture_pretrained, step=4)
+    with pytest.raises(RecipeError, match=re.escape("config key 'experiment.anneal.step': no checkpoint of step 4 in "
+                                                    f"{tmp_path / 'runs' / 'tiny' / 'checkpoints'}")):
+        run_sweep(str(config), [])
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["tiny"]  # no sweep or run folder
