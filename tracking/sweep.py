@@ -12,9 +12,10 @@ The variants share one corpus, tokenizer and shards: those of ``experiment.data_
 experiment under the same run root, e.g. the demo's), else the sweep's own folder; recipes 01-03 run
 there first when its shards are missing, and each variant's folder links to them.
 
-An anneal comparison (``experiment.anneal``) runs the same way, its runs being decay branches of the
-parent's checkpoint: they read the parent's tokenizer and the sets' shards, which must exist (checked
-before anything is written), so no recipe 01-03 runs; recipe 06 then adds the comparison's table.
+An anneal comparison (``experiment.anneal``) runs the same way, its runs being stages of the parent's
+checkpoint (``train.branch_data: own``): they read the parent's tokenizer and the sets' shards, which
+must exist (checked before anything is written), so no recipe 01-03 runs, and each run's shards/ links
+to the parent's; recipe 06 then adds the comparison's table.
 """
 
 from __future__ import annotations
@@ -72,10 +73,10 @@ def ensure_data(cfg: ExperimentConfig, config: str, overrides: list[str]) -> Run
     return folder
 
 
-def link_data(variant_folder: RunFolder, data: RunFolder) -> None:
-    """The variant's corpus/, tokenizer/ and shards/ link to the shared ones (where it has none of its own),
-    read-only for the variant (experiment/links.py)."""
-    link_stages(variant_folder, data, DATA_STAGES, "sweep")
+def link_data(variant_folder: RunFolder, data: RunFolder, stages: tuple[Stage, ...] = DATA_STAGES) -> None:
+    """The variant's corpus/, tokenizer/ and shards/ (or ``stages``' folders) link to the shared ones (where it has
+    none of its own), read-only for the variant (experiment/links.py)."""
+    link_stages(variant_folder, data, stages, "sweep")
 
 
 def finished(cfg: ExperimentConfig) -> bool:
@@ -100,8 +101,8 @@ def check_anneal_inputs(cfg: ExperimentConfig, first_run: ExperimentConfig) -> N
                               f"recipes 01-03 for that data with the parent's tokenizer first)")
 
 
-def run_variant(variant: Variant, index: int, total: int, config: str, overrides: list[str],
-                data: RunFolder | None) -> str:
+def run_variant(variant: Variant, index: int, total: int, config: str, overrides: list[str], data: RunFolder,
+                stages: tuple[Stage, ...] = DATA_STAGES) -> str:
     """Recipes 04 and 05 for one variant unless it is done; returns what happened."""
     variant_overrides = [*overrides, f"experiment.variant={variant.name}"]
     cfg = load_config(config, variant_overrides)
@@ -110,8 +111,7 @@ def run_variant(variant: Variant, index: int, total: int, config: str, overrides
         log.info("sweep: variant %d/%d '%s' (%s) is done: skipped", index, total, variant.name, what)
         return "skipped"
     log.info("sweep: variant %d/%d '%s' (%s) in %s", index, total, variant.name, what, RunFolder.for_config(cfg).root)
-    if data is not None:  # an anneal's runs are branches: they link their parent's tokenizer themselves
-        link_data(RunFolder.for_config(cfg), data)
+    link_data(RunFolder.for_config(cfg), data, stages)
     started = time.monotonic()
     for stage in VARIANT_STAGES:
         run_stage(stage, config, variant_overrides)
@@ -140,8 +140,15 @@ def run_sweep(config: str, overrides: list[str], compare: bool = True) -> dict[s
     # one sweep at a time in its folder (a double submit); no deadlock with its stages: they run in processes
     # of their own and each locks its own stage, never this lock
     with hold(lock_path(RunFolder.for_config(cfg), SWEEP), SWEEP):
-        data = ensure_data(cfg, config, overrides) if anneal is None else None
-        done = {v.name: run_variant(v, i, len(variants), config, overrides, data) for i, v in enumerate(variants, 1)}
+        if anneal is None:
+            data, stages = ensure_data(cfg, config, overrides), DATA_STAGES
+        else:
+            # an anneal's runs are stages (train.branch_data: own) that link their parent's tokenizer themselves and
+            # read train.mixture; recipe 04 also reads the run's own shards/ manifest (its tokenizer and length),
+            # which the parent's shards give: the same tokenizer, and an anneal keeps the parent's length
+            data, stages = branch_parent(variant_cfgs[0]), (SHARDS,)
+        done = {v.name: run_variant(v, i, len(variants), config, overrides, data, stages)
+                for i, v in enumerate(variants, 1)}
         if compare:
             run_stage(COMPARE, config, overrides)
     return done
