@@ -53,10 +53,10 @@ class Interval:
     high: float
     n: int
 
-    def text(self, digits: int = 4) -> str:
-        if math.isnan(self.low):
-            return f"{self.mean:.{digits}f}"
-        return f"{self.mean:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+    def text(self, digits: int = 4, signed: bool = False) -> str:
+        """``mean ± half-width`` (a t-interval is symmetric), or the mean alone without an interval."""
+        mean = f"{self.mean:+.{digits}f}" if signed else f"{self.mean:.{digits}f}"
+        return mean if math.isnan(self.low) else f"{mean} ± {(self.high - self.low) / 2:.{digits}f}"
 
 
 def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
@@ -82,10 +82,10 @@ def verdict(difference: Interval) -> str:
     if math.isnan(difference.low):
         return "one seed: no interval"
     if difference.high < 0:
-        return "candidate better"
+        return "better"
     if difference.low > 0:
-        return "candidate worse"
-    return "no difference at 95%"
+        return "worse"
+    return "not different"
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def comparison_rows(runs: Sequence[AnnealRun], candidates: Sequence[str], sets: 
             rows.append({
                 "candidate": candidate, "data_set": data_set, "seeds": difference.n,
                 "control_bpb": control_bpb.text(), "candidate_bpb": candidate_bpb.text(),
-                "difference": difference.text(), "verdict": verdict(difference),
+                "difference": difference.text(signed=True), "verdict": verdict(difference),
                 "control_mean": control_bpb.mean, "control_low": control_bpb.low, "control_high": control_bpb.high,
                 "candidate_mean": candidate_bpb.mean, "candidate_low": candidate_bpb.low,
                 "candidate_high": candidate_bpb.high,
@@ -170,10 +170,10 @@ def comparison_rows(runs: Sequence[AnnealRun], candidates: Sequence[str], sets: 
 COMPARISON_COLUMNS = (
     Column("candidate", "candidate"),
     Column("data_set", "data set"),
-    Column("control_bpb", "control bpb [95%]"),
-    Column("candidate_bpb", "candidate bpb [95%]"),
-    Column("difference", "candidate - control [95%, paired]"),
-    Column("verdict", "verdict"),
+    Column("control_bpb", "control ± 95%"),
+    Column("candidate_bpb", "candidate ± 95%"),
+    Column("difference", "difference ± 95%"),
+    Column("verdict", "candidate is"),
     Column("seeds", "seeds", terminal=False),
     *(Column(key, key, "{:.6f}", terminal=False) for key in (
         "control_mean", "control_low", "control_high", "candidate_mean", "candidate_low", "candidate_high",
@@ -210,11 +210,11 @@ def anneal_report(cfg: ExperimentConfig, sweep_folder: RunFolder) -> list[dict[s
     write_table(rows, COMPARISON_COLUMNS, reports / COMPARISON_REPORT,
                 f"Anneal comparison: {len(anneal.seeds)} seeds, {anneal.steps} steps from {anneal.parent} step "
                 f"{anneal.step}", preamble=f"Mixtures (set weight): {mixtures}.",
-                notes=["bpb: held-out (validation split) bits per byte of each data set at the last step, lower is "
-                       "better; mean over seeds [95% Student-t interval]",
-                       "candidate - control: the per-seed differences (the same seed: the same data order of the "
-                       "shared sets), their mean [95% t-interval, n - 1 degrees of freedom]; 'candidate better' when "
-                       "the whole interval is below 0",
+                notes=["control, candidate: held-out (validation split) bits per byte of the data set at the last "
+                       "step, lower is better: the mean over seeds ± the half-width of its 95% Student-t interval",
+                       "difference: candidate - control bits per byte paired by seed (a seed reads the sets both "
+                       "mixtures have in the same order), their mean ± its 95% t-interval (n - 1 degrees of "
+                       "freedom); the candidate is better or worse when the interval excludes 0",
                        "RUB / run: each mixture's mean own rubles per run (the anneal alone, not the parent's)"])
     log.info("anneal comparison: %d runs, %d candidate(s) x %d set(s)", len(runs), len(anneal.candidates), len(sets))
     return rows

@@ -94,6 +94,7 @@ def test_the_t_interval_is_scipys_one_sample_interval() -> None:
     # two values: mean +- t(0.975, 1) x s / sqrt(2), t(0.975, 1) = 12.7062 (any table of Student's t)
     two = t_interval([1.0, 3.0])
     assert (two.low, two.high) == pytest.approx((2.0 - 12.7062, 2.0 + 12.7062), abs=1e-4)
+    assert two.text() == "2.0000 ± 12.7062" and two.text(signed=True) == "+2.0000 ± 12.7062"
     one = t_interval([1.5])  # no spread to measure: no interval, and the table says so
     assert one.mean == 1.5 and np.isnan(one.low) and one.text() == "1.5000"
     assert verdict(one) == "one seed: no interval"
@@ -122,8 +123,8 @@ def test_pairing_by_seed_sees_a_difference_the_seeds_spread_hides() -> None:
     rows = {r["data_set"]: r for r in comparison_rows(runs, ["books-25"], ["web", "books"])}
     books = rows["books"]
     assert books["candidate_low"] < books["control_high"]  # the unpaired intervals overlap
-    assert books["difference_high"] < 0 and books["verdict"] == "candidate better"
-    assert rows["web"]["difference_low"] > 0 and rows["web"]["verdict"] == "candidate worse"
+    assert books["difference_high"] < 0 and books["verdict"] == "better"
+    assert rows["web"]["difference_low"] > 0 and rows["web"]["verdict"] == "worse"
     assert books["control_bpb"] == t_interval([2.40, 2.46, 2.43]).text()
     assert books["seeds"] == 3
     assert (books["rub_control"], books["rub_candidate"], books["rub_candidate_total"]) == pytest.approx((0.6, 1.0,
@@ -254,7 +255,7 @@ def test_recipe_08_runs_an_anneal_comparison_and_prints_its_table_with_intervals
         assert float(row["rub_candidate"]) == pytest.approx(np.mean([float(r["rub_own"]) for r in per_run[2:]]))
     # the table in the log, as a CI log shows it, and in Markdown
     assert "Anneal comparison: 2 seeds, 2 steps from tiny step 3" in printed
-    assert "candidate - control" in printed and rows[0]["difference"].split(" [")[0] in printed
+    assert "difference ± 95%" in printed and rows[0]["difference"].split(" ± ")[0] in printed
     assert "| ab | a |" in (reports / "anneal.md").read_text(encoding="utf-8")
 
 
