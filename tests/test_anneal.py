@@ -260,7 +260,7 @@ def test_recipe_08_runs_an_anneal_comparison_and_prints_its_table_with_intervals
 
 
 @pytest.mark.integration
-def test_an_anneal_from_a_step_the_parent_never_saved_writes_nothing(
+def test_an_anneal_from_a_missing_step_or_set_writes_nothing(
         tmp_path: Path, fixture_stages: Path, fixture_pretrained: Path) -> None:
     from experiment.errors import RecipeError
     from tracking.sweep import run_sweep
@@ -269,4 +269,9 @@ def test_an_anneal_from_a_step_the_parent_never_saved_writes_nothing(
     with pytest.raises(RecipeError, match=re.escape("config key 'experiment.anneal.step': no checkpoint of step 4 in "
                                                     f"{tmp_path / 'runs' / 'tiny' / 'checkpoints'}")):
         run_sweep(str(config), [])
+    # a set whose shards were never made
+    nowhere = tmp_path / "nowhere" / "shards"
+    with pytest.raises(RecipeError, match=re.escape(f"config key 'experiment.anneal.sets.b': no finished shards in "
+                                                    f"{nowhere}")):
+        run_sweep(str(config), ["experiment.anneal.step=3", f"experiment.anneal.sets.b={nowhere}"])
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["tiny"]  # no sweep or run folder
