@@ -106,7 +106,6 @@ demo-stage: setup
 demo-anneal: setup
 	@test -d runs/demo/checkpoints/150 || $(MAKE) demo
 	$(PY) recipes/01_build_corpus.py --config recipes/configs/demo_lit.yaml
-	$(PY) recipes/02_train_tokenizer.py --config recipes/configs/demo_lit.yaml
 	$(PY) recipes/03_shard.py --config recipes/configs/demo_lit.yaml
 	$(PY) recipes/08_sweep.py --config recipes/configs/demo_anneal.yaml
 

@@ -34,9 +34,8 @@ from experiment.errors import MissingStageError
 from experiment.jsontext import parse_json
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
-from experiment.sections.anneal import CONTROL, AnnealConfig
 from experiment.stages import EVAL
-from experiment.sweep import anneal_run_name, sweep_name, variant_experiment_name
+from experiment.sweep import CONTROL, AnnealConfig, anneal_run_name, sweep_name, variant_experiment_name
 
 log = logging.getLogger("cost.anneal")
 LEVEL = 0.95  # the intervals' confidence level

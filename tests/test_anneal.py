@@ -12,18 +12,23 @@ import pytest
 from scipy import stats
 
 from cost.anneal import AnnealRun, comparison_rows, ledger_rubles, paired_differences, t_interval, verdict
-from experiment.config import build_config
+from experiment.config import build_config, build_dataclass
 from experiment.errors import ConfigError
 from experiment.runfolder import RunFolder
-from experiment.sweep import expand_variants
+from experiment.sweep import AnnealConfig, expand_variants
 
 ANNEAL: dict[str, Any] = {"parent": "long", "step": 100, "steps": 20, "seeds": [0, 1],
                           "sets": {"web": "", "books": "/data/books/shards"},
                           "control": {"web": 1}, "candidates": {"books-25": {"web": 3, "books": 1}}}
 
 
+def anneal_section(**change: Any) -> AnnealConfig:
+    """``ANNEAL`` with ``change``, built as the config's loader builds the section."""
+    return build_dataclass(AnnealConfig, {**ANNEAL, **change}, "experiment.anneal")
+
+
 def test_an_anneal_expands_into_branches_of_one_checkpoint_with_the_same_steps_and_decay() -> None:
-    variants = expand_variants(None, None, ANNEAL, "/runs")
+    variants = expand_variants(None, None, anneal_section(), "/runs")
     assert [v.name for v in variants] == ["control-seed0", "control-seed1", "books-25-seed0", "books-25-seed1"]
     sets = {"web": "/runs/long/shards", "books": "/data/books/shards"}  # "": the parent's shards
     for variant in variants:
@@ -37,10 +42,10 @@ def test_an_anneal_expands_into_branches_of_one_checkpoint_with_the_same_steps_a
     assert variants[3].overrides["train.mixture"] == [{"name": "web", "shards": sets["web"], "weight": 3},
                                                       {"name": "books", "shards": sets["books"], "weight": 1}]
     # a mixture's sets in the order of sets: a set keeps its place (its shuffle) in every mixture that has it
-    reordered = expand_variants(None, None, {**ANNEAL, "candidates": {"b": {"books": 1, "web": 3}}}, "/runs")
+    reordered = expand_variants(None, None, anneal_section(candidates={"b": {"books": 1, "web": 3}}), "/runs")
     assert [s["name"] for s in reordered[3].overrides["train.mixture"]] == ["web", "books"]
     # a parent given as a folder: its own shards/
-    folder = expand_variants(None, None, {**ANNEAL, "parent": "/elsewhere/long"}, "/runs")
+    folder = expand_variants(None, None, anneal_section(parent="/elsewhere/long"), "/runs")
     assert folder[0].overrides["train.mixture"][0]["shards"] == "/elsewhere/long/shards"
 
 

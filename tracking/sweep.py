@@ -35,7 +35,7 @@ from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import COMPARE, EVAL, PRETRAIN, SHARDS, Stage
 from experiment.storage import location
-from experiment.sweep import Variant, sweep_name, sweep_variants, typed_anneal
+from experiment.sweep import Variant, declared_anneal, sweep_name, sweep_variants
 from tracking.harness import make_parser, setup_logging
 
 log = logging.getLogger("tracking.sweep")
@@ -129,7 +129,7 @@ def run_sweep(config: str, overrides: list[str], compare: bool = True) -> dict[s
     if not variants:
         raise RecipeError(f"{config}: declares no variants: add experiment.variants (a list of overrides), "
                           "experiment.grid (key: [values]) or experiment.anneal")
-    anneal = typed_anneal(cfg.experiment.anneal)
+    anneal = declared_anneal(cfg.experiment.anneal)
     # every variant's checks of its stages before the sweep writes its lock or its data (experiment/check.py)
     variant_cfgs = [load_config(config, [*overrides, f"experiment.variant={v.name}"]) for v in variants]
     for variant_cfg in variant_cfgs:

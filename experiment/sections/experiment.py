@@ -5,9 +5,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from experiment.errors import ConfigError, echo
-from experiment.sections.anneal import AnnealConfig
 from experiment.storage.urls import check_location
-from experiment.sweep import expand_variants
+from experiment.sweep import AnnealConfig, expand_variants
 
 
 @dataclass
@@ -21,7 +20,7 @@ class ExperimentSection:
     variants: list[dict[str, Any]] = field(default_factory=list)
     grid: dict[str, list[Any]] = field(default_factory=dict)  # dotted key -> values: every combination a variant
     # an anneal comparison (recipe 08): one checkpoint annealed on a control and candidate mixtures, from several
-    # seeds each, compared by bits per byte per data set (experiment/sections/anneal.py)
+    # seeds each, compared by bits per byte per data set (experiment/sweep.py's AnnealConfig)
     anneal: AnnealConfig = field(default_factory=AnnealConfig)
     variant: str = ""  # the variant this run is (set by recipe 08; its overrides are applied at load)
     group: str = ""  # W&B group; empty: the experiment's name (a variant: its sweep's name, set at load)
