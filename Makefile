@@ -18,8 +18,8 @@ unexport PYTHONDONTWRITEBYTECODE
 # five venvs are built from the same wheels: a pip cache would only hold a second copy of them on disk
 export PIP_NO_CACHE_DIR := 1
 
-.PHONY: setup check demo demo-bucket storage-servers storage-emulators generate demo-sweep demo-stage test test-base test-extras \
-	install-extras lint clean-demo launch-engines test-extra-launch
+.PHONY: setup check demo demo-bucket storage-servers storage-emulators generate demo-sweep demo-stage demo-anneal test test-base \
+	test-extras install-extras lint clean-demo launch-engines test-extra-launch
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -99,6 +99,15 @@ demo-stage: setup
 	$(PY) recipes/04_pretrain.py --config $(STAGE_1024)
 	$(PY) recipes/05_evaluate.py --config $(STAGE_1024) eval.checkpoint_step=325
 	$(PY) recipes/05_evaluate.py --config $(STAGE_1024)
+
+# An anneal comparison on the demo's run (made first when runs/demo has no checkpoints): its checkpoint 150 annealed
+# on the demo's Debian documentation and on a mixture adding Pushkin's prose (the shared data's ruslit, sharded with
+# the demo's tokenizer), three seeds each; bits per byte per data set with 95% intervals, and rubles
+demo-anneal: setup
+	@test -d runs/demo/checkpoints/150 || $(MAKE) demo
+	$(PY) recipes/01_build_corpus.py --config recipes/configs/demo_lit.yaml
+	$(PY) recipes/03_shard.py --config recipes/configs/demo_lit.yaml
+	$(PY) recipes/08_sweep.py --config recipes/configs/demo_anneal.yaml
 
 # The README's test command: the base suite, then each optional extra in its own venv (Beam pins
 # protobuf below 7 and TensorFlow is 1.4 GB, so they never share the base environment). Three steps:

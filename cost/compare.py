@@ -7,7 +7,8 @@ none), the final loss, and the eval score from the eval run; where W&B has neith
 deleted, or W&B was disabled) they come from the run folder: the last loss in ``train_log.jsonl``,
 the scores of the newest ``eval/step_N.json``. It prints one row per experiment,
 writes ``reports/costs.md`` / ``.csv`` and two PNG plots (loss against rubles from the pretrain
-history, eval score against rubles), and logs them to the compare run in W&B.
+history, eval score against rubles), and logs them to the compare run in W&B. An anneal comparison
+(``experiment.anneal``) adds its table of bits per byte per data set with intervals (cost/anneal.py).
 """
 
 from __future__ import annotations
@@ -498,4 +499,8 @@ def compare_costs(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) 
     files = write_table(rows, columns, reports / "costs", "Experiment costs in rubles", notes=notes,
                         terminal_columns=terminal_order(rows, columns))
     log_to_wandb(wandb_run, "costs", rows, columns, images, files, artifact_type="cost-report")
+    if cfg.experiment.anneal.declared() and not cfg.experiment.variant:
+        from cost.anneal import anneal_report  # an anneal comparison's table of bits per byte per data set
+
+        anneal_report(cfg, run_folder)
     return rows

@@ -28,13 +28,15 @@ from eval.report import render_markdown, results_rows
 from eval.scoring import LogitsFn, model_logits_fn
 from eval.tasks import GENERATIVE_TASKS, PASSKEY, check_task_names, get_task
 from experiment.config import redact
-from experiment.errors import DataError, RecipeError, WriteError
+from experiment.errors import ConfigError, DataError, RecipeError, WriteError
 from experiment.files import atomic_write_json, atomic_write_text, write_errno, write_error
+from experiment.links import resolved
 from experiment.manifest import invalidate
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.eval import EvalConfig
 from experiment.stages import EVAL, EXPORT, SHARDS
+from experiment.storage import location
 from tokenizer.loaded import RunTokenizer, load_run_tokenizer
 from tracking.artifacts import add_files
 
@@ -323,6 +325,21 @@ def flat_metrics(results: dict[str, Any], prefix: str = "eval") -> dict[str, flo
     return flat
 
 
+def measured_sets(cfg: ExperimentConfig, run_folder: RunFolder) -> list[tuple[str, Path, float]]:
+    """The shard sets whose validation splits are measured apart: train.mixture's, then eval.validation_sets' that
+    the mixture does not name (weight 0: none is trained on); a name both give must be the same folder."""
+    sets = mixture_sets(cfg.train.mixture, run_folder.shards)
+    folders = {name: folder for name, folder, _ in sets}
+    for name, shards in cfg.eval.validation_sets.items():
+        folder = location(shards, "eval.validation_sets") if shards else location(run_folder.shards)
+        if name not in folders:
+            sets.append((name, folder, 0.0))
+        elif resolved(folders[name]) != resolved(folder):
+            raise ConfigError(f"config key 'eval.validation_sets.{name}': {folder} is not the shards folder "
+                              f"train.mixture names for the set {name!r} ({folders[name]})")
+    return sets
+
+
 def max_len_of(cfg: ExperimentConfig, meta: dict[str, Any] | None = None) -> int:
     """The length the model was trained on (its checkpoint's), not what the config says now."""
     meta = meta or {}
@@ -347,7 +364,7 @@ def evaluate_model(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, ste
         validation_batches=eval_cfg.train_validation_batches if subset else eval_cfg.max_validation_batches,
         # held-out texts whole at every eval: bits per byte on text no split of the corpus holds, against rubles
         heldout_files=eval_cfg.heldout_text_files,
-        mixture=mixture_sets(cfg.train.mixture, run_folder.shards),
+        mixture=measured_sets(cfg, run_folder),
     )
     log_task_results(results["tasks"])
     flat = flat_metrics(results)
@@ -472,7 +489,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
                              tasks=eval_cfg.tasks, max_items=eval_cfg.max_items_per_task,
                              validation_batches=eval_cfg.max_validation_batches,
                              heldout_files=eval_cfg.heldout_text_files,
-                             mixture=mixture_sets(cfg.train.mixture, run_folder.shards)))
+                             mixture=measured_sets(cfg, run_folder)))
     if eval_cfg.random_init_baseline and results["tasks"]:
         # the run's step 0: the same items scored by the untrained model (tasks only, no bits per byte)
         random_started = time.perf_counter()
@@ -501,7 +518,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
                                tasks=list(results["tasks"]), max_items=eval_cfg.max_items_per_task,
                                validation_batches=eval_cfg.max_validation_batches,
                                heldout_files=eval_cfg.heldout_text_files,
-                               mixture=mixture_sets(cfg.train.mixture, run_folder.shards))
+                               mixture=measured_sets(cfg, run_folder))
             del base
             add_base_model(results, scored, info)
             if "val_bpb_change" in results["base_model"]:

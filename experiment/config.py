@@ -33,7 +33,7 @@ from experiment.presets import preset_fields
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import family_axis_rules, model_section_class
 from experiment.sections.train import BASE_MESH_AXES, CONTEXT_AXIS, TrainConfig
-from experiment.sweep import select_variant, variant_experiment_name
+from experiment.sweep import AnnealConfig, select_variant, variant_experiment_name
 
 _ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # Variables that hold credentials, by name (case-insensitive): any name containing TOKEN, SECRET, PASSWORD,
@@ -361,11 +361,22 @@ def resolve_model_tree(model_tree: dict[str, Any], explicit: set[str], family: s
     return {**model_tree, **filled}
 
 
+def variant_anneal(experiment: dict[str, Any]) -> AnnealConfig | None:
+    """A variant's ``experiment.anneal`` built as its section (checked as at load), to expand its runs from before
+    the tree is built; None where the tree selects no variant or declares no anneal comparison."""
+    anneal = experiment.get("anneal")
+    if anneal is None or not experiment.get("variant"):
+        return None
+    if not isinstance(anneal, dict):
+        raise ConfigError(f"config key 'experiment.anneal': expected a mapping, got {echo(anneal)}")
+    return build_dataclass(AnnealConfig, anneal, "experiment.anneal")
+
+
 def apply_variant(tree: dict[str, Any]) -> dict[str, Any]:
     """The tree of the variant ``experiment.variant`` names (experiment.sweep): its overrides applied, its
     name ``<sweep>-<variant>`` and its W&B group the sweep's (the same when a resolved config is reloaded)."""
     experiment = tree.get("experiment")
-    variant = select_variant(experiment) if isinstance(experiment, dict) else None
+    variant = select_variant(experiment, variant_anneal(experiment)) if isinstance(experiment, dict) else None
     if variant is None:
         return tree
     tree = copy.deepcopy(tree)

@@ -42,7 +42,8 @@ def test_a_variant_config_is_the_yaml_with_its_overrides() -> None:
      "two variants are named 'a'"),
     ({"grid": {"train.learning_rate": []}}, "'experiment.grid.train.learning_rate': expected a non-empty list"),
     ({"variants": [{"model.d_model": 1}], "variant": "nope"}, "no variant named 'nope'; the variants: d_model-1"),
-    ({"variant": "x"}, "no variant named 'x'; the variants: none declared (experiment.variants / experiment.grid)"),
+    ({"variant": "x"}, "no variant named 'x'; the variants: none declared (experiment.variants / experiment.grid / "
+                          "experiment.anneal)"),
 ])
 def test_bad_sweeps_are_one_config_error(experiment: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -11,6 +11,11 @@ group from the sweep's folder ``<run_root>/<sweep>``.
 The variants share one corpus, tokenizer and shards: those of ``experiment.data_from`` (an
 experiment under the same run root, e.g. the demo's), else the sweep's own folder; recipes 01-03 run
 there first when its shards are missing, and each variant's folder links to them.
+
+An anneal comparison (``experiment.anneal``) runs the same way, its runs being stages of the parent's
+checkpoint (``train.branch_data: own``): they read the parent's tokenizer and the sets' shards, which
+must exist (checked before anything is written), so no recipe 01-03 runs, and each run's shards/ links
+to the parent's; recipe 06 then adds the comparison's table.
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ from pathlib import Path
 from experiment.check import run_stage_checks
 from experiment.config import load_config
 from experiment.errors import RecipeError
-from experiment.links import DATA_STAGES, link_stages
+from experiment.links import DATA_STAGES, branch_parent, link_stages
 from experiment.lock import SWEEP, hold, lock_path
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.stages import COMPARE, EVAL, PRETRAIN, SHARDS, Stage
 from experiment.storage import location
-from experiment.sweep import Variant, sweep_name, sweep_variants
+from experiment.sweep import Variant, declared_anneal, sweep_name, sweep_variants
 from tracking.harness import make_parser, setup_logging
 
 log = logging.getLogger("tracking.sweep")
@@ -68,10 +73,10 @@ def ensure_data(cfg: ExperimentConfig, config: str, overrides: list[str]) -> Run
     return folder
 
 
-def link_data(variant_folder: RunFolder, data: RunFolder) -> None:
-    """The variant's corpus/, tokenizer/ and shards/ link to the shared ones (where it has none of its own),
-    read-only for the variant (experiment/links.py)."""
-    link_stages(variant_folder, data, DATA_STAGES, "sweep")
+def link_data(variant_folder: RunFolder, data: RunFolder, stages: tuple[Stage, ...] = DATA_STAGES) -> None:
+    """The variant's corpus/, tokenizer/ and shards/ (or ``stages``' folders) link to the shared ones (where it has
+    none of its own), read-only for the variant (experiment/links.py)."""
+    link_stages(variant_folder, data, stages, "sweep")
 
 
 def finished(cfg: ExperimentConfig) -> bool:
@@ -80,7 +85,24 @@ def finished(cfg: ExperimentConfig) -> bool:
     return manifest is not None and manifest["latest_step"] == cfg.train.steps
 
 
-def run_variant(variant: Variant, index: int, total: int, config: str, overrides: list[str], data: RunFolder) -> str:
+def check_anneal_inputs(cfg: ExperimentConfig, first_run: ExperimentConfig) -> None:
+    """What an anneal comparison reads, before the sweep writes anything: the parent's checkpoint of the step
+    (``first_run``: a run's config, whose ``train.branch_from`` names the parent's folder) and each set's
+    finished shards; one error line naming the key."""
+    anneal = cfg.experiment.anneal
+    parent = branch_parent(first_run)
+    if parent is None or not (parent.checkpoints / str(anneal.step)).is_dir():
+        where = parent.checkpoints if parent is not None else anneal.parent
+        raise RecipeError(f"config key 'experiment.anneal.step': no checkpoint of step {anneal.step} in {where} "
+                          "(run recipes/04_pretrain.py for the parent first, or name a step it saved)")
+    for name, folder in first_run.eval.validation_sets.items():
+        if SHARDS.read_manifest_if_present(location(folder)) is None:
+            raise RecipeError(f"config key 'experiment.anneal.sets.{name}': no finished shards in {folder} (run "
+                              f"recipes 01-03 for that data with the parent's tokenizer first)")
+
+
+def run_variant(variant: Variant, index: int, total: int, config: str, overrides: list[str], data: RunFolder,
+                stages: tuple[Stage, ...] = DATA_STAGES) -> str:
     """Recipes 04 and 05 for one variant unless it is done; returns what happened."""
     variant_overrides = [*overrides, f"experiment.variant={variant.name}"]
     cfg = load_config(config, variant_overrides)
@@ -89,7 +111,7 @@ def run_variant(variant: Variant, index: int, total: int, config: str, overrides
         log.info("sweep: variant %d/%d '%s' (%s) is done: skipped", index, total, variant.name, what)
         return "skipped"
     log.info("sweep: variant %d/%d '%s' (%s) in %s", index, total, variant.name, what, RunFolder.for_config(cfg).root)
-    link_data(RunFolder.for_config(cfg), data)
+    link_data(RunFolder.for_config(cfg), data, stages)
     started = time.monotonic()
     for stage in VARIANT_STAGES:
         run_stage(stage, config, variant_overrides)
@@ -105,18 +127,28 @@ def run_sweep(config: str, overrides: list[str], compare: bool = True) -> dict[s
                           "recipe 08 runs them all: leave it unset")
     variants = sweep_variants(cfg.experiment)
     if not variants:
-        raise RecipeError(f"{config}: declares no variants: add experiment.variants (a list of overrides) or "
-                          "experiment.grid (key: [values])")
+        raise RecipeError(f"{config}: declares no variants: add experiment.variants (a list of overrides), "
+                          "experiment.grid (key: [values]) or experiment.anneal")
+    anneal = declared_anneal(cfg.experiment.anneal)
     # every variant's checks of its stages before the sweep writes its lock or its data (experiment/check.py)
-    for variant in variants:
-        variant_cfg = load_config(config, [*overrides, f"experiment.variant={variant.name}"])
-        for stage in (*DATA_STAGES, *VARIANT_STAGES, COMPARE):
+    variant_cfgs = [load_config(config, [*overrides, f"experiment.variant={v.name}"]) for v in variants]
+    for variant_cfg in variant_cfgs:
+        for stage in ((*DATA_STAGES,) if anneal is None else ()) + (*VARIANT_STAGES, COMPARE):
             run_stage_checks(stage, variant_cfg, RunFolder.for_config(variant_cfg))
+    if anneal is not None:
+        check_anneal_inputs(cfg, variant_cfgs[0])
     # one sweep at a time in its folder (a double submit); no deadlock with its stages: they run in processes
     # of their own and each locks its own stage, never this lock
     with hold(lock_path(RunFolder.for_config(cfg), SWEEP), SWEEP):
-        data = ensure_data(cfg, config, overrides)
-        done = {v.name: run_variant(v, i, len(variants), config, overrides, data) for i, v in enumerate(variants, 1)}
+        if anneal is None:
+            data, stages = ensure_data(cfg, config, overrides), DATA_STAGES
+        else:
+            # an anneal's runs are stages (train.branch_data: own) that link their parent's tokenizer themselves and
+            # read train.mixture; recipe 04 also reads the run's own shards/ manifest (its tokenizer and length),
+            # which the parent's shards give: the same tokenizer, and an anneal keeps the parent's length
+            data, stages = branch_parent(variant_cfgs[0]), (SHARDS,)
+        done = {v.name: run_variant(v, i, len(variants), config, overrides, data, stages)
+                for i, v in enumerate(variants, 1)}
         if compare:
             run_stage(COMPARE, config, overrides)
     return done

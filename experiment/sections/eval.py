@@ -62,6 +62,10 @@ class EvalConfig:
     seed: int = 0  # item sampling and few-shot example choice
     # raw UTF-8 texts: bits per byte on each, by recipe 05 and at every eval during training (train.eval_every)
     heldout_text_files: list[str] = field(default_factory=list)
+    # shard sets (name -> a finished shards folder made with the run's tokenizer; "": this run's shards) whose
+    # validation splits recipe 05 and eval during training also measure, bits per byte per set beside
+    # train.mixture's sets (an anneal comparison measures every run on every set it names)
+    validation_sets: dict[str, str] = field(default_factory=dict)
     # bits per byte by position in the context: the starts of the position buckets (e.g. [0, 256, 512, 1024]; the
     # last ends at the model's context, starts past it are dropped), over the validation documents at least as long
     # as the context, each one's first window; [] (the default): not measured. Recipe 05 and eval during training
@@ -95,6 +99,8 @@ class EvalConfig:
         check_location(self.bench_dir, f"{prefix}bench_dir")
         check_location(self.rublimp_dir, f"{prefix}rublimp_dir")
         check_location(self.mera_dir, f"{prefix}mera_dir")
+        for name, shards in self.validation_sets.items():
+            check_location(shards, f"{prefix}validation_sets.{name}")
         if self.batch_size <= 0:
             raise ConfigError(f"config key '{prefix}batch_size': must be positive, got {self.batch_size}")
         if self.sample_max_new_tokens < 0:

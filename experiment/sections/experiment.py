@@ -6,7 +6,7 @@ from typing import Any
 
 from experiment.errors import ConfigError, echo
 from experiment.storage.urls import check_location
-from experiment.sweep import expand_variants
+from experiment.sweep import AnnealConfig, expand_variants
 
 
 @dataclass
@@ -19,6 +19,9 @@ class ExperimentSection:
     # (a list of overrides, e.g. [{model.d_model: 128}, {name: wide, model.d_model: 256}])
     variants: list[dict[str, Any]] = field(default_factory=list)
     grid: dict[str, list[Any]] = field(default_factory=dict)  # dotted key -> values: every combination a variant
+    # an anneal comparison (recipe 08): one checkpoint annealed on a control and candidate mixtures, from several
+    # seeds each, compared by bits per byte per data set (experiment/sweep.py's AnnealConfig)
+    anneal: AnnealConfig = field(default_factory=AnnealConfig)
     variant: str = ""  # the variant this run is (set by recipe 08; its overrides are applied at load)
     group: str = ""  # W&B group; empty: the experiment's name (a variant: its sweep's name, set at load)
     # the experiment (a plain name under the same run_root) whose corpus/tokenizer/shards this run reads:
@@ -30,10 +33,11 @@ class ExperimentSection:
         check_location(self.run_root, f"{key}.run_root")
         for name in ("name", "data_from", "group"):
             _check_plain_name(f"{key}.{name}", getattr(self, name), allow_empty=name != "name")
-        expand_variants(self.variants, self.grid)  # names and keys checked at load, not when the sweep starts
-        if self.variant and not (self.variants or self.grid):
+        # names and keys checked at load, not when the sweep starts
+        expand_variants(self.variants, self.grid, self.anneal, self.run_root)
+        if self.variant and not (self.variants or self.grid or self.anneal.declared()):
             raise ConfigError(f"config key '{key}.variant': {self.variant!r} names a variant, but the config "
-                              "declares no experiment.variants or experiment.grid")
+                              "declares no experiment.variants, experiment.grid or experiment.anneal")
 
 
 # the entries of a run folder (experiment/runfolder.py's RunFolder, experiment/stages.py's folders, the XLA cache):
