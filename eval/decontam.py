@@ -130,6 +130,7 @@ def benchmark_index(cfg: ExperimentConfig) -> BenchmarkIndex | None:
     if not settings.enabled:
         return None
     builder = IndexBuilder(settings.ngram, settings.min_words)
+    offline: list[str] = []  # benchmarks with no local file: one warning line for all of them
     for name in chosen_benchmarks(cfg):
         try:
             local = _local_files(name, cfg.eval)
@@ -143,8 +144,15 @@ def benchmark_index(cfg: ExperimentConfig) -> BenchmarkIndex | None:
             if settings.missing == "error":
                 raise DataError(f"benchmark '{name}' cannot be read for decontamination: {exc} "
                                 f"({KEY}.missing=error; 'record' builds the corpus and records it)") from exc
-            log.warning("not decontaminating against %s: %s", name, exc)
-            builder.skip(name, str(exc))
+            if str(exc).startswith("no local file"):
+                offline.append(name)
+            else:
+                log.warning("not decontaminating against %s: %s", name, exc)
+            builder.skip(name, str(exc))  # the manifest and report keep each one's reason
+    if offline:
+        log.warning("not decontaminating against %d benchmarks with no local file (their items are on the Hugging "
+                    "Face hub and %s.read_hub is off; eval.task_files or eval.mera_dir may name copies; the corpus "
+                    "report lists each): %s", len(offline), KEY, ", ".join(offline))
     index = builder.build()
     log.info("decontamination index: %s", ", ".join(
         f"{name} {s.items_indexed}/{s.items} items" for name, s in index.summaries.items()) or "no benchmark")
