@@ -154,3 +154,18 @@ def test_a_stage_may_not_change_the_models_shape_or_a_branch_its_length(stage: P
     proc = run_recipe("02_train_tokenizer.py", stage, check=False)  # a stage's tokenizer is its parent's
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert error_line(proc).startswith(f"error: {runs / 'stage' / 'tokenizer'} is a link to "), error_line(proc)
+
+
+def test_a_decay_branch_of_the_stage_reads_on_in_the_stages_stream(stage: Path) -> None:
+    """A decay branch (``branch_data: parent``) from the stage's step CHANGE keeps the stage's stream, which began
+    at N (read from the stage's checkpoint): with the stage's schedule it retraces the stage bitwise."""
+    runs = stage.parent / "runs"
+    run_recipe("04_pretrain.py", stage, "experiment.name=stage-decay", "train.branch_from=stage",
+               f"train.branch_step={CHANGE}", "train.branch_data=parent")
+    stage_log = {r["train/step"]: r for r in log_records(runs / "stage")}
+    decay = log_records(runs / "stage-decay")
+    assert [r["train/step"] for r in decay] == list(range(CHANGE + 1, END + 1))
+    for key in ("train/loss", "train/tokens_seen", "data/own/share", "data/other/tokens_seen"):
+        assert [r[key] for r in decay] == [stage_log[r["train/step"]][key] for r in decay], key
+    _, items = checkpoint_contents(runs / "stage-decay", END)
+    assert items["loader"]["stream_start_step"] == N and items["meta"]["stream_start_step"] == N

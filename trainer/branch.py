@@ -37,13 +37,14 @@ from experiment.schema import ExperimentConfig
 from experiment.stages import PRETRAIN
 from trainer import checkpoint, checkpoint_integrity
 from trainer.distributed import is_primary
-from trainer.resume import check_same_run, finished_steps, restore_or_init
+from trainer.resume import check_same_run, finished_steps, latest_step_meta, restore_or_init
 from trainer.step import TrainProgram
 
 log = logging.getLogger("trainer")
 # checkpoint meta of a stage: the tokens its ancestors trained before its stream began (its train/tokens_seen
 # counts on from there; a run's own stream is step x tokens a step)
 TOKENS_BEFORE_STREAM = "tokens_before_stream"
+STREAM_START = "stream_start_step"  # checkpoint meta: the step the run's data stream began at (absent: 0)
 
 
 def tokens_at(meta: dict[str, Any], loader_state: dict[str, Any]) -> int:
@@ -53,9 +54,14 @@ def tokens_at(meta: dict[str, Any], loader_state: dict[str, Any]) -> int:
     return int(meta.get(TOKENS_BEFORE_STREAM, 0)) + rows * int(meta["seq_len"])
 
 
-def tokens_seen(meta: dict[str, Any], step: int, stream_start_step: int, tokens_per_step: int) -> int:
+def tokens_seen(meta: dict[str, Any], step: int, tokens_per_step: int) -> int:
     """train/tokens_seen at ``step`` of a run whose checkpoints carry ``meta``."""
-    return int(meta.get(TOKENS_BEFORE_STREAM, 0)) + (step - stream_start_step) * tokens_per_step
+    return int(meta.get(TOKENS_BEFORE_STREAM, 0)) + (step - int(meta.get(STREAM_START, 0))) * tokens_per_step
+
+
+def carry_stream(meta: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Where the data stream of the checkpoint with meta ``saved`` began, into this session's ``meta``."""
+    meta.update({key: saved[key] for key in (STREAM_START, TOKENS_BEFORE_STREAM) if key in saved})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +69,8 @@ class Branch:
     parent: RunFolder
     step: int
     own_data: bool = False  # a stage: its own data from a stream of its own, its own length and RoPE
+    # the step this run's data stream began at: a stage's branch step, or (a decay branch) its parent's
+    stream_start_step: int = 0
 
     @property
     def advice(self) -> str:
@@ -91,7 +99,12 @@ def open_branch(cfg: ExperimentConfig, run_folder: RunFolder) -> Branch | None:
         raise ConfigError(f"config key 'train.branch_step': no finished checkpoint of step {train_cfg.branch_step} in "
                           f"{parent.checkpoints} (its steps: {', '.join(map(str, steps)) or 'none'})")
     link_stages(run_folder, parent, branch_links(cfg, PRETRAIN), "branch")  # read-only here (experiment/links.py)
-    return Branch(parent, train_cfg.branch_step, own_data=train_cfg.branch_data == "own")
+    if train_cfg.branch_data == "own":
+        return Branch(parent, train_cfg.branch_step, own_data=True, stream_start_step=train_cfg.branch_step)
+    # a decay branch reads on in its parent's stream, which began where the parent's checkpoint says (a stage's)
+    saved = latest_step_meta(parent.checkpoints, [train_cfg.branch_step])
+    start = int(saved[1].get(STREAM_START, 0)) if saved is not None else 0  # damaged: restore says so
+    return Branch(parent, train_cfg.branch_step, stream_start_step=start)
 
 
 def restore_or_branch(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any], ledger: Any,
@@ -108,8 +121,9 @@ def restore_or_branch(manager: Any, program: TrainProgram, loader: Any, meta: di
         check_same_run(parent_meta, meta, parent_manager.directory, branch.advice, stage=branch.own_data)
         state, items = checkpoint.restore_any_layout(parent_manager, step, program, parent_meta)
         if branch.own_data:  # a stage's loader starts its own stream at the branch step (loader.stream_start_step)
-            meta[TOKENS_BEFORE_STREAM] = tokens_at(parent_meta, items["loader"])
+            meta.update({STREAM_START: branch.step, TOKENS_BEFORE_STREAM: tokens_at(parent_meta, items["loader"])})
         else:
+            carry_stream(meta, parent_meta)
             loader.set_state(items["loader"])
         return state, items
 

@@ -175,8 +175,7 @@ class LogMetrics:
                   "train/total_loss": float(metrics["total_loss"]),
                   "train/grad_norm": float(metrics["grad_norm"]), "train/lr": float(metrics["lr"]),
                   "train/skipped": int(not metrics["finite"] or is_spike(metrics)),
-                  "train/tokens_seen": tokens_seen(ctx.meta, ctx.step, ctx.cfg.train.stream_start_step,
-                                                      ctx.tokens_per_step), **ctx.window.flush(),
+                  "train/tokens_seen": tokens_seen(ctx.meta, ctx.step, ctx.tokens_per_step), **ctx.window.flush(),
                   # the family's auxiliary losses (ModelFamily.aux_losses), weighted, as they joined the loss, and its
                   # statistics (ModelFamily.aux_metrics: a mixture of experts' expert load per layer, its drops)
                   **{f"train/{key}": float(value) for key, value in metrics.items() if key.startswith(AUX_METRICS)}}

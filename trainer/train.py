@@ -62,7 +62,7 @@ from model.stacking import LAYOUT_KEY, layout_meta
 from tracking.history import backfill_offline_history
 from tracking.metrics import commit_step, define_cost_metrics
 from trainer import checkpoint, checkpoint_integrity
-from trainer.branch import TOKENS_BEFORE_STREAM, Branch, link_wandb, open_branch, restore_or_branch
+from trainer.branch import Branch, carry_stream, link_wandb, open_branch, restore_or_branch
 from trainer.distributed import is_primary
 from trainer.guard import (
     DIVERGED_DIR,
@@ -274,15 +274,15 @@ def open_session(cfg: ExperimentConfig, data: DataSpec, run_folder: RunFolder, l
                                      mixture=mixture_sets(cfg.train.mixture, run_folder.shards),
                                      schedule=mixture_changes(cfg.train.mixture_schedule),
                                      verified_dir=run_folder.root / VERIFIED_DIR,
-                                     stream_start_step=cfg.train.stream_start_step)
+                                     stream_start_step=branch.stream_start_step if branch else 0)
         manager = checkpoint.open_manager(run_folder.checkpoints, cfg.train)
         untrained = not finished_steps(checkpoint.checkpoint_location(manager.directory))
         from_base = start.params is not None
         steps = None if untrained and cfg.train.steps == 0 else cfg.train.steps  # 0: the step-0 checkpoint alone
         state, start_step, parent_run_id = restore_state(manager, program, loader, meta, ledger, branch, start, steps)
         saved_meta = checkpoint.read_meta(manager, start_step) if start_step in manager.all_steps() else None
-        if saved_meta is not None and TOKENS_BEFORE_STREAM in saved_meta:  # a stage's, set at its first session
-            meta[TOKENS_BEFORE_STREAM] = saved_meta[TOKENS_BEFORE_STREAM]
+        if saved_meta is not None:  # where a stage's stream began, set by its (or its parent's) first session
+            carry_stream(meta, saved_meta)
         spikes = SpikeWindow(cfg.train.spike_window, cfg.train.spike_sigma) if cfg.train.skip_spikes else None
         guard = Guard.resumed(saved_meta, start_step, spikes)
         schedule_changes = record_schedule(meta, saved_meta, cfg.train, start_step)
