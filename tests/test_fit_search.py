@@ -135,7 +135,7 @@ def test_a_context_splits_overrides_are_the_config_keys_that_reproduce_it() -> N
     setting = Setting("full", "auto", 1, split)
     assert setting.overrides() == [
         "model.remat=full", "model.attention=auto", "train.grad_accum_steps=1", "train.mesh.data=1",
-        "train.mesh.fsdp=4", "train.mesh.axes.context=8", "train.mesh.rules.embed=[fsdp, context]",
+        "train.mesh.fsdp=4", "train.mesh.axes.context=8", "train.mesh.rules.embed=[fsdp,context]",
         "model.context_attention=ring"]
     mesh = split.mesh(MeshConfig(data=1, fsdp=32, rules={"act_heads": []}))
     assert (mesh.data, mesh.fsdp, mesh.axes) == (1, 4, {"context": 8})

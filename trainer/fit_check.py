@@ -136,7 +136,7 @@ class ContextSplit:
 
     def overrides(self) -> list[str]:
         return [f"train.mesh.data={self.data}", f"train.mesh.fsdp={self.fsdp}",
-                f"train.mesh.axes.{CONTEXT_AXIS}={self.parts}", f"train.mesh.rules.embed=[{', '.join(self.embed)}]",
+                f"train.mesh.axes.{CONTEXT_AXIS}={self.parts}", f"train.mesh.rules.embed=[{','.join(self.embed)}]",
                 f"model.context_attention={self.attention}"]
 
     def mesh(self, mesh_cfg: MeshConfig) -> MeshConfig:
@@ -205,6 +205,9 @@ def check_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, 
         mesh, parts = slice_layout(model_cfg, train_cfg, devices)
     except ConfigError as exc:  # this slice's devices, not the config: the others are still checked
         return {**report, "fits": False, "unsplittable": True, "compile_s": 0.0, "error": str(exc)}
+    except NotImplementedError as exc:  # jax's mesh_utils: an axis that is no product of the torus's axes
+        return {**report, "fits": False, "unsplittable": True, "compile_s": 0.0,
+                "error": f"config key 'train.mesh': the mesh does not tile the slice's torus ({str(exc)[:200]})"}
     report.update(mesh=dict(mesh.shape),
                   micro_batch_per_device=train_cfg.batch_size // setting.grad_accum_steps // parts)
     try:
@@ -372,7 +375,7 @@ def grow_accumulation(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_siz
                            Setting(remat, attention, accum, context), verdicts)
         log.info("  %s", describe(report))
         rows.append(report)
-        if report["fits"] or "does not compile" in report.get("error", ""):
+        if report["fits"] or report.get("unsplittable") or "does not compile" in report.get("error", ""):
             break
         accum = next_split(splits, accum, report)
     return rows
