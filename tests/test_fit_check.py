@@ -144,6 +144,37 @@ def test_the_search_splits_the_sequence_where_the_batch_cannot_split(tmp_path: P
     assert checked["fits"] and checked["needed_gib"] == best["needed_gib"]
 
 
+RING_BLOCKS = """
+import json, sys
+import model.context as context
+from experiment.config import load_config
+from trainer.fit_check import check_fit
+cfg = load_config(sys.argv[1], sys.argv[2:])
+temporaries = {}
+for block in (context.RING_QUERY_BLOCK, cfg.model.max_seq_len):  # a block of the whole share: one step's scores
+    context.RING_QUERY_BLOCK = block
+    report = check_fit(cfg.model, cfg.train, cfg.tokenizer.vocab_size, cfg.model.max_seq_len, "v5e-4")
+    temporaries[block] = report["temp_gib"]
+print(json.dumps(temporaries))
+"""
+
+
+def test_ring_attention_holds_one_block_of_scores_not_a_steps(tmp_path: Path) -> None:
+    """Ring attention at 16,384 tokens over context 2 (8 heads, one layer) on v5e-4: with a step's 8,192 queries
+    scored 1,024 at a time (model.context.RING_QUERY_BLOCK) the compiler's temporaries are a fraction of what the
+    whole share at once needs ([8, 8,192, 8,192] floats a step, 2 GiB, with their probabilities and gradient)."""
+    config = tiny_config(tmp_path)
+    overrides = ["model.d_model=256", "model.n_heads=8", "model.n_kv_heads=2", "model.d_ff=512", "model.n_layers=1",
+                 "model.max_seq_len=16384", "train.batch_size=2", "train.mesh.data=-1", "train.mesh.axes.context=2",
+                 "model.context_attention=ring", "model.remat=full"]
+    proc = subprocess.run([tpu_python(), "-c", RING_BLOCKS, str(config), *overrides], cwd=REPO,
+                          env={**fit_check_env(tmp_path), "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    blocked, whole = json.loads(proc.stdout.strip().splitlines()[-1]).values()
+    assert whole > 2.0 and blocked < whole / 3, (blocked, whole)
+
+
 SHIPPED = sorted((REPO / "recipes" / "configs").glob("*.yaml"))
 
 

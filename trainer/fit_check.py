@@ -123,10 +123,10 @@ def topology_devices(slice_name: str, num_slices: int = 1) -> list[Any]:
 @dataclasses.dataclass(frozen=True)
 class ContextSplit:
     """A sequence split over ``parts`` devices (model/context.py), the chips taken from the data-parallel axes
-    (``context_candidates``):
-    ``train.mesh.axes.context=parts`` with ``data`` x ``fsdp`` the rest of them. The parameters and optimizer state
-    are sharded over the context axis too (``train.mesh.rules.embed`` gains ``context``, as MaxText shards them over
-    its sequence axes): otherwise a chip given to context would hold a larger share of the state than before."""
+    (``context_candidates``): ``train.mesh.axes.context=parts`` with ``data`` x ``fsdp`` the rest of them. The
+    parameters and optimizer state are sharded over the context axis too (``train.mesh.rules.embed`` gains
+    ``context``, as MaxText shards them over its sequence axes): otherwise a chip given to context would hold a
+    larger share of the state than before."""
 
     parts: int
     attention: str  # model.context_attention: all_gather or ring
@@ -339,7 +339,8 @@ def search_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int,
     devices = topology_devices(slice_name, train_cfg.mesh.dcn_data)
     try:
         parts = slice_layout(model_cfg, dataclasses.replace(train_cfg, grad_accum_steps=1), devices)[1]
-    except ConfigError:  # the mesh does not divide the slice, or the batch does not split over it at one micro-batch
+    except (ConfigError, NotImplementedError):  # the mesh does not divide (or tile) the slice, or the batch does not
+        # split over it at one micro-batch
         parts = None
     splits = accumulation_splits(train_cfg, parts) if parts else []
     rows: list[dict[str, Any]] = []
