@@ -1,5 +1,6 @@
 """Recipe 04b on this CPU with libtpu: a small model fits v5e-16 and v6e-8; an oversized one gets the
-clear error; every shipped config fits the slices it names; the fit search's table on v5e-16 and v6e-8.
+clear error; every shipped config fits the slices it names; the fit search's table on v5e-16 and v6e-8; the search's
+context split where the batch cannot split; ring attention's query blocks against a whole share at once.
 
 Needs the ``tpu`` extra (libtpu). Runs with this interpreter when it has libtpu, or with the one
 named by RU_TPU_PYTHON (e.g. a separate venv with ``pip install -e '.[tpu]'``); skips otherwise.
