@@ -163,7 +163,8 @@ print(json.dumps(temporaries))
 def test_ring_attention_holds_one_block_of_scores_not_a_steps(tmp_path: Path) -> None:
     """Ring attention at 16,384 tokens over context 2 (8 heads, one layer) on v5e-4: with a step's 8,192 queries
     scored 1,024 at a time (model.context.RING_QUERY_BLOCK) the compiler's temporaries are a fraction of what the
-    whole share at once needs ([8, 8,192, 8,192] floats a step, 2 GiB, with their probabilities and gradient)."""
+    whole share at once needs ([8, 8,192, 8,192] floats a step, 2 GiB, with their probabilities and gradient):
+    0.63 against 9.18 GiB with libtpu 0.0.42.1. About a minute for both compiles."""
     config = tiny_config(tmp_path)
     overrides = ["model.d_model=256", "model.n_heads=8", "model.n_kv_heads=2", "model.d_ff=512", "model.n_layers=1",
                  "model.max_seq_len=16384", "train.batch_size=2", "train.mesh.data=-1", "train.mesh.axes.context=2",
@@ -173,7 +174,7 @@ def test_ring_attention_holds_one_block_of_scores_not_a_steps(tmp_path: Path) ->
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     blocked, whole = json.loads(proc.stdout.strip().splitlines()[-1]).values()
-    assert whole > 2.0 and blocked < whole / 3, (blocked, whole)
+    assert whole > 2.0 and blocked < whole / 5, (blocked, whole)
 
 
 SHIPPED = sorted((REPO / "recipes" / "configs").glob("*.yaml"))
