@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import model.context as context_module
 from experiment.config import load_config
 from experiment.errors import ConfigError
 from experiment.sections.train import MeshConfig, TrainConfig
-from model.context import balanced_order, context_parts
+from model.context import RING_QUERY_BLOCK, balanced_order, context_parts
 from model.family import get_family, init_module
 from model.generate import generate
 from model.loss import cross_entropy
@@ -84,8 +85,11 @@ def context_parallel_on_8_devices() -> dict[str, Any]:
     losses and gradient norms (two steps on packed batches) likewise; the layout the mesh gives the activations."""
     want_logits, want_grads, one_parts, _ = logits_and_grads(MeshConfig(data=1), jax.devices()[:1])
     out: dict[str, Any] = {"one_parts": one_parts}
-    for (name, mesh_cfg), strategy in itertools.product(MESHES.items(), STRATEGIES):
-        logits, grads, parts, gathered = logits_and_grads(mesh_cfg, jax.devices(), strategy)
+    for (name, mesh_cfg), strategy in itertools.product(MESHES.items(), (*STRATEGIES, "ring_blocks")):
+        if strategy == "ring_blocks":  # ring with several query blocks a step (the shares here are 8 and 16 long)
+            context_module.RING_QUERY_BLOCK = 4
+        logits, grads, parts, gathered = logits_and_grads(mesh_cfg, jax.devices(), strategy.removesuffix("_blocks"))
+        context_module.RING_QUERY_BLOCK = RING_QUERY_BLOCK
         out[f"{name}_{strategy}"] = {"parts": parts, "logits_diff": float(np.abs(logits - want_logits).max()),
                      "logits_scale": float(np.abs(want_logits).max()),
                      # per parameter, relative to the largest entry of its one-device gradient
@@ -121,7 +125,7 @@ def context_parallel_on_8_devices() -> dict[str, Any]:
 def test_context_parallel_matches_one_device(eight_devices: DeviceWorker) -> None:
     out = eight_devices.run(context_parallel_on_8_devices)
     assert out["one_parts"] == 1
-    for (name, parts), strategy in itertools.product((("context2", 2), ("context4", 4)), STRATEGIES):
+    for (name, parts), strategy in itertools.product((("context2", 2), ("context4", 4)), (*STRATEGIES, "ring_blocks")):
         got = out[f"{name}_{strategy}"]
         assert got["parts"] == parts and got["grad_names"]
         assert got["logits_diff"] < 1e-5 * max(1.0, got["logits_scale"]), got
@@ -130,7 +134,7 @@ def test_context_parallel_matches_one_device(eight_devices: DeviceWorker) -> Non
         # gathers the hidden states [rows, T, d_model] (the load-balanced reorder moves chunks between devices)
         rows = ROWS // (4 if parts == 2 else 2)  # the rows a device holds: data 2 (x fsdp 2 beside context 2)
         whole_kv = {f"f32[{rows},{SEQ},2,8]", f"s32[{rows},{SEQ}]"}
-        if strategy == "ring":
+        if strategy.startswith("ring"):
             assert not whole_kv & set(got["gathered"]), got
         else:
             assert whole_kv <= set(got["gathered"]), got

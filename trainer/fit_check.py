@@ -14,6 +14,7 @@ import difflib
 import functools
 import importlib.util
 import logging
+import math
 import os
 import re
 import time
@@ -25,7 +26,7 @@ from experiment.files import atomic_write_json, atomic_write_text
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import FamilyConfig
-from experiment.sections.train import TrainConfig
+from experiment.sections.train import CONTEXT_AXIS, MeshConfig, TrainConfig
 from experiment.stages import FIT_CHECK, SHARDS, TOKENIZER
 from experiment.storage import location
 from trainer.fit_verdicts import MEMORY_PARTS, FitVerdicts, verdict_key, worth_keeping
@@ -120,16 +121,44 @@ def topology_devices(slice_name: str, num_slices: int = 1) -> list[Any]:
 
 
 @dataclasses.dataclass(frozen=True)
+class ContextSplit:
+    """A sequence split over ``parts`` devices (model/context.py), the chips taken from the data-parallel axes
+    (``context_candidates``): ``train.mesh.axes.context=parts`` with ``data`` x ``fsdp`` the rest of them. The
+    parameters and optimizer state are sharded over the context axis too (``train.mesh.rules.embed`` gains
+    ``context``, as MaxText shards them over its sequence axes): otherwise a chip given to context would hold a
+    larger share of the state than before."""
+
+    parts: int
+    attention: str  # model.context_attention: all_gather or ring
+    data: int  # train.mesh.data, per slice
+    fsdp: int  # train.mesh.fsdp
+    embed: tuple[str, ...]  # train.mesh.rules.embed: the run's rule and the context axis
+
+    def overrides(self) -> list[str]:
+        return [f"train.mesh.data={self.data}", f"train.mesh.fsdp={self.fsdp}",
+                f"train.mesh.axes.{CONTEXT_AXIS}={self.parts}", f"train.mesh.rules.embed=[{','.join(self.embed)}]",
+                f"model.context_attention={self.attention}"]
+
+    def mesh(self, mesh_cfg: MeshConfig) -> MeshConfig:
+        """``mesh_cfg`` with this split (the sequence laid out on the context axis, as config load does)."""
+        return dataclasses.replace(mesh_cfg, data=self.data, fsdp=self.fsdp,
+                                   axes={**mesh_cfg.axes, CONTEXT_AXIS: self.parts},
+                                   rules={**mesh_cfg.rules, "length": [CONTEXT_AXIS], "embed": list(self.embed)})
+
+
+@dataclasses.dataclass(frozen=True)
 class Setting:
-    """What the fit search varies: the knobs that trade HBM for compute or for steps."""
+    """What the fit search varies: the knobs that trade HBM for compute or for steps (and, where nothing fits
+    without it, the context split)."""
 
     remat: str
     attention: str
     grad_accum_steps: int
+    context: ContextSplit | None = None
 
     def overrides(self) -> list[str]:
         return [f"model.remat={self.remat}", f"model.attention={self.attention}",
-                f"train.grad_accum_steps={self.grad_accum_steps}"]
+                f"train.grad_accum_steps={self.grad_accum_steps}", *(self.context.overrides() if self.context else [])]
 
 
 def configured_setting(model_cfg: FamilyConfig, train_cfg: TrainConfig) -> Setting:
@@ -162,16 +191,23 @@ def check_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, 
     setting = setting or configured_setting(model_cfg, train_cfg)
     model_cfg = dataclasses.replace(model_cfg, remat=setting.remat, attention=setting.attention)
     train_cfg = dataclasses.replace(train_cfg, grad_accum_steps=setting.grad_accum_steps)
+    if setting.context is not None:
+        model_cfg = dataclasses.replace(model_cfg, context_attention=setting.context.attention)
+        train_cfg = dataclasses.replace(train_cfg, mesh=setting.context.mesh(train_cfg.mesh))
     devices = topology_devices(slice_name, train_cfg.mesh.dcn_data)
     capacity = TOPOLOGIES[slice_name].usable_hbm_gib
     report: dict[str, Any] = {"slice": slice_name, "topology": TOPOLOGIES[slice_name].name, "devices": len(devices),
                               "capacity_gib": capacity, **dataclasses.asdict(setting),
+                              **context_fields(model_cfg, train_cfg),
                               "scan_layers": model_cfg.scan_layers, "loss_chunk_len": train_cfg.loss_chunk_len,
                               **setting_costs(model_cfg, train_cfg, vocab_size, seq_len, "tpu")}
     try:
         mesh, parts = slice_layout(model_cfg, train_cfg, devices)
     except ConfigError as exc:  # this slice's devices, not the config: the others are still checked
         return {**report, "fits": False, "unsplittable": True, "compile_s": 0.0, "error": str(exc)}
+    except NotImplementedError as exc:  # jax's mesh_utils: an axis that is no product of the torus's axes
+        return {**report, "fits": False, "unsplittable": True, "compile_s": 0.0,
+                "error": f"config key 'train.mesh': the mesh does not tile the slice's torus ({str(exc)[:200]})"}
     report.update(mesh=dict(mesh.shape),
                   micro_batch_per_device=train_cfg.batch_size // setting.grad_accum_steps // parts)
     try:
@@ -194,6 +230,14 @@ def check_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, 
             verdicts.put(key, answer,
                          {k: report[k] for k in ("slice", "mesh", "remat", "attention", "grad_accum_steps")})
     return {**report, **read_answer(answer, capacity), "verdict_cached": cached}
+
+
+def context_fields(model_cfg: FamilyConfig, train_cfg: TrainConfig) -> dict[str, Any]:
+    """The report's context split: the devices one sequence is split over and how they attend (1 and "" when the
+    sequence is not split)."""
+    parts = train_cfg.mesh.axes.get(CONTEXT_AXIS, 1)
+    return {"context_parts": parts, "context_attention": getattr(model_cfg, "context_attention", "") if parts > 1
+            else ""}
 
 
 def compiler_error(exc: BaseException) -> str:
@@ -254,7 +298,9 @@ def describe(report: dict[str, Any]) -> str:
     mesh = f"mesh {report['mesh']}; " if "mesh" in report else ""
     head = (f"{report['slice']} ({report['topology']}, {report['devices']} devices, {mesh}"
             f"{'scanned' if report.get('scan_layers') else 'unrolled'} layers, remat {report['remat']}, "
-            f"attention {report['attention']} -> {report['attention_kernel']}, "
+            + (f"context {report['context_parts']} ({report['context_attention']} attention), "
+               if report.get("context_parts", 1) > 1 else
+               f"attention {report['attention']} -> {report['attention_kernel']}, ") +
             f"{report['grad_accum_steps']} micro-batch(es))")
     if "needed_gib" in report:
         verdict = "fits" if report["fits"] else "DOES NOT FIT"
@@ -279,7 +325,9 @@ def accumulation_splits(train_cfg: TrainConfig, data_parts: int) -> list[int]:
 
 def search_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, seq_len: int, slice_name: str,
                packed: bool = False, verdicts: FitVerdicts | None = None) -> list[dict[str, Any]]:
-    """Try remat policies x attention kernels x accumulation splits on ``slice_name``; every compile's report.
+    """Try remat policies x attention kernels x accumulation splits on ``slice_name``, then, only where none of
+    them fits (or the batch does not split over the slice), context splits (``search_context``); every
+    compile's report.
 
     For each remat policy and kernel, accumulation grows (1, 2, 4, ...; jumping by the compiler's
     temporaries) until the step fits, and never past the fewest micro-batches that already fit with a
@@ -288,36 +336,127 @@ def search_fit(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int,
     shows what the kernel buys.
     The best row is marked (``best``): see ``best_setting``.
     """
+    devices = topology_devices(slice_name, train_cfg.mesh.dcn_data)
     try:
-        parts = slice_layout(model_cfg, dataclasses.replace(train_cfg, grad_accum_steps=1),
-                             topology_devices(slice_name, train_cfg.mesh.dcn_data))[1]
-    except ConfigError:  # the mesh does not divide the slice, or the batch does not split over it at one micro-batch
+        parts = slice_layout(model_cfg, dataclasses.replace(train_cfg, grad_accum_steps=1), devices)[1]
+    except (ConfigError, NotImplementedError):  # the mesh does not divide (or tile) the slice, or the batch does not
+        # split over it at one micro-batch
         parts = None
     splits = accumulation_splits(train_cfg, parts) if parts else []
+    rows: list[dict[str, Any]] = []
     if not splits:  # nothing to search: the config's setting, reported as what cannot split over this slice
         report = check_fit(model_cfg, train_cfg, vocab_size, seq_len, slice_name, packed, verdicts=verdicts)
         log.info("  %s", describe(report))
-        return [{**report, "best": False}]
+        rows.append(report)
     kernels = [model_cfg.attention] + (["dot_product"] if model_cfg.attention != "dot_product" else [])
-    rows: list[dict[str, Any]] = []
-    fewest = splits[-1]  # micro-batches of the best setting so far: more cannot win, so they are not compiled
-    for attention in kernels:
+    fewest = splits[-1] if splits else 0  # micro-batches of the best setting so far: more cannot win
+    for attention in kernels if splits else []:
         for remat in [r for r in REMAT_ORDER if r in train_cfg.fit_search_remat]:
-            accum: int | None = splits[0]
-            while accum is not None and accum <= fewest:
-                report = check_fit(model_cfg, train_cfg, vocab_size, seq_len, slice_name, packed,
-                                   Setting(remat, attention, accum), verdicts)
-                log.info("  %s", describe(report))
-                rows.append(report)
-                if report["fits"]:
-                    fewest = min(fewest, accum)
-                    break
-                if "does not compile" in report.get("error", ""):
-                    break
-                accum = next_split(splits, accum, report)
+            rows += grow_accumulation(model_cfg, train_cfg, vocab_size, seq_len, slice_name, packed, verdicts,
+                                      splits, fewest, remat, attention)
+            if rows[-1]["fits"]:
+                fewest = min(fewest, rows[-1]["grad_accum_steps"])
+    if not any(row["fits"] for row in rows):
+        rows += search_context(model_cfg, train_cfg, vocab_size, seq_len, slice_name, packed, verdicts, len(devices))
     best = best_setting(rows)
     for row in rows:
         row["best"] = row is best
+    return rows
+
+
+def grow_accumulation(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, seq_len: int,
+                      slice_name: str, packed: bool, verdicts: FitVerdicts | None, splits: list[int], most: int,
+                      remat: str, attention: str, context: ContextSplit | None = None) -> list[dict[str, Any]]:
+    """One setting's compiles, accumulation growing from the fewest split (jumping by the compiler's temporaries,
+    ``next_split``) until the step fits, ``most`` micro-batches are passed, or it does not compile at all."""
+    rows = []
+    accum: int | None = splits[0]
+    while accum is not None and accum <= most:
+        report = check_fit(model_cfg, train_cfg, vocab_size, seq_len, slice_name, packed,
+                           Setting(remat, attention, accum, context), verdicts)
+        log.info("  %s", describe(report))
+        rows.append(report)
+        if report["fits"] or report.get("unsplittable") or "does not compile" in report.get("error", ""):
+            break
+        accum = next_split(splits, accum, report)
+    return rows
+
+
+def context_candidates(model_cfg: FamilyConfig, train_cfg: TrainConfig, seq_len: int,
+                       devices: int) -> tuple[list[ContextSplit], str]:
+    """The context splits worth compiling on a slice of ``devices``, fewest parts first (each part more is another
+    exchange of keys and values per layer), with ring attention; or none and why.
+
+    A split of N parts takes its chips from the data-parallel axes (data x fsdp x the configured context axis,
+    per slice), from data first: fsdp stays the largest that divides both the chips left and the configured
+    fsdp x context, so fsdp x context, which shards the parameters and optimizer state, is never less than it was
+    (one fewer replica of the state, or more shards of it); tensor and the family's other axes are kept. Tried:
+    the divisors N of those chips, larger than the configured context axis, where the sequence cuts into 2N
+    load-balanced chunks (model/context.py) and the batch still splits over the data-parallel devices left."""
+    from model.registry import family_of
+    from model.sharding import mesh_shape
+
+    if not getattr(type(model_cfg), "CONTEXT_PARALLEL", False):
+        return [], f"the {model_cfg.family} family's decoder does not split a sequence (model/context.py)"
+    mesh = train_cfg.mesh
+    rules = family_of(model_cfg).mesh_rules(mesh.rules)
+    try:
+        shape = mesh_shape(mesh, devices, rules)
+    except ConfigError as exc:
+        return [], str(exc)
+    configured = shape.get(CONTEXT_AXIS, 1)
+    sequence_chips = shape["data"] // mesh.dcn_data * shape["fsdp"] * configured
+    embed = (*rules.get("embed", []), *([] if CONTEXT_AXIS in rules.get("embed", []) else [CONTEXT_AXIS]))
+    candidates = []
+    for parts in range(configured + 1, sequence_chips + 1):
+        if sequence_chips % parts or seq_len % (2 * parts):
+            continue
+        fsdp = math.gcd(shape["fsdp"] * configured, sequence_chips // parts)
+        data = sequence_chips // parts // fsdp
+        if train_cfg.batch_size % (data * mesh.dcn_data * fsdp) == 0:
+            candidates.append(ContextSplit(parts, "ring", data, fsdp, embed))
+    why = "" if candidates else (
+        f"no context axis over its {sequence_chips} data-parallel chips cuts the sequence of {seq_len} into 2 x N "
+        f"chunks and leaves data-parallel devices that split the batch of {train_cfg.batch_size}")
+    return candidates, why
+
+
+def search_context(model_cfg: FamilyConfig, train_cfg: TrainConfig, vocab_size: int, seq_len: int,
+                   slice_name: str, packed: bool, verdicts: FitVerdicts | None, devices: int) -> list[dict[str, Any]]:
+    """Where nothing fits with whole sequences per chip: split each over more chips (``context_candidates``).
+
+    The compiles are bounded: the most memory-saving remat policy of ``train.fit_search_remat`` (full) and ring
+    attention (a chip holds one share of keys and values, not the whole sequence's: it needs less HBM than
+    all-gather at every split) with accumulation grown as for the other settings; when that does not fit, the next
+    split tried is the one the compiler's temporaries ask for (activations shrink with the parts, ``next_split``).
+    At the first split that fits, all-gather is compiled once more at the same accumulation (one gather per layer
+    instead of N - 1 exchanges, when it fits) and the search stops: more parts only add exchanges."""
+    candidates, why = context_candidates(model_cfg, train_cfg, seq_len, devices)
+    if not candidates:
+        log.info("  no context split tried on %s: %s", slice_name, why)
+        return []
+    log.info("  nothing fits %s with whole sequences per data-parallel device: trying context splits of %s",
+             slice_name, ", ".join(str(c.parts) for c in candidates))
+    remat = max(train_cfg.fit_search_remat, key=REMAT_ORDER.index)
+    parts = [c.parts for c in candidates]
+    rows: list[dict[str, Any]] = []
+    split: ContextSplit | None = candidates[0]
+    while split is not None:
+        splits = accumulation_splits(train_cfg, split.data * train_cfg.mesh.dcn_data * split.fsdp)
+        tried = grow_accumulation(model_cfg, train_cfg, vocab_size, seq_len, slice_name, packed, verdicts, splits,
+                                  splits[-1], remat, model_cfg.attention, split)
+        rows += tried
+        last = tried[-1]
+        if last["fits"]:
+            report = check_fit(model_cfg, train_cfg, vocab_size, seq_len, slice_name, packed,
+                               Setting(remat, model_cfg.attention, last["grad_accum_steps"],
+                                       dataclasses.replace(split, attention="all_gather")), verdicts)
+            log.info("  %s", describe(report))
+            return [*rows, report]
+        if "does not compile" in last.get("error", ""):
+            return rows
+        more = next_split(parts, split.parts, last)
+        split = next((c for c in candidates if c.parts == more), None)
     return rows
 
 
@@ -339,14 +478,22 @@ def next_split(splits: list[int], accum: int, report: dict[str, Any]) -> int | N
 
 
 def best_setting(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The fitting row with the fewest micro-batches (each one re-gathers the FSDP-sharded weights and
-    shrinks the matmuls), then the least recompute, then the least HBM."""
+    """The fitting row with the sequence split over the fewest chips (context parallelism's exchanges per layer),
+    then the fewest micro-batches (each one re-gathers the FSDP-sharded weights and shrinks the matmuls), then the
+    least recompute, then the least HBM (between ring and all-gather at one split: ring)."""
     fitting = [r for r in rows if r["fits"]]
-    return min(fitting, key=lambda r: (r["grad_accum_steps"], round(r["recompute_factor"], 3), r["needed_gib"]),
-               default=None)
+    return min(fitting, key=lambda r: (r.get("context_parts", 1), r["grad_accum_steps"],
+                                       round(r["recompute_factor"], 3), r["needed_gib"]), default=None)
 
 
-SEARCH_COLUMNS = (("remat", "remat", "{}"), ("attention_kernel", "attention", "{}"),
+def setting_of(report: dict[str, Any]) -> Setting:
+    """The setting a report was compiled with (its overrides reproduce it)."""
+    context = report.get("context")
+    return Setting(report["remat"], report["attention"], report["grad_accum_steps"],
+                   ContextSplit(**{**context, "embed": tuple(context["embed"])}) if context else None)
+
+
+SEARCH_COLUMNS = (("remat", "remat", "{}"), ("attention_kernel", "attention", "{}"), ("context_parts", "context", "{}"),
                   ("grad_accum_steps", "micro-batches", "{:d}"), ("micro_batch_per_device", "rows/device", "{:d}"),
                   ("needed_gib", "HBM GiB/chip", "{:.2f}"), ("model_flops_per_step", "model TFLOP/step", "tera"),
                   ("recompute_factor", "recompute", "{:.3f}x"), ("fits", "fits", "{}"))
@@ -362,6 +509,8 @@ def search_table(rows: list[dict[str, Any]]) -> str:
             value = row.get(key)
             if value is None:
                 cells.append("-")
+            elif key == "context_parts":  # the chips a sequence is split over and how they attend
+                cells.append(f"{value} {row['context_attention']}" if value > 1 else "-")
             elif fmt == "tera":
                 cells.append(f"{value / 1e12:,.1f}")
             elif key == "fits" and not value:
@@ -434,7 +583,7 @@ def fit_check(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> l
             report = best if best is not None else min(rows, key=lambda r: r.get("needed_gib", float("inf")))
             log.info("%s search:\n%s", slice_name, search_table(rows))
             if best is not None:
-                overrides = " ".join(Setting(best["remat"], best["attention"], best["grad_accum_steps"]).overrides())
+                overrides = " ".join(setting_of(best).overrides())
                 log.info("best setting on %s: %s", slice_name, overrides)
                 report = {**report, "overrides": overrides}
         else:
