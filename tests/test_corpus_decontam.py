@@ -289,3 +289,17 @@ def test_recipe_05c_mera_test_inputs_are_indexed_from_eval_mera_dir(tmp_path: Pa
     premise = next(item["premise"] for item in items if len(normalized_words(item["premise"])) >= 13)
     assert decontaminate(f"Вот что писали тогда. {disguised(premise)} Конец.", index, "remove").benchmarks == (
         "mera:rcb",)
+
+
+def test_a_benchmark_item_with_stress_marks_or_decomposed_letters_matches_the_cleaned_document() -> None:
+    """Recipe 01 checks a document after normalize_text (NFC, stress marks dropped); the benchmark's text is put in
+    the same form, so an item written with a stress mark or a decomposed 'й' still meets its copy in the corpus."""
+    from data_prep.corpus.normalize import normalize_text
+
+    item = "Он открыл за\u0301мок старым ключом и вошёл в дом, где давно никто не жил и\u0306 не бывал."
+    builder = IndexBuilder(ngram=13, min_words=8)
+    builder.add_benchmark("b", "file", [[item]])
+    index = builder.build()
+    document = normalize_text("Так было. Он открыл замок старым ключом и вошёл в дом, где давно никто не жил й не "
+                              "бывал. Конец.")
+    assert decontaminate(document, index, "remove").benchmarks == ("b",)

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from data_prep.corpus.normalize import normalize_text
+
 WORD = re.compile(r"[^\W_]+")
 
 
@@ -191,7 +193,9 @@ class IndexBuilder:
             summary.items += 1
             grams = 0
             for segment in segments:
-                words = normalized_words(segment)
+                # the form recipe 01 gives a document before it is checked (NFC, the tokenizer's character rules:
+                # stress marks dropped, quotes and dashes unified), so both sides split into the same words
+                words = normalized_words(normalize_text(segment, repair_mojibake=False))
                 if len(words) < self.min_words:
                     continue
                 length = min(len(words), self.ngram)
