@@ -4,6 +4,7 @@ the reading of the Hugging Face ``rope_parameters`` / ``rope_scaling`` entries."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -96,3 +97,22 @@ def test_hf_rope_entries_of_both_transformers_generations() -> None:
         rope_from_hf({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, where)
     with pytest.raises(ConfigError, match="partial_rotary_factor is not supported"):
         rope_from_hf({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, where)
+
+
+def test_a_stage_may_change_ropes_frequencies_but_not_how_the_weights_pair_its_dimensions() -> None:
+    """A stage (train.branch_data=own) starts from checkpoints made at another RoPE base, scaling and length; the
+    pairing of a head's RoPE dimensions (deepseek_v3's rope_interleave) or their number is the weights' own."""
+    from experiment.errors import DataError
+    from model.deepseek_v3.config import DeepseekV3Config
+    from trainer.resume import check_same_run
+
+    def meta(**changes: object) -> dict:
+        model = {"family": "deepseek_v3", **dataclasses.asdict(dataclasses.replace(DeepseekV3Config(), **changes))}
+        return {"model": model, "vocab_size": 64, "tokenizer_sha256": "t", "seq_len": 128, "param_dtype": "float32"}
+
+    longer = meta(max_seq_len=4096, rope_theta=500_000.0, rope_scaling="yarn", rope_factor=4.0)
+    check_same_run(meta(), {**longer, "seq_len": 4096}, "parent", stage=True)
+    with pytest.raises(DataError, match="different model"):
+        check_same_run(meta(), {**longer, "seq_len": 4096}, "parent")  # a resume or a decay branch: no
+    with pytest.raises(DataError, match="rope_interleave"):
+        check_same_run(meta(), meta(rope_interleave=not DeepseekV3Config().rope_interleave), "parent", stage=True)

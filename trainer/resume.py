@@ -22,6 +22,7 @@ from experiment.jsontext import parse_json
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.model import model_section_class
+from experiment.sections.rope import STAGE_ROPE_KEYS
 from experiment.sections.train import TrainConfig
 from experiment.storage import BucketPath, RunPath
 from trainer import checkpoint, checkpoint_integrity
@@ -41,7 +42,7 @@ def is_stage_key(name: str) -> bool:
     """A model key a stage (``train.branch_data: own``) may change from its parent's checkpoint: the context
     length, RoPE's base and scaling, and how attention splits a sequence over the context axis; none of them
     shapes a parameter."""
-    return name in ("max_seq_len", "context_attention") or name.startswith("rope_")
+    return name in ("max_seq_len", "context_attention") or name in STAGE_ROPE_KEYS
 
 
 def resume_wandb_run_id(cfg: ExperimentConfig, run_folder: RunFolder) -> str | None:

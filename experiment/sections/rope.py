@@ -137,6 +137,11 @@ FIELD_KEYS = {"theta": "rope_theta", "scaling": "rope_scaling", "factor": "rope_
               "beta_slow": "rope_beta_slow", "mscale": "rope_mscale", "mscale_all_dim": "rope_mscale_all_dim",
               "yarn_attention_factor": "rope_attention_factor", "truncate": "rope_truncate"}
 
+# the model keys of RoPE's frequencies a long-context stage may change (trainer.resume.is_stage_key): the base
+# (gemma3: one for its local and one for its global layers) and the scaling; not how a family pairs a head's
+# dimensions (deepseek_v3's rope_interleave), which the trained weights depend on
+STAGE_ROPE_KEYS = frozenset({*FIELD_KEYS.values(), "rope_theta_local", "rope_theta_global"})
+
 
 def rope_to_hf(rope: Rope) -> dict[str, Any]:
     """Transformers' ``rope_parameters`` (the ``rope_scaling`` of files before Transformers 5) for ``rope``; YaRN's
