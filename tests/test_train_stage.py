@@ -169,3 +169,10 @@ def test_a_decay_branch_of_the_stage_reads_on_in_the_stages_stream(stage: Path) 
         assert [r[key] for r in decay] == [stage_log[r["train/step"]][key] for r in decay], key
     _, items = checkpoint_contents(runs / "stage-decay", END)
     assert items["loader"]["stream_start_step"] == N and items["meta"]["stream_start_step"] == N
+    # its schedule names steps of that stream: one at or before N is one line before anything is written
+    proc = run_recipe("04_pretrain.py", stage, "experiment.name=stage-decay-2", "train.branch_from=stage",
+                      f"train.branch_step={CHANGE}", "train.branch_data=parent",
+                      f"train.mixture_schedule=[{{step: {N}, weights: {{own: 1.0, other: 1.0}}}}]", check=False)
+    assert proc.returncode == 2 and error_line(proc).startswith(
+        f"error: config key 'train.mixture_schedule[0].step': {N} must be above {N}"), proc.stderr[-2000:]
+    assert not (runs / "stage-decay-2" / "checkpoints").exists() and not (runs / "stage-decay-2" / "wandb").exists()
