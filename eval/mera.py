@@ -72,7 +72,7 @@ from eval.code_tasks import program as code_program
 from eval.generative import GenerateTexts
 from eval.harness import PairEncoder, one_answer, one_answer_warning
 from eval.loaders import Record, SourceUnavailable, read_file, read_hub
-from eval.sandbox import run_python
+from eval.sandbox import SandboxError, run_python
 from eval.scoring import LogitsFn, score_requests
 from experiment.errors import DataError
 from experiment.files import atomic_write_bytes, atomic_write_json
@@ -572,7 +572,11 @@ def run_tests_in_sandbox(source: str, tests: list[dict[str, Any]], entry_point: 
     every case."""
     item = CodeItem(id="", prompt="", function=source, tests=repr(tests), outputs=("",) * len(tests),
                     entry_point=entry_point)
-    got = reported_results(run_python(code_program(item, ""), CODE_LIMITS))
+    try:
+        got = reported_results(run_python(code_program(item, ""), CODE_LIMITS))
+    except SandboxError as exc:  # the sandbox, not the sample, failed (a namespace not set up): that sample only
+        log.warning("a code sample was not run: %s", exc)
+        got = None
     return got if got is not None and len(got) == len(tests) else [None] * len(tests)
 
 

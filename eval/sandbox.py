@@ -161,8 +161,12 @@ if settings["namespaces"]:
         os._exit(97)
 
 limits = settings["limits"]
+# RLIMIT_NPROC counts every process and thread of the real user: in a user namespace only the sample's, outside one
+# also the runner's (a JAX process holds hundreds of threads), where it would refuse the sample any thread; there
+# the audit hooks refuse fork and spawn instead
+nproc = (("RLIMIT_NPROC", limits["processes"]),) if settings["namespaces"] else ()
 for name, value in (("RLIMIT_CPU", limits["cpu_s"]), ("RLIMIT_AS", limits["memory_bytes"]),
-                    ("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_NPROC", limits["processes"]),
+                    ("RLIMIT_FSIZE", limits["file_bytes"]), *nproc,
                     ("RLIMIT_NOFILE", limits["open_files"]), ("RLIMIT_CORE", 0)):
     resource.setrlimit(getattr(resource, name), (value, value))
 os.chdir(work)
