@@ -20,7 +20,6 @@ own), and the mask is built from each token's original index and its segment id:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import jax
@@ -154,6 +153,12 @@ def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax
 RING_QUERY_BLOCK = 1024
 
 
+def query_block(share: int, most: int) -> int:
+    """The largest divisor of ``share`` up to ``most``: every block full (a power-of-two gcd would cut a share of
+    1,500 into blocks of 4, a 375-step loop a ring step)."""
+    return max(d for d in range(1, min(share, most) + 1) if share % d == 0)
+
+
 def _ring(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array, query_index: jax.Array, order: jax.Array,
           visible: Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array], axes: tuple[str, ...],
           parts: int, scale: float) -> jax.Array:
@@ -164,7 +169,7 @@ def _ring(q: jax.Array, k: jax.Array, v: jax.Array, seg: jax.Array, query_index:
     pass recomputes): one block's scores in memory, as flash attention tiles its queries."""
     b, share, h, hd = q.shape
     kv = k.shape[2]
-    block = math.gcd(share, RING_QUERY_BLOCK)  # a divisor of the share: every block full
+    block = query_block(share, RING_QUERY_BLOCK)
     blocks = share // block
     device = jax.lax.axis_index(axes)
     neg = jnp.finfo(jnp.float32).min

@@ -175,3 +175,12 @@ def test_a_family_without_context_parallelism_refuses_the_axis() -> None:
     with pytest.raises(ConfigError, match=r"^config key 'train\.mesh\.axes\.context': context parallelism is built "
                                           r"for the llama family's attention"):
         load_config(TINY, [f"model={gemma}", "train.mesh.axes.context=2"])
+
+
+def test_ring_query_blocks_are_the_largest_divisor_of_the_share_up_to_the_limit() -> None:
+    from model.context import query_block
+
+    assert query_block(32_768, 1024) == 1024 and query_block(4096, 1024) == 1024
+    assert query_block(1500, 1024) == 750  # a power-of-two gcd would take 4: a 375-step loop each ring step
+    assert query_block(1031, 1024) == 1  # a prime share: one query at a time, still exact
+    assert query_block(96, 1024) == 96
