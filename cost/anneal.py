@@ -11,8 +11,9 @@ sweep's ``reports/``:
   over seeds with a 95% t-interval, and the candidate - control difference paired by seed with its own 95%
   t-interval (``paired_differences``), and what each mixture's runs cost.
 
-Why paired: a seed fixes the data order of a run (the loader's shuffle of each set), so the control and a
-candidate of one seed read the sets they share in the same order and start from the same checkpoint; the noise
+Why paired: a seed fixes the data order of a run (the loader's shuffle of each set, by the seed and the set's place
+in the mixture), so the control and a candidate of one seed read a set they share at the same place in the same
+order and start from the same checkpoint; the noise
 they share cancels in their difference, which is what the comparison asks about. The interval of the mean of the
 per-seed differences is Student's t with n - 1 degrees of freedom (n seeds).
 """
@@ -211,9 +212,9 @@ def anneal_report(cfg: ExperimentConfig, sweep_folder: RunFolder) -> list[dict[s
                 f"{anneal.step}", preamble=f"Mixtures (set weight): {mixtures}.",
                 notes=["control, candidate: held-out (validation split) bits per byte of the data set at the last "
                        "step, lower is better: the mean over seeds ± the half-width of its 95% Student-t interval",
-                       "difference: candidate - control bits per byte paired by seed (a seed reads the sets both "
-                       "mixtures have in the same order), their mean ± its 95% t-interval (n - 1 degrees of "
-                       "freedom); the candidate is better or worse when the interval excludes 0",
+                       "difference: candidate - control bits per byte paired by seed (a seed reads a set both "
+                       "mixtures have at the same place in the same order), their mean ± its 95% t-interval "
+                       "(n - 1 degrees of freedom); the candidate is better or worse when the interval excludes 0",
                        "RUB / run: each mixture's mean own rubles per run (the anneal alone, not the parent's)"])
     log.info("anneal comparison: %d runs, %d candidate(s) x %d set(s)", len(runs), len(anneal.candidates), len(sets))
     return rows
