@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.stages import CORPUS
 
 log = logging.getLogger("eval.decontam")
@@ -14,9 +15,25 @@ log = logging.getLogger("eval.decontam")
 KEY = "corpus.decontamination"
 
 
-def decontamination_status(run_folder: RunFolder, tasks: dict[str, Any]) -> dict[str, str]:
+def other_data(cfg: ExperimentConfig) -> str:
+    """What the run trained on besides its own folder's corpus, which the status below does not check: a branch's
+    parent's steps, a mixture's sets in other folders ("" for none)."""
+    parts = [f"its parent {cfg.train.branch_from}'s data up to step {cfg.train.branch_step}"
+             if cfg.train.branch_from else "", *(f"mixture set '{m.name}'" for m in cfg.train.mixture if m.shards)]
+    return ", ".join(part for part in parts if part)
+
+
+def decontamination_status(run_folder: RunFolder, tasks: dict[str, Any], other: str = "") -> dict[str, str]:
     """Recipe 05's line per scored task: whether the corpus of this run folder was decontaminated against it,
-    read from the corpus manifest (and against the same source as the evaluation read)."""
+    read from the corpus manifest (and against the same source as the evaluation read); ``other``: what else the
+    run trained on (``other_data``), named as not checked."""
+    status = _own_corpus_status(run_folder, tasks)
+    if other:
+        status = {task: f"{line} (its own corpus; not checked here: {other})" for task, line in status.items()}
+    return status
+
+
+def _own_corpus_status(run_folder: RunFolder, tasks: dict[str, Any]) -> dict[str, str]:
     manifest = CORPUS.read_manifest_if_present(run_folder.corpus)
     record = (manifest or {}).get("decontamination") or {}
     status: dict[str, str] = {}
@@ -40,9 +57,9 @@ def decontamination_status(run_folder: RunFolder, tasks: dict[str, Any]) -> dict
     return status
 
 
-def log_decontamination(run_folder: RunFolder, results: dict[str, Any]) -> None:
+def log_decontamination(run_folder: RunFolder, results: dict[str, Any], other: str = "") -> None:
     """Put recipe 05's per-task decontamination status in the results and print it."""
-    status = decontamination_status(run_folder, results.get("tasks", {}))
+    status = decontamination_status(run_folder, results.get("tasks", {}), other)
     if status:
         results["corpus_decontamination"] = status
     for task, line in status.items():

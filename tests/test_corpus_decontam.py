@@ -4,6 +4,7 @@ read by eval's loaders, planted in real Russian text (../shared/data/text/ruslit
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -13,13 +14,14 @@ import pytest
 
 from data_prep.corpus.decontam import IndexBuilder, decontaminate, normalized_words
 from eval.decontam import benchmark_index, check_decontamination, segment_spec
-from eval.decontam_status import decontamination_status
+from eval.decontam_status import decontamination_status, other_data
 from eval.tasks import TASKS
 from experiment.config import build_dataclass
 from experiment.corpus_format import iter_documents, read_corpus_manifest
 from experiment.errors import ConfigError, DataError
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
+from experiment.sections.train import MixtureSetConfig
 from experiment.stages import CORPUS
 from tests.conftest import needs_shared
 
@@ -210,6 +212,14 @@ def test_recipe_05_says_per_task_whether_the_corpus_was_decontaminated_against_i
         "rcb": "NOT decontaminated against what was evaluated: the corpus against /b/rcb",
         "xnli_ru": "NOT decontaminated: no local file",
         "rucola": "NOT decontaminated: not among corpus.decontamination.benchmarks"}
+    # a stage trained on its parent's data and on mixture sets from other folders too: the line says so
+    stage = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, branch_from="demo", branch_step=200, branch_data="own",
+        mixture=[MixtureSetConfig(name="own"), MixtureSetConfig(name="web", shards="/runs/web/shards")]))
+    assert decontamination_status(folder, tasks, other_data(stage))["terra"] == (
+        "decontaminated (13-grams, remove: 3 documents overlapped) (its own corpus; not checked here: its parent "
+        "demo's data up to step 200, mixture set 'web')")
+    assert other_data(cfg) == ""
 
 
 @pytest.mark.shared_data(BENCH)
