@@ -94,7 +94,7 @@ def check_anneal_inputs(cfg: ExperimentConfig, first_run: ExperimentConfig) -> N
     if parent is None or not (parent.checkpoints / str(anneal.step)).is_dir():
         where = parent.checkpoints if parent is not None else anneal.parent
         raise RecipeError(f"config key 'experiment.anneal.step': no checkpoint of step {anneal.step} in {where} "
-                          "(run recipes/04_pretrain.py for the parent first, or name a step it saved)")
+                          f"(run {PRETRAIN.recipe} for the parent first, or name a step it saved)")
     for name, folder in first_run.eval.validation_sets.items():
         if SHARDS.read_manifest_if_present(location(folder)) is None:
             raise RecipeError(f"config key 'experiment.anneal.sets.{name}': no finished shards in {folder} (run "
