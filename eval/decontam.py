@@ -23,9 +23,11 @@ from collections.abc import Iterator
 from data_prep.corpus.decontam import BenchmarkIndex, IndexBuilder
 from eval.generative import load_generative
 from eval.harness import _expand, load_task
-from eval.loaders import SourceUnavailable
+from eval.loaders import Record, SourceUnavailable
 from eval.mera import MERA_TASKS, read_records
-from eval.tasks import BENCH, GENERATIVE_TASKS, TASKS, TaskSpec
+from eval.mera_scores import labelled_files, labelled_records
+from eval.tasks import BENCH, GENERATIVE_TASKS, MERA_LOCAL_TASKS, TASKS, TaskSpec
+from eval.tasks import MERA_PREFIX as MERA_LOCAL_PREFIX
 from experiment.errors import ConfigError, DataError
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
@@ -40,9 +42,9 @@ KEY = "corpus.decontamination"
 
 
 def known_benchmarks() -> list[str]:
-    """Every benchmark recipe 01 can decontaminate against: recipe 05's tasks (the passkey is generated, not read)
-    and recipe 05c's MERA tasks as ``mera:<config>``."""
-    return [*sorted({*TASKS, *GENERATIVE_TASKS}), *(MERA_PREFIX + config for config in MERA_TASKS)]
+    """Every benchmark recipe 01 can decontaminate against: recipe 05's tasks (the passkey is generated, not read;
+    MERA's labelled items as ``mera_<config>``) and recipe 05c's MERA test splits as ``mera:<config>``."""
+    return [*sorted({*TASKS, *GENERATIVE_TASKS}), *MERA_LOCAL_TASKS, *(MERA_PREFIX + config for config in MERA_TASKS)]
 
 
 def chosen_benchmarks(cfg: ExperimentConfig) -> list[str]:
@@ -98,22 +100,31 @@ def _local_files(name: str, eval_cfg: EvalConfig) -> list[str]:
                 if eval_cfg.mera_dir]
     if name in eval_cfg.task_files:
         return [eval_cfg.task_files[name]]
+    if name.startswith(MERA_LOCAL_PREFIX):
+        return labelled_files(name.removeprefix(MERA_LOCAL_PREFIX), bench_dir=eval_cfg.bench_dir,
+                              mera_dir=eval_cfg.mera_dir)
     if name in GENERATIVE_TASKS:
         return [s.path.replace(BENCH, eval_cfg.bench_dir) for s in GENERATIVE_TASKS[name].sources if not s.hub]
     return [_expand(s.path, eval_cfg.bench_dir, eval_cfg.rublimp_dir) for s in TASKS[name].sources if not s.hub]
+
+
+def _mera_segments(records: list[Record]) -> Iterator[list[str]]:
+    """Each MERA record's text: its inputs' strings and a text answer."""
+    for record in records:
+        inputs, outputs = record.fields.get("inputs"), record.fields.get("outputs")
+        texts = list(inputs.values()) if isinstance(inputs, dict) else [inputs]
+        yield _segments(*(str(t) for t in [*texts, outputs] if isinstance(t, str)))
 
 
 def benchmark_items(name: str, eval_cfg: EvalConfig) -> tuple[str, Iterator[list[str]]]:
     """(where eval reads the benchmark, each item's segments); SourceUnavailable when it cannot be read."""
     if name.startswith(MERA_PREFIX):
         records, where = read_records(MERA_TASKS[name.removeprefix(MERA_PREFIX)], eval_cfg.mera_dir)
-
-        def mera_items() -> Iterator[list[str]]:
-            for record in records:
-                inputs, outputs = record.fields.get("inputs"), record.fields.get("outputs")
-                texts = list(inputs.values()) if isinstance(inputs, dict) else [inputs]
-                yield _segments(*(str(t) for t in [*texts, outputs] if isinstance(t, str)))
-        return where, mera_items()
+        return where, _mera_segments(records)
+    if name.startswith(MERA_LOCAL_PREFIX):
+        records, source = labelled_records(name.removeprefix(MERA_LOCAL_PREFIX), bench_dir=eval_cfg.bench_dir,
+                                           mera_dir=eval_cfg.mera_dir, task_files=eval_cfg.task_files)
+        return source["source"], _mera_segments(records)
     if name in GENERATIVE_TASKS:
         data = load_generative(GENERATIVE_TASKS[name], bench_dir=eval_cfg.bench_dir, task_files=eval_cfg.task_files)
         return data.where, (_segments(item.inputs, item.passage, *item.answers) for item in data.pool)

@@ -262,33 +262,53 @@ def headline_metric(result: dict[str, Any]) -> str:
 
 def versus_baseline(summary: dict[str, Any], baselines: dict[str, Any]) -> dict[str, Any]:
     """The headline comparison: the score against the strongest baseline. 'above' / 'below' when the
-    score's 95% interval excludes the baseline's value, else 'not distinguishable'."""
+    score's 95% interval excludes the baseline's value, else 'not distinguishable'; 'undefined' without one."""
     name = baselines["strongest"]
     value = baselines[name]["value"]
-    lo, hi = summary["ci95"]
-    verdict = "above" if lo > value else "below" if hi < value else "not distinguishable"
+    if summary["ci95"] is None:  # an MCC of one answer throughout: no interval to compare (mcc_summary says why)
+        verdict = f"undefined ({summary.get('undefined', 'no interval')})"
+    else:
+        lo, hi = summary["ci95"]
+        verdict = "above" if lo > value else "below" if hi < value else "not distinguishable"
     return {"baseline": name, "baseline_value": value, "baseline_ci95": baselines[name]["ci95"],
             "margin": summary["value"] - value, "verdict": verdict}
 
 
-def mcc_summary(items: Sequence[Item], loglik: Sequence[Sequence[float]], seed: int) -> dict[str, Any]:
-    """MCC of the argmax prediction with its bootstrap interval; undefined (``ci95`` None, with the reason)
-    when the predictions or the labels take one value throughout or the interval collapses to a point:
-    MCC is 0/0 there (0 by convention), and an interval of [0, 0] would look precise."""
-    gold = [it.gold for it in items]
-    pred = [int(np.argmax(ll)) for ll in loglik]
-    out: dict[str, Any] = {"value": stats.matthews_corrcoef(gold, pred), "ci95": None, "chance": 0.0, "n": len(items)}
-    if len(set(pred)) < 2:
-        out["undefined"] = "one answer predicted throughout"
-    elif len(set(gold)) < 2:
-        out["undefined"] = "one gold answer throughout"
+def bootstrap_summary(aggregate: Callable[[list[int]], float], n: int, chance: float, seed: int,
+                      undefined: str | None = None) -> dict[str, Any]:
+    """A score that is not a mean of per-item credits (MCC, macro F1, USE's grade_norm): ``aggregate`` of the item
+    indices, with a seeded percentile bootstrap interval over the items; none (``ci95`` None) where ``undefined`` names
+    why, or where the interval collapses to a point (an interval of [0, 0] would look precise)."""
+    out: dict[str, Any] = {"value": aggregate(list(range(n))), "ci95": None, "chance": chance, "n": n}
+    if undefined:
+        out["undefined"] = undefined
+        return out
+    lo, hi = stats.bootstrap_interval(aggregate, n, seed=seed)
+    if lo == hi:
+        out["undefined"] = "the bootstrap interval collapses to a point"
     else:
-        lo, hi = stats.bootstrap_mcc_interval(gold, pred, seed=seed)
-        if lo == hi:
-            out["undefined"] = "the bootstrap interval collapses to a point"
-        else:
-            out["ci95"] = [lo, hi]
+        out["ci95"] = [lo, hi]
     return out
+
+
+def mcc_undefined(gold: Sequence[int], pred: Sequence[int]) -> str | None:
+    """Why an MCC is 0/0 (0 by convention), or None."""
+    if len(set(pred)) < 2:
+        return "one answer predicted throughout"
+    return "one gold answer throughout" if len(set(gold)) < 2 else None
+
+
+def mcc_of(gold: Sequence[int], pred: Sequence[int], seed: int) -> dict[str, Any]:
+    """MCC with its bootstrap interval; undefined (``ci95`` None, with the reason) when the predictions or the labels
+    take one value throughout or the interval collapses to a point."""
+    g, p = np.asarray(gold, dtype=np.int64), np.asarray(pred, dtype=np.int64)
+    return bootstrap_summary(lambda rows: stats.matthews_corrcoef(g[rows], p[rows]), len(g), 0.0, seed,
+                             mcc_undefined(gold, pred))
+
+
+def mcc_summary(items: Sequence[Item], loglik: Sequence[Sequence[float]], seed: int) -> dict[str, Any]:
+    """MCC of the argmax prediction (``mcc_of``)."""
+    return mcc_of([it.gold for it in items], [int(np.argmax(ll)) for ll in loglik], seed)
 
 
 def _per_item_credits(items: Sequence[Item], loglik: Sequence[Sequence[float]],

@@ -63,7 +63,6 @@ import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from eval.code_tasks import LIMITS as CODE_LIMITS
@@ -75,10 +74,8 @@ from eval.loaders import Record, SourceUnavailable, read_file, read_hub
 from eval.sandbox import SandboxError, run_python
 from eval.scoring import LogitsFn, score_requests
 from experiment.errors import DataError
-from experiment.files import atomic_write_bytes, atomic_write_json
+from experiment.files import atomic_write_bytes
 from experiment.jsontext import parse_json
-from experiment.schema import ExperimentConfig
-from experiment.stages import MERA
 from experiment.storage import BucketPath, RunPath, location
 
 log = logging.getLogger("eval.mera")
@@ -495,19 +492,26 @@ def task_items(task: MeraTask, mera_dir: str, mode: FewshotMode,
     """A task's items with their prompts, and where they came from."""
     records, where = read_records(task, mera_dir)
     source: dict[str, Any] = {"source": where}
+    pool: Sequence[Record] = ()
+    if fewshot_count(task, mode):
+        pool, source["examples_from"] = ((records, where) if task.shots_split == "test"
+                                         else read_records(task, mera_dir, task.shots_split))
+    return prompted_items(task, records, pool, mode, max_items), source
+
+
+def prompted_items(task: MeraTask, records: Sequence[Record], pool: Sequence[Record], mode: FewshotMode,
+                   max_items: int | None) -> list[MeraItem]:
+    """The first ``max_items`` of ``records`` with their prompts, solved examples drawn from ``pool`` (a record
+    drawn for itself is left out); every record is checked before any prompt is built."""
     if task.kind == "dialogue":  # rutie/utils.py process_docs: each dialogue in question order
         records = sorted(records, key=lambda r: [int((r.fields.get("meta") or {}).get(key, -1))
                                                  for key in ("dialog_id", "question_id")])
     k = fewshot_count(task, mode)
-    pool: Sequence[Record] = ()
-    if k:
-        pool, source["examples_from"] = ((records, where) if task.shots_split == "test"
-                                         else read_records(task, mera_dir, task.shots_split))
     for record in records:  # every record is checked before anything is predicted
         check_record(task, record)
-    limited = records[:max_items] if max_items else records
+    limited = list(records[:max_items] if max_items else records)
     shots = draw_shots(task, limited, pool, k)  # the draws of the first items are those of the whole split
-    return [build_mera_item(task, record, drawn, k) for record, drawn in zip(limited, shots, strict=True)], source
+    return [build_mera_item(task, record, drawn, k) for record, drawn in zip(limited, shots, strict=True)]
 
 
 def build_submission(tasks: Sequence[str], mera_dir: str, predictors: Predictors, *, mode: FewshotMode = "leaderboard",
@@ -647,60 +651,3 @@ def validate_submission(path: RunPath, expected: dict[str, list[dict[str, Any]]]
                                     f"({len(want - seen)} missing, {len(seen - want)} not among them)")
             counts[name] = len(rows)
     return counts
-
-
-def mera_submission(cfg: ExperimentConfig, run_folder: Any, wandb_run: Any) -> Path:
-    """Recipe 05c: the predictions of one checkpoint (``eval.checkpoint_step``, else the latest) for the MERA tasks
-    ``eval.mera_tasks`` at MERA's settings (``eval.mera_fewshot``), as ``mera/submission_step_NNNNNNN.zip``
-    (validated by reading it back) beside a ``.json`` saying the setting, what each task's inputs were and which
-    tasks were skipped, and why, and the code tasks' samples as ``code_samples_step_NNNNNNN.json``."""
-    from eval.completions import complete, keeping_the_end, run_codec
-    from eval.run import max_len_of, step_name, text_generator
-    from eval.scoring import model_logits_fn
-    from tokenizer.loaded import load_run_tokenizer
-    from trainer.trained_model import load_trained_model
-
-    eval_cfg = cfg.eval  # its mera_tasks were checked against experiment.sections.eval.MERA_CONFIGS at load
-    tok = load_run_tokenizer(run_folder.tokenizer)
-    model, step, meta = load_trained_model(run_folder, step=eval_cfg.checkpoint_step)
-    max_len = max_len_of(cfg, meta)
-    codec = run_codec(tok)
-
-    def sample(prompts: list[str], max_new_tokens: int, stop: Sequence[str], temperature: float, top_k: int,
-               seed: int) -> list[str]:
-        records = complete(model, keeping_the_end(codec, max_len, max_new_tokens), prompts,
-                           max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed, stop=stop,
-                           max_len=max_len, batch_size=len(prompts))
-        return [record["completion"] for record in records]
-
-    predictors = Predictors(model_logits_fn(model), PairEncoder(tok.encode, tok.eos_id, tok.normalize),
-                            text_generator(model, tok, max_len), eval_cfg.batch_size, max_len, tok.pad_id,
-                            sample=sample, run_tests=run_tests_in_sandbox)
-    files, skipped, summary, code_samples = build_submission(
-        eval_cfg.mera_tasks, eval_cfg.mera_dir, predictors, mode=eval_cfg.mera_fewshot,
-        max_items=eval_cfg.mera_max_items)
-    if not files:
-        raise DataError(f"no MERA task's test inputs could be read ({'; '.join(skipped.values())}): set "
-                        "eval.mera_dir to a folder of <task>.jsonl files in MERA's schema")
-    out = MERA.dir(run_folder) / f"submission_{step_name(int(step))}.zip"
-    write_submission(out, files)
-    counts = validate_submission(out, {name: [row["meta"] for row in body["data"]["test"]]
-                                       for name, body in files.items()})
-    if code_samples:
-        atomic_write_json(out.parent / f"code_samples_{step_name(int(step))}.json", code_samples)
-    atomic_write_json(out.with_suffix(".json"), {
-        "step": int(step), "archive": out.name, "fewshot": eval_cfg.mera_fewshot,
-        "settings": f"MERA v1.2.0 (MERA-Evaluation/MERA {MERA_COMMIT[:7]}): "
-                    + ("each task's number of solved examples (scripts/run_benchmark.sh), drawn with seed 1234"
-                       if eval_cfg.mera_fewshot == "leaderboard" else
-                       "zero-shot (no solved examples; not the leaderboard's setting)"),
-        "tasks": summary, "predictions": counts, "skipped": skipped})
-    flagged = [name for name, task in summary.items() if task.get("one_answer")]
-    log.info("MERA submission of step %d (%s): %s (%d tasks, %d predictions; skipped: %s; one answer throughout: "
-             "%s)", step, eval_cfg.mera_fewshot, out, len(counts), sum(counts.values()), ", ".join(skipped) or "none",
-             ", ".join(flagged) or "none")
-    print(out)
-    if wandb_run is not None:
-        wandb_run.summary.update({"mera/archive": str(out), "mera/tasks": len(counts), "mera/step": int(step),
-                                  "mera/one_answer_tasks": len(flagged), "mera/fewshot": eval_cfg.mera_fewshot})
-    return out

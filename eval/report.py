@@ -97,8 +97,10 @@ def _headline(results: dict[str, Any]) -> list[str]:
              "every item offers the same answers), fewer tokens wins and fewer bytes wins (the shorter answer: "
              "summed log-likelihood favours it). 'above' / 'below': the score's 95% interval excludes the "
              "baseline's score. Random init: the run's step-0 weights, initialised by the trainer's own code "
-             f"with {_random_init_origin(results)}; it counts as a baseline too.", "",
-             "| task | acc | 95% interval | strongest baseline | its score | random init | verdict | items | labels |",
+             f"with {_random_init_origin(results)}; it counts as a baseline too. The score is the task's accuracy, "
+             "or the metric named beside the task (generated answers, MERA's scorers).", "",
+             "| task | score | 95% interval | strongest baseline | its score | random init | verdict | items "
+             "| labels |",
              "|---|---:|---|---|---|---|---|---:|---|"]
     for task, r in results["tasks"].items():
         if "vs_strongest_baseline" not in r:
@@ -106,7 +108,8 @@ def _headline(results: dict[str, Any]) -> list[str]:
         m, versus = r["metrics"][headline_metric(r)], r["vs_strongest_baseline"]
         flag = " (one answer throughout)" if r.get("answers", {}).get("one_answer") else ""
         random_acc = r.get("random_init", {}).get("metrics", {}).get(headline_metric(r))
-        lines.append(f"| {task} | {_fmt(m['value'])} | {_interval(m['ci95'])} | "
+        named = task if headline_metric(r) == "acc" else f"{task} ({headline_metric(r)})"
+        lines.append(f"| {named} | {_fmt(m['value'])} | {_interval(m['ci95'])} | "
                      f"{BASELINE_NAMES.get(versus['baseline'], versus['baseline'])} | "
                      f"{_fmt(versus['baseline_value'])} {_interval(versus['baseline_ci95'])} | "
                      f"{_with_interval(random_acc) or 'not run'} | {versus['verdict']}{flag} | {m['n']} | "
@@ -144,16 +147,22 @@ def _answers_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cell(text: str) -> str:
+    """A table cell's text: a pipe escaped, line breaks as spaces (a generated answer may hold either)."""
+    return " ".join(str(text).split("\n")).replace("|", "\\|")
+
+
 def _generated_examples(results: dict[str, Any]) -> list[str]:
     """The first items of each generative task: the query's last line, what the model wrote, the answer."""
     lines: list[str] = []
     for task, r in results["tasks"].items():
         if not r.get("examples"):
             continue
-        lines += ["", f"## {task}: generated answers (first items)", "", "| query | generated | answer |",
-                  "|---|---|---|"]
-        lines += [f"| {e['query'].splitlines()[-1]} | {e['prediction'] or '(empty)'} | {e['answer']} |"
-                  for e in r["examples"]]
+        generated = r.get("kind") in ("generative", "mera_text", "mera_detox")
+        lines += ["", f"## {task}: {'generated answers' if generated else 'answers'} (first items)", "",
+                  f"| query | {'generated' if generated else 'chosen'} | answer |", "|---|---|---|"]
+        lines += [f"| {_cell((e['query'].splitlines() or [''])[-1])} | {_cell(e['prediction']) or '(empty)'} | "
+                  f"{_cell(e['answer'])} |" for e in r["examples"]]
     return lines
 
 

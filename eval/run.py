@@ -24,9 +24,11 @@ from eval.decontam_status import log_decontamination, other_data
 from eval.generative import GenerateTexts, GenTaskData, evaluate_generative, load_generative
 from eval.harness import PairEncoder, TaskData, headline_metric, one_answer_warning
 from eval.loaders import SourceUnavailable
+from eval.mera import Predictors, SampleTexts
+from eval.mera_scores import MeraLocalData, evaluate_mera_local, load_mera_local
 from eval.report import render_markdown, results_rows
 from eval.scoring import LogitsFn, model_logits_fn
-from eval.tasks import GENERATIVE_TASKS, PASSKEY, check_task_names, get_task
+from eval.tasks import GENERATIVE_TASKS, MERA_PREFIX, PASSKEY, check_task_names, get_task
 from experiment.config import redact
 from experiment.errors import ConfigError, DataError, RecipeError, WriteError
 from experiment.files import atomic_write_json, atomic_write_text, write_errno, write_error
@@ -43,13 +45,13 @@ from tracking.artifacts import add_files
 log = logging.getLogger("eval")
 
 
-_TASK_CACHE: dict[tuple[Any, ...], TaskData | GenTaskData] = {}
+_TASK_CACHE: dict[tuple[Any, ...], TaskData | GenTaskData | MeraLocalData] = {}
 _SKIPPED_CACHE: dict[tuple[Any, ...], str] = {}
 _PASSKEY_CACHE: dict[tuple[Any, ...], tuple[list[passkey.PasskeyItem], str]] = {}
 
 
 def load_tasks(names: Sequence[str], eval_cfg: EvalConfig, max_items: int | None,
-               skipped: dict[str, str] | None = None) -> list[TaskData | GenTaskData]:
+               skipped: dict[str, str] | None = None) -> list[TaskData | GenTaskData | MeraLocalData]:
     """Load (and, for repeated eval during training, remember) the items of each task.
 
     With ``eval.missing_tasks: skip`` a task whose files are absent is left out with a warning and
@@ -60,13 +62,18 @@ def load_tasks(names: Sequence[str], eval_cfg: EvalConfig, max_items: int | None
     loaded = []
     for name in names:
         key = (name, bench_dir, rublimp_dir, tuple(sorted(task_files.items())),
-               tuple(sorted(eval_cfg.task_schemas.items())), max_items, eval_cfg.seed, eval_cfg.balance_labels)
+               tuple(sorted(eval_cfg.task_schemas.items())), max_items, eval_cfg.seed, eval_cfg.balance_labels,
+               eval_cfg.mera_dir, eval_cfg.mera_fewshot)
         if key in _SKIPPED_CACHE and eval_cfg.missing_tasks == "skip" and skipped is not None:
             skipped[name] = _SKIPPED_CACHE[key]  # eval during training: do not retry an unreachable hub every time
             continue
         if key not in _TASK_CACHE:
             try:
-                if name in GENERATIVE_TASKS:
+                if name.startswith(MERA_PREFIX):
+                    _TASK_CACHE[key] = load_mera_local(name.removeprefix(MERA_PREFIX), bench_dir=bench_dir,
+                                                       mera_dir=eval_cfg.mera_dir, task_files=task_files,
+                                                       mode=eval_cfg.mera_fewshot, max_items=max_items)
+                elif name in GENERATIVE_TASKS:
                     _TASK_CACHE[key] = load_generative(GENERATIVE_TASKS[name], bench_dir=bench_dir,
                                                        task_files=task_files, max_items=max_items, seed=eval_cfg.seed)
                 else:
@@ -87,7 +94,7 @@ def load_tasks(names: Sequence[str], eval_cfg: EvalConfig, max_items: int | None
 def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, run_folder: RunFolder, *, max_len: int,
               tasks: Sequence[str], max_items: int | None, validation_batches: int | None,
               heldout_files: Sequence[str] = (), mixture: Sequence[tuple[str, Path, float]] = (),
-              generate: GenerateTexts | None = None) -> dict[str, Any]:
+              generate: GenerateTexts | None = None, sample: SampleTexts | None = None) -> dict[str, Any]:
     """Bits per byte (validation shards, each ``mixture`` set's, held-out files) and task scores: the results body."""
     results: dict[str, Any] = {}
     shards_manifest = SHARDS.read_manifest_if_present(run_folder.shards)
@@ -122,7 +129,8 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, run_
             results["heldout"][name] = acc.to_dict()
             log.info("held-out %s: %s", name, bpb.describe(acc))
     results["tasks"], skipped = score_tasks(logits_fn, tok, eval_cfg, tasks=tasks, max_items=max_items,
-                                            max_len=max_len, generate=generate, shards_dir=run_folder.shards)
+                                            max_len=max_len, generate=generate, sample=sample,
+                                            shards_dir=run_folder.shards)
     if skipped:
         results["tasks_skipped"] = skipped
     return results
@@ -130,10 +138,12 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, run_
 
 def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, *, tasks: Sequence[str],
                 max_items: int | None, max_len: int, generate: GenerateTexts | None = None,
+                sample: SampleTexts | None = None,
                 shards_dir: Path | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Every task's result (see ``harness.evaluate_task``, ``generative.evaluate_generative``: the generative
-    tasks need ``generate``; ``passkey.evaluate_passkey``: its filler comes from ``shards_dir``'s validation split
-    unless ``eval.passkey.filler_file`` is set) and the tasks skipped for missing files."""
+    tasks need ``generate``; ``mera_scores.evaluate_mera_local``: MERA's code tasks also need ``sample``;
+    ``passkey.evaluate_passkey``: its filler comes from ``shards_dir``'s validation split unless
+    ``eval.passkey.filler_file`` is set) and the tasks skipped for missing files."""
     encoder = PairEncoder(tok.encode, tok.eos_id, tok.normalize)
     scored: dict[str, Any] = {}
     skipped: dict[str, str] = {}
@@ -147,7 +157,13 @@ def score_tasks(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, *,
         scored[PASSKEY]["seconds"] = round(time.perf_counter() - started, 2)
     for data in load_tasks([task for task in tasks if task != PASSKEY], eval_cfg, max_items, skipped):
         started = time.perf_counter()
-        if isinstance(data, GenTaskData):
+        if isinstance(data, MeraLocalData):
+            if generate is None:
+                raise ValueError(f"task {MERA_PREFIX}{data.task.config} may generate: score_tasks needs generate=")
+            predictors = Predictors(logits_fn, encoder, generate, eval_cfg.batch_size, max_len, tok.pad_id,
+                                    sample=sample)
+            result = evaluate_mera_local(data, predictors, seed=eval_cfg.seed)
+        elif isinstance(data, GenTaskData):
             if generate is None:
                 raise ValueError(f"task {data.task.name} is generative: score_tasks needs generate=")
             result = evaluate_generative(data, generate, seed=eval_cfg.seed, batch_size=eval_cfg.batch_size)
@@ -203,8 +219,9 @@ def log_task_results(tasks: dict[str, Any]) -> None:
     for task, result in tasks.items():
         metric = headline_metric(result)
         acc, versus = result["metrics"][metric], result["vs_strongest_baseline"]
-        log.info("%s: %s %.3f [%.3f, %.3f] (strongest baseline %s %.3f: %s; chance %.3f, %d items, %s labels)",
-                 task, metric, acc["value"], *acc["ci95"], versus["baseline"], versus["baseline_value"],
+        interval = f"[{acc['ci95'][0]:.3f}, {acc['ci95'][1]:.3f}]" if acc["ci95"] is not None else "[no interval]"
+        log.info("%s: %s %.3f %s (strongest baseline %s %.3f: %s; chance %.3f, %d items, %s labels)",
+                 task, metric, acc["value"], interval, versus["baseline"], versus["baseline_value"],
                  versus["verdict"], acc["chance"], result["items"], result["labels"])
         if result["answers"]["one_answer"]:
             log.warning(one_answer_warning(task, result["answers"]["top"], result["answers"]["top_share"]))
@@ -358,7 +375,7 @@ def evaluate_model(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, ste
     started = time.perf_counter()
     results = run_suite(
         model_logits_fn(model), tok, eval_cfg, run_folder, max_len=max_len_of(cfg),
-        generate=text_generator(model, tok, max_len_of(cfg)),
+        generate=text_generator(model, tok, max_len_of(cfg)), sample=text_sampler(model, tok, max_len_of(cfg)),
         tasks=eval_cfg.train_tasks if subset else eval_cfg.tasks,
         max_items=eval_cfg.train_max_items_per_task if subset else eval_cfg.max_items_per_task,
         validation_batches=eval_cfg.train_validation_batches if subset else eval_cfg.max_validation_batches,
@@ -388,6 +405,23 @@ def text_generator(model: Any, tok: RunTokenizer, max_len: int) -> GenerateTexts
         return [record["completion"] for record in records]
 
     return generate
+
+
+def text_sampler(model: Any, tok: RunTokenizer, max_len: int) -> SampleTexts:
+    """(prompts, max new tokens, stop strings, temperature, top-k, seed) -> sampled completions of ``model``, a prompt
+    too long for ``max_len`` cut to its end: what MERA's code tasks call (eval/mera.py)."""
+    from eval.completions import complete, keeping_the_end, run_codec
+
+    codec = run_codec(tok)
+
+    def sample(prompts: list[str], max_new_tokens: int, stop: Sequence[str], temperature: float, top_k: int,
+               seed: int) -> list[str]:
+        records = complete(model, keeping_the_end(codec, max_len, max_new_tokens), prompts,
+                           max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed, stop=stop,
+                           max_len=max_len, batch_size=len(prompts))
+        return [record["completion"] for record in records]
+
+    return sample
 
 
 def sample_completions(model: Any, cfg: ExperimentConfig, run_folder: RunFolder, step: int) -> list[dict[str, Any]]:
@@ -485,7 +519,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
                                "max_len": max_len, "num_fewshot": eval_cfg.num_fewshot, "seed": eval_cfg.seed,
                                "config": redact(dataclasses.asdict(eval_cfg))}
     results.update(run_suite(model_logits_fn(model), tok, eval_cfg, run_folder, max_len=max_len,
-                             generate=text_generator(model, tok, max_len),
+                             generate=text_generator(model, tok, max_len), sample=text_sampler(model, tok, max_len),
                              tasks=eval_cfg.tasks, max_items=eval_cfg.max_items_per_task,
                              validation_batches=eval_cfg.max_validation_batches,
                              heldout_files=eval_cfg.heldout_text_files,
@@ -498,7 +532,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
         scored, _ = score_tasks(model_logits_fn(random_model), tok, eval_cfg,
                                 tasks=list(results["tasks"]), max_items=eval_cfg.max_items_per_task,
                                 max_len=max_len, generate=text_generator(random_model, tok, max_len),
-                                shards_dir=run_folder.shards)
+                                sample=text_sampler(random_model, tok, max_len), shards_dir=run_folder.shards)
         add_random_init(results, scored, init)
         results["random_init_seconds"] = round(time.perf_counter() - random_started, 2)
     if eval_cfg.base_model_baseline and meta.get("init_from"):
@@ -515,7 +549,8 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
             log.info("scoring the same shards, texts and items with the base model %s", info["folder"])
             scored = run_suite(model_logits_fn(base), tok, eval_cfg, run_folder, max_len=max_len,
                                generate=text_generator(base, tok, max_len),
-                               tasks=list(results["tasks"]), max_items=eval_cfg.max_items_per_task,
+                               sample=text_sampler(base, tok, max_len), tasks=list(results["tasks"]),
+                               max_items=eval_cfg.max_items_per_task,
                                validation_batches=eval_cfg.max_validation_batches,
                                heldout_files=eval_cfg.heldout_text_files,
                                mixture=measured_sets(cfg, run_folder))

@@ -8,7 +8,7 @@ for small n, unlike the normal approximation); MCC gets a seeded percentile boot
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -42,16 +42,14 @@ def matthews_corrcoef(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
     return 0.0 if denom == 0 else (tp * tn - fp * fn) / denom
 
 
-def bootstrap_mcc_interval(y_true: Sequence[int], y_pred: Sequence[int], seed: int = 0,
-                           resamples: int = 1000, level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of MCC, resampling items with a fixed seed (deterministic)."""
-    t = np.asarray(y_true, dtype=np.int64)
-    p = np.asarray(y_pred, dtype=np.int64)
-    if len(t) == 0:
-        return (-1.0, 1.0)
+def bootstrap_interval(aggregate: Callable[[list[int]], float], n: int, seed: int = 0, resamples: int = 1000,
+                       level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of a score over ``n`` items: ``aggregate`` of the item indices drawn with
+    replacement, ``resamples`` times with a fixed seed (deterministic)."""
+    if n == 0:
+        return (float("nan"), float("nan"))
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(t), size=(resamples, len(t)))
-    values = np.array([matthews_corrcoef(t[row], p[row]) for row in idx])
+    values = np.array([aggregate(list(row)) for row in rng.integers(0, n, size=(resamples, n))])
     alpha = (1.0 - level) / 2
     return (float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha)))
 

@@ -32,7 +32,7 @@ from experiment.errors import ConfigError, DataError
 from experiment.jsontext import parse_json
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
-from experiment.sections.eval import EvalConfig
+from experiment.sections.eval import MERA_CONFIGS, EvalConfig
 
 BENCH = "{bench}"  # replaced by eval.bench_dir
 
@@ -344,12 +344,15 @@ GENERATIVE_TASKS: dict[str, GenerativeTask] = {task.name: task for task in (
 
 
 PASSKEY = "passkey"  # generated, not read: eval/passkey.py (settings: eval.passkey)
+# MERA's tasks on labelled items, at its prompts and settings, scored by its scorer: mera_<config> (eval/mera_scores.py)
+MERA_PREFIX = "mera_"
+MERA_LOCAL_TASKS = tuple(MERA_PREFIX + config for config in MERA_CONFIGS)
 
 
 def known_task_names() -> list[str]:
-    """Every task recipe 05 can score: the log-likelihood ones, the generative ones (eval/generative.py) and the
-    passkey retrieval (eval/passkey.py)."""
-    return sorted({*TASKS, *GENERATIVE_TASKS, PASSKEY})
+    """Every task recipe 05 can score: the log-likelihood ones, the generative ones (eval/generative.py), the
+    passkey retrieval (eval/passkey.py) and MERA's tasks as its scorer scores them (eval/mera_scores.py)."""
+    return sorted({*TASKS, *GENERATIVE_TASKS, PASSKEY, *MERA_LOCAL_TASKS})
 
 
 def check_task_names(eval_cfg: EvalConfig) -> None:

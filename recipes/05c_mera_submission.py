@@ -1,7 +1,7 @@
 """Recipe 05c: a checkpoint's predictions for MERA's closed test splits, as the archive the MERA site takes
 (see eval/mera.py)."""
 
-from eval.mera import mera_submission
+from eval.mera_recipe import mera_submission
 from experiment.stages import MERA
 from tracking.harness import recipe_main
 

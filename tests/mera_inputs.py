@@ -111,7 +111,8 @@ def mera_records(shared: Path, n: int = 4) -> dict[str, list[dict[str, Any]]]:
                  "inputs": {"task": f"Укажите номер предложения ({i}).", "text": "(1) Шёл дождь. (2) Было тепло.",
                             "choices": "", "additional_text": ""},
                  "outputs": "1", "meta": {"id": i, "id_task": str(1 + i % 2), "variant": 1, "score": 1,
-                                          "type": "text"}} for i in range(n)],
+                                          "type": "multiple_choice_options_within_text"}}
+                for i in range(n)],
         "rutie": [{"instruction": "Вам дан диалог и два варианта ответа. Ответьте на последний вопрос цифрой 1 или 2."
                                   "\n{context}\n{question}\n1. {choice1}\n2. {choice2}\nКакой ответ правильный?",
                    "inputs": {"question": f"Вопрос {i}: сколько ног у человека?", "choice1": "Две",

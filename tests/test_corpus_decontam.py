@@ -313,3 +313,20 @@ def test_a_benchmark_item_with_stress_marks_or_decomposed_letters_matches_the_cl
     document = normalize_text("Так было. Он открыл замок старым ключом и вошёл в дом, где давно никто не жил й не "
                               "бывал. Конец.")
     assert decontaminate(document, index, "remove").benchmarks == ("b",)
+
+
+@pytest.mark.shared_data(BENCH)
+def test_the_mera_sets_recipe_05_scores_are_indexed_from_the_files_it_reads(tmp_path: Path) -> None:
+    """Recipe 05's mera_<config> tasks read MERA's open human-benchmark sets: a ruEthics situation and a ruDetox
+    reference are removed under those tasks' names; a task with no labelled file here is recorded, not read."""
+    ethics = json.loads((BENCH / "mera_humanbench" / "ruethics_data.json").read_text(encoding="utf-8"))
+    situation = next(row["text"] for row in ethics if 20 <= len(normalized_words(row["text"])) <= 80)
+    detox = first_row(BENCH / "mera_humanbench" / "rudetox_dataset.csv", lambda r: r["outputs"], 14)
+    cfg = make_cfg(tmp_path, [{"kind": "debian"}], benchmarks=["mera_ruethics", "mera_rudetox", "mera_parus"])
+    index = benchmark_index(cfg)
+    assert index is not None and index.summaries["mera_ruethics"].items == 3 * len(ethics)  # three questions each
+    assert index.summaries["mera_ruethics"].source == str(BENCH / "mera_humanbench" / "ruethics_data.json")
+    assert "mera_parus" in index.not_indexed  # no labelled PARus file here, and the hub is not read
+    assert decontaminate(f"Вот что писали тогда. {disguised(situation)} Конец.", index, "remove").benchmarks == (
+        "mera_ruethics",)
+    assert decontaminate(disguised(detox), index, "remove").benchmarks == ("mera_rudetox",)
