@@ -285,10 +285,10 @@ def load_mera_local(config: str, *, bench_dir: str, mera_dir: str, task_files: d
     for record in records:
         gold_of(task, record)
     if task.kind == "code":
+        for record in records:  # every record checked before any sample runs
+            code_item(record, config)
         items = [MeraItem({"id": i}, "", record) for i, record in enumerate(records[:max_items] if max_items
                                                                              else records)]
-        for item in items:
-            code_item(item.record, config)
     else:
         items = prompted_items(task, records, records, mode, max_items)
     source.update(fewshot=fewshot_count(task, mode), examples_from="the same items, each item left out of its own"
