@@ -2,7 +2,9 @@
 
 tqdm redraws its bar with carriage returns; written to a file or a CI log, every redraw is kept, so a
 long stage leaves thousands of frames on one line. When stderr is not a terminal, ``progress`` prints
-one plain line (count, rate, time left) every ``RU_PROGRESS_EVERY_S`` seconds (default 30) instead.
+one plain line (count, share done, rate, time left) every ``RU_PROGRESS_EVERY_S`` seconds (default 30)
+instead. The share done and the time left count the steps this run set out to do from where it started
+(``initial``: a resumed run's or a stage's first step), the count the absolute step.
 """
 
 from __future__ import annotations
@@ -76,7 +78,11 @@ class PlainProgress:
         count = f"{self.n}/{self.total} {self.unit}" if self.total else f"{self.n} {self.unit}"
         parts = [f"{self.desc}: {count}" if self.desc else count]
         if self.total:
-            parts[0] += f" ({100 * self.n / self.total:.0f}%)"
+            # the share of what this run set out to do, on the ETA's base: a stage branched from step 300 of 450 (or
+            # a run resumed there) is at 0%, not 67%, when it starts; the count above stays the absolute step
+            todo = self.total - self.initial
+            share = f"{100 * (self.n - self.initial) / todo if todo > 0 else 100.0:.0f}%"
+            parts[0] += f" ({share})" if not self.initial else f" ({share} of {todo} from {self.unit} {self.initial})"
         parts.append(f"{rate:.3g} {self.unit}/s")
         parts.append(f"elapsed {clock_time(elapsed)}")
         if self.total and rate > 0 and not final and self.n < self.total:

@@ -100,7 +100,9 @@ def test_recipe_chain_end_to_end_with_sigkill_and_sigterm_resume(data_root: Path
     assert f"resumed from the checkpoint of step {preempted_at}" in resumed.stdout + resumed.stderr
     # captured output is not a terminal: plain progress lines, no carriage-return frames of a bar
     assert "\r" not in resumed.stdout + resumed.stderr
-    assert any(line.startswith(f"pretrain: {STEPS}/{STEPS} step (100%), ") for line in resumed.stderr.splitlines())
+    # its share done counts the steps this session had to do, from the step it resumed at
+    assert any(line.startswith(f"pretrain: {STEPS}/{STEPS} step (100% of {STEPS - preempted_at} from step "
+                               f"{preempted_at}), ") for line in resumed.stderr.splitlines())
     # the kernel auto picked on this platform is logged (and recorded in the W&B run's summary and config)
     assert "attention kernel: dot_product (model.attention=auto on cpu)" in resumed.stderr
     last_session = sorted((run / "wandb" / "wandb").glob("offline-run-*"))[-1]

@@ -32,13 +32,29 @@ def test_plain_lines_every_interval_with_rate_and_eta() -> None:
     for _ in range(5):  # the 15th step comes at 30 s: one line, 15 steps in 30 s = 0.5 step/s, 65 left
         clock.now += 2
         bar.update(1)
-    assert out.getvalue() == "pretrain: 35/100 step (35%), 0.5 step/s, elapsed 0:30, ETA 2:10, loss=3.2100\n"
+    assert out.getvalue() == ("pretrain: 35/100 step (19% of 80 from step 20), 0.5 step/s, elapsed 0:30, ETA 2:10, "
+                              "loss=3.2100\n")
     clock.now += 10
     bar.update(1)  # 10 s after the last line: nothing
     bar.close()
     bar.close()
     assert out.getvalue().splitlines()[1:] == [
-        "pretrain: 36/100 step (36%), 0.4 step/s, elapsed 0:40, loss=3.2100 (done)"]
+        "pretrain: 36/100 step (20% of 80 from step 20), 0.4 step/s, elapsed 0:40, loss=3.2100 (done)"]
+
+
+def test_a_stage_counts_its_percentage_from_the_step_it_started_at() -> None:
+    """A stage branched from its parent's step 300 (or a run resumed there) with train.steps 450 has 150 steps to do:
+    at 301 it has done 1 of them, not 67%; the ETA has the same base, and the absolute step stays shown."""
+    clock, out = FakeClock(), io.StringIO()
+    bar = PlainProgress(total=450, desc="pretrain", unit="step", initial=300, interval_s=30, stream=out, clock=clock)
+    clock.now += 30
+    bar.update(1)
+    assert out.getvalue() == ("pretrain: 301/450 step (1% of 150 from step 300), 0.0333 step/s, elapsed 0:30, "
+                              "ETA 1:14:30\n")
+    clock.now += 30 * 74
+    bar.update(74)
+    assert out.getvalue().splitlines()[-1] == ("pretrain: 375/450 step (50% of 150 from step 300), 0.0333 step/s, "
+                                               "elapsed 37:30, ETA 37:30")
 
 
 def test_iterating_counts_items_and_transient_bars_stay_quiet() -> None:
