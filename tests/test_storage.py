@@ -47,6 +47,7 @@ def test_files_read_write_list_and_range(bucket: BucketPath) -> None:
     (folder / "nested" / "a.txt").write_text("привет")
     assert read_json_object(folder / "step_6.json") == {"ppl": "низкая"}
     assert folder.is_dir() and not folder.is_file() and (folder / "step_6.json").is_file()
+    assert not (folder / "missing").is_dir() and not (bucket / "elsewhere").is_dir()  # no such prefix: as pathlib
     assert [p.name for p in folder.iterdir()] == ["nested", "step_6.json"]
     assert [p.name for p in folder.glob("*.json")] == ["step_6.json"]
     assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*.txt")) == ["nested/a.txt"]

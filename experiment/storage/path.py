@@ -258,7 +258,12 @@ class BucketPath:
     def is_dir(self) -> bool:
         if not self.key:
             return self.fs.exists(self.bucket)
-        return bool(self.fs.ls(self.fs_path + "/", detail=False)) if self.object_stat() is None else False
+        if self.object_stat() is not None:
+            return False
+        try:
+            return bool(self.fs.ls(self.fs_path + "/", detail=False))
+        except FileNotFoundError:  # gcsfs and s3fs raise for a prefix no object has; pathlib says False
+            return False
 
     def stat(self) -> os.stat_result:
         found = self.object_stat()
