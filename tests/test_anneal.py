@@ -12,9 +12,12 @@ import pytest
 from scipy import stats
 
 from cost.anneal import AnnealRun, comparison_rows, ledger_rubles, paired_differences, t_interval, verdict
+from experiment.checkpoint_steps import CHECKSUMMED, CHECKSUMS, COMMIT_MARKER, finished_steps
 from experiment.config import build_config, build_dataclass
 from experiment.errors import ConfigError
+from experiment.files import atomic_write_text
 from experiment.runfolder import RunFolder
+from experiment.storage import BucketPath, RunPath
 from experiment.sweep import AnnealConfig, expand_variants
 
 ANNEAL: dict[str, Any] = {"parent": "long", "step": 100, "steps": 20, "seeds": [0, 1],
@@ -181,6 +184,66 @@ def test_eval_measures_its_validation_sets_beside_the_mixtures(tmp_path: Path) -
         measured_sets(config({"web": "/c"}), folder)
 
 
+def parent_step(checkpoints: RunPath, step: int, *, committed: bool, checksums: bool) -> None:
+    """Step ``step`` of a parent's checkpoint folder as Orbax and the trainer leave it: a bucket step's objects are
+    written in place and committed by Orbax's marker written last (a disk step's folder appears whole when Orbax
+    renames it); then the trainer writes its checksums (a kill before then leaves none)."""
+    step_dir = checkpoints / str(step)
+    if isinstance(step_dir, Path):
+        (step_dir / "params").mkdir(parents=True)
+    atomic_write_text(step_dir / "params" / "_METADATA", "{}")
+    if committed and isinstance(step_dir, BucketPath):
+        atomic_write_text(step_dir / COMMIT_MARKER, "")
+    if checksums:
+        atomic_write_text(step_dir / CHECKSUMS, "{}")
+
+
+def anneal_configs(run_root: str, step: int) -> tuple[Any, Any]:
+    """The config of an anneal comparison of run ``long``'s ``step`` under ``run_root``, and of its first run."""
+    experiment = {"name": "an", "run_root": run_root, "anneal": {**ANNEAL, "step": step}}
+    return build_config({"experiment": experiment}), \
+        build_config({"experiment": {**experiment, "variant": "control-seed0"}})
+
+
+def check_anneal_parent(run_root: str, step: int) -> str:
+    """The line check_anneal_inputs refuses the anneal of ``step`` with (the parent has no shards: a step it
+    accepts is refused by the check of the sets after it)."""
+    from experiment.errors import RecipeError
+    from tracking.sweep import check_anneal_inputs
+
+    with pytest.raises(RecipeError) as refused:
+        check_anneal_inputs(*anneal_configs(run_root, step))
+    return str(refused.value)
+
+
+def test_an_anneal_from_a_step_whose_save_did_not_finish_is_refused_in_one_line(any_root: RunPath) -> None:
+    """A crash mid-save leaves a step folder without its commit marker (a bucket) or, killed between Orbax's commit
+    and the trainer's checksums, one without checksums: every run of the comparison would fail on it one by one."""
+    checkpoints = any_root / "long" / "checkpoints"
+    parent_step(checkpoints, 100, committed=True, checksums=True)
+    atomic_write_text(checkpoints / CHECKSUMMED, "")  # this version's folder: its steps carry checksums
+    parent_step(checkpoints, 120, committed=not isinstance(checkpoints, BucketPath), checksums=False)
+    assert finished_steps(checkpoints) == [100]
+    assert check_anneal_parent(str(any_root), 120) == (
+        f"config key 'experiment.anneal.step': the checkpoint of step 120 in {checkpoints} did not finish (its save "
+        "was interrupted: no commit marker or checksums); its finished steps: 100 (resume the parent with "
+        "recipes/04_pretrain.py, or name a finished step)")
+    assert check_anneal_parent(str(any_root), 130).startswith(
+        f"config key 'experiment.anneal.step': no checkpoint of step 130 in {checkpoints}; its finished steps: 100 ")
+    assert check_anneal_parent(str(any_root), 100).startswith("config key 'experiment.anneal.sets.web': ")
+
+
+def test_a_bucket_step_without_its_commit_marker_is_not_finished_in_an_older_folder(bucket: BucketPath) -> None:
+    """A folder an older version wrote has no checksums, so its steps are read unverified; a bucket step of it
+    without Orbax's commit marker is still a save that never finished (Orbax does not list it either)."""
+    checkpoints = bucket / "long" / "checkpoints"
+    parent_step(checkpoints, 100, committed=True, checksums=False)
+    parent_step(checkpoints, 120, committed=False, checksums=False)
+    assert finished_steps(checkpoints) == [100]
+    assert check_anneal_parent(str(bucket), 120).startswith(
+        f"config key 'experiment.anneal.step': the checkpoint of step 120 in {checkpoints} did not finish")
+
+
 def anneal_sweep(tmp_path: Path, fixture_stages: Path, fixture_pretrained: Path, **anneal: Any) -> Path:
     """An anneal comparison of the fixture run's checkpoint 3 (a copy in ``tmp_path``): 2 steps on set ``a`` (the
     control) and on ``a`` + ``b``, seeds 0 and 1; both sets are the fixture corpus sharded with the parent's tokenizer
@@ -265,7 +328,7 @@ def test_recipe_08_runs_an_anneal_comparison_and_prints_its_table_with_intervals
 
 
 @pytest.mark.integration
-def test_an_anneal_from_a_missing_step_or_set_writes_nothing(
+def test_an_anneal_from_a_missing_or_unfinished_step_or_set_writes_nothing(
         tmp_path: Path, fixture_stages: Path, fixture_pretrained: Path) -> None:
     from experiment.errors import RecipeError
     from tracking.sweep import run_sweep
@@ -274,6 +337,12 @@ def test_an_anneal_from_a_missing_step_or_set_writes_nothing(
     with pytest.raises(RecipeError, match=re.escape("config key 'experiment.anneal.step': no checkpoint of step 4 in "
                                                     f"{tmp_path / 'runs' / 'tiny' / 'checkpoints'}")):
         run_sweep(str(config), [])
+    # the parent's step 6 as a kill between Orbax's commit and the trainer's checksums leaves it: not finished
+    checkpoints = tmp_path / "runs" / "tiny" / "checkpoints"
+    (checkpoints / "6" / CHECKSUMS).unlink()
+    with pytest.raises(RecipeError, match=re.escape(f"config key 'experiment.anneal.step': the checkpoint of step 6 in "
+                                                    f"{checkpoints} did not finish")):
+        run_sweep(str(config), ["experiment.anneal.step=6"])
     # a set whose shards were never made
     nowhere = tmp_path / "nowhere" / "shards"
     with pytest.raises(RecipeError, match=re.escape(f"config key 'experiment.anneal.sets.b': no finished shards in "

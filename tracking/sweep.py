@@ -13,9 +13,9 @@ experiment under the same run root, e.g. the demo's), else the sweep's own folde
 there first when its shards are missing, and each variant's folder links to them.
 
 An anneal comparison (``experiment.anneal``) runs the same way, its runs being stages of the parent's
-checkpoint (``train.branch_data: own``): they read the parent's tokenizer and the sets' shards, which
-must exist (checked before anything is written), so no recipe 01-03 runs, and each run's shards/ links
-to the parent's; recipe 06 then adds the comparison's table.
+checkpoint (``train.branch_data: own``): they read the parent's finished checkpoint, its tokenizer and the sets'
+shards, which must exist (checked before anything is written), so no recipe 01-03 runs, and each run's shards/
+links to the parent's; recipe 06 then adds the comparison's table.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from experiment.check import run_stage_checks
+from experiment.checkpoint_steps import finished_steps
 from experiment.config import load_config
 from experiment.errors import RecipeError
 from experiment.links import DATA_STAGES, branch_parent, link_stages
@@ -91,10 +92,18 @@ def check_anneal_inputs(cfg: ExperimentConfig, first_run: ExperimentConfig) -> N
     finished shards; one error line naming the key."""
     anneal = cfg.experiment.anneal
     parent = branch_parent(first_run)
-    if parent is None or not (parent.checkpoints / str(anneal.step)).is_dir():
-        where = parent.checkpoints if parent is not None else anneal.parent
-        raise RecipeError(f"config key 'experiment.anneal.step': no checkpoint of step {anneal.step} in {where} "
-                          f"(run {PRETRAIN.recipe} for the parent first, or name a step it saved)")
+    where = parent.checkpoints if parent is not None else anneal.parent
+    # finished as the trainer's branch will judge it (Orbax committed it and its checksums were written): a step
+    # folder a crash left mid-save would otherwise pass here and fail every run of the comparison in turn
+    steps = finished_steps(parent.checkpoints) if parent is not None else []
+    if anneal.step not in steps:
+        finished = f"its finished steps: {', '.join(map(str, steps)) or 'none'}"
+        if parent is not None and (parent.checkpoints / str(anneal.step)).is_dir():
+            raise RecipeError(f"config key 'experiment.anneal.step': the checkpoint of step {anneal.step} in {where} "
+                              f"did not finish (its save was interrupted: no commit marker or checksums); {finished} "
+                              f"(resume the parent with {PRETRAIN.recipe}, or name a finished step)")
+        raise RecipeError(f"config key 'experiment.anneal.step': no checkpoint of step {anneal.step} in {where}; "
+                          f"{finished} (run {PRETRAIN.recipe} for the parent first, or name a finished step)")
     for name, folder in first_run.eval.validation_sets.items():
         if SHARDS.read_manifest_if_present(location(folder)) is None:
             raise RecipeError(f"config key 'experiment.anneal.sets.{name}': no finished shards in {folder} (run "

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import google_crc32c
 import jax
 
+# which steps are committed and finished lives below tracking/, whose sweep checks an anneal parent with it
+from experiment.checkpoint_steps import CHECKSUMMED, CHECKSUMS, committed, uses_checksums
 from experiment.errors import DataError
 from experiment.files import atomic_write_json, atomic_write_text
 from experiment.jsontext import parse_json
@@ -44,10 +46,7 @@ if TYPE_CHECKING:  # a manager is handed in: this module itself never calls Orba
     import orbax.checkpoint as ocp
 
 log = logging.getLogger("trainer.checkpoint")  # one log channel for everything about checkpoints
-CHECKSUMS = "checksums.json"
-COMMIT_MARKER = "commit_success.txt"  # Orbax's last object of a step it commits in place (a bucket)
 STORAGE_ALGORITHM = "storage"  # checksums.json in a bucket: each object's size and the storage's own checksum
-CHECKSUMMED = ".checksummed"  # in a checkpoint folder: its steps carry checksums (written by this version)
 DAMAGED_DIR = "damaged"  # not a step name for Orbax (digits, or ending in _digits)
 _CHUNK = 4 << 20
 
@@ -98,17 +97,6 @@ def write_checksums(step_dir: RunPath) -> None:
     atomic_write_json(step_dir / CHECKSUMS, {"algorithm": "crc32c", "files": files})
     mark_checksummed(step_dir.parent)
     log.debug("checksums of %d files of %s in %.3f s", len(files), step_dir, time.perf_counter() - started)
-
-
-def uses_checksums(directory: RunPath) -> bool:
-    """Whether the steps of ``directory`` must have checksums: it says so, or one of them has them.
-
-    A folder of an older version (steps, no marker, no checksums) is read unverified, so that an
-    upgrade does not lose a run; a fresh folder gets the marker before its first save, so a step
-    that lost its checksums there (a kill between Orbax's commit and the checksum write) is damaged."""
-    if (directory / CHECKSUMMED).exists():
-        return True
-    return directory.is_dir() and any((p / CHECKSUMS).is_file() for p in directory.iterdir() if p.name.isdigit())
 
 
 def mark_checksummed(directory: RunPath) -> None:
@@ -170,13 +158,6 @@ def _verify_storage_checksums(step_dir: RunPath, recorded: dict[str, Any], item:
                                         f"written ({path}): it was replaced or changed since")
         except (KeyError, TypeError) as exc:
             raise CheckpointDamaged(f"{file} cannot be checked ({exc})") from exc
-
-
-def committed(step_dir: RunPath) -> bool:
-    """Whether Orbax finished the step: its renamed folder exists (a disk), or its commit marker (a bucket)."""
-    if isinstance(step_dir, BucketPath):
-        return (step_dir / COMMIT_MARKER).is_file()
-    return step_dir.is_dir()
 
 
 class ChecksumWriter:

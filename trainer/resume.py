@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from experiment import appendlog
+from experiment.checkpoint_steps import finished_steps
 from experiment.errors import ConfigError, DataError
 from experiment.jsonl import read_jsonl
 from experiment.jsontext import parse_json
@@ -24,7 +25,7 @@ from experiment.schema import ExperimentConfig
 from experiment.sections.model import model_section_class
 from experiment.sections.rope import STAGE_ROPE_KEYS
 from experiment.sections.train import TrainConfig
-from experiment.storage import BucketPath, RunPath
+from experiment.storage import RunPath
 from trainer import checkpoint, checkpoint_integrity
 from trainer.schedules import schedule_change
 from trainer.step import TrainProgram
@@ -57,25 +58,6 @@ def resume_wandb_run_id(cfg: ExperimentConfig, run_folder: RunFolder) -> str | N
     with contextlib.suppress(OSError, json.JSONDecodeError, KeyError):
         return str(parse_json(path.read_text(encoding="utf-8"))["run_id"])
     return None
-
-
-def finished_steps(checkpoint_dir: RunPath) -> list[int]:
-    """Steps Orbax finished and whose checksums are written (an interrupted save stays a
-    ``*.orbax-checkpoint-tmp*`` folder, or in a bucket a step without Orbax's commit marker, which gets no
-    checksums; a step without checksums is not resumed from), or every finished step of a folder an older
-    version wrote (``checkpoint_integrity.uses_checksums``)."""
-    if isinstance(checkpoint_dir, BucketPath):  # one listing, not a request per step
-        names = checkpoint_dir.list_objects()
-        steps = {name.split("/", 1)[0] for name in names if name.split("/", 1)[0].isdigit()}
-        checksummed = {name.split("/", 1)[0] for name in names if name.endswith(f"/{checkpoint_integrity.CHECKSUMS}")
-                       and name.count("/") == 1}
-        verified = checkpoint_integrity.CHECKSUMMED in names or bool(checksummed)
-        return sorted(int(step) for step in steps if not verified or step in checksummed)
-    if not checkpoint_dir.is_dir():
-        return []
-    verified = checkpoint_integrity.uses_checksums(checkpoint_dir)
-    return sorted(int(p.name) for p in checkpoint_dir.iterdir()
-                  if p.name.isdigit() and (not verified or (p / checkpoint_integrity.CHECKSUMS).is_file()))
 
 
 def restore_or_init(manager: Any, program: TrainProgram, loader: Any, meta: dict[str, Any],
