@@ -61,7 +61,8 @@ def stage(fixture_pretrained: Path, tmp_path_factory: pytest.TempPathFactory) ->
     config = stage_config(parent_config, other)
     run_recipe("03_shard.py", config)
     shutil.copytree(root / "runs" / "stage" / "shards", other)
-    run_recipe("04_pretrain.py", config)
+    trained = run_recipe("04_pretrain.py", config)
+    (root / "stage-pretrain.stderr").write_text(trained.stderr, encoding="utf-8")  # its progress lines
     return config
 
 
@@ -90,6 +91,13 @@ def test_the_stage_trains_its_own_stream_from_step_n_with_the_scheduled_shares(s
     assert records[-1]["train/tokens_seen"] == N * BATCH * PARENT_LEN + (END - N) * BATCH * STAGE_LEN
     (run,) = [r for r in map(read_offline_run, find_offline_runs(runs / "stage" / "wandb")) if r.job_type == "pretrain"]
     assert run.config["branch_data"] == "own" and run.config["branch_step"] == N
+
+
+def test_the_stages_progress_line_counts_its_own_steps_from_n(stage: Path) -> None:
+    """Its last line (the stage's stderr is no terminal): the absolute step, and 100% of the END - N steps it
+    trained from its parent's step N; not a share of steps 0..END, which read N/END at its first step."""
+    printed = (stage.parent / "stage-pretrain.stderr").read_text(encoding="utf-8")
+    assert f"pretrain: {END}/{END} step (100% of {END - N} from step {N}), " in printed, printed[-2000:]
 
 
 def test_the_stage_ledger_starts_from_the_parents_rubles_at_n(stage: Path) -> None:
@@ -134,6 +142,7 @@ def test_a_stage_killed_after_a_checkpoint_resumes_bitwise(stage: Path, tmp_path
     assert signal_when(proc, saved.is_file, output=output) == -9
     resumed = run_recipe("04_pretrain.py", config)
     assert f"resumed from the checkpoint of step {CHANGE}" in resumed.stderr
+    assert f"pretrain: {END}/{END} step (100% of {END - CHANGE} from step {CHANGE}), " in resumed.stderr
     assert_same_log(root / "runs" / "stage", runs / "stage", END, first=N + 1)
     assert_same_checkpoint(root / "runs" / "stage", runs / "stage", END)
 
