@@ -17,6 +17,7 @@ from experiment.config import build_config, build_dataclass
 from experiment.errors import ConfigError
 from experiment.files import atomic_write_text
 from experiment.runfolder import RunFolder
+from experiment.schema import ExperimentConfig
 from experiment.storage import BucketPath, RunPath
 from experiment.sweep import AnnealConfig, expand_variants
 
@@ -198,7 +199,7 @@ def parent_step(checkpoints: RunPath, step: int, *, committed: bool, checksums: 
         atomic_write_text(step_dir / CHECKSUMS, "{}")
 
 
-def anneal_configs(run_root: str, step: int) -> tuple[Any, Any]:
+def anneal_configs(run_root: str, step: int) -> tuple[ExperimentConfig, ExperimentConfig]:
     """The config of an anneal comparison of run ``long``'s ``step`` under ``run_root``, and of its first run."""
     experiment = {"name": "an", "run_root": run_root, "anneal": {**ANNEAL, "step": step}}
     return build_config({"experiment": experiment}), \
