@@ -19,7 +19,7 @@ import yaml
 
 from data_prep.shards.loader import mixture_sets
 from experiment.config import build_config, load_yaml_text
-from experiment.errors import ConfigError, DataError
+from experiment.errors import ConfigError, RecipeError
 from experiment.links import branch_parent, resolved
 from experiment.runfolder import RESOLVED_CONFIG, RunFolder, is_linked
 from experiment.schema import ExperimentConfig
@@ -79,7 +79,10 @@ def _resolved_config(run_folder: RunFolder) -> ExperimentConfig:
     path = run_folder.root / RESOLVED_CONFIG
     if not path.is_file():
         raise ConfigError(f"no {RESOLVED_CONFIG} in it")
-    return build_config(load_yaml_text(path.read_text(encoding="utf-8")) or {})
+    tree = load_yaml_text(path.read_text(encoding="utf-8"))
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path} holds no mapping")
+    return build_config(tree)
 
 
 def _shards_corpus(via: str, shards: RunPath, run_folder: RunFolder) -> TrainedCorpus:
@@ -138,11 +141,11 @@ def _read_corpus(corpus: TrainedCorpus) -> tuple[dict[str, Any] | None, str]:
         if manifest is None:
             return None, f"no finished corpus in {corpus.folder}"
         packed = SHARDS.read_manifest_if_present(corpus.shards) if corpus.shards is not None else None
-    except (DataError, OSError) as exc:
+    except (RecipeError, OSError) as exc:  # damaged, or of another schema: the scores stand, this line says so
         return None, str(exc).splitlines()[0]
     packed_from = ((packed or {}).get("corpus") or {}).get("shards_sha256")
-    now = [shard.get("sha256") for shard in manifest["shards"]]
-    if packed_from is not None and None not in now and packed_from != now:
+    now = [shard.get("sha256") if isinstance(shard, dict) else None for shard in manifest["shards"]]
+    if isinstance(packed_from, list) and None not in now and packed_from != now:
         return None, (f"the corpus in {corpus.folder} is not the one the shards in {corpus.shards} were packed from "
                       f"(recipe 01 ran again since)")
     return manifest, ""
@@ -152,8 +155,8 @@ def _verdict(manifest: dict[str, Any] | None, problem: str, task: str, result: d
     """(DECONTAMINATED / NOT_DECONTAMINATED / UNKNOWN, what the line says after it) for one corpus and task."""
     if manifest is None:
         return UNKNOWN, problem
-    record = manifest.get("decontamination") or {}
-    if not record.get("enabled"):
+    record = manifest.get("decontamination")
+    if not isinstance(record, dict) or not record.get("enabled"):
         return NOT_DECONTAMINATED, "the corpus was built without decontamination"
     if task in record.get("not_decontaminated", {}):
         return NOT_DECONTAMINATED, str(record["not_decontaminated"][task])

@@ -302,6 +302,10 @@ def test_a_corpus_that_cannot_be_found_is_unknown_in_one_warning_line(tmp_path: 
         status = decontamination_status(cfg, stage, tasks)
     assert len(caplog.records) == 2  # per corpus, not per task
     assert status["rcb"] == f"NOT decontaminated: mixture set 'own' ({stage.corpus}): not among {KEY}.benchmarks"
+    # a damaged manifest is a line too: recipe 05 has scored every task by now, and writes its results
+    (stage.corpus / "manifest.json").write_text("{", encoding="utf-8")
+    assert decontamination_status(cfg, stage, TERRA)["terra"].startswith(
+        f"unknown: mixture set 'own' ({stage.corpus}): {stage.corpus / 'manifest.json'} is not a readable manifest")
 
 
 def test_a_decay_branch_reads_the_corpus_its_linked_shards_were_packed_from(tmp_path: Path) -> None:
