@@ -36,6 +36,7 @@ from typing import Any
 from cost.catalog import Catalog
 from cost.ledger_clock import SteadyClock
 from cost.ledger_format import (
+    EXIT_PREFIX,
     LEDGER_FILE,
     PHASES,
     Interval,
@@ -125,7 +126,11 @@ def what_ended(exc_type: Any, exc: Any) -> str | None:
     if exc_type is None:
         return None
     if isinstance(exc, SystemExit):
-        return None if exc.code in (0, None) else f"exit {exc.code}"
+        # the status the process exits with, as Python sets it: an int's low 8 bits, 0 for None, and 1 for any
+        # other code (printed as a message: sys.exit("143") exits 1, which no relauncher takes for a preemption)
+        code = exc.code
+        status = code % 256 if isinstance(code, int) else 0 if code is None else 1
+        return None if status == 0 else f"{EXIT_PREFIX} {status}"
     return exc_type.__name__
 
 

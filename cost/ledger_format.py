@@ -105,8 +105,27 @@ class Resume:
 
 # the close records of exits a relauncher restarts: the trainer's after a preemption's checkpoint
 # (trainer.preemption.PREEMPTED_EXIT_CODE) and the hang watchdog's (trainer.watchdog.HUNG_EXIT_CODE, whose
-# os._exit usually leaves no close record at all); tests/test_ledger_wait.py checks they are the trainer's
-RELAUNCHED_EXITS = ("exit 143", "exit 124")
+# os._exit usually leaves no close record at all); tests/test_ledger_wait.py checks they are the trainer's.
+# Integers: a close record's "exit 143" is compared as the number it names (``exit_status``), so neither a
+# spelling of the same code ("exit  143") slips out nor another code that reads alike as text slips in
+RELAUNCHED_EXITS = (143, 124)
+EXIT_PREFIX = "exit"  # a close record's ``ended_by`` for an exit code: "exit <status>" (cost.ledger.what_ended)
+
+
+def exit_status(ended_by: object) -> int | None:
+    """The exit status a close record's ``ended_by`` names ("exit 143", or the bare number a writer stored), or
+    None: an exception's name, or text naming no integer."""
+    if isinstance(ended_by, int) and not isinstance(ended_by, bool):
+        return ended_by
+    if not isinstance(ended_by, str):
+        return None
+    words = ended_by.split()
+    if len(words) != 2 or words[0] != EXIT_PREFIX:
+        return None
+    try:
+        return int(words[1])
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -132,7 +151,7 @@ class Session:
         ``os._exit``) or the exit of a preemption's checkpoint or of a hang (``RELAUNCHED_EXITS``). Not a run that
         finished, nor one stopped by a person (Ctrl-C), a refused config or a divergence: who reruns those later
         was not waiting for a relaunch, and the days between are not the slice's idle time."""
-        return not self.closed or self.ended_by in RELAUNCHED_EXITS
+        return not self.closed or exit_status(self.ended_by) in RELAUNCHED_EXITS
 
     @property
     def resume_step(self) -> int | None:

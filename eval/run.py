@@ -20,7 +20,7 @@ from typing import Any
 
 from data_prep.shards.loader import mixture_sets
 from eval import bpb, harness, passkey
-from eval.decontam_status import log_decontamination, other_data
+from eval.decontam_status import log_decontamination
 from eval.generative import GenerateTexts, GenTaskData, evaluate_generative, load_generative
 from eval.harness import PairEncoder, TaskData, headline_metric, one_answer_warning
 from eval.loaders import SourceUnavailable
@@ -563,7 +563,7 @@ def evaluate(cfg: ExperimentConfig, run_folder: RunFolder, wandb_run: Any) -> di
             results["base_model_seconds"] = round(time.perf_counter() - base_started, 2)
     results["seconds"] = round(time.perf_counter() - started, 2)
     log_task_results(results["tasks"])
-    log_decontamination(run_folder, results, other_data(cfg))  # per task: was the training corpus decontaminated
+    log_decontamination(cfg, run_folder, results)  # per task: was every corpus it trained on decontaminated
     # the results first: an export that fails (a full disk) must not take a finished evaluation with it
     json_path, md_path = write_results(run_folder.eval, results)
     log.info("wrote %s and %s", json_path, md_path)

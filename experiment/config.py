@@ -101,6 +101,21 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def _shaped_like(value: Any, tp: Any) -> bool:
+    """Whether ``value`` is of the kind the annotation ``tp`` takes (whatever its range or fields)."""
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (and "nan") as a string: the float branch takes it
+            try:
+                float(value)
+            except ValueError:
+                return False
+            return True
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if dataclasses.is_dataclass(tp) or get_origin(tp) is dict:
+        return isinstance(value, dict)
+    return False
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp`` and convert where the conversion is lossless."""
     origin = get_origin(tp)
@@ -110,16 +125,20 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         members = get_args(tp)
         if value is None and type(None) in members:
             return None
-        errors = []
+        errors: list[tuple[Any, str]] = []
         for member in members:
             if member is type(None):
                 continue
             try:
                 return _coerce(value, member, key)
             except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1
-                          else f"config key '{key}': {echo(value)} fits none of {_type_name(tp)}")
+                errors.append((member, str(exc)))
+        # a value of one member's kind (a number for float, a mapping for a section) is refused by that member's
+        # own line: "expected a finite number, got nan" says more than "fits none of float | ContractRate"
+        meant = [text for member, text in errors if _shaped_like(value, member)]
+        if len(errors) == 1 or len(meant) == 1:
+            raise ConfigError((meant or [errors[0][1]])[0])
+        raise ConfigError(f"config key '{key}': {echo(value)} fits none of {_type_name(tp)}")
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed:

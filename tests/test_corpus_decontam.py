@@ -4,8 +4,8 @@ read by eval's loaders, planted in real Russian text (../shared/data/text/ruslit
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -14,15 +14,14 @@ import pytest
 
 from data_prep.corpus.decontam import IndexBuilder, decontaminate, normalized_words
 from eval.decontam import benchmark_index, check_decontamination, segment_spec
-from eval.decontam_status import decontamination_status, other_data
+from eval.decontam_status import KEY, decontamination_status
 from eval.tasks import TASKS
-from experiment.config import build_dataclass
+from experiment.config import build_config, build_dataclass
 from experiment.corpus_format import iter_documents, read_corpus_manifest
 from experiment.errors import ConfigError, DataError
-from experiment.runfolder import RunFolder
+from experiment.runfolder import RunFolder, make_link
 from experiment.schema import ExperimentConfig
-from experiment.sections.train import MixtureSetConfig
-from experiment.stages import CORPUS
+from experiment.stages import CORPUS, SHARDS
 from tests.conftest import needs_shared
 
 SHARED = Path(os.environ.get("RU_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -201,25 +200,138 @@ def test_recipe_05_says_per_task_whether_the_corpus_was_decontaminated_against_i
     folder = RunFolder.for_config(cfg)
     tasks = {"terra": {"source": "/b/terra/train.jsonl"}, "rcb": {"source": "/other/rcb.jsonl"},
              "xnli_ru": {"source": "hub:facebook/xnli"}, "rucola": {"source": "/b/rucola/in_domain_dev.csv"}}
-    assert set(decontamination_status(folder, tasks).values()) == {f"unknown: no finished corpus in {folder.corpus}"}
+    assert set(decontamination_status(cfg, folder, tasks).values()) == {
+        f"unknown: no finished corpus in {folder.corpus}"}
     folder.corpus.mkdir(parents=True)
     entry = {"items": 5, "items_indexed": 5, "ngrams": 50, "documents": 3, "documents_removed": 3}
     CORPUS.write_manifest(folder.corpus, {"documents": 1, "shards": [], "decontamination": {
         "enabled": True, "ngram": 13, "action": "remove", "not_decontaminated": {"xnli_ru": "no local file"},
         "benchmarks": {"terra": {**entry, "source": "/b/terra/train.jsonl"}, "rcb": {**entry, "source": "/b/rcb"}}}})
-    assert decontamination_status(folder, tasks) == {
+    assert decontamination_status(cfg, folder, tasks) == {
         "terra": "decontaminated (13-grams, remove: 3 documents overlapped)",
-        "rcb": "NOT decontaminated against what was evaluated: the corpus against /b/rcb",
+        "rcb": "NOT decontaminated: indexed from /b/rcb, not from the file evaluated (/other/rcb.jsonl)",
         "xnli_ru": "NOT decontaminated: no local file",
         "rucola": "NOT decontaminated: not among corpus.decontamination.benchmarks"}
-    # a stage trained on its parent's data and on mixture sets from other folders too: the line says so
-    stage = dataclasses.replace(cfg, train=dataclasses.replace(
-        cfg.train, branch_from="demo", branch_step=200, branch_data="own",
-        mixture=[MixtureSetConfig(name="own"), MixtureSetConfig(name="web", shards="/runs/web/shards")]))
-    assert decontamination_status(folder, tasks, other_data(stage))["terra"] == (
-        "decontaminated (13-grams, remove: 3 documents overlapped) (its own corpus; not checked here: its parent "
-        "demo's data up to step 200, mixture set 'web')")
-    assert other_data(cfg) == ""
+
+
+TERRA = {"terra": {"source": "/b/terra/train.jsonl"}}
+OVERLAPPED = "13-grams, remove: 3 documents overlapped"
+
+
+def write_corpus(folder: Path, decontaminated: bool, sha256: str = "a" * 64) -> None:
+    """A finished corpus of one file, decontaminated against terra's file (or built without)."""
+    entry = {"items": 5, "items_indexed": 5, "ngrams": 50, "documents": 3, "documents_removed": 3,
+             "source": "/b/terra/train.jsonl"}
+    record = ({"enabled": True, "ngram": 13, "action": "remove", "not_decontaminated": {},
+               "benchmarks": {"terra": entry}} if decontaminated else {"enabled": False})
+    folder.mkdir(parents=True, exist_ok=True)
+    CORPUS.write_manifest(folder, {"documents": 1, "shards": [{"file": "docs-00000.jsonl", "sha256": sha256}],
+                                   "decontamination": record})
+
+
+def run_at(root: Path, name: str, decontaminated: bool | None = True, **train: Any) -> tuple[ExperimentConfig,
+                                                                                                RunFolder]:
+    """A run folder under ``root`` with its resolved config (``train`` keys) and, unless ``decontaminated`` is
+    None, a finished corpus."""
+    cfg = build_config({"experiment": {"name": name, "run_root": str(root)}, "train": train})
+    folder = RunFolder.for_config(cfg)
+    folder.save_resolved_config(cfg, "pretrain")
+    if decontaminated is not None:
+        write_corpus(folder.root / "corpus", decontaminated)
+    return cfg, folder
+
+
+def read_only_status(cfg: ExperimentConfig, folder: RunFolder, root: Path) -> str:
+    """terra's line, checked to have written nothing under ``root`` (no file added, none touched)."""
+    def every_file() -> dict[str, int]:
+        return {str(path): path.stat().st_mtime_ns for path in root.rglob("*")}
+
+    before = every_file()
+    line = decontamination_status(cfg, folder, TERRA)["terra"]
+    assert every_file() == before
+    return line
+
+
+def test_recipe_05_reads_the_corpus_of_every_run_a_stage_trained_on(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A stage trained on its parent's data up to its step and on a mixture set of another run: a task is
+    decontaminated only where all three corpora were, and a line names the corpus that was not."""
+    runs = tmp_path / "runs"
+    _, demo = run_at(runs, "demo")
+    _, web = run_at(runs, "web", decontaminated=False)
+    cfg, stage = run_at(runs, "stage", branch_from="demo", branch_step=200, branch_data="own",
+                        mixture=[{"name": "own"}, {"name": "web", "shards": str(web.root / "shards")}])
+    with caplog.at_level(logging.WARNING, logger="eval.decontam"):
+        assert read_only_status(cfg, stage, runs) == (
+            f"NOT decontaminated: mixture set 'web' ({web.corpus}): the corpus was built without decontamination")
+    assert not caplog.records  # every corpus was found and read
+    write_corpus(web.corpus, decontaminated=True)
+    assert read_only_status(cfg, stage, runs) == (
+        f"decontaminated in every corpus it trained on: mixture set 'own' ({stage.corpus}): {OVERLAPPED}; "
+        f"mixture set 'web' ({web.corpus}): {OVERLAPPED}; parent demo to step 200 ({demo.corpus}): {OVERLAPPED}")
+    write_corpus(demo.corpus, decontaminated=False)
+    assert read_only_status(cfg, stage, runs) == (
+        f"NOT decontaminated: parent demo to step 200 ({demo.corpus}): the corpus was built without "
+        "decontamination")
+    # a stage of that stage: its grandparent's corpus is followed through the stage's resolved config
+    powerup_cfg, powerup = run_at(runs, "powerup", branch_from="stage", branch_step=300, branch_data="own")
+    assert read_only_status(powerup_cfg, powerup, runs) == (
+        f"NOT decontaminated: parent stage to step 300: parent demo to step 200 ({demo.corpus}): the corpus was "
+        "built without decontamination")
+
+
+def test_a_corpus_that_cannot_be_found_is_unknown_in_one_warning_line(tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A mixture set kept outside any run folder and a parent without a corpus: unknown, naming both, one warning
+    line each however many tasks there are; a corpus known NOT to be decontaminated outweighs them."""
+    runs = tmp_path / "runs"
+    run_at(runs, "demo", decontaminated=None)
+    elsewhere = tmp_path / "bought" / "shards"
+    cfg, stage = run_at(runs, "stage", branch_from="demo", branch_step=200, branch_data="own",
+                        mixture=[{"name": "own"}, {"name": "bought", "shards": str(elsewhere)}])
+    tasks = {**TERRA, "rcb": {"source": "/b/rcb.jsonl"}, "parus": {}}
+    with caplog.at_level(logging.WARNING, logger="eval.decontam"):
+        status = decontamination_status(cfg, stage, {"terra": TERRA["terra"]})
+        assert status["terra"] == (
+            f"unknown: mixture set 'bought': {elsewhere} is no run folder's shards/ (no config.resolved.yaml beside "
+            f"it): its corpus cannot be found; parent demo to step 200 ({runs / 'demo' / 'corpus'}): no finished "
+            f"corpus in {runs / 'demo' / 'corpus'}")
+    assert len(caplog.records) == 2 and all(r.levelname == "WARNING" for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="eval.decontam"):
+        status = decontamination_status(cfg, stage, tasks)
+    assert len(caplog.records) == 2  # per corpus, not per task
+    assert status["rcb"] == f"NOT decontaminated: mixture set 'own' ({stage.corpus}): not among {KEY}.benchmarks"
+    # a damaged manifest is a line too: recipe 05 has scored every task by now, and writes its results
+    (stage.corpus / "manifest.json").write_text("{", encoding="utf-8")
+    assert decontamination_status(cfg, stage, TERRA)["terra"].startswith(
+        f"unknown: mixture set 'own' ({stage.corpus}): {stage.corpus / 'manifest.json'} is not a readable manifest")
+
+
+def test_a_decay_branch_reads_the_corpus_its_linked_shards_were_packed_from(tmp_path: Path) -> None:
+    """A decay branch has no corpus of its own: its shards are its parent's (a link), packed from the parent's
+    corpus; once that corpus is rebuilt, the shards trained on are no longer known to be decontaminated."""
+    runs = tmp_path / "runs"
+    _, demo = run_at(runs, "demo")
+    SHARDS.write_manifest(demo.root / "shards", {"tokenizer_sha256": "t", "seq_len": 8, "splits": {},
+                                                 "corpus": {"documents": 1, "shards_sha256": ["a" * 64]}})
+    cfg, branch = run_at(runs, "decay", decontaminated=None, branch_from="demo", branch_step=200)
+    make_link(branch.root / "shards", demo.root / "shards")
+    assert decontamination_status(cfg, branch, TERRA)["terra"] == (
+        f"decontaminated in every corpus it trained on: its shards ({demo.corpus}): {OVERLAPPED}")
+    write_corpus(demo.corpus, decontaminated=True, sha256="b" * 64)  # recipe 01 again, recipe 03 not
+    assert decontamination_status(cfg, branch, TERRA)["terra"] == (
+        f"unknown: its shards ({demo.corpus}): the corpus in {demo.corpus} is not the one the shards in "
+        f"{branch.root / 'shards'} were packed from (recipe 01 ran again since)")
+
+
+def test_a_cycle_of_branches_ends(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run_at(runs, "a", branch_from="b", branch_step=10, branch_data="own")
+    cfg, b = run_at(runs, "b", branch_from="a", branch_step=10, branch_data="own")
+    assert decontamination_status(cfg, b, TERRA)["terra"] == (
+        f"unknown: parent a to step 10: parent b to step 10: train.branch_from leads back to {b.root} (a cycle of "
+        "branches)")
 
 
 @pytest.mark.shared_data(BENCH)

@@ -110,6 +110,36 @@ def test_bad_rates_are_one_line_naming_the_key(override: str) -> None:
         demo(override)
 
 
+NOT_FINITE, NOT_POSITIVE = "expected a finite number", "must be a finite positive number"
+
+
+@pytest.mark.parametrize(("rate", "key", "said"), [
+    (".nan", "nvidia-a100", NOT_FINITE), ("nan", "nvidia-a100", NOT_FINITE), (".inf", "nvidia-a100", NOT_FINITE),
+    ("-.inf", "nvidia-a100", NOT_FINITE), ("-2", "nvidia-a100", NOT_POSITIVE),
+    ("{price: .nan, currency: RUB}", "nvidia-a100.price", NOT_FINITE),
+    ("{price: .inf}", "nvidia-a100.price", NOT_FINITE),
+    ("{price: -2, currency: RUB}", "nvidia-a100.price", NOT_POSITIVE)])
+def test_a_rate_that_is_no_finite_positive_number_is_one_line_saying_so(rate: str, key: str, said: str) -> None:
+    """NaN passes no range check and inf passes most: a contract rate of either, or a negative one, bare or as
+    a price, is refused in one line naming the rate's own key and what it must be (not as a value that fits none
+    of float | ContractRate)."""
+    with pytest.raises(ConfigError) as refused:
+        demo(f"cost.contract_rates={{nvidia-a100: {rate}}}")
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"config key 'cost.contract_rates.{key}': {said}"), line
+
+
+@pytest.mark.integration
+def test_recipe_07_refuses_a_nan_rate_before_it_writes(tmp_path: Path) -> None:
+    from tests.recipe_runner import error_line, run_recipe, tiny_config
+
+    config = tiny_config(tmp_path, cost={"contract_rates": {"nvidia-a100": float("nan")}})
+    proc = run_recipe("07_plan_costs.py", config, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert error_line(proc) == "error: config key 'cost.contract_rates.nvidia-a100': expected a finite number, got nan"
+    assert not any(tmp_path.rglob("config.resolved.yaml"))  # no run folder begun
+
+
 def test_a_catalog_price_of_zero_is_refused_as_a_contract_rate_of_zero_is(tmp_path: Path) -> None:
     user = tmp_path / "prices.csv"
     user.write_text("kind,name,cloud,region,pricing,usd,unit,source,date,note\n"

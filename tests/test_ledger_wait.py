@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 
 import pytest
 
-from cost.ledger import Ledger
+from cost.ledger import Ledger, what_ended
 from cost.ledger_format import RELAUNCHED_EXITS
 from cost.ledger_pricing import summarize_ledger
 from cost.ledger_report import REPORT_FILE, summarize_sessions
@@ -101,7 +102,39 @@ def test_a_run_killed_and_resumed_an_hour_later_shows_the_wait(tmp_path: Path, p
 
 
 def test_the_relaunched_exits_are_the_trainers() -> None:
-    assert (f"exit {PREEMPTED_EXIT_CODE}", f"exit {HUNG_EXIT_CODE}") == RELAUNCHED_EXITS
+    assert (PREEMPTED_EXIT_CODE, HUNG_EXIT_CODE) == RELAUNCHED_EXITS
+
+
+def rewrite_close_record(ledger_dir: Path, ended_by: object) -> None:
+    """The first session's close record as another writer (an older version, a hand edit) may have left it."""
+    path = next(p for p in ledger_dir.iterdir() if p.suffix == ".jsonl")
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    close = next(r for r in records if r["e"] == "close")
+    close["ended_by"] = ended_by
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+@pytest.mark.parametrize(("ended_by", "relaunched"), [
+    ("exit 143 ", True), ("exit  143", True), (143, True), ("exit 124", True),  # the same codes, spelled otherwise
+    ("exit 1430", False), ("exit 14", False), ("exit 0", False), ("exit 14 3", False), ("ValueError", False)])
+def test_the_wait_is_booked_by_the_exit_code_as_a_number(tmp_path: Path, ended_by: object, relaunched: bool) -> None:
+    """The code a close record names is compared as the integer it is, not as text: a 143 spelled with a space
+    more is still a preemption's exit, and a 1430 or 14 is none."""
+    clock = FakeClock()
+    first_session(tmp_path, clock, "on-demand", "preempted")
+    rewrite_close_record(tmp_path / "ledger", ended_by)
+    clock.advance(1.0)
+    resumed_session(tmp_path, clock, "on-demand")
+    idle = summarize_ledger(tmp_path / "ledger").rub_by_phase.get("idle", 0.0)
+    assert idle == (pytest.approx(8 * 1.20 * 100.0) if relaunched else 0.0)
+
+
+@pytest.mark.parametrize(("code", "recorded"), [(PREEMPTED_EXIT_CODE, "exit 143"), ("143", "exit 1"),
+                                                ("0", "exit 1"), (0, None), (None, None), (399, "exit 143")])
+def test_a_close_record_names_the_status_the_process_exits_with(code: object, recorded: str | None) -> None:
+    """``sys.exit("143")`` prints 143 and exits 1 (a string code is a message), and ``sys.exit(399)`` exits
+    399 & 0xFF = 143: the record says what the shell and the relauncher see."""
+    assert what_ended(SystemExit, SystemExit(code)) == recorded
 
 
 def test_a_hang_ended_session_resumed_an_hour_later_shows_the_wait(tmp_path: Path) -> None:

@@ -61,8 +61,8 @@ class ContractRate:
 
     def validate(self, key: str) -> None:
         if not math.isfinite(self.price) or self.price <= 0:
-            raise ConfigError(f"config key '{key}.price': must be a positive number of {self.currency} per chip-hour, "
-                              f"got {self.price!r}")
+            raise ConfigError(f"config key '{key}.price': must be a finite positive number of {self.currency} per "
+                              f"chip-hour, got {self.price!r}")
 
 
 def _seed_plan_options() -> list[PlanOption]:
@@ -163,9 +163,9 @@ class CostConfig:
             if isinstance(rate, ContractRate):
                 continue  # validated when it was built
             if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not math.isfinite(rate) or rate <= 0:
-                raise ConfigError(f"config key '{prefix}contract_rates.{name}': must be a positive number of USD per "
-                                  f"chip-hour (or {{price: <per chip-hour>, currency: RUB, vat: included}}), got "
-                                  f"{rate!r}")
+                raise ConfigError(f"config key '{prefix}contract_rates.{name}': must be a finite positive number "
+                                  "of USD per chip-hour (or {price: <per chip-hour>, currency: RUB, vat: included}), "
+                                  f"got {rate!r}")
         if not 0 <= self.vat_rate < 1:
             raise ConfigError(f"config key '{prefix}vat_rate': a share of the price in [0, 1) (0.22: 22%), got "
                               f"{self.vat_rate}")
