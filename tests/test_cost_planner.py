@@ -453,7 +453,7 @@ def test_a_trainium2_plan_says_which_figure_priced_it() -> None:
                             None, rate=RATE)
     assert (mine["usd_per_chip_hour"], mine["price_kind"]) == (1.5, "contract")
     assert mine["usd"] == pytest.approx(row["usd"] * 1.5 / 2.235)
-    with pytest.raises(ConfigError, match=r"cost.contract_rates.aws-trainium2': must be a positive number"):
+    with pytest.raises(ConfigError, match=r"cost.contract_rates.aws-trainium2': must be a finite positive number"):
         demo_cfg("cost.contract_rates={aws-trainium2: -1}")
 
 
