@@ -25,12 +25,14 @@ import csv
 import dataclasses
 import datetime as dt
 import difflib
+import hashlib
+import io
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from experiment.errors import ConfigError, DataError
 from experiment.sections.cost import ContractRate, CostConfig
@@ -186,16 +188,39 @@ def _number(text: str, path: Path, line: int, column: str) -> float | None:
     return value
 
 
-def _read_csv(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+def _read_csv(path: Path, text: str, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    missing = [c for c in columns if c not in (reader.fieldnames or [])]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {', '.join(missing)} (expected {', '.join(columns)})")
+    # line 1 is the header; DictReader yields data rows from line 2
+    return [(i + 2, {k: (v or "").strip() for k, v in row.items() if k}) for i, row in enumerate(reader)]
+
+
+Row = TypeVar("Row", PriceRow, HardwareRow)
+# The rows parsed from each catalog file, by (reader, path as given, bundled), with the digest of the text they
+# came from. Recipe 04 loads the catalog for its plan, its launch target, the ledger and the throughput figures;
+# each load re-validated the same CSVs. The key is the file's content, not its mtime (an edit within one mtime
+# tick leaving the size as it was is still seen); the rows are frozen and every load gets its own list, so no
+# caller's catalog changes another's. A file that fails validation is never stored.
+_PARSED: dict[tuple[str, str, bool], tuple[str, tuple[Any, ...]]] = {}
+
+
+def _parsed_once(path: Path, bundled: bool, parse: Callable[[Path, str, bool], list[Row]]) -> list[Row]:
+    """``parse`` of the file's text, or the rows it gave for the same text before."""
     if not path.is_file():
         raise DataError(f"catalog file {path} does not exist")
-    with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in columns if c not in (reader.fieldnames or [])]
-        if missing:
-            raise DataError(f"{path}: missing column(s) {', '.join(missing)} (expected {', '.join(columns)})")
-        # line 1 is the header; DictReader yields data rows from line 2
-        return [(i + 2, {k: (v or "").strip() for k, v in row.items() if k}) for i, row in enumerate(reader)]
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    key = (parse.__name__, str(path), bundled)  # the path as given: each row's origin names it
+    stored = _PARSED.get(key)
+    if stored is None or stored[0] != digest:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        stored = _PARSED[key] = (digest, tuple(parse(path, text, bundled)))
+    return list(stored[1])
 
 
 def _check_sourced(path: Path, line: int, has_number: bool, source: str, date: str) -> None:
@@ -225,9 +250,13 @@ def _source_kind(raw: dict[str, str], path: Path, line: int, bundled: bool, has_
 
 def read_prices(path: Path, bundled: bool = False) -> list[PriceRow]:
     """Read and validate a price CSV: known kinds, units and modes; every price sourced, dated and of a kind."""
+    return _parsed_once(path, bundled, _parse_prices)
+
+
+def _parse_prices(path: Path, text: str, bundled: bool) -> list[PriceRow]:
     rows = []
     columns = (*PRICE_COLUMNS, "source_kind") if bundled else PRICE_COLUMNS
-    for line, raw in _read_csv(path, columns):
+    for line, raw in _read_csv(path, text, columns):
         kind = raw["kind"]
         if kind not in UNITS_BY_KIND:
             raise DataError(f"{path} line {line}: kind {kind!r} is not one of {list(UNITS_BY_KIND)}")
@@ -266,9 +295,14 @@ def read_prices(path: Path, bundled: bool = False) -> list[PriceRow]:
 
 
 def read_hardware(path: Path, bundled: bool = False) -> list[HardwareRow]:
+    """Read and validate a hardware CSV: figures finite, sourced and dated; devices per chip a whole number."""
+    return _parsed_once(path, bundled, _parse_hardware)
+
+
+def _parse_hardware(path: Path, text: str, bundled: bool) -> list[HardwareRow]:
     rows = []
     columns = (*HARDWARE_COLUMNS, "devices_per_chip", "source_kind") if bundled else HARDWARE_COLUMNS
-    for line, raw in _read_csv(path, columns):
+    for line, raw in _read_csv(path, text, columns):
         peak = _number(raw["peak_bf16_tflops"], path, line, "peak_bf16_tflops")
         hbm = _number(raw["hbm_gib"], path, line, "hbm_gib")
         if peak is not None or hbm is not None:

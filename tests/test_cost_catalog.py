@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import os
 import re
 from pathlib import Path
 
 import pytest
 
+import cost.catalog as catalog_module
 from cost.catalog import BUNDLED_HARDWARE, BUNDLED_PRICES, SOURCE_KINDS, Catalog, CatalogError, read_prices
 from experiment.errors import DataError
 
@@ -234,3 +236,37 @@ def test_a_price_or_hardware_figure_that_is_not_finite_names_the_file_and_line(t
                         f"x,v,100,{figure},s,2025,\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"h.csv line 2: column 'hbm_gib' is not a finite number"):
         Catalog.load(hardware_path=str(hardware))
+
+
+def test_loading_the_same_catalogs_again_parses_them_once_and_an_edited_file_is_read_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recipe 04 builds the catalog for the plan, the launch target, the ledger and the throughput figures: each
+    load must not re-validate the same CSVs, yet a catalog edited between two loads is the one priced."""
+    def rate_row(usd: str) -> list[str]:
+        return ["accelerator", "tpu-v6e", "gcp", "us-central1", "on-demand", usd, "chip-hour", "ours", "2026-11", ""]
+
+    user = write_user_catalog(tmp_path / "mine.csv", [rate_row("2.50")])
+    parsed: list[Path] = []
+    real_read_csv = catalog_module._read_csv
+
+    def counting_read_csv(path: Path, *args: object) -> object:
+        parsed.append(path)
+        return real_read_csv(path, *args)
+
+    monkeypatch.setattr(catalog_module, "_read_csv", counting_read_csv)
+    first = Catalog.load(str(user))
+    second = Catalog.load(str(user))
+    assert parsed.count(user) == 1, parsed
+    assert second.lookup("tpu-v6e", "on-demand").usd == 2.50
+    # a caller changing its catalog changes no later load's
+    first.prices.clear()
+    first.hardware.clear()
+    assert Catalog.load(str(user)).lookup("tpu-v6e", "on-demand").usd == 2.50
+    assert Catalog.load().chip("tpu-v6e").hbm_gib
+    # an edit of the same size within one mtime tick (set back here to be sure): only the content says it changed
+    before = user.stat()
+    write_user_catalog(user, [rate_row("2.75")])
+    assert user.stat().st_size == before.st_size
+    os.utime(user, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert Catalog.load(str(user)).lookup("tpu-v6e", "on-demand").usd == 2.75
+    assert parsed.count(user) == 2, parsed
