@@ -51,6 +51,7 @@ from cost.report import SIG, Column, log_to_wandb, save_figure, significant, wri
 from cost.storage import GIB, HOURS_PER_MONTH, resolve_storage
 from cost.target import Target, TargetCrossing, cost_to_target, eval_points, read_train_log, target_of
 from experiment import appendlog
+from experiment.batch_split import BatchSplit
 from experiment.config import load_config
 from experiment.errors import ConfigError, DataError
 from experiment.jsontext import parse_json
@@ -434,11 +435,14 @@ def batch_split_problem(devices: int, model_cfg: FamilyConfig, train_cfg: TrainC
     if devices % fixed:
         return f"its {devices} devices do not divide by train.mesh {named} = {fixed}"
     batch_axes = rules.get("batch", [])
-    parts = ((devices // fixed if {"data", "fsdp"} & set(batch_axes) else 1)
-             * math.prod(extra.get(a, 1) for a in batch_axes)
-             * (train_cfg.mesh.tensor if "tensor" in batch_axes else 1))
-    micro, left = divmod(train_cfg.batch_size, grad_accum_steps)
-    if left or micro % parts:
+    # data and fsdp share what the fixed axes leave of the slice; the planner does not choose how, so it sizes them
+    # together: a batch rule naming either is split over both (the default rules name both)
+    sizes = {"tensor": train_cfg.mesh.tensor, **extra}
+    split = BatchSplit(train_cfg.batch_size, grad_accum_steps,
+                       {**({"data x fsdp": devices // fixed} if {"data", "fsdp"} & set(batch_axes) else {}),
+                        **{axis: sizes[axis] for axis in batch_axes if axis in sizes}})
+    if not split.even:
+        parts = split.parts
         return (f"train.batch_size {train_cfg.batch_size} in {grad_accum_steps} micro-batch(es) does not split over "
                 f"its {parts} data-parallel devices (data x fsdp fill the slice beside train.mesh {named}): give a "
                 f"batch divisible by {parts} x the micro-batches, or another slice")

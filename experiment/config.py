@@ -28,6 +28,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
+from experiment.batch_split import BatchSplit
 from experiment.errors import ConfigError, echo
 from experiment.presets import preset_fields
 from experiment.schema import ExperimentConfig
@@ -488,13 +489,13 @@ def check_batch_split(train: TrainConfig, batch_axes: list[str]) -> None:
     # data: -1 is a multiple of dcn_data (per-slice data parallelism times the slices)
     sizes = {"data": mesh.dcn_data * (mesh.data if mesh.data != -1 else 1), "fsdp": mesh.fsdp, "tensor": mesh.tensor,
              **mesh.axes}
-    axes = [axis for axis in batch_axes if sizes.get(axis, 1) > 1]
-    parts = math.prod(sizes[axis] for axis in axes)
-    micro = train.batch_size // train.grad_accum_steps
-    if micro % parts:
+    split = BatchSplit(train.batch_size, train.grad_accum_steps,
+                       {axis: sizes[axis] for axis in batch_axes if sizes.get(axis, 1) > 1})
+    if not split.even:
+        axes, parts = list(split.axis_sizes), split.parts
         what = (f"the {axes[0]} axis size {parts}" if len(axes) == 1 else
-                f"the {' x '.join(axes)} axis sizes {' x '.join(str(sizes[a]) for a in axes)} = {parts}")
-        raise ConfigError(f"config key 'train.batch_size': the micro-batch of {micro} sequences (batch_size / "
+                f"the {' x '.join(axes)} axis sizes {' x '.join(map(str, split.axis_sizes.values()))} = {parts}")
+        raise ConfigError(f"config key 'train.batch_size': the micro-batch of {split.micro} sequences (batch_size / "
                           f"grad_accum_steps) is not divisible by {what}, the mesh axes that split the batch "
                           "(train.mesh); change the batch or the mesh")
 

@@ -34,6 +34,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from experiment.batch_split import BatchSplit
 from experiment.errors import ConfigError
 from experiment.sections.model import FamilyConfig
 from experiment.sections.train import TrainConfig
@@ -53,7 +54,6 @@ from model.sharding import (
     activation_layout,
     batch_sharding,
     check_mesh_axes,
-    mesh_parts,
     replicated,
     spec_axes,
     tree_shardings,
@@ -426,12 +426,13 @@ def with_shardings(shapes: Any, shardings: Any) -> Any:
 
 def check_batch(train_cfg: TrainConfig, data_sharding: NamedSharding) -> None:
     spec = data_sharding.spec[0] if data_sharding.spec else None
-    axes, parts = spec_axes(spec), mesh_parts(data_sharding.mesh, spec)
-    micro = train_cfg.batch_size // train_cfg.grad_accum_steps
-    if micro % parts:
+    split = BatchSplit(train_cfg.batch_size, train_cfg.grad_accum_steps,
+                       {axis: data_sharding.mesh.shape[axis] for axis in spec_axes(spec)})
+    if not split.even:
         raise ConfigError(
-            f"config key 'train.batch_size': the micro-batch of {micro} sequences (batch_size / grad_accum_steps) "
-            f"cannot be split over the {parts} data-parallel devices ({'x'.join(axes)})"
+            f"config key 'train.batch_size': the micro-batch of {split.micro} sequences (batch_size / "
+            f"grad_accum_steps) cannot be split over the {split.parts} data-parallel devices "
+            f"({'x'.join(split.axis_sizes)})"
         )
 
 
