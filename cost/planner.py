@@ -435,12 +435,19 @@ def batch_split_problem(devices: int, model_cfg: FamilyConfig, train_cfg: TrainC
     if devices % fixed:
         return f"its {devices} devices do not divide by train.mesh {named} = {fixed}"
     batch_axes = rules.get("batch", [])
-    # data and fsdp share what the fixed axes leave of the slice; the planner does not choose how, so it sizes them
-    # together: a batch rule naming either is split over both (the default rules name both)
-    sizes = {"tensor": train_cfg.mesh.tensor, **extra}
-    split = BatchSplit(train_cfg.batch_size, grad_accum_steps,
-                       {**({"data x fsdp": devices // fixed} if {"data", "fsdp"} & set(batch_axes) else {}),
-                        **{axis: sizes[axis] for axis in batch_axes if axis in sizes}})
+    # data and fsdp share what the fixed axes leave of the slice: a batch rule naming both (the families' rules)
+    # splits over all of it, however it is shared. One naming a single one of them splits over that axis of the
+    # mesh the trainer builds there: fsdp as train.mesh sizes it, data the rest (model.sharding.mesh_shape)
+    data_parallel, fsdp = devices // fixed, train_cfg.mesh.fsdp
+    named_sizes = {"tensor": train_cfg.mesh.tensor, **extra}
+    axis_sizes = {axis: named_sizes[axis] for axis in batch_axes if axis in named_sizes}
+    if {"data", "fsdp"} <= set(batch_axes):
+        axis_sizes["data x fsdp"] = data_parallel
+    elif "fsdp" in batch_axes:
+        axis_sizes["fsdp"] = fsdp
+    elif "data" in batch_axes:  # a slice fsdp does not divide has no such mesh: then as if data took it all
+        axis_sizes["data"] = data_parallel // fsdp if data_parallel % fsdp == 0 else data_parallel
+    split = BatchSplit(train_cfg.batch_size, grad_accum_steps, axis_sizes)
     if not split.even:
         parts = split.parts
         return (f"train.batch_size {train_cfg.batch_size} in {grad_accum_steps} micro-batch(es) does not split over "

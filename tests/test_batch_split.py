@@ -34,6 +34,11 @@ CASES = [
     (24, 2, "{data: 4, fsdp: 2}", True),  # 12 over 8
     (16, 1, "{data: 2, fsdp: 4, rules: {batch: [data, fsdp, tensor]}, tensor: 3}", True),  # 16 over 24
     (48, 2, "{data: 2, fsdp: 4, rules: {batch: [data, fsdp, tensor]}, tensor: 3}", False),  # 24 over 24
+    # a batch rule naming one data-parallel axis: the planner split it over data x fsdp (8) and dropped options
+    # the trainer runs
+    (4, 1, "{data: 4, fsdp: 2, rules: {batch: [data]}}", False),  # 4 over data's 4
+    (2, 1, "{data: 4, fsdp: 2, rules: {batch: [fsdp]}}", False),  # 2 over fsdp's 2
+    (2, 1, "{data: 4, fsdp: 2, rules: {batch: [data]}}", True),  # 2 over data's 4
 ]
 
 
