@@ -91,14 +91,22 @@ def load_tasks(names: Sequence[str], eval_cfg: EvalConfig, max_items: int | None
     return loaded
 
 
+# an anneal run's (experiment/sweep.py): its shards/ links to its parent's, which a set may name (measured there once)
+RUN_SHARDS_NOT_MEASURED = "eval.validate_run_shards is false: the data sets are measured in validation_by_set"
+
+
 def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, run_folder: RunFolder, *, max_len: int,
               tasks: Sequence[str], max_items: int | None, validation_batches: int | None,
               heldout_files: Sequence[str] = (), mixture: Sequence[tuple[str, Path, float]] = (),
               generate: GenerateTexts | None = None, sample: SampleTexts | None = None) -> dict[str, Any]:
-    """Bits per byte (validation shards, each ``mixture`` set's, held-out files) and task scores: the results body."""
+    """Bits per byte (the run's validation shards unless ``eval.validate_run_shards`` is false, each ``mixture``
+    set's, held-out files) and task scores: the results body."""
     results: dict[str, Any] = {}
-    shards_manifest = SHARDS.read_manifest_if_present(run_folder.shards)
-    if shards_manifest is None:
+    shards_manifest = SHARDS.read_manifest_if_present(run_folder.shards) if eval_cfg.validate_run_shards else None
+    if not eval_cfg.validate_run_shards:
+        log.info("not measuring %s as the run's validation (eval.validate_run_shards is false)", run_folder.shards)
+        results["validation_skipped"] = RUN_SHARDS_NOT_MEASURED
+    elif shards_manifest is None:
         log.warning("no finished shards in %s: skipping validation bits per byte (run %s)", run_folder.shards,
                     SHARDS.recipe)
     elif not shards_manifest["splits"]["validation"]["records"]:

@@ -185,6 +185,39 @@ def test_eval_measures_its_validation_sets_beside_the_mixtures(tmp_path: Path) -
         measured_sets(config({"web": "/c"}), folder)
 
 
+def test_recipe_05_measures_each_data_set_of_an_anneal_run_once(tmp_path: Path, fixture_stages: Path) -> None:
+    """An anneal run's shards/ links to its parent's (recipe 04 reads their manifest); the set the comparison names
+    "" is that folder too. Recipe 05's suite measures it once, under the set's name (what cost/anneal.py reads),
+    not again as the run's own validation."""
+    import jax.numpy as jnp
+
+    from eval.run import measured_sets, run_suite
+    from experiment.links import link_stages, resolved
+    from experiment.stages import SHARDS
+    from tests.fixture_run import run_copy
+    from tests.recipe_runner import run_recipe
+    from tokenizer.loaded import load_run_tokenizer
+
+    run_recipe("03_shard.py", run_copy(fixture_stages, tmp_path, shards={"validation_percent": 30.0}))
+    parent = RunFolder(tmp_path / "runs" / "tiny")  # the parent: its validation split holds 2 of the 7 documents
+    books = fixture_stages / "runs" / "tiny" / "shards"  # an empty validation split: left out with a warning
+    anneal = {**ANNEAL, "parent": "tiny", "step": 3, "steps": 2, "sets": {"web": "", "books": str(books)}}
+    cfg = build_config({"experiment": {"name": "an", "run_root": str(tmp_path / "runs"), "anneal": anneal,
+                                       "variant": "control-seed0"}, "train": {"warmup_steps": 1}})
+    run = RunFolder.for_config(cfg)
+    link_stages(run, parent, (SHARDS,), "as recipe 08 links an anneal run's shards")
+    tok = load_run_tokenizer(parent.tokenizer)
+    sets = measured_sets(cfg, run)
+    results = run_suite(lambda tokens: jnp.zeros((*tokens.shape, tok.vocab_size)), tok, cfg.eval, run,
+                        max_len=cfg.model.max_seq_len, tasks=[], max_items=None, validation_batches=1, mixture=sets)
+
+    measured = [resolved(run.shards)] if "validation" in results else []
+    measured += [resolved(folder) for name, folder, _ in sets if name in results["validation_by_set"]]
+    assert measured == [resolved(parent.shards)]  # the parent's shards once: as the set web
+    assert list(results["validation_by_set"]) == ["web"]
+    assert results["validation_skipped"].startswith("eval.validate_run_shards is false")
+
+
 def parent_step(checkpoints: RunPath, step: int, *, committed: bool, checksums: bool) -> None:
     """Step ``step`` of a parent's checkpoint folder as Orbax and the trainer leave it: a bucket step's objects are
     written in place and committed by Orbax's marker written last (a disk step's folder appears whole when Orbax
