@@ -158,6 +158,19 @@ def test_schedule_keys_are_checked_at_load(stages: list[dict], key: str) -> None
                      mixture_schedule=[MixtureStageConfig(5, {"a": 1.0, "b": 1.0})]).validate("train")
 
 
+def test_an_infinite_weight_is_one_line_at_load() -> None:
+    """YAML's .inf passed every check, then the loader's integer proportions overflowed after the run opened."""
+    from experiment.sections.train import MixtureSetConfig, MixtureStageConfig, TrainConfig
+
+    inf = float("inf")
+    with pytest.raises(ConfigError, match=r"^config key 'train.mixture\[0\].weight': must be finite, got inf$"):
+        TrainConfig(steps=50, warmup_steps=1, mixture=[MixtureSetConfig("a", weight=inf), MixtureSetConfig("b", "x")]
+                    ).validate("train")
+    with pytest.raises(ConfigError, match=r"^config key 'train.mixture_schedule\[0\].weights.b': must be finite"):
+        TrainConfig(steps=50, warmup_steps=1, mixture=[MixtureSetConfig("a"), MixtureSetConfig("b", "x")],
+                    mixture_schedule=[MixtureStageConfig(5, {"b": inf})]).validate("train")
+
+
 def test_a_schedule_key_in_yaml_is_one_line_before_anything_opens(tmp_path: Path) -> None:
     """The same check through the config loader (a YAML typo: a set name the mixture lacks)."""
     from experiment.config import load_config

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -95,6 +96,8 @@ def _check_start_weights(names: list[str], weights: list[float], stages: list[tu
     """The mixture's own weights (step 0): positive, or 0 for a set a later stage brings in (Levanter's stages
     introduce sets so), and not all 0; one ConfigError naming ``key[i].weight`` (or ``key``)."""
     for index, (name, weight) in enumerate(zip(names, weights, strict=True)):
+        if math.isinf(weight):  # the loader's integer proportions of the weights would overflow
+            raise ConfigError(f"config key '{key}[{index}].weight': must be finite, got {weight}")
         brought_in = weight == 0 and any(stage.get(name, 0) > 0 for _, stage in stages)
         if not (weight > 0 or brought_in):
             raise ConfigError(f"config key '{key}[{index}].weight': must be positive, got {weight}"
@@ -107,8 +110,8 @@ def _check_start_weights(names: list[str], weights: list[float], stages: list[tu
 def _check_schedule(names: list[str], stages: list[tuple[int, dict[str, float]]], key: str, steps: int,
                     first: int) -> None:
     """The first bad stage: steps increasing from ``first`` + 1 (step ``first`` reads ``train.mixture``'s own
-    weights: 0, or a stage's branch step) and, with ``steps``, below it; only the mixture's set names; weights >= 0
-    and not all 0."""
+    weights: 0, or a stage's branch step) and, with ``steps``, below it; only the mixture's set names; weights >= 0,
+    finite and not all 0."""
     if stages and not names:
         raise ConfigError(f"config key '{key}': a schedule changes the weights of train.mixture, which is empty")
     previous = first
@@ -124,6 +127,9 @@ def _check_schedule(names: list[str], stages: list[tuple[int, dict[str, float]]]
         if unknown:
             raise ConfigError(f"config key '{where}.weights.{unknown[0]}': not a set of train.mixture "
                               f"({', '.join(names)})")
+        infinite = [name for name, weight in weights.items() if math.isinf(weight)]
+        if infinite:
+            raise ConfigError(f"config key '{where}.weights.{infinite[0]}': must be finite, got {weights[infinite[0]]}")
         bad = [name for name, weight in weights.items() if not weight >= 0]
         if bad:
             raise ConfigError(f"config key '{where}.weights.{bad[0]}': must be >= 0, got {weights[bad[0]]}")
