@@ -86,20 +86,29 @@ def validation_bpb(logits_fn: LogitsFn, shards_dir: Path, piece_bytes: np.ndarra
 
 def sets_validation_bpb(logits_fn: LogitsFn, sets: Sequence[tuple[str, Path, float]], piece_bytes: np.ndarray,
                         batch_size: int, max_batches: int | None = None,
-                        tokenizer_sha256: str | None = None) -> dict[str, BitsPerByte]:
+                        tokenizer_sha256: str | None = None,
+                        measured: dict[RunPath, BitsPerByte] | None = None) -> dict[str, BitsPerByte]:
     """Validation bits per byte of each shard set ``(name, shards folder, weight)`` of a training mixture,
     apart: the mixed average hides the source the model is worse on. A set with an empty validation
-    split is left out with a warning (it has nothing to score)."""
+    split is left out with a warning (it has nothing to score). A folder is read once: ``measured`` (folder
+    as ``experiment.links.resolved`` gives it -> its bits per byte at these settings) holds what was read already,
+    and a set whose folder is there, or another set's, is given that measurement."""
     from data_prep.shards.loader import read_shards_manifest
+    from experiment.links import resolved
 
+    measured = dict(measured or {})
     by_set = {}
     for name, shards_dir, _weight in sets:
+        folder = resolved(location(shards_dir))  # a link (an anneal run's shards/) and its target are one folder
+        if folder in measured:
+            by_set[name] = measured[folder]
+            continue
         manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256)
         if not manifest["splits"].get("validation", {}).get("records"):
             log.warning("mixture set %s (%s) has no validation records: no bits per byte for it", name, shards_dir)
             continue
-        by_set[name] = validation_bpb(logits_fn, location(shards_dir), piece_bytes, batch_size, max_batches=max_batches,
-                                      tokenizer_sha256=tokenizer_sha256)
+        by_set[name] = measured[folder] = validation_bpb(logits_fn, location(shards_dir), piece_bytes, batch_size,
+                                                         max_batches=max_batches, tokenizer_sha256=tokenizer_sha256)
     return by_set
 
 

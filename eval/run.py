@@ -38,7 +38,7 @@ from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
 from experiment.sections.eval import EvalConfig
 from experiment.stages import EVAL, EXPORT, SHARDS
-from experiment.storage import location
+from experiment.storage import RunPath, location
 from tokenizer.loaded import RunTokenizer, load_run_tokenizer
 from tracking.artifacts import add_files
 
@@ -91,14 +91,23 @@ def load_tasks(names: Sequence[str], eval_cfg: EvalConfig, max_items: int | None
     return loaded
 
 
+# an anneal run's (experiment/sweep.py): its shards/ links to its parent's, which a set may name (measured there once)
+RUN_SHARDS_NOT_MEASURED = "eval.validate_run_shards is false: the data sets are measured in validation_by_set"
+
+
 def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, run_folder: RunFolder, *, max_len: int,
               tasks: Sequence[str], max_items: int | None, validation_batches: int | None,
               heldout_files: Sequence[str] = (), mixture: Sequence[tuple[str, Path, float]] = (),
               generate: GenerateTexts | None = None, sample: SampleTexts | None = None) -> dict[str, Any]:
-    """Bits per byte (validation shards, each ``mixture`` set's, held-out files) and task scores: the results body."""
+    """Bits per byte (the run's validation shards unless ``eval.validate_run_shards`` is false, each ``mixture``
+    set's, held-out files) and task scores: the results body."""
     results: dict[str, Any] = {}
-    shards_manifest = SHARDS.read_manifest_if_present(run_folder.shards)
-    if shards_manifest is None:
+    measured: dict[RunPath, bpb.BitsPerByte] = {}  # folder -> its bits per byte: a folder two names give is read once
+    shards_manifest = SHARDS.read_manifest_if_present(run_folder.shards) if eval_cfg.validate_run_shards else None
+    if not eval_cfg.validate_run_shards:
+        log.info("not measuring %s as the run's validation (eval.validate_run_shards is false)", run_folder.shards)
+        results["validation_skipped"] = RUN_SHARDS_NOT_MEASURED
+    elif shards_manifest is None:
         log.warning("no finished shards in %s: skipping validation bits per byte (run %s)", run_folder.shards,
                     SHARDS.recipe)
     elif not shards_manifest["splits"]["validation"]["records"]:
@@ -111,13 +120,15 @@ def run_suite(logits_fn: LogitsFn, tok: RunTokenizer, eval_cfg: EvalConfig, run_
         acc = bpb.validation_bpb(logits_fn, run_folder.shards, tok.piece_byte_lengths(), eval_cfg.batch_size,
                                  max_batches=validation_batches, tokenizer_sha256=tok.sha256 or None)
         results["validation"] = {**acc.to_dict(), "seconds": round(time.perf_counter() - started, 2)}
+        measured[resolved(run_folder.shards)] = acc
         log.info("validation: %s", bpb.describe(acc))
         if eval_cfg.bpb_position_buckets:
             results["validation_by_position"] = position_buckets(logits_fn, tok, eval_cfg, run_folder.shards,
                                                                  max_len=max_len, validation_batches=validation_batches)
     if mixture:
         by_set = bpb.sets_validation_bpb(logits_fn, mixture, tok.piece_byte_lengths(), eval_cfg.batch_size,
-                                         max_batches=validation_batches, tokenizer_sha256=tok.sha256 or None)
+                                         max_batches=validation_batches, tokenizer_sha256=tok.sha256 or None,
+                                         measured=measured)
         results["validation_by_set"] = {name: acc.to_dict() for name, acc in by_set.items()}
         for name, acc in by_set.items():
             log.info("validation of mixture set %s: %s", name, bpb.describe(acc))

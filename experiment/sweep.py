@@ -158,7 +158,10 @@ def anneal_variants(anneal: AnnealConfig, run_root: str) -> list[Variant]:
               # the decay spans every anneal step: the learning rate falls from the stable rate at the parent's
               # checkpoint to train.min_lr_ratio of it at the last step, as Marin's default_anneal does
               "train.decay_steps": anneal.steps, "train.mixture_schedule": [],
-              "eval.validation_sets": {name: shards[name] for name in used}}
+              "eval.validation_sets": {name: shards[name] for name in used},
+              # the run's shards/ link to the parent's (recipe 04 reads their manifest): a set "" is that folder,
+              # which recipe 05 would otherwise measure twice, once as if it were the run's own validation
+              "eval.validate_run_shards": False}
     # each mixture's sets in ``sets`` order: the loader shuffles a set by the seed and its place in the mixture, so
     # a set at the same place in two mixtures is read in the same order by their runs of one seed (paired runs)
     return [Variant(anneal_run_name(name, seed),

@@ -185,6 +185,74 @@ def test_eval_measures_its_validation_sets_beside_the_mixtures(tmp_path: Path) -
         measured_sets(config({"web": "/c"}), folder)
 
 
+def sharded_parent(tmp_path: Path, fixture_stages: Path) -> RunFolder:
+    """A copy of the fixture run ``tiny`` under ``tmp_path/runs`` sharded with 2 of its 7 documents held out."""
+    from tests.fixture_run import run_copy
+    from tests.recipe_runner import run_recipe
+
+    run_recipe("03_shard.py", run_copy(fixture_stages, tmp_path, shards={"validation_percent": 30.0}))
+    return RunFolder(tmp_path / "runs" / "tiny")
+
+
+def suite_bits_per_byte(cfg: ExperimentConfig, run: RunFolder, tokenizer: Path) -> tuple[dict[str, Any], int]:
+    """Recipe 05's bits per byte of ``run`` (its suite, no task; one batch a folder) and the batches the model
+    scored: a uniform model, so every measurement of one folder gives the same numbers."""
+    import jax.numpy as jnp
+
+    from eval.run import measured_sets, run_suite
+    from tokenizer.loaded import load_run_tokenizer
+
+    tok = load_run_tokenizer(tokenizer)
+    scored = []
+
+    def uniform(tokens: Any) -> Any:
+        scored.append(tokens.shape)
+        return jnp.zeros((*tokens.shape, tok.vocab_size))
+
+    results = run_suite(uniform, tok, cfg.eval, run, max_len=cfg.model.max_seq_len, tasks=[], max_items=None,
+                        validation_batches=1, mixture=measured_sets(cfg, run))
+    return results, len(scored)
+
+
+def test_recipe_05_measures_each_data_set_of_an_anneal_run_once(tmp_path: Path, fixture_stages: Path) -> None:
+    """An anneal run's shards/ links to its parent's (recipe 04 reads their manifest); the set the comparison names
+    "" is that folder too. Recipe 05's suite measures it once, under the set's name (what cost/anneal.py reads),
+    not again as the run's own validation."""
+    from eval.run import measured_sets
+    from experiment.links import link_stages, resolved
+    from experiment.stages import SHARDS
+
+    parent = sharded_parent(tmp_path, fixture_stages)  # its validation split: 2 of the 7 documents
+    books = fixture_stages / "runs" / "tiny" / "shards"  # an empty validation split: left out with a warning
+    anneal = {**ANNEAL, "parent": "tiny", "step": 3, "steps": 2, "sets": {"web": "", "books": str(books)}}
+    cfg = build_config({"experiment": {"name": "an", "run_root": str(tmp_path / "runs"), "anneal": anneal,
+                                       "variant": "control-seed0"}, "train": {"warmup_steps": 1}})
+    run = RunFolder.for_config(cfg)
+    link_stages(run, parent, (SHARDS,), "as recipe 08 links an anneal run's shards")
+    results, batches = suite_bits_per_byte(cfg, run, parent.tokenizer)
+
+    measured = [resolved(run.shards)] if "validation" in results else []
+    measured += [resolved(folder) for name, folder, _ in measured_sets(cfg, run)
+                 if name in results["validation_by_set"]]
+    assert measured == [resolved(parent.shards)]  # the parent's shards once: as the set web
+    assert list(results["validation_by_set"]) == ["web"] and batches == 1
+    assert results["validation_skipped"].startswith("eval.validate_run_shards is false")
+
+
+def test_recipe_05_reads_a_folder_that_several_names_give_once(tmp_path: Path, fixture_stages: Path) -> None:
+    """Any run: its own shards as its validation, a mixture set "" and an eval.validation_sets name of the same
+    folder are one measurement, reported under each name."""
+    parent = sharded_parent(tmp_path, fixture_stages)
+    cfg = build_config({"experiment": {"name": "tiny", "run_root": str(tmp_path / "runs")},
+                        "train": {"warmup_steps": 1, "mixture": [{"name": "own"}]},
+                        "eval": {"validation_sets": {"mine": "", "also": str(parent.shards)}}})
+    results, batches = suite_bits_per_byte(cfg, parent, parent.tokenizer)
+    assert batches == 1  # was 4: validation, then own, mine and also, each read again
+    assert list(results["validation_by_set"]) == ["own", "mine", "also"]
+    whole = {k: v for k, v in results["validation"].items() if k != "seconds"}
+    assert whole["tokens"] > 0 and all(results["validation_by_set"][name] == whole for name in ("own", "mine", "also"))
+
+
 def parent_step(checkpoints: RunPath, step: int, *, committed: bool, checksums: bool) -> None:
     """Step ``step`` of a parent's checkpoint folder as Orbax and the trainer leave it: a bucket step's objects are
     written in place and committed by Orbax's marker written last (a disk step's folder appears whole when Orbax

@@ -50,6 +50,24 @@ def test_the_shares_change_at_the_steps_named_counted_from_the_batches(sets: lis
     assert it.tokens_by_set(6, BATCH * SEQ_LEN) == {"web": 5 * SEQ_LEN, "books": 0, "code": 15 * SEQ_LEN}
 
 
+def test_the_ledger_tokens_and_the_logged_shares_are_the_same_rows_of_a_step(
+        sets: list[tuple[str, Path, float]]) -> None:
+    """What the ledger books per set (``tokens_by_set``) and what train_log shows (``mixture_metrics``) are one count
+    of each step's rows: equal at every step, and nothing before the stream's first step (a stage's stream begins
+    at its branch step)."""
+    tokens_per_step = BATCH * SEQ_LEN
+    for start in (0, 4):
+        it = loader(sets, schedule=[(start + step, weights) for step, weights in CHANGES], stream_start_step=start)
+        for step in range(start + 17):
+            metrics = it.mixture_metrics(step, tokens_per_step)
+            booked = it.tokens_by_set(step, tokens_per_step)
+            if step <= start:
+                assert (metrics, booked) == ({}, None), step
+                continue
+            assert booked == {name: round(metrics[f"data/{name}/share"] * tokens_per_step) for name, _, _ in sets}
+            assert sum(booked.values()) == tokens_per_step
+
+
 def test_each_set_reads_on_in_its_own_stream_across_a_change(sets: list[tuple[str, Path, float]]) -> None:
     """A set's rows after a change continue its stream where the stage before left it: code's 47 records come
     as one permutation over steps 6-10 and the start of step 11 (none twice before all were read)."""
@@ -138,6 +156,19 @@ def test_schedule_keys_are_checked_at_load(stages: list[dict], key: str) -> None
     with pytest.raises(ConfigError, match=r"train.mixture': at least one set needs a positive weight at step 0"):
         TrainConfig(steps=50, warmup_steps=1, mixture=[MixtureSetConfig("a", weight=0.0), brought_in[1]],
                      mixture_schedule=[MixtureStageConfig(5, {"a": 1.0, "b": 1.0})]).validate("train")
+
+
+def test_an_infinite_weight_is_one_line_at_load() -> None:
+    """YAML's .inf passed every check, then the loader's integer proportions overflowed after the run opened."""
+    from experiment.sections.train import MixtureSetConfig, MixtureStageConfig, TrainConfig
+
+    inf = float("inf")
+    with pytest.raises(ConfigError, match=r"^config key 'train.mixture\[0\].weight': must be finite, got inf$"):
+        TrainConfig(steps=50, warmup_steps=1, mixture=[MixtureSetConfig("a", weight=inf), MixtureSetConfig("b", "x")]
+                    ).validate("train")
+    with pytest.raises(ConfigError, match=r"^config key 'train.mixture_schedule\[0\].weights.b': must be finite"):
+        TrainConfig(steps=50, warmup_steps=1, mixture=[MixtureSetConfig("a"), MixtureSetConfig("b", "x")],
+                    mixture_schedule=[MixtureStageConfig(5, {"b": inf})]).validate("train")
 
 
 def test_a_schedule_key_in_yaml_is_one_line_before_anything_opens(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ from experiment.files import atomic_write_json
 from experiment.progress import progress as progress_bar
 from experiment.runfolder import RunFolder
 from experiment.schema import ExperimentConfig
-from experiment.sections.train import TrainConfig, check_mixture_schedule
+from experiment.sections.train import TrainConfig, check_mixture
 from experiment.stages import TOKENIZER
 from experiment.storage.backends import storage_failure_reason
 from model.family import params_label
@@ -131,8 +131,9 @@ def check(cfg: ExperimentConfig, run_folder: RunFolder) -> None:
         run_folder.root.mkdir(parents=True, exist_ok=True)  # the parent's tokenizer and shards are linked in
         branch = open_branch(cfg, run_folder)
         if branch.stream_start_step and not branch.own_data:  # a decay branch of a stage: its stream began at N
-            check_mixture_schedule([m.name for m in cfg.train.mixture], mixture_changes(cfg.train.mixture_schedule),
-                                   "train.mixture_schedule", cfg.train.steps, branch.stream_start_step)
+            check_mixture([m.name for m in cfg.train.mixture], [m.weight for m in cfg.train.mixture],
+                          mixture_changes(cfg.train.mixture_schedule), steps=cfg.train.steps,
+                          first=branch.stream_start_step)
     data = read_inputs(cfg, run_folder)
     checkpoint_dir = run_folder.checkpoints
     steps = finished_steps(checkpoint_dir)

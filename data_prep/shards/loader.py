@@ -37,7 +37,7 @@ given steps, piecewise constant (``MixtureSchedule``): stage ``s`` covers stream
 stage's start; set ``i``'s position there is the rows it gave in the stages before (a closed form of their
 lengths) plus its count within the stage. So every set's stream position stays a closed form of the
 global batch, a resumed run reads exactly the batches an uninterrupted one does, and the rows each set gave
-to any batch are known without reading it (``TrainIterator.rows_by_set``: logged as ``data/<set>/share``,
+to any batch are known without reading it (``TrainIterator.step_rows``: logged as ``data/<set>/share``,
 booked as each set's tokens in the cost ledger). The state records the schedule; one with another schedule,
 or another global batch size (which would move the change points in the stream), is refused.
 
@@ -95,7 +95,7 @@ from data_prep.shards.tfrecord import (
 from experiment.errors import ConfigError, DataError
 from experiment.files import atomic_write_json
 from experiment.jsontext import parse_json
-from experiment.sections.train import TrainConfig, check_mixture_schedule, check_start_weights
+from experiment.sections.train import TrainConfig, check_mixture
 from experiment.stages import SHARDS
 from experiment.storage import BucketPath, ObjectStat, RunPath, is_bucket_url, location, read_range
 
@@ -454,25 +454,34 @@ class TrainIterator:
         """The rows each set gave to the first ``batches`` global batches (closed form: no row is read)."""
         return dict(zip(self.names, self.schedule.rows_before(batches * self.global_batch_size), strict=True))
 
+    def step_rows(self, step: int) -> tuple[dict[str, int], dict[str, int]] | None:
+        """Each set's rows in this stream before the batch of step ``step`` and up to it (the batch's own rows are
+        the difference): what the ledger books and train_log shows of a step; None for one set or before the
+        stream's first step (a stage's stream begins at its branch step)."""
+        batches = step - self.stream_start_step
+        if self.mixture is None or batches < 1:
+            return None
+        return self.rows_by_set(batches - 1), self.rows_by_set(batches)
+
     def tokens_by_set(self, step: int, tokens_per_step: int) -> dict[str, int] | None:
         """The tokens each set gave to the batch of step ``step`` (``tokens_per_step`` tokens in all); None for one
-        set."""
-        if self.mixture is None:
+        set or before the stream's first step."""
+        rows = self.step_rows(step)
+        if rows is None:
             return None
+        before, after = rows
         tokens_per_row = tokens_per_step // self.global_batch_size
-        batch = step - self.stream_start_step - 1
-        before, after = self.rows_by_set(batch), self.rows_by_set(batch + 1)
         return {name: (after[name] - before[name]) * tokens_per_row for name in self.names}
 
     def mixture_metrics(self, step: int, tokens_per_step: int) -> dict[str, float]:
         """``data/<set>/share`` (its share of the rows of step ``step``'s batch, as the batch holds them) and
         ``data/<set>/tokens_seen`` (its tokens in this stream's steps up to ``step``: a stage's from its branch
         step); empty for one set or before the stream's first step."""
-        batches = step - self.stream_start_step
-        if self.mixture is None or batches < 1:
+        rows = self.step_rows(step)
+        if rows is None:
             return {}
+        before, after = rows
         tokens_per_row = tokens_per_step // self.global_batch_size
-        before, after = self.rows_by_set(batches - 1), self.rows_by_set(batches)
         metrics: dict[str, float] = {}
         for name in self.names:
             metrics[f"data/{name}/share"] = (after[name] - before[name]) / self.global_batch_size
@@ -580,7 +589,7 @@ class MixtureSchedule:
 
     def __init__(self, names: Sequence[str], weights: Sequence[float],
                  changes: Sequence[tuple[int, Mapping[str, float]]], global_batch_size: int) -> None:
-        check_mixture_schedule(list(names), [(int(step), dict(w)) for step, w in changes], "train.mixture_schedule")
+        # changes check_mixture passed (the config's load, or make_mixture_iterator): not checked a third time
         self.names = list(names)
         self.steps = [0, *(int(step) for step, _ in changes)]
         self.weights = [[float(w) for w in weights],
@@ -687,8 +696,7 @@ def make_mixture_iterator(sets: Sequence[tuple[str, RunPath | str, float]], glob
     if not sets:
         raise ConfigError("a mixture needs at least one shard set")
     stages = [(step, dict(w)) for step, w in schedule]  # checked before any shard set opens
-    check_start_weights([name for name, _, _ in sets], [float(w) for _, _, w in sets], stages, "train.mixture")
-    check_mixture_schedule([name for name, _, _ in sets], stages, "train.mixture_schedule", first=stream_start_step)
+    check_mixture([name for name, _, _ in sets], [float(w) for _, _, w in sets], stages, first=stream_start_step)
     sources = []
     for name, shards_dir, _ in sets:
         manifest = read_shards_manifest(shards_dir, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len)

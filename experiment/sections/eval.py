@@ -66,6 +66,9 @@ class EvalConfig:
     # validation splits recipe 05 and eval during training also measure, bits per byte per set beside
     # train.mixture's sets (an anneal comparison measures every run on every set it names)
     validation_sets: dict[str, str] = field(default_factory=dict)
+    # false: the run's own shards/ are not measured as `validation` (an anneal run's shards/ links to its parent's
+    # only for recipe 04's manifest: the sets above measure its data, each once, under the names a comparison reads)
+    validate_run_shards: bool = True
     # bits per byte by position in the context: the starts of the position buckets (e.g. [0, 256, 512, 1024]; the
     # last ends at the model's context, starts past it are dropped), over the validation documents at least as long
     # as the context, each one's first window; [] (the default): not measured. Recipe 05 and eval during training

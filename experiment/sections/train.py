@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -78,11 +79,25 @@ class MixtureStageConfig:
     weights: dict[str, float] = field(default_factory=dict)
 
 
-def check_start_weights(names: list[str], weights: list[float], stages: list[tuple[int, dict[str, float]]],
-                        key: str) -> None:
+def check_mixture(names: list[str], weights: list[float], stages: list[tuple[int, dict[str, float]]],
+                  prefix: str = "train.", steps: int = 0, first: int = 0) -> None:
+    """The one check of ``train.mixture``'s weights and ``train.mixture_schedule``'s stages (``names`` and
+    ``weights``: the sets'; ``stages``: ``(step, {name: weight})``); one ConfigError naming the key of the first bad
+    entry (``prefix``: the section's, e.g. ``train.``). The config's load runs it (``TrainConfig.validate``), before
+    anything is written; recipe 04 runs it once more only where the load cannot know where the stream begins (a
+    decay branch of a stage: the parent's checkpoint says), and the loader's entry (``make_mixture_iterator``) for
+    callers without a config. ``MixtureSchedule`` takes what it passed."""
+    _check_start_weights(names, weights, stages, f"{prefix}mixture")
+    _check_schedule(names, stages, f"{prefix}mixture_schedule", steps, first)
+
+
+def _check_start_weights(names: list[str], weights: list[float], stages: list[tuple[int, dict[str, float]]],
+                         key: str) -> None:
     """The mixture's own weights (step 0): positive, or 0 for a set a later stage brings in (Levanter's stages
     introduce sets so), and not all 0; one ConfigError naming ``key[i].weight`` (or ``key``)."""
     for index, (name, weight) in enumerate(zip(names, weights, strict=True)):
+        if math.isinf(weight):  # the loader's integer proportions of the weights would overflow
+            raise ConfigError(f"config key '{key}[{index}].weight': must be finite, got {weight}")
         brought_in = weight == 0 and any(stage.get(name, 0) > 0 for _, stage in stages)
         if not (weight > 0 or brought_in):
             raise ConfigError(f"config key '{key}[{index}].weight': must be positive, got {weight}"
@@ -92,12 +107,11 @@ def check_start_weights(names: list[str], weights: list[float], stages: list[tup
         raise ConfigError(f"config key '{key}': at least one set needs a positive weight at step 0")
 
 
-def check_mixture_schedule(names: list[str], stages: list[tuple[int, dict[str, float]]], key: str,
-                           steps: int = 0, first: int = 0) -> None:
-    """One ConfigError naming the key of the first bad stage: steps increasing from ``first`` + 1 (step
-    ``first`` reads ``train.mixture``'s own weights: 0, or a stage's branch step) and, with ``steps``, below it;
-    only the mixture's set names; weights >= 0 and not all 0. Shared by the config's validation and the loader's
-    (``make_mixture_iterator``)."""
+def _check_schedule(names: list[str], stages: list[tuple[int, dict[str, float]]], key: str, steps: int,
+                    first: int) -> None:
+    """The first bad stage: steps increasing from ``first`` + 1 (step ``first`` reads ``train.mixture``'s own
+    weights: 0, or a stage's branch step) and, with ``steps``, below it; only the mixture's set names; weights >= 0,
+    finite and not all 0."""
     if stages and not names:
         raise ConfigError(f"config key '{key}': a schedule changes the weights of train.mixture, which is empty")
     previous = first
@@ -113,6 +127,9 @@ def check_mixture_schedule(names: list[str], stages: list[tuple[int, dict[str, f
         if unknown:
             raise ConfigError(f"config key '{where}.weights.{unknown[0]}': not a set of train.mixture "
                               f"({', '.join(names)})")
+        infinite = [name for name, weight in weights.items() if math.isinf(weight)]
+        if infinite:
+            raise ConfigError(f"config key '{where}.weights.{infinite[0]}': must be finite, got {weights[infinite[0]]}")
         bad = [name for name, weight in weights.items() if not weight >= 0]
         if bad:
             raise ConfigError(f"config key '{where}.weights.{bad[0]}': must be >= 0, got {weights[bad[0]]}")
@@ -294,8 +311,7 @@ class TrainConfig:
                 raise ConfigError(f"config key '{prefix}mixture[{i}].name': {m.name!r} must be a non-empty name "
                                   "that no other set has")
         stages = [(s.step, s.weights) for s in self.mixture_schedule]
-        check_start_weights(names, [m.weight for m in self.mixture], stages, f"{prefix}mixture")
-        check_mixture_schedule(names, stages, f"{prefix}mixture_schedule", self.steps, self.stream_start_step)
+        check_mixture(names, [m.weight for m in self.mixture], stages, prefix, self.steps, self.stream_start_step)
         if self.peak_flops_per_chip is not None and self.peak_flops_per_chip <= 0:
             raise ConfigError(f"config key '{prefix}peak_flops_per_chip': must be positive, "
                               f"got {self.peak_flops_per_chip}")
