@@ -301,7 +301,10 @@ def target(record: Record) -> str:
 def draw_shots(task: MeraTask, records: Sequence[Record], pool: Sequence[Record], k: int) -> list[list[Record]]:
     """Each test record's solved examples, as MERA's FewshotSampler draws them: one ``random.Random(1234)``
     through the test split in order, ``k`` from the pool (the items of the record's ``meta.domain`` or
-    ``meta.id_task`` where it has one), the record itself dropped where the pool is its own split."""
+    ``meta.id_task`` where it has one), the record itself dropped where the pool is its own split. ``k``, not
+    ``k + 1``: ``get_context`` draws one more only where the yaml's ``fewshot_split`` equals its ``test_split``, and
+    no MERA task that samples sets ``fewshot_split`` (lm-eval's ``TaskConfig`` default is None), so an item that
+    draws itself keeps ``k - 1`` examples there, as in MERA's ruHateSpeech and its ``*_localscore`` configs."""
     if k == 0:
         return [[] for _ in records]
     rng = random.Random(FEWSHOT_SEED)

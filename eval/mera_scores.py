@@ -166,12 +166,14 @@ def detox_records(records: list[Record]) -> list[Record]:
 
 
 def rwsd_records(records: list[Record]) -> list[Record]:
+    """The crowd's majority as the answer, the gold one where the file has it (MERA's control items)."""
     answer = {"true": "Да", "false": "Нет"}
     out = []
     for i, r in enumerate(records):
-        vote = str(_field(r, "human_majority")).lower()
+        field = "gold" if r.fields.get("gold") not in (None, "") else "human_majority"
+        vote = str(_field(r, field)).lower()
         if vote not in answer:
-            raise DataError(f"{r.at()}: field 'human_majority' must be true or false, got {vote!r}")
+            raise DataError(f"{r.at()}: field '{field}' must be true or false, got {vote!r}")
         out.append(_as_mera(r, i, RWSD_INSTRUCTION, {"text": _field(r, "text"), "span1_text": _field(r, "word"),
                                                      "span2_text": _field(r, "pronoun")}, answer[vote]))
     return out
@@ -191,6 +193,7 @@ HUMANBENCH: dict[str, HumanBench] = {
                                CARD.format("ruhatespeech")),
     "ruethics": HumanBench("mera_humanbench/ruethics_data.json", ethics_records, "gold", CARD.format("ruethics")),
     "rudetox": HumanBench("mera_humanbench/rudetox_dataset.csv", detox_records, "gold", "the file's own"),
+    # silver: the crowd's majority (gold on MERA's 20 control items)
     "rwsd": HumanBench("mera_humanbench/rwsd_items_human_mv.jsonl", rwsd_records, "silver", CARD.format("rwsd")),
 }
 
@@ -445,9 +448,12 @@ def score_predictions(data: MeraLocalData, predictions: Sequence[Any], seed: int
         majority = Counter(str(g) for g in golds).most_common(1)[0][0]
         metrics = {"grade_norm": bootstrap_summary(lambda at: grade_norm([rows[i] for i in at]), len(rows), 0.0,
                                                    seed)}
-        credits = {"majority_answer": [points(majority, i) / float(metas[i]["score"]) for i in range(len(rows))]}
-        return {"metrics": metrics, "baselines": baselines_summary(credits),
-                "answers": _answers([str(p) for p in predictions], [str(g) for g in golds])}
+        # the baseline by the same aggregate as the score (per variant, then the mean), not a mean over items
+        majority_rows = [(points(majority, i), metas[i]["variant"], float(metas[i]["score"])) for i in range(len(rows))]
+        baseline = bootstrap_summary(lambda at: grade_norm([majority_rows[i] for i in at]), len(rows), 0.0, seed)
+        return {"metrics": metrics, "answers": _answers([str(p) for p in predictions], [str(g) for g in golds]),
+                "baselines": {"majority_answer": {"value": baseline["value"], "ci95": baseline["ci95"]},
+                              "strongest": "majority_answer"}}
     gold_lists = [str(g).split(";") if config in SQUAD_TASKS else [str(g)] for g in golds]
     majority = Counter(str(g) for g in golds).most_common(1)[0][0]
     if config in SQUAD_TASKS:
@@ -517,5 +523,7 @@ def code_result(data: MeraLocalData, predictors: Predictors, seed: int) -> dict[
     statuses = [status for row in result["per_item"] for status in row["statuses"]]
     keep = ("metrics", "baselines", "vs_strongest_baseline", "samples_per_item", "sandbox", "canonical_solution",
             "statuses", "per_item")
-    answers = _answers(statuses, ["passed"] * len(statuses))  # what the samples did: passed, failed, timeout, ...
+    # what the samples did (passed, failed, timeout, ...); every sample failing is an untrained model's normal, not
+    # one answer given throughout
+    answers = {**_answers(statuses, ["passed"] * len(statuses)), "one_answer": False}
     return {**{k: result[k] for k in keep}, "answers": answers}

@@ -89,6 +89,10 @@ def test_the_shared_diagnostic_sets_become_meras_records_with_its_cards_instruct
 
     rwsd = load("rwsd", bench, mode="zero")
     assert rwsd.source["labels"] == "silver" and set(rwsd.golds) == {"Да", "Нет"}
+    rows = [json.loads(line) for line in (bench / "mera_humanbench" / "rwsd_items_human_mv.jsonl").read_text(
+        encoding="utf-8").splitlines()]
+    disputed = [i for i, row in enumerate(rows) if row["gold"] and row["gold"] != row["human_majority"]]
+    assert disputed and all(rwsd.golds[i] == {"true": "Да", "false": "Нет"}[rows[i]["gold"]] for i in disputed)
     assert rwsd.items[0].prompt == CARD_RWSD.format(**rwsd.items[0].record.fields["inputs"]).strip()
     detox = load("rudetox", bench, max_items=3)
     assert detox.items[0].record.fields["outputs"] == detox.golds[0] and len(detox.items) == 3
@@ -219,6 +223,25 @@ def test_recipe_05_scores_meras_tasks_beside_baselines_and_the_step0_weights(fix
     assert "j" in results["tasks"]["mera_rudetox"]["not_computed"]
     code = results["tasks"]["mera_rucodeeval"]
     assert code["samples_per_item"] == 10 and code["canonical_solution"] == {"passed": 6, "of": 6}
+    assert not code["answers"]["one_answer"]  # every sample failing is not one answer given throughout
     assert results["tasks"]["mera_use"]["source"] == str(mera_dir / "use.train.jsonl")
     report = sorted(eval_dir.glob("step_*.md"))[-1].read_text(encoding="utf-8")
     assert "| mera_ruhhh |" in report and "mcc_good_law" in report
+
+
+def test_uses_baseline_is_the_same_aggregate_as_its_score() -> None:
+    """USE's grade_norm sums points per variant before dividing: a model that gives the most common answer
+    everywhere scores exactly the majority baseline, though a per-item mean of the same answers would differ."""
+    task = MERA_TASKS["use"]
+    kinds = [("text", 1)] + [("matching", 3)] * 5
+    records = [Record("use.jsonl", i + 1, {"instruction": "{task}", "inputs": {"task": f"Задание {i}."},
+                                           "outputs": "1,2,3" if kind == "matching" else "дом",
+                                           "meta": {"id": i, "id_task": "26" if kind == "matching" else "7",
+                                                    "variant": 1, "score": score, "type": kind}})
+               for i, (kind, score) in enumerate(kinds)]
+    data = MeraLocalData(task, [build_mera_item(task, r) for r in records], [gold_of(task, r) for r in records],
+                         {"source": "use.jsonl", "labels": "gold"}, "zero")
+    scored = score_predictions(data, ["1,2,3"] * len(records), seed=0)
+    assert scored["metrics"]["grade_norm"]["value"] == pytest.approx(15 / 16)  # (0 + 5 x 3) / (1 + 5 x 3)
+    assert scored["baselines"]["majority_answer"]["value"] == pytest.approx(15 / 16)
+

@@ -252,3 +252,15 @@ def test_recipe_04_follows_the_schedule_resumes_exactly_and_prices_each_set(fixt
     assert table["own"]["tokens"] == 30 * 64 and table["other"]["tokens"] == 18 * 64
     assert table["own"]["rub"] + table["other"]["rub"] == pytest.approx(total) and total > 0
     assert "## Rubles by data set" in (ledger / REPORT_FILE).read_text(encoding="utf-8")
+
+
+def test_weights_too_far_apart_are_one_line_at_load() -> None:
+    """Finite weights a loader cannot scale to integers (1e300 beside 1e-300 overflowed after the run had opened) are
+    refused where the config loads, naming the key; a hundred million to one still interleaves."""
+    from experiment.sections.train import check_mixture
+
+    with pytest.raises(ConfigError, match=r"^config key 'train.mixture': the largest weight \(1e\+300\)"):
+        check_mixture(["a", "b"], [1e-300, 1e300], [])
+    with pytest.raises(ConfigError, match=r"^config key 'train.mixture_schedule\[0\].weights': the largest"):
+        check_mixture(["a", "b"], [1.0, 1.0], [(5, {"a": 1e-12, "b": 1.0})])
+    check_mixture(["a", "b"], [1.0, 1e8], [])

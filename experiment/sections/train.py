@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -105,6 +106,22 @@ def _check_start_weights(names: list[str], weights: list[float], stages: list[tu
                                  else ""))
     if names and not sum(weights) > 0:
         raise ConfigError(f"config key '{key}': at least one set needs a positive weight at step 0")
+    _check_spread(weights, key)
+
+
+# the loader interleaves by the weights scaled so the least positive one is 100 (data_prep.shards.loader.
+# integer_proportions): weights further apart than this make integers no interleaving needs, or overflow a float
+MAX_WEIGHT_SPREAD = 1e9
+
+
+def _check_spread(weights: Sequence[float], key: str) -> None:
+    """The largest weight at most ``MAX_WEIGHT_SPREAD`` times the least positive one (finite ones that far apart,
+    1e300 beside 1e-300, overflowed the loader's integer proportions after the run had opened)."""
+    positive = [weight for weight in weights if weight > 0]
+    if positive and not max(positive) <= MAX_WEIGHT_SPREAD * min(positive):
+        raise ConfigError(f"config key '{key}': the largest weight ({max(positive):g}) is more than "
+                          f"{MAX_WEIGHT_SPREAD:g} times the least positive one ({min(positive):g}): give weights "
+                          "closer together (a share below one in a billion rows is no share)")
 
 
 def _check_schedule(names: list[str], stages: list[tuple[int, dict[str, float]]], key: str, steps: int,
@@ -135,6 +152,7 @@ def _check_schedule(names: list[str], stages: list[tuple[int, dict[str, float]]]
             raise ConfigError(f"config key '{where}.weights.{bad[0]}': must be >= 0, got {weights[bad[0]]}")
         if not sum(weights.values()) > 0:
             raise ConfigError(f"config key '{where}.weights': at least one set needs a positive weight")
+        _check_spread(list(weights.values()), f"{where}.weights")
         previous = step
 
 
