@@ -48,7 +48,7 @@ import numpy as np
 
 from eval import stats
 from eval.code_tasks import code_item, evaluate_code_task
-from eval.generative import NUMBER, best_over, gold_answers, squad_exact, squad_f1
+from eval.generative import NUMBER, answer_shares, best_over, gold_answers, squad_exact, squad_f1
 from eval.harness import baselines_summary, bootstrap_summary, mcc_of, metric_summary, one_answer, versus_baseline
 from eval.loaders import Record, SourceUnavailable, read_file
 from eval.mera import (
@@ -285,8 +285,7 @@ def load_mera_local(config: str, *, bench_dir: str, mera_dir: str, task_files: d
     if all(record.fields.get("outputs") in (None, "", [], {}) for record in records):
         raise SourceUnavailable(f"{source['source']}: no record has an answer in 'outputs' (a closed test split); "
                                 f"put labelled items as eval.task_files.{MERA_PREFIX}{config}")
-    for record in records:
-        gold_of(task, record)
+    golds = {id(record): gold_of(task, record) for record in records}  # every answer checked, each read once
     if task.kind == "code":
         for record in records:  # every record checked before any sample runs
             code_item(record, config)
@@ -296,7 +295,7 @@ def load_mera_local(config: str, *, bench_dir: str, mera_dir: str, task_files: d
         items = prompted_items(task, records, records, mode, max_items)
     source.update(fewshot=fewshot_count(task, mode), examples_from="the same items, each item left out of its own"
                   if fewshot_count(task, mode) else None)
-    return MeraLocalData(task, items, [gold_of(task, item.record) for item in items], source, mode)
+    return MeraLocalData(task, items, [golds[id(item.record)] for item in items], source, mode)
 
 
 # --- MERA's scorers -------------------------------------------------------------------------------------------------
@@ -385,8 +384,7 @@ def ethics_metrics(data: MeraLocalData, answers: Sequence[int], seed: int) -> di
 def _answers(predicted: Sequence[str], golds: Sequence[str]) -> dict[str, Any]:
     top, count = Counter(predicted).most_common(1)[0]
     gold_share = Counter(golds)[top] / len(golds)
-    return {"predicted": {k: round(v / len(predicted), 6) for k, v in Counter(predicted).most_common(5)},
-            "gold": {k: round(v / len(golds), 6) for k, v in Counter(golds).most_common(5)},
+    return {"predicted": answer_shares(predicted), "gold": answer_shares(golds),
             "top": top, "top_share": count / len(predicted), "one_answer": one_answer(count / len(predicted),
                                                                                      gold_share)}
 
